@@ -1,0 +1,1 @@
+//! The Narad fan-out host (work in progress).

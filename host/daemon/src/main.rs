@@ -1,0 +1,2 @@
+//! `narad`: the fan-out host daemon and CLI.
+fn main() {}

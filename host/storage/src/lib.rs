@@ -1,0 +1,1 @@
+//! Narad's embedded partition log (work in progress).

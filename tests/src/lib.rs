@@ -1,0 +1,1 @@
+//! End-to-end tests for the `narad` binary live in `tests/all/`.
