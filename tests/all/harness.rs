@@ -1,0 +1,214 @@
+//! Starting, killing and talking to a real `narad serve` process.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a daemon may take to answer `/healthz` after start, recovery included. Generous
+/// because CI machines are busy; a healthy start takes milliseconds.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Path of the `narad` binary, built once per test process with the same cargo and profile
+/// that runs the tests (a no-op when `cargo test --workspace` already built it).
+pub fn narad_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let output = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--package",
+                "narad-host",
+                "--bin",
+                "narad",
+                "--message-format=json-render-diagnostics",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cargo build of the narad binary could not start");
+        assert!(output.status.success(), "building the narad binary failed");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        stdout
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "narad")
+            .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reported no executable for the narad binary")
+    })
+}
+
+/// A free loopback port. The listener is dropped before the daemon binds it, so another
+/// process could take it in between; `Daemon::start` retries on a failed bind.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A running `narad serve` process; killed (SIGKILL) when dropped.
+pub struct Daemon {
+    child: Option<Child>,
+    data_dir: PathBuf,
+    addr: SocketAddr,
+    log_path: PathBuf,
+    extra_args: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts `narad serve` on `data_dir` and waits until `/healthz` answers.
+    pub fn start(data_dir: &Path) -> Daemon {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// Like [`Daemon::start`], with extra command-line arguments for `narad serve`.
+    pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Daemon {
+        let mut daemon = Daemon {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path: data_dir.with_extension("log"),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn spawn(&mut self) {
+        for _attempt in 0..5 {
+            self.addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log_path)
+                .expect("open daemon log");
+            let child = Command::new(narad_binary())
+                .arg("serve")
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--listen")
+                .arg(self.addr.to_string())
+                .args(&self.extra_args)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("clone log handle"))
+                .stderr(log)
+                .spawn()
+                .expect("spawn narad serve");
+            self.child = Some(child);
+            if self.wait_healthy() {
+                return;
+            }
+            self.kill9();
+        }
+        panic!("narad serve did not become healthy; log:\n{}", self.log());
+    }
+
+    fn wait_healthy(&mut self) -> bool {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let client = http_client();
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_status)) = child.try_wait()
+            {
+                return false;
+            }
+            if let Ok(resp) = client.get(format!("{}/healthz", self.url())).send()
+                && resp.status().is_success()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills the process with SIGKILL (no shutdown hook runs) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same data directory (after [`Daemon::kill9`]).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Everything the daemon processes wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&self.log_path) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A blocking HTTP client with timeouts suited to tests.
+pub fn http_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// Sends `body` as JSON and returns the status and the parsed JSON answer.
+pub fn send_json(
+    client: &reqwest::blocking::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+) -> reqwest::Result<(u16, Value)> {
+    let mut request = client.request(method, url);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send()?;
+    let status = response.status().as_u16();
+    let text = response.text()?;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, value))
+}
+
+/// Reads every record of a partition from its log start to its high watermark.
+pub fn fetch_all(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+) -> Vec<Value> {
+    let mut records = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let url = format!(
+            "{base}/v1/topics/{topic}/partitions/{partition}/records?offset={offset}&max=1000"
+        );
+        let (status, body) = send_json(client, reqwest::Method::GET, &url, None).expect("fetch");
+        assert_eq!(status, 200, "fetch {url}: {body}");
+        let batch = body["records"].as_array().cloned().unwrap_or_default();
+        let next = body["next_offset"].as_u64().expect("next_offset");
+        let high = body["high_watermark"].as_u64().expect("high_watermark");
+        records.extend(batch);
+        if next >= high {
+            return records;
+        }
+        offset = next;
+    }
+}
