@@ -51,6 +51,7 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> Option<u32> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
 mod tests {
     use super::*;
 
@@ -60,7 +61,10 @@ mod tests {
         ("foobar", -790_332_482),
         ("a-little-bit-long-string", -985_981_536),
         ("a-little-bit-longer-string", -1_486_304_829),
-        ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+        (
+            "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+            -58_897_971,
+        ),
         ("abc", 479_470_107),
         ("", 275_646_681),
     ];

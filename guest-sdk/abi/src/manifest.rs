@@ -1,0 +1,185 @@
+//! The plugin manifest: UTF-8 JSON in the `narad.manifest` custom section, e.g.
+//! `{"name":"key-hash","version":"1.0.0","abi":1,"needs":["keys"],"description":"..."}`.
+//!
+//! JSON rather than postcard so any language can emit it as a string literal. This crate only
+//! defines the type and its rules (with serde derives under the `serde` feature); the host
+//! parses the JSON, and the guest SDK's macro writes it at compile time.
+
+use alloc::string::String;
+
+use crate::error::ManifestError;
+use crate::layout::Needs;
+
+/// Longest plugin name in bytes (ABI v1 contract).
+pub const MAX_NAME_BYTES: usize = 64;
+/// Longest plugin version string in bytes (our rule: room for any semver with build metadata).
+pub const MAX_VERSION_BYTES: usize = 64;
+/// Longest one-line description in bytes (our rule: fits one line of `narad plugin list`).
+pub const MAX_DESCRIPTION_BYTES: usize = 200;
+
+/// A plugin's manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct Manifest {
+    /// The plugin name: 1..=64 bytes of `[a-z0-9-_]`.
+    pub name: String,
+    /// The plugin's own version (free-form, e.g. semver).
+    pub version: String,
+    /// The ABI version the plugin speaks; must be [`crate::ABI_VERSION`].
+    pub abi: u32,
+    /// What the plugin needs to see of each record; JSON: a list of `"keys"`, `"headers"`,
+    /// `"values"` (keys are always given, listed or not).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub needs: Needs,
+    /// One line saying what the plugin decides.
+    pub description: String,
+}
+
+impl Manifest {
+    /// Checks every rule of ABI v1: name, ABI version, version string, description.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        validate_plugin_name(&self.name)?;
+        if self.abi != crate::ABI_VERSION {
+            return Err(ManifestError::UnsupportedAbi { found: self.abi });
+        }
+        if self.version.is_empty()
+            || self.version.len() > MAX_VERSION_BYTES
+            || self
+                .version
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ManifestError::BadVersion);
+        }
+        if self.description.len() > MAX_DESCRIPTION_BYTES
+            || self.description.chars().any(char::is_control)
+        {
+            return Err(ManifestError::BadDescription);
+        }
+        Ok(())
+    }
+}
+
+/// Checks a plugin name: 1..=64 bytes of `[a-z0-9-_]` (also the registry's name rule).
+pub fn validate_plugin_name(name: &str) -> Result<(), ManifestError> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(ManifestError::NameLength { len: name.len() });
+    }
+    match name
+        .chars()
+        .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '-' | '_'))
+    {
+        Some(found) => Err(ManifestError::NameCharacter { found }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(feature = "serde")]
+mod needs_serde {
+    //! `Needs` as a JSON list of names; keys are implied.
+    use alloc::vec::Vec;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::layout::Needs;
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Need {
+        Keys,
+        Headers,
+        Values,
+    }
+
+    impl Serialize for Needs {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut list = Vec::with_capacity(3);
+            list.push(Need::Keys);
+            if self.headers() {
+                list.push(Need::Headers);
+            }
+            if self.values() {
+                list.push(Need::Values);
+            }
+            list.serialize(s)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Needs {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let list = Vec::<Need>::deserialize(d)?;
+            let headers = list.iter().any(|n| matches!(n, Need::Headers));
+            let values = list.iter().any(|n| matches!(n, Need::Values));
+            Ok(Needs::new(headers, values))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            name: "key-hash".into(),
+            version: "1.0.0".into(),
+            abi: 1,
+            needs: Needs::KEYS,
+            description: "Kafka's default partitioner for keyed records".into(),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_manifest_is_valid() {
+        assert_eq!(manifest().validate(), Ok(()));
+    }
+
+    #[test]
+    fn plugin_names_follow_the_abi_rule() {
+        assert_eq!(validate_plugin_name("header_route-2"), Ok(()));
+        assert_eq!(
+            validate_plugin_name(""),
+            Err(ManifestError::NameLength { len: 0 })
+        );
+        assert_eq!(
+            validate_plugin_name(&"a".repeat(65)),
+            Err(ManifestError::NameLength { len: 65 })
+        );
+        assert_eq!(
+            validate_plugin_name("Key"),
+            Err(ManifestError::NameCharacter { found: 'K' })
+        );
+        assert_eq!(
+            validate_plugin_name("a/b"),
+            Err(ManifestError::NameCharacter { found: '/' })
+        );
+    }
+
+    #[test]
+    fn another_abi_version_is_refused() {
+        let m = Manifest {
+            abi: 2,
+            ..manifest()
+        };
+        assert_eq!(
+            m.validate(),
+            Err(ManifestError::UnsupportedAbi { found: 2 })
+        );
+    }
+
+    #[test]
+    fn multi_line_descriptions_and_blank_versions_are_refused() {
+        let m = Manifest {
+            description: "one\ntwo".into(),
+            ..manifest()
+        };
+        assert_eq!(m.validate(), Err(ManifestError::BadDescription));
+        let m = Manifest {
+            version: "1 0".into(),
+            ..manifest()
+        };
+        assert_eq!(m.validate(), Err(ManifestError::BadVersion));
+    }
+}

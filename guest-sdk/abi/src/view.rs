@@ -1,0 +1,346 @@
+//! Guest-side zero-copy reader of the input buffer (see [`crate::layout`]).
+//!
+//! [`SlabView::parse`] checks the header once (magic, fields word, and that the context,
+//! table and arena lie inside the buffer); per-record accessors then check each key, headers
+//! or value range against the arena as they are read. Nothing here panics or reads out of
+//! bounds, whatever the bytes: hostile input gives a [`LayoutError`].
+
+use crate::context::RouteContextRef;
+use crate::error::{Field, LayoutError, Region};
+use crate::layout::{ENTRY_LEN_BYTES, HEADER_LEN_BYTES, MAGIC, NO_KEY, Needs, entry, header};
+
+/// Reads the little-endian `u32` at `at` of a fixed-size array (bounds known at compile time
+/// for constant `at`, so no run-time check survives optimisation).
+#[inline(always)]
+fn le_u32<const N: usize>(b: &[u8; N], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline(always)]
+fn le_u64<const N: usize>(b: &[u8; N], at: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// A parsed input buffer: the route context bytes, the record table and the arena.
+#[derive(Clone, Copy, Debug)]
+pub struct SlabView<'a> {
+    context: &'a [u8],
+    table: &'a [[u8; ENTRY_LEN_BYTES]],
+    arena: &'a [u8],
+    needs: Needs,
+}
+
+impl<'a> SlabView<'a> {
+    /// Checks the header of `buf` and the bounds of the regions it points at.
+    pub fn parse(buf: &'a [u8]) -> Result<Self, LayoutError> {
+        let head: &[u8; HEADER_LEN_BYTES] = buf
+            .first_chunk()
+            .ok_or(LayoutError::TooShort { len: buf.len() })?;
+        let magic = [head[0], head[1], head[2], head[3]];
+        if magic != MAGIC {
+            return Err(LayoutError::BadMagic { found: magic });
+        }
+        let bits = le_u32(head, header::FIELDS);
+        let needs = Needs::from_bits(bits).ok_or(LayoutError::BadFields { bits })?;
+        let count = le_u32(head, header::RECORD_COUNT);
+        let context = region(
+            buf,
+            Region::Context,
+            le_u32(head, header::CONTEXT_OFFSET),
+            u64::from(le_u32(head, header::CONTEXT_LEN)),
+        )?;
+        let table_len = u64::from(count) * ENTRY_LEN_BYTES as u64;
+        let table = region(
+            buf,
+            Region::Table,
+            le_u32(head, header::TABLE_OFFSET),
+            table_len,
+        )?;
+        let arena = region(
+            buf,
+            Region::Arena,
+            le_u32(head, header::ARENA_OFFSET),
+            u64::from(le_u32(head, header::ARENA_LEN)),
+        )?;
+        let (table, rest) = table.as_chunks::<ENTRY_LEN_BYTES>();
+        debug_assert!(
+            rest.is_empty(),
+            "table length is a multiple of the entry size"
+        );
+        Ok(Self {
+            context,
+            table,
+            arena,
+            needs,
+        })
+    }
+
+    /// Number of records in the slab (and of output slots).
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether the slab holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Which record fields the host copied in.
+    pub fn needs(&self) -> Needs {
+        self.needs
+    }
+
+    /// The raw postcard-encoded route context.
+    pub fn context_bytes(&self) -> &'a [u8] {
+        self.context
+    }
+
+    /// The decoded route context, borrowing its strings and config from the buffer.
+    pub fn context(&self) -> Result<RouteContextRef<'a>, LayoutError> {
+        Ok(RouteContextRef::decode(self.context)?)
+    }
+
+    /// Record `index`.
+    pub fn record(&self, index: usize) -> Result<RecordView<'a>, LayoutError> {
+        let entry = self.table.get(index).ok_or(LayoutError::RecordOutOfRange {
+            index,
+            count: self.table.len(),
+        })?;
+        Ok(RecordView {
+            entry,
+            arena: self.arena,
+            needs: self.needs,
+            index,
+        })
+    }
+
+    /// The records in slab order.
+    pub fn records(&self) -> Records<'a> {
+        Records {
+            entries: self.table.iter().enumerate(),
+            arena: self.arena,
+            needs: self.needs,
+        }
+    }
+}
+
+/// The sub-slice `offset..offset + len` of `buf`, or the error naming `region`.
+fn region(buf: &[u8], region: Region, offset: u32, len: u64) -> Result<&[u8], LayoutError> {
+    let start = u64::from(offset);
+    let end = start + len; // both below 2^33: cannot overflow u64
+    let out_of_bounds = LayoutError::RegionOutOfBounds {
+        region,
+        offset: start,
+        len,
+        buffer_len: buf.len(),
+    };
+    if end > buf.len() as u64 {
+        return Err(out_of_bounds);
+    }
+    // Both fit in usize now: they are at most buf.len().
+    buf.get(start as usize..end as usize).ok_or(out_of_bounds)
+}
+
+/// Iterator over a slab's records in order.
+#[derive(Clone, Debug)]
+pub struct Records<'a> {
+    entries: core::iter::Enumerate<core::slice::Iter<'a, [u8; ENTRY_LEN_BYTES]>>,
+    arena: &'a [u8],
+    needs: Needs,
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = RecordView<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<RecordView<'a>> {
+        let (index, entry) = self.entries.next()?;
+        Some(RecordView {
+            entry,
+            arena: self.arena,
+            needs: self.needs,
+            index,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.entries.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Records<'_> {}
+
+/// One record of the slab, read in place.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordView<'a> {
+    entry: &'a [u8; ENTRY_LEN_BYTES],
+    arena: &'a [u8],
+    needs: Needs,
+    index: usize,
+}
+
+impl<'a> RecordView<'a> {
+    /// Position of the record in the slab; its decision goes in output slot `index()`.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The record's offset in its parent partition.
+    pub fn parent_offset(&self) -> u64 {
+        le_u64(self.entry, entry::PARENT_OFFSET)
+    }
+
+    /// When the record was committed to the parent, in milliseconds since the Unix epoch.
+    pub fn committed_at_ms(&self) -> i64 {
+        le_u64(self.entry, entry::COMMITTED_AT_MS) as i64
+    }
+
+    /// Whether the record has a key (an empty key is a key).
+    pub fn has_key(&self) -> bool {
+        le_u32(self.entry, entry::KEY_LEN) != NO_KEY
+    }
+
+    /// The key: `None` when the record has none, `Some(b"")` for an empty key.
+    #[inline]
+    pub fn key(&self) -> Result<Option<&'a [u8]>, LayoutError> {
+        let len = le_u32(self.entry, entry::KEY_LEN);
+        if len == NO_KEY {
+            return Ok(None);
+        }
+        self.arena_bytes(le_u32(self.entry, entry::KEY_OFFSET), len, Field::Key)
+            .map(Some)
+    }
+
+    /// The record's headers; [`LayoutError::NotRequested`] unless the manifest asked for them.
+    pub fn headers(&self) -> Result<Headers<'a>, LayoutError> {
+        if !self.needs.headers() {
+            return Err(LayoutError::NotRequested {
+                field: Field::Headers,
+            });
+        }
+        let region = self.arena_bytes(
+            le_u32(self.entry, entry::HEADERS_OFFSET),
+            le_u32(self.entry, entry::HEADERS_LEN),
+            Field::Headers,
+        )?;
+        let malformed = LayoutError::MalformedHeaders { record: self.index };
+        let (count, rest) = region.split_first_chunk::<4>().ok_or(malformed)?;
+        Ok(Headers {
+            bytes: rest,
+            remaining: u32::from_le_bytes(*count),
+            record: self.index,
+            failed: false,
+        })
+    }
+
+    /// The value of the first header called `name`, or `None` when there is none.
+    pub fn header(&self, name: &str) -> Result<Option<&'a [u8]>, LayoutError> {
+        for h in self.headers()? {
+            let h = h?;
+            if h.name == name {
+                return Ok(Some(h.value));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The value; [`LayoutError::NotRequested`] unless the manifest asked for values.
+    pub fn value(&self) -> Result<&'a [u8], LayoutError> {
+        if !self.needs.values() {
+            return Err(LayoutError::NotRequested {
+                field: Field::Value,
+            });
+        }
+        self.arena_bytes(
+            le_u32(self.entry, entry::VALUE_OFFSET),
+            le_u32(self.entry, entry::VALUE_LEN),
+            Field::Value,
+        )
+    }
+
+    #[inline]
+    fn arena_bytes(&self, offset: u32, len: u32, field: Field) -> Result<&'a [u8], LayoutError> {
+        let start = offset as usize;
+        start
+            .checked_add(len as usize)
+            .and_then(|end| self.arena.get(start..end))
+            .ok_or(LayoutError::FieldOutOfBounds {
+                record: self.index,
+                field,
+            })
+    }
+}
+
+/// One record header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header<'a> {
+    /// The header name (UTF-8).
+    pub name: &'a str,
+    /// The header value bytes.
+    pub value: &'a [u8],
+}
+
+/// Iterator over one record's headers, in the order they were produced. Yields an error (and
+/// then stops) when the region is malformed.
+#[derive(Clone, Debug)]
+pub struct Headers<'a> {
+    bytes: &'a [u8],
+    remaining: u32,
+    record: usize,
+    failed: bool,
+}
+
+impl<'a> Headers<'a> {
+    /// The header count the region declares.
+    pub fn declared_len(&self) -> u32 {
+        self.remaining
+    }
+
+    fn take(&mut self) -> Option<&'a [u8]> {
+        let (len, rest) = self.bytes.split_first_chunk::<4>()?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > rest.len() {
+            return None;
+        }
+        let (item, rest) = rest.split_at(len);
+        self.bytes = rest;
+        Some(item)
+    }
+
+    fn next_header(&mut self) -> Result<Header<'a>, LayoutError> {
+        let malformed = LayoutError::MalformedHeaders {
+            record: self.record,
+        };
+        let name = self.take().ok_or(malformed)?;
+        let value = self.take().ok_or(malformed)?;
+        let name = core::str::from_utf8(name).map_err(|_| LayoutError::HeaderNameNotUtf8 {
+            record: self.record,
+        })?;
+        Ok(Header { name, value })
+    }
+}
+
+impl<'a> Iterator for Headers<'a> {
+    type Item = Result<Header<'a>, LayoutError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if self.remaining == 0 {
+            if self.bytes.is_empty() {
+                return None;
+            }
+            self.failed = true;
+            return Some(Err(LayoutError::MalformedHeaders {
+                record: self.record,
+            }));
+        }
+        self.remaining -= 1;
+        let item = self.next_header();
+        self.failed = item.is_err();
+        Some(item)
+    }
+}
