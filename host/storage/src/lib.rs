@@ -1,1 +1,45 @@
-//! Narad's embedded partition log (work in progress).
+//! Narad's embedded partition log.
+//!
+//! Every partition of every topic is a directory of segment files holding CRC-32C framed
+//! batches, plus a durable high-watermark file. An append returns only once its batch is
+//! written, `fdatasync`ed and read back. Opening a log recovers it: a torn tail left by a crash
+//! is cut, damage below the durable boundary quarantines the partition. `docs/storage.md`
+//! describes the files byte by byte and the rules for operators.
+//!
+//! Layout of the crate:
+//! - [`store`]: [`Store`], the data directory and its lock, partition registry, lazy open,
+//!   idle close, retention sweep, long-poll.
+//! - [`mod@log`]: one partition's log: `format` (the batch frame), `hwm` (the high-watermark
+//!   file), `segment` (names, scanner, sparse index), and the recovery, writer, reader and
+//!   retention paths.
+//! - [`fs`]: the file-system seam ([`fs::FileSystem`], [`fs::File`], [`fs::RealFs`]).
+//! - [`fault`]: [`fault::FaultFs`], an in-memory file system that injects I/O errors and
+//!   simulates power loss, for this crate's tests and the daemon's.
+//! - [`record`]: the records, options and results that cross the API.
+//! - [`name`]: [`PartitionId`] and the topic-name rule.
+//! - [`clock`]: the injectable wall clock.
+//! - [`mod@error`]: the error type, [`StorageError`].
+
+// Tests may unwrap: a panic is how they fail.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod clock;
+pub mod error;
+pub mod fault;
+pub mod fs;
+pub mod log;
+pub mod name;
+pub mod record;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Result, StorageError};
+pub use name::{
+    MAX_PARTITION_INDEX, MAX_TOPIC_NAME_LEN, NameError, PartitionId, validate_topic_name,
+};
+pub use record::{
+    AppendBatch, Appended, BatchOrigin, DEFAULT_SEGMENT_BYTES, Header, LogConfig, NewRecord,
+    NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin, RetentionReport,
+    StoredRecord,
+};
+pub use store::{DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};

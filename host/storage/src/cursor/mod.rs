@@ -1,0 +1,285 @@
+//! Fan-out cursor files: the durable position of one (parent partition, child) cursor.
+//!
+//! One file per pair, beside the parent partition's log:
+//! `topics/{parent}/p{00000}/fanout-{child}.offset`, holding the record described in
+//! [`format`]. The rules it keeps:
+//!
+//! - **Advance in place.** Once a fixed-size record exists, moving the position is one write
+//!   of 256 bytes at offset 0 and one `fdatasync`; the caller does it only after every child
+//!   commit of the slab below the new position was acknowledged.
+//! - **Replace atomically** (temp file, `fdatasync`, rename, directory fsync) for the first
+//!   anchor, for migrating the older variable-length format, and for an epoch too long to pad.
+//! - **Never trust a handle after a failed sync.** Linux may have dropped the dirty page, so the
+//!   next write goes through the atomic path on a fresh file instead of retrying in place.
+//! - **Read again before calling it corrupt.** A reader can catch the writer mid-write, so a
+//!   record that fails its CRC is read a few more times before it is reported corrupt.
+//!
+//! Whether a found record may be resumed (same epoch) and where a missing or corrupt one
+//! restarts (the attach point) is the cursor's decision, not this module's.
+
+pub mod format;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use format::{CURSOR_RECORD_BYTES, CursorRecord, Decoded, EncodeError, RecordLayout};
+
+use crate::fs::{File, FileSystem, OpenMode};
+
+/// File-name prefix and suffix of cursor files inside a parent partition directory.
+const FILE_PREFIX: &str = "fanout-";
+const FILE_SUFFIX: &str = ".offset";
+const TEMP_SUFFIX: &str = ".offset.tmp";
+
+/// How many times a record that fails its check is read again before it is called corrupt.
+pub const CORRUPT_REREADS: u32 = 3;
+
+/// Pause between two reads of a record that failed its check: long enough for a writer caught
+/// mid-write to finish its 256-byte write.
+pub const REREAD_PAUSE: Duration = Duration::from_millis(2);
+
+/// Errors of cursor-file I/O.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CursorError {
+    /// A file-system operation failed; the position on disk is whatever it was before.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The record could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// Result alias for cursor-file operations.
+pub type Result<T, E = CursorError> = std::result::Result<T, E>;
+
+fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CursorError + '_ {
+    move |source| CursorError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What a cursor finds on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CursorLoad {
+    /// No file: the cursor starts at its attach point.
+    Missing,
+    /// A valid record.
+    Found {
+        /// The stored position.
+        record: CursorRecord,
+        /// How it was stored.
+        layout: RecordLayout,
+    },
+    /// A file that still failed its check after [`CORRUPT_REREADS`] more reads.
+    Corrupt {
+        /// Why the bytes are not a valid record.
+        reason: String,
+    },
+}
+
+/// The name of the cursor file for `child`: `fanout-{child}.offset`.
+pub fn cursor_file_name(child: &str) -> String {
+    format!("{FILE_PREFIX}{child}{FILE_SUFFIX}")
+}
+
+/// Children that have a cursor file in `partition_dir` (for the orphan sweep).
+pub fn list_cursor_children(fs: &dyn FileSystem, partition_dir: &Path) -> Result<Vec<String>> {
+    let entries = match fs.read_dir(partition_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("list", partition_dir)(e)),
+    };
+    Ok(entries
+        .into_iter()
+        .filter(|entry| !entry.is_dir)
+        .filter_map(|entry| {
+            entry
+                .name
+                .strip_prefix(FILE_PREFIX)
+                .and_then(|rest| rest.strip_suffix(FILE_SUFFIX))
+                .map(str::to_string)
+        })
+        .collect())
+}
+
+fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>> {
+    let file = match fs.open(path, OpenMode::Read) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err("open", path)(e)),
+    };
+    let len = file.len().map_err(io_err("stat", path))?;
+    let len = usize::try_from(len)
+        .unwrap_or(usize::MAX)
+        .min(format::MAX_CURSOR_FILE_BYTES + 1);
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, 0).map_err(io_err("read", path))?;
+    Ok(Some(bytes))
+}
+
+/// Reads the cursor file at `path`, re-reading a record that fails its check
+/// [`CORRUPT_REREADS`] times before reporting it corrupt.
+pub fn load(fs: &dyn FileSystem, path: &Path) -> Result<CursorLoad> {
+    let mut attempt = 0;
+    loop {
+        let Some(bytes) = read_whole(fs, path)? else {
+            return Ok(CursorLoad::Missing);
+        };
+        match format::decode(&bytes) {
+            Decoded::Valid(record, layout) => return Ok(CursorLoad::Found { record, layout }),
+            Decoded::Invalid(reason) if attempt >= CORRUPT_REREADS => {
+                return Ok(CursorLoad::Corrupt { reason });
+            }
+            Decoded::Invalid(_) => {
+                attempt += 1;
+                std::thread::sleep(REREAD_PAUSE);
+            }
+        }
+    }
+}
+
+/// Deletes the cursor file at `path` (missing is fine) and makes the removal durable.
+pub fn remove(fs: &dyn FileSystem, path: &Path) -> Result<()> {
+    match fs.remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("remove", path)(e)),
+    }
+    if let Some(dir) = path.parent() {
+        fs.sync_dir(dir).map_err(io_err("fsync directory", dir))?;
+    }
+    Ok(())
+}
+
+/// An open cursor file positioned at a known record, ready to advance.
+#[derive(Debug)]
+pub struct CursorFile {
+    fs: Arc<dyn FileSystem>,
+    path: PathBuf,
+    record: CursorRecord,
+    /// A handle for in-place writes; `None` when the next write must replace the file
+    /// atomically (no fixed record yet, or the handle failed a sync and cannot be trusted).
+    in_place: Option<Box<dyn File>>,
+}
+
+impl CursorFile {
+    /// Writes `record` to `path` by atomic replacement (the first anchor). Durable on return.
+    pub fn anchor(fs: Arc<dyn FileSystem>, path: &Path, record: CursorRecord) -> Result<CursorFile> {
+        let mut cursor = CursorFile {
+            fs,
+            path: path.to_path_buf(),
+            record,
+            in_place: None,
+        };
+        cursor.replace_atomically()?;
+        Ok(cursor)
+    }
+
+    /// Continues from a record [`load`] found at `path`. A record in the fixed layout is
+    /// advanced in place from now on; one in the older or long layout is rewritten atomically
+    /// at once, so that an older-format file is migrated before the cursor moves.
+    pub fn resume(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        record: CursorRecord,
+        layout: RecordLayout,
+    ) -> Result<CursorFile> {
+        if layout != RecordLayout::Fixed {
+            return CursorFile::anchor(fs, path, record);
+        }
+        let handle = fs.open(path, OpenMode::ReadWrite).map_err(io_err("open", path))?;
+        Ok(CursorFile {
+            fs,
+            path: path.to_path_buf(),
+            record,
+            in_place: Some(handle),
+        })
+    }
+
+    /// The durable position: the first parent offset not yet committed to the child.
+    pub fn next_offset(&self) -> u64 {
+        self.record.next_offset
+    }
+
+    /// The attach epoch this file belongs to.
+    pub fn epoch(&self) -> &str {
+        &self.record.epoch
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the durable position to `next_offset`: one write at offset 0 and one
+    /// `fdatasync` when possible, an atomic replacement otherwise. On error the position in
+    /// memory is unchanged and the handle is dropped, so the next call starts from a fresh file.
+    pub fn advance(&mut self, next_offset: u64) -> Result<()> {
+        let previous = self.record.next_offset;
+        self.record.next_offset = next_offset;
+        let outcome = match self.in_place.as_ref() {
+            Some(handle) => self.write_in_place(handle.as_ref()),
+            None => self.replace_atomically(),
+        };
+        if outcome.is_err() {
+            self.record.next_offset = previous;
+            self.in_place = None;
+        }
+        outcome
+    }
+
+    fn write_in_place(&self, handle: &dyn File) -> Result<()> {
+        let (bytes, layout) = format::encode(&self.record)?;
+        debug_assert_eq!(layout, RecordLayout::Fixed, "the epoch fitted when the file was written");
+        handle.write_all_at(&bytes, 0).map_err(io_err("write", &self.path))?;
+        handle.sync_data().map_err(io_err("fdatasync", &self.path))
+    }
+
+    fn replace_atomically(&mut self) -> Result<()> {
+        let (bytes, layout) = format::encode(&self.record)?;
+        let temp = self.path.with_file_name(format!(
+            "{}{}",
+            self.path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .and_then(|name| name.strip_suffix(FILE_SUFFIX))
+                .unwrap_or("fanout-cursor"),
+            TEMP_SUFFIX
+        ));
+        let file = self
+            .fs
+            .open(&temp, OpenMode::CreateReadWrite)
+            .map_err(io_err("create", &temp))?;
+        file.set_len(0).map_err(io_err("truncate", &temp))?;
+        file.write_all_at(&bytes, 0).map_err(io_err("write", &temp))?;
+        file.sync_data().map_err(io_err("fdatasync", &temp))?;
+        drop(file);
+        self.fs.rename(&temp, &self.path).map_err(io_err("rename", &temp))?;
+        if let Some(dir) = self.path.parent() {
+            self.fs.sync_dir(dir).map_err(io_err("fsync directory", dir))?;
+        }
+        self.in_place = if layout == RecordLayout::Fixed {
+            Some(
+                self.fs
+                    .open(&self.path, OpenMode::ReadWrite)
+                    .map_err(io_err("open", &self.path))?,
+            )
+        } else {
+            None
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! The crate's error type and `Result` alias.
+
+use std::path::PathBuf;
+
+use crate::name::{NameError, PartitionId};
+
+/// Result of a storage operation.
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;
+
+/// Everything a storage operation can fail with.
+#[non_exhaustive]
+#[derive(thiserror::Error, Debug)]
+pub enum StorageError {
+    /// `Store::open` found the data directory's `LOCK` file held by another process (or by
+    /// another `Store` in this process): only one writer may use a data directory.
+    #[error(
+        "data directory lock {path} is held: another narad process is using this data directory \
+         (stop it, or point this one at a different --data-dir)"
+    )]
+    DataDirLocked {
+        /// The lock file that could not be taken.
+        path: PathBuf,
+    },
+    /// The partition was never registered with `create_partition` on this store (or its topic
+    /// was deleted).
+    #[error("unknown partition {id}")]
+    UnknownPartition {
+        /// The partition asked for.
+        id: PartitionId,
+    },
+    /// Recovery or a read found a damaged frame where acknowledged records live. The partition
+    /// refuses reads and writes until an operator repairs it; other partitions keep working.
+    #[error("partition {id} is quarantined: {reason}")]
+    Quarantined {
+        /// The quarantined partition.
+        id: PartitionId,
+        /// What was found, naming the file and byte position.
+        reason: String,
+    },
+    /// The partition stopped after a failed `fdatasync` whose damage could not be undone
+    /// (truncating back to the last durable length failed as well). A restart runs recovery.
+    #[error("partition {id} has failed and stopped: {reason}")]
+    Failed {
+        /// The failed partition.
+        id: PartitionId,
+        /// The I/O error that stopped it.
+        reason: String,
+    },
+    /// A read asked for an offset that retention has already deleted.
+    #[error("offset {requested} of {id} is below the log start offset {log_start}")]
+    OffsetBelowLogStart {
+        /// The partition read.
+        id: PartitionId,
+        /// The offset asked for.
+        requested: u64,
+        /// The oldest offset still stored.
+        log_start: u64,
+    },
+    /// A read asked for an offset past the next offset to be assigned.
+    #[error("offset {requested} of {id} is beyond the high watermark {high_watermark}")]
+    OffsetBeyondEnd {
+        /// The partition read.
+        id: PartitionId,
+        /// The offset asked for.
+        requested: u64,
+        /// The next offset to be assigned.
+        high_watermark: u64,
+    },
+    /// `append` was called with no records.
+    #[error("a batch needs at least one record")]
+    EmptyBatch,
+    /// The encoded batch exceeds the hard frame limit of the log format.
+    #[error("batch of {size} bytes exceeds the storage frame limit of {max} bytes")]
+    RecordTooLarge {
+        /// Encoded size of the batch frame in bytes.
+        size: usize,
+        /// The limit ([`crate::log::format::MAX_FRAME_BYTES`]).
+        max: usize,
+    },
+    /// A topic name broke the naming rule.
+    #[error("invalid topic name: {0}")]
+    InvalidName(#[from] NameError),
+    /// A partition index above [`crate::MAX_PARTITION_INDEX`].
+    #[error("partition index {partition} is above the maximum {max}")]
+    PartitionOutOfRange {
+        /// The index asked for.
+        partition: u32,
+        /// The largest allowed index.
+        max: u32,
+    },
+    /// A batch origin whose `parent_offsets` does not hold exactly one offset per record.
+    #[error("batch origin has {offsets} parent offsets for {records} records")]
+    OriginMismatch {
+        /// Number of records in the batch.
+        records: usize,
+        /// Number of parent offsets given.
+        offsets: usize,
+    },
+    /// An I/O error, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the store was doing, naming the file.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl StorageError {
+    /// Wraps an I/O error with a description of what was being done.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StorageError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

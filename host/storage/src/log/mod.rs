@@ -1,0 +1,152 @@
+//! One partition's log: segment files of batch frames, a durable high-watermark file, and the
+//! in-memory state that serves appends and reads.
+//!
+//! - `format`: the batch frame (encode, seal, parse, decode).
+//! - `hwm`: the fixed-size high-watermark file (durable boundary, clean-close flag).
+//! - `segment`: segment naming and listing, the frame scanner, the sparse index.
+//! - `recovery`: opening a log: scan, truncate a torn tail, or refuse with a corruption report.
+//! - `writer`: append + `fdatasync` + verify, segment roll, failure handling, close.
+//! - `reader`: reads by offset with record/byte limits and the commit-time gate.
+//! - `retention`: deleting whole old segments by age and size.
+//!
+//! Concurrency. The writer state sits behind one mutex, the partition's produce lock, held for
+//! the whole write + sync + verify. Readers never take it: they look at a separate `View` (the
+//! segments and how many of their bytes are durable) under a short read lock, then read the
+//! files without any lock. The writer publishes to the view only after a batch is durable and
+//! verified, which is what keeps readers from ever seeing bytes past the high watermark.
+
+pub mod format;
+pub mod hwm;
+pub(crate) mod reader;
+pub(crate) mod recovery;
+pub(crate) mod retention;
+pub mod segment;
+pub(crate) mod writer;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+use crate::error::StorageError;
+use crate::fs::{File, FileSystem};
+use segment::SparseIndex;
+
+/// What a log operation can fail with; the store turns these into [`StorageError`]s and
+/// partition state changes.
+#[derive(Debug)]
+pub(crate) enum LogError {
+    /// The log was closed (idle close) while the caller held it; reopen and retry.
+    Closed,
+    /// An fsync failure could not be undone; the partition must stop.
+    Failed(String),
+    /// Damage where acknowledged records live; the partition must be quarantined.
+    Corrupt(String),
+    /// Read below the log start offset.
+    BelowStart { requested: u64, log_start: u64 },
+    /// Read past the high watermark.
+    BeyondEnd { requested: u64, high_watermark: u64 },
+    /// An I/O error the log recovered from (the operation failed, the log is usable).
+    Io(StorageError),
+}
+
+impl LogError {
+    pub(crate) fn io(context: impl Into<String>, e: std::io::Error) -> Self {
+        LogError::Io(StorageError::io(context, e))
+    }
+}
+
+/// A segment as readers see it.
+#[derive(Clone, Debug)]
+pub(crate) struct SegView {
+    pub(crate) base: u64,
+    pub(crate) path: PathBuf,
+    pub(crate) file: Arc<dyn File>,
+    /// Durable, verified bytes: readers never look past this.
+    pub(crate) len: u64,
+    /// One past the last durable record of this segment.
+    pub(crate) next_offset: u64,
+    /// Newest commit time in the segment (`None` while empty).
+    pub(crate) newest_committed_at_ms: Option<i64>,
+    pub(crate) index: SparseIndex,
+}
+
+/// What readers see: the durable part of the log.
+#[derive(Debug)]
+pub(crate) struct View {
+    /// Never empty: the last one is the active segment.
+    pub(crate) segments: Vec<SegView>,
+    /// The high watermark.
+    pub(crate) next_offset: u64,
+}
+
+impl View {
+    pub(crate) fn log_start(&self) -> u64 {
+        self.segments.first().map_or(self.next_offset, |s| s.base)
+    }
+}
+
+/// The writer's state, guarded by the produce lock.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) active: Arc<dyn File>,
+    pub(crate) active_base: u64,
+    pub(crate) active_len: u64,
+    pub(crate) next_offset: u64,
+    /// Floor for commit times: the newest the partition has committed.
+    pub(crate) newest_committed_at_ms: i64,
+    pub(crate) hwm_file: Option<Box<dyn File>>,
+    pub(crate) last_hwm_write: Instant,
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) closed: bool,
+    pub(crate) failed: Option<String>,
+}
+
+/// An open partition log.
+#[derive(Debug)]
+pub(crate) struct Log {
+    pub(crate) dir: PathBuf,
+    pub(crate) fs: Arc<dyn FileSystem>,
+    pub(crate) writer: Mutex<Writer>,
+    pub(crate) view: RwLock<View>,
+}
+
+/// Figures for `peek` of an open log.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OpenStats {
+    pub(crate) log_start: u64,
+    pub(crate) high_watermark: u64,
+    pub(crate) size_bytes: u64,
+    pub(crate) segment_count: u32,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock means a panic elsewhere; the guarded state is still consistent because
+    // every update is published only after it is complete.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Log {
+    /// The current figures, without touching any file.
+    pub(crate) fn stats(&self) -> OpenStats {
+        let v = read(&self.view);
+        OpenStats {
+            log_start: v.log_start(),
+            high_watermark: v.next_offset,
+            size_bytes: v.segments.iter().map(|s| s.len).sum(),
+            segment_count: u32::try_from(v.segments.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The high watermark.
+    pub(crate) fn high_watermark(&self) -> u64 {
+        read(&self.view).next_offset
+    }
+}

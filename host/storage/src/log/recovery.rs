@@ -1,0 +1,269 @@
+//! Opening a log: every segment is scanned and checked, the sparse index rebuilt, and the tail
+//! judged against the durable boundary in the high-watermark file.
+//!
+//! Rules (`docs/storage.md` explains them for operators):
+//! - A bad frame in the last segment, at or past the durable boundary, with no valid frame
+//!   after it, is a torn tail from a crash: it is cut off (truncate + `fdatasync`).
+//! - A bad frame below the boundary, in any segment but the last, or followed by a valid
+//!   frame, is corruption: the log is not opened, and the partition is quarantined.
+//! - Offsets must run on without gaps, and the log must reach at least the next offset the
+//!   high-watermark file recorded: acknowledged records are never cut silently.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use crate::fs::{File, FileSystem, OpenMode};
+use crate::log::hwm::{self, HWM_FILE_NAME, HwmRecord};
+use crate::log::segment::{self, Scan, Scanner, SparseIndex};
+use crate::log::{Log, LogError, SegView, View, Writer};
+
+/// Why a log could not be opened.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    /// Corruption: quarantine the partition with this reason.
+    Corrupt(String),
+    /// An I/O error; nothing was decided, opening may be retried.
+    Io(LogError),
+}
+
+fn io(ctx: impl Into<String>) -> impl FnOnce(std::io::Error) -> OpenError {
+    let ctx = ctx.into();
+    move |e| OpenError::Io(LogError::io(ctx, e))
+}
+
+/// Creates an empty segment file and makes its directory entry durable before returning, so
+/// nothing can refer to a segment a crash could lose.
+pub(crate) fn create_segment(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    base: u64,
+) -> std::io::Result<Box<dyn File>> {
+    let path = dir.join(segment::segment_name(base));
+    let file = fs.open(&path, OpenMode::CreateReadWrite)?;
+    if !file.is_empty()? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{} already exists with data; refusing to reuse it as a new segment",
+                path.display()
+            ),
+        ));
+    }
+    fs.sync_dir(dir)?;
+    Ok(file)
+}
+
+/// Opens the high-watermark file for in-place rewrites, making a new file's entry durable.
+pub(crate) fn open_hwm_file(fs: &dyn FileSystem, dir: &Path) -> std::io::Result<Box<dyn File>> {
+    let path = dir.join(HWM_FILE_NAME);
+    let existed = fs.exists(&path)?;
+    let file = fs.open(&path, OpenMode::CreateReadWrite)?;
+    if !existed {
+        fs.sync_dir(dir)?;
+    }
+    Ok(file)
+}
+
+/// Opens (and recovers) the log in `dir`.
+pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError> {
+    let mut files = segment::list(fs.as_ref(), dir)
+        .map_err(io(format!("listing segments in {}", dir.display())))?;
+    let hwm = hwm::read(fs.as_ref(), dir).map_err(io(format!(
+        "reading the high-watermark file in {}",
+        dir.display()
+    )))?;
+
+    if files.is_empty() {
+        if let Some(h) = hwm
+            && h.next_offset > 0
+        {
+            return Err(OpenError::Corrupt(format!(
+                "{} holds no segment files, but its high-watermark file records offsets up to {} as durable",
+                dir.display(),
+                h.next_offset
+            )));
+        }
+        create_segment(fs.as_ref(), dir, 0).map_err(io(format!(
+            "creating the first segment in {}",
+            dir.display()
+        )))?;
+        files = segment::list(fs.as_ref(), dir)
+            .map_err(io(format!("listing segments in {}", dir.display())))?;
+    }
+    let first = files[0].base;
+
+    // The durable boundary: (segment base, bytes of it known durable). Without a usable
+    // high-watermark file nothing is known below the tail, so only the tail rules apply.
+    let boundary = match hwm {
+        None => (first, 0),
+        Some(h) if h.segment_base < first => (first, 0),
+        Some(h) => {
+            if !files.iter().any(|f| f.base == h.segment_base) {
+                return Err(OpenError::Corrupt(format!(
+                    "the high-watermark file in {} names segment {} as durable, but that file is missing",
+                    dir.display(),
+                    segment::segment_name(h.segment_base)
+                )));
+            }
+            (h.segment_base, h.segment_pos)
+        }
+    };
+
+    let n = files.len();
+    let mut expected = first;
+    let mut newest = i64::MIN;
+    let mut views = Vec::with_capacity(n);
+    for (i, f) in files.iter().enumerate() {
+        let is_last = i + 1 == n;
+        let name = f.path.display().to_string();
+        if f.base != expected {
+            return Err(OpenError::Corrupt(format!(
+                "{name} starts at offset {} but the previous segment ends at offset {expected}",
+                f.base
+            )));
+        }
+        let mode = if is_last {
+            OpenMode::ReadWrite
+        } else {
+            OpenMode::Read
+        };
+        let file = fs
+            .open(&f.path, mode)
+            .map_err(io(format!("opening {name}")))?;
+        let mut len = file
+            .len()
+            .map_err(io(format!("reading the size of {name}")))?;
+        if f.base == boundary.0 && len < boundary.1 {
+            return Err(OpenError::Corrupt(format!(
+                "{name} is {len} bytes long, but the high-watermark file records {} bytes of it as durable",
+                boundary.1
+            )));
+        }
+        let mut index = SparseIndex::default();
+        let mut seg_newest = None;
+        let mut scanner = Scanner::new(file.as_ref(), 0, len);
+        loop {
+            match scanner
+                .next_frame()
+                .map_err(io(format!("reading {name}")))?
+            {
+                Scan::End => break,
+                Scan::Frame { pos, header, .. } => {
+                    if header.base_offset != expected {
+                        return Err(OpenError::Corrupt(format!(
+                            "{name} byte {pos}: frame has base offset {}, expected {expected}",
+                            header.base_offset
+                        )));
+                    }
+                    index.note(header.base_offset, pos);
+                    expected = header.next_offset();
+                    newest = newest.max(header.committed_at_ms);
+                    seg_newest = Some(seg_newest.map_or(header.committed_at_ms, |t: i64| {
+                        t.max(header.committed_at_ms)
+                    }));
+                }
+                Scan::Bad { pos, error } => {
+                    let below_boundary =
+                        f.base < boundary.0 || (f.base == boundary.0 && pos < boundary.1);
+                    if below_boundary {
+                        return Err(OpenError::Corrupt(format!(
+                            "{name} byte {pos}: {error}; this is below the durable boundary, where acknowledged records live"
+                        )));
+                    }
+                    if !is_last {
+                        return Err(OpenError::Corrupt(format!(
+                            "{name} byte {pos}: {error}; the segment was complete before the next one was started"
+                        )));
+                    }
+                    if let Some(valid) =
+                        segment::find_valid_frame_after(file.as_ref(), pos, len, expected)
+                            .map_err(io(format!("reading {name}")))?
+                    {
+                        return Err(OpenError::Corrupt(format!(
+                            "{name} byte {pos}: {error}; a valid frame follows at byte {valid}, so this is not a torn tail"
+                        )));
+                    }
+                    tracing::warn!(
+                        segment = %name,
+                        position = pos,
+                        cut_bytes = len - pos,
+                        %error,
+                        "truncating a torn tail left by a crash"
+                    );
+                    file.set_len(pos)
+                        .and_then(|()| file.sync_data())
+                        .map_err(io(format!("truncating the torn tail of {name}")))?;
+                    len = pos;
+                    break;
+                }
+            }
+        }
+        views.push(SegView {
+            base: f.base,
+            path: f.path.clone(),
+            file: Arc::from(file),
+            len,
+            next_offset: expected,
+            newest_committed_at_ms: seg_newest,
+            index,
+        });
+    }
+
+    if let Some(h) = hwm
+        && h.segment_base >= first
+        && expected < h.next_offset
+    {
+        return Err(OpenError::Corrupt(format!(
+            "the log in {} ends at offset {expected}, but the high-watermark file records offsets up to {} as durable",
+            dir.display(),
+            h.next_offset
+        )));
+    }
+    if let Some(h) = hwm {
+        newest = newest.max(h.newest_committed_at_ms);
+    }
+
+    // Record the recovered end as the new durable boundary, flagged "open" (not clean), so a
+    // crash from here on is recognised by peek and by the next open.
+    let last = views.last().ok_or_else(|| {
+        OpenError::Corrupt(format!("{} has no segments after recovery", dir.display()))
+    })?;
+    let rec = HwmRecord {
+        segment_base: last.base,
+        segment_pos: last.len,
+        next_offset: expected,
+        newest_committed_at_ms: newest,
+        clean: false,
+    };
+    let hwm_file = open_hwm_file(fs.as_ref(), dir).map_err(io(format!(
+        "opening the high-watermark file in {}",
+        dir.display()
+    )))?;
+    hwm::write(hwm_file.as_ref(), &rec).map_err(io(format!(
+        "writing the high-watermark file in {}",
+        dir.display()
+    )))?;
+
+    let writer = Writer {
+        active: last.file.clone(),
+        active_base: last.base,
+        active_len: last.len,
+        next_offset: expected,
+        newest_committed_at_ms: newest,
+        hwm_file: Some(hwm_file),
+        last_hwm_write: Instant::now(),
+        scratch: Vec::new(),
+        closed: false,
+        failed: None,
+    };
+    Ok(Log {
+        dir: dir.to_path_buf(),
+        fs,
+        writer: Mutex::new(writer),
+        view: RwLock::new(View {
+            segments: views,
+            next_offset: expected,
+        }),
+    })
+}

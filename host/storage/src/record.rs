@@ -1,0 +1,194 @@
+//! The values that cross the crate boundary: records in and out, read options and results,
+//! per-partition configuration and statistics.
+
+use bytes::Bytes;
+
+/// Default segment size: 128 MiB, a common log-segment size that keeps the number of open
+/// files per partition small while letting retention free space in useful steps.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
+
+/// One record header: a name and opaque bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Header name (UTF-8).
+    pub name: String,
+    /// Header value.
+    pub value: Bytes,
+}
+
+/// A record to append. `key: None` (absent) is stored differently from `Some(empty)`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NewRecord {
+    /// Optional key.
+    pub key: Option<Bytes>,
+    /// Headers in order; names may repeat.
+    pub headers: Vec<Header>,
+    /// The value.
+    pub value: Bytes,
+}
+
+/// Provenance of a child commit batch: the attach epoch and the parent partition and offset of
+/// every record. Produce passes `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchOrigin {
+    /// The link's attach epoch.
+    pub epoch: [u8; 8],
+    /// Index of the parent partition the records were copied from.
+    pub parent_partition: u32,
+    /// One parent offset per record, in record order.
+    pub parent_offsets: Vec<u64>,
+}
+
+/// A batch of records appended and committed at once (one frame, one `fdatasync`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct AppendBatch {
+    /// The records, at least one.
+    pub records: Vec<NewRecord>,
+    /// Provenance for child commits.
+    pub origin: Option<BatchOrigin>,
+}
+
+/// What a successful (durable, verified) append assigned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    /// Offset of the first record; the others follow contiguously.
+    pub base_offset: u64,
+    /// Number of records appended.
+    pub count: u32,
+    /// The batch's commit time, ms since the epoch; never lower than any earlier commit time
+    /// of the partition.
+    pub committed_at_ms: i64,
+}
+
+/// Provenance of one stored record (from its batch's [`BatchOrigin`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordOrigin {
+    /// The link's attach epoch.
+    pub epoch: [u8; 8],
+    /// Parent partition index.
+    pub parent_partition: u32,
+    /// Offset of the record in the parent partition.
+    pub parent_offset: u64,
+}
+
+/// A record as read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// Offset in the partition.
+    pub offset: u64,
+    /// Commit time of its batch, ms since the epoch.
+    pub committed_at_ms: i64,
+    /// Optional key (absent differs from empty).
+    pub key: Option<Bytes>,
+    /// Headers in order.
+    pub headers: Vec<Header>,
+    /// The value.
+    pub value: Bytes,
+    /// Provenance, for records committed by a fan-out cursor.
+    pub origin: Option<RecordOrigin>,
+}
+
+/// What to read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// First offset wanted.
+    pub offset: u64,
+    /// Maximum number of records (at least one is returned when available).
+    pub max_records: usize,
+    /// Maximum total encoded record bytes (at least one record is returned even if it alone
+    /// exceeds this, so a reader always progresses).
+    pub max_bytes: usize,
+    /// Delay gate: stop at the first record with `committed_at_ms` greater than this.
+    pub max_committed_at_ms: Option<i64>,
+}
+
+/// Why a gated read stopped: the first record not due yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotDue {
+    /// Offset of the first record not due.
+    pub offset: u64,
+    /// Its commit time: the gate must reach this for the record to be due.
+    pub due_at_ms: i64,
+}
+
+/// The answer to a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadResult {
+    /// Records in offset order.
+    pub records: Vec<StoredRecord>,
+    /// Offset after the last returned record (the requested offset if none).
+    pub next_offset: u64,
+    /// Next offset to be assigned: one past the last durable record.
+    pub high_watermark: u64,
+    /// Oldest offset still stored.
+    pub log_start_offset: u64,
+    /// Set when `max_committed_at_ms` stopped the read.
+    pub not_due: Option<NotDue>,
+}
+
+/// Per-partition log settings (kept in memory; the daemon supplies them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Size at which the active segment is rolled (default [`DEFAULT_SEGMENT_BYTES`]).
+    pub segment_bytes: u64,
+    /// Delete segments whose newest record is older than this; `None` keeps them forever.
+    pub retention_ms: Option<u64>,
+    /// Delete the oldest segments while the partition is larger than this; `None` = no cap.
+    pub retention_bytes: Option<u64>,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            retention_ms: None,
+            retention_bytes: None,
+        }
+    }
+}
+
+/// Whether a partition's log is open, and whether it is usable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PartitionState {
+    /// Open: files held, index in memory.
+    Open,
+    /// Closed (idle or never opened since start); reopens on the next read or append.
+    Closed,
+    /// Damaged where acknowledged records live; reads and appends fail until repaired.
+    Quarantined {
+        /// What was found, naming the file and byte position.
+        reason: String,
+    },
+    /// Stopped after an unrecoverable `fdatasync` error; a restart runs recovery.
+    Failed {
+        /// The error that stopped it.
+        reason: String,
+    },
+}
+
+/// A partition's figures as `Store::peek` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionStats {
+    /// Oldest offset still stored.
+    pub log_start_offset: u64,
+    /// Next offset to be assigned. `None` when the log is closed and its high-watermark file
+    /// holds no boundary over the record bytes (after a crash, until opened and closed again).
+    pub high_watermark: Option<u64>,
+    /// Total size of the segment files in bytes.
+    pub size_bytes: u64,
+    /// Number of segment files.
+    pub segment_count: u32,
+    /// Open, closed, quarantined or failed.
+    pub state: PartitionState,
+}
+
+/// What `Store::enforce_retention` deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct RetentionReport {
+    /// Segment files deleted.
+    pub segments_deleted: u64,
+    /// Bytes freed.
+    pub bytes_deleted: u64,
+    /// Partitions whose log start offset moved, with the new log start offset.
+    pub advanced: Vec<(crate::PartitionId, u64)>,
+}

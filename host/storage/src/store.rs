@@ -1,0 +1,640 @@
+//! The store: one data directory, its lock, and the partitions registered with it.
+//!
+//! Each partition has a slot that is `Closed`, `Open` (a [`Log`]), `Quarantined` or `Failed`.
+//! Logs open lazily on the first read or append (recovery runs then), are closed when idle,
+//! and are described by `peek` without being opened. A `watch` channel per partition carries
+//! the high watermark so long-polls wake on appends instead of polling.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Result, StorageError};
+use crate::fs::{FileSystem, LockGuard, RealFs};
+use crate::log::recovery::{self, OpenError};
+use crate::log::retention::{self, Trimmed};
+use crate::log::{self, Log, LogError, format, hwm, segment};
+use crate::name::{MAX_PARTITION_INDEX, PartitionId, validate_topic_name};
+use crate::record::{
+    AppendBatch, Appended, LogConfig, PartitionState, PartitionStats, ReadOptions, ReadResult,
+    RetentionReport,
+};
+
+/// Name of the lock file in the data directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+/// Directory under the data directory holding one directory per topic.
+pub const TOPICS_DIR_NAME: &str = "topics";
+/// Directory under the data directory where deleted topics are moved before removal. Its name
+/// is not a valid place for a topic, so a half-deleted topic never looks live.
+pub const TRASH_DIR_NAME: &str = "trash";
+/// Default idle time after which a log is closed: 5 minutes, long enough that a partition read
+/// every few seconds stays open, short enough that idle partitions release files and memory.
+pub const DEFAULT_IDLE_CLOSE_AFTER: Duration = Duration::from_secs(300);
+
+/// How a store is wired.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// The file system ([`RealFs`] by default; `fault::FaultFs` in tests).
+    pub fs: Arc<dyn FileSystem>,
+    /// The wall clock for commit times and idle tracking.
+    pub clock: Arc<dyn Clock>,
+    /// Logs not read or appended for this long are closed by [`Store::close_idle`].
+    pub idle_close_after: Duration,
+}
+
+impl std::fmt::Debug for dyn Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            fs: Arc::new(RealFs),
+            clock: Arc::new(SystemClock),
+            idle_close_after: DEFAULT_IDLE_CLOSE_AFTER,
+        }
+    }
+}
+
+/// What the watch channel of a partition says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Signal {
+    /// Not known yet (not opened since the store started).
+    Unknown,
+    /// The high watermark.
+    Hw(u64),
+    /// Quarantined, failed or deleted: waiters must stop and look at the slot.
+    Broken,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Closed,
+    Open(Arc<Log>),
+    Quarantined(String),
+    Failed(String),
+    Deleted,
+}
+
+#[derive(Debug)]
+struct Partition {
+    id: PartitionId,
+    dir: PathBuf,
+    config: Mutex<LogConfig>,
+    slot: RwLock<Slot>,
+    last_access_ms: AtomicI64,
+    signal: watch::Sender<Signal>,
+}
+
+impl Partition {
+    fn config(&self) -> LogConfig {
+        log::lock(&self.config).clone()
+    }
+
+    fn publish_hw(&self, hw: u64) {
+        self.signal.send_if_modified(|s| match s {
+            Signal::Hw(cur) if *cur >= hw => false,
+            Signal::Broken => false,
+            _ => {
+                *s = Signal::Hw(hw);
+                true
+            }
+        });
+    }
+
+    fn broken_error(&self, slot: &Slot) -> Option<StorageError> {
+        match slot {
+            Slot::Quarantined(reason) => Some(StorageError::Quarantined {
+                id: self.id.clone(),
+                reason: reason.clone(),
+            }),
+            Slot::Failed(reason) => Some(StorageError::Failed {
+                id: self.id.clone(),
+                reason: reason.clone(),
+            }),
+            Slot::Deleted => Some(StorageError::UnknownPartition {
+                id: self.id.clone(),
+            }),
+            Slot::Closed | Slot::Open(_) => None,
+        }
+    }
+}
+
+/// The embedded partition store of one data directory. Share it as `Arc<Store>`; every method
+/// but [`Store::wait_for_data`] does blocking file I/O.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    fs: Arc<dyn FileSystem>,
+    clock: Arc<dyn Clock>,
+    idle_close_after_ms: i64,
+    partitions: RwLock<HashMap<PartitionId, Arc<Partition>>>,
+    trash_counter: AtomicU64,
+    _lock: Box<dyn LockGuard>,
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StorageError {
+    let context = context.into();
+    move |e| StorageError::io(context, e)
+}
+
+impl Store {
+    /// Opens a data directory (created if missing), taking an exclusive lock on `{dir}/LOCK`.
+    /// A second opener, in this or another process, gets [`StorageError::DataDirLocked`]. No
+    /// partition is opened or recovered here: logs open lazily.
+    pub fn open(dir: &Path, opts: StoreOptions) -> Result<Store> {
+        let fs = opts.fs;
+        fs.create_dir_all(dir)
+            .map_err(io(format!("creating the data directory {}", dir.display())))?;
+        let lock_path = dir.join(LOCK_FILE_NAME);
+        let lock = match fs.try_lock_exclusive(&lock_path) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(StorageError::DataDirLocked { path: lock_path });
+            }
+            Err(e) => {
+                return Err(StorageError::io(
+                    format!("locking {}", lock_path.display()),
+                    e,
+                ));
+            }
+        };
+        for sub in [TOPICS_DIR_NAME, TRASH_DIR_NAME] {
+            fs.create_dir_all(&dir.join(sub))
+                .map_err(io(format!("creating {}", dir.join(sub).display())))?;
+        }
+        fs.sync_dir(dir)
+            .map_err(io(format!("syncing {}", dir.display())))?;
+        // Finish deletions a crash interrupted.
+        let trash = dir.join(TRASH_DIR_NAME);
+        for entry in fs
+            .read_dir(&trash)
+            .map_err(io(format!("listing {}", trash.display())))?
+        {
+            let path = trash.join(&entry.name);
+            let removed = if entry.is_dir {
+                fs.remove_dir_all(&path)
+            } else {
+                fs.remove_file(&path)
+            };
+            removed.map_err(io(format!("removing {}", path.display())))?;
+        }
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            fs,
+            clock: opts.clock,
+            idle_close_after_ms: i64::try_from(opts.idle_close_after.as_millis())
+                .unwrap_or(i64::MAX),
+            partitions: RwLock::new(HashMap::new()),
+            trash_counter: AtomicU64::new(0),
+            _lock: lock,
+        })
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn topic_dir(&self, topic: &str) -> PathBuf {
+        self.dir.join(TOPICS_DIR_NAME).join(topic)
+    }
+
+    fn partition(&self, id: &PartitionId) -> Result<Arc<Partition>> {
+        log::read(&self.partitions)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| StorageError::UnknownPartition { id: id.clone() })
+    }
+
+    fn stamp(&self, p: &Partition) {
+        p.last_access_ms
+            .store(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Registers a partition and creates its directory durably (idempotent; an existing
+    /// registration takes the new config).
+    pub fn create_partition(&self, id: &PartitionId, config: LogConfig) -> Result<()> {
+        validate_topic_name(&id.topic)?;
+        if id.partition > MAX_PARTITION_INDEX {
+            return Err(StorageError::PartitionOutOfRange {
+                partition: id.partition,
+                max: MAX_PARTITION_INDEX,
+            });
+        }
+        let topic_dir = self.topic_dir(&id.topic);
+        let dir = topic_dir.join(id.dir_name());
+        if !self
+            .fs
+            .exists(&dir)
+            .map_err(io(format!("checking {}", dir.display())))?
+        {
+            self.fs
+                .create_dir_all(&dir)
+                .map_err(io(format!("creating {}", dir.display())))?;
+            // Each new directory entry must be durable in its parent.
+            for d in [topic_dir.as_path(), &self.dir.join(TOPICS_DIR_NAME)] {
+                self.fs
+                    .sync_dir(d)
+                    .map_err(io(format!("syncing {}", d.display())))?;
+            }
+        }
+        let mut map = log::write(&self.partitions);
+        match map.get(id) {
+            Some(p) => *log::lock(&p.config) = config,
+            None => {
+                let (signal, _) = watch::channel(Signal::Unknown);
+                map.insert(
+                    id.clone(),
+                    Arc::new(Partition {
+                        id: id.clone(),
+                        dir,
+                        config: Mutex::new(config),
+                        slot: RwLock::new(Slot::Closed),
+                        last_access_ms: AtomicI64::new(self.clock.now_ms()),
+                        signal,
+                    }),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces a registered partition's config (retention, segment size).
+    pub fn set_config(&self, id: &PartitionId, config: LogConfig) -> Result<()> {
+        *log::lock(&self.partition(id)?.config) = config;
+        Ok(())
+    }
+
+    /// Unregisters every partition of `topic` and removes `topics/{topic}`: the directory is
+    /// first renamed into the trash directory (durably), then removed, so a crash never leaves
+    /// a half-deleted topic in place. Deleting a topic with no directory is not an error.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        validate_topic_name(topic)?;
+        let victims: Vec<Arc<Partition>> = {
+            let mut map = log::write(&self.partitions);
+            let ids: Vec<PartitionId> = map.keys().filter(|k| k.topic == topic).cloned().collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        for p in victims {
+            let mut slot = log::write(&p.slot);
+            if let Slot::Open(log) = &*slot {
+                log.abandon();
+            }
+            *slot = Slot::Deleted;
+            p.signal.send_replace(Signal::Broken);
+        }
+        let dir = self.topic_dir(topic);
+        if !self
+            .fs
+            .exists(&dir)
+            .map_err(io(format!("checking {}", dir.display())))?
+        {
+            return Ok(());
+        }
+        let n = self.trash_counter.fetch_add(1, Ordering::Relaxed);
+        let trash = self
+            .dir
+            .join(TRASH_DIR_NAME)
+            .join(format!("{topic}.{}.{n}", self.clock.now_ms()));
+        self.fs.rename(&dir, &trash).map_err(io(format!(
+            "moving {} to {}",
+            dir.display(),
+            trash.display()
+        )))?;
+        for d in [
+            self.dir.join(TOPICS_DIR_NAME),
+            self.dir.join(TRASH_DIR_NAME),
+        ] {
+            self.fs
+                .sync_dir(&d)
+                .map_err(io(format!("syncing {}", d.display())))?;
+        }
+        self.fs
+            .remove_dir_all(&trash)
+            .map_err(io(format!("removing {}", trash.display())))
+    }
+
+    /// The open log of a partition, opening (and recovering) it if closed.
+    fn open_log(&self, p: &Partition) -> Result<Arc<Log>> {
+        {
+            let slot = log::read(&p.slot);
+            if let Slot::Open(l) = &*slot {
+                return Ok(l.clone());
+            }
+            if let Some(e) = p.broken_error(&slot) {
+                return Err(e);
+            }
+        }
+        let mut slot = log::write(&p.slot);
+        if let Slot::Open(l) = &*slot {
+            return Ok(l.clone());
+        }
+        if let Some(e) = p.broken_error(&slot) {
+            return Err(e);
+        }
+        match recovery::open(self.fs.clone(), &p.dir) {
+            Ok(l) => {
+                let l = Arc::new(l);
+                *slot = Slot::Open(l.clone());
+                p.publish_hw(l.high_watermark());
+                Ok(l)
+            }
+            Err(OpenError::Corrupt(reason)) => {
+                tracing::error!(partition = %p.id, %reason, "partition quarantined");
+                *slot = Slot::Quarantined(reason.clone());
+                p.signal.send_replace(Signal::Broken);
+                Err(StorageError::Quarantined {
+                    id: p.id.clone(),
+                    reason,
+                })
+            }
+            Err(OpenError::Io(e)) => Err(self.log_error(p, e)),
+        }
+    }
+
+    /// Turns a log error into the caller's error, moving the partition to `Quarantined` or
+    /// `Failed` when the error demands it.
+    fn log_error(&self, p: &Partition, e: LogError) -> StorageError {
+        match e {
+            LogError::Io(e) => e,
+            LogError::BelowStart {
+                requested,
+                log_start,
+            } => StorageError::OffsetBelowLogStart {
+                id: p.id.clone(),
+                requested,
+                log_start,
+            },
+            LogError::BeyondEnd {
+                requested,
+                high_watermark,
+            } => StorageError::OffsetBeyondEnd {
+                id: p.id.clone(),
+                requested,
+                high_watermark,
+            },
+            LogError::Closed => StorageError::io(
+                format!("using {}", p.id),
+                std::io::Error::other("the log was closed"),
+            ),
+            LogError::Corrupt(reason) => {
+                tracing::error!(partition = %p.id, %reason, "partition quarantined");
+                let mut slot = log::write(&p.slot);
+                if let Slot::Open(l) = &*slot {
+                    l.abandon();
+                }
+                *slot = Slot::Quarantined(reason.clone());
+                p.signal.send_replace(Signal::Broken);
+                StorageError::Quarantined {
+                    id: p.id.clone(),
+                    reason,
+                }
+            }
+            LogError::Failed(reason) => {
+                let mut slot = log::write(&p.slot);
+                *slot = Slot::Failed(reason.clone());
+                p.signal.send_replace(Signal::Broken);
+                StorageError::Failed {
+                    id: p.id.clone(),
+                    reason,
+                }
+            }
+        }
+    }
+
+    /// Appends a batch: encode, then under the partition's produce lock write, `fdatasync` and
+    /// read back; returns only once the batch is durable. The commit time is stamped just
+    /// before the produce lock and raised under it to the partition's newest commit time, so
+    /// it never decreases. Opens the log if closed. An empty batch is refused.
+    pub fn append(&self, id: &PartitionId, batch: AppendBatch) -> Result<Appended> {
+        let mut frame = Vec::new();
+        format::encode_batch(&batch.records, batch.origin.as_ref(), &mut frame)?;
+        // encode_batch checked the count fits in u32.
+        let count = u32::try_from(batch.records.len()).unwrap_or(u32::MAX);
+        let p = self.partition(id)?;
+        self.stamp(&p);
+        let config = p.config();
+        loop {
+            let log = self.open_log(&p)?;
+            match log.append(&mut frame, count, self.clock.as_ref(), &config, |hw| {
+                p.publish_hw(hw)
+            }) {
+                Ok(a) => return Ok(a),
+                // Closed for idleness between lookup and lock: open again and retry.
+                Err(LogError::Closed) => {
+                    let slot = log::read(&p.slot);
+                    if let Some(e) = p.broken_error(&slot) {
+                        return Err(e);
+                    }
+                }
+                Err(e) => return Err(self.log_error(&p, e)),
+            }
+        }
+    }
+
+    /// Reads records from `opts.offset` (see [`ReadOptions`]). Stamps last access; opens the
+    /// log if closed. Below the log start: [`StorageError::OffsetBelowLogStart`]; past the high
+    /// watermark: [`StorageError::OffsetBeyondEnd`]; at it: no records.
+    pub fn read(&self, id: &PartitionId, opts: &ReadOptions) -> Result<ReadResult> {
+        let p = self.partition(id)?;
+        self.stamp(&p);
+        let log = self.open_log(&p)?;
+        log.read(opts).map_err(|e| self.log_error(&p, e))
+    }
+
+    /// Resolves `Ok(true)` as soon as the high watermark is above `offset`, `Ok(false)` when
+    /// `timeout` passes first. Woken by appends through a watch channel (no polling). Errors
+    /// for unknown, deleted, quarantined or failed partitions. Stamps last access. A closed log
+    /// is not opened if its high-watermark file gives the exact end; otherwise it is opened
+    /// (blocking I/O, only after a crash).
+    pub async fn wait_for_data(
+        &self,
+        id: &PartitionId,
+        offset: u64,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let p = self.partition(id)?;
+        self.stamp(&p);
+        let mut rx = p.signal.subscribe();
+        let current = *rx.borrow_and_update();
+        if current == Signal::Unknown {
+            let hw = match self.peek_partition(&p)?.high_watermark {
+                Some(hw) => hw,
+                None => self.open_log(&p)?.high_watermark(),
+            };
+            p.publish_hw(hw);
+        }
+        let waited = tokio::time::timeout(
+            timeout,
+            rx.wait_for(|s| matches!(s, Signal::Hw(hw) if *hw > offset) || *s == Signal::Broken),
+        )
+        .await;
+        match waited {
+            Err(_) => Ok(false),
+            Ok(Err(_)) => Err(StorageError::UnknownPartition { id: id.clone() }),
+            Ok(Ok(s)) if *s == Signal::Broken => {
+                drop(s);
+                let slot = log::read(&p.slot);
+                Err(p
+                    .broken_error(&slot)
+                    .unwrap_or(StorageError::UnknownPartition { id: id.clone() }))
+            }
+            Ok(Ok(_)) => Ok(true),
+        }
+    }
+
+    /// Describes a partition without opening a closed log and without stamping last access.
+    /// A closed log is described from its directory: exact when it was closed cleanly,
+    /// `high_watermark: None` when its high-watermark file does not cover the record bytes.
+    pub fn peek(&self, id: &PartitionId) -> Result<PartitionStats> {
+        let p = self.partition(id)?;
+        self.peek_partition(&p)
+    }
+
+    fn peek_partition(&self, p: &Partition) -> Result<PartitionStats> {
+        let slot = log::read(&p.slot);
+        let state = match &*slot {
+            Slot::Open(l) => {
+                let s = l.stats();
+                return Ok(PartitionStats {
+                    log_start_offset: s.log_start,
+                    high_watermark: Some(s.high_watermark),
+                    size_bytes: s.size_bytes,
+                    segment_count: s.segment_count,
+                    state: PartitionState::Open,
+                });
+            }
+            Slot::Closed => PartitionState::Closed,
+            Slot::Quarantined(r) => PartitionState::Quarantined { reason: r.clone() },
+            Slot::Failed(r) => PartitionState::Failed { reason: r.clone() },
+            Slot::Deleted => return Err(StorageError::UnknownPartition { id: p.id.clone() }),
+        };
+        // Describing a closed log reads the directory listing and the 64-byte high-watermark
+        // file; the slot's read lock keeps it from being opened meanwhile.
+        let files = segment::list(self.fs.as_ref(), &p.dir)
+            .map_err(io(format!("listing {}", p.dir.display())))?;
+        let h = hwm::read(self.fs.as_ref(), &p.dir)
+            .map_err(io(format!("reading the high-watermark file of {}", p.id)))?;
+        let high_watermark = match (files.last(), h) {
+            (None, None) => Some(0),
+            (Some(last), Some(h))
+                if h.clean && h.segment_base == last.base && h.segment_pos == last.len =>
+            {
+                Some(h.next_offset)
+            }
+            _ => None,
+        };
+        let healthy = matches!(state, PartitionState::Closed);
+        Ok(PartitionStats {
+            log_start_offset: files.first().map_or(0, |f| f.base),
+            high_watermark: if healthy { high_watermark } else { None },
+            size_bytes: files.iter().map(|f| f.len).sum(),
+            segment_count: u32::try_from(files.len()).unwrap_or(u32::MAX),
+            state,
+        })
+    }
+
+    /// Deletes whole segments past retention in every registered partition (age judged by a
+    /// segment's newest commit time; the active segment is never deleted), advancing the log
+    /// start offset. Closed logs are trimmed from their directory without being opened.
+    /// Quarantined and failed partitions are left alone. Returns what was deleted; the first
+    /// error is returned after every partition has been tried.
+    pub fn enforce_retention(&self) -> Result<RetentionReport> {
+        let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
+        let now = self.clock.now_ms();
+        let mut report = RetentionReport::default();
+        let mut first_error = None;
+        for p in parts {
+            let config = p.config();
+            if config.retention_ms.is_none() && config.retention_bytes.is_none() {
+                continue;
+            }
+            let outcome: std::result::Result<Trimmed, LogError> = {
+                let slot = log::read(&p.slot);
+                match &*slot {
+                    Slot::Open(l) => l.enforce_retention(&config, now),
+                    Slot::Closed => {
+                        retention::enforce_closed(self.fs.as_ref(), &p.dir, &config, now)
+                    }
+                    _ => Ok(Trimmed::default()),
+                }
+            };
+            match outcome {
+                Ok(t) => {
+                    report.segments_deleted += t.segments;
+                    report.bytes_deleted += t.bytes;
+                    if let Some(start) = t.new_log_start {
+                        report.advanced.push((p.id.clone(), start));
+                    }
+                }
+                Err(e) => {
+                    let e = self.log_error(&p, e);
+                    tracing::warn!(partition = %p.id, error = %e, "retention failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// Closes logs not read or appended for longer than `idle_close_after` (writing their
+    /// high-watermark files); they reopen on demand. Returns how many were closed.
+    pub fn close_idle(&self) -> usize {
+        let now = self.clock.now_ms();
+        let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
+        let mut closed = 0;
+        for p in parts {
+            let idle_for = now.saturating_sub(p.last_access_ms.load(Ordering::Relaxed));
+            if idle_for <= self.idle_close_after_ms {
+                continue;
+            }
+            let mut slot = log::write(&p.slot);
+            if let Slot::Open(l) = &*slot {
+                if let Err(e) = l.close() {
+                    tracing::warn!(partition = %p.id, error = ?e, "closing an idle log failed");
+                }
+                *slot = Slot::Closed;
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    /// Clean shutdown: closes every open log, writing each high-watermark file with the clean
+    /// flag. Returns the first error after trying all of them.
+    pub fn close(&self) -> Result<()> {
+        let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
+        let mut first_error = None;
+        for p in parts {
+            let mut slot = log::write(&p.slot);
+            if let Slot::Open(l) = &*slot {
+                if let Err(e) = l.close() {
+                    let e = match e {
+                        LogError::Io(e) => e,
+                        other => StorageError::io(
+                            format!("closing {}", p.id),
+                            std::io::Error::other(format!("{other:?}")),
+                        ),
+                    };
+                    first_error.get_or_insert(e);
+                }
+                *slot = Slot::Closed;
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
