@@ -1,1 +1,33 @@
-//! The Narad fan-out host (work in progress).
+//! The Narad fan-out host: the daemon library behind the `narad` binary.
+//!
+//! Layout:
+//! - [`config`]: `narad serve` flags, environment and TOML config file, merged into [`Config`].
+//! - [`shutdown`]: the shutdown trigger/signal every loop and the HTTP server select on.
+//! - [`metastore`]: the [`metastore::Metastore`] trait (topics, a version per domain, a
+//!   linearizable `confirm`) and its embedded file implementation.
+//! - [`ownership`]: which node owns a partition (on one node: this one, always).
+//! - [`produce`]: placement (explicit, Kafka key hash, round-robin) and the one commit path to a
+//!   partition log, shared by produce and (later) child commits.
+//! - [`topics`]: topic administration keeping metastore and partition directories in step.
+//! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
+//! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
+//! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
+//!
+//! Data flows one way: API -> topics/produce -> `narad_storage::Store`; the metastore is the
+//! source of truth for which topics and partitions exist.
+
+// Tests may unwrap: a panic there is a test failure with its location.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod metastore;
+pub mod ownership;
+pub mod produce;
+pub mod server;
+pub mod shutdown;
+pub mod topics;
+
+pub use config::Config;
+pub use server::{RunningServer, ServerError, run_server};

@@ -1,0 +1,106 @@
+//! The HTTP API (axum), one file per resource:
+//! - [`topics`]: `POST/GET /v1/topics`, `GET/DELETE /v1/topics/{t}`,
+//!   `POST /v1/topics/{t}/partitions`;
+//! - [`records`]: `POST /v1/topics/{t}/records`, `GET /v1/topics/{t}/partitions/{p}/records`;
+//! - [`health`]: `GET /healthz`;
+//! - [`types`]: the JSON shapes (shared with the CLI), [`error`]: the JSON error answer,
+//!   [`extract`]: extractors that turn axum's rejections into that answer.
+
+pub mod error;
+pub mod extract;
+pub mod health;
+pub mod records;
+pub mod topics;
+pub mod types;
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, StatusCode, Uri};
+use axum::routing::{get, post};
+use narad_storage::Store;
+
+use crate::config::Limits;
+use crate::metastore::Metastore;
+use crate::ownership::PartitionOwnership;
+use crate::produce::Producer;
+use crate::shutdown::ShutdownSignal;
+use crate::topics::TopicService;
+use error::ApiError;
+
+/// What every handler can reach. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<AppInner>);
+
+/// The shared parts behind [`AppState`].
+pub struct AppInner {
+    /// Request and record limits.
+    pub limits: Limits,
+    /// The partition logs.
+    pub store: Arc<Store>,
+    /// Topic metadata.
+    pub metastore: Arc<dyn Metastore>,
+    /// Topic administration.
+    pub topics: Arc<TopicService>,
+    /// The produce / commit path.
+    pub producer: Arc<Producer>,
+    /// Which node serves which partition.
+    pub ownership: Arc<dyn PartitionOwnership>,
+    /// Ends long-polls early when the daemon shuts down.
+    pub shutdown: ShutdownSignal,
+}
+
+impl AppState {
+    /// Wraps the shared parts.
+    pub fn new(inner: AppInner) -> AppState {
+        AppState(Arc::new(inner))
+    }
+}
+
+impl Deref for AppState {
+    type Target = AppInner;
+    fn deref(&self) -> &AppInner {
+        &self.0
+    }
+}
+
+/// The API router with its body limit and JSON fallbacks.
+pub fn router(state: AppState) -> Router {
+    let body_limit = usize::try_from(state.limits.max_request_bytes).unwrap_or(usize::MAX);
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/v1/topics", post(topics::create).get(topics::list))
+        .route(
+            "/v1/topics/{topic}",
+            get(topics::describe).delete(topics::delete),
+        )
+        .route("/v1/topics/{topic}/partitions", post(topics::grow))
+        .route("/v1/topics/{topic}/records", post(records::produce))
+        .route(
+            "/v1/topics/{topic}/partitions/{partition}/records",
+            get(records::fetch),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "no endpoint at {}; see docs/http-api.md",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{method} is not supported on {}; see docs/http-api.md",
+            uri.path()
+        ),
+    )
+}

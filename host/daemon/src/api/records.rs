@@ -1,0 +1,319 @@
+//! Record endpoints: produce a batch, fetch from an offset (with an optional long-poll).
+//!
+//! Produce validates the whole request before anything is written: one bad record rejects the
+//! batch and no partition changes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use bytes::Bytes;
+use narad_storage::{Header, NewRecord, PartitionId, ReadOptions, ReadResult, StorageError};
+use serde::Deserialize;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::topics::require_topic;
+use super::types::{
+    FetchResponse, HeadersJson, OffsetJson, ProduceRecordJson, ProduceRequest, ProduceResponse,
+    RecordJson,
+};
+use crate::config::Limits;
+use crate::produce::ProduceRecord;
+
+/// Records a fetch returns when the request gives no `max`.
+pub const DEFAULT_FETCH_MAX_RECORDS: u32 = 500;
+
+/// `POST /v1/topics/{t}/records`.
+pub async fn produce(
+    State(state): State<AppState>,
+    ApiPath(topic_name): ApiPath<String>,
+    ApiJson(req): ApiJson<ProduceRequest>,
+) -> Result<Json<ProduceResponse>, ApiError> {
+    let topic = require_topic(&state, &topic_name).await?;
+    let records = decode_batch(req, topic.partitions, &topic.name, &state.limits)?;
+    for p in records.iter().filter_map(|r| r.partition) {
+        let id = PartitionId::new(topic.name.clone(), p);
+        if !state.ownership.is_local(&id) {
+            return Err(not_owned(&state, &id));
+        }
+    }
+    let placed = state
+        .producer
+        .produce(&topic.name, topic.partitions, records)
+        .await?;
+    Ok(Json(ProduceResponse {
+        offsets: placed
+            .into_iter()
+            .map(|p| OffsetJson {
+                partition: p.partition,
+                offset: p.offset,
+            })
+            .collect(),
+    }))
+}
+
+fn not_owned(state: &AppState, id: &PartitionId) -> ApiError {
+    let owner = state
+        .ownership
+        .owner(id)
+        .map_or_else(|| "no node".to_owned(), |n| format!("node {n}"));
+    ApiError::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        format!("partition {id} is served by {owner}, not by this node"),
+    )
+}
+
+/// Validates and decodes a whole produce request.
+pub fn decode_batch(
+    req: ProduceRequest,
+    partitions: u32,
+    topic: &str,
+    limits: &Limits,
+) -> Result<Vec<ProduceRecord>, ApiError> {
+    if req.records.is_empty() {
+        return Err(ApiError::bad_request(
+            "\"records\" is empty: send at least one record",
+        ));
+    }
+    if req.records.len() > limits.max_batch_records as usize {
+        return Err(ApiError::too_large(format!(
+            "{} records in one request; the limit is {} (max-batch-records): split the batch",
+            req.records.len(),
+            limits.max_batch_records
+        )));
+    }
+    req.records
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| decode_record(i, r, partitions, topic, limits))
+        .collect()
+}
+
+fn decode_record(
+    i: usize,
+    r: ProduceRecordJson,
+    partitions: u32,
+    topic: &str,
+    limits: &Limits,
+) -> Result<ProduceRecord, ApiError> {
+    let bad = |what: String| ApiError::bad_request(format!("records[{i}]: {what}"));
+    let key = match (r.key, r.key_b64) {
+        (Some(_), Some(_)) => return Err(bad("give \"key\" or \"key_b64\", not both".into())),
+        (Some(k), None) => Some(Bytes::from(k)),
+        (None, Some(b)) => Some(decode_b64(&b).map_err(|e| bad(format!("\"key_b64\" {e}")))?),
+        (None, None) => None,
+    };
+    let value = match (r.value, r.value_b64) {
+        (Some(_), Some(_)) => {
+            return Err(bad("give \"value\" or \"value_b64\", not both".into()));
+        }
+        (Some(v), None) => Bytes::from(v),
+        (None, Some(b)) => decode_b64(&b).map_err(|e| bad(format!("\"value_b64\" {e}")))?,
+        (None, None) => {
+            return Err(bad(
+                "\"value\" (text) or \"value_b64\" (base64) is required".into(),
+            ));
+        }
+    };
+    let headers = match r.headers {
+        None => Vec::new(),
+        Some(HeadersJson::Map(map)) => map
+            .into_iter()
+            .map(|(name, value)| Header {
+                name,
+                value: Bytes::from(value),
+            })
+            .collect(),
+        Some(HeadersJson::List(list)) => {
+            list.into_iter()
+                .enumerate()
+                .map(|(j, h)| {
+                    let value = match (h.value, h.value_b64) {
+                        (Some(_), Some(_)) => {
+                            return Err(bad(format!(
+                                "headers[{j}]: give \"value\" or \"value_b64\", not both"
+                            )));
+                        }
+                        (Some(v), None) => Bytes::from(v),
+                        (None, Some(b)) => decode_b64(&b)
+                            .map_err(|e| bad(format!("headers[{j}].value_b64 {e}")))?,
+                        (None, None) => {
+                            return Err(bad(format!(
+                                "headers[{j}]: \"value\" or \"value_b64\" is required"
+                            )));
+                        }
+                    };
+                    Ok(Header {
+                        name: h.name,
+                        value,
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+    };
+    if let Some(p) = r.partition
+        && p >= partitions
+    {
+        return Err(bad(format!(
+            "partition {p} does not exist: topic {topic} has {partitions} partitions (0..={})",
+            partitions - 1
+        )));
+    }
+    let size = key.as_ref().map_or(0, Bytes::len)
+        + value.len()
+        + headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len())
+            .sum::<usize>();
+    if size as u64 > limits.max_record_bytes {
+        return Err(ApiError::too_large(format!(
+            "records[{i}] is {size} bytes (key + value + headers); the limit is {} (max-record-bytes)",
+            limits.max_record_bytes
+        )));
+    }
+    Ok(ProduceRecord {
+        partition: r.partition,
+        record: NewRecord {
+            key,
+            headers,
+            value,
+        },
+    })
+}
+
+fn decode_b64(text: &str) -> Result<Bytes, String> {
+    B64.decode(text)
+        .map(Bytes::from)
+        .map_err(|e| format!("is not valid base64 (standard alphabet, padded): {e}"))
+}
+
+/// Query of a fetch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchQuery {
+    /// First offset to return; absent means the log start.
+    pub offset: Option<u64>,
+    /// Most records to return (default 500, capped by max-fetch-records).
+    pub max: Option<u32>,
+    /// Long-poll: when nothing is at `offset` yet, wait up to this long for a commit.
+    pub wait_ms: Option<u64>,
+}
+
+/// `GET /v1/topics/{t}/partitions/{p}/records?offset=&max=&wait_ms=`.
+pub async fn fetch(
+    State(state): State<AppState>,
+    ApiPath((topic_name, partition)): ApiPath<(String, u32)>,
+    ApiQuery(query): ApiQuery<FetchQuery>,
+) -> Result<Json<FetchResponse>, ApiError> {
+    let topic = require_topic(&state, &topic_name).await?;
+    if partition >= topic.partitions {
+        return Err(ApiError::not_found(format!(
+            "partition {partition} does not exist: topic {} has {} partitions (0..={})",
+            topic.name,
+            topic.partitions,
+            topic.partitions - 1
+        )));
+    }
+    let id = PartitionId::new(topic.name.clone(), partition);
+    if !state.ownership.is_local(&id) {
+        return Err(not_owned(&state, &id));
+    }
+    let max = query.max.unwrap_or(DEFAULT_FETCH_MAX_RECORDS);
+    if max == 0 {
+        return Err(ApiError::bad_request("max must be at least 1"));
+    }
+    let max = max.min(state.limits.max_fetch_records) as usize;
+    let max_bytes = usize::try_from(state.limits.max_fetch_bytes).unwrap_or(usize::MAX);
+    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(state.limits.max_wait);
+
+    let offset = match query.offset {
+        Some(o) => o,
+        None => {
+            let store = Arc::clone(&state.store);
+            let peek_id = id.clone();
+            blocking(move || store.peek(&peek_id))
+                .await??
+                .log_start_offset
+        }
+    };
+    let mut result = read(&state, &id, offset, max, max_bytes, query.offset.is_none()).await?;
+    if result.records.is_empty() && !wait.is_zero() && !state.shutdown.is_triggered() {
+        let next = result.next_offset;
+        let woke = tokio::select! {
+            woke = state.store.wait_for_data(&id, next, wait) => woke?,
+            () = state.shutdown.wait() => false,
+        };
+        if woke {
+            result = read(&state, &id, next, max, max_bytes, false).await?;
+        }
+    }
+    Ok(Json(FetchResponse {
+        records: result
+            .records
+            .into_iter()
+            .map(|r| {
+                RecordJson::from_parts(
+                    r.offset,
+                    r.key.as_deref(),
+                    &r.value,
+                    r.headers.into_iter().map(|h| (h.name, h.value.to_vec())),
+                    r.committed_at_ms,
+                )
+            })
+            .collect(),
+        next_offset: result.next_offset,
+        high_watermark: result.high_watermark,
+        log_start_offset: result.log_start_offset,
+    }))
+}
+
+/// Reads on the blocking pool. `from_start`: the offset was the log start a moment ago, so if
+/// retention moved it meanwhile, read from the new start instead of failing.
+async fn read(
+    state: &AppState,
+    id: &PartitionId,
+    offset: u64,
+    max_records: usize,
+    max_bytes: usize,
+    from_start: bool,
+) -> Result<ReadResult, ApiError> {
+    let opts = ReadOptions {
+        offset,
+        max_records,
+        max_bytes,
+        max_committed_at_ms: None,
+    };
+    let store = Arc::clone(&state.store);
+    let read_id = id.clone();
+    match blocking(move || store.read(&read_id, &opts)).await? {
+        Err(StorageError::OffsetBelowLogStart { log_start, .. }) if from_start => {
+            let store = Arc::clone(&state.store);
+            let read_id = id.clone();
+            let opts = ReadOptions {
+                offset: log_start,
+                max_records,
+                max_bytes,
+                max_committed_at_ms: None,
+            };
+            Ok(blocking(move || store.read(&read_id, &opts)).await??)
+        }
+        other => Ok(other?),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("read task failed: {e}"),
+        )
+    })
+}

@@ -1,0 +1,339 @@
+//! The JSON shapes of the HTTP API, shared by the server handlers and the CLI client.
+//!
+//! Keys, values and header values travel as UTF-8 strings (`key`, `value`) when they are valid
+//! UTF-8, else base64 (`key_b64`, `value_b64`, standard alphabet with padding). A record without
+//! a key answers `"key": null`; an empty key is `"key": ""`.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+
+/// `POST /v1/topics` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopicRequest {
+    /// Topic name: 1..=249 characters of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+    pub name: String,
+    /// Partition count, 1..=1024.
+    pub partitions: u32,
+    /// Age limit in milliseconds; absent keeps records forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
+    /// Size limit per partition in bytes; absent means no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+}
+
+/// A topic's settings, as created, listed and described.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicInfo {
+    /// Name.
+    pub name: String,
+    /// Partition count.
+    pub partitions: u32,
+    /// Age limit in milliseconds, or null.
+    pub retention_ms: Option<u64>,
+    /// Size limit per partition in bytes, or null.
+    pub retention_bytes: Option<u64>,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+/// `GET /v1/topics` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicList {
+    /// Every topic, sorted by name.
+    pub topics: Vec<TopicInfo>,
+}
+
+/// One partition in a describe answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionInfo {
+    /// Partition index.
+    pub partition: u32,
+    /// Oldest offset still stored.
+    pub log_start_offset: u64,
+    /// Next offset to be written; null when the log is closed and unknown without opening it
+    /// (after a crash, until it is next opened).
+    pub high_watermark: Option<u64>,
+    /// Bytes on disk in segment files.
+    pub size_bytes: u64,
+    /// Number of segment files.
+    pub segments: u32,
+    /// `open`, `closed`, `quarantined` or `failed`.
+    pub state: String,
+    /// Why the partition is quarantined or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `GET /v1/topics/{t}` answer: the topic's settings and per-partition state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicDescription {
+    /// Settings.
+    #[serde(flatten)]
+    pub topic: TopicInfo,
+    /// One entry per partition, by index.
+    pub partition_stats: Vec<PartitionInfo>,
+}
+
+/// `POST /v1/topics/{t}/partitions` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowPartitionsRequest {
+    /// The new partition count (at least the current one, at most 1024).
+    pub count: u32,
+}
+
+/// A header in a produce request's list form, or in a fetch answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderJson {
+    /// Header name.
+    pub name: String,
+    /// Value as UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Value as base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+}
+
+/// Headers of a produced record: an object of text values, or a list (which keeps order,
+/// allows repeated names and base64 values).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum HeadersJson {
+    /// `{"name": "value", ...}`; stored sorted by name.
+    Map(BTreeMap<String, String>),
+    /// `[{"name": ..., "value": ... | "value_b64": ...}, ...]`.
+    List(Vec<HeaderJson>),
+}
+
+/// One record of a produce request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProduceRecordJson {
+    /// Key as text; absent or null means no key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Key as base64 (instead of `key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_b64: Option<String>,
+    /// Value as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Value as base64 (instead of `value`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_b64: Option<String>,
+    /// Headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<HeadersJson>,
+    /// Explicit partition, overriding key hashing and round-robin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+}
+
+/// `POST /v1/topics/{t}/records` body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProduceRequest {
+    /// The records, committed in this order within each partition.
+    pub records: Vec<ProduceRecordJson>,
+}
+
+/// Where one produced record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetJson {
+    /// Partition index.
+    pub partition: u32,
+    /// Offset within it.
+    pub offset: u64,
+}
+
+/// `POST /v1/topics/{t}/records` answer: one entry per record, in request order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProduceResponse {
+    /// Offsets in request order.
+    pub offsets: Vec<OffsetJson>,
+}
+
+/// Bytes as the API shows them: text when UTF-8, else base64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Text {
+    /// Valid UTF-8.
+    Utf8(String),
+    /// Anything else, base64-encoded.
+    Base64(String),
+}
+
+impl Text {
+    /// Encodes `bytes`.
+    pub fn of(bytes: &[u8]) -> Text {
+        match std::str::from_utf8(bytes) {
+            Ok(s) => Text::Utf8(s.to_owned()),
+            Err(_) => Text::Base64(B64.encode(bytes)),
+        }
+    }
+}
+
+/// One record of a fetch answer.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RecordJson {
+    /// Offset.
+    pub offset: u64,
+    /// Key as text; null when the record has no key (or when `key_b64` is set).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Key as base64, present only for a key that is not UTF-8.
+    #[serde(default)]
+    pub key_b64: Option<String>,
+    /// Value as text.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// Value as base64, for a value that is not UTF-8.
+    #[serde(default)]
+    pub value_b64: Option<String>,
+    /// Headers in stored order.
+    #[serde(default)]
+    pub headers: Vec<HeaderJson>,
+    /// Commit time, milliseconds since the Unix epoch.
+    pub committed_at: i64,
+}
+
+impl RecordJson {
+    /// Builds the answer form of a stored record.
+    pub fn from_parts(
+        offset: u64,
+        key: Option<&[u8]>,
+        value: &[u8],
+        headers: impl IntoIterator<Item = (String, Vec<u8>)>,
+        committed_at: i64,
+    ) -> RecordJson {
+        let (key, key_b64) = match key.map(Text::of) {
+            None => (None, None),
+            Some(Text::Utf8(s)) => (Some(s), None),
+            Some(Text::Base64(s)) => (None, Some(s)),
+        };
+        let (value, value_b64) = match Text::of(value) {
+            Text::Utf8(s) => (Some(s), None),
+            Text::Base64(s) => (None, Some(s)),
+        };
+        let headers = headers
+            .into_iter()
+            .map(|(name, v)| match Text::of(&v) {
+                Text::Utf8(s) => HeaderJson {
+                    name,
+                    value: Some(s),
+                    value_b64: None,
+                },
+                Text::Base64(s) => HeaderJson {
+                    name,
+                    value: None,
+                    value_b64: Some(s),
+                },
+            })
+            .collect();
+        RecordJson {
+            offset,
+            key,
+            key_b64,
+            value,
+            value_b64,
+            headers,
+            committed_at,
+        }
+    }
+
+    /// The key's bytes, `None` when the record has none; `Err` for bad base64.
+    pub fn key_bytes(&self) -> Result<Option<Vec<u8>>, base64::DecodeError> {
+        match (&self.key, &self.key_b64) {
+            (_, Some(b)) => B64.decode(b).map(Some),
+            (Some(s), None) => Ok(Some(s.as_bytes().to_vec())),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The value's bytes; `Err` for bad base64.
+    pub fn value_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        match (&self.value, &self.value_b64) {
+            (_, Some(b)) => B64.decode(b),
+            (Some(s), None) => Ok(s.as_bytes().to_vec()),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Serialize for RecordJson {
+    /// Writes `key` (null when absent) unless the key is binary, in which case only `key_b64`;
+    /// likewise `value` or `value_b64`.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("offset", &self.offset)?;
+        match &self.key_b64 {
+            Some(b) => map.serialize_entry("key_b64", b)?,
+            None => map.serialize_entry("key", &self.key)?,
+        }
+        match (&self.value, &self.value_b64) {
+            (_, Some(b)) => map.serialize_entry("value_b64", b)?,
+            (v, None) => map.serialize_entry("value", v.as_deref().unwrap_or(""))?,
+        }
+        map.serialize_entry("headers", &self.headers)?;
+        map.serialize_entry("committed_at", &self.committed_at)?;
+        map.end()
+    }
+}
+
+/// `GET /v1/topics/{t}/partitions/{p}/records` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchResponse {
+    /// Records from the requested offset, in offset order.
+    pub records: Vec<RecordJson>,
+    /// The offset to ask for next.
+    pub next_offset: u64,
+    /// The next offset to be written in this partition.
+    pub high_watermark: u64,
+    /// The oldest offset still stored.
+    pub log_start_offset: u64,
+}
+
+/// Every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong and what to fix.
+    pub error: String,
+}
+
+/// `GET /healthz` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always `"ok"` when the daemon answers.
+    pub status: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_key_and_value_are_base64_and_text_stays_text() {
+        let r = RecordJson::from_parts(7, Some(&[0xff, 0x00]), b"hello", [], 1);
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["key_b64"], "/wA=");
+        assert!(v.get("key").is_none());
+        assert_eq!(v["value"], "hello");
+        let back: RecordJson = serde_json::from_value(v).unwrap();
+        assert_eq!(back.key_bytes().unwrap(), Some(vec![0xff, 0x00]));
+    }
+
+    #[test]
+    fn absent_key_is_null_and_empty_key_is_empty_text() {
+        let none = serde_json::to_value(RecordJson::from_parts(0, None, b"", [], 1)).unwrap();
+        assert!(none["key"].is_null());
+        let empty = serde_json::to_value(RecordJson::from_parts(0, Some(b""), b"", [], 1)).unwrap();
+        assert_eq!(empty["key"], "");
+    }
+}

@@ -1,0 +1,199 @@
+//! A small HTTP client for the daemon's API, used by the CLI commands and `narad demo`.
+//!
+//! A non-2xx answer becomes an [`ApiCallError`] carrying the server's `error` message, so the
+//! CLI prints what the server said.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::types::{
+    CreateTopicRequest, ErrorBody, FetchResponse, GrowPartitionsRequest, ProduceRecordJson,
+    ProduceRequest, ProduceResponse, TopicDescription, TopicInfo, TopicList,
+};
+
+/// Default daemon URL.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+/// A failed API call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiCallError {
+    /// The daemon answered with an error status.
+    #[error("{message} (HTTP {status})")]
+    Status {
+        /// The status.
+        status: StatusCode,
+        /// The server's `error` message (or the raw body when it is not our JSON).
+        message: String,
+    },
+    /// The daemon could not be reached or the answer could not be read.
+    #[error("cannot reach the daemon at {url}: {source}")]
+    Transport {
+        /// The URL called.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The answer was not the JSON expected.
+    #[error("unexpected answer from {url}: {message}")]
+    Decode {
+        /// The URL called.
+        url: String,
+        /// What did not parse.
+        message: String,
+    },
+}
+
+impl ApiCallError {
+    /// The HTTP status, when the daemon answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ApiCallError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client for one daemon.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client for the daemon at `base` (e.g. `http://127.0.0.1:7070`).
+    pub fn new(base: &str) -> Client {
+        Client {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Option<Duration>,
+    ) -> Result<T, ApiCallError> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.request(method, &url);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        let transport = |source| ApiCallError::Transport {
+            url: url.clone(),
+            source,
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(transport)?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ApiCallError::Status { status, message });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ApiCallError::Decode {
+            url,
+            message: e.to_string(),
+        })
+    }
+
+    /// `POST /v1/topics`.
+    pub async fn create_topic(&self, req: &CreateTopicRequest) -> Result<TopicInfo, ApiCallError> {
+        self.call(Method::POST, "/v1/topics", Some(req), None).await
+    }
+
+    /// `GET /v1/topics`.
+    pub async fn list_topics(&self) -> Result<TopicList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/topics", None, None)
+            .await
+    }
+
+    /// `GET /v1/topics/{t}`.
+    pub async fn describe_topic(&self, topic: &str) -> Result<TopicDescription, ApiCallError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/topics/{topic}"), None, None)
+            .await
+    }
+
+    /// `DELETE /v1/topics/{t}`.
+    pub async fn delete_topic(&self, topic: &str) -> Result<TopicInfo, ApiCallError> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/topics/{topic}"), None, None)
+            .await
+    }
+
+    /// `POST /v1/topics/{t}/partitions`.
+    pub async fn grow_partitions(
+        &self,
+        topic: &str,
+        count: u32,
+    ) -> Result<TopicInfo, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions"),
+            Some(&GrowPartitionsRequest { count }),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/records`.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        records: Vec<ProduceRecordJson>,
+    ) -> Result<ProduceResponse, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/records"),
+            Some(&ProduceRequest { records }),
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/topics/{t}/partitions/{p}/records`.
+    pub async fn fetch(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: Option<u64>,
+        max: Option<u32>,
+        wait_ms: Option<u64>,
+    ) -> Result<FetchResponse, ApiCallError> {
+        let mut path = format!("/v1/topics/{topic}/partitions/{partition}/records?");
+        if let Some(o) = offset {
+            path.push_str(&format!("offset={o}&"));
+        }
+        if let Some(m) = max {
+            path.push_str(&format!("max={m}&"));
+        }
+        if let Some(w) = wait_ms {
+            path.push_str(&format!("wait_ms={w}&"));
+        }
+        let path = path.trim_end_matches(['&', '?']).to_owned();
+        // A long-poll holds the request open: give it the wait plus a margin.
+        let timeout = wait_ms.map(|w| Duration::from_millis(w) + Duration::from_secs(30));
+        self.call::<(), _>(Method::GET, &path, None, timeout).await
+    }
+
+    /// `GET /healthz`: Ok when the daemon answers.
+    pub async fn health(&self) -> Result<(), ApiCallError> {
+        self.call::<(), serde_json::Value>(Method::GET, "/healthz", None, None)
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,70 @@
+//! The `narad` command line: `serve` runs the daemon; the other commands are a thin client
+//! over the HTTP API (`--url` / `NARAD_URL`), with human tables by default and `--json` for
+//! scripts. A server error prints the server's message and exits non-zero.
+//!
+//! - [`client`]: the HTTP client; [`table`]: text tables;
+//! - [`topic`], [`produce`], [`consume`]: the client commands; [`demo`]: `narad demo`;
+//! - [`serve`]: `narad serve`.
+
+pub mod client;
+pub mod consume;
+pub mod demo;
+pub mod produce;
+pub mod serve;
+pub mod table;
+pub mod topic;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::ServeArgs;
+
+/// Narad: a fan-out host. Run the daemon with `narad serve`, then manage topics and move
+/// records with the other commands.
+#[derive(Debug, Parser)]
+#[command(
+    name = "narad",
+    version,
+    after_help = "Run `narad serve --help` for the daemon's flags, their environment variables and defaults,\nand `narad <COMMAND> --help` for any other command."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: HTTP API, partition logs, metastore.
+    Serve(ServeArgs),
+    /// Create, list, describe, grow and delete topics.
+    Topic(topic::TopicArgs),
+    /// Produce NDJSON records from stdin to a topic.
+    Produce(produce::ProduceArgs),
+    /// Print a partition's records as NDJSON.
+    Consume(consume::ConsumeArgs),
+    /// Start a daemon in-process, produce and fetch records, and check them.
+    Demo(demo::DemoArgs),
+}
+
+/// Where the daemon is and how to print answers; shared by the client commands.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Base URL of the daemon.
+    #[arg(long, env = "NARAD_URL", default_value = client::DEFAULT_URL, global = true)]
+    pub url: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Runs a parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Topic(args) => topic::run(args).await,
+        Command::Produce(args) => produce::run(args).await,
+        Command::Consume(args) => consume::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
+    }
+}

@@ -1,0 +1,28 @@
+//! `narad serve`: resolve the configuration, start the daemon, stop on SIGINT/SIGTERM.
+
+use anyhow::Context as _;
+
+use crate::config::{Config, ServeArgs};
+use crate::server::run_server;
+use crate::shutdown;
+
+/// Runs the daemon until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::resolve(&args).context("invalid configuration")?;
+    let (trigger, signal) = shutdown::channel();
+    let server = run_server(config.clone(), signal).await.with_context(|| {
+        format!(
+            "cannot start narad on data dir {}",
+            config.data_dir.display()
+        )
+    })?;
+    eprintln!("narad listening on http://{}", server.local_addr());
+    tokio::spawn(async move {
+        match shutdown::os_signal().await {
+            Ok(name) => tracing::info!(signal = name, "shutting down"),
+            Err(e) => tracing::error!(error = %e, "cannot listen for signals; shutting down"),
+        }
+        trigger.trigger();
+    });
+    server.wait().await.context("narad stopped with an error")
+}

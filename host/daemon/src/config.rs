@@ -1,0 +1,418 @@
+//! Daemon configuration: `narad serve` flags, their environment variables, and the TOML config
+//! file, merged with the precedence flag > environment > file > built-in default.
+//!
+//! clap resolves "flag, else environment" itself (every flag names its `NARAD_*` variable); the
+//! flags carry no clap default so that an unset flag falls through to the config file, and only
+//! then to the defaults below. The defaults are written into each flag's help text, so
+//! `narad serve --help` documents them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default listen address: loopback only, so a fresh daemon is not reachable from the network.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// Default largest record accepted by produce, in bytes (key + value + header names and values).
+/// 1 MiB, the default and Kafka's `max.message.bytes` order of magnitude.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1024 * 1024;
+/// Default largest HTTP request body, in bytes. 64 MiB leaves room for a batch of many records
+/// (JSON and base64 inflate them) while bounding what one request can make the daemon buffer.
+pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
+/// Default most records in one produce request.
+pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
+/// Default most records one fetch returns (a request's `max` is capped to this).
+pub const DEFAULT_MAX_FETCH_RECORDS: u32 = 10_000;
+/// Default most record bytes one fetch gathers, in bytes: 4 MiB, the engine's slab byte cap.
+pub const DEFAULT_MAX_FETCH_BYTES: u64 = 4 * 1024 * 1024;
+/// Default longest long-poll a fetch may ask for with `wait_ms`, in milliseconds (30 s, the
+/// engine's longest metadata-bound sleep; a longer ask is capped, not rejected).
+pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+/// Default interval between retention passes, in milliseconds (30 s).
+pub const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 30_000;
+/// Default idle time after which a partition log is closed, in milliseconds (5 min, the
+/// storage crate's default).
+pub const DEFAULT_IDLE_CLOSE_AFTER_MS: u64 = 5 * 60 * 1000;
+/// Default segment size at which a log rolls to a new segment file, in bytes (128 MiB, the
+/// storage crate's default).
+pub const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
+
+/// Errors turning flags, environment and config file into a [`Config`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file named by `--config` could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML, has an unknown key, or a value of the wrong type.
+    #[error("invalid config file {path}: {message}")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// The TOML parser's description, with line and column.
+        message: String,
+    },
+    /// No data directory was given anywhere.
+    #[error(
+        "no data directory: pass --data-dir DIR, set NARAD_DATA_DIR, or set data-dir in the config file"
+    )]
+    MissingDataDir,
+    /// The listen address does not parse as `IP:PORT`.
+    #[error("invalid listen address {value:?}: expected IP:PORT, e.g. 127.0.0.1:7070")]
+    BadListen {
+        /// The value given.
+        value: String,
+    },
+    /// A limit or interval is zero or otherwise out of range.
+    #[error("invalid {key}: {message}")]
+    BadValue {
+        /// The config key (kebab-case, as in the file).
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// `narad serve` flags. Each is also read from its environment variable, then from the config
+/// file (same name, kebab-case), then takes the default stated in its help.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file with any of the keys below in kebab-case (e.g. `data-dir = "/var/lib/narad"`).
+    /// Unknown keys are an error.
+    #[arg(long, env = "NARAD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Directory holding the metastore and the partition logs (created if missing). Required.
+    #[arg(long, env = "NARAD_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the HTTP API listens on. [default: 127.0.0.1:7070]
+    #[arg(long, env = "NARAD_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Largest record produce accepts, in bytes: key + value + header names and values.
+    /// [default: 1048576 (1 MiB)]
+    #[arg(long, env = "NARAD_MAX_RECORD_BYTES", value_name = "BYTES")]
+    pub max_record_bytes: Option<u64>,
+    /// Largest HTTP request body, in bytes. [default: 67108864 (64 MiB)]
+    #[arg(long, env = "NARAD_MAX_REQUEST_BYTES", value_name = "BYTES")]
+    pub max_request_bytes: Option<u64>,
+    /// Most records in one produce request. [default: 10000]
+    #[arg(long, env = "NARAD_MAX_BATCH_RECORDS", value_name = "N")]
+    pub max_batch_records: Option<u32>,
+    /// Most records one fetch returns; a larger `max` is capped. [default: 10000]
+    #[arg(long, env = "NARAD_MAX_FETCH_RECORDS", value_name = "N")]
+    pub max_fetch_records: Option<u32>,
+    /// Most record bytes one fetch gathers (at least one record is always returned).
+    /// [default: 4194304 (4 MiB)]
+    #[arg(long, env = "NARAD_MAX_FETCH_BYTES", value_name = "BYTES")]
+    pub max_fetch_bytes: Option<u64>,
+    /// Longest long-poll a fetch may ask for with `wait_ms`; a longer ask is capped.
+    /// [default: 30000]
+    #[arg(long, env = "NARAD_MAX_WAIT_MS", value_name = "MS")]
+    pub max_wait_ms: Option<u64>,
+    /// Interval between retention passes, in milliseconds. [default: 30000]
+    #[arg(long, env = "NARAD_RETENTION_CHECK_INTERVAL_MS", value_name = "MS")]
+    pub retention_check_interval_ms: Option<u64>,
+    /// A partition log unused for this long is closed (and reopened on demand), in
+    /// milliseconds. [default: 300000 (5 min)]
+    #[arg(long, env = "NARAD_IDLE_CLOSE_AFTER_MS", value_name = "MS")]
+    pub idle_close_after_ms: Option<u64>,
+    /// Segment size at which a partition log rolls to a new file, in bytes.
+    /// [default: 134217728 (128 MiB)]
+    #[arg(long, env = "NARAD_SEGMENT_BYTES", value_name = "BYTES")]
+    pub segment_bytes: Option<u64>,
+}
+
+/// The config file's schema: the same settings as [`ServeArgs`], kebab-case, all optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    /// See `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// See `--listen`.
+    pub listen: Option<String>,
+    /// See `--max-record-bytes`.
+    pub max_record_bytes: Option<u64>,
+    /// See `--max-request-bytes`.
+    pub max_request_bytes: Option<u64>,
+    /// See `--max-batch-records`.
+    pub max_batch_records: Option<u32>,
+    /// See `--max-fetch-records`.
+    pub max_fetch_records: Option<u32>,
+    /// See `--max-fetch-bytes`.
+    pub max_fetch_bytes: Option<u64>,
+    /// See `--max-wait-ms`.
+    pub max_wait_ms: Option<u64>,
+    /// See `--retention-check-interval-ms`.
+    pub retention_check_interval_ms: Option<u64>,
+    /// See `--idle-close-after-ms`.
+    pub idle_close_after_ms: Option<u64>,
+    /// See `--segment-bytes`.
+    pub segment_bytes: Option<u64>,
+}
+
+impl FileConfig {
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        FileConfig::parse(path, &text)
+    }
+
+    /// Parses config-file text; `path` only names the file in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::ParseFile {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Request and record limits the API enforces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest record (key + value + header names and values), in bytes.
+    pub max_record_bytes: u64,
+    /// Largest request body, in bytes.
+    pub max_request_bytes: u64,
+    /// Most records per produce request.
+    pub max_batch_records: u32,
+    /// Most records per fetch.
+    pub max_fetch_records: u32,
+    /// Most record bytes per fetch.
+    pub max_fetch_bytes: u64,
+    /// Longest long-poll.
+    pub max_wait: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
+            max_fetch_records: DEFAULT_MAX_FETCH_RECORDS,
+            max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
+            max_wait: Duration::from_millis(DEFAULT_MAX_WAIT_MS),
+        }
+    }
+}
+
+/// The daemon's resolved configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Data directory (metastore file, partition logs, lock file).
+    pub data_dir: PathBuf,
+    /// HTTP listen address; port 0 picks a free port (tests).
+    pub listen: SocketAddr,
+    /// API limits.
+    pub limits: Limits,
+    /// Interval between retention passes.
+    pub retention_check_interval: Duration,
+    /// Idle time after which a partition log is closed.
+    pub idle_close_after: Duration,
+    /// Segment roll size in bytes.
+    pub segment_bytes: u64,
+}
+
+impl Config {
+    /// A configuration with every default, for `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            data_dir: data_dir.into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            limits: Limits::default(),
+            retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
+            idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        }
+    }
+
+    /// Resolves flags/environment (already merged by clap in `args`) over the config file named
+    /// by `args.config` (if any) over the defaults.
+    pub fn resolve(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        Config::merge(args, &file)
+    }
+
+    /// Merges `args` over `file` over the defaults and validates the result.
+    pub fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigError> {
+        let data_dir = args
+            .data_dir
+            .clone()
+            .or_else(|| file.data_dir.clone())
+            .ok_or(ConfigError::MissingDataDir)?;
+        let listen_text = args
+            .listen
+            .clone()
+            .or_else(|| file.listen.clone())
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| ConfigError::BadListen {
+            value: listen_text.clone(),
+        })?;
+
+        let limits = Limits {
+            max_record_bytes: positive(
+                "max-record-bytes",
+                args.max_record_bytes.or(file.max_record_bytes),
+                DEFAULT_MAX_RECORD_BYTES,
+            )?,
+            max_request_bytes: positive(
+                "max-request-bytes",
+                args.max_request_bytes.or(file.max_request_bytes),
+                DEFAULT_MAX_REQUEST_BYTES,
+            )?,
+            max_batch_records: positive(
+                "max-batch-records",
+                args.max_batch_records.or(file.max_batch_records),
+                DEFAULT_MAX_BATCH_RECORDS,
+            )?,
+            max_fetch_records: positive(
+                "max-fetch-records",
+                args.max_fetch_records.or(file.max_fetch_records),
+                DEFAULT_MAX_FETCH_RECORDS,
+            )?,
+            max_fetch_bytes: positive(
+                "max-fetch-bytes",
+                args.max_fetch_bytes.or(file.max_fetch_bytes),
+                DEFAULT_MAX_FETCH_BYTES,
+            )?,
+            max_wait: Duration::from_millis(
+                args.max_wait_ms
+                    .or(file.max_wait_ms)
+                    .unwrap_or(DEFAULT_MAX_WAIT_MS),
+            ),
+        };
+        if limits.max_record_bytes > limits.max_request_bytes {
+            return Err(ConfigError::BadValue {
+                key: "max-record-bytes",
+                message: format!(
+                    "{} is larger than max-request-bytes ({}): no request could carry such a record",
+                    limits.max_record_bytes, limits.max_request_bytes
+                ),
+            });
+        }
+        let retention_check_interval = Duration::from_millis(positive(
+            "retention-check-interval-ms",
+            args.retention_check_interval_ms
+                .or(file.retention_check_interval_ms),
+            DEFAULT_RETENTION_CHECK_INTERVAL_MS,
+        )?);
+        let idle_close_after = Duration::from_millis(positive(
+            "idle-close-after-ms",
+            args.idle_close_after_ms.or(file.idle_close_after_ms),
+            DEFAULT_IDLE_CLOSE_AFTER_MS,
+        )?);
+        let segment_bytes = positive(
+            "segment-bytes",
+            args.segment_bytes.or(file.segment_bytes),
+            DEFAULT_SEGMENT_BYTES,
+        )?;
+        Ok(Config {
+            data_dir,
+            listen,
+            limits,
+            retention_check_interval,
+            idle_close_after,
+            segment_bytes,
+        })
+    }
+}
+
+/// `value` or `default`, refusing zero (a zero limit or interval is always a mistake).
+fn positive<T>(key: &'static str, value: Option<T>, default: T) -> Result<T, ConfigError>
+where
+    T: PartialEq + Default + std::fmt::Display,
+{
+    let v = value.unwrap_or(default);
+    if v == T::default() {
+        return Err(ConfigError::BadValue {
+            key,
+            message: "must be greater than 0".to_owned(),
+        });
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_beats_file_and_file_beats_default() {
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            "data-dir = \"/from/file\"\nlisten = \"127.0.0.1:9000\"\nmax-record-bytes = 2048\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            listen: Some("127.0.0.1:9100".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
+        assert_eq!(config.limits.max_record_bytes, 2048);
+        assert_eq!(config.limits.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+    }
+
+    #[test]
+    fn listen_defaults_to_loopback_7070() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(config, Config::new("/d"));
+    }
+
+    #[test]
+    fn unknown_config_file_key_is_an_error() {
+        let err = FileConfig::parse(Path::new("narad.toml"), "data_dir = \"/x\"\n").unwrap_err();
+        assert!(matches!(err, ConfigError::ParseFile { .. }));
+    }
+
+    #[test]
+    fn missing_data_dir_is_an_error() {
+        let err = Config::merge(&ServeArgs::default(), &FileConfig::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::MissingDataDir));
+    }
+
+    #[test]
+    fn zero_limit_is_refused() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            max_batch_records: Some(0),
+            ..ServeArgs::default()
+        };
+        let err = Config::merge(&args, &FileConfig::default()).unwrap_err();
+        assert!(matches!(
+            err,
+            ConfigError::BadValue {
+                key: "max-batch-records",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn bad_listen_address_is_an_error() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            listen: Some("localhost".into()),
+            ..ServeArgs::default()
+        };
+        let err = Config::merge(&args, &FileConfig::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::BadListen { .. }));
+    }
+}

@@ -1,0 +1,565 @@
+//! The embedded metastore: one JSON file, `{data_dir}/metastore.json`, replaced atomically.
+//!
+//! File layout (valid JSON, so an operator can read it):
+//!
+//! ```text
+//! {"crc32c":"xxxxxxxx","state":<state JSON>}\n
+//! ```
+//!
+//! `crc32c` is the CRC-32C (Castagnoli) of the exact bytes of `<state JSON>`, as 8 lowercase hex
+//! digits. The prefix up to `"state":` has a fixed length, so the reader slices the state bytes
+//! out without parsing them first and checks the CRC on exactly what was written.
+//!
+//! Write path (one writer at a time, under a mutex):
+//! 1. write the new file to `metastore.json.tmp` and `fsync` it;
+//! 2. hard-link the current `metastore.json` as `metastore.json.prev` (the previous good state,
+//!    kept for recovery; copied if the file system has no hard links);
+//! 3. `rename` the temp file over `metastore.json` (atomic: a crash leaves the old or the new
+//!    file, each complete);
+//! 4. `fsync` the directory so the rename and the backup link survive a power cut.
+//!
+//! Only then does the in-memory state change and the write return. Start-up ignores (and
+//! removes) a leftover temp file, which is by construction an unfinished write; a
+//! `metastore.json` that fails its checks stops start-up with an error naming the file and the
+//! backup to restore.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use super::{BoxFuture, Domain, Metastore, MetastoreError, Result, Snapshot, TopicMeta, Versions};
+
+/// File name of the metastore inside the data dir.
+pub const FILE_NAME: &str = "metastore.json";
+/// File name of the previous good version, kept for recovery.
+pub const BACKUP_FILE_NAME: &str = "metastore.json.prev";
+/// File name of an in-progress write.
+pub const TEMP_FILE_NAME: &str = "metastore.json.tmp";
+/// Highest state format this binary reads and the one it writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+const PREFIX_START: &[u8] = b"{\"crc32c\":\"";
+const PREFIX_END: &[u8] = b"\",\"state\":";
+const SUFFIX: &[u8] = b"}\n";
+const CRC_HEX_LEN: usize = 8;
+
+/// What the file's `state` holds. Do not rename or remove fields: older files must still parse.
+/// New domains (links, plugins) are added with `#[serde(default)]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct State {
+    format: u32,
+    versions: Versions,
+    topics: BTreeMap<String, TopicMeta>,
+}
+
+impl State {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            versions: self.versions,
+            topics: self.topics.clone(),
+        }
+    }
+}
+
+/// The embedded, single-node [`Metastore`]: one checksummed JSON file replaced atomically.
+#[derive(Debug, Clone)]
+pub struct FileMetastore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    /// The committed state. Held across a whole write (including the fsyncs) so writes apply
+    /// one at a time and readers never see a state that is not yet durable.
+    state: Mutex<State>,
+}
+
+impl FileMetastore {
+    /// Opens the metastore in `dir` (which must exist), creating an empty one when the
+    /// directory has none. Fails when the file is corrupt, missing while its backup exists, or
+    /// of a newer format.
+    pub fn open(dir: &Path) -> Result<FileMetastore> {
+        let path = dir.join(FILE_NAME);
+        let backup = dir.join(BACKUP_FILE_NAME);
+        let temp = dir.join(TEMP_FILE_NAME);
+        match fs::remove_file(&temp) {
+            Ok(()) => tracing::warn!(
+                path = %temp.display(),
+                "removed an unfinished metastore write left by a crash; the committed state is unaffected"
+            ),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(MetastoreError::Io {
+                    context: format!("removing leftover {}", temp.display()),
+                    source,
+                });
+            }
+        }
+        let state = match fs::read(&path) {
+            Ok(bytes) => match decode(&path, &bytes) {
+                Ok(state) => state,
+                Err(MetastoreError::Corrupt { path, reason, .. }) => {
+                    let good_backup = fs::read(&backup)
+                        .ok()
+                        .filter(|b| decode(&backup, b).is_ok())
+                        .map(|_| backup.clone());
+                    return Err(MetastoreError::Corrupt {
+                        path,
+                        reason,
+                        backup: good_backup,
+                    });
+                }
+                Err(e) => return Err(e),
+            },
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                if backup.exists() {
+                    return Err(MetastoreError::Missing { path, backup });
+                }
+                State {
+                    format: FORMAT_VERSION,
+                    ..State::default()
+                }
+            }
+            Err(source) => {
+                return Err(MetastoreError::Io {
+                    context: format!("reading {}", path.display()),
+                    source,
+                });
+            }
+        };
+        Ok(FileMetastore {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    /// Path of the metastore file.
+    pub fn path(&self) -> PathBuf {
+        self.inner.dir.join(FILE_NAME)
+    }
+
+    /// The committed state, synchronously (start-up wiring uses it before the runtime serves).
+    pub fn snapshot_now(&self) -> Snapshot {
+        self.inner.lock().snapshot()
+    }
+
+    /// Runs `change` on a copy of the state and, when it returns `Some`, persists the copy and
+    /// makes it current. Blocking (fsyncs): runs on the blocking pool.
+    fn update<T, F>(&self, change: F) -> BoxFuture<'_, Result<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut State) -> Result<(T, Option<Domain>)> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || inner.update(change))
+                .await
+                .map_err(|e| MetastoreError::Task(e.to_string()))?
+        })
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock happens before the swap, so the state is intact.
+        self.state
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn update<T>(
+        &self,
+        change: impl FnOnce(&mut State) -> Result<(T, Option<Domain>)>,
+    ) -> Result<T> {
+        let mut current = self.lock();
+        let mut next = current.clone();
+        let (answer, changed) = change(&mut next)?;
+        if let Some(domain) = changed {
+            next.versions.bump(domain);
+            next.format = FORMAT_VERSION;
+            self.persist(&next)?;
+            *current = next;
+        }
+        Ok(answer)
+    }
+
+    fn persist(&self, state: &State) -> Result<()> {
+        let bytes = encode(state)?;
+        let path = self.dir.join(FILE_NAME);
+        let temp = self.dir.join(TEMP_FILE_NAME);
+        let backup = self.dir.join(BACKUP_FILE_NAME);
+        let io = |context: String| move |source| MetastoreError::Io { context, source };
+
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temp)
+            .map_err(io(format!("creating {}", temp.display())))?;
+        file.write_all(&bytes)
+            .map_err(io(format!("writing {}", temp.display())))?;
+        file.sync_all()
+            .map_err(io(format!("fsync of {}", temp.display())))?;
+        drop(file);
+
+        if path.exists() {
+            match fs::remove_file(&backup) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(MetastoreError::Io {
+                        context: format!("removing old backup {}", backup.display()),
+                        source,
+                    });
+                }
+            }
+            if fs::hard_link(&path, &backup).is_err() {
+                // No hard links here (some network or FUSE file systems): copy instead.
+                fs::copy(&path, &backup).map_err(io(format!(
+                    "copying {} to {}",
+                    path.display(),
+                    backup.display()
+                )))?;
+                File::open(&backup)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io(format!("fsync of {}", backup.display())))?;
+            }
+        }
+        fs::rename(&temp, &path).map_err(io(format!(
+            "renaming {} to {}",
+            temp.display(),
+            path.display()
+        )))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(format!("fsync of directory {}", self.dir.display())))?;
+        Ok(())
+    }
+}
+
+fn encode(state: &State) -> Result<Vec<u8>> {
+    let body = serde_json::to_vec(state).map_err(|e| MetastoreError::Io {
+        context: "encoding the metastore state".to_owned(),
+        source: std::io::Error::other(e),
+    })?;
+    let crc = format!("{:08x}", crc32c::crc32c(&body));
+    let mut out =
+        Vec::with_capacity(PREFIX_START.len() + CRC_HEX_LEN + PREFIX_END.len() + body.len() + 2);
+    out.extend_from_slice(PREFIX_START);
+    out.extend_from_slice(crc.as_bytes());
+    out.extend_from_slice(PREFIX_END);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(SUFFIX);
+    Ok(out)
+}
+
+fn decode(path: &Path, bytes: &[u8]) -> Result<State> {
+    let corrupt = |reason: String| MetastoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+        backup: None,
+    };
+    let head_len = PREFIX_START.len() + CRC_HEX_LEN + PREFIX_END.len();
+    if bytes.len() < head_len + SUFFIX.len() {
+        return Err(corrupt(format!(
+            "only {} bytes, shorter than any complete file",
+            bytes.len()
+        )));
+    }
+    let (head, rest) = bytes.split_at(head_len);
+    if !head.starts_with(PREFIX_START) || !head.ends_with(PREFIX_END) {
+        return Err(corrupt(
+            "header is not {\"crc32c\":\"........\",\"state\":".to_owned(),
+        ));
+    }
+    let Some(body) = rest.strip_suffix(SUFFIX) else {
+        return Err(corrupt(
+            "does not end with }\\n: the file is truncated or has trailing bytes".to_owned(),
+        ));
+    };
+    let hex = &head[PREFIX_START.len()..PREFIX_START.len() + CRC_HEX_LEN];
+    let stored = std::str::from_utf8(hex)
+        .ok()
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| corrupt("crc32c is not 8 hex digits".to_owned()))?;
+    let actual = crc32c::crc32c(body);
+    if stored != actual {
+        return Err(corrupt(format!(
+            "checksum mismatch: file says {stored:08x}, contents hash to {actual:08x}"
+        )));
+    }
+    // Read the format first so a newer file is reported as such, not as unknown fields.
+    #[derive(Deserialize)]
+    struct FormatOnly {
+        format: u32,
+    }
+    let format: FormatOnly =
+        serde_json::from_slice(body).map_err(|e| corrupt(format!("state does not parse: {e}")))?;
+    if format.format > FORMAT_VERSION {
+        return Err(MetastoreError::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found: format.format,
+            supported: FORMAT_VERSION,
+        });
+    }
+    serde_json::from_slice(body).map_err(|e| corrupt(format!("state does not parse: {e}")))
+}
+
+impl Metastore for FileMetastore {
+    fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        let snap = self.snapshot_now();
+        Box::pin(async move { Ok(snap) })
+    }
+
+    fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        // One node, one writer: the in-memory state is updated under the same lock that orders
+        // writes, after they are durable, so it already reflects every acknowledged write.
+        self.snapshot()
+    }
+
+    fn versions(&self) -> BoxFuture<'_, Result<Versions>> {
+        let versions = self.inner.lock().versions;
+        Box::pin(async move { Ok(versions) })
+    }
+
+    fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
+        let topic = self.inner.lock().topics.get(name).cloned();
+        Box::pin(async move { Ok(topic) })
+    }
+
+    fn create_topic(&self, topic: TopicMeta) -> BoxFuture<'_, Result<TopicMeta>> {
+        self.update(move |state| {
+            if state.topics.contains_key(&topic.name) {
+                return Err(MetastoreError::TopicExists { name: topic.name });
+            }
+            state.topics.insert(topic.name.clone(), topic.clone());
+            Ok((topic, Some(Domain::Topics)))
+        })
+    }
+
+    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>> {
+        let name = name.to_owned();
+        self.update(move |state| match state.topics.remove(&name) {
+            Some(topic) => Ok((topic, Some(Domain::Topics))),
+            None => Err(MetastoreError::UnknownTopic { name }),
+        })
+    }
+
+    fn grow_partitions<'a>(
+        &'a self,
+        name: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let name = name.to_owned();
+        self.update(move |state| {
+            let Some(topic) = state.topics.get_mut(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            if count < topic.partitions {
+                return Err(MetastoreError::CannotShrink {
+                    current: topic.partitions,
+                    requested: count,
+                    name,
+                });
+            }
+            if count == topic.partitions {
+                return Ok((topic.clone(), None));
+            }
+            topic.partitions = count;
+            Ok((topic.clone(), Some(Domain::Topics)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(name: &str, partitions: u32) -> TopicMeta {
+        TopicMeta {
+            name: name.to_owned(),
+            partitions,
+            retention_ms: Some(3_600_000),
+            retention_bytes: None,
+            created_at_ms: 1_700_000_000_000,
+        }
+    }
+
+    #[tokio::test]
+    async fn topics_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        store.create_topic(topic("orders", 4)).await.unwrap();
+        store.create_topic(topic("audit", 1)).await.unwrap();
+        store.grow_partitions("orders", 6).await.unwrap();
+        store.delete_topic("audit").await.unwrap();
+        let before = store.snapshot().await.unwrap();
+        drop(store);
+
+        let reopened = FileMetastore::open(dir.path()).unwrap();
+        let after = reopened.snapshot().await.unwrap();
+        assert_eq!(before, after);
+        assert_eq!(after.topics["orders"].partitions, 6);
+        assert!(!after.topics.contains_key("audit"));
+        assert_eq!(after.versions.topics, 4);
+    }
+
+    #[tokio::test]
+    async fn versions_move_only_for_the_domain_that_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        let v0 = store.versions().await.unwrap();
+        assert_eq!(v0, Versions::default());
+
+        store.create_topic(topic("orders", 2)).await.unwrap();
+        let v1 = store.versions().await.unwrap();
+        assert_eq!(v1, Versions { topics: 1, ..v0 });
+
+        // Failed writes and no-op writes move nothing.
+        assert!(matches!(
+            store.create_topic(topic("orders", 3)).await,
+            Err(MetastoreError::TopicExists { .. })
+        ));
+        assert!(matches!(
+            store.grow_partitions("orders", 1).await,
+            Err(MetastoreError::CannotShrink {
+                current: 2,
+                requested: 1,
+                ..
+            })
+        ));
+        assert!(matches!(
+            store.delete_topic("nope").await,
+            Err(MetastoreError::UnknownTopic { .. })
+        ));
+        store.grow_partitions("orders", 2).await.unwrap();
+        assert_eq!(store.versions().await.unwrap(), v1);
+
+        store.grow_partitions("orders", 3).await.unwrap();
+        let v2 = store.versions().await.unwrap();
+        assert_eq!(v2, Versions { topics: 2, ..v0 });
+        assert_eq!(store.confirm().await.unwrap().versions, v2);
+    }
+
+    #[tokio::test]
+    async fn corrupt_file_is_reported_with_the_backup_to_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        store.create_topic(topic("orders", 2)).await.unwrap();
+        store.create_topic(topic("audit", 2)).await.unwrap();
+        drop(store);
+
+        let path = dir.path().join(FILE_NAME);
+        let mut bytes = fs::read(&path).unwrap();
+        let at = bytes.len() - 10;
+        bytes[at] ^= 0x01;
+        fs::write(&path, &bytes).unwrap();
+
+        let err = FileMetastore::open(dir.path()).unwrap_err();
+        let MetastoreError::Corrupt {
+            path: bad, backup, ..
+        } = &err
+        else {
+            panic!("expected Corrupt, got {err:?}");
+        };
+        assert_eq!(bad, &path);
+        assert_eq!(
+            backup.as_deref(),
+            Some(dir.path().join(BACKUP_FILE_NAME).as_path())
+        );
+        let message = err.to_string();
+        assert!(message.contains(&path.display().to_string()), "{message}");
+
+        // Following the advice restores the state before the last write.
+        fs::copy(dir.path().join(BACKUP_FILE_NAME), &path).unwrap();
+        let restored = FileMetastore::open(dir.path()).unwrap().snapshot_now();
+        assert!(restored.topics.contains_key("orders"));
+        assert!(!restored.topics.contains_key("audit"));
+    }
+
+    #[test]
+    fn truncated_file_is_corrupt_not_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = State {
+            format: FORMAT_VERSION,
+            versions: Versions {
+                topics: 1,
+                ..Versions::default()
+            },
+            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+        };
+        let bytes = encode(&state).unwrap();
+        for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
+            fs::write(dir.path().join(FILE_NAME), &bytes[..cut]).unwrap();
+            assert!(
+                matches!(
+                    FileMetastore::open(dir.path()),
+                    Err(MetastoreError::Corrupt { .. })
+                ),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn half_written_temp_file_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        store.create_topic(topic("orders", 2)).await.unwrap();
+        let committed = store.snapshot_now();
+        drop(store);
+
+        fs::write(dir.path().join(TEMP_FILE_NAME), b"{\"crc32c\":\"0000").unwrap();
+        let reopened = FileMetastore::open(dir.path()).unwrap();
+        assert_eq!(reopened.snapshot_now(), committed);
+        assert!(!dir.path().join(TEMP_FILE_NAME).exists());
+    }
+
+    #[tokio::test]
+    async fn missing_file_with_a_backup_refuses_to_start_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        store.create_topic(topic("orders", 2)).await.unwrap();
+        store.create_topic(topic("audit", 2)).await.unwrap();
+        drop(store);
+        fs::remove_file(dir.path().join(FILE_NAME)).unwrap();
+        assert!(matches!(
+            FileMetastore::open(dir.path()),
+            Err(MetastoreError::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = State {
+            format: FORMAT_VERSION + 1,
+            ..State::default()
+        };
+        fs::write(dir.path().join(FILE_NAME), encode(&state).unwrap()).unwrap();
+        assert!(matches!(
+            FileMetastore::open(dir.path()),
+            Err(MetastoreError::UnsupportedFormat { .. })
+        ));
+    }
+
+    #[test]
+    fn file_is_plain_json() {
+        let state = State {
+            format: FORMAT_VERSION,
+            versions: Versions::default(),
+            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+        };
+        let bytes = encode(&state).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(value["state"]["topics"]["orders"]["partitions"], 1);
+    }
+}

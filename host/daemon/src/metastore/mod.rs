@@ -1,0 +1,227 @@
+//! The metastore: the cluster's metadata (topics now; links and plugins in later issues), behind
+//! the [`Metastore`] trait so the embedded file ([`file::FileMetastore`]) and a shared store
+//! (etcd, across nodes) are interchangeable.
+//!
+//! Every domain (topics, links, plugins) has its own version counter in [`Versions`]. A write
+//! that changes a domain raises that domain's counter by one and leaves the others alone, so a
+//! reconciler that remembers the versions of its last full pass can skip a tick when nothing it
+//! cares about moved.
+//!
+//! Reads come in two strengths. [`Metastore::snapshot`] may be served from this node's copy (on
+//! one node that copy is the truth). [`Metastore::confirm`] is linearizable: every write
+//! acknowledged before the call began is in its answer. A cursor calls it before anchoring or
+//! deleting a cursor file, to be sure its link's attach epoch is still the current one (on etcd,
+//! a quorum read; in the embedded file, the in-memory state, which every write updates before it
+//! returns).
+
+pub mod file;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+pub use file::FileMetastore;
+
+/// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
+/// (native `async fn` in traits is not object safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Result alias for metastore operations.
+pub type Result<T, E = MetastoreError> = std::result::Result<T, E>;
+
+/// One topic as the metastore records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicMeta {
+    /// Topic name (validated by `narad_storage::validate_topic_name` before it gets here).
+    pub name: String,
+    /// Number of partitions, `0..partitions`; only ever grows.
+    pub partitions: u32,
+    /// Records older than this (by commit time) may be deleted; `None` keeps them forever.
+    pub retention_ms: Option<u64>,
+    /// Each partition is trimmed to about this many bytes; `None` means no size cap.
+    pub retention_bytes: Option<u64>,
+    /// When the topic was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+}
+
+/// Per-domain version counters. Each starts at 0 and is raised by one by every write that
+/// changes its domain, and by nothing else.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Versions {
+    /// Topics: create, delete, partition growth, retention change.
+    pub topics: u64,
+    /// Links (fan-out children): attach, detach, router change.
+    pub links: u64,
+    /// Plugins: upload, removal.
+    pub plugins: u64,
+}
+
+/// The metadata domains, each with its own version counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Domain {
+    /// Topics.
+    Topics,
+    /// Links.
+    Links,
+    /// Plugins.
+    Plugins,
+}
+
+impl Versions {
+    /// The counter of `domain`.
+    pub fn get(&self, domain: Domain) -> u64 {
+        match domain {
+            Domain::Topics => self.topics,
+            Domain::Links => self.links,
+            Domain::Plugins => self.plugins,
+        }
+    }
+
+    /// Raises the counter of `domain` by one.
+    pub fn bump(&mut self, domain: Domain) {
+        match domain {
+            Domain::Topics => self.topics += 1,
+            Domain::Links => self.links += 1,
+            Domain::Plugins => self.plugins += 1,
+        }
+    }
+}
+
+/// A consistent view of all the metadata at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The versions this view corresponds to.
+    pub versions: Versions,
+    /// Every topic, by name.
+    pub topics: BTreeMap<String, TopicMeta>,
+}
+
+/// Errors from metastore operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetastoreError {
+    /// `create_topic` for a name that already exists.
+    #[error("topic {name:?} already exists")]
+    TopicExists {
+        /// The name.
+        name: String,
+    },
+    /// An operation named a topic that does not exist.
+    #[error("topic {name:?} does not exist")]
+    UnknownTopic {
+        /// The name.
+        name: String,
+    },
+    /// `grow_partitions` asked for fewer partitions than the topic has.
+    #[error(
+        "topic {name:?} has {current} partitions; the count can only grow, not shrink to {requested}"
+    )]
+    CannotShrink {
+        /// The topic.
+        name: String,
+        /// Its current partition count.
+        current: u32,
+        /// The count asked for.
+        requested: u32,
+    },
+    /// The metastore file failed its checksum or does not parse: it was damaged or half
+    /// written by something other than this daemon's atomic replace. Start-up stops here.
+    #[error(
+        "metastore file {} is corrupt ({reason}); {}",
+        path.display(),
+        recovery_hint(path, backup.as_deref())
+    )]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// What check failed.
+        reason: String,
+        /// The previous good version, when one exists and passes its own checks.
+        backup: Option<PathBuf>,
+    },
+    /// The metastore file is missing but its backup exists: someone removed it.
+    #[error(
+        "metastore file {} is missing but its backup {} exists; if the data dir is intact, \
+         restore it with `cp {} {}` (the last metadata change may be lost)",
+        path.display(), backup.display(), backup.display(), path.display()
+    )]
+    Missing {
+        /// The expected file.
+        path: PathBuf,
+        /// The backup found beside it.
+        backup: PathBuf,
+    },
+    /// The file was written by a newer format than this binary understands.
+    #[error(
+        "metastore file {} has format {found}, this binary understands up to {supported}; run a newer narad",
+        path.display()
+    )]
+    UnsupportedFormat {
+        /// The file.
+        path: PathBuf,
+        /// Format number in the file.
+        found: u32,
+        /// Highest format this binary reads.
+        supported: u32,
+    },
+    /// A file-system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A background task running a blocking write was cancelled or panicked.
+    #[error("metastore write task failed: {0}")]
+    Task(String),
+}
+
+fn recovery_hint(path: &std::path::Path, backup: Option<&std::path::Path>) -> String {
+    match backup {
+        Some(b) => format!(
+            "the previous good state is in {b}: inspect both, then restore it with `cp {b} {p}` \
+             (the last metadata change may be lost)",
+            b = b.display(),
+            p = path.display()
+        ),
+        None => "no good backup exists beside it; restore the file from a backup of the data dir"
+            .to_owned(),
+    }
+}
+
+/// Where the cluster's metadata lives. All methods are safe to call concurrently; writes are
+/// applied one at a time and are durable when they return `Ok`.
+pub trait Metastore: Send + Sync + 'static {
+    /// The metadata as this node currently knows it (may lag on a multi-node store).
+    fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>>;
+
+    /// A linearizable read: the answer reflects every write acknowledged before this call
+    /// began, on any node. Use it to check that an epoch is still current before acting on it.
+    fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>>;
+
+    /// The current version counters (cheap; what a reconciler polls each tick).
+    fn versions(&self) -> BoxFuture<'_, Result<Versions>>;
+
+    /// One topic, or `None` when it does not exist.
+    fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>>;
+
+    /// Creates a topic. Fails with [`MetastoreError::TopicExists`] when the name is taken.
+    fn create_topic(&self, topic: TopicMeta) -> BoxFuture<'_, Result<TopicMeta>>;
+
+    /// Deletes a topic, returning what it was. Fails with [`MetastoreError::UnknownTopic`].
+    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>>;
+
+    /// Raises a topic's partition count to `count`. Asking for the current count changes
+    /// nothing (and moves no version); asking for fewer fails with
+    /// [`MetastoreError::CannotShrink`].
+    fn grow_partitions<'a>(&'a self, name: &'a str, count: u32)
+    -> BoxFuture<'a, Result<TopicMeta>>;
+}

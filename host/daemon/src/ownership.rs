@@ -1,0 +1,84 @@
+//! Partition ownership: which node serves (produces to, fetches from, runs cursors for) each
+//! partition.
+//!
+//! On one node this node owns everything ([`SingleNode`]). The trait is the seam where a
+//! multi-node assignment (read from a shared metastore) plugs in later, so that callers already
+//! ask "is this partition mine?" rather than assuming it.
+
+use std::fmt;
+
+use narad_storage::PartitionId;
+
+/// A node's identity in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub String);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Answers who owns a partition.
+pub trait PartitionOwnership: Send + Sync + 'static {
+    /// This node's identity.
+    fn local_node(&self) -> &NodeId;
+
+    /// The node that owns `partition`, or `None` when no node is assigned (yet).
+    fn owner(&self, partition: &PartitionId) -> Option<NodeId>;
+
+    /// Whether this node owns `partition`.
+    fn is_local(&self, partition: &PartitionId) -> bool {
+        self.owner(partition).as_ref() == Some(self.local_node())
+    }
+}
+
+/// Ownership on a single node: this node owns every partition.
+#[derive(Debug, Clone)]
+pub struct SingleNode {
+    node: NodeId,
+}
+
+impl SingleNode {
+    /// The name the single node goes by.
+    pub const DEFAULT_NODE_ID: &'static str = "local";
+
+    /// A single node named `node`.
+    pub fn new(node: NodeId) -> SingleNode {
+        SingleNode { node }
+    }
+}
+
+impl Default for SingleNode {
+    fn default() -> SingleNode {
+        SingleNode::new(NodeId(SingleNode::DEFAULT_NODE_ID.to_owned()))
+    }
+}
+
+impl PartitionOwnership for SingleNode {
+    fn local_node(&self) -> &NodeId {
+        &self.node
+    }
+
+    fn owner(&self, _partition: &PartitionId) -> Option<NodeId> {
+        Some(self.node.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_single_node_owns_every_partition() {
+        let node = SingleNode::default();
+        for partition in [0, 7, 99_999] {
+            let id = PartitionId {
+                topic: "orders".to_owned(),
+                partition,
+            };
+            assert!(node.is_local(&id));
+            assert_eq!(node.owner(&id), Some(NodeId("local".to_owned())));
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The produce path: place records on partitions and commit them, one batch per partition.
+//!
+//! [`Producer::commit`] is the one way a batch reaches a partition log (append + `fdatasync` +
+//! verify, on the blocking pool); produce uses it, and the fan-out cursors' child commits will
+//! use the same function, so both get the same durability.
+//!
+//! Placement ([`Producer::place`]), in this order: an explicit partition is honoured; a keyed
+//! record goes where Kafka's default partitioner puts it
+//! ([`narad_abi::partition_for_key`]); a keyless record goes round-robin, per topic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use narad_storage::{
+    AppendBatch, Appended, NewRecord, PartitionId, PartitionState, StorageError, Store,
+};
+
+/// Errors from [`Producer::produce`] and [`Producer::commit`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProduceError {
+    /// A target partition is quarantined or failed; checked before anything is written, so
+    /// nothing of the request was committed.
+    #[error("{0}")]
+    Unavailable(StorageError),
+    /// Appending to `partition` failed. Batches for the partitions in `committed_partitions`
+    /// had already committed (a request spanning partitions is not atomic across them).
+    #[error("append to {partition} failed: {source}")]
+    Append {
+        /// The partition whose append failed.
+        partition: PartitionId,
+        /// Why.
+        source: StorageError,
+        /// Partitions of the same request whose batch did commit.
+        committed_partitions: Vec<u32>,
+    },
+    /// The blocking task running an append panicked or was cancelled.
+    #[error("append task failed: {0}")]
+    Task(String),
+}
+
+/// One record of a produce request, already decoded and validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProduceRecord {
+    /// An explicit target partition (validated against the partition count by the caller).
+    pub partition: Option<u32>,
+    /// The record.
+    pub record: NewRecord,
+}
+
+/// Where one produced record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    /// Partition index.
+    pub partition: u32,
+    /// Offset in that partition.
+    pub offset: u64,
+}
+
+/// Places and commits records. Shared by every request (`Arc<Producer>`).
+#[derive(Debug)]
+pub struct Producer {
+    store: Arc<Store>,
+    /// Next round-robin position per topic, for keyless records.
+    round_robin: Mutex<HashMap<String, u64>>,
+}
+
+impl Producer {
+    /// A producer over `store`.
+    pub fn new(store: Arc<Store>) -> Producer {
+        Producer {
+            store,
+            round_robin: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The store this producer writes to.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The partition of each record, in order: explicit, else keyed, else round-robin (the
+    /// counter continues across requests). `partitions` must be at least 1.
+    pub fn place(&self, topic: &str, partitions: u32, records: &[ProduceRecord]) -> Vec<u32> {
+        let partitions = partitions.max(1);
+        let keyless = records
+            .iter()
+            .filter(|r| r.partition.is_none() && r.record.key.is_none())
+            .count() as u64;
+        let mut next = if keyless > 0 {
+            let mut counters = self
+                .round_robin
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            let counter = counters.entry(topic.to_owned()).or_insert(0);
+            let start = *counter;
+            *counter = counter.wrapping_add(keyless);
+            start
+        } else {
+            0
+        };
+        records
+            .iter()
+            .map(|r| match (r.partition, &r.record.key) {
+                (Some(p), _) => p,
+                (None, Some(key)) => key_partition(key, partitions),
+                (None, None) => {
+                    let p = (next % u64::from(partitions)) as u32;
+                    next = next.wrapping_add(1);
+                    p
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets per-topic state (the round-robin position) after a topic is deleted.
+    pub fn forget_topic(&self, topic: &str) {
+        self.round_robin
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .remove(topic);
+    }
+
+    /// Commits one batch to one partition: append + `fdatasync` + verify on the blocking
+    /// pool. Returns once the batch is durable. The single commit path for produce and for
+    /// child commits.
+    pub async fn commit(
+        &self,
+        partition: PartitionId,
+        batch: AppendBatch,
+    ) -> Result<Appended, ProduceError> {
+        let store = Arc::clone(&self.store);
+        let id = partition.clone();
+        tokio::task::spawn_blocking(move || store.append(&id, batch))
+            .await
+            .map_err(|e| ProduceError::Task(e.to_string()))?
+            .map_err(|source| ProduceError::Append {
+                partition,
+                source,
+                committed_partitions: Vec::new(),
+            })
+    }
+
+    /// Places `records` on `topic` (with `partitions` partitions), groups them per partition
+    /// keeping request order, checks that no target partition is quarantined or failed, then
+    /// commits one batch per partition (concurrently). Returns where each record landed, in
+    /// request order.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        partitions: u32,
+        records: Vec<ProduceRecord>,
+    ) -> Result<Vec<Placed>, ProduceError> {
+        let placement = self.place(topic, partitions, &records);
+        let mut groups: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
+        // Position of each record inside its partition's batch.
+        let mut index_in_group = Vec::with_capacity(records.len());
+        for (record, &p) in records.into_iter().zip(&placement) {
+            let group = groups.entry(p).or_default();
+            index_in_group.push(group.len() as u64);
+            group.push(record.record);
+        }
+
+        for &p in groups.keys() {
+            let id = PartitionId::new(topic, p);
+            match self.store.peek(&id) {
+                Ok(stats) => match stats.state {
+                    PartitionState::Quarantined { reason } => {
+                        return Err(ProduceError::Unavailable(StorageError::Quarantined {
+                            id,
+                            reason,
+                        }));
+                    }
+                    PartitionState::Failed { reason } => {
+                        return Err(ProduceError::Unavailable(StorageError::Failed {
+                            id,
+                            reason,
+                        }));
+                    }
+                    _ => {}
+                },
+                Err(e) => return Err(ProduceError::Unavailable(e)),
+            }
+        }
+
+        let mut tasks = tokio::task::JoinSet::new();
+        for (p, group) in groups {
+            let store = Arc::clone(&self.store);
+            let id = PartitionId::new(topic, p);
+            tasks.spawn_blocking(move || {
+                let result = store.append(
+                    &id,
+                    AppendBatch {
+                        records: group,
+                        origin: None,
+                    },
+                );
+                (id, result)
+            });
+        }
+        let mut bases: HashMap<u32, u64> = HashMap::new();
+        let mut failure: Option<(PartitionId, StorageError)> = None;
+        while let Some(joined) = tasks.join_next().await {
+            let (id, result) = joined.map_err(|e| ProduceError::Task(e.to_string()))?;
+            match result {
+                Ok(appended) => {
+                    bases.insert(id.partition, appended.base_offset);
+                }
+                Err(source) => {
+                    if failure.is_none() {
+                        failure = Some((id, source));
+                    } else {
+                        tracing::warn!(partition = %id, error = %source, "append failed");
+                    }
+                }
+            }
+        }
+        if let Some((partition, source)) = failure {
+            let mut committed_partitions: Vec<u32> = bases.keys().copied().collect();
+            committed_partitions.sort_unstable();
+            return Err(ProduceError::Append {
+                partition,
+                source,
+                committed_partitions,
+            });
+        }
+        Ok(placement
+            .iter()
+            .zip(index_in_group)
+            .map(|(&p, i)| Placed {
+                partition: p,
+                offset: bases.get(&p).copied().unwrap_or_default() + i,
+            })
+            .collect())
+    }
+}
+
+/// Kafka's default partitioner for a keyed record.
+fn key_partition(key: &Bytes, partitions: u32) -> u32 {
+    // `partitions` is at least 1 here, so the partitioner always answers.
+    narad_abi::partition_for_key(key, partitions).unwrap_or(0)
+}

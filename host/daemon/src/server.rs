@@ -1,0 +1,247 @@
+//! Start-up and shutdown of the daemon: open the store and the metastore, register every
+//! partition, serve the API, run the background loops, and close everything cleanly.
+//!
+//! [`run_server`] returns as soon as the listener is bound (with its address, so tests can bind
+//! port 0); [`RunningServer::wait`] resolves after a shutdown once in-flight requests finished,
+//! the background loops stopped and the store closed (its high-watermark files written).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_storage::{PartitionId, StorageError, Store, StoreOptions};
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppInner, AppState};
+use crate::config::Config;
+use crate::metastore::{FileMetastore, Metastore, MetastoreError};
+use crate::ownership::SingleNode;
+use crate::produce::Producer;
+use crate::shutdown::ShutdownSignal;
+use crate::topics::{TopicService, log_config};
+
+/// Errors starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The data directory could not be created.
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The store refused to open (another daemon holds the data dir, or I/O failed).
+    #[error(transparent)]
+    Store(#[from] StorageError),
+    /// The metastore file is corrupt, missing beside its backup, too new, or unreadable.
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why (in use, permission, ...).
+        source: std::io::Error,
+    },
+    /// The HTTP server stopped with an I/O error.
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+    /// A task of the daemon panicked or was cancelled.
+    #[error("daemon task failed: {0}")]
+    Task(String),
+}
+
+/// A daemon that is serving.
+#[derive(Debug)]
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// The address the API listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Waits until the daemon has shut down (after its shutdown signal fired) and the store is
+    /// closed.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        self.task
+            .await
+            .map_err(|e| ServerError::Task(e.to_string()))?
+    }
+}
+
+/// Opens the data dir and starts serving. Returns once the listener is bound.
+pub async fn run_server(
+    config: Config,
+    shutdown: ShutdownSignal,
+) -> Result<RunningServer, ServerError> {
+    let data_dir = config.data_dir.clone();
+    std::fs::create_dir_all(&data_dir).map_err(|source| ServerError::DataDir {
+        path: data_dir.clone(),
+        source,
+    })?;
+
+    let (store, metastore) = {
+        let data_dir = data_dir.clone();
+        let idle_close_after = config.idle_close_after;
+        let segment_bytes = config.segment_bytes;
+        tokio::task::spawn_blocking(move || {
+            open_data_dir(&data_dir, idle_close_after, segment_bytes)
+        })
+        .await
+        .map_err(|e| ServerError::Task(e.to_string()))??
+    };
+    let store = Arc::new(store);
+    let metastore: Arc<dyn Metastore> = Arc::new(metastore);
+    let producer = Arc::new(Producer::new(Arc::clone(&store)));
+    let topics = Arc::new(TopicService::new(
+        Arc::clone(&store),
+        Arc::clone(&metastore),
+        Arc::clone(&producer),
+        config.segment_bytes,
+    ));
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+
+    let state = AppState::new(AppInner {
+        limits: config.limits.clone(),
+        store: Arc::clone(&store),
+        metastore,
+        topics,
+        producer,
+        ownership: Arc::new(SingleNode::default()),
+        shutdown: shutdown.clone(),
+    });
+    let app = api::router(state);
+
+    let retention = spawn_loop(
+        "retention",
+        config.retention_check_interval,
+        shutdown.clone(),
+        Arc::clone(&store),
+        |store| match store.enforce_retention() {
+            Ok(report) => tracing::debug!(?report, "retention pass"),
+            Err(e) => tracing::warn!(error = %e, "retention pass failed"),
+        },
+    );
+    // Check for idle logs a few times per idle period so a log closes close to its deadline.
+    let idle_tick = (config.idle_close_after / 4).max(Duration::from_secs(1));
+    let idle = spawn_loop(
+        "idle-close",
+        idle_tick,
+        shutdown.clone(),
+        Arc::clone(&store),
+        |store| {
+            let closed = store.close_idle();
+            if closed > 0 {
+                tracing::debug!(closed, "closed idle partition logs");
+            }
+        },
+    );
+
+    tracing::info!(addr = %local_addr, data_dir = %data_dir.display(), "narad serving");
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown({
+                let shutdown = shutdown.clone();
+                async move { shutdown.wait().await }
+            })
+            .await;
+        // The loops see the same signal; wait for them before closing the store under them.
+        let _ = retention.await;
+        let _ = idle.await;
+        let closed = tokio::task::spawn_blocking(move || store.close())
+            .await
+            .map_err(|e| ServerError::Task(e.to_string()))?;
+        served.map_err(ServerError::Serve)?;
+        closed?;
+        tracing::info!("narad stopped; store closed cleanly");
+        Ok(())
+    });
+    Ok(RunningServer { local_addr, task })
+}
+
+/// Opens the store (taking the data-dir lock first, so a second daemon stops before reading
+/// anything), the metastore, registers every partition the metastore names, and removes topic
+/// directories the metastore does not name (left by a crash inside a create or a delete).
+fn open_data_dir(
+    data_dir: &std::path::Path,
+    idle_close_after: Duration,
+    segment_bytes: u64,
+) -> Result<(Store, FileMetastore), ServerError> {
+    let store = Store::open(
+        data_dir,
+        StoreOptions {
+            idle_close_after,
+            ..StoreOptions::default()
+        },
+    )?;
+    let metastore = FileMetastore::open(data_dir)?;
+    let snapshot = metastore.snapshot_now();
+    for topic in snapshot.topics.values() {
+        let config = log_config(topic, segment_bytes);
+        for p in 0..topic.partitions {
+            store.create_partition(&PartitionId::new(topic.name.clone(), p), config.clone())?;
+        }
+    }
+    let topics_dir = data_dir.join("topics");
+    if let Ok(entries) = std::fs::read_dir(&topics_dir) {
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if is_dir
+                && !snapshot.topics.contains_key(&name)
+                && narad_storage::validate_topic_name(&name).is_ok()
+            {
+                tracing::warn!(topic = %name, "removing files of a topic the metastore does not know (an interrupted create or delete)");
+                store.delete_topic(&name)?;
+            }
+        }
+    }
+    Ok((store, metastore))
+}
+
+/// Runs `work` on the blocking pool every `every` until `shutdown` fires.
+fn spawn_loop(
+    name: &'static str,
+    every: Duration,
+    shutdown: ShutdownSignal,
+    store: Arc<Store>,
+    work: fn(&Store),
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await; // the first tick is immediate; start one period in
+        loop {
+            tokio::select! {
+                () = shutdown.wait() => break,
+                _ = ticker.tick() => {
+                    let store = Arc::clone(&store);
+                    if let Err(e) = tokio::task::spawn_blocking(move || work(&store)).await {
+                        tracing::error!(task = name, error = %e, "background task panicked");
+                    }
+                }
+            }
+        }
+        tracing::debug!(task = name, "background loop stopped");
+    })
+}

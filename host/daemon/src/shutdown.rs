@@ -1,0 +1,99 @@
+//! Graceful shutdown: one [`ShutdownTrigger`] fires, every [`ShutdownSignal`] clone sees it.
+//!
+//! The HTTP server, each background loop and each long-poll select on a signal, so a SIGINT or
+//! SIGTERM stops accepting work, lets in-flight requests finish, ends the loops, and only then
+//! closes the store (writing the high-watermark files). Built on a `watch` channel so a signal
+//! created after the trigger fired still sees it.
+
+use tokio::sync::watch;
+
+/// The sending side: firing it asks everything holding a [`ShutdownSignal`] to stop.
+#[derive(Debug, Clone)]
+pub struct ShutdownTrigger {
+    tx: watch::Sender<bool>,
+}
+
+/// The receiving side, cheap to clone into every task.
+#[derive(Debug, Clone)]
+pub struct ShutdownSignal {
+    rx: watch::Receiver<bool>,
+}
+
+/// A new trigger and a signal connected to it.
+pub fn channel() -> (ShutdownTrigger, ShutdownSignal) {
+    let (tx, rx) = watch::channel(false);
+    (ShutdownTrigger { tx }, ShutdownSignal { rx })
+}
+
+impl ShutdownTrigger {
+    /// Asks every connected signal to stop. Idempotent.
+    pub fn trigger(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// A new signal connected to this trigger.
+    pub fn subscribe(&self) -> ShutdownSignal {
+        ShutdownSignal {
+            rx: self.tx.subscribe(),
+        }
+    }
+}
+
+impl ShutdownSignal {
+    /// Whether shutdown has been asked for.
+    pub fn is_triggered(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Resolves once shutdown is asked for, or when every trigger is gone (nothing could ever
+    /// ask any more, so waiting on would hang).
+    pub async fn wait(&self) {
+        let mut rx = self.rx.clone();
+        // An Err means the trigger was dropped: treat it as a shutdown.
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Resolves when the process receives SIGINT (Ctrl-C) or SIGTERM, naming which.
+///
+/// Errors only when the signal handlers cannot be installed.
+pub async fn os_signal() -> std::io::Result<&'static str> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => Ok("SIGTERM"),
+            _ = int.recv() => Ok("SIGINT"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok("Ctrl-C")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_signal_subscribed_after_the_trigger_still_sees_it() {
+        let (trigger, signal) = channel();
+        assert!(!signal.is_triggered());
+        trigger.trigger();
+        let late = trigger.subscribe();
+        late.wait().await;
+        signal.wait().await;
+        assert!(late.is_triggered());
+    }
+
+    #[tokio::test]
+    async fn dropping_every_trigger_releases_waiters() {
+        let (trigger, signal) = channel();
+        drop(trigger);
+        signal.wait().await;
+    }
+}
