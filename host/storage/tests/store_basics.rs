@@ -1,0 +1,378 @@
+//! Appends, reads, limits, the delay gate, peek, idle close, the lock file, names, deletion.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use narad_storage::{
+    AppendBatch, BatchOrigin, LogConfig, ManualClock, NewRecord, PartitionState, ReadOptions,
+    RecordOrigin, StorageError, Store,
+};
+
+#[test]
+fn appended_records_read_back_with_offsets_keys_headers_and_commit_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("orders", 3);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+
+    let a = store.append(&id, batch(&["a", "b"])).unwrap();
+    assert_eq!((a.base_offset, a.count, a.committed_at_ms), (0, 2, T0_MS));
+    clock.advance(5);
+    let mut b = batch(&["c"]);
+    b.records[0].key = None;
+    b.records.push(NewRecord {
+        key: Some(Bytes::new()),
+        headers: vec![],
+        value: Bytes::new(),
+    });
+    let a2 = store.append(&id, b).unwrap();
+    assert_eq!((a2.base_offset, a2.count), (2, 2));
+
+    let r = store.read(&id, &read_from(0)).unwrap();
+    assert_eq!(r.high_watermark, 4);
+    assert_eq!(r.next_offset, 4);
+    assert_eq!(r.log_start_offset, 0);
+    assert_eq!(r.not_due, None);
+    let offsets: Vec<u64> = r.records.iter().map(|r| r.offset).collect();
+    assert_eq!(offsets, [0, 1, 2, 3]);
+    assert_eq!(values(&r.records), ["a", "b", "c", ""]);
+    assert_eq!(r.records[0].key.as_deref(), Some(&b"k"[..]));
+    assert_eq!(r.records[2].key, None, "absent key stays absent");
+    assert_eq!(
+        r.records[3].key,
+        Some(Bytes::new()),
+        "empty key stays empty"
+    );
+    assert_eq!(r.records[0].headers[0].name, "h");
+    assert_eq!(r.records[1].committed_at_ms, T0_MS);
+    assert_eq!(r.records[2].committed_at_ms, T0_MS + 5);
+}
+
+#[test]
+fn reads_respect_record_and_byte_limits_but_always_return_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    let big = "x".repeat(1000);
+    store.append(&id, batch(&[&big, "s1", "s2", "s3"])).unwrap();
+
+    let r = store
+        .read(
+            &id,
+            &ReadOptions {
+                max_bytes: 10,
+                ..read_from(0)
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        r.records.len(),
+        1,
+        "one record even though it exceeds max_bytes"
+    );
+    assert_eq!(r.next_offset, 1);
+
+    let r = store
+        .read(
+            &id,
+            &ReadOptions {
+                max_records: 2,
+                ..read_from(1)
+            },
+        )
+        .unwrap();
+    assert_eq!(values(&r.records), ["s1", "s2"]);
+    assert_eq!(r.next_offset, 3);
+
+    let r = store.read(&id, &read_from(4)).unwrap();
+    assert!(r.records.is_empty());
+    assert_eq!(r.next_offset, 4);
+    assert!(matches!(
+        store.read(&id, &read_from(5)),
+        Err(StorageError::OffsetBeyondEnd {
+            requested: 5,
+            high_watermark: 4,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn the_delay_gate_stops_at_the_first_record_not_due_and_says_when_it_is_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("t", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["r1"])).unwrap();
+    clock.advance(1000);
+    store.append(&id, batch(&["r2"])).unwrap();
+    clock.advance(1000);
+    store.append(&id, batch(&["r3"])).unwrap();
+
+    let gated = ReadOptions {
+        max_committed_at_ms: Some(T0_MS + 500),
+        ..read_from(0)
+    };
+    let r = store.read(&id, &gated).unwrap();
+    assert_eq!(values(&r.records), ["r1"]);
+    assert_eq!(r.next_offset, 1);
+    let nd = r.not_due.unwrap();
+    assert_eq!((nd.offset, nd.due_at_ms), (1, T0_MS + 1000));
+
+    // A gate exactly at a commit time lets that record through.
+    let r = store
+        .read(
+            &id,
+            &ReadOptions {
+                max_committed_at_ms: Some(T0_MS + 1000),
+                ..read_from(1)
+            },
+        )
+        .unwrap();
+    assert_eq!(values(&r.records), ["r2"]);
+    assert_eq!(r.not_due.unwrap().due_at_ms, T0_MS + 2000);
+}
+
+#[test]
+fn many_small_batches_across_segments_read_back_from_any_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.create_partition(&id, small_segments(20_000)).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..400 {
+        let v = format!("value-{i:04}-{}", "p".repeat(i % 50));
+        store.append(&id, batch(&[&v])).unwrap();
+        expected.push(v);
+    }
+    let stats = store.peek(&id).unwrap();
+    assert!(stats.segment_count > 1, "segments rolled: {stats:?}");
+    for start in [0u64, 1, 57, 199, 200, 398, 399] {
+        let got = values(&read_all(&store, &id, start));
+        assert_eq!(got, expected[start as usize..], "from {start}");
+    }
+}
+
+#[test]
+fn child_commit_origins_are_stored_per_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("child", 1);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    let mut b: AppendBatch = batch(&["a", "b", "c"]);
+    b.origin = Some(BatchOrigin {
+        epoch: *b"epoch-01",
+        parent_partition: 4,
+        parent_offsets: vec![100, 101, 205],
+    });
+    store.append(&id, b).unwrap();
+    let got = read_all(&store, &id, 0);
+    assert_eq!(
+        got[2].origin,
+        Some(RecordOrigin {
+            epoch: *b"epoch-01",
+            parent_partition: 4,
+            parent_offset: 205
+        })
+    );
+}
+
+#[test]
+fn an_empty_batch_is_refused_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert!(matches!(
+        store.append(&id, AppendBatch::default()),
+        Err(StorageError::EmptyBatch)
+    ));
+    assert_eq!(store.read(&id, &read_from(0)).unwrap().high_watermark, 0);
+}
+
+#[test]
+fn unknown_partitions_and_bad_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    assert!(matches!(
+        store.read(&pid("nope", 0), &read_from(0)),
+        Err(StorageError::UnknownPartition { .. })
+    ));
+    assert!(matches!(
+        store.create_partition(&pid("a/b", 0), LogConfig::default()),
+        Err(StorageError::InvalidName(_))
+    ));
+    assert!(matches!(
+        store.create_partition(&pid("ok", 100_000), LogConfig::default()),
+        Err(StorageError::PartitionOutOfRange { .. })
+    ));
+}
+
+#[test]
+fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let first = real_store(dir.path(), clock.clone());
+    let err = Store::open(
+        dir.path(),
+        opts(Arc::new(narad_storage::fs::RealFs), clock.clone()),
+    )
+    .unwrap_err();
+    match &err {
+        StorageError::DataDirLocked { path } => assert_eq!(path, &dir.path().join("LOCK")),
+        other => panic!("expected DataDirLocked, got {other:?}"),
+    }
+    assert!(err.to_string().contains("another narad process"));
+    drop(first);
+    real_store(dir.path(), clock);
+}
+
+#[test]
+fn peek_never_opens_a_closed_log_and_never_stamps_last_access() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let id = pid("t", 0);
+    {
+        let store = real_store(dir.path(), clock.clone());
+        store.create_partition(&id, LogConfig::default()).unwrap();
+        store.append(&id, batch(&["a", "b", "c"])).unwrap();
+        store.close().unwrap();
+    }
+    let store = real_store(dir.path(), clock.clone());
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    let s = store.peek(&id).unwrap();
+    assert_eq!(s.state, PartitionState::Closed, "peek left it closed");
+    assert_eq!(s.high_watermark, Some(3), "exact after a clean close");
+    assert_eq!(s.log_start_offset, 0);
+    assert_eq!(s.segment_count, 1);
+    assert!(s.size_bytes > 0);
+
+    // Open it with a read, then peek repeatedly while the clock passes the idle limit: peeks
+    // must not keep it warm.
+    store.read(&id, &read_from(0)).unwrap();
+    assert_eq!(store.peek(&id).unwrap().state, PartitionState::Open);
+    for _ in 0..3 {
+        clock.advance(30_000);
+        store.peek(&id).unwrap();
+    }
+    assert_eq!(store.close_idle(), 1);
+    assert_eq!(store.peek(&id).unwrap().state, PartitionState::Closed);
+}
+
+#[test]
+fn an_idle_log_is_closed_and_reopens_on_demand() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let (busy, idle) = (pid("t", 0), pid("t", 1));
+    for id in [&busy, &idle] {
+        store.create_partition(id, LogConfig::default()).unwrap();
+        store.append(id, batch(&["x"])).unwrap();
+    }
+    clock.advance(45_000);
+    store.read(&busy, &read_from(0)).unwrap();
+    clock.advance(30_000);
+    assert_eq!(store.close_idle(), 1, "only the idle one is closed");
+    assert_eq!(store.peek(&idle).unwrap().state, PartitionState::Closed);
+    assert_eq!(store.peek(&busy).unwrap().state, PartitionState::Open);
+    assert_eq!(store.peek(&idle).unwrap().high_watermark, Some(1));
+
+    let a = store.append(&idle, batch(&["y"])).unwrap();
+    assert_eq!(a.base_offset, 1);
+    assert_eq!(values(&read_all(&store, &idle, 0)), ["x", "y"]);
+}
+
+#[test]
+fn peek_reports_no_high_watermark_for_a_log_that_was_not_closed_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let id = pid("t", 0);
+    {
+        let store = real_store(dir.path(), clock.clone());
+        store.create_partition(&id, LogConfig::default()).unwrap();
+        store.append(&id, batch(&["a"])).unwrap();
+        // Dropped without close: as after a crash.
+    }
+    let store = real_store(dir.path(), clock.clone());
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert_eq!(store.peek(&id).unwrap().high_watermark, None);
+    // Opening recovers it; closing makes the file exact again.
+    assert_eq!(values(&read_all(&store, &id, 0)), ["a"]);
+    store.close().unwrap();
+    assert_eq!(store.peek(&id).unwrap().high_watermark, Some(1));
+}
+
+#[test]
+fn records_survive_a_clean_close_and_offsets_continue_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let id = pid("t", 0);
+    {
+        let store = real_store(dir.path(), clock.clone());
+        store.create_partition(&id, small_segments(200)).unwrap();
+        for i in 0..10 {
+            store.append(&id, batch(&[&format!("v{i}")])).unwrap();
+        }
+        store.close().unwrap();
+    }
+    clock.advance(-10_000);
+    let store = real_store(dir.path(), clock.clone());
+    store.create_partition(&id, small_segments(200)).unwrap();
+    let a = store.append(&id, batch(&["v10"])).unwrap();
+    assert_eq!(a.base_offset, 10);
+    assert!(
+        a.committed_at_ms >= T0_MS,
+        "the commit-time floor is recovered from the log"
+    );
+    let got = values(&read_all(&store, &id, 0));
+    assert_eq!(got.len(), 11);
+    assert_eq!(got[10], "v10");
+}
+
+#[test]
+fn deleting_a_topic_removes_its_partitions_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let (a, b, other) = (pid("gone", 0), pid("gone", 1), pid("kept", 0));
+    for id in [&a, &b, &other] {
+        store.create_partition(id, LogConfig::default()).unwrap();
+        store.append(id, batch(&["x"])).unwrap();
+    }
+    store.delete_topic("gone").unwrap();
+    assert!(matches!(
+        store.read(&a, &read_from(0)),
+        Err(StorageError::UnknownPartition { .. })
+    ));
+    assert!(!dir.path().join("topics/gone").exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("trash")).unwrap().count(),
+        0
+    );
+    assert_eq!(values(&read_all(&store, &other, 0)), ["x"]);
+    // A topic of the same name starts afresh.
+    store.create_partition(&a, LogConfig::default()).unwrap();
+    assert_eq!(store.append(&a, batch(&["y"])).unwrap().base_offset, 0);
+}
+
+#[test]
+fn the_partition_directory_layout_matches_the_documentation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("orders", 3);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["x"])).unwrap();
+    let p = dir.path().join("topics/orders/p00003");
+    assert!(p.join("00000000000000000000.log").is_file());
+    assert_eq!(
+        std::fs::metadata(p.join("high-watermark")).unwrap().len(),
+        64
+    );
+    assert!(dir.path().join("LOCK").is_file());
+}
