@@ -1,0 +1,334 @@
+//! A link's router: a chain of 1 to 8 plugin instances.
+//!
+//! Each plugin in turn is handed only the records still undecided (encoded straight into its
+//! memory), answers a `u32` per record or [`UNDECIDED`], and the chain checks every answer:
+//! an index at or above the child partition count fails the slab naming the plugin that gave
+//! it; a record still undecided after the last plugin fails the slab naming the last plugin.
+//!
+//! The caller owns one `Chain` per link (per child topic and parent partition on this node),
+//! so plugin state such as the round-robin counter belongs to that link. `Chain` is `Send`:
+//! the daemon runs `route` on a blocking pool, off its I/O threads.
+//!
+//! The plugin blamed for a failure has its store discarded, so it starts afresh on the next
+//! slab. Failures are counted per plugin and kind in [`PluginStats`]; [`Chain::bisect`] finds the
+//! first record of a failing slab that the chain cannot route.
+
+use narad_abi::{RouteContext, SlabEncoder, SlabRecord, UNDECIDED};
+
+use crate::error::{ChainError, Failure, FailureKind, PluginError};
+use crate::instance::Instance;
+use crate::plugin::{Digest, Plugin};
+
+/// Most plugins in one chain: 8, from the design (a chain of one to eight plugins).
+pub const MAX_CHAIN_LEN: usize = 8;
+
+/// Counters of one plugin of a chain, for metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PluginStats {
+    /// The plugin's manifest name.
+    pub name: String,
+    /// The plugin's digest.
+    pub digest: Digest,
+    /// `narad_route` calls made (slabs handed to this plugin).
+    pub calls: u64,
+    /// Records handed in, over all calls.
+    pub records_in: u64,
+    /// Records this plugin decided.
+    pub records_decided: u64,
+    /// Times the plugin was instantiated (1 + rebuilds after failures).
+    pub instantiations: u64,
+    /// `narad.log` lines emitted.
+    pub log_lines_emitted: u64,
+    /// `narad.log` lines dropped by the rate limit.
+    pub log_lines_dropped: u64,
+    failures: [u64; FailureKind::ALL.len()],
+}
+
+impl PluginStats {
+    /// Failures of `kind` blamed on this plugin.
+    pub fn failures(&self, kind: FailureKind) -> u64 {
+        self.failures[kind.index()]
+    }
+
+    /// Every kind with its count (zeros included), for exporting as labelled metrics.
+    pub fn failures_by_kind(&self) -> impl Iterator<Item = (FailureKind, u64)> + '_ {
+        FailureKind::ALL
+            .iter()
+            .map(|&k| (k, self.failures[k.index()]))
+    }
+}
+
+struct Member {
+    instance: Instance,
+    calls: u64,
+    records_in: u64,
+    records_decided: u64,
+    failures: [u64; FailureKind::ALL.len()],
+}
+
+/// The first record of a slab that the chain cannot route, found by [`Chain::bisect`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoisonRecord {
+    /// Index of the record in the slab handed to `bisect`.
+    pub index: usize,
+    /// Its parent offset.
+    pub parent_offset: u64,
+    /// The error routing it gives (alone, or as the last record of the shortest failing
+    /// prefix when it only fails in company).
+    pub error: PluginError,
+}
+
+/// A chain of plugin instances for one link.
+pub struct Chain {
+    members: Vec<Member>,
+    /// Indices (into the slab) of the records still undecided; reused across slabs.
+    pending: Vec<u32>,
+    /// Decision slots of one plugin call; reused across slabs.
+    answers: Vec<u32>,
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.members.iter().map(|m| m.instance.plugin().name()))
+            .finish()
+    }
+}
+
+impl Chain {
+    /// A chain of fresh instances of `plugins`, in order.
+    pub fn new(plugins: impl IntoIterator<Item = Plugin>) -> Result<Chain, ChainError> {
+        let members: Vec<Member> = plugins
+            .into_iter()
+            .map(|plugin| Member {
+                instance: Instance::new(plugin),
+                calls: 0,
+                records_in: 0,
+                records_decided: 0,
+                failures: [0; FailureKind::ALL.len()],
+            })
+            .collect();
+        if members.is_empty() || members.len() > MAX_CHAIN_LEN {
+            return Err(ChainError::Length {
+                len: members.len(),
+                max: MAX_CHAIN_LEN,
+            });
+        }
+        Ok(Chain {
+            members,
+            pending: Vec::new(),
+            answers: Vec::new(),
+        })
+    }
+
+    /// The plugins of the chain, in order.
+    pub fn plugins(&self) -> impl Iterator<Item = &Plugin> + '_ {
+        self.members.iter().map(|m| m.instance.plugin())
+    }
+
+    /// Counters per plugin, in chain order.
+    pub fn stats(&self) -> Vec<PluginStats> {
+        self.members
+            .iter()
+            .map(|m| {
+                let counters = m.instance.counters();
+                PluginStats {
+                    name: m.instance.plugin().name().to_owned(),
+                    digest: m.instance.plugin().digest(),
+                    calls: m.calls,
+                    records_in: m.records_in,
+                    records_decided: m.records_decided,
+                    instantiations: counters.instantiations,
+                    log_lines_emitted: counters.log_lines_emitted,
+                    log_lines_dropped: counters.log_lines_dropped,
+                    failures: m.failures,
+                }
+            })
+            .collect()
+    }
+
+    /// Routes a slab: returns one child partition index per record, each below
+    /// `ctx.child_partition_count`, or the error of the plugin that failed.
+    pub fn route<R: SlabRecord>(
+        &mut self,
+        ctx: &RouteContext,
+        records: &[R],
+    ) -> Result<Vec<u32>, PluginError> {
+        let mut decisions = vec![UNDECIDED; records.len()];
+        self.route_into(ctx, records, &mut decisions)?;
+        Ok(decisions)
+    }
+
+    /// [`Chain::route`] into a caller-owned slice (`decisions.len() == records.len()`),
+    /// which is overwritten.
+    pub fn route_into<R: SlabRecord>(
+        &mut self,
+        ctx: &RouteContext,
+        records: &[R],
+        decisions: &mut [u32],
+    ) -> Result<(), PluginError> {
+        let last = self.members.len() - 1;
+        if decisions.len() != records.len() {
+            return Err(self.blame(
+                last,
+                Failure::Host {
+                    message: "decision slots do not match the record count".into(),
+                },
+            ));
+        }
+        decisions.fill(UNDECIDED);
+        self.pending.clear();
+        self.pending.extend(0..records.len() as u32);
+        let partition_count = ctx.child_partition_count;
+        for position in 0..self.members.len() {
+            if self.pending.is_empty() {
+                break;
+            }
+            if let Err(failure) = self.call_member(position, ctx, records) {
+                return Err(self.blame(position, failure));
+            }
+            // Apply the answers; keep the still-undecided indices in order.
+            let mut kept = 0;
+            let mut out_of_range = None;
+            for k in 0..self.pending.len() {
+                let index = self.pending[k];
+                let value = self.answers[k];
+                if value == UNDECIDED {
+                    self.pending[kept] = index;
+                    kept += 1;
+                } else if value >= partition_count {
+                    out_of_range = Some(Failure::OutOfRange {
+                        value,
+                        record_offset: records[index as usize].parent_offset(),
+                        partition_count,
+                    });
+                    break;
+                } else {
+                    decisions[index as usize] = value;
+                }
+            }
+            if let Some(failure) = out_of_range {
+                return Err(self.blame(position, failure));
+            }
+            self.members[position].records_decided += (self.pending.len() - kept) as u64;
+            self.pending.truncate(kept);
+        }
+        if let Some(&first) = self.pending.first() {
+            let failure = Failure::Undecided {
+                record_offset: records[first as usize].parent_offset(),
+            };
+            return Err(self.blame(last, failure));
+        }
+        Ok(())
+    }
+
+    /// Calls plugin `position` on the pending records, leaving its answers in `self.answers`.
+    fn call_member<R: SlabRecord>(
+        &mut self,
+        position: usize,
+        ctx: &RouteContext,
+        records: &[R],
+    ) -> Result<(), Failure> {
+        let member = &mut self.members[position];
+        member.calls += 1;
+        member.records_in += self.pending.len() as u64;
+        let encoder = SlabEncoder::new(ctx.as_ref(), member.instance.plugin().needs())
+            .map_err(|e| host(e.to_string()))?;
+        let pending = &self.pending;
+        let selected = || pending.iter().map(|&i| &records[i as usize]);
+        let layout = encoder
+            .layout(selected())
+            .map_err(|e| host(e.to_string()))?;
+        self.answers.clear();
+        self.answers.resize(pending.len(), UNDECIDED);
+        member.instance.route_with(
+            pending.len(),
+            layout.total_len(),
+            |dst| {
+                encoder
+                    .write(&layout, selected(), dst)
+                    .map(|_| ())
+                    .map_err(|e| host(e.to_string()))
+            },
+            &mut self.answers,
+        )
+    }
+
+    fn blame(&mut self, position: usize, failure: Failure) -> PluginError {
+        let member = &mut self.members[position];
+        member.failures[failure.kind().index()] += 1;
+        // Whatever went wrong, the plugin's state is suspect: start it afresh next time.
+        member.instance.reset();
+        let plugin = member.instance.plugin();
+        tracing::debug!(
+            plugin = plugin.name(),
+            position,
+            kind = %failure.kind(),
+            "routing plugin failed: {failure}"
+        );
+        PluginError {
+            position,
+            name: plugin.name().to_owned(),
+            digest: plugin.digest(),
+            failure,
+        }
+    }
+
+    /// Finds the first record of `records` that the chain cannot route: `None` if the whole
+    /// slab routes. For use when a slab keeps failing, so the error can name the record.
+    ///
+    /// Binary search on the shortest failing prefix (about `2 * log2(n)` routing calls, each
+    /// at most one slab); plugin state (such as the round-robin counter) moves on as for any
+    /// routing call, which does not matter for a slab that is going to be retried anyway.
+    pub fn bisect<R: SlabRecord>(
+        &mut self,
+        ctx: &RouteContext,
+        records: &[R],
+    ) -> Option<PoisonRecord> {
+        let mut failing = match self.route(ctx, records) {
+            Ok(_) => return None,
+            Err(error) => error,
+        };
+        // Invariant: records[..passing] routes, records[..failing_len] does not.
+        let (mut passing, mut failing_len) = (0usize, records.len());
+        while failing_len - passing > 1 {
+            let mid = passing + (failing_len - passing) / 2;
+            match self.route(ctx, &records[..mid]) {
+                Ok(_) => passing = mid,
+                Err(error) => {
+                    failing_len = mid;
+                    failing = error;
+                }
+            }
+        }
+        let index = failing_len - 1;
+        let error = self
+            .route(ctx, &records[index..=index])
+            .err()
+            .unwrap_or(failing);
+        Some(PoisonRecord {
+            index,
+            parent_offset: records[index].parent_offset(),
+            error,
+        })
+    }
+}
+
+fn host(message: String) -> Failure {
+    Failure::Host { message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn chain_can_move_to_a_blocking_pool() {
+        assert_send::<Chain>();
+        assert_send::<Plugin>();
+    }
+}

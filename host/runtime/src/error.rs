@@ -1,0 +1,383 @@
+//! Typed errors of the runtime, one enum per concern.
+//!
+//! - [`EngineError`]: the runtime could not start (bad configuration, unusable cache dir).
+//! - [`LoadError`]: a plugin was refused at deploy; each variant says exactly what is wrong so
+//!   the HTTP API can answer a precise 400.
+//! - [`Failure`]: what went wrong in one call of one plugin (trap, deadline, fuel, ...), and
+//!   [`FailureKind`], its fieldless label for metrics.
+//! - [`PluginError`]: a slab failed in a chain: which plugin (position, name, digest) and the
+//!   [`Failure`].
+//! - [`ChainError`]: a chain could not be assembled.
+//!
+//! Tests match on variants, never on messages.
+
+use std::fmt;
+
+use crate::plugin::Digest;
+
+/// The runtime could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// wasmtime refused the engine configuration built from [`crate::RuntimeConfig`]
+    /// (for example a stack limit it cannot honour).
+    #[error("wasmtime rejected the engine configuration: {message}")]
+    Config {
+        /// wasmtime's explanation.
+        message: String,
+    },
+    /// The compiled-module cache directory could not be created.
+    #[error("cannot create the compiled-module cache directory {path}")]
+    CacheDir {
+        /// The directory that was asked for.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The epoch ticker thread could not be spawned.
+    #[error("cannot spawn the epoch ticker thread")]
+    Ticker(#[source] std::io::Error),
+    /// A configured limit is out of its allowed range (zero deadline, zero memory, ...).
+    #[error("invalid runtime limit: {0}")]
+    InvalidLimit(&'static str),
+}
+
+/// A plugin was refused at load (deploy) time. Every variant names what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The bytes do not start with the Wasm magic `\0asm`.
+    #[error("not a WebAssembly module (missing the \\0asm magic)")]
+    NotWasm,
+    /// The bytes are a Wasm component or an unknown binary version, not a core module.
+    #[error(
+        "not a core WebAssembly module (binary version/layer {version:#010x}); components are not supported"
+    )]
+    NotCoreModule {
+        /// The 4 bytes after the magic, little-endian.
+        version: u32,
+    },
+    /// wasmtime could not validate or compile the module.
+    #[error("the module does not compile: {message}")]
+    Compile {
+        /// wasmtime's explanation (validation error with its offset, or codegen failure).
+        message: String,
+    },
+    /// The module imports something other than `narad.log` (WASI, a clock, randomness, ...).
+    #[error("forbidden import {module}.{name}: plugins may import only narad.log")]
+    ForbiddenImport {
+        /// Import module name, e.g. `wasi_snapshot_preview1`.
+        module: String,
+        /// Import field name, e.g. `fd_write`.
+        name: String,
+    },
+    /// `narad.log` is imported with a signature other than `(i32, i32, i32) -> ()`.
+    #[error("import narad.log has the wrong type: expected {expected}, found {found}")]
+    WrongImportType {
+        /// The signature the ABI requires.
+        expected: &'static str,
+        /// What the module declares.
+        found: String,
+    },
+    /// A required export is absent.
+    #[error("missing export {name}")]
+    MissingExport {
+        /// The ABI symbol name.
+        name: &'static str,
+    },
+    /// A required export exists with the wrong kind or signature.
+    #[error("export {name} has the wrong type: expected {expected}, found {found}")]
+    WrongExportType {
+        /// The ABI symbol name.
+        name: &'static str,
+        /// The type the ABI requires.
+        expected: &'static str,
+        /// What the module exports.
+        found: String,
+    },
+    /// `narad_abi_version()` returned something other than the version this host speaks.
+    #[error("plugin speaks ABI version {found}, this host speaks {expected}")]
+    AbiVersion {
+        /// What the plugin returned.
+        found: i32,
+        /// What the host expects (1).
+        expected: i32,
+    },
+    /// No `narad.manifest` custom section.
+    #[error("missing the narad.manifest custom section")]
+    ManifestMissing,
+    /// More than one `narad.manifest` custom section.
+    #[error("{count} narad.manifest custom sections; exactly one is required")]
+    ManifestDuplicate {
+        /// How many were found.
+        count: usize,
+    },
+    /// The manifest is not the JSON object the ABI describes.
+    #[error("the manifest is not valid: {message}")]
+    ManifestInvalid {
+        /// The parser's explanation.
+        message: String,
+    },
+    /// The manifest's name is empty, too long, or has characters outside `[a-z0-9-_]`.
+    #[error("invalid plugin name {name:?} in the manifest: 1 to 64 of [a-z0-9-_]")]
+    ManifestName {
+        /// The offending name.
+        name: String,
+    },
+    /// The manifest declares an ABI version this host does not speak.
+    #[error("the manifest declares ABI version {found}, this host speaks {expected}")]
+    ManifestAbi {
+        /// Declared version.
+        found: u32,
+        /// What the host expects (1).
+        expected: u32,
+    },
+    /// The module was instantiated or called for the version check and failed.
+    #[error("the module failed while being checked: {0}")]
+    Check(Failure),
+    /// The module failed on the built-in test slab, under the same limits as in production.
+    #[error("the module failed on the built-in test slab: {0}")]
+    TestSlab(Failure),
+}
+
+/// Fieldless label of a [`Failure`], for counting per plugin and kind and for metric labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// See [`Failure::Trap`].
+    Trap,
+    /// See [`Failure::Deadline`].
+    Deadline,
+    /// See [`Failure::FuelExhausted`].
+    Fuel,
+    /// See [`Failure::MemoryLimit`].
+    MemoryLimit,
+    /// See [`Failure::ErrorReturn`].
+    ErrorReturn,
+    /// See [`Failure::Protocol`].
+    Protocol,
+    /// See [`Failure::OutOfRange`].
+    OutOfRange,
+    /// See [`Failure::Undecided`].
+    Undecided,
+    /// See [`Failure::Host`].
+    Host,
+}
+
+impl FailureKind {
+    /// Every kind, in a fixed order (the index of [`FailureKind::index`]).
+    pub const ALL: [FailureKind; 9] = [
+        FailureKind::Trap,
+        FailureKind::Deadline,
+        FailureKind::Fuel,
+        FailureKind::MemoryLimit,
+        FailureKind::ErrorReturn,
+        FailureKind::Protocol,
+        FailureKind::OutOfRange,
+        FailureKind::Undecided,
+        FailureKind::Host,
+    ];
+
+    /// Position in [`FailureKind::ALL`], for array-backed counters.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A stable snake_case label (metric label value).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Trap => "trap",
+            FailureKind::Deadline => "deadline",
+            FailureKind::Fuel => "fuel",
+            FailureKind::MemoryLimit => "memory_limit",
+            FailureKind::ErrorReturn => "error_return",
+            FailureKind::Protocol => "protocol",
+            FailureKind::OutOfRange => "out_of_range",
+            FailureKind::Undecided => "undecided",
+            FailureKind::Host => "host",
+        }
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The negative return codes of `narad_route` that carry a meaning (ABI v1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// -1: a plugin-defined failure.
+    Plugin,
+    /// -2: the guest could not decode the input.
+    BadInput,
+    /// -3: the link's config bytes are invalid for this plugin.
+    BadConfig,
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorCode::Plugin => "plugin error",
+            ErrorCode::BadInput => "bad input",
+            ErrorCode::BadConfig => "bad config",
+        })
+    }
+}
+
+/// A breach of the ABI by the guest that is not a trap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Violation {
+    /// `narad_route` returned a value that is neither 0 nor a defined error code (for
+    /// example the record count, as if it were a length).
+    ReturnCode(i32),
+    /// `narad_alloc` returned 0 (it could not allocate the slab buffer).
+    AllocFailed {
+        /// Bytes asked for.
+        size: u32,
+    },
+    /// `narad_alloc` returned a pointer that is not 8-aligned or whose range leaves memory.
+    BadAllocation {
+        /// The returned pointer.
+        ptr: u32,
+        /// Bytes asked for.
+        size: u32,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::ReturnCode(rc) => write!(f, "narad_route returned {rc}, not 0 or -1..=-3"),
+            Violation::AllocFailed { size } => write!(f, "narad_alloc({size}) returned 0"),
+            Violation::BadAllocation { ptr, size } => write!(
+                f,
+                "narad_alloc({size}) returned {ptr:#x}: misaligned or outside memory"
+            ),
+        }
+    }
+}
+
+/// What went wrong in one call of one plugin, or in the check of a chain's answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
+    #[error("trapped: {message}")]
+    Trap {
+        /// wasmtime's trap code when it has one (`UnreachableCodeReached`, ...), as text.
+        code: Option<String>,
+        /// The trap message with its Wasm backtrace when available.
+        message: String,
+    },
+    /// The call ran past its wall-clock deadline (the epoch backstop).
+    #[error("exceeded its deadline of {deadline_ms} ms")]
+    Deadline {
+        /// The configured deadline.
+        deadline_ms: u64,
+    },
+    /// The call consumed its whole fuel budget (deterministic: fails the same on replay).
+    #[error("ran out of fuel (budget {budget})")]
+    FuelExhausted {
+        /// The budget the call was given.
+        budget: u64,
+    },
+    /// The guest tried to grow its memory (or a table) past the per-instance limit.
+    #[error("hit the memory limit of {limit_bytes} bytes")]
+    MemoryLimit {
+        /// The configured limit.
+        limit_bytes: u64,
+    },
+    /// `narad_route` returned one of the ABI's error codes.
+    #[error("returned {code}: {}", message.as_deref().unwrap_or("(no message)"))]
+    ErrorReturn {
+        /// Which code.
+        code: ErrorCode,
+        /// The guest's message from `narad_last_error`, at most 4 KiB, lossy UTF-8.
+        message: Option<String>,
+    },
+    /// The guest broke the ABI without trapping.
+    #[error("protocol violation: {0}")]
+    Protocol(Violation),
+    /// The guest decided a record with an index not below the child partition count.
+    #[error(
+        "decided record at offset {record_offset} to partition {value}, but the child has {partition_count}"
+    )]
+    OutOfRange {
+        /// The index the guest wrote.
+        value: u32,
+        /// Parent offset of the record.
+        record_offset: u64,
+        /// Child partition count.
+        partition_count: u32,
+    },
+    /// After the last plugin of the chain, a record was still undecided.
+    #[error("left the record at offset {record_offset} undecided at the end of the chain")]
+    Undecided {
+        /// Parent offset of the first undecided record.
+        record_offset: u64,
+    },
+    /// A host-side error unrelated to the guest's behaviour (wasmtime refused an operation).
+    #[error("host error: {message}")]
+    Host {
+        /// The explanation.
+        message: String,
+    },
+}
+
+impl Failure {
+    /// The fieldless label of this failure.
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            Failure::Trap { .. } => FailureKind::Trap,
+            Failure::Deadline { .. } => FailureKind::Deadline,
+            Failure::FuelExhausted { .. } => FailureKind::Fuel,
+            Failure::MemoryLimit { .. } => FailureKind::MemoryLimit,
+            Failure::ErrorReturn { .. } => FailureKind::ErrorReturn,
+            Failure::Protocol(_) => FailureKind::Protocol,
+            Failure::OutOfRange { .. } => FailureKind::OutOfRange,
+            Failure::Undecided { .. } => FailureKind::Undecided,
+            Failure::Host { .. } => FailureKind::Host,
+        }
+    }
+}
+
+/// A slab failed in a chain: the plugin that failed and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("plugin {name} (#{position} of the chain, {digest}) failed: {failure}")]
+#[non_exhaustive]
+pub struct PluginError {
+    /// 0-based position of the plugin in the chain.
+    pub position: usize,
+    /// The plugin's manifest name.
+    pub name: String,
+    /// The plugin's content digest.
+    pub digest: Digest,
+    /// What went wrong.
+    pub failure: Failure,
+}
+
+impl PluginError {
+    /// The fieldless label of the failure.
+    pub fn kind(&self) -> FailureKind {
+        self.failure.kind()
+    }
+}
+
+/// A chain could not be assembled.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChainError {
+    /// A chain holds 1 to [`crate::MAX_CHAIN_LEN`] plugins.
+    #[error("a chain holds 1 to {max} plugins, got {len}")]
+    Length {
+        /// Plugins given.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+}

@@ -1,0 +1,104 @@
+//! `narad.log(level, ptr, len)`: the only import a plugin may use, rate limited per instance.
+//!
+//! A token bucket per instance lets a burst through and then a steady rate; excess lines are
+//! dropped and counted, so a chatty plugin cannot flood the daemon's logs or slow a slab.
+//! Lines go out through `tracing` under the `narad_plugin` target with the plugin's name.
+
+use std::time::Instant;
+
+use wasmtime::{Caller, Extern, Linker};
+
+use crate::instance::HostState;
+
+/// Longest log line read from the guest: 4 KiB; the rest is cut off.
+pub const MAX_LOG_LINE_BYTES: usize = 4096;
+
+/// The import module name.
+pub(crate) const IMPORT_MODULE: &str = "narad";
+/// The import field name.
+pub(crate) const IMPORT_LOG: &str = "log";
+
+/// A token bucket: `burst` tokens, refilled at `per_sec` tokens a second.
+#[derive(Debug)]
+pub(crate) struct TokenBucket {
+    tokens: f64,
+    burst: f64,
+    per_sec: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub(crate) fn new(per_sec: u32, burst: u32) -> Self {
+        TokenBucket {
+            tokens: f64::from(burst),
+            burst: f64::from(burst),
+            per_sec: f64::from(per_sec),
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes one token if there is one.
+    pub(crate) fn try_take(&mut self) -> bool {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.per_sec).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Adds `narad.log` to `linker`.
+pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        IMPORT_MODULE,
+        IMPORT_LOG,
+        |mut caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| {
+            if !caller.data_mut().log_bucket.try_take() {
+                caller.data_mut().log_lines_dropped += 1;
+                return;
+            }
+            let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+                caller.data_mut().log_lines_dropped += 1;
+                return;
+            };
+            let data = memory.data(&caller);
+            let start = ptr as u32 as usize;
+            let len = (len as u32 as usize).min(MAX_LOG_LINE_BYTES);
+            let Some(bytes) = data.get(start..start.saturating_add(len)) else {
+                // A bad pointer is the guest's bug; the line is lost, not the slab.
+                caller.data_mut().log_lines_dropped += 1;
+                return;
+            };
+            let line = String::from_utf8_lossy(bytes);
+            let plugin = caller.data().plugin_name.as_str();
+            match level {
+                0 => tracing::error!(target: "narad_plugin", plugin, "{line}"),
+                1 => tracing::warn!(target: "narad_plugin", plugin, "{line}"),
+                2 => tracing::info!(target: "narad_plugin", plugin, "{line}"),
+                _ => tracing::debug!(target: "narad_plugin", plugin, "{line}"),
+            }
+            caller.data_mut().log_lines_emitted += 1;
+        },
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_lets_the_burst_through_then_refuses() {
+        // A rate of zero never refills, so the outcome does not depend on timing.
+        let mut bucket = TokenBucket::new(0, 3);
+        assert!(bucket.try_take());
+        assert!(bucket.try_take());
+        assert!(bucket.try_take());
+        assert!(!bucket.try_take());
+    }
+}

@@ -1,0 +1,360 @@
+//! A validated plugin: compiled module, manifest, content digest.
+//!
+//! [`Plugin::load`] is the only way to get one, and it refuses anything the ABI does not allow,
+//! in this order, each with its own [`LoadError`] variant:
+//!
+//! 1. the bytes are a core Wasm module (magic and version);
+//! 2. it compiles (wasmtime validates it), from the `.wasm` or from our own compiled cache;
+//! 3. it imports nothing but `narad.log(i32, i32, i32)`: no WASI, no clock, no randomness;
+//! 4. it exports `memory` and the five ABI functions with their exact signatures;
+//! 5. exactly one `narad.manifest` section, valid JSON, a valid name, `abi` 1;
+//! 6. `narad_abi_version()` returns 1;
+//! 7. it routes the built-in test slab under production limits without trapping, overrunning,
+//!    breaking the protocol or answering out of range.
+//!
+//! A `Plugin` is cheap to clone, `Send + Sync`, and instantiated per link by
+//! [`crate::Instance`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::{ExternType, InstancePre, Module, ValType};
+
+use narad_abi::{ABI_VERSION, MANIFEST_SECTION, Manifest, Needs, symbols};
+
+use crate::cache::CacheOutcome;
+use crate::engine::Runtime;
+use crate::error::LoadError;
+use crate::instance::{HostState, Instance};
+use crate::testslab;
+
+/// A sha256 content digest of a plugin's `.wasm` bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// The sha256 of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Digest(Sha256::digest(bytes).into())
+    }
+
+    /// Lower-case hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Parses 64 hex characters; `None` otherwise.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text, &mut out).ok()?;
+        Some(Digest(out))
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", self.to_hex())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A plugin that passed every deploy check.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    runtime: Runtime,
+    digest: Digest,
+    manifest: Manifest,
+    needs: Needs,
+    size_bytes: usize,
+    cache: CacheOutcome,
+    pre: InstancePre<HostState>,
+}
+
+impl fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name())
+            .field("digest", &self.inner.digest)
+            .finish()
+    }
+}
+
+impl Plugin {
+    /// Validates `bytes` as a routing plugin for `runtime` and compiles it (or loads our own
+    /// compiled copy from the cache). See the module doc for the checks, in order.
+    pub fn load(runtime: &Runtime, bytes: &[u8]) -> Result<Plugin, LoadError> {
+        check_header(bytes)?;
+        let digest = Digest::of(bytes);
+        let engine = &runtime.inner.engine;
+        let (module, cache) = match &runtime.inner.cache {
+            Some(cache) => cache.load_or_compile(engine, &digest, bytes),
+            None => Module::from_binary(engine, bytes).map(|m| (m, CacheOutcome::Compiled)),
+        }
+        .map_err(|e| LoadError::Compile {
+            message: format!("{e:#}"),
+        })?;
+        check_imports(&module)?;
+        check_exports(&module)?;
+        let manifest = read_manifest(bytes)?;
+        let needs = manifest.needs;
+        let pre =
+            runtime
+                .inner
+                .linker
+                .instantiate_pre(&module)
+                .map_err(|e| LoadError::Compile {
+                    message: format!("{e:#}"),
+                })?;
+        let plugin = Plugin {
+            inner: Arc::new(PluginInner {
+                runtime: runtime.clone(),
+                digest,
+                manifest,
+                needs,
+                size_bytes: bytes.len(),
+                cache,
+                pre,
+            }),
+        };
+        let mut instance = Instance::new(plugin.clone());
+        let version = instance.abi_version().map_err(LoadError::Check)?;
+        if version != ABI_VERSION as i32 {
+            return Err(LoadError::AbiVersion {
+                found: version,
+                expected: ABI_VERSION as i32,
+            });
+        }
+        testslab::run(&mut instance).map_err(LoadError::TestSlab)?;
+        Ok(plugin)
+    }
+
+    /// The manifest name (`key-hash`, ...).
+    pub fn name(&self) -> &str {
+        &self.inner.manifest.name
+    }
+
+    /// The parsed manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// What the plugin asked to see (keys always; headers, values on request).
+    pub fn needs(&self) -> Needs {
+        self.inner.needs
+    }
+
+    /// The sha256 of the `.wasm` bytes.
+    pub fn digest(&self) -> Digest {
+        self.inner.digest
+    }
+
+    /// Size of the `.wasm` bytes.
+    pub fn size_bytes(&self) -> usize {
+        self.inner.size_bytes
+    }
+
+    /// Whether the compiled code came from the on-disk cache.
+    pub fn cache_outcome(&self) -> CacheOutcome {
+        self.inner.cache
+    }
+
+    /// The runtime this plugin was compiled for.
+    pub fn runtime(&self) -> &Runtime {
+        &self.inner.runtime
+    }
+
+    pub(crate) fn instance_pre(&self) -> &InstancePre<HostState> {
+        &self.inner.pre
+    }
+}
+
+/// The Wasm magic and the core-module binary version.
+const WASM_MAGIC: [u8; 4] = *b"\0asm";
+const CORE_MODULE_VERSION: u32 = 1;
+
+fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
+    if bytes.len() < 8 || bytes[..4] != WASM_MAGIC {
+        return Err(LoadError::NotWasm);
+    }
+    let version = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    if version != CORE_MODULE_VERSION {
+        return Err(LoadError::NotCoreModule { version });
+    }
+    Ok(())
+}
+
+fn check_imports(module: &Module) -> Result<(), LoadError> {
+    for import in module.imports() {
+        if import.module() != symbols::IMPORT_MODULE || import.name() != symbols::IMPORT_LOG {
+            return Err(LoadError::ForbiddenImport {
+                module: import.module().to_owned(),
+                name: import.name().to_owned(),
+            });
+        }
+        let ok = match import.ty() {
+            ExternType::Func(f) => {
+                f.params().len() == 3 && f.params().all(|p| p.is_i32()) && f.results().len() == 0
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(LoadError::WrongImportType {
+                expected: "func (i32, i32, i32)",
+                found: describe(&import.ty()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The signature each required function export must have: (name, params, results, text).
+const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
+    (symbols::ABI_VERSION, &[], &[Ty::I32], "func () -> i32"),
+    (symbols::ALLOC, &[Ty::I32], &[Ty::I32], "func (i32) -> i32"),
+    (
+        symbols::DEALLOC,
+        &[Ty::I32, Ty::I32],
+        &[],
+        "func (i32, i32)",
+    ),
+    (
+        symbols::ROUTE,
+        &[Ty::I32, Ty::I32, Ty::I32],
+        &[Ty::I32],
+        "func (i32, i32, i32) -> i32",
+    ),
+    (symbols::LAST_ERROR, &[], &[Ty::I64], "func () -> i64"),
+];
+
+#[derive(Clone, Copy)]
+enum Ty {
+    I32,
+    I64,
+}
+
+impl Ty {
+    fn matches(self, ty: &ValType) -> bool {
+        match self {
+            Ty::I32 => ty.is_i32(),
+            Ty::I64 => ty.is_i64(),
+        }
+    }
+}
+
+fn check_exports(module: &Module) -> Result<(), LoadError> {
+    for name in symbols::REQUIRED_EXPORTS {
+        if module.get_export(name).is_none() {
+            return Err(LoadError::MissingExport { name });
+        }
+    }
+    match module.get_export(symbols::MEMORY) {
+        Some(ExternType::Memory(m)) if !m.is_64() && !m.is_shared() => {}
+        Some(other) => {
+            return Err(LoadError::WrongExportType {
+                name: symbols::MEMORY,
+                expected: "memory (32-bit, not shared)",
+                found: describe(&other),
+            });
+        }
+        None => {
+            return Err(LoadError::MissingExport {
+                name: symbols::MEMORY,
+            });
+        }
+    }
+    for (name, params, results, expected) in FUNCTION_EXPORTS {
+        let Some(ty) = module.get_export(name) else {
+            return Err(LoadError::MissingExport { name });
+        };
+        let ok = match &ty {
+            ExternType::Func(f) => {
+                f.params().len() == params.len()
+                    && f.params().zip(params).all(|(p, want)| want.matches(&p))
+                    && f.results().len() == results.len()
+                    && f.results().zip(results).all(|(r, want)| want.matches(&r))
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(LoadError::WrongExportType {
+                name,
+                expected,
+                found: describe(&ty),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn describe(ty: &ExternType) -> String {
+    match ty {
+        ExternType::Func(f) => {
+            let params: Vec<String> = f.params().map(|p| p.to_string()).collect();
+            let results: Vec<String> = f.results().map(|r| r.to_string()).collect();
+            if results.is_empty() {
+                format!("func ({})", params.join(", "))
+            } else {
+                format!("func ({}) -> {}", params.join(", "), results.join(", "))
+            }
+        }
+        ExternType::Memory(m) => format!(
+            "memory ({}{})",
+            if m.is_64() { "64-bit" } else { "32-bit" },
+            if m.is_shared() { ", shared" } else { "" }
+        ),
+        ExternType::Table(_) => "table".to_owned(),
+        ExternType::Global(_) => "global".to_owned(),
+        ExternType::Tag(_) => "tag".to_owned(),
+    }
+}
+
+/// Finds and parses the one `narad.manifest` custom section.
+fn read_manifest(bytes: &[u8]) -> Result<Manifest, LoadError> {
+    let mut found: Vec<&[u8]> = Vec::new();
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        // The module compiled, so the parser cannot fail on it; if it does, say so.
+        let payload = payload.map_err(|e| LoadError::Compile {
+            message: e.to_string(),
+        })?;
+        if let wasmparser::Payload::CustomSection(section) = payload
+            && section.name() == MANIFEST_SECTION
+        {
+            found.push(section.data());
+        }
+    }
+    let json = match found.as_slice() {
+        [] => return Err(LoadError::ManifestMissing),
+        [one] => *one,
+        many => return Err(LoadError::ManifestDuplicate { count: many.len() }),
+    };
+    let manifest: Manifest =
+        serde_json::from_slice(json).map_err(|e| LoadError::ManifestInvalid {
+            message: e.to_string(),
+        })?;
+    manifest.validate().map_err(|error| {
+        use narad_abi::ManifestError as E;
+        match error {
+            E::NameLength { .. } | E::NameCharacter { .. } => LoadError::ManifestName {
+                name: manifest.name.clone(),
+            },
+            E::UnsupportedAbi { found } => LoadError::ManifestAbi {
+                found,
+                expected: ABI_VERSION,
+            },
+            other => LoadError::ManifestInvalid {
+                message: other.to_string(),
+            },
+        }
+    })?;
+    Ok(manifest)
+}

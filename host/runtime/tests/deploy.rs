@@ -1,0 +1,333 @@
+//! Deploy-time validation: every way a module can be wrong gets its own typed error.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use common::{Poison, Spec, manifest_json, runtime};
+use narad_runtime::{
+    CacheOutcome, Digest, ErrorCode, Failure, FuelBudget, Limits, LoadError, Plugin, Runtime,
+    RuntimeConfig, Violation,
+};
+
+fn load(spec: &Spec) -> Result<Plugin, LoadError> {
+    Plugin::load(&runtime(), &spec.wasm())
+}
+
+#[test]
+fn a_well_formed_plugin_loads_with_its_manifest_and_digest() {
+    let wasm = Spec::new("zero-or-one").wasm();
+    let plugin = Plugin::load(&runtime(), &wasm).unwrap();
+    assert_eq!(plugin.name(), "zero-or-one");
+    assert_eq!(plugin.manifest().version, "1.0.0");
+    assert_eq!(plugin.digest(), Digest::of(&wasm));
+    assert_eq!(
+        Digest::from_hex(&plugin.digest().to_hex()),
+        Some(plugin.digest())
+    );
+    assert_eq!(plugin.size_bytes(), wasm.len());
+}
+
+#[test]
+fn bytes_that_are_not_wasm_are_refused() {
+    let err = Plugin::load(&runtime(), b"{\"not\": \"wasm\"}").unwrap_err();
+    assert!(matches!(err, LoadError::NotWasm), "{err:?}");
+    let err = Plugin::load(&runtime(), b"").unwrap_err();
+    assert!(matches!(err, LoadError::NotWasm), "{err:?}");
+}
+
+#[test]
+fn a_component_is_not_a_core_module() {
+    let err = Plugin::load(&runtime(), b"\0asm\x0d\x00\x01\x00").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::NotCoreModule {
+                version: 0x0001_000d
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_module_that_does_not_validate_is_a_compile_error() {
+    let err = Plugin::load(&runtime(), b"\0asm\x01\x00\x00\x00\x01\xff\xff").unwrap_err();
+    assert!(matches!(err, LoadError::Compile { .. }), "{err:?}");
+}
+
+#[test]
+fn a_wasi_import_is_forbidden_by_name() {
+    let mut spec = Spec::new("wasi");
+    spec.imports = r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))"#;
+    match load(&spec).unwrap_err() {
+        LoadError::ForbiddenImport { module, name } => {
+            assert_eq!(module, "wasi_snapshot_preview1");
+            assert_eq!(name, "fd_write");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_clock_import_from_the_narad_module_is_forbidden_too() {
+    let mut spec = Spec::new("clock");
+    spec.imports = r#"(import "narad" "now" (func (result i64)))"#;
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::ForbiddenImport { .. }
+    ));
+}
+
+#[test]
+fn the_log_import_with_a_wrong_signature_is_refused() {
+    let mut spec = Spec::new("badlog");
+    spec.imports = r#"(import "narad" "log" (func (param i64)))"#;
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::WrongImportType { .. }
+    ));
+}
+
+#[test]
+fn a_missing_export_is_named() {
+    let mut spec = Spec::new("no-last-error");
+    spec.omit_export = Some("narad_last_error");
+    match load(&spec).unwrap_err() {
+        LoadError::MissingExport { name } => assert_eq!(name, "narad_last_error"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_export_with_the_wrong_signature_is_named() {
+    let mut spec = Spec::new("bad-alloc");
+    spec.omit_export = Some("narad_alloc");
+    spec.imports = "";
+    let wat = spec.wat().replace(
+        "(func $narad_dealloc (param i32 i32))",
+        "(func $narad_dealloc (param i32 i32)) (func (export \"narad_alloc\") (param i64) (result i32) (i32.const 0))",
+    );
+    let err = Plugin::load(&runtime(), &wat::parse_str(wat).unwrap()).unwrap_err();
+    match err {
+        LoadError::WrongExportType { name, .. } => assert_eq!(name, "narad_alloc"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_wrong_abi_version_is_refused() {
+    let mut spec = Spec::new("abi-two");
+    spec.abi_version = 2;
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::AbiVersion {
+            found: 2,
+            expected: 1
+        }
+    ));
+}
+
+#[test]
+fn a_missing_manifest_is_refused() {
+    let mut spec = Spec::new("anon");
+    spec.manifests.clear();
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::ManifestMissing
+    ));
+}
+
+#[test]
+fn two_manifests_are_refused() {
+    let mut spec = Spec::new("twice");
+    spec.manifests.push(manifest_json("twice", 1));
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::ManifestDuplicate { count: 2 }
+    ));
+}
+
+#[test]
+fn a_manifest_that_is_not_json_is_refused() {
+    let mut spec = Spec::new("garbled");
+    spec.manifests = vec!["{name: garbled".into()];
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::ManifestInvalid { .. }
+    ));
+}
+
+#[test]
+fn a_manifest_with_a_bad_name_is_refused() {
+    let mut spec = Spec::new("ok");
+    spec.manifests = vec![manifest_json("Not/A Name", 1)];
+    match load(&spec).unwrap_err() {
+        LoadError::ManifestName { name } => assert_eq!(name, "Not/A Name"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_manifest_for_another_abi_is_refused() {
+    let mut spec = Spec::new("future");
+    spec.manifests = vec![manifest_json("future", 2)];
+    assert!(matches!(
+        load(&spec).unwrap_err(),
+        LoadError::ManifestAbi {
+            found: 2,
+            expected: 1
+        }
+    ));
+}
+
+#[test]
+fn an_endless_loop_fails_the_test_slab_by_fuel() {
+    let err = load(&Spec::new("spin").poison(Poison::EndlessLoop).always()).unwrap_err();
+    assert!(
+        matches!(err, LoadError::TestSlab(Failure::FuelExhausted { .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_loop_with_unbounded_fuel_fails_the_test_slab_by_its_deadline() {
+    // Fuel large enough that only the wall clock can stop the loop.
+    let limits = Limits {
+        deadline: std::time::Duration::from_millis(20),
+        fuel: FuelBudget {
+            base: u64::MAX / 2,
+            ..FuelBudget::DEFAULT
+        },
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(RuntimeConfig::default().limits(limits)).unwrap();
+    let wasm = Spec::new("slow")
+        .poison(Poison::EndlessLoop)
+        .always()
+        .wasm();
+    let err = Plugin::load(&runtime, &wasm).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::TestSlab(Failure::Deadline { deadline_ms: 20 })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_memory_grow_bomb_fails_the_test_slab_at_the_memory_limit() {
+    let err = load(&Spec::new("bomb").poison(Poison::GrowBomb).always()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::TestSlab(Failure::MemoryLimit {
+                limit_bytes: 67_108_864
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_trap_fails_the_test_slab_with_its_trap_code() {
+    let err = load(&Spec::new("trap").poison(Poison::Trap).always()).unwrap_err();
+    match err {
+        LoadError::TestSlab(Failure::Trap { code, .. }) => {
+            assert_eq!(code.as_deref(), Some("UnreachableCodeReached"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_out_of_range_answer_fails_the_test_slab() {
+    let err = load(&Spec::new("range").poison(Poison::OutOfRange).always()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::TestSlab(Failure::OutOfRange {
+                value: 99,
+                record_offset: 0,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_return_value_that_is_not_a_code_is_a_protocol_violation() {
+    let err = load(&Spec::new("count").poison(Poison::ReturnCount).always()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::TestSlab(Failure::Protocol(Violation::ReturnCode(4)))
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn an_error_return_fails_the_test_slab_with_the_guest_message() {
+    let err = load(&Spec::new("refuse").poison(Poison::ErrorReturn).always()).unwrap_err();
+    match err {
+        LoadError::TestSlab(Failure::ErrorReturn { code, message }) => {
+            assert_eq!(code, ErrorCode::Plugin);
+            assert_eq!(message.as_deref(), Some("no route for this record"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_plugin_that_leaves_records_undecided_still_deploys() {
+    load(&Spec::new("skipper").undecided_by_default()).unwrap();
+}
+
+#[test]
+fn a_restart_loads_compiled_code_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = Spec::new("cached").wasm();
+    let first = Runtime::new(RuntimeConfig::with_cache_dir(dir.path())).unwrap();
+    let plugin = Plugin::load(&first, &wasm).unwrap();
+    assert_eq!(plugin.cache_outcome(), CacheOutcome::Compiled);
+    drop((plugin, first));
+    let second = Runtime::new(RuntimeConfig::with_cache_dir(dir.path())).unwrap();
+    let plugin = Plugin::load(&second, &wasm).unwrap();
+    assert_eq!(plugin.cache_outcome(), CacheOutcome::Hit);
+}
+
+#[test]
+fn a_corrupt_cache_file_is_recompiled_and_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = Spec::new("cached").wasm();
+    let runtime = Runtime::new(RuntimeConfig::with_cache_dir(dir.path())).unwrap();
+    Plugin::load(&runtime, &wasm).unwrap();
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with(&Digest::of(&wasm).to_hex()), "{name}");
+    // Flip a byte deep inside the compiled code.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0xFF;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let plugin = Plugin::load(&runtime, &wasm).unwrap();
+    assert_eq!(plugin.cache_outcome(), CacheOutcome::Compiled);
+    let again = Plugin::load(&runtime, &wasm).unwrap();
+    assert_eq!(again.cache_outcome(), CacheOutcome::Hit);
+}
+
+#[test]
+fn the_runtime_refuses_a_zero_deadline() {
+    let limits = Limits {
+        deadline: std::time::Duration::ZERO,
+        ..Limits::default()
+    };
+    assert!(Runtime::new(RuntimeConfig::default().limits(limits)).is_err());
+}
