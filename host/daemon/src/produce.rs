@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use narad_storage::{
-    AppendBatch, Appended, NewRecord, PartitionId, PartitionState, StorageError, Store,
+    AppendBatch, Appended, NewRecord, PartitionId, PartitionState, ReadOptions, StorageError, Store,
 };
 
 /// Errors from [`Producer::produce`] and [`Producer::commit`].
@@ -162,26 +162,13 @@ impl Producer {
             group.push(record.record);
         }
 
-        for &p in groups.keys() {
-            let id = PartitionId::new(topic, p);
-            match self.store.peek(&id) {
-                Ok(stats) => match stats.state {
-                    PartitionState::Quarantined { reason } => {
-                        return Err(ProduceError::Unavailable(StorageError::Quarantined {
-                            id,
-                            reason,
-                        }));
-                    }
-                    PartitionState::Failed { reason } => {
-                        return Err(ProduceError::Unavailable(StorageError::Failed {
-                            id,
-                            reason,
-                        }));
-                    }
-                    _ => {}
-                },
-                Err(e) => return Err(ProduceError::Unavailable(e)),
-            }
+        {
+            let store = Arc::clone(&self.store);
+            let targets: Vec<PartitionId> =
+                groups.keys().map(|&p| PartitionId::new(topic, p)).collect();
+            tokio::task::spawn_blocking(move || check_writable(&store, &targets))
+                .await
+                .map_err(|e| ProduceError::Task(e.to_string()))??;
         }
 
         let mut tasks = tokio::task::JoinSet::new();
@@ -234,6 +221,45 @@ impl Producer {
             })
             .collect())
     }
+}
+
+/// Fails with [`ProduceError::Unavailable`] when any target is quarantined or failed, so a
+/// request that cannot be written whole writes nothing. A closed log is opened first (by a
+/// one-record read), because recovery runs on open and is what finds damage.
+fn check_writable(store: &Store, targets: &[PartitionId]) -> Result<(), ProduceError> {
+    for id in targets {
+        let stats = store.peek(id).map_err(ProduceError::Unavailable)?;
+        match stats.state {
+            PartitionState::Quarantined { reason } => {
+                return Err(ProduceError::Unavailable(StorageError::Quarantined {
+                    id: id.clone(),
+                    reason,
+                }));
+            }
+            PartitionState::Failed { reason } => {
+                return Err(ProduceError::Unavailable(StorageError::Failed {
+                    id: id.clone(),
+                    reason,
+                }));
+            }
+            PartitionState::Closed => {
+                let probe = ReadOptions {
+                    offset: stats.log_start_offset,
+                    max_records: 1,
+                    max_bytes: 1,
+                    max_committed_at_ms: None,
+                };
+                match store.read(id, &probe) {
+                    Ok(_) => {}
+                    // Retention moved the start between peek and read: the log is open and fine.
+                    Err(StorageError::OffsetBelowLogStart { .. }) => {}
+                    Err(e) => return Err(ProduceError::Unavailable(e)),
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Kafka's default partitioner for a keyed record.

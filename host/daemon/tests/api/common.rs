@@ -1,0 +1,178 @@
+//! The test harness: a daemon in this process, and small JSON HTTP helpers.
+
+use std::path::{Path, PathBuf};
+
+use narad_host::shutdown::{self, ShutdownTrigger};
+use narad_host::{Config, RunningServer, run_server};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+pub struct Daemon {
+    pub url: String,
+    pub dir: PathBuf,
+    trigger: ShutdownTrigger,
+    server: Option<RunningServer>,
+    http: reqwest::Client,
+    _temp: Option<tempfile::TempDir>,
+}
+
+pub fn test_config(dir: &Path) -> Config {
+    let mut config = Config::new(dir);
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config
+}
+
+impl Daemon {
+    /// A daemon on a fresh temporary data dir, default limits.
+    pub async fn start() -> Daemon {
+        Daemon::start_with(|_| {}).await
+    }
+
+    /// A daemon on a fresh temporary data dir, config adjusted by `adjust`.
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Daemon {
+        let temp = tempfile::tempdir().unwrap();
+        let mut config = test_config(temp.path());
+        adjust(&mut config);
+        let mut d = Daemon::start_config(config).await.unwrap();
+        d._temp = Some(temp);
+        d
+    }
+
+    /// A daemon with exactly `config`.
+    pub async fn start_config(config: Config) -> Result<Daemon, narad_host::ServerError> {
+        let (trigger, signal) = shutdown::channel();
+        let dir = config.data_dir.clone();
+        let server = run_server(config, signal).await?;
+        Ok(Daemon {
+            url: format!("http://{}", server.local_addr()),
+            dir,
+            trigger,
+            server: Some(server),
+            http: reqwest::Client::new(),
+            _temp: None,
+        })
+    }
+
+    /// Shuts down gracefully and waits for the store to close; keeps the data dir.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        self.trigger.trigger();
+        self.server.take().unwrap().wait().await.unwrap();
+        self._temp.take()
+    }
+
+    /// Stops and starts again on the same data dir.
+    pub async fn restart(self) -> Daemon {
+        let dir = self.dir.clone();
+        let temp = self.stop().await;
+        let mut d = Daemon::start_config(test_config(&dir)).await.unwrap();
+        d._temp = temp;
+        d
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        let body: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {status} {text:?}"));
+        if !status.is_success() {
+            assert!(
+                body["error"].as_str().is_some_and(|m| !m.is_empty()),
+                "error answer without an error message: {body}"
+            );
+        }
+        (status, body)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.get(format!("{}{path}", self.url)))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.delete(format!("{}{path}", self.url)))
+            .await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.http.post(format!("{}{path}", self.url)).json(&body))
+            .await
+    }
+
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (StatusCode, Value) {
+        self.send(self.http.post(format!("{}{path}", self.url)).body(body))
+            .await
+    }
+
+    pub async fn create_topic(&self, name: &str, partitions: u32) {
+        let (status, body) = self
+            .post(
+                "/v1/topics",
+                json!({"name": name, "partitions": partitions}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    pub async fn produce(&self, topic: &str, records: Value) -> Vec<(u32, u64)> {
+        let (status, body) = self
+            .post(
+                &format!("/v1/topics/{topic}/records"),
+                json!({"records": records}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    o["partition"].as_u64().unwrap() as u32,
+                    o["offset"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Every record of a partition, from the log start.
+    pub async fn fetch_all(&self, topic: &str, partition: u32) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut offset = None;
+        loop {
+            let query = offset.map_or(String::new(), |o: u64| format!("?offset={o}"));
+            let (status, body) = self
+                .get(&format!(
+                    "/v1/topics/{topic}/partitions/{partition}/records{query}"
+                ))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            out.extend(body["records"].as_array().unwrap().iter().cloned());
+            let next = body["next_offset"].as_u64().unwrap();
+            offset = Some(next);
+            if next >= body["high_watermark"].as_u64().unwrap() {
+                return out;
+            }
+        }
+    }
+
+    /// High watermark of each partition, by fetching (which opens the log, so it is exact).
+    pub async fn high_watermarks(&self, topic: &str) -> Vec<u64> {
+        let (status, body) = self.get(&format!("/v1/topics/{topic}")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let n = body["partitions"].as_u64().unwrap() as u32;
+        let mut out = Vec::new();
+        for p in 0..n {
+            let (status, body) = self
+                .get(&format!("/v1/topics/{topic}/partitions/{p}/records?max=1"))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            out.push(body["high_watermark"].as_u64().unwrap());
+        }
+        out
+    }
+}

@@ -1,0 +1,10 @@
+//! In-process API tests: each test starts the daemon on 127.0.0.1:0 over a temporary data dir
+//! and talks real HTTP to it.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod cli;
+mod common;
+mod fetch;
+mod produce;
+mod startup;
+mod topics;

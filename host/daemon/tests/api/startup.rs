@@ -1,0 +1,132 @@
+//! Start-up, shutdown and damaged data dirs.
+
+use std::fs;
+
+use narad_host::ServerError;
+use narad_host::metastore::MetastoreError;
+use narad_storage::StorageError;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::common::{Daemon, test_config};
+
+#[tokio::test]
+async fn corrupt_metastore_stops_start_up_with_an_error_naming_the_file() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 1).await;
+    d.create_topic("audit", 1).await;
+    let temp = d.stop().await.unwrap();
+    let path = temp.path().join("metastore.json");
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    fs::write(&path, &bytes).unwrap();
+
+    let err = Daemon::start_config(test_config(temp.path()))
+        .await
+        .err()
+        .unwrap();
+    let message = err.to_string();
+    assert!(
+        matches!(err, ServerError::Metastore(MetastoreError::Corrupt { .. })),
+        "{err:?}"
+    );
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(message.contains("metastore.json.prev"), "{message}");
+
+    // The advice works: restore the backup and start.
+    fs::copy(temp.path().join("metastore.json.prev"), &path).unwrap();
+    let d = Daemon::start_config(test_config(temp.path()))
+        .await
+        .unwrap();
+    assert_eq!(d.get("/v1/topics/orders").await.0, StatusCode::OK);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_data_dir_is_refused() {
+    let d = Daemon::start().await;
+    let err = Daemon::start_config(test_config(&d.dir))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, ServerError::Store(StorageError::DataDirLocked { .. })),
+        "{err:?}"
+    );
+    // The first one is unaffected.
+    assert_eq!(d.get("/healthz").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn topic_directories_unknown_to_the_metastore_are_removed_at_start_up() {
+    let d = Daemon::start().await;
+    let temp = d.stop().await.unwrap();
+    // What a crash between "create directories" and "record in the metastore" leaves behind.
+    fs::create_dir_all(temp.path().join("topics/ghost/p00000")).unwrap();
+    let d = Daemon::start_config(test_config(temp.path()))
+        .await
+        .unwrap();
+    assert!(!temp.path().join("topics/ghost").exists());
+    assert_eq!(d.get("/v1/topics/ghost").await.0, StatusCode::NOT_FOUND);
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_quarantined_partition_answers_503_and_the_others_keep_serving() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 2).await;
+    let records: Vec<_> = (0..20)
+        .map(|i| json!({"value": format!("record number {i}"), "partition": 0}))
+        .collect();
+    d.produce("orders", serde_json::Value::Array(records)).await;
+    d.produce("orders", json!([{"value": "fine", "partition": 1}]))
+        .await;
+    let temp = d.stop().await.unwrap();
+
+    // Damage a byte below the durable boundary of partition 0.
+    let dir = temp.path().join("topics/orders/p00000");
+    let segment = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .unwrap();
+    let mut bytes = fs::read(&segment).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    fs::write(&segment, &bytes).unwrap();
+
+    let d = Daemon::start_config(test_config(temp.path()))
+        .await
+        .unwrap();
+    // Partition 0 is still closed: produce must open it (finding the damage) before writing
+    // anything, so the healthy partition's share of the request is not written either.
+    let (status, body) = d
+        .post(
+            "/v1/topics/orders/records",
+            json!({"records": [{"value": "x", "partition": 1}, {"value": "y", "partition": 0}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("quarantined"),
+        "{body}"
+    );
+    assert!(body["reason"].is_string());
+    assert_eq!(d.fetch_all("orders", 1).await.len(), 1);
+
+    let (status, body) = d.get("/v1/topics/orders/partitions/0/records").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("quarantined"),
+        "{body}"
+    );
+
+    let (_, desc) = d.get("/v1/topics/orders").await;
+    assert_eq!(desc["partition_stats"][0]["state"], "quarantined");
+    assert!(desc["partition_stats"][0]["reason"].is_string());
+    assert_eq!(desc["partition_stats"][1]["state"], "open");
+    d.produce("orders", json!([{"value": "still", "partition": 1}]))
+        .await;
+    d.stop().await;
+}
