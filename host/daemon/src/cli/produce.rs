@@ -94,7 +94,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             .map(|(p, n)| format!("p{p}={n}"))
             .collect();
         println!(
-            "produced {} records to {} in {} requests ({})",
+            "produced {} records to {} in {} request(s) ({})",
             summary.records,
             args.topic,
             summary.requests,
