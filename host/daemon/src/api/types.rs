@@ -104,13 +104,42 @@ pub struct HeaderJson {
 
 /// Headers of a produced record: an object of text values, or a list (which keeps order,
 /// allows repeated names and base64 values).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum HeadersJson {
     /// `{"name": "value", ...}`; stored sorted by name.
     Map(BTreeMap<String, String>),
     /// `[{"name": ..., "value": ... | "value_b64": ...}, ...]`.
     List(Vec<HeaderJson>),
+}
+
+impl<'de> Deserialize<'de> for HeadersJson {
+    /// Accepts either form, with errors that say which form was meant and what is wrong
+    /// (serde's untagged enums only say that nothing matched).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        match serde_json::Value::deserialize(deserializer)? {
+            serde_json::Value::Object(map) => map
+                .into_iter()
+                .map(|(name, value)| match value {
+                    serde_json::Value::String(text) => Ok((name, text)),
+                    other => Err(D::Error::custom(format!(
+                        "header {name:?} has value {other}: the object form of \"headers\" takes \
+                         text values; use the list form [{{\"name\": ..., \"value_b64\": ...}}] \
+                         for binary values"
+                    ))),
+                })
+                .collect::<Result<_, _>>()
+                .map(HeadersJson::Map),
+            list @ serde_json::Value::Array(_) => serde_json::from_value(list)
+                .map(HeadersJson::List)
+                .map_err(|e| D::Error::custom(format!("in the list form of \"headers\": {e}"))),
+            other => Err(D::Error::custom(format!(
+                "\"headers\" is {other}: use an object {{\"name\": \"value\"}} or a list \
+                 [{{\"name\": ..., \"value\" | \"value_b64\": ...}}]"
+            ))),
+        }
+    }
 }
 
 /// One record of a produce request.

@@ -75,9 +75,12 @@ pub struct FileMetastore {
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
-    /// The committed state. Held across a whole write (including the fsyncs) so writes apply
-    /// one at a time and readers never see a state that is not yet durable.
+    /// The committed state; locked only briefly (to read, or to swap in a durable new state),
+    /// so readers on async threads never wait for an fsync.
     state: Mutex<State>,
+    /// Held across a whole write (compute, persist, swap) so writes apply one at a time and
+    /// readers never see a state that is not yet durable.
+    writer: Mutex<()>,
 }
 
 impl FileMetastore {
@@ -137,6 +140,7 @@ impl FileMetastore {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 state: Mutex::new(state),
+                writer: Mutex::new(()),
             }),
         })
     }
@@ -179,14 +183,17 @@ impl Inner {
         &self,
         change: impl FnOnce(&mut State) -> Result<(T, Option<Domain>)>,
     ) -> Result<T> {
-        let mut current = self.lock();
-        let mut next = current.clone();
+        let _writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let mut next = self.lock().clone();
         let (answer, changed) = change(&mut next)?;
         if let Some(domain) = changed {
             next.versions.bump(domain);
             next.format = FORMAT_VERSION;
             self.persist(&next)?;
-            *current = next;
+            *self.lock() = next;
         }
         Ok(answer)
     }
@@ -320,8 +327,8 @@ impl Metastore for FileMetastore {
     }
 
     fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
-        // One node, one writer: the in-memory state is updated under the same lock that orders
-        // writes, after they are durable, so it already reflects every acknowledged write.
+        // One node, one writer: the in-memory state is swapped in, after the write is durable
+        // and before the write returns, so it already reflects every acknowledged write.
         self.snapshot()
     }
 
