@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use narad_storage::fs::{File, FileSystem, OpenMode, RealFs};
+use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::hwm;
 use narad_storage::log::segment::{self, Scan, Scanner};
 use narad_storage::{ManualClock, PartitionState, StorageError, StoredRecord};
