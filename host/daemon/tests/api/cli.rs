@@ -167,3 +167,74 @@ async fn demo_checks_its_records_and_prints_a_verdict() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with("demo OK: 200 records"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_prefers_env_over_config_file_and_stops_cleanly_on_sigterm() {
+    use std::io::BufRead as _;
+
+    let temp = tempfile::tempdir().unwrap();
+    let from_env = temp.path().join("from-env");
+    let from_file = temp.path().join("from-file");
+    let config = temp.path().join("narad.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data-dir = {:?}\nlisten = \"127.0.0.1:0\"\n",
+            from_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("NARAD_DATA_DIR", &from_env)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut child = KillOnDrop(Some(child));
+    let url = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "narad exited before listening"
+            );
+            if let Some(url) = line.trim().strip_prefix("narad listening on ") {
+                return url.to_owned();
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    let out = run(&url, &["topic", "create", "orders"], None).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(from_env.join("metastore.json").exists());
+    assert!(!from_file.exists());
+
+    let mut child = child.0.take().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
+/// Kills the daemon if a test fails before stopping it, so no server outlives its test.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

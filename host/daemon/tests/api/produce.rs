@@ -271,3 +271,42 @@ async fn malformed_empty_or_oversized_requests_are_rejected_and_write_nothing() 
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_producers_each_get_every_record_once_in_key_order() {
+    let d = std::sync::Arc::new(Daemon::start().await);
+    d.create_topic("orders", 3).await;
+    let mut tasks = Vec::new();
+    for task in 0..4 {
+        let d = std::sync::Arc::clone(&d);
+        tasks.push(tokio::spawn(async move {
+            for batch in 0..25 {
+                let records: Vec<Value> = (0..10)
+                    .map(|i| json!({"key": format!("producer-{task}"), "value": format!("{}", batch * 10 + i)}))
+                    .collect();
+                d.produce("orders", Value::Array(records)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut seen = std::collections::HashMap::<String, Vec<u64>>::new();
+    for p in 0..3 {
+        let records = d.fetch_all("orders", p).await;
+        for (i, r) in records.iter().enumerate() {
+            assert_eq!(r["offset"], i, "offsets are contiguous");
+            seen.entry(r["key"].as_str().unwrap().to_owned())
+                .or_default()
+                .push(r["value"].as_str().unwrap().parse().unwrap());
+        }
+    }
+    assert_eq!(seen.len(), 4);
+    for (key, values) in seen {
+        assert_eq!(
+            values,
+            (0..250).collect::<Vec<u64>>(),
+            "{key}: every record once, in order"
+        );
+    }
+}
