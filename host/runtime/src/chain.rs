@@ -42,6 +42,8 @@ pub struct PluginStats {
     pub log_lines_emitted: u64,
     /// `narad.log` lines dropped by the rate limit.
     pub log_lines_dropped: u64,
+    /// Fuel spent by successful calls (a deterministic measure of the plugin's work).
+    pub fuel_consumed: u64,
     failures: [u64; FailureKind::ALL.len()],
 }
 
@@ -143,6 +145,7 @@ impl Chain {
                     instantiations: counters.instantiations,
                     log_lines_emitted: counters.log_lines_emitted,
                     log_lines_dropped: counters.log_lines_dropped,
+                    fuel_consumed: counters.fuel_consumed,
                     failures: m.failures,
                 }
             })

@@ -47,6 +47,8 @@ pub struct InstanceCounters {
     pub log_lines_emitted: u64,
     /// `narad.log` lines dropped by the rate limit (or with a bad pointer).
     pub log_lines_dropped: u64,
+    /// Fuel spent by successful `narad_route` calls (deterministic: a function of the slabs).
+    pub fuel_consumed: u64,
 }
 
 /// A live instance and its exports.
@@ -143,9 +145,12 @@ impl Instance {
             .fuel
             .for_slab(records, input_len);
         let result = self.with_live(budget, |live| {
-            route_live(live, budget, input_len, fill, out)
+            route_live(live, budget, input_len, fill, out)?;
+            Ok(budget.saturating_sub(live.store.get_fuel().unwrap_or(budget)))
         });
-        self.discard_on_err(result)
+        let spent = self.discard_on_err(result)?;
+        self.counters.fuel_consumed += spent;
+        Ok(())
     }
 
     /// Routes one slab whose encoded input is `input` (see [`Instance::route_with`]).
@@ -194,13 +199,15 @@ impl Instance {
         fuel: u64,
         f: impl FnOnce(&mut Live) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
-        if self.live.is_none() {
-            self.live = Some(self.instantiate()?);
-            self.counters.instantiations += 1;
-        }
-        let Some(live) = self.live.as_mut() else {
-            unreachable!("instantiated just above")
+        let live = match self.live.take() {
+            Some(live) => live,
+            None => {
+                let live = self.instantiate()?;
+                self.counters.instantiations += 1;
+                live
+            }
         };
+        let live = self.live.insert(live);
         arm(
             &mut live.store,
             fuel,
@@ -299,11 +306,19 @@ fn route_live(
         .ok_or_else(|| host_error("slab over 4 GiB"))?;
     let ptr = ensure_buffer(live, budget, needed)?;
     let out_ptr = ptr + aligned_input;
+    let input_range = ptr as usize..(ptr + input_len_u32) as usize;
+    let output_range = out_ptr as usize..(out_ptr + output_len) as usize;
     {
+        // In bounds: `ensure_buffer` checked the buffer against the memory size, and linear
+        // memory never shrinks.
         let data = live.memory.data_mut(&mut live.store);
-        let input = &mut data[ptr as usize..(ptr + input_len_u32) as usize];
-        fill(input)?;
-        data[out_ptr as usize..(out_ptr + output_len) as usize].fill(0xFF);
+        fill(
+            data.get_mut(input_range)
+                .ok_or_else(|| host_error("slab buffer outside guest memory"))?,
+        )?;
+        data.get_mut(output_range.clone())
+            .ok_or_else(|| host_error("slab buffer outside guest memory"))?
+            .fill(0xFF);
     }
     let rc = live
         .route
@@ -314,8 +329,11 @@ fn route_live(
         .map_err(|e| classify(&e, budget, live))?;
     match rc {
         ROUTE_OK => {
-            let data = live.memory.data(&live.store);
-            let slots = &data[out_ptr as usize..(out_ptr + output_len) as usize];
+            let slots = live
+                .memory
+                .data(&live.store)
+                .get(output_range)
+                .ok_or_else(|| host_error("slab buffer outside guest memory"))?;
             for (slot, bytes) in out.iter_mut().zip(slots.chunks_exact(4)) {
                 *slot = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             }

@@ -25,6 +25,8 @@ pub enum Poison {
     Skip,
     /// Calls `narad.log` 1,000 times, then decides the record.
     LogFlood,
+    /// Decides the record to partition 0.
+    PinZero,
 }
 
 /// A generated plugin.
@@ -44,6 +46,9 @@ pub struct Spec {
     pub manifests: Vec<String>,
     /// Decide every non-poison record (else leave them undecided).
     pub decides: bool,
+    /// A WAT condition replacing "the key starts with X" (locals: `$b` first key byte or -1,
+    /// `$e` the record's table entry address, `$i` its index).
+    pub condition: Option<&'static str>,
 }
 
 impl Spec {
@@ -57,7 +62,13 @@ impl Spec {
             omit_export: None,
             manifests: vec![manifest_json(name, 1)],
             decides: true,
+            condition: None,
         }
+    }
+
+    pub fn when(mut self, condition: &'static str) -> Self {
+        self.condition = Some(condition);
+        self
     }
 
     pub fn poison(mut self, poison: Poison) -> Self {
@@ -90,6 +101,7 @@ impl Spec {
             }
             Poison::ReturnCount => "(return (local.get $n))",
             Poison::ErrorReturn => "(return (i32.const -1))",
+            Poison::PinZero => "(i32.store (local.get $slot) (i32.const 0))",
             Poison::Skip => "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next)",
             Poison::LogFlood => {
                 "(local.set $k (i32.const 0))
@@ -102,6 +114,8 @@ impl Spec {
         };
         let condition = if self.always {
             "(i32.const 1)".to_owned()
+        } else if let Some(condition) = self.condition {
+            condition.to_owned()
         } else {
             "(i32.eq (local.get $b) (i32.const 88))".to_owned()
         };

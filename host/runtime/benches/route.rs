@@ -1,0 +1,208 @@
+//! Routing cost per record: the default chain in Wasm against the same three strategies
+//! written natively in Rust, on slabs of 4,096 records with 16-byte keys (all keyed, and 10 %
+//! keyless), in the same run; plus the parts of the Wasm path (encode, copy in, call, copy
+//! out, bucketing) so the difference can be attributed.
+//!
+//! Criterion reports time per slab; with `Throughput::Elements(4096)` it also prints
+//! elements per second. ns/record = time per slab / 4,096.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use narad_abi::{Needs, RecordInput, RouteContext, SlabEncoder, UNDECIDED, partition_for_key};
+use narad_runtime::{Chain, Instance, Plugin, Runtime, RuntimeConfig, bucket};
+
+const SLAB_RECORDS: usize = 4096;
+const KEY_BYTES: usize = 16;
+const PARENT_PARTITIONS: u32 = 8;
+const CHILD_PARTITIONS: u32 = 16;
+
+struct Workload {
+    name: &'static str,
+    keys: Vec<Option<[u8; KEY_BYTES]>>,
+}
+
+impl Workload {
+    /// `keyless_every`: every n-th record has no key (0 = all keyed).
+    fn new(name: &'static str, keyless_every: usize) -> Self {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let keys = (0..SLAB_RECORDS)
+            .map(|i| {
+                if keyless_every != 0 && i % keyless_every == 0 {
+                    return None;
+                }
+                let mut key = [0u8; KEY_BYTES];
+                for chunk in key.chunks_mut(8) {
+                    // xorshift64: deterministic, well-spread keys.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    chunk.copy_from_slice(&state.to_le_bytes());
+                }
+                Some(key)
+            })
+            .collect();
+        Workload { name, keys }
+    }
+
+    fn records(&self) -> Vec<RecordInput<'_>> {
+        self.keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| RecordInput {
+                parent_offset: 1_000_000 + i as u64,
+                committed_at_ms: 1_700_000_000_000 + i as i64,
+                key: k.as_ref().map(|k| k.as_slice()),
+                headers: &[],
+                value: b"",
+            })
+            .collect()
+    }
+}
+
+fn context() -> RouteContext {
+    RouteContext {
+        parent_topic: "orders".into(),
+        parent_partition: 3,
+        parent_partition_count: PARENT_PARTITIONS,
+        child_topic: "analytics".into(),
+        child_partition_count: CHILD_PARTITIONS,
+        attempt: 0,
+        config: Vec::new(),
+    }
+}
+
+/// The default chain's three strategies, natively: key hash, keep the parent index when the
+/// counts match, round-robin (per chain, continuing across slabs) otherwise.
+struct NativeChain {
+    next: u32,
+}
+
+impl NativeChain {
+    fn route(&mut self, ctx: &RouteContext, records: &[RecordInput<'_>], out: &mut [u32]) {
+        let n = ctx.child_partition_count;
+        for (slot, r) in out.iter_mut().zip(records) {
+            *slot = match r.key {
+                Some(key) => partition_for_key(key, n).unwrap_or(UNDECIDED),
+                None if ctx.parent_partition_count == n => ctx.parent_partition,
+                None => {
+                    let p = self.next % n;
+                    self.next = self.next.wrapping_add(1);
+                    p
+                }
+            };
+        }
+    }
+}
+
+fn default_chain(runtime: &Runtime) -> Chain {
+    let plugins = [
+        narad_builtin_plugins::KEY_HASH,
+        narad_builtin_plugins::KEYLESS_INDEX,
+        narad_builtin_plugins::ROUND_ROBIN,
+    ]
+    .iter()
+    .map(|wasm| Plugin::load(runtime, wasm).unwrap())
+    .collect::<Vec<_>>();
+    Chain::new(plugins).unwrap()
+}
+
+fn bench_chains(c: &mut Criterion) {
+    let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+    let ctx = context();
+    let mut group = c.benchmark_group("route");
+    group.throughput(Throughput::Elements(SLAB_RECORDS as u64));
+    for workload in [
+        Workload::new("all_keyed", 0),
+        Workload::new("keyless_10pct", 10),
+    ] {
+        let records = workload.records();
+        let mut chain = default_chain(&runtime);
+        let mut native = NativeChain { next: 0 };
+        // Both paths must agree before their speed means anything (round-robin aside, which
+        // continues across slabs and so differs per call).
+        let wasm_decisions = chain.route(&ctx, &records).unwrap();
+        let mut native_decisions = vec![0u32; records.len()];
+        native.route(&ctx, &records, &mut native_decisions);
+        for (i, r) in records.iter().enumerate() {
+            if r.key.is_some() {
+                assert_eq!(wasm_decisions[i], native_decisions[i], "record {i}");
+            }
+        }
+        let mut out = vec![0u32; records.len()];
+        group.bench_function(BenchmarkId::new("wasm_default_chain", workload.name), |b| {
+            b.iter(|| {
+                chain
+                    .route_into(&ctx, black_box(&records), &mut out)
+                    .unwrap()
+            })
+        });
+        group.bench_function(
+            BenchmarkId::new("native_default_chain", workload.name),
+            |b| b.iter(|| native.route(&ctx, black_box(&records), &mut out)),
+        );
+    }
+    group.finish();
+}
+
+/// The parts of the Wasm path, on the all-keyed workload through `key-hash` alone.
+fn bench_breakdown(c: &mut Criterion) {
+    let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+    let ctx = context();
+    let workload = Workload::new("all_keyed", 0);
+    let records = workload.records();
+    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEYS).unwrap();
+    let layout = encoder.layout(records.iter()).unwrap();
+    let mut input = vec![0u8; layout.total_len()];
+    encoder.write(&layout, records.iter(), &mut input).unwrap();
+    let key_hash = Plugin::load(&runtime, narad_builtin_plugins::KEY_HASH).unwrap();
+    let mut instance = Instance::new(key_hash);
+    let mut out = vec![UNDECIDED; records.len()];
+    instance.route(&input, &mut out).unwrap();
+    let decisions = out.clone();
+
+    let mut group = c.benchmark_group("breakdown");
+    group.throughput(Throughput::Elements(SLAB_RECORDS as u64));
+    // Encoding the input (in production this writes straight into guest memory).
+    group.bench_function("encode_input", |b| {
+        b.iter(|| {
+            let layout = encoder.layout(black_box(&records).iter()).unwrap();
+            encoder.write(&layout, records.iter(), &mut input).unwrap()
+        })
+    });
+    // The memcpy of an encoded slab, which `Instance::route` adds over the production path.
+    let mut guest_like = vec![0u8; input.len()];
+    group.bench_function("copy_in_memcpy", |b| {
+        b.iter(|| guest_like.copy_from_slice(black_box(&input)))
+    });
+    // One key-hash call: memcpy in, pre-fill, the guest's decode + hash, copy out.
+    group.bench_function("key_hash_call", |b| {
+        b.iter(|| instance.route(black_box(&input), &mut out).unwrap())
+    });
+    // The guest's work natively: murmur2 and modulo per key.
+    group.bench_function("native_hash", |b| {
+        b.iter(|| {
+            for (slot, r) in out.iter_mut().zip(black_box(&records)) {
+                *slot = partition_for_key(r.key.unwrap_or_default(), CHILD_PARTITIONS)
+                    .unwrap_or(UNDECIDED);
+            }
+        })
+    });
+    // Copying 4,096 little-endian u32 decisions out of guest memory.
+    let out_bytes: Vec<u8> = decisions.iter().flat_map(|d| d.to_le_bytes()).collect();
+    group.bench_function("copy_out", |b| {
+        b.iter(|| {
+            for (slot, bytes) in out.iter_mut().zip(black_box(&out_bytes).chunks_exact(4)) {
+                *slot = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            }
+        })
+    });
+    group.bench_function("bucketing", |b| {
+        b.iter(|| bucket(black_box(&decisions), CHILD_PARTITIONS).unwrap())
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_chains, bench_breakdown);
+criterion_main!(benches);
