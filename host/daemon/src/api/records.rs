@@ -36,8 +36,17 @@ pub async fn produce(
     ApiJson(req): ApiJson<ProduceRequest>,
 ) -> Result<Json<ProduceResponse>, ApiError> {
     let topic = require_topic(&state, &topic_name).await?;
-    let records = decode_batch(req, topic.partitions, &topic.name, &state.limits)?;
-    for p in records.iter().filter_map(|r| r.partition) {
+    let mut records = decode_batch(req, topic.partitions, &topic.name, &state.limits)?;
+    // Place every record now so ownership is checked for each target partition.
+    let placement = state
+        .producer
+        .place(&topic.name, topic.partitions, &records);
+    let mut targets = std::collections::BTreeSet::new();
+    for (record, p) in records.iter_mut().zip(placement) {
+        record.partition = Some(p);
+        targets.insert(p);
+    }
+    for p in targets {
         let id = PartitionId::new(topic.name.clone(), p);
         if !state.ownership.is_local(&id) {
             return Err(not_owned(&state, &id));
