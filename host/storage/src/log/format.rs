@@ -40,7 +40,8 @@ const ATTR_KEY: u8 = 1;
 /// Byte position where the checksummed region starts (just after the CRC field).
 const CRC_START: usize = 14;
 
-/// The fixed part of a frame.
+/// The fixed part of a frame, as persisted at the byte positions of the module table (do not
+/// reorder the encoded fields).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     /// Whole frame length in bytes.
@@ -552,6 +553,20 @@ mod tests {
         assert_eq!(u16_at(&buf, 34), 0);
         // attributes (key present), key len 1, "k", 0 headers, value len 1, "v"
         assert_eq!(&buf[36..], &[1, 1, b'k', 0, 1, b'v']);
+    }
+
+    #[test]
+    fn the_example_frame_in_the_storage_docs_is_what_we_write() {
+        let mut buf = Vec::new();
+        encode_batch(&[rec(Some(b"k"), b"v", &[("h", b"x")])], None, &mut buf).unwrap();
+        seal(&mut buf, 7, 1_767_225_600_000);
+        let expected: Vec<u8> = "4e 52 44 42 01 00 2e 00 00 00 d4 4b 17 6c 07 00 \
+                                 00 00 00 00 00 00 01 00 00 00 00 a8 da 76 9b 01 \
+                                 00 00 00 00 01 01 6b 01 01 68 01 78 01 76"
+            .split_whitespace()
+            .map(|h| u8::from_str_radix(h, 16).unwrap())
+            .collect();
+        assert_eq!(buf, expected);
     }
 
     proptest! {

@@ -29,7 +29,8 @@ const MAGIC: [u8; 4] = *b"NRDH";
 const VERSION: u16 = 1;
 const FLAG_CLEAN: u16 = 1;
 
-/// The contents of the high-watermark file.
+/// The contents of the high-watermark file (persisted by `encode`; do not reorder the
+/// encoded fields, see the module table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HwmRecord {
     /// Base offset of the segment holding the boundary.
