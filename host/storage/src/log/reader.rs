@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::fs::File;
 use crate::log::format;
-use crate::log::segment::{Scan, Scanner};
+use crate::log::segment::{READ_CHUNK_BYTES, Scan, Scanner};
 use crate::log::{Log, LogError, read};
 use crate::record::{NotDue, ReadOptions, ReadResult};
 
@@ -64,7 +64,8 @@ impl Log {
                     seg_next: s.next_offset,
                 }
             };
-            let mut scanner = Scanner::new(pos.file.as_ref(), pos.start, pos.end);
+            let mut scanner =
+                Scanner::with_chunk(pos.file.as_ref(), pos.start, pos.end, READ_CHUNK_BYTES);
             loop {
                 let step = scanner
                     .next_frame()

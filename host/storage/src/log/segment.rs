@@ -17,8 +17,12 @@ pub const SEGMENT_NAME_DIGITS: usize = 20;
 /// a read scans at most about this much before reaching its offset. 4 KiB, the granularity
 /// Kafka's offset index uses by default.
 pub const INDEX_INTERVAL_BYTES: u64 = 4096;
-/// Size of each read the scanner issues: 1 MiB amortises syscalls for small frames.
-const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+/// Size of each read a recovery scan issues: 1 MiB amortises syscalls over many small frames
+/// when a whole segment is read.
+pub const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+/// Size of each read a record read issues: 64 KiB, so a read of a few records near the index
+/// entry does not pull in a megabyte it will not use (a larger frame is read whole).
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// The file name of the segment starting at `base`.
 pub fn segment_name(base: u64) -> String {
@@ -133,17 +137,24 @@ pub struct Scanner<'a> {
     end: u64,
     buf: Bytes,
     buf_pos: u64,
+    chunk: usize,
 }
 
 impl<'a> Scanner<'a> {
-    /// A scanner over `[pos, end)` of `file`.
+    /// A scanner over `[pos, end)` of `file`, reading [`SCAN_CHUNK_BYTES`] at a time.
     pub fn new(file: &'a dyn File, pos: u64, end: u64) -> Self {
+        Self::with_chunk(file, pos, end, SCAN_CHUNK_BYTES)
+    }
+
+    /// A scanner over `[pos, end)` of `file`, reading at least `chunk` bytes at a time.
+    pub fn with_chunk(file: &'a dyn File, pos: u64, end: u64, chunk: usize) -> Self {
         Scanner {
             file,
             pos,
             end,
             buf: Bytes::new(),
             buf_pos: pos,
+            chunk,
         }
     }
 
@@ -161,9 +172,7 @@ impl<'a> Scanner<'a> {
         if self.pos + need as u64 > self.end {
             return Ok(false);
         }
-        let want = need
-            .max(SCAN_CHUNK_BYTES)
-            .min((self.end - self.pos) as usize);
+        let want = need.max(self.chunk).min((self.end - self.pos) as usize);
         let mut b = BytesMut::zeroed(want);
         self.file.read_exact_at(&mut b, self.pos)?;
         self.buf = b.freeze();
