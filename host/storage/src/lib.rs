@@ -12,6 +12,8 @@
 //! - [`mod@log`]: one partition's log: `format` (the batch frame), `hwm` (the high-watermark
 //!   file), `segment` (names, scanner, sparse index), and the recovery, writer, reader and
 //!   retention paths.
+//! - [`cursor`]: fan-out cursor offset files (`fanout-{child}.offset`): the fixed 256-byte
+//!   CRC-32C record, advanced in place, replaced atomically when it must be.
 //! - [`fs`]: the file-system seam ([`fs::FileSystem`], [`fs::File`], [`fs::RealFs`]).
 //! - [`fault`]: [`fault::FaultFs`], an in-memory file system that injects I/O errors and
 //!   simulates power loss, for this crate's tests and the daemon's.
@@ -24,6 +26,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod clock;
+pub mod cursor;
 pub mod error;
 pub mod fault;
 pub mod fs;

@@ -113,7 +113,10 @@ pub fn encode(record: &CursorRecord) -> Result<(Vec<u8>, RecordLayout), EncodeEr
 /// Decodes the bytes of a cursor file.
 pub fn decode(bytes: &[u8]) -> Decoded {
     if bytes.len() > MAX_CURSOR_FILE_BYTES {
-        return Decoded::Invalid(format!("{} bytes is too long for a cursor record", bytes.len()));
+        return Decoded::Invalid(format!(
+            "{} bytes is too long for a cursor record",
+            bytes.len()
+        ));
     }
     if bytes.starts_with(b"{\"crc\":\"") {
         decode_with_crc(bytes)
@@ -128,7 +131,10 @@ fn decode_with_crc(bytes: &[u8]) -> Decoded {
     }
     let stated = match std::str::from_utf8(&bytes[8..16])
         .ok()
-        .filter(|hex| hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .filter(|hex| {
+            hex.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
         .and_then(|hex| u32::from_str_radix(hex, 16).ok())
     {
         Some(crc) if bytes[16] == b'"' => crc,
@@ -225,7 +231,10 @@ mod tests {
     fn decode_reads_back_what_encode_wrote() {
         let original = record("0011223344556677", u64::MAX);
         let (bytes, _) = encode(&original).unwrap();
-        assert_eq!(decode(&bytes), Decoded::Valid(original, RecordLayout::Fixed));
+        assert_eq!(
+            decode(&bytes),
+            Decoded::Valid(original, RecordLayout::Fixed)
+        );
     }
 
     #[test]
@@ -252,7 +261,10 @@ mod tests {
         let (bytes, layout) = encode(&record(&epoch, 1)).unwrap();
         assert_eq!(layout, RecordLayout::Long);
         assert!(bytes.len() > 256);
-        assert_eq!(decode(&bytes), Decoded::Valid(record(&epoch, 1), RecordLayout::Long));
+        assert_eq!(
+            decode(&bytes),
+            Decoded::Valid(record(&epoch, 1), RecordLayout::Long)
+        );
     }
 
     #[test]
@@ -268,7 +280,10 @@ mod tests {
     fn garbage_and_empty_files_are_invalid() {
         assert!(matches!(decode(b""), Decoded::Invalid(_)));
         assert!(matches!(decode(b"\0\0\0\0"), Decoded::Invalid(_)));
-        assert!(matches!(decode(b"{\"crc\":\"zzzzzzzz\""), Decoded::Invalid(_)));
+        assert!(matches!(
+            decode(b"{\"crc\":\"zzzzzzzz\""),
+            Decoded::Invalid(_)
+        ));
     }
 
     #[test]

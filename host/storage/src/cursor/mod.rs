@@ -63,7 +63,7 @@ pub enum CursorError {
 /// Result alias for cursor-file operations.
 pub type Result<T, E = CursorError> = std::result::Result<T, E>;
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CursorError + '_ {
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CursorError + 'a {
     move |source| CursorError::Io {
         op,
         path: path.to_path_buf(),
@@ -126,7 +126,8 @@ fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>> {
         .unwrap_or(usize::MAX)
         .min(format::MAX_CURSOR_FILE_BYTES + 1);
     let mut bytes = vec![0u8; len];
-    file.read_exact_at(&mut bytes, 0).map_err(io_err("read", path))?;
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(io_err("read", path))?;
     Ok(Some(bytes))
 }
 
@@ -177,7 +178,11 @@ pub struct CursorFile {
 
 impl CursorFile {
     /// Writes `record` to `path` by atomic replacement (the first anchor). Durable on return.
-    pub fn anchor(fs: Arc<dyn FileSystem>, path: &Path, record: CursorRecord) -> Result<CursorFile> {
+    pub fn anchor(
+        fs: Arc<dyn FileSystem>,
+        path: &Path,
+        record: CursorRecord,
+    ) -> Result<CursorFile> {
         let mut cursor = CursorFile {
             fs,
             path: path.to_path_buf(),
@@ -200,7 +205,9 @@ impl CursorFile {
         if layout != RecordLayout::Fixed {
             return CursorFile::anchor(fs, path, record);
         }
-        let handle = fs.open(path, OpenMode::ReadWrite).map_err(io_err("open", path))?;
+        let handle = fs
+            .open(path, OpenMode::ReadWrite)
+            .map_err(io_err("open", path))?;
         Ok(CursorFile {
             fs,
             path: path.to_path_buf(),
@@ -243,8 +250,14 @@ impl CursorFile {
 
     fn write_in_place(&self, handle: &dyn File) -> Result<()> {
         let (bytes, layout) = format::encode(&self.record)?;
-        debug_assert_eq!(layout, RecordLayout::Fixed, "the epoch fitted when the file was written");
-        handle.write_all_at(&bytes, 0).map_err(io_err("write", &self.path))?;
+        debug_assert_eq!(
+            layout,
+            RecordLayout::Fixed,
+            "the epoch fitted when the file was written"
+        );
+        handle
+            .write_all_at(&bytes, 0)
+            .map_err(io_err("write", &self.path))?;
         handle.sync_data().map_err(io_err("fdatasync", &self.path))
     }
 
@@ -264,12 +277,17 @@ impl CursorFile {
             .open(&temp, OpenMode::CreateReadWrite)
             .map_err(io_err("create", &temp))?;
         file.set_len(0).map_err(io_err("truncate", &temp))?;
-        file.write_all_at(&bytes, 0).map_err(io_err("write", &temp))?;
+        file.write_all_at(&bytes, 0)
+            .map_err(io_err("write", &temp))?;
         file.sync_data().map_err(io_err("fdatasync", &temp))?;
         drop(file);
-        self.fs.rename(&temp, &self.path).map_err(io_err("rename", &temp))?;
+        self.fs
+            .rename(&temp, &self.path)
+            .map_err(io_err("rename", &temp))?;
         if let Some(dir) = self.path.parent() {
-            self.fs.sync_dir(dir).map_err(io_err("fsync directory", dir))?;
+            self.fs
+                .sync_dir(dir)
+                .map_err(io_err("fsync directory", dir))?;
         }
         self.in_place = if layout == RecordLayout::Fixed {
             Some(
