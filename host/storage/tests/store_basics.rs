@@ -170,6 +170,7 @@ fn child_commit_origins_are_stored_per_record() {
     b.origin = Some(BatchOrigin {
         epoch: *b"epoch-01",
         parent_partition: 4,
+        slab_start: 100,
         parent_offsets: vec![100, 101, 205],
     });
     store.append(&id, b).unwrap();
@@ -179,7 +180,8 @@ fn child_commit_origins_are_stored_per_record() {
         Some(RecordOrigin {
             epoch: *b"epoch-01",
             parent_partition: 4,
-            parent_offset: 205
+            parent_offset: 205,
+            slab_start: 100,
         })
     );
 }
@@ -375,4 +377,65 @@ fn the_partition_directory_layout_matches_the_documentation() {
         64
     );
     assert!(dir.path().join("LOCK").is_file());
+}
+
+#[test]
+fn the_high_watermark_file_follows_appends_lazily_and_is_clean_only_after_close() {
+    use narad_storage::fs::RealFs;
+    use narad_storage::log::hwm;
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["a"])).unwrap();
+    let pdir = dir.path().join("topics/t/p00000");
+    // The update interval is one second; after sleeping longer than that, the next append
+    // must move the boundary to its end.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    store.append(&id, batch(&["b", "c"])).unwrap();
+    let h = hwm::read(&RealFs, &pdir).unwrap().unwrap();
+    assert_eq!(h.next_offset, 3);
+    assert!(!h.clean, "an open log's file is never marked clean");
+    let seg_len = std::fs::metadata(pdir.join("00000000000000000000.log"))
+        .unwrap()
+        .len();
+    assert_eq!(h.segment_pos, seg_len);
+    store.close().unwrap();
+    let h = hwm::read(&RealFs, &pdir).unwrap().unwrap();
+    assert!(h.clean);
+    assert_eq!((h.next_offset, h.segment_pos), (3, seg_len));
+}
+
+#[test]
+fn concurrent_readers_only_ever_see_whole_acknowledged_batches_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(real_store(dir.path(), Arc::new(ManualClock::new(T0_MS))));
+    let id = pid("t", 0);
+    store.create_partition(&id, small_segments(2000)).unwrap();
+    let writer = {
+        let (store, id) = (store.clone(), id.clone());
+        std::thread::spawn(move || {
+            for i in 0..150 {
+                let (a, b) = (format!("{i}-a"), format!("{i}-b"));
+                store.append(&id, batch(&[&a, &b])).unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    loop {
+        let done = writer.is_finished();
+        let got = values(&read_all(&store, &id, 0));
+        assert_eq!(got.len() % 2, 0, "a batch is visible whole or not at all");
+        for (n, v) in got.iter().enumerate() {
+            let expected = format!("{}-{}", n / 2, if n % 2 == 0 { "a" } else { "b" });
+            assert_eq!(v, &expected);
+        }
+        reads += 1;
+        if done {
+            assert_eq!(got.len(), 300);
+            break;
+        }
+    }
+    writer.join().unwrap();
+    assert!(reads >= 1);
 }

@@ -10,8 +10,8 @@
 //! 22  record count            u32 LE (>= 1)
 //! 26  committed_at_ms         i64 LE (one commit time per batch)
 //! 34  flags                   u16 LE (bit 0: origin present; other bits zero)
-//! 36  [origin]                epoch 8 bytes, parent partition u32 LE, first parent offset
-//!                             u64 LE, then count-1 zigzag varint deltas
+//! 36  [origin]                epoch 8 bytes, parent partition u32 LE, slab start u64 LE,
+//!                             first parent offset u64 LE, then count-1 zigzag varint deltas
 //!     records                 count times: attributes u8 (bit 0: key present), [key len
 //!                             varint, key], header count varint, per header (name len varint,
 //!                             name UTF-8, value len varint, value), value len varint, value
@@ -160,7 +160,7 @@ pub fn encode_batch(
         });
     }
     let estimate: usize = HEADER_LEN
-        + origin.map_or(0, |o| 20 + o.parent_offsets.len() * 10)
+        + origin.map_or(0, |o| 28 + o.parent_offsets.len() * 10)
         + records.iter().map(record_len).sum::<usize>();
     if estimate > MAX_FRAME_BYTES {
         return Err(StorageError::RecordTooLarge {
@@ -182,6 +182,7 @@ pub fn encode_batch(
     if let Some(o) = origin {
         out.extend_from_slice(&o.epoch);
         out.extend_from_slice(&o.parent_partition.to_le_bytes());
+        out.extend_from_slice(&o.slab_start.to_le_bytes());
         let first = o.parent_offsets[0];
         out.extend_from_slice(&first.to_le_bytes());
         let mut prev = first;
@@ -368,6 +369,7 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
     let origin = if header.flags & FLAG_ORIGIN != 0 {
         let epoch = c.fixed::<8>()?;
         let parent_partition = u32::from_le_bytes(c.fixed::<4>()?);
+        let slab_start = u64::from_le_bytes(c.fixed::<8>()?);
         let mut offsets = Vec::with_capacity(count);
         let mut prev = u64::from_le_bytes(c.fixed::<8>()?);
         offsets.push(prev);
@@ -375,7 +377,7 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
             prev = prev.wrapping_add(unzigzag(c.varint()?) as u64);
             offsets.push(prev);
         }
-        Some((epoch, parent_partition, offsets))
+        Some((epoch, parent_partition, slab_start, offsets))
     } else {
         None
     };
@@ -417,10 +419,11 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
                 value,
                 origin: origin
                     .as_ref()
-                    .map(|(epoch, parent_partition, offsets)| RecordOrigin {
+                    .map(|(epoch, parent_partition, slab_start, offsets)| RecordOrigin {
                         epoch: *epoch,
                         parent_partition: *parent_partition,
                         parent_offset: offsets[i],
+                        slab_start: *slab_start,
                     }),
             },
             encoded_len: c.pos - start,
@@ -492,6 +495,7 @@ mod tests {
         let origin = BatchOrigin {
             epoch: *b"\x67\x95\x34\x71\xcc\x57\xa3\x2a",
             parent_partition: 7,
+            slab_start: 9,
             parent_offsets: vec![10, 11, 12, 9, u64::MAX, 0],
         };
         let records: Vec<_> = (0..6).map(|i| rec(None, &[i], &[])).collect();
@@ -502,6 +506,7 @@ mod tests {
             .collect();
         assert_eq!(got, origin.parent_offsets);
         assert_eq!(out[3].origin.as_ref().unwrap().parent_partition, 7);
+        assert!(out.iter().all(|r| r.origin.as_ref().unwrap().slab_start == 9));
     }
 
     #[test]
@@ -509,6 +514,7 @@ mod tests {
         let origin = BatchOrigin {
             epoch: [0; 8],
             parent_partition: 0,
+            slab_start: 1,
             parent_offsets: vec![1],
         };
         let err = encode_batch(
