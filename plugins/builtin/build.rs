@@ -4,8 +4,10 @@
 //! The nested build uses its own target directory (`<target>/wasm-plugins`, shared by every
 //! profile so `cargo check`, `test` and `build` reuse one another's work), the workspace's
 //! `Cargo.lock` (`--locked`), and a size-tuned release profile given through
-//! `CARGO_PROFILE_RELEASE_*` variables (opt-level "s", fat LTO, one codegen unit, no debug
-//! info, symbols stripped; the `narad.manifest` custom section survives stripping).
+//! `CARGO_PROFILE_RELEASE_*` variables (opt-level 3, fat LTO, one codegen unit, no debug
+//! info, symbols stripped; the `narad.manifest` custom section survives stripping). Opt-level
+//! 3 rather than "s": measured on key-hash over 4,096 16-byte keys, it routes about 15% faster
+//! and the module is no larger (about 21 KB either way, mostly `core::fmt` for error messages).
 //! Flags meant for the host build (RUSTFLAGS, clippy's wrapper, the outer target and target
 //! dir) are removed so they cannot break or pollute the wasm build.
 
@@ -104,7 +106,7 @@ fn run() -> Result<(), String> {
     for name in SCRUBBED_ENV {
         cmd.env_remove(name);
     }
-    cmd.env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "s")
+    cmd.env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
         .env("CARGO_PROFILE_RELEASE_LTO", "fat")
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
