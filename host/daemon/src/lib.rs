@@ -9,6 +9,9 @@
 //! - [`produce`]: placement (explicit, Kafka key hash, round-robin) and the one commit path to a
 //!   partition log, shared by produce and (later) child commits.
 //! - [`topics`]: topic administration keeping metastore and partition directories in step.
+//! - [`fanout`]: the cursors that copy a parent partition into a child (read, route, commit,
+//!   advance), with the delay gate, drop-behind and lag reporting.
+//! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
@@ -22,9 +25,11 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod fanout;
 pub mod metastore;
 pub mod ownership;
 pub mod produce;
+pub mod reconciler;
 pub mod server;
 pub mod shutdown;
 pub mod topics;

@@ -31,7 +31,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::{BoxFuture, Domain, Metastore, MetastoreError, Result, Snapshot, TopicMeta, Versions};
+use super::link::{check_attach, check_retention};
+use super::{
+    BoxFuture, Domain, LinkMeta, Metastore, MetastoreError, PluginRef, PluginVersion, Result, Snapshot,
+    TopicMeta, Versions,
+};
 
 /// File name of the metastore inside the data dir.
 pub const FILE_NAME: &str = "metastore.json";
@@ -55,6 +59,12 @@ struct State {
     format: u32,
     versions: Versions,
     topics: BTreeMap<String, TopicMeta>,
+    /// Links, sorted by (parent, child). A list because JSON maps need string keys.
+    #[serde(default)]
+    links: Vec<LinkMeta>,
+    /// Uploaded plugin versions, oldest first.
+    #[serde(default)]
+    plugins: Vec<PluginVersion>,
 }
 
 impl State {
@@ -62,7 +72,17 @@ impl State {
         Snapshot {
             versions: self.versions,
             topics: self.topics.clone(),
+            links: self
+                .links
+                .iter()
+                .map(|l| ((l.parent.clone(), l.child.clone()), l.clone()))
+                .collect(),
+            plugins: self.plugins.clone(),
         }
+    }
+
+    fn link_index(&self, parent: &str, child: &str) -> Option<usize> {
+        self.links.iter().position(|l| l.parent == parent && l.child == child)
     }
 }
 
@@ -355,7 +375,15 @@ impl Metastore for FileMetastore {
     fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>> {
         let name = name.to_owned();
         self.update(move |state| match state.topics.remove(&name) {
-            Some(topic) => Ok((topic, Some(Domain::Topics))),
+            Some(topic) => {
+                // A deleted topic takes its links with it, as parent or as child.
+                let before = state.links.len();
+                state.links.retain(|l| l.parent != name && l.child != name);
+                if state.links.len() != before {
+                    state.versions.bump(Domain::Links);
+                }
+                Ok((topic, Some(Domain::Topics)))
+            }
             None => Err(MetastoreError::UnknownTopic { name }),
         })
     }
@@ -384,6 +412,119 @@ impl Metastore for FileMetastore {
             Ok((topic.clone(), Some(Domain::Topics)))
         })
     }
+
+    fn set_retention<'a>(
+        &'a self,
+        name: &'a str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let name = name.to_owned();
+        self.update(move |state| {
+            for link in state.links.iter().filter(|l| l.parent == name) {
+                check_retention(&name, retention_ms, link.delay_ms)?;
+            }
+            let Some(topic) = state.topics.get_mut(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            if topic.retention_ms == retention_ms && topic.retention_bytes == retention_bytes {
+                return Ok((topic.clone(), None));
+            }
+            topic.retention_ms = retention_ms;
+            topic.retention_bytes = retention_bytes;
+            Ok((topic.clone(), Some(Domain::Topics)))
+        })
+    }
+
+    fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>> {
+        self.update(move |state| {
+            for topic in [&link.parent, &link.child] {
+                if !state.topics.contains_key(topic) {
+                    return Err(MetastoreError::UnknownTopic { name: topic.clone() });
+                }
+            }
+            if state.link_index(&link.parent, &link.child).is_some() {
+                return Err(MetastoreError::LinkExists {
+                    parent: link.parent,
+                    child: link.child,
+                });
+            }
+            check_attach(&state.topics, &state.links, &link)?;
+            state.links.push(link.clone());
+            state
+                .links
+                .sort_by(|a, b| (&a.parent, &a.child).cmp(&(&b.parent, &b.child)));
+            Ok((link, Some(Domain::Links)))
+        })
+    }
+
+    fn detach_link<'a>(&'a self, parent: &'a str, child: &'a str) -> BoxFuture<'a, Result<LinkMeta>> {
+        let (parent, child) = (parent.to_owned(), child.to_owned());
+        self.update(move |state| match state.link_index(&parent, &child) {
+            Some(index) => Ok((state.links.remove(index), Some(Domain::Links))),
+            None => Err(MetastoreError::UnknownLink { parent, child }),
+        })
+    }
+
+    fn set_link_router<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+        router: Vec<PluginRef>,
+        config: Option<String>,
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let (parent, child) = (parent.to_owned(), child.to_owned());
+        self.update(move |state| {
+            let Some(index) = state.link_index(&parent, &child) else {
+                return Err(MetastoreError::UnknownLink { parent, child });
+            };
+            let link = &mut state.links[index];
+            let config = config.unwrap_or_else(|| link.config.clone());
+            if link.router == router && link.config == config {
+                return Ok((link.clone(), None));
+            }
+            link.router = router;
+            link.config = config;
+            Ok((link.clone(), Some(Domain::Links)))
+        })
+    }
+
+    fn add_plugin(&self, plugin: PluginVersion) -> BoxFuture<'_, Result<PluginVersion>> {
+        self.update(move |state| {
+            if let Some(existing) = state
+                .plugins
+                .iter()
+                .find(|p| p.name == plugin.name && p.digest == plugin.digest)
+            {
+                return Ok((existing.clone(), None));
+            }
+            state.plugins.push(plugin.clone());
+            Ok((plugin, Some(Domain::Plugins)))
+        })
+    }
+
+    fn remove_plugin<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<PluginVersion>>> {
+        let name = name.to_owned();
+        self.update(move |state| {
+            let users: Vec<String> = state
+                .links
+                .iter()
+                .filter(|l| l.router.iter().any(|p| p.name == name))
+                .map(|l| format!("{} -> {}", l.parent, l.child))
+                .collect();
+            if !users.is_empty() {
+                return Err(MetastoreError::PluginInUse { name, links: users });
+            }
+            let (removed, kept): (Vec<_>, Vec<_>) =
+                state.plugins.drain(..).partition(|p| p.name == name);
+            state.plugins = kept;
+            if removed.is_empty() {
+                return Err(MetastoreError::UnknownPlugin { name });
+            }
+            Ok((removed, Some(Domain::Plugins)))
+        })
+    }
+
 }
 
 #[cfg(test)]
@@ -502,6 +643,7 @@ mod tests {
                 ..Versions::default()
             },
             topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+            ..State::default()
         };
         let bytes = encode(&state).unwrap();
         for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
@@ -564,6 +706,7 @@ mod tests {
             format: FORMAT_VERSION,
             versions: Versions::default(),
             topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+            ..State::default()
         };
         let bytes = encode(&state).unwrap();
         let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();

@@ -15,6 +15,7 @@
 //! returns).
 
 pub mod file;
+pub mod link;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -24,6 +25,7 @@ use std::pin::Pin;
 use serde::{Deserialize, Serialize};
 
 pub use file::FileMetastore;
+pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
 /// (native `async fn` in traits is not object safe).
@@ -101,6 +103,10 @@ pub struct Snapshot {
     pub versions: Versions,
     /// Every topic, by name.
     pub topics: BTreeMap<String, TopicMeta>,
+    /// Every link, by (parent, child).
+    pub links: BTreeMap<(String, String), LinkMeta>,
+    /// Every uploaded plugin version, oldest first.
+    pub plugins: Vec<PluginVersion>,
 }
 
 /// Errors from metastore operations.
@@ -179,6 +185,39 @@ pub enum MetastoreError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// An attach for a (parent, child) pair that is already linked.
+    #[error("{child:?} is already a child of {parent:?}; detach it first, or PATCH its router")]
+    LinkExists {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+    },
+    /// An operation named a link that does not exist.
+    #[error("{child:?} is not a child of {parent:?}")]
+    UnknownLink {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+    },
+    /// The attach or retention change breaks a link rule.
+    #[error(transparent)]
+    LinkRule(#[from] LinkRuleError),
+    /// A plugin still used by links cannot be removed.
+    #[error("plugin {name:?} is used by {}; change their routers first", links.join(", "))]
+    PluginInUse {
+        /// The plugin.
+        name: String,
+        /// The links using it, as `parent -> child`.
+        links: Vec<String>,
+    },
+    /// An operation named a plugin that was never uploaded.
+    #[error("no plugin named {name:?} has been uploaded")]
+    UnknownPlugin {
+        /// The name.
+        name: String,
+    },
     /// A background task running a blocking write was cancelled or panicked.
     #[error("metastore write task failed: {0}")]
     Task(String),
@@ -224,4 +263,36 @@ pub trait Metastore: Send + Sync + 'static {
     /// [`MetastoreError::CannotShrink`].
     fn grow_partitions<'a>(&'a self, name: &'a str, count: u32)
     -> BoxFuture<'a, Result<TopicMeta>>;
+
+    /// Changes a topic's retention. Fails with [`MetastoreError::LinkRule`] when a delay child
+    /// of the topic would need longer retention.
+    fn set_retention<'a>(
+        &'a self,
+        name: &'a str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> BoxFuture<'a, Result<TopicMeta>>;
+
+    /// Records a new link. Both topics must exist; the link rules ([`link::check_attach`]) are
+    /// checked in the same write. Fails with [`MetastoreError::LinkExists`] for a linked pair.
+    fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>>;
+
+    /// Removes a link, returning what it was.
+    fn detach_link<'a>(&'a self, parent: &'a str, child: &'a str) -> BoxFuture<'a, Result<LinkMeta>>;
+
+    /// Replaces a link's router chain (and, when given, its config), keeping its epoch.
+    fn set_link_router<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+        router: Vec<PluginRef>,
+        config: Option<String>,
+    ) -> BoxFuture<'a, Result<LinkMeta>>;
+
+    /// Records an uploaded plugin version (the same name and digest twice is a no-op).
+    fn add_plugin(&self, plugin: PluginVersion) -> BoxFuture<'_, Result<PluginVersion>>;
+
+    /// Removes every version of a plugin, returning them. Fails with
+    /// [`MetastoreError::PluginInUse`] while a link's router names it.
+    fn remove_plugin<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<PluginVersion>>>;
 }

@@ -1,0 +1,395 @@
+//! One fan-out cursor: resolve the start, then read, deliver, advance, until stopped.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
+use narad_storage::fs::FileSystem;
+use narad_storage::{Clock, PartitionId, StorageError, Store};
+
+use super::committer::ChildCommitter;
+use super::deliver::{Delivery, DeliveryEnv, LinkView, SlabJob, deliver};
+use super::gate;
+use crate::metastore::link::{LinkMeta, epoch_bytes};
+use super::provenance;
+use super::router::SharedRouter;
+use super::slab::{SlabRead, read_slab};
+use super::start::{StartPoint, start_point};
+use super::status::CursorStatus;
+use super::RETRY_BACKOFF;
+use crate::metastore::{BoxFuture, Metastore};
+use crate::reconciler::reducer::CursorKey;
+use crate::shutdown::ShutdownSignal;
+
+/// The parts of the daemon a cursor uses.
+pub struct CursorDeps {
+    /// The local store: the parent partition and (on one node) the child partitions.
+    pub store: Arc<Store>,
+    /// The file system the store runs on, for the offset file.
+    pub fs: Arc<dyn FileSystem>,
+    /// Where child buckets are committed.
+    pub committer: Arc<dyn ChildCommitter>,
+    /// The metadata: topics, links, and the linearizable epoch check.
+    pub metastore: Arc<dyn Metastore>,
+    /// The clock the delay gate reads (this node's clock).
+    pub clock: Arc<dyn Clock>,
+}
+
+/// A link as the cursors of this node see it: its metadata, swapped when the link changes,
+/// and its router chain, shared by its cursors.
+pub struct LinkRuntime {
+    meta: RwLock<Arc<LinkMeta>>,
+    /// The router chain; replacing what it holds takes effect at every cursor's next slab.
+    pub router: SharedRouter,
+}
+
+impl LinkRuntime {
+    /// A link runtime for `meta` routing through `router`.
+    pub fn new(meta: LinkMeta, router: SharedRouter) -> LinkRuntime {
+        LinkRuntime {
+            meta: RwLock::new(Arc::new(meta)),
+            router,
+        }
+    }
+
+    /// The link's current metadata.
+    pub fn meta(&self) -> Arc<LinkMeta> {
+        match self.meta.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Replaces the link's metadata (router change, topic change).
+    pub fn set_meta(&self, meta: LinkMeta) {
+        match self.meta.write() {
+            Ok(mut guard) => *guard = Arc::new(meta),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(meta),
+        }
+    }
+}
+
+/// Why a cursor stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CursorExit {
+    /// Told to stop (detach, shutdown, ownership moved).
+    Stopped,
+    /// Its epoch is no longer the link's; the reconciler starts the right cursor.
+    LinkGone(String),
+    /// Its start could not be confirmed against the metastore; retried on a later tick.
+    Deferred(String),
+}
+
+/// The offset-file path of a cursor: `topics/{parent}/p{00000}/fanout-{child}.offset`.
+pub fn cursor_path(store: &Store, parent: &PartitionId, child: &str) -> PathBuf {
+    store
+        .data_dir()
+        .join("topics")
+        .join(&parent.topic)
+        .join(parent.dir_name())
+        .join(cursor_file::cursor_file_name(child))
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| format!("blocking task failed: {e}"))
+}
+
+struct Env<'a> {
+    deps: &'a CursorDeps,
+    key: &'a CursorKey,
+}
+
+impl DeliveryEnv for Env<'_> {
+    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, String>> {
+        Box::pin(link_view(self.deps, self.key))
+    }
+}
+
+/// Reads the link's current state from the metastore: is the cursor's epoch still the link's,
+/// and the partition counts and config to route with.
+async fn link_view(deps: &CursorDeps, key: &CursorKey) -> Result<LinkView, String> {
+    let snapshot = deps.metastore.snapshot().await.map_err(|e| e.to_string())?;
+    let link = snapshot
+        .links
+        .get(&(key.parent.clone(), key.child.clone()))
+        .filter(|link| link.attach_epoch == key.epoch);
+    let child = snapshot.topics.get(&key.child).map(|t| t.partitions);
+    let parent = snapshot.topics.get(&key.parent).map(|t| t.partitions);
+    Ok(match (link, child, parent) {
+        (Some(link), Some(child_partitions), Some(parent_partitions)) => LinkView {
+            current: true,
+            child_partitions,
+            parent_partitions,
+            config: link.config.clone().into_bytes(),
+        },
+        _ => LinkView {
+            current: false,
+            child_partitions: 0,
+            parent_partitions: 0,
+            config: Vec::new(),
+        },
+    })
+}
+
+/// Whether the metastore, read linearizably, still has `key`'s epoch as the link's epoch.
+async fn epoch_confirmed(deps: &CursorDeps, key: &CursorKey) -> Result<bool, String> {
+    let snapshot = deps.metastore.confirm().await.map_err(|e| e.to_string())?;
+    Ok(snapshot
+        .links
+        .get(&(key.parent.clone(), key.child.clone()))
+        .is_some_and(|link| link.attach_epoch == key.epoch))
+}
+
+/// Resolves where the cursor starts and opens its offset file.
+async fn open_position(
+    deps: &Arc<CursorDeps>,
+    key: &CursorKey,
+    link: &LinkMeta,
+    status: &CursorStatus,
+) -> Result<Result<CursorFile, CursorExit>, String> {
+    let parent = PartitionId::new(key.parent.clone(), key.partition);
+    let path = cursor_path(&deps.store, &parent, &key.child);
+    let epoch = epoch_bytes(&key.epoch).map_err(|e| e.to_string())?;
+    let child_partitions = deps
+        .metastore
+        .topic(&key.child)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_or(0, |t| t.partitions);
+
+    let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
+    let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path))
+        .await?
+        .map_err(|e| e.to_string())?;
+    let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
+    let evidence = blocking(move || provenance::scan_child_tails(&store, &child, child_partitions, epoch, partition))
+        .await?
+        .map_err(|e| e.to_string())?;
+    let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
+    let stats = blocking(move || store.peek(&peek_id)).await?.map_err(|e| e.to_string())?;
+
+    match loaded {
+        CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
+            let mut position = record.next_offset;
+            if let Some(target) = provenance::rewind_target(position, evidence, stats.log_start_offset) {
+                tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
+                    "cursor is ahead of what its child holds; rewinding so nothing is missing");
+                status.rewound();
+                position = target;
+            }
+            let fs = Arc::clone(&deps.fs);
+            let rewound = position != record.next_offset;
+            let file = blocking(move || {
+                let record = CursorRecord { epoch: record.epoch, next_offset: position };
+                if rewound {
+                    CursorFile::anchor(fs, &path, record)
+                } else {
+                    CursorFile::resume(fs, &path, record, layout)
+                }
+            })
+            .await?
+            .map_err(|e| e.to_string())?;
+            Ok(Ok(file))
+        }
+        other => {
+            match &other {
+                CursorLoad::Found { record, .. } => tracing::info!(parent = %parent, child = %key.child,
+                    found = %record.epoch, wanted = %key.epoch, "offset file belongs to another attach; not resuming it"),
+                CursorLoad::Corrupt { reason } => tracing::warn!(parent = %parent, child = %key.child,
+                    %reason, "offset file is corrupt; rebuilding the position"),
+                CursorLoad::Missing => {}
+            }
+            // Anchoring overwrites the file: only with the epoch confirmed linearizably.
+            if !epoch_confirmed(deps, key).await? {
+                return Ok(Err(CursorExit::Deferred(format!(
+                    "epoch {} of {} -> {} not confirmed by the metastore",
+                    key.epoch, key.parent, key.child
+                ))));
+            }
+            let position = match evidence {
+                // The child holds slabs of this epoch: resume at the newest one's start.
+                Some(found) if found.newest_slab_start >= stats.log_start_offset => found.newest_slab_start,
+                _ => {
+                    let point = start_point(link.attach_offsets.as_deref(), key.partition);
+                    let high = match (point, stats.high_watermark) {
+                        (StartPoint::LiveTail, None) => {
+                            let (store, id) = (Arc::clone(&deps.store), parent.clone());
+                            blocking(move || store.read(&id, &narad_storage::ReadOptions {
+                                offset: 0, max_records: 0, max_bytes: 0, max_committed_at_ms: None,
+                            }))
+                            .await?
+                            .map(|r| r.high_watermark)
+                            .or_else(|e| match e {
+                                StorageError::OffsetBelowLogStart { .. } => Ok(stats.log_start_offset),
+                                other => Err(other),
+                            })
+                            .map_err(|e| e.to_string())?
+                        }
+                        (_, high) => high.unwrap_or(0),
+                    };
+                    point.resolve(high)
+                }
+            };
+            let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
+            let file = blocking(move || {
+                CursorFile::anchor(fs, &path, CursorRecord { epoch: epoch_text, next_offset: position })
+            })
+            .await?
+            .map_err(|e| e.to_string())?;
+            Ok(Ok(file))
+        }
+    }
+}
+
+/// Sleeps `duration`, or returns false early if the cursor is told to stop.
+async fn sleep_or_stop(duration: Duration, stop: &ShutdownSignal) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => true,
+        _ = stop.wait() => false,
+    }
+}
+
+/// Runs the cursor named by `key` until it is stopped or its link changes.
+pub async fn run_cursor(
+    deps: Arc<CursorDeps>,
+    key: CursorKey,
+    link: Arc<LinkRuntime>,
+    status: Arc<CursorStatus>,
+    stop: ShutdownSignal,
+) -> CursorExit {
+    let parent = PartitionId::new(key.parent.clone(), key.partition);
+    let epoch = match epoch_bytes(&key.epoch) {
+        Ok(epoch) => epoch,
+        Err(e) => return CursorExit::LinkGone(e.to_string()),
+    };
+    // Resolve the start, retrying (stalled) until it works or the cursor is stopped.
+    let file = loop {
+        match open_position(&deps, &key, &link.meta(), &status).await {
+            Ok(Ok(file)) => break file,
+            Ok(Err(exit)) => return exit,
+            Err(reason) => {
+                status.stalled(format!("cannot open the cursor position: {reason}"));
+                if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
+                    return CursorExit::Stopped;
+                }
+            }
+        }
+    };
+    let start = file.next_offset();
+    let file = Arc::new(Mutex::new(file));
+    status.set_position(start, start);
+    status.running();
+
+    loop {
+        if stop.is_triggered() {
+            return CursorExit::Stopped;
+        }
+        let meta = link.meta();
+        if meta.attach_epoch != key.epoch {
+            return CursorExit::LinkGone(format!("{} -> {} was re-attached", key.parent, key.child));
+        }
+        let delay_ms = meta.delay_ms;
+        let clock = Arc::clone(&deps.clock);
+        let gate_fn = move || gate::max_committed_at(clock.now_ms(), delay_ms);
+        let position = lock_file(&file).next_offset();
+        let read = tokio::select! {
+            read = read_slab(&deps.store, &parent, position, &gate_fn) => read,
+            _ = stop.wait() => return CursorExit::Stopped,
+        };
+        let read = match read {
+            Ok(read) => read,
+            Err(error) => {
+                status.stalled(format!("reading {parent} at {position} failed: {error}"));
+                if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
+                    return CursorExit::Stopped;
+                }
+                continue;
+            }
+        };
+        match read {
+            SlabRead::Idle { high_watermark } => {
+                status.set_position(position, high_watermark);
+                status.set_due_lag(0.0);
+                status.running();
+            }
+            SlabRead::NotDue { committed_at_ms, high_watermark } => {
+                status.set_position(position, high_watermark);
+                status.set_due_lag(0.0);
+                status.waiting();
+                let wait = gate::sleep_until_due(committed_at_ms, delay_ms, deps.clock.now_ms());
+                // Wake at least a millisecond later so the gate has moved past the record.
+                if !sleep_or_stop(wait.max(Duration::from_millis(1)), &stop).await {
+                    return CursorExit::Stopped;
+                }
+            }
+            SlabRead::BelowLogStart { log_start } => {
+                let dropped = log_start.saturating_sub(position);
+                tracing::warn!(%parent, child = %key.child, from = position, to = log_start, dropped,
+                    "cursor fell behind the parent's retention; skipping aged-out records");
+                match blocking_advance(&file, log_start).await {
+                    Ok(()) => {
+                        status.add_dropped(dropped);
+                        status.set_position(log_start, log_start);
+                    }
+                    Err(reason) => {
+                        status.stalled(reason);
+                        if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
+                            return CursorExit::Stopped;
+                        }
+                    }
+                }
+            }
+            SlabRead::Records { records, high_watermark } => {
+                let Some(last) = records.last().map(|r| r.offset) else { continue };
+                let oldest = records.first().map(|r| r.committed_at_ms);
+                status.set_due_lag(gate::due_lag_seconds(oldest, delay_ms, deps.clock.now_ms()));
+                let count = records.len() as u64;
+                let job = SlabJob {
+                    parent: key.parent.clone(),
+                    partition: key.partition,
+                    child: key.child.clone(),
+                    epoch,
+                    slab_start: position,
+                    records,
+                };
+                let env = Env { deps: &deps, key: &key };
+                match deliver(job, &link.router, &deps.committer, &env, &status, &stop).await {
+                    Delivery::Committed => {}
+                    Delivery::Stopped => return CursorExit::Stopped,
+                    Delivery::LinkGone(reason) => return CursorExit::LinkGone(reason),
+                }
+                // Every bucket is acknowledged: only now may the position pass the slab.
+                loop {
+                    match blocking_advance(&file, last + 1).await {
+                        Ok(()) => break,
+                        Err(reason) => {
+                            status.stalled(reason);
+                            if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
+                                return CursorExit::Stopped;
+                            }
+                        }
+                    }
+                }
+                status.slab_committed(count);
+                status.set_position(last + 1, high_watermark);
+                status.set_due_lag(0.0);
+                status.running();
+            }
+        }
+    }
+}
+
+fn lock_file(file: &Mutex<CursorFile>) -> std::sync::MutexGuard<'_, CursorFile> {
+    // A panic inside `advance` leaves the position it had; the file itself is consistent.
+    file.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Advances the offset file on the blocking pool.
+async fn blocking_advance(file: &Arc<Mutex<CursorFile>>, next_offset: u64) -> Result<(), String> {
+    let file = Arc::clone(file);
+    tokio::task::spawn_blocking(move || lock_file(&file).advance(next_offset))
+        .await
+        .map_err(|e| format!("offset-file task failed: {e}"))?
+        .map_err(|e| format!("advancing the offset file failed: {e}"))
+}

@@ -1,0 +1,146 @@
+//! The fan-out's Prometheus series, per (parent, child, partition).
+//!
+//! Each series belongs to the cursor running on the parent partition's owner: it is set while
+//! the cursor runs and removed when the cursor stops, so a sum over nodes counts every
+//! partition once.
+
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of every per-cursor series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CursorLabels {
+    /// Parent topic.
+    pub parent: String,
+    /// Child topic.
+    pub child: String,
+    /// Parent partition index.
+    pub partition: u32,
+}
+
+/// Labels of the cursor-state series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// Parent topic.
+    pub parent: String,
+    /// Child topic.
+    pub child: String,
+    /// Parent partition index.
+    pub partition: u32,
+    /// One of the cursor states.
+    pub state: StateLabel,
+}
+
+/// A cursor state as a label value.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum StateLabel {
+    /// Copying.
+    running,
+    /// Waiting for a delayed record to come due.
+    waiting,
+    /// Retrying after a plugin or commit failure.
+    stalled,
+}
+
+/// Every fan-out series.
+#[derive(Debug, Default)]
+pub struct FanoutMetrics {
+    /// `narad_fanout_lag_messages`: parent high watermark minus the cursor's next offset.
+    pub lag_messages: Family<CursorLabels, Gauge<i64, AtomicI64>>,
+    /// `narad_fanout_due_lag_seconds`: how far behind the due frontier the cursor runs.
+    pub due_lag_seconds: Family<CursorLabels, Gauge<f64, AtomicU64>>,
+    /// `narad_fanout_child_dropped_messages`: records skipped because they aged out of the
+    /// parent before the cursor reached them. A gauge so the series keeps the engine's exact
+    /// name (Prometheus counters get a `_total` suffix); it only grows while the cursor runs.
+    pub dropped_messages: Family<CursorLabels, Gauge<i64, AtomicI64>>,
+    /// `narad_fanout_records_copied_total`: records committed to the child.
+    pub records_copied: Family<CursorLabels, Counter>,
+    /// `narad_fanout_slabs_total`: slabs fully committed (the offset file advanced).
+    pub slabs: Family<CursorLabels, Counter>,
+    /// `narad_fanout_commit_retries_total`: bucket commits that failed and were retried.
+    pub commit_retries: Family<CursorLabels, Counter>,
+    /// `narad_fanout_route_failures_total`: slabs the router chain could not route.
+    pub route_failures: Family<CursorLabels, Counter>,
+    /// `narad_fanout_cursor_rewinds_total`: start-ups that found the cursor ahead of what its
+    /// child holds and moved it back.
+    pub rewinds: Family<CursorLabels, Counter>,
+    /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
+    pub state: Family<StateLabels, Gauge>,
+}
+
+impl FanoutMetrics {
+    /// Registers every series in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "narad_fanout_lag_messages",
+            "Parent high watermark minus the cursor's next offset: records not yet copied to the child",
+            self.lag_messages.clone(),
+        );
+        registry.register(
+            "narad_fanout_due_lag_seconds",
+            "Seconds the oldest due, uncopied record has waited past its due time (the health signal for delay children)",
+            self.due_lag_seconds.clone(),
+        );
+        registry.register(
+            "narad_fanout_child_dropped_messages",
+            "Records skipped because they left the parent's retention before the cursor copied them (bounded loss: alert on any increase)",
+            self.dropped_messages.clone(),
+        );
+        registry.register(
+            "narad_fanout_records_copied",
+            "Records committed to the child by the cursor",
+            self.records_copied.clone(),
+        );
+        registry.register(
+            "narad_fanout_slabs",
+            "Slabs fully committed to the child (the cursor's offset file advanced past them)",
+            self.slabs.clone(),
+        );
+        registry.register(
+            "narad_fanout_commit_retries",
+            "Child bucket commits that failed and were tried again",
+            self.commit_retries.clone(),
+        );
+        registry.register(
+            "narad_fanout_route_failures",
+            "Slabs the link's router chain failed to route (the cursor stalls and retries)",
+            self.route_failures.clone(),
+        );
+        registry.register(
+            "narad_fanout_cursor_rewinds",
+            "Cursor start-ups that found the offset ahead of what the child holds and moved it back",
+            self.rewinds.clone(),
+        );
+        registry.register(
+            "narad_fanout_cursor_state",
+            "1 for the state each cursor is in (running, waiting, stalled), 0 for the others",
+            self.state.clone(),
+        );
+    }
+
+    /// Removes every series of one cursor (it stopped, or its partition moved away).
+    pub fn remove_cursor(&self, labels: &CursorLabels) {
+        self.lag_messages.remove(labels);
+        self.due_lag_seconds.remove(labels);
+        self.dropped_messages.remove(labels);
+        self.records_copied.remove(labels);
+        self.slabs.remove(labels);
+        self.commit_retries.remove(labels);
+        self.route_failures.remove(labels);
+        self.rewinds.remove(labels);
+        for state in [StateLabel::running, StateLabel::waiting, StateLabel::stalled] {
+            self.state.remove(&StateLabels {
+                parent: labels.parent.clone(),
+                child: labels.child.clone(),
+                partition: labels.partition,
+                state,
+            });
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The reconciler: once a second, make the running cursors match the desired ones.
+//!
+//! Desired cursors are every link times every parent partition this node owns. The pure
+//! comparison lives in [`reducer`], the decision whether a tick needs a full pass in
+//! [`schedule`]; this module carries the actions out: it starts and stops cursor tasks, keeps
+//! one router chain per link (shared by the link's cursors), swaps a link's chain when its
+//! router changes, and sweeps offset files that no link explains.
+
+pub mod reducer;
+pub mod schedule;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use narad_storage::PartitionId;
+use narad_storage::cursor as cursor_file;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, cursor_path, run_cursor};
+use crate::metastore::LinkMeta;
+use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
+use crate::fanout::router::SlabRouter;
+use crate::fanout::status::{CursorReport, CursorStatus};
+use crate::metastore::Snapshot;
+use crate::ownership::PartitionOwnership;
+use crate::shutdown::{self, ShutdownSignal, ShutdownTrigger};
+use reducer::{Action, CursorKey};
+use schedule::Schedule;
+
+/// How often the reconciler ticks (engine reference: reconcile interval 1 s).
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Builds the router chain of a link.
+pub trait RouterFactory: Send + Sync + 'static {
+    /// A fresh chain (fresh plugin instances) for `link`, or why it cannot be built.
+    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, String>;
+}
+
+struct RunningCursor {
+    stop: ShutdownTrigger,
+    task: JoinHandle<CursorExit>,
+    status: Arc<CursorStatus>,
+}
+
+struct RunningLink {
+    runtime: Arc<LinkRuntime>,
+}
+
+/// The statuses of one link's cursors, by parent partition.
+type LinkCursors = BTreeMap<u32, Arc<CursorStatus>>;
+
+/// Live fan-out state this node exposes: per link, its cursors' reports.
+#[derive(Default)]
+pub struct FanoutView {
+    cursors: Mutex<BTreeMap<(String, String), LinkCursors>>,
+}
+
+impl FanoutView {
+    /// Reports of the cursors running for `parent -> child`, by parent partition.
+    pub fn reports(&self, parent: &str, child: &str) -> Vec<CursorReport> {
+        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .get(&(parent.to_string(), child.to_string()))
+            .map(|by_partition| by_partition.values().map(|s| s.report()).collect())
+            .unwrap_or_default()
+    }
+
+    fn insert(&self, key: &CursorKey, status: Arc<CursorStatus>) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .entry((key.parent.clone(), key.child.clone()))
+            .or_default()
+            .insert(key.partition, status);
+    }
+
+    fn remove(&self, key: &CursorKey) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        let link = (key.parent.clone(), key.child.clone());
+        if let Some(by_partition) = cursors.get_mut(&link) {
+            by_partition.remove(&key.partition);
+            if by_partition.is_empty() {
+                cursors.remove(&link);
+            }
+        }
+    }
+}
+
+/// The reconciler's state between ticks.
+pub struct Reconciler {
+    deps: Arc<CursorDeps>,
+    ownership: Arc<dyn PartitionOwnership>,
+    routers: Arc<dyn RouterFactory>,
+    metrics: Arc<FanoutMetrics>,
+    view: Arc<FanoutView>,
+    schedule: Schedule,
+    cursors: HashMap<CursorKey, RunningCursor>,
+    links: HashMap<(String, String), RunningLink>,
+}
+
+impl Reconciler {
+    /// A reconciler with no cursors running yet.
+    pub fn new(
+        deps: Arc<CursorDeps>,
+        ownership: Arc<dyn PartitionOwnership>,
+        routers: Arc<dyn RouterFactory>,
+        metrics: Arc<FanoutMetrics>,
+        view: Arc<FanoutView>,
+    ) -> Reconciler {
+        Reconciler {
+            deps,
+            ownership,
+            routers,
+            metrics,
+            view,
+            schedule: Schedule::new(),
+            cursors: HashMap::new(),
+            links: HashMap::new(),
+        }
+    }
+
+    /// Ticks every [`RECONCILE_INTERVAL`] until `shutdown`, then stops every cursor.
+    pub async fn run(mut self, shutdown: ShutdownSignal) {
+        let mut ticker = tokio::time::interval(RECONCILE_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.wait() => break,
+            }
+            self.tick().await;
+        }
+        let keys: Vec<CursorKey> = self.cursors.keys().cloned().collect();
+        for key in keys {
+            self.stop_cursor(&key).await;
+        }
+    }
+
+    /// One tick: reap exited cursors, then run a full pass when the schedule says so.
+    pub async fn tick(&mut self) {
+        self.reap_exited().await;
+        let versions = match self.deps.metastore.versions().await {
+            Ok(v) => v,
+            Err(error) => {
+                tracing::warn!(%error, "reconciler cannot read metastore versions");
+                return;
+            }
+        };
+        let version_list = [versions.topics, versions.links, versions.plugins];
+        let now = Instant::now().into_std();
+        let plan = self.schedule.plan(&version_list, now);
+        if !plan.full_pass {
+            return;
+        }
+        let clean = match self.deps.metastore.snapshot().await {
+            Ok(snapshot) => {
+                let clean = self.full_pass(&snapshot).await;
+                if plan.sweep_orphans {
+                    self.sweep_orphans(&snapshot).await;
+                }
+                clean
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reconciler cannot read the metastore");
+                false
+            }
+        };
+        self.schedule.full_pass_done(&version_list, now, clean);
+    }
+
+    async fn reap_exited(&mut self) {
+        let finished: Vec<CursorKey> = self
+            .cursors
+            .iter()
+            .filter(|(_, running)| running.task.is_finished())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in finished {
+            if let Some(running) = self.cursors.remove(&key) {
+                match running.task.await {
+                    Ok(exit) => tracing::info!(?key, ?exit, "cursor exited"),
+                    Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
+                }
+                running.status.retire();
+                self.view.remove(&key);
+            }
+            self.schedule.cursor_exited();
+        }
+    }
+
+    fn desired(&self, snapshot: &Snapshot) -> BTreeSet<CursorKey> {
+        let mut desired = BTreeSet::new();
+        for link in snapshot.links.values() {
+            let (Some(parent), Some(_child)) = (snapshot.topics.get(&link.parent), snapshot.topics.get(&link.child)) else {
+                continue;
+            };
+            for partition in 0..parent.partitions {
+                let id = PartitionId::new(link.parent.clone(), partition);
+                if self.ownership.is_local(&id) {
+                    desired.insert(CursorKey {
+                        parent: link.parent.clone(),
+                        partition,
+                        child: link.child.clone(),
+                        epoch: link.attach_epoch.clone(),
+                    });
+                }
+            }
+        }
+        desired
+    }
+
+    /// Returns false when the pass left work behind (a router that could not be built).
+    async fn full_pass(&mut self, snapshot: &Snapshot) -> bool {
+        let mut clean = true;
+        // Links: drop runtimes of links that are gone; refresh or rebuild the others.
+        self.links.retain(|name, _| snapshot.links.contains_key(name));
+        for (name, meta) in &snapshot.links {
+            let previous = self.links.get(name).map(|l| l.runtime.meta());
+            match previous {
+                Some(previous) if *previous == *meta => {}
+                Some(previous) if previous.router == meta.router && previous.config == meta.config => {
+                    if let Some(link) = self.links.get(name) {
+                        link.runtime.set_meta(meta.clone());
+                    }
+                }
+                _ => match self.routers.build(meta) {
+                    Ok(router) => match self.links.get(name) {
+                        // Same epoch, new chain: swap it in place; cursors pick it up at their
+                        // next slab.
+                        Some(link) if link.runtime.meta().attach_epoch == meta.attach_epoch => {
+                            *link.runtime.router.lock().unwrap_or_else(PoisonError::into_inner) = router;
+                            link.runtime.set_meta(meta.clone());
+                        }
+                        _ => {
+                            let runtime = Arc::new(LinkRuntime::new(meta.clone(), Arc::new(Mutex::new(router))));
+                            self.links.insert(name.clone(), RunningLink { runtime });
+                        }
+                    },
+                    Err(error) => {
+                        tracing::error!(parent = %meta.parent, child = %meta.child, %error, "cannot build the link's router chain");
+                        clean = false;
+                    }
+                },
+            }
+        }
+
+        let desired = self.desired(snapshot);
+        let running: BTreeSet<CursorKey> = self.cursors.keys().cloned().collect();
+        for action in reducer::reconcile(&desired, &running) {
+            match action {
+                Action::Stop(key) => self.stop_cursor(&key).await,
+                Action::Start(key) => {
+                    if !self.start_cursor(key) {
+                        clean = false;
+                    }
+                }
+            }
+        }
+        clean
+    }
+
+    fn start_cursor(&mut self, key: CursorKey) -> bool {
+        let Some(link) = self.links.get(&(key.parent.clone(), key.child.clone())) else {
+            return false;
+        };
+        if link.runtime.meta().attach_epoch != key.epoch {
+            return false;
+        }
+        let (trigger, signal) = shutdown::channel();
+        let labels = CursorLabels {
+            parent: key.parent.clone(),
+            child: key.child.clone(),
+            partition: key.partition,
+        };
+        let status = Arc::new(CursorStatus::new(labels, Arc::clone(&self.metrics)));
+        self.view.insert(&key, Arc::clone(&status));
+        let task = tokio::spawn(run_cursor(
+            Arc::clone(&self.deps),
+            key.clone(),
+            Arc::clone(&link.runtime),
+            Arc::clone(&status),
+            signal,
+        ));
+        tracing::info!(parent = %key.parent, partition = key.partition, child = %key.child, epoch = %key.epoch, "cursor started");
+        self.cursors.insert(
+            key,
+            RunningCursor {
+                stop: trigger,
+                task,
+                status,
+            },
+        );
+        true
+    }
+
+    async fn stop_cursor(&mut self, key: &CursorKey) {
+        if let Some(running) = self.cursors.remove(key) {
+            running.stop.trigger();
+            match running.task.await {
+                Ok(exit) => tracing::info!(?key, ?exit, "cursor stopped"),
+                Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
+            }
+            running.status.retire();
+            self.view.remove(key);
+        }
+    }
+
+    /// Deletes offset files of links that no longer exist, after a linearizable read confirms
+    /// that the link is really gone.
+    async fn sweep_orphans(&self, snapshot: &Snapshot) {
+        let mut links: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (parent, child) in snapshot.links.keys() {
+            links.entry(parent.clone()).or_default().insert(child.clone());
+        }
+        let mut files: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
+        for topic in snapshot.topics.values() {
+            for partition in 0..topic.partitions {
+                let id = PartitionId::new(topic.name.clone(), partition);
+                if !self.ownership.is_local(&id) {
+                    continue;
+                }
+                let dir = self.deps.store.data_dir().join("topics").join(&topic.name).join(id.dir_name());
+                match cursor_file::list_cursor_children(self.deps.fs.as_ref(), &dir) {
+                    Ok(children) if !children.is_empty() => {
+                        files.insert((topic.name.clone(), partition), children.into_iter().collect());
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "cannot list cursor files"),
+                }
+            }
+        }
+        let orphans = reducer::orphan_cursor_files(&links, &files);
+        if orphans.is_empty() {
+            return;
+        }
+        let confirmed = match self.deps.metastore.confirm().await {
+            Ok(confirmed) => confirmed,
+            Err(error) => {
+                tracing::warn!(%error, "orphan sweep deferred: metastore not confirmed");
+                return;
+            }
+        };
+        for (parent, partition, child) in orphans {
+            if confirmed.links.contains_key(&(parent.clone(), child.clone())) {
+                continue;
+            }
+            let path = cursor_path(&self.deps.store, &PartitionId::new(parent.clone(), partition), &child);
+            match cursor_file::remove(self.deps.fs.as_ref(), &path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed orphan cursor file"),
+                Err(error) => tracing::warn!(%error, "cannot remove orphan cursor file"),
+            }
+        }
+    }
+}
