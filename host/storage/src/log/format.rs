@@ -419,12 +419,14 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
                 value,
                 origin: origin
                     .as_ref()
-                    .map(|(epoch, parent_partition, slab_start, offsets)| RecordOrigin {
-                        epoch: *epoch,
-                        parent_partition: *parent_partition,
-                        parent_offset: offsets[i],
-                        slab_start: *slab_start,
-                    }),
+                    .map(
+                        |(epoch, parent_partition, slab_start, offsets)| RecordOrigin {
+                            epoch: *epoch,
+                            parent_partition: *parent_partition,
+                            parent_offset: offsets[i],
+                            slab_start: *slab_start,
+                        },
+                    ),
             },
             encoded_len: c.pos - start,
         });
@@ -506,7 +508,10 @@ mod tests {
             .collect();
         assert_eq!(got, origin.parent_offsets);
         assert_eq!(out[3].origin.as_ref().unwrap().parent_partition, 7);
-        assert!(out.iter().all(|r| r.origin.as_ref().unwrap().slab_start == 9));
+        assert!(
+            out.iter()
+                .all(|r| r.origin.as_ref().unwrap().slab_start == 9)
+        );
     }
 
     #[test]

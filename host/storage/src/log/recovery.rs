@@ -267,3 +267,47 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
         }),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::fs::RealFs;
+    use crate::log::format;
+    use crate::record::{LogConfig, NewRecord};
+
+    #[test]
+    fn the_sparse_index_is_rebuilt_on_open_with_an_entry_every_few_kilobytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
+        let clock = ManualClock::new(0);
+        let config = LogConfig::default();
+        let log = open(fs.clone(), dir.path()).unwrap();
+        for i in 0..200u32 {
+            let rec = NewRecord {
+                value: vec![i as u8; 500].into(),
+                ..NewRecord::default()
+            };
+            let mut frame = Vec::new();
+            format::encode_batch(&[rec], None, &mut frame).unwrap();
+            log.append(&mut frame, 1, &clock, &config, |_| {}).unwrap();
+        }
+        let live = crate::log::read(&log.view).segments[0].index.clone();
+        log.close().unwrap();
+        drop(log);
+        let reopened = open(fs, dir.path()).unwrap();
+        let view = crate::log::read(&reopened.view);
+        let rebuilt = &view.segments[0].index;
+        // ~100 KiB of frames, one entry per 4 KiB.
+        assert!(rebuilt.len() >= 20, "{} entries", rebuilt.len());
+        assert_eq!(rebuilt.len(), live.len());
+        for offset in [0u64, 17, 100, 199] {
+            assert_eq!(rebuilt.lookup(offset), live.lookup(offset));
+            assert!(rebuilt.lookup(offset) <= view.segments[0].len);
+        }
+        assert!(
+            rebuilt.lookup(199) > 0,
+            "a read near the end starts past the segment start"
+        );
+    }
+}
