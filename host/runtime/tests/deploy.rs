@@ -241,6 +241,28 @@ fn a_trap_fails_the_test_slab_with_its_trap_code() {
 }
 
 #[test]
+fn unbounded_recursion_hits_the_stack_limit() {
+    let err = load(&Spec::new("deep").poison(Poison::Recurse).always()).unwrap_err();
+    match err {
+        LoadError::TestSlab(Failure::Trap { code, .. }) => {
+            assert_eq!(code.as_deref(), Some("StackOverflow"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn precompiled_code_is_never_accepted_as_a_plugin() {
+    let engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&engine, Spec::new("pre").wasm()).unwrap();
+    let precompiled = module.serialize().unwrap();
+    assert!(matches!(
+        Plugin::load(&runtime(), &precompiled).unwrap_err(),
+        LoadError::NotWasm
+    ));
+}
+
+#[test]
 fn an_out_of_range_answer_fails_the_test_slab() {
     let err = load(&Spec::new("range").poison(Poison::OutOfRange).always()).unwrap_err();
     assert!(

@@ -27,6 +27,8 @@ pub enum Poison {
     LogFlood,
     /// Decides the record to partition 0.
     PinZero,
+    /// Unbounded recursion.
+    Recurse,
 }
 
 /// A generated plugin.
@@ -101,6 +103,7 @@ impl Spec {
             }
             Poison::ReturnCount => "(return (local.get $n))",
             Poison::ErrorReturn => "(return (i32.const -1))",
+            Poison::Recurse => "(call $recurse)",
             Poison::PinZero => "(i32.store (local.get $slot) (i32.const 0))",
             Poison::Skip => "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next)",
             Poison::LogFlood => {
@@ -164,6 +167,7 @@ impl Spec {
     (global.set $bump (local.get $end))
     (local.get $p))
   (func $narad_dealloc (param i32 i32))
+  (func $recurse (call $recurse))
   (func $narad_last_error (result i64) (i64.const 0x1000000018))
   (func $narad_route (param $in i32) (param $len i32) (param $out i32) (result i32)
     (local $n i32) (local $i i32) (local $table i32) (local $arena i32) (local $e i32)
