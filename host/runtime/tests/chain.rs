@@ -312,3 +312,28 @@ fn undecided_is_never_a_valid_partition() {
     assert_eq!(err.failure, Failure::Undecided { record_offset: 7 });
     assert_eq!(UNDECIDED, u32::MAX);
 }
+
+#[test]
+fn chains_sharing_one_runtime_and_plugin_route_on_parallel_threads() {
+    let runtime = runtime();
+    let plugin = Plugin::load(&runtime, &Spec::new("parity").wasm()).unwrap();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let plugin = plugin.clone();
+                scope.spawn(move || {
+                    let mut chain = Chain::new([plugin]).unwrap();
+                    let slab = Slab::new(0, GOOD);
+                    (0..50)
+                        .map(|_| chain.route(&context(2), &slab.records()).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            for decisions in handle.join().unwrap() {
+                assert_eq!(decisions, vec![1, 0, 1, 1, 1]);
+            }
+        }
+    });
+}
