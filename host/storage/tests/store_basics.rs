@@ -439,3 +439,10 @@ fn concurrent_readers_only_ever_see_whole_acknowledged_batches_in_order() {
     writer.join().unwrap();
     assert!(reads >= 1);
 }
+
+#[test]
+fn the_store_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync + 'static>() {}
+    shareable::<Store>();
+    shareable::<narad_storage::fault::FaultFs>();
+}
