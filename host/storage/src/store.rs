@@ -1,9 +1,9 @@
 //! The store: one data directory, its lock, and the partitions registered with it.
 //!
 //! Each partition has a slot that is `Closed`, `Open` (an open partition log), `Quarantined`
-//! or `Failed`. Logs open lazily on the first read or append (recovery runs then), are closed when idle,
-//! and are described by `peek` without being opened. A `watch` channel per partition carries
-//! the high watermark so long-polls wake on appends instead of polling.
+//! or `Failed`. Logs open lazily on the first read or append (recovery runs then), are closed
+//! when idle, and are described by `peek` without being opened. A `watch` channel per
+//! partition carries the high watermark so long-polls wake on appends instead of polling.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
