@@ -172,7 +172,8 @@ impl Store {
         }
         fs.sync_dir(dir)
             .map_err(io(format!("syncing {}", dir.display())))?;
-        // Finish deletions a crash interrupted.
+        // Finish deletions a crash interrupted. What is in the trash is already gone from the
+        // store's point of view, so a failure here is worth a warning, not a refusal to start.
         let trash = dir.join(TRASH_DIR_NAME);
         for entry in fs
             .read_dir(&trash)
@@ -184,7 +185,9 @@ impl Store {
             } else {
                 fs.remove_file(&path)
             };
-            removed.map_err(io(format!("removing {}", path.display())))?;
+            if let Err(e) = removed {
+                tracing::warn!(path = %path.display(), error = %e, "could not empty the trash");
+            }
         }
         Ok(Store {
             dir: dir.to_path_buf(),
