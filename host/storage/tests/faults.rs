@@ -256,3 +256,56 @@ fn a_crash_at_any_operation_keeps_every_acknowledged_record_exactly_once_in_orde
     }
     assert_eq!(crashes, total_ops * 4);
 }
+
+#[test]
+fn a_crash_while_deleting_a_topic_leaves_it_whole_or_gone() {
+    let setup = |fs: &FaultFs| {
+        let store = open(fs).unwrap();
+        for p in 0..2 {
+            store
+                .create_partition(&pid("doomed", p), small_segments(300))
+                .unwrap();
+            store.append(&pid("doomed", p), batch(&["a", "b"])).unwrap();
+        }
+        store
+    };
+    let delete_ops = {
+        let fs = fault_fs();
+        let store = setup(&fs);
+        let before = fs.op_count();
+        store.delete_topic("doomed").unwrap();
+        fs.op_count() - before
+    };
+    assert!(delete_ops >= 3, "rename, directory syncs and removal");
+    for n in 1..=delete_ops {
+        for mode in [CrashMode::KeepAll, CrashMode::DropAll, CrashMode::Tear(n)] {
+            let fs = fault_fs();
+            let store = setup(&fs);
+            fs.crash_at(n);
+            assert!(store.delete_topic("doomed").is_err());
+            drop(store);
+            fs.crash(mode);
+
+            let store = open(&fs).unwrap();
+            let topic_dir = Path::new(DATA).join("topics/doomed");
+            if fs.exists(&topic_dir).unwrap() {
+                for p in 0..2 {
+                    store
+                        .create_partition(&pid("doomed", p), small_segments(300))
+                        .unwrap();
+                    assert_eq!(
+                        values(&read_all(&store, &pid("doomed", p), 0)),
+                        ["a", "b"],
+                        "crash at delete op {n}, {mode:?}: a topic still in place is whole"
+                    );
+                }
+            }
+            assert!(
+                fs.read_dir(&Path::new(DATA).join("trash"))
+                    .unwrap()
+                    .is_empty(),
+                "the trash is emptied at start-up"
+            );
+        }
+    }
+}
