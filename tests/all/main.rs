@@ -3,4 +3,5 @@
 //! with SIGKILL where the promise is about a crash.
 
 mod crash_produce;
+mod fanout;
 mod harness;

@@ -15,9 +15,16 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppInner, AppState};
 use crate::config::Config;
+use crate::fanout::committer::ChildCommitter;
+use crate::fanout::cursor::CursorDeps;
+use crate::fanout::metrics::FanoutMetrics;
+use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::{FileMetastore, Metastore, MetastoreError};
+use crate::ownership::PartitionOwnership;
 use crate::ownership::SingleNode;
+use crate::plugins::{PluginRegistry, RegistryError};
 use crate::produce::Producer;
+use crate::reconciler::{FanoutView, Reconciler};
 use crate::shutdown::ShutdownSignal;
 use crate::topics::{TopicService, log_config};
 
@@ -39,6 +46,9 @@ pub enum ServerError {
     /// The metastore file is corrupt, missing beside its backup, too new, or unreadable.
     #[error(transparent)]
     Metastore(#[from] MetastoreError),
+    /// The plugin registry could not open (content store, runtime, built-ins).
+    #[error("cannot open the plugin registry: {0}")]
+    Plugins(#[from] RegistryError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -101,6 +111,14 @@ pub async fn run_server(
     let store = Arc::new(store);
     let metastore: Arc<dyn Metastore> = Arc::new(metastore);
     let producer = Arc::new(Producer::new(Arc::clone(&store)));
+    let plugins = Arc::new(
+        PluginRegistry::open(
+            &data_dir,
+            Arc::clone(&metastore),
+            narad_runtime::Limits::default(),
+        )
+        .await?,
+    );
     let topics = Arc::new(TopicService::new(
         Arc::clone(&store),
         Arc::clone(&metastore),
@@ -119,14 +137,44 @@ pub async fn run_server(
         source,
     })?;
 
+    let fanout_metrics = Arc::new(FanoutMetrics::default());
+    let mut registry = prometheus_client::registry::Registry::default();
+    fanout_metrics.register(&mut registry);
+    let fanout_view = Arc::new(FanoutView::default());
+    let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
+    let reconciler = {
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer: Arc::clone(&producer) as Arc<dyn ChildCommitter>,
+            metastore: Arc::clone(&metastore),
+            clock: Arc::new(narad_storage::SystemClock),
+        });
+        let registry_for_loader = Arc::clone(&plugins);
+        let routers = Arc::new(WasmRouterFactory::new(Arc::new(move |digest: &str| {
+            registry_for_loader.load(digest).map_err(|e| e.to_string())
+        })));
+        let reconciler = Reconciler::new(
+            deps,
+            Arc::clone(&ownership),
+            routers,
+            Arc::clone(&fanout_metrics),
+            Arc::clone(&fanout_view),
+        );
+        tokio::spawn(reconciler.run(shutdown.clone()))
+    };
+
     let state = AppState::new(AppInner {
         limits: config.limits.clone(),
         store: Arc::clone(&store),
         metastore,
         topics,
         producer,
-        ownership: Arc::new(SingleNode::default()),
+        ownership,
         shutdown: shutdown.clone(),
+        plugins,
+        fanout: fanout_view,
+        metrics: Arc::new(registry),
     });
     let app = api::router(state);
 
@@ -164,6 +212,9 @@ pub async fn run_server(
             })
             .await;
         // The loops see the same signal; wait for them before closing the store under them.
+        // Cursors stop before the store closes under them; a cursor cut short repeats its
+        // slab on the next start.
+        let _ = reconciler.await;
         let _ = retention.await;
         let _ = idle.await;
         let closed = tokio::task::spawn_blocking(move || store.close())

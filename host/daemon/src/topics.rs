@@ -94,7 +94,7 @@ pub fn log_config(topic: &TopicMeta, segment_bytes: u64) -> LogConfig {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -126,6 +126,16 @@ impl From<MetastoreError> for ApiError {
             }
             MetastoreError::UnknownTopic { .. } => ApiError::not_found(err.to_string()),
             MetastoreError::CannotShrink { .. } => ApiError::bad_request(err.to_string()),
+            MetastoreError::LinkExists { .. } | MetastoreError::PluginInUse { .. } => {
+                ApiError::new(StatusCode::CONFLICT, err.to_string())
+            }
+            MetastoreError::UnknownLink { .. } | MetastoreError::UnknownPlugin { .. } => {
+                ApiError::not_found(err.to_string())
+            }
+            MetastoreError::LinkRule(crate::metastore::LinkRuleError::TooManyChildren {
+                ..
+            }) => ApiError::new(StatusCode::CONFLICT, err.to_string()),
+            MetastoreError::LinkRule(_) => ApiError::bad_request(err.to_string()),
             _ => ApiError::internal(err.to_string()),
         }
     }

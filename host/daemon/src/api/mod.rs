@@ -2,13 +2,20 @@
 //! - [`topics`]: `POST/GET /v1/topics`, `GET/DELETE /v1/topics/{t}`,
 //!   `POST /v1/topics/{t}/partitions`;
 //! - [`records`]: `POST /v1/topics/{t}/records`, `GET /v1/topics/{t}/partitions/{p}/records`;
+//! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
+//! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`,
+//!   `GET /v1/topics/{parent}/children`;
+//! - [`metrics`]: `GET /metrics`;
 //! - [`health`]: `GET /healthz`;
 //! - [`types`]: the JSON shapes (shared with the CLI), [`error`]: the JSON error answer,
 //!   [`extract`]: extractors that turn axum's rejections into that answer.
 
+pub mod children;
 pub mod error;
 pub mod extract;
 pub mod health;
+pub mod metrics;
+pub mod plugins;
 pub mod records;
 pub mod topics;
 pub mod types;
@@ -19,12 +26,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::{Method, StatusCode, Uri};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use narad_storage::Store;
 
 use crate::config::Limits;
 use crate::metastore::Metastore;
 use crate::ownership::PartitionOwnership;
+use crate::plugins::PluginRegistry;
 use crate::produce::Producer;
 use crate::shutdown::ShutdownSignal;
 use crate::topics::TopicService;
@@ -50,6 +58,12 @@ pub struct AppInner {
     pub ownership: Arc<dyn PartitionOwnership>,
     /// Ends long-polls early when the daemon shuts down.
     pub shutdown: ShutdownSignal,
+    /// The routing plugins (registry, runtime, content store).
+    pub plugins: Arc<PluginRegistry>,
+    /// The cursors running on this node, for the children listing.
+    pub fanout: Arc<crate::reconciler::FanoutView>,
+    /// Every metric series, for `GET /metrics`.
+    pub metrics: Arc<prometheus_client::registry::Registry>,
 }
 
 impl AppState {
@@ -69,6 +83,7 @@ impl Deref for AppState {
 /// The API router with its body limit and JSON fallbacks.
 pub fn router(state: AppState) -> Router {
     let body_limit = usize::try_from(state.limits.max_request_bytes).unwrap_or(usize::MAX);
+    let plugin_limit = usize::try_from(state.limits.max_plugin_bytes).unwrap_or(usize::MAX);
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/v1/topics", post(topics::create).get(topics::list))
@@ -82,6 +97,22 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{topic}/partitions/{partition}/records",
             get(records::fetch),
         )
+        // The upload has its own limit; this inner layer overrides the router-wide one.
+        .route(
+            "/v1/plugins",
+            post(plugins::deploy)
+                .layer(DefaultBodyLimit::max(plugin_limit))
+                .get(plugins::list),
+        )
+        .route("/v1/plugins/{name}", delete(plugins::remove))
+        .route("/v1/topics/{parent}/children", get(children::list))
+        .route(
+            "/v1/topics/{parent}/children/{child}",
+            put(children::attach)
+                .patch(children::set_router)
+                .delete(children::detach),
+        )
+        .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -8,16 +8,16 @@ use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorR
 use narad_storage::fs::FileSystem;
 use narad_storage::{Clock, PartitionId, StorageError, Store};
 
+use super::RETRY_BACKOFF;
 use super::committer::ChildCommitter;
 use super::deliver::{Delivery, DeliveryEnv, LinkView, SlabJob, deliver};
 use super::gate;
-use crate::metastore::link::{LinkMeta, epoch_bytes};
 use super::provenance;
 use super::router::SharedRouter;
 use super::slab::{SlabRead, read_slab};
 use super::start::{StartPoint, start_point};
 use super::status::CursorStatus;
-use super::RETRY_BACKOFF;
+use crate::metastore::link::{LinkMeta, epoch_bytes};
 use crate::metastore::{BoxFuture, Metastore};
 use crate::reconciler::reducer::CursorKey;
 use crate::shutdown::ShutdownSignal;
@@ -92,7 +92,9 @@ pub fn cursor_path(store: &Store, parent: &PartitionId, child: &str) -> PathBuf 
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| format!("blocking task failed: {e}"))
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("blocking task failed: {e}"))
 }
 
 struct Env<'a> {
@@ -163,16 +165,22 @@ async fn open_position(
         .await?
         .map_err(|e| e.to_string())?;
     let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
-    let evidence = blocking(move || provenance::scan_child_tails(&store, &child, child_partitions, epoch, partition))
+    let evidence = blocking(move || {
+        provenance::scan_child_tails(&store, &child, child_partitions, epoch, partition)
+    })
+    .await?
+    .map_err(|e| e.to_string())?;
+    let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
+    let stats = blocking(move || store.peek(&peek_id))
         .await?
         .map_err(|e| e.to_string())?;
-    let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
-    let stats = blocking(move || store.peek(&peek_id)).await?.map_err(|e| e.to_string())?;
 
     match loaded {
         CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
             let mut position = record.next_offset;
-            if let Some(target) = provenance::rewind_target(position, evidence, stats.log_start_offset) {
+            if let Some(target) =
+                provenance::rewind_target(position, evidence, stats.log_start_offset)
+            {
                 tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
                     "cursor is ahead of what its child holds; rewinding so nothing is missing");
                 status.rewound();
@@ -181,7 +189,10 @@ async fn open_position(
             let fs = Arc::clone(&deps.fs);
             let rewound = position != record.next_offset;
             let file = blocking(move || {
-                let record = CursorRecord { epoch: record.epoch, next_offset: position };
+                let record = CursorRecord {
+                    epoch: record.epoch,
+                    next_offset: position,
+                };
                 if rewound {
                     CursorFile::anchor(fs, &path, record)
                 } else {
@@ -194,10 +205,14 @@ async fn open_position(
         }
         other => {
             match &other {
-                CursorLoad::Found { record, .. } => tracing::info!(parent = %parent, child = %key.child,
-                    found = %record.epoch, wanted = %key.epoch, "offset file belongs to another attach; not resuming it"),
-                CursorLoad::Corrupt { reason } => tracing::warn!(parent = %parent, child = %key.child,
-                    %reason, "offset file is corrupt; rebuilding the position"),
+                CursorLoad::Found { record, .. } => {
+                    tracing::info!(parent = %parent, child = %key.child,
+                    found = %record.epoch, wanted = %key.epoch, "offset file belongs to another attach; not resuming it")
+                }
+                CursorLoad::Corrupt { reason } => {
+                    tracing::warn!(parent = %parent, child = %key.child,
+                    %reason, "offset file is corrupt; rebuilding the position")
+                }
                 CursorLoad::Missing => {}
             }
             // Anchoring overwrites the file: only with the epoch confirmed linearizably.
@@ -209,19 +224,31 @@ async fn open_position(
             }
             let position = match evidence {
                 // The child holds slabs of this epoch: resume at the newest one's start.
-                Some(found) if found.newest_slab_start >= stats.log_start_offset => found.newest_slab_start,
+                Some(found) if found.newest_slab_start >= stats.log_start_offset => {
+                    found.newest_slab_start
+                }
                 _ => {
                     let point = start_point(link.attach_offsets.as_deref(), key.partition);
                     let high = match (point, stats.high_watermark) {
                         (StartPoint::LiveTail, None) => {
                             let (store, id) = (Arc::clone(&deps.store), parent.clone());
-                            blocking(move || store.read(&id, &narad_storage::ReadOptions {
-                                offset: 0, max_records: 0, max_bytes: 0, max_committed_at_ms: None,
-                            }))
+                            blocking(move || {
+                                store.read(
+                                    &id,
+                                    &narad_storage::ReadOptions {
+                                        offset: 0,
+                                        max_records: 0,
+                                        max_bytes: 0,
+                                        max_committed_at_ms: None,
+                                    },
+                                )
+                            })
                             .await?
                             .map(|r| r.high_watermark)
                             .or_else(|e| match e {
-                                StorageError::OffsetBelowLogStart { .. } => Ok(stats.log_start_offset),
+                                StorageError::OffsetBelowLogStart { .. } => {
+                                    Ok(stats.log_start_offset)
+                                }
                                 other => Err(other),
                             })
                             .map_err(|e| e.to_string())?
@@ -233,7 +260,14 @@ async fn open_position(
             };
             let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
             let file = blocking(move || {
-                CursorFile::anchor(fs, &path, CursorRecord { epoch: epoch_text, next_offset: position })
+                CursorFile::anchor(
+                    fs,
+                    &path,
+                    CursorRecord {
+                        epoch: epoch_text,
+                        next_offset: position,
+                    },
+                )
             })
             .await?
             .map_err(|e| e.to_string())?;
@@ -287,7 +321,10 @@ pub async fn run_cursor(
         }
         let meta = link.meta();
         if meta.attach_epoch != key.epoch {
-            return CursorExit::LinkGone(format!("{} -> {} was re-attached", key.parent, key.child));
+            return CursorExit::LinkGone(format!(
+                "{} -> {} was re-attached",
+                key.parent, key.child
+            ));
         }
         let delay_ms = meta.delay_ms;
         let clock = Arc::clone(&deps.clock);
@@ -313,7 +350,10 @@ pub async fn run_cursor(
                 status.set_due_lag(0.0);
                 status.running();
             }
-            SlabRead::NotDue { committed_at_ms, high_watermark } => {
+            SlabRead::NotDue {
+                committed_at_ms,
+                high_watermark,
+            } => {
                 status.set_position(position, high_watermark);
                 status.set_due_lag(0.0);
                 status.waiting();
@@ -340,8 +380,13 @@ pub async fn run_cursor(
                     }
                 }
             }
-            SlabRead::Records { records, high_watermark } => {
-                let Some(last) = records.last().map(|r| r.offset) else { continue };
+            SlabRead::Records {
+                records,
+                high_watermark,
+            } => {
+                let Some(last) = records.last().map(|r| r.offset) else {
+                    continue;
+                };
                 let oldest = records.first().map(|r| r.committed_at_ms);
                 status.set_due_lag(gate::due_lag_seconds(oldest, delay_ms, deps.clock.now_ms()));
                 let count = records.len() as u64;
@@ -353,7 +398,10 @@ pub async fn run_cursor(
                     slab_start: position,
                     records,
                 };
-                let env = Env { deps: &deps, key: &key };
+                let env = Env {
+                    deps: &deps,
+                    key: &key,
+                };
                 match deliver(job, &link.router, &deps.committer, &env, &status, &stop).await {
                     Delivery::Committed => {}
                     Delivery::Stopped => return CursorExit::Stopped,

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord, PartitionId, StorageError, StoredRecord};
+use narad_storage::{
+    AppendBatch, BatchOrigin, Header, NewRecord, PartitionId, StorageError, StoredRecord,
+};
 use tokio::task::JoinSet;
 
 use super::committer::ChildCommitter;
@@ -75,7 +77,13 @@ async fn pause(pause: Duration, stop: &ShutdownSignal) -> bool {
 fn to_new_record(record: &StoredRecord, copy: bool) -> NewRecord {
     // Held for a retry, records are copied off the parent's read buffers so a long outage
     // does not pin them.
-    let own = |b: &Bytes| if copy { Bytes::copy_from_slice(b) } else { b.clone() };
+    let own = |b: &Bytes| {
+        if copy {
+            Bytes::copy_from_slice(b)
+        } else {
+            b.clone()
+        }
+    };
     NewRecord {
         key: record.key.as_ref().map(own),
         headers: record
@@ -124,7 +132,11 @@ fn commit_with_quick_retries(
     }
 }
 
-async fn route(router: &SharedRouter, input: RouteInput, records: Vec<StoredRecord>) -> (Vec<StoredRecord>, Result<Vec<u32>, RouteFailure>) {
+async fn route(
+    router: &SharedRouter,
+    input: RouteInput,
+    records: Vec<StoredRecord>,
+) -> (Vec<StoredRecord>, Result<Vec<u32>, RouteFailure>) {
     let router = Arc::clone(router);
     // Plugins run on the blocking pool so a slow one cannot stall the I/O threads.
     let task = tokio::task::spawn_blocking(move || {
@@ -182,7 +194,10 @@ pub async fn deliver(
             }
         };
         if !view.current {
-            return Delivery::LinkGone(format!("{} -> {} was detached or re-attached", job.parent, job.child));
+            return Delivery::LinkGone(format!(
+                "{} -> {} was detached or re-attached",
+                job.parent, job.child
+            ));
         }
         let input = RouteInput {
             parent_topic: job.parent.clone(),
@@ -218,12 +233,20 @@ pub async fn deliver(
         let mut in_flight = JoinSet::new();
         let mut failed_indices: Vec<usize> = Vec::new();
         let mut errors: Vec<String> = Vec::new();
-        let mut queued = buckets.into_iter().enumerate().filter(|(_, b)| !b.is_empty());
+        let mut queued = buckets
+            .into_iter()
+            .enumerate()
+            .filter(|(_, b)| !b.is_empty());
         loop {
             while in_flight.len() < COMMITS_IN_FLIGHT {
-                let Some((partition, indices)) = queued.next() else { break };
+                let Some((partition, indices)) = queued.next() else {
+                    break;
+                };
                 let batch = AppendBatch {
-                    records: indices.iter().map(|&i| to_new_record(&pending[i], false)).collect(),
+                    records: indices
+                        .iter()
+                        .map(|&i| to_new_record(&pending[i], false))
+                        .collect(),
                     origin: Some(BatchOrigin {
                         epoch: job.epoch,
                         parent_partition: job.partition,
@@ -238,7 +261,9 @@ pub async fn deliver(
                     (target, indices, outcome)
                 });
             }
-            let Some(joined) = in_flight.join_next().await else { break };
+            let Some(joined) = in_flight.join_next().await else {
+                break;
+            };
             match joined {
                 Ok((_, _, Ok(()))) => {}
                 Ok((target, indices, Err(error))) => {
@@ -263,7 +288,10 @@ pub async fn deliver(
         let reason = errors.join("; ");
         status.stalled(reason.clone());
         tracing::warn!(parent = %job.parent, partition = job.partition, child = %job.child, failed = failed_indices.len(), %reason, "child commits failed; retrying those buckets");
-        pending = failed_indices.iter().map(|&i| detach(&pending[i])).collect();
+        pending = failed_indices
+            .iter()
+            .map(|&i| detach(&pending[i]))
+            .collect();
         attempt = attempt.saturating_add(1);
         if !pause(RETRY_BACKOFF, stop).await {
             return Delivery::Stopped;

@@ -31,7 +31,11 @@ pub fn sleep_until_due(committed_at_ms: i64, delay_ms: u64, now_ms: i64) -> Dura
 
 /// How far behind the due frontier a cursor runs, in seconds: the age past its due time of the
 /// oldest record it has not copied (`committed_at + delay`), or 0 when nothing due is waiting.
-pub fn due_lag_seconds(oldest_pending_committed_at_ms: Option<i64>, delay_ms: u64, now_ms: i64) -> f64 {
+pub fn due_lag_seconds(
+    oldest_pending_committed_at_ms: Option<i64>,
+    delay_ms: u64,
+    now_ms: i64,
+) -> f64 {
     match oldest_pending_committed_at_ms {
         None => 0.0,
         Some(committed_at) => {
@@ -56,7 +60,10 @@ mod tests {
     fn the_gate_stands_at_now_minus_the_delay() {
         // 13:00:00.5 with a one-hour delay: the gate is 12:00:00.5.
         let now = 13 * HOUR_MS as i64 + 500;
-        assert_eq!(max_committed_at(now, HOUR_MS), Some(12 * HOUR_MS as i64 + 500));
+        assert_eq!(
+            max_committed_at(now, HOUR_MS),
+            Some(12 * HOUR_MS as i64 + 500)
+        );
     }
 
     #[test]
@@ -64,7 +71,10 @@ mod tests {
         // r2 committed at 12:00:01, now 13:00:00.5: due in 0.5 s.
         let now = 13 * HOUR_MS as i64 + 500;
         let r2 = 12 * HOUR_MS as i64 + 1_000;
-        assert_eq!(sleep_until_due(r2, HOUR_MS, now), Duration::from_millis(500));
+        assert_eq!(
+            sleep_until_due(r2, HOUR_MS, now),
+            Duration::from_millis(500)
+        );
     }
 
     #[test]

@@ -134,7 +134,11 @@ impl FanoutMetrics {
         self.commit_retries.remove(labels);
         self.route_failures.remove(labels);
         self.rewinds.remove(labels);
-        for state in [StateLabel::running, StateLabel::waiting, StateLabel::stalled] {
+        for state in [
+            StateLabel::running,
+            StateLabel::waiting,
+            StateLabel::stalled,
+        ] {
             self.state.remove(&StateLabels {
                 parent: labels.parent.clone(),
                 child: labels.child.clone(),

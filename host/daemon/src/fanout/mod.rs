@@ -33,6 +33,7 @@ pub mod router;
 pub mod slab;
 pub mod start;
 pub mod status;
+pub mod wasm_router;
 
 use std::time::Duration;
 
@@ -54,7 +55,8 @@ pub const COMMITS_IN_FLIGHT: usize = 16;
 
 /// Pauses between the quick tries of a failed bucket commit: 3 tries, 100 ms then 200 ms
 /// apart (engine reference).
-pub const QUICK_RETRY_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(200)];
+pub const QUICK_RETRY_PAUSES: [Duration; 2] =
+    [Duration::from_millis(100), Duration::from_millis(200)];
 
 /// Back-off before retrying buckets that failed their quick tries, and between routing
 /// attempts of a slab a plugin failed (engine reference: retry backoff 1 s).

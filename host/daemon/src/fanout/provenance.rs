@@ -40,17 +40,19 @@ pub fn scan_child_tails(
         let high = match stats.high_watermark {
             Some(high) => high,
             // A closed log after a crash: read from its start offset to learn the watermark.
-            None => store
-                .read(
-                    &id,
-                    &ReadOptions {
-                        offset: stats.log_start_offset,
-                        max_records: 1,
-                        max_bytes: 1,
-                        max_committed_at_ms: None,
-                    },
-                )?
-                .high_watermark,
+            None => {
+                store
+                    .read(
+                        &id,
+                        &ReadOptions {
+                            offset: stats.log_start_offset,
+                            max_records: 1,
+                            max_bytes: 1,
+                            max_committed_at_ms: None,
+                        },
+                    )?
+                    .high_watermark
+            }
         };
         let window = SLAB_MAX_RECORDS as u64;
         let mut offset = high.saturating_sub(window).max(stats.log_start_offset);
@@ -68,7 +70,9 @@ pub fn scan_child_tails(
                 break;
             }
             for record in &read.records {
-                let Some(origin) = &record.origin else { continue };
+                let Some(origin) = &record.origin else {
+                    continue;
+                };
                 if origin.epoch != epoch || origin.parent_partition != parent_partition {
                     continue;
                 }
@@ -80,7 +84,9 @@ pub fn scan_child_tails(
                     None => found,
                     Some(seen) => ChildEvidence {
                         newest_slab_start: seen.newest_slab_start.max(found.newest_slab_start),
-                        highest_parent_offset: seen.highest_parent_offset.max(found.highest_parent_offset),
+                        highest_parent_offset: seen
+                            .highest_parent_offset
+                            .max(found.highest_parent_offset),
                     },
                 });
             }
@@ -94,10 +100,16 @@ pub fn scan_child_tails(
 /// has records of this epoch and partition, but not the last record before `next_offset`, and
 /// the slab to go back to is still in the parent (`log_start`); going back to a slab that aged
 /// out would only count drop-behind twice.
-pub fn rewind_target(next_offset: u64, evidence: Option<ChildEvidence>, log_start: u64) -> Option<u64> {
+pub fn rewind_target(
+    next_offset: u64,
+    evidence: Option<ChildEvidence>,
+    log_start: u64,
+) -> Option<u64> {
     let evidence = evidence?;
     let child_is_behind = evidence.highest_parent_offset.saturating_add(1) < next_offset;
-    (child_is_behind && evidence.newest_slab_start >= log_start && evidence.newest_slab_start < next_offset)
+    (child_is_behind
+        && evidence.newest_slab_start >= log_start
+        && evidence.newest_slab_start < next_offset)
         .then_some(evidence.newest_slab_start)
 }
 

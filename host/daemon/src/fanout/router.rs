@@ -45,7 +45,11 @@ pub struct RouteFailure {
 pub trait SlabRouter: Send {
     /// Returns one child partition index below `input.child_partition_count` per record, in
     /// record order, or the reason it cannot.
-    fn route(&mut self, input: &RouteInput, records: &[StoredRecord]) -> Result<Vec<u32>, RouteFailure>;
+    fn route(
+        &mut self,
+        input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure>;
 }
 
 /// A router shared by the cursors of one link; swapping the inside takes effect at the next
@@ -53,7 +57,11 @@ pub trait SlabRouter: Send {
 pub type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
 
 /// Checks a router's answer: one decision per record, each below the partition count.
-pub fn check_decisions(decisions: &[u32], records: &[StoredRecord], partitions: u32) -> Result<(), RouteFailure> {
+pub fn check_decisions(
+    decisions: &[u32],
+    records: &[StoredRecord],
+    partitions: u32,
+) -> Result<(), RouteFailure> {
     if decisions.len() != records.len() {
         return Err(RouteFailure {
             plugin: None,
@@ -65,7 +73,11 @@ pub fn check_decisions(decisions: &[u32], records: &[StoredRecord], partitions: 
             ),
         });
     }
-    if let Some((decision, record)) = decisions.iter().zip(records).find(|(d, _)| **d >= partitions) {
+    if let Some((decision, record)) = decisions
+        .iter()
+        .zip(records)
+        .find(|(d, _)| **d >= partitions)
+    {
         return Err(RouteFailure {
             plugin: None,
             kind: "out_of_range".into(),

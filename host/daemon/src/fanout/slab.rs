@@ -48,7 +48,11 @@ pub fn record_bytes(record: &StoredRecord) -> usize {
             .sum::<usize>()
 }
 
-async fn read_blocking(store: &Arc<Store>, id: &PartitionId, opts: ReadOptions) -> Result<ReadResult, StorageError> {
+async fn read_blocking(
+    store: &Arc<Store>,
+    id: &PartitionId,
+    opts: ReadOptions,
+) -> Result<ReadResult, StorageError> {
     let store = Arc::clone(store);
     let id = id.clone();
     match tokio::task::spawn_blocking(move || store.read(&id, &opts)).await {
@@ -134,7 +138,11 @@ pub async fn read_slab_with(
         let more = read_blocking(
             store,
             id,
-            opts(next, SLAB_MAX_RECORDS - records.len(), SLAB_MAX_BYTES - bytes),
+            opts(
+                next,
+                SLAB_MAX_RECORDS - records.len(),
+                SLAB_MAX_BYTES - bytes,
+            ),
         )
         .await?;
         if more.records.is_empty() {

@@ -101,7 +101,10 @@ impl CursorStatus {
     /// Records how far behind the due frontier the cursor is.
     pub fn set_due_lag(&self, seconds: f64) {
         self.lock().due_lag_seconds = seconds;
-        self.metrics.due_lag_seconds.get_or_create(&self.labels).set(seconds);
+        self.metrics
+            .due_lag_seconds
+            .get_or_create(&self.labels)
+            .set(seconds);
     }
 
     /// Counts `count` records skipped by drop-behind.
@@ -116,18 +119,27 @@ impl CursorStatus {
 
     /// Counts a fully committed slab of `records` records.
     pub fn slab_committed(&self, records: u64) {
-        self.metrics.records_copied.get_or_create(&self.labels).inc_by(records);
+        self.metrics
+            .records_copied
+            .get_or_create(&self.labels)
+            .inc_by(records);
         self.metrics.slabs.get_or_create(&self.labels).inc();
     }
 
     /// Counts failed bucket commits that will be retried.
     pub fn commit_retried(&self, buckets: u64) {
-        self.metrics.commit_retries.get_or_create(&self.labels).inc_by(buckets);
+        self.metrics
+            .commit_retries
+            .get_or_create(&self.labels)
+            .inc_by(buckets);
     }
 
     /// Counts a slab the router could not route.
     pub fn route_failed(&self) {
-        self.metrics.route_failures.get_or_create(&self.labels).inc();
+        self.metrics
+            .route_failures
+            .get_or_create(&self.labels)
+            .inc();
     }
 
     /// Counts a start-up rewind (the cursor was ahead of its child).

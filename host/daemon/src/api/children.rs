@@ -1,0 +1,406 @@
+//! Fan-out children: attach, change the router, detach, list with per-partition progress.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use super::topics::require_topic;
+use crate::fanout::status::{CursorReport, CursorState};
+use crate::metastore::Snapshot;
+use crate::metastore::link::{LinkMeta, PluginRef, new_epoch};
+use crate::topics::NewTopic;
+
+/// The chain a link gets when the attach names none: it reproduces the engine's routing rules
+/// (Kafka key hash; keyless keeps the parent index when counts match; else round-robin).
+pub const DEFAULT_ROUTER: [&str; 3] = ["key-hash", "keyless-index", "round-robin"];
+
+/// Most plugins in one chain.
+pub const MAX_ROUTER_LEN: usize = 8;
+
+/// `PUT /v1/topics/{parent}/children/{child}` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    /// Create the child topic with this many partitions (else it must exist).
+    pub partitions: Option<u32>,
+    /// Make it a delay child: records are copied once they are this old.
+    pub delay_ms: Option<u64>,
+    /// The router chain: plugin names (`name`: newest version; `name@digest`: exactly that).
+    pub router: Option<Vec<String>>,
+    /// Configuration handed to every plugin: a string as is, anything else as its JSON text.
+    pub config: Option<Value>,
+}
+
+/// `PATCH /v1/topics/{parent}/children/{child}` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterChange {
+    /// The new chain.
+    pub router: Vec<String>,
+    /// A new config, when given.
+    pub config: Option<Value>,
+}
+
+/// A plugin of a chain in answers.
+#[derive(Debug, Serialize)]
+pub struct RouterEntry {
+    /// Plugin name.
+    pub name: String,
+    /// Its pinned sha256 digest.
+    pub digest: String,
+}
+
+/// The answer to an attach or a router change.
+#[derive(Debug, Serialize)]
+pub struct LinkInfo {
+    /// The child topic.
+    pub name: String,
+    /// The parent topic.
+    pub parent: String,
+    /// The attach epoch.
+    pub attach_epoch: String,
+    /// The parent's high watermark per partition when the link was attached.
+    pub attach_offsets: Option<Vec<u64>>,
+    /// The chain, pinned to digests.
+    pub router: Vec<RouterEntry>,
+    /// 0 for a plain child.
+    pub delay_ms: u64,
+}
+
+impl From<&LinkMeta> for LinkInfo {
+    fn from(link: &LinkMeta) -> LinkInfo {
+        LinkInfo {
+            name: link.child.clone(),
+            parent: link.parent.clone(),
+            attach_epoch: link.attach_epoch.clone(),
+            attach_offsets: link.attach_offsets.clone(),
+            router: router_entries(&link.router),
+            delay_ms: link.delay_ms,
+        }
+    }
+}
+
+fn router_entries(router: &[PluginRef]) -> Vec<RouterEntry> {
+    router
+        .iter()
+        .map(|p| RouterEntry {
+            name: p.name.clone(),
+            digest: p.digest.clone(),
+        })
+        .collect()
+}
+
+/// One partition of a child in the listing.
+#[derive(Debug, Serialize)]
+pub struct ChildPartition {
+    /// Parent partition.
+    pub partition: u32,
+    /// First parent offset not yet committed to the child.
+    pub next_offset: Option<u64>,
+    /// Parent high watermark minus `next_offset`.
+    pub lag_messages: Option<u64>,
+    /// Seconds the oldest due, uncopied record has waited past its due time.
+    pub due_lag_seconds: f64,
+    /// Records skipped because they aged out of the parent first.
+    pub dropped_messages: u64,
+    /// `running`, `waiting` or `stalled`.
+    pub state: CursorState,
+    /// Why it is stalled, or the last failure.
+    pub last_error: Option<String>,
+}
+
+/// One child in the listing.
+#[derive(Debug, Serialize)]
+pub struct ChildInfo {
+    /// Child topic.
+    pub name: String,
+    /// 0 for a plain child.
+    pub delay_ms: u64,
+    /// The chain.
+    pub router: Vec<RouterEntry>,
+    /// The attach epoch.
+    pub attach_epoch: String,
+    /// True when every parent partition is reported with an exact lag.
+    pub lag_complete: bool,
+    /// Per parent partition with a running cursor and a known high watermark.
+    pub partitions: Vec<ChildPartition>,
+}
+
+/// `GET /v1/topics/{parent}/children` answer.
+#[derive(Debug, Serialize)]
+pub struct ChildList {
+    /// The parent's children, by name.
+    pub children: Vec<ChildInfo>,
+}
+
+fn config_bytes(config: Option<Value>) -> String {
+    match config {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(text)) => text,
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Resolves router names to pinned plugin references.
+fn resolve_router(
+    state: &AppState,
+    snapshot: &Snapshot,
+    names: &[String],
+) -> Result<Vec<PluginRef>, ApiError> {
+    if names.is_empty() || names.len() > MAX_ROUTER_LEN {
+        return Err(ApiError::bad_request(format!(
+            "a router is a chain of 1 to {MAX_ROUTER_LEN} plugins; got {}",
+            names.len()
+        )));
+    }
+    names
+        .iter()
+        .map(|spec| {
+            state
+                .plugins
+                .resolve(snapshot, spec)
+                .map_err(ApiError::from)
+        })
+        .collect()
+}
+
+/// The committed high watermark of every partition of `topic`, read now. Opens closed logs
+/// whose high-watermark file holds no boundary (the only way to know their end).
+async fn read_high_watermarks(
+    store: &Arc<Store>,
+    topic: &str,
+    partitions: u32,
+) -> Result<Vec<u64>, String> {
+    let store = Arc::clone(store);
+    let topic = topic.to_owned();
+    tokio::task::spawn_blocking(move || {
+        (0..partitions)
+            .map(|p| {
+                let id = PartitionId::new(topic.clone(), p);
+                let stats = store.peek(&id).map_err(|e| format!("partition {p}: {e}"))?;
+                match stats.high_watermark {
+                    Some(high)
+                        if matches!(
+                            stats.state,
+                            narad_storage::PartitionState::Open
+                                | narad_storage::PartitionState::Closed
+                        ) =>
+                    {
+                        Ok(high)
+                    }
+                    _ => {
+                        let opts = ReadOptions {
+                            offset: stats.log_start_offset,
+                            max_records: 1,
+                            max_bytes: 1,
+                            max_committed_at_ms: None,
+                        };
+                        match store.read(&id, &opts) {
+                            Ok(read) => Ok(read.high_watermark),
+                            Err(StorageError::OffsetBelowLogStart { .. }) => store
+                                .peek(&id)
+                                .ok()
+                                .and_then(|s| s.high_watermark)
+                                .ok_or_else(|| format!("partition {p}: high watermark unknown")),
+                            Err(e) => Err(format!("partition {p}: {e}")),
+                        }
+                    }
+                }
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| format!("reading high watermarks failed: {e}"))?
+}
+
+/// `PUT /v1/topics/{parent}/children/{child}`: attaches a child with a fresh epoch and the
+/// parent's current high watermarks as its attach point. 201 with the link.
+pub async fn attach(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<LinkInfo>), ApiError> {
+    // An empty body attaches with every default.
+    let req: AttachRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        AttachRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let parent_topic = require_topic(&state, &parent).await?;
+    crate::topics::check_name(&child)?;
+    let mut created_child = false;
+    match (state.metastore.topic(&child).await?, req.partitions) {
+        (Some(existing), Some(partitions)) if existing.partitions != partitions => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "topic {child:?} exists with {} partitions, not {partitions}; omit \"partitions\" to attach it as it is",
+                    existing.partitions
+                ),
+            ));
+        }
+        (Some(_), _) => {}
+        (None, Some(partitions)) => {
+            state
+                .topics
+                .create(NewTopic {
+                    name: child.clone(),
+                    partitions,
+                    retention_ms: None,
+                    retention_bytes: None,
+                })
+                .await?;
+            created_child = true;
+        }
+        (None, None) => {
+            return Err(ApiError::not_found(format!(
+                "child topic {child:?} does not exist; create it first or pass \"partitions\" to create it with the attach"
+            )));
+        }
+    }
+    let outcome = attach_link(
+        &state,
+        &parent_topic.name,
+        parent_topic.partitions,
+        &child,
+        req,
+    )
+    .await;
+    if outcome.is_err() && created_child {
+        // Leave nothing behind: the topic was created for this attach only.
+        if let Err(error) = state.topics.delete(&child).await {
+            tracing::warn!(%child, %error, "could not remove the child topic created by a failed attach");
+        }
+    }
+    let link = outcome?;
+    tracing::info!(%parent, %child, epoch = %link.attach_epoch, "child attached");
+    Ok((StatusCode::CREATED, Json(LinkInfo::from(&link))))
+}
+
+async fn attach_link(
+    state: &AppState,
+    parent: &str,
+    parent_partitions: u32,
+    child: &str,
+    req: AttachRequest,
+) -> Result<LinkMeta, ApiError> {
+    let snapshot = state.metastore.snapshot().await?;
+    let names: Vec<String> = req
+        .router
+        .unwrap_or_else(|| DEFAULT_ROUTER.iter().map(|s| s.to_string()).collect());
+    let router = resolve_router(state, &snapshot, &names)?;
+    // The attach point: read while the attach is processed, before it is recorded, so every
+    // record committed from now on is at or past it. No guessing: any failure refuses.
+    let attach_offsets = read_high_watermarks(&state.store, parent, parent_partitions)
+        .await
+        .map_err(|reason| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the attach point of {parent} ({reason}); no link was created, try again"),
+            )
+        })?;
+    let link = LinkMeta {
+        parent: parent.to_owned(),
+        child: child.to_owned(),
+        attach_epoch: new_epoch(),
+        attach_offsets: Some(attach_offsets),
+        delay_ms: req.delay_ms.unwrap_or(0),
+        router,
+        config: config_bytes(req.config),
+        attached_at_ms: crate::topics::now_ms(),
+    };
+    Ok(state.metastore.attach_link(link).await?)
+}
+
+/// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain (and config), effective
+/// at each cursor's next slab, with no new epoch.
+pub async fn set_router(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    ApiJson(req): ApiJson<RouterChange>,
+) -> Result<Json<LinkInfo>, ApiError> {
+    let snapshot = state.metastore.snapshot().await?;
+    let router = resolve_router(&state, &snapshot, &req.router)?;
+    let config = req.config.map(|c| config_bytes(Some(c)));
+    let link = state
+        .metastore
+        .set_link_router(&parent, &child, router, config)
+        .await?;
+    tracing::info!(%parent, %child, "router changed");
+    Ok(Json(LinkInfo::from(&link)))
+}
+
+/// `DELETE /v1/topics/{parent}/children/{child}`: detaches; the child topic stays.
+pub async fn detach(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+) -> Result<Json<LinkInfo>, ApiError> {
+    let link = state.metastore.detach_link(&parent, &child).await?;
+    tracing::info!(%parent, %child, epoch = %link.attach_epoch, "child detached");
+    Ok(Json(LinkInfo::from(&link)))
+}
+
+/// `GET /v1/topics/{parent}/children`: every child with per-partition progress. Never opens a
+/// closed log: a partition whose high watermark is unknown is left out and `lag_complete` is
+/// false.
+pub async fn list(
+    State(state): State<AppState>,
+    ApiPath(parent): ApiPath<String>,
+) -> Result<Json<ChildList>, ApiError> {
+    let parent_topic = require_topic(&state, &parent).await?;
+    let snapshot = state.metastore.snapshot().await?;
+    let store = Arc::clone(&state.store);
+    let (name, count) = (parent_topic.name.clone(), parent_topic.partitions);
+    let highs: Vec<Option<u64>> = tokio::task::spawn_blocking(move || {
+        (0..count)
+            .map(|p| {
+                store
+                    .peek(&PartitionId::new(name.clone(), p))
+                    .ok()
+                    .and_then(|s| s.high_watermark)
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+
+    let mut children = Vec::new();
+    for link in snapshot.links.values().filter(|l| l.parent == parent) {
+        let reports: Vec<CursorReport> = state.fanout.reports(&link.parent, &link.child);
+        let mut partitions = Vec::new();
+        for report in reports {
+            let Some(high) = highs.get(report.partition as usize).copied().flatten() else {
+                continue;
+            };
+            partitions.push(ChildPartition {
+                partition: report.partition,
+                next_offset: report.next_offset,
+                lag_messages: report.next_offset.map(|next| high.saturating_sub(next)),
+                due_lag_seconds: report.due_lag_seconds,
+                dropped_messages: report.dropped_messages,
+                state: report.state,
+                last_error: report.last_error,
+            });
+        }
+        let lag_complete = partitions.len() == count as usize
+            && partitions.iter().all(|p| p.lag_messages.is_some());
+        children.push(ChildInfo {
+            name: link.child.clone(),
+            delay_ms: link.delay_ms,
+            router: router_entries(&link.router),
+            attach_epoch: link.attach_epoch.clone(),
+            lag_complete,
+            partitions,
+        });
+    }
+    Ok(Json(ChildList { children }))
+}
