@@ -128,7 +128,9 @@ impl Partition {
 }
 
 /// The embedded partition store of one data directory. Share it as `Arc<Store>`; every method
-/// but [`Store::wait_for_data`] does blocking file I/O.
+/// but [`Store::wait_for_data`] does blocking file I/O. Dropping a store without
+/// [`Store::close`] is handled like a crash: nothing acknowledged is lost, the next open of each
+/// log recovers it, and until then `peek` reports no high watermark for it.
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
