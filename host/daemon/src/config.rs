@@ -20,6 +20,10 @@ pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1024 * 1024;
 /// Default largest HTTP request body, in bytes. 64 MiB leaves room for a batch of many records
 /// (JSON and base64 inflate them) while bounding what one request can make the daemon buffer.
 pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
+/// Default largest plugin upload (`POST /v1/plugins`), in bytes: 16 MiB, the default.
+/// Routers built with the SDK are tens of KiB; the cap bounds what one upload makes the daemon
+/// buffer and compile.
+pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 16 * 1024 * 1024;
 /// Default most records in one produce request.
 pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
 /// Default most records one fetch returns (a request's `max` is capped to this).
@@ -100,6 +104,10 @@ pub struct ServeArgs {
     /// Largest HTTP request body, in bytes. [default: 67108864 (64 MiB)]
     #[arg(long, env = "NARAD_MAX_REQUEST_BYTES", value_name = "BYTES")]
     pub max_request_bytes: Option<u64>,
+    /// Largest plugin module `POST /v1/plugins` accepts, in bytes (its own limit, not
+    /// max-request-bytes). [default: 16777216 (16 MiB)]
+    #[arg(long, env = "NARAD_MAX_PLUGIN_BYTES", value_name = "BYTES")]
+    pub max_plugin_bytes: Option<u64>,
     /// Most records in one produce request. [default: 10000]
     #[arg(long, env = "NARAD_MAX_BATCH_RECORDS", value_name = "N")]
     pub max_batch_records: Option<u32>,
@@ -139,6 +147,8 @@ pub struct FileConfig {
     pub max_record_bytes: Option<u64>,
     /// See `--max-request-bytes`.
     pub max_request_bytes: Option<u64>,
+    /// See `--max-plugin-bytes`.
+    pub max_plugin_bytes: Option<u64>,
     /// See `--max-batch-records`.
     pub max_batch_records: Option<u32>,
     /// See `--max-fetch-records`.
@@ -181,6 +191,8 @@ pub struct Limits {
     pub max_record_bytes: u64,
     /// Largest request body, in bytes.
     pub max_request_bytes: u64,
+    /// Largest plugin upload, in bytes.
+    pub max_plugin_bytes: u64,
     /// Most records per produce request.
     pub max_batch_records: u32,
     /// Most records per fetch.
@@ -196,6 +208,7 @@ impl Default for Limits {
         Limits {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_plugin_bytes: DEFAULT_MAX_PLUGIN_BYTES,
             max_batch_records: DEFAULT_MAX_BATCH_RECORDS,
             max_fetch_records: DEFAULT_MAX_FETCH_RECORDS,
             max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
@@ -270,6 +283,11 @@ impl Config {
                 "max-request-bytes",
                 args.max_request_bytes.or(file.max_request_bytes),
                 DEFAULT_MAX_REQUEST_BYTES,
+            )?,
+            max_plugin_bytes: positive(
+                "max-plugin-bytes",
+                args.max_plugin_bytes.or(file.max_plugin_bytes),
+                DEFAULT_MAX_PLUGIN_BYTES,
             )?,
             max_batch_records: positive(
                 "max-batch-records",
@@ -403,6 +421,19 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn max_plugin_bytes_defaults_to_16_mib_and_is_read_from_the_file() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(config.limits.max_plugin_bytes, 16 * 1024 * 1024);
+        let file = FileConfig::parse(Path::new("narad.toml"), "max-plugin-bytes = 4096\n").unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(config.limits.max_plugin_bytes, 4096);
     }
 
     #[test]

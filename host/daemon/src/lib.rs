@@ -12,6 +12,7 @@
 //! - [`fanout`]: the cursors that copy a parent partition into a child (read, route, commit,
 //!   advance), with the delay gate, drop-behind and lag reporting.
 //! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
+//! - [`plugins`]: the plugin registry (content-addressed modules, versions, resolve, load).
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
@@ -28,6 +29,7 @@ pub mod config;
 pub mod fanout;
 pub mod metastore;
 pub mod ownership;
+pub mod plugins;
 pub mod produce;
 pub mod reconciler;
 pub mod server;

@@ -4,11 +4,13 @@
 //!
 //! - [`client`]: the HTTP client; [`table`]: text tables;
 //! - [`topic`], [`produce`], [`consume`]: the client commands; [`demo`]: `narad demo`;
+//! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
 //! - [`serve`]: `narad serve`.
 
 pub mod client;
 pub mod consume;
 pub mod demo;
+pub mod plugin;
 pub mod produce;
 pub mod serve;
 pub mod table;
@@ -45,6 +47,8 @@ pub enum Command {
     Consume(consume::ConsumeArgs),
     /// Start a daemon in-process, produce and fetch records, and check them.
     Demo(demo::DemoArgs),
+    /// Deploy, list and remove routing plugins; try a chain locally with `plugin test`.
+    Plugin(plugin::PluginArgs),
 }
 
 /// Where the daemon is and how to print answers; shared by the client commands.
@@ -66,5 +70,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Produce(args) => produce::run(args).await,
         Command::Consume(args) => consume::run(args).await,
         Command::Demo(args) => demo::run(args).await,
+        Command::Plugin(args) => plugin::run(args).await,
     }
 }

@@ -1,0 +1,131 @@
+//! The registry's typed errors. The HTTP API maps each to a status (`api::error`): a refused
+//! module or a bad name is 400, an unknown plugin or digest 404, a plugin in use or a built-in
+//! 409, a damaged store or I/O failure 500.
+
+use std::path::PathBuf;
+
+use narad_runtime::{EngineError, LoadError};
+
+use crate::metastore::MetastoreError;
+
+/// Errors of the plugin registry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// A plugin name breaks the name rule: 1 to 64 characters of `a-z 0-9 - _`.
+    #[error("invalid plugin name {name:?}: {reason}; a name is 1 to 64 characters of a-z 0-9 - _")]
+    InvalidName {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A chain entry is not `name` or `name@digest` with a digest of hex digits (at least
+    /// [`super::MIN_DIGEST_PREFIX_HEX`] of them, at most 64).
+    #[error("invalid plugin reference {spec:?}: {reason}")]
+    InvalidSpec {
+        /// The reference given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The module was refused by the deploy checks (not Wasm, a forbidden import, a missing
+    /// export, a wrong ABI version, a bad manifest, a failure on the built-in test slab, ...).
+    #[error("plugin refused: {0}")]
+    Refused(#[source] LoadError),
+    /// The upload is empty.
+    #[error(
+        "the upload is empty; send the .wasm file's bytes as the body (curl --data-binary @plugin.wasm)"
+    )]
+    Empty,
+    /// No version of a plugin with this name exists.
+    #[error("no plugin named {name:?}; known plugins: {}", list(known))]
+    UnknownPlugin {
+        /// The name asked for.
+        name: String,
+        /// The names that exist, sorted.
+        known: Vec<String>,
+    },
+    /// The plugin exists, but no version of it has this digest.
+    #[error(
+        "plugin {name:?} has no version with digest {digest}; its versions: {}",
+        list(versions)
+    )]
+    UnknownDigest {
+        /// The plugin name.
+        name: String,
+        /// The digest (or prefix) asked for.
+        digest: String,
+        /// The digests of its versions, oldest first.
+        versions: Vec<String>,
+    },
+    /// A digest prefix matches more than one version of the plugin.
+    #[error("digest prefix {prefix} matches {} versions of plugin {name:?}: {}; give more digits", matches.len(), list(matches))]
+    AmbiguousDigest {
+        /// The plugin name.
+        name: String,
+        /// The prefix given.
+        prefix: String,
+        /// The digests it matches.
+        matches: Vec<String>,
+    },
+    /// A built-in plugin cannot be removed, and no upload may take a built-in's name.
+    #[error(
+        "{name:?} is a built-in plugin: built-ins are always present, cannot be removed, and their name cannot be deployed to"
+    )]
+    Builtin {
+        /// The built-in's name.
+        name: String,
+    },
+    /// `load` was asked for a digest that is neither loaded, built in, nor stored on disk.
+    #[error("no module with digest {digest} is stored on this node")]
+    NotStored {
+        /// The digest, hex.
+        digest: String,
+    },
+    /// A stored module's bytes no longer hash to its file name: the file was damaged or
+    /// replaced on disk. It is never run.
+    #[error("stored plugin module {} is damaged: its bytes hash to {found}; restore it by deploying the module again", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The sha256 of what it holds now, hex.
+        found: String,
+    },
+    /// A stored module no longer passes the deploy checks (for example after an upgrade that
+    /// tightened them).
+    #[error("stored plugin module {digest} no longer loads: {source}")]
+    StoredRefused {
+        /// The digest, hex.
+        digest: String,
+        /// Why it was refused.
+        #[source]
+        source: LoadError,
+    },
+    /// The metastore refused or failed (a plugin in use, an unknown plugin, I/O).
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+    /// The plugin runtime could not be created.
+    #[error("cannot start the plugin runtime: {0}")]
+    Engine(#[from] EngineError),
+    /// A file-system operation on the content store failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A blocking task (validation, file I/O) panicked or was cancelled.
+    #[error("plugin registry task failed: {0}")]
+    Task(String),
+}
+
+fn list(items: &[String]) -> String {
+    if items.is_empty() {
+        "(none)".to_owned()
+    } else {
+        items.join(", ")
+    }
+}
