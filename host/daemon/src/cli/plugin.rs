@@ -64,7 +64,7 @@ pub enum PluginCommand {
 #[derive(Debug, Args)]
 pub struct TestArgs {
     /// The chain, in order: .wasm files or built-in names (key-hash, keyless-index,
-    /// round-robin, header-route); 1 to 8.
+    /// round-robin, header-route; an existing file of that name wins); 1 to 8.
     #[arg(required = true, value_name = "PLUGIN")]
     pub plugins: Vec<String>,
     /// NDJSON file of records ("-" for stdin): {"key"?|"key_b64"?, "value"?|"value_b64"?,
