@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::link::{check_attach, check_retention};
 use super::{
-    BoxFuture, Domain, LinkMeta, Metastore, MetastoreError, PluginRef, PluginVersion, Result, Snapshot,
-    TopicMeta, Versions,
+    BoxFuture, Domain, LinkMeta, Metastore, MetastoreError, PluginRef, PluginVersion, Result,
+    Snapshot, TopicMeta, Versions,
 };
 
 /// File name of the metastore inside the data dir.
@@ -82,7 +82,9 @@ impl State {
     }
 
     fn link_index(&self, parent: &str, child: &str) -> Option<usize> {
-        self.links.iter().position(|l| l.parent == parent && l.child == child)
+        self.links
+            .iter()
+            .position(|l| l.parent == parent && l.child == child)
     }
 }
 
@@ -440,7 +442,9 @@ impl Metastore for FileMetastore {
         self.update(move |state| {
             for topic in [&link.parent, &link.child] {
                 if !state.topics.contains_key(topic) {
-                    return Err(MetastoreError::UnknownTopic { name: topic.clone() });
+                    return Err(MetastoreError::UnknownTopic {
+                        name: topic.clone(),
+                    });
                 }
             }
             if state.link_index(&link.parent, &link.child).is_some() {
@@ -458,7 +462,11 @@ impl Metastore for FileMetastore {
         })
     }
 
-    fn detach_link<'a>(&'a self, parent: &'a str, child: &'a str) -> BoxFuture<'a, Result<LinkMeta>> {
+    fn detach_link<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
         let (parent, child) = (parent.to_owned(), child.to_owned());
         self.update(move |state| match state.link_index(&parent, &child) {
             Some(index) => Ok((state.links.remove(index), Some(Domain::Links))),
@@ -524,7 +532,6 @@ impl Metastore for FileMetastore {
             Ok((removed, Some(Domain::Plugins)))
         })
     }
-
 }
 
 #[cfg(test)]

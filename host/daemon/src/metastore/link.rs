@@ -146,7 +146,10 @@ pub fn check_attach(
     // A cycle exists if the parent is reachable from the child through existing links.
     let mut edges: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for existing in links {
-        edges.entry(existing.parent.as_str()).or_default().push(existing.child.as_str());
+        edges
+            .entry(existing.parent.as_str())
+            .or_default()
+            .push(existing.child.as_str());
     }
     let mut stack = vec![vec![link.child.as_str()]];
     let mut seen = BTreeSet::new();
@@ -175,7 +178,11 @@ pub fn check_attach(
 
 /// Checks that a parent keeping records for `retention_ms` (`None` = forever) can feed a
 /// child delayed by `delay_ms`: it must keep them for at least the delay plus one hour.
-pub fn check_retention(parent: &str, retention_ms: Option<u64>, delay_ms: u64) -> Result<(), LinkRuleError> {
+pub fn check_retention(
+    parent: &str,
+    retention_ms: Option<u64>,
+    delay_ms: u64,
+) -> Result<(), LinkRuleError> {
     if delay_ms == 0 {
         return Ok(());
     }
@@ -205,7 +212,11 @@ pub fn new_epoch() -> String {
 /// The 8 bytes of an epoch, as provenance stores them.
 pub fn epoch_bytes(epoch: &str) -> Result<[u8; 8], BadEpoch> {
     let mut out = [0u8; 8];
-    if epoch.len() != 16 || !epoch.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if epoch.len() != 16
+        || !epoch
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return Err(BadEpoch(epoch.to_string()));
     }
     hex::decode_to_slice(epoch, &mut out).map_err(|_| BadEpoch(epoch.to_string()))?;
@@ -240,7 +251,10 @@ mod tests {
     }
 
     fn topics(names: &[&str]) -> BTreeMap<String, TopicMeta> {
-        names.iter().map(|n| (n.to_string(), topic(n, None))).collect()
+        names
+            .iter()
+            .map(|n| (n.to_string(), topic(n, None)))
+            .collect()
     }
 
     #[test]
@@ -252,17 +266,25 @@ mod tests {
     #[test]
     fn a_link_that_closes_a_cycle_is_refused() {
         let existing = [link("a", "b", 0), link("b", "c", 0)];
-        let err = check_attach(&topics(&["a", "b", "c"]), &existing, &link("c", "a", 0)).unwrap_err();
-        assert!(matches!(err, LinkRuleError::Cycle { ref path, .. } if path == &["c", "a", "b", "c"]));
+        let err =
+            check_attach(&topics(&["a", "b", "c"]), &existing, &link("c", "a", 0)).unwrap_err();
+        assert!(
+            matches!(err, LinkRuleError::Cycle { ref path, .. } if path == &["c", "a", "b", "c"])
+        );
         // A diamond is not a cycle.
         assert!(check_attach(&topics(&["a", "b", "c"]), &existing, &link("a", "c", 0)).is_ok());
     }
 
     #[test]
     fn a_parent_takes_at_most_108_children() {
-        let existing: Vec<LinkMeta> = (0..MAX_CHILDREN_PER_PARENT).map(|i| link("p", &format!("c{i}"), 0)).collect();
+        let existing: Vec<LinkMeta> = (0..MAX_CHILDREN_PER_PARENT)
+            .map(|i| link("p", &format!("c{i}"), 0))
+            .collect();
         let err = check_attach(&topics(&["p"]), &existing, &link("p", "one-more", 0)).unwrap_err();
-        assert!(matches!(err, LinkRuleError::TooManyChildren { max: 108, .. }));
+        assert!(matches!(
+            err,
+            LinkRuleError::TooManyChildren { max: 108, .. }
+        ));
         assert!(check_attach(&topics(&["p"]), &existing[1..], &link("p", "one-more", 0)).is_ok());
     }
 

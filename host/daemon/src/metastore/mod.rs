@@ -278,7 +278,11 @@ pub trait Metastore: Send + Sync + 'static {
     fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>>;
 
     /// Removes a link, returning what it was.
-    fn detach_link<'a>(&'a self, parent: &'a str, child: &'a str) -> BoxFuture<'a, Result<LinkMeta>>;
+    fn detach_link<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, Result<LinkMeta>>;
 
     /// Replaces a link's router chain (and, when given, its config), keeping its epoch.
     fn set_link_router<'a>(

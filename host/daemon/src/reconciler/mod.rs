@@ -19,10 +19,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, cursor_path, run_cursor};
-use crate::metastore::LinkMeta;
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
 use crate::fanout::router::SlabRouter;
 use crate::fanout::status::{CursorReport, CursorStatus};
+use crate::metastore::LinkMeta;
 use crate::metastore::Snapshot;
 use crate::ownership::PartitionOwnership;
 use crate::shutdown::{self, ShutdownSignal, ShutdownTrigger};
@@ -192,7 +192,10 @@ impl Reconciler {
     fn desired(&self, snapshot: &Snapshot) -> BTreeSet<CursorKey> {
         let mut desired = BTreeSet::new();
         for link in snapshot.links.values() {
-            let (Some(parent), Some(_child)) = (snapshot.topics.get(&link.parent), snapshot.topics.get(&link.child)) else {
+            let (Some(parent), Some(_child)) = (
+                snapshot.topics.get(&link.parent),
+                snapshot.topics.get(&link.child),
+            ) else {
                 continue;
             };
             for partition in 0..parent.partitions {
@@ -214,12 +217,15 @@ impl Reconciler {
     async fn full_pass(&mut self, snapshot: &Snapshot) -> bool {
         let mut clean = true;
         // Links: drop runtimes of links that are gone; refresh or rebuild the others.
-        self.links.retain(|name, _| snapshot.links.contains_key(name));
+        self.links
+            .retain(|name, _| snapshot.links.contains_key(name));
         for (name, meta) in &snapshot.links {
             let previous = self.links.get(name).map(|l| l.runtime.meta());
             match previous {
                 Some(previous) if *previous == *meta => {}
-                Some(previous) if previous.router == meta.router && previous.config == meta.config => {
+                Some(previous)
+                    if previous.router == meta.router && previous.config == meta.config =>
+                {
                     if let Some(link) = self.links.get(name) {
                         link.runtime.set_meta(meta.clone());
                     }
@@ -229,11 +235,18 @@ impl Reconciler {
                         // Same epoch, new chain: swap it in place; cursors pick it up at their
                         // next slab.
                         Some(link) if link.runtime.meta().attach_epoch == meta.attach_epoch => {
-                            *link.runtime.router.lock().unwrap_or_else(PoisonError::into_inner) = router;
+                            *link
+                                .runtime
+                                .router
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner) = router;
                             link.runtime.set_meta(meta.clone());
                         }
                         _ => {
-                            let runtime = Arc::new(LinkRuntime::new(meta.clone(), Arc::new(Mutex::new(router))));
+                            let runtime = Arc::new(LinkRuntime::new(
+                                meta.clone(),
+                                Arc::new(Mutex::new(router)),
+                            ));
                             self.links.insert(name.clone(), RunningLink { runtime });
                         }
                     },
@@ -311,7 +324,10 @@ impl Reconciler {
     async fn sweep_orphans(&self, snapshot: &Snapshot) {
         let mut links: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (parent, child) in snapshot.links.keys() {
-            links.entry(parent.clone()).or_default().insert(child.clone());
+            links
+                .entry(parent.clone())
+                .or_default()
+                .insert(child.clone());
         }
         let mut files: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
         for topic in snapshot.topics.values() {
@@ -320,10 +336,19 @@ impl Reconciler {
                 if !self.ownership.is_local(&id) {
                     continue;
                 }
-                let dir = self.deps.store.data_dir().join("topics").join(&topic.name).join(id.dir_name());
+                let dir = self
+                    .deps
+                    .store
+                    .data_dir()
+                    .join("topics")
+                    .join(&topic.name)
+                    .join(id.dir_name());
                 match cursor_file::list_cursor_children(self.deps.fs.as_ref(), &dir) {
                     Ok(children) if !children.is_empty() => {
-                        files.insert((topic.name.clone(), partition), children.into_iter().collect());
+                        files.insert(
+                            (topic.name.clone(), partition),
+                            children.into_iter().collect(),
+                        );
                     }
                     Ok(_) => {}
                     Err(error) => tracing::warn!(%error, "cannot list cursor files"),
@@ -342,10 +367,17 @@ impl Reconciler {
             }
         };
         for (parent, partition, child) in orphans {
-            if confirmed.links.contains_key(&(parent.clone(), child.clone())) {
+            if confirmed
+                .links
+                .contains_key(&(parent.clone(), child.clone()))
+            {
                 continue;
             }
-            let path = cursor_path(&self.deps.store, &PartitionId::new(parent.clone(), partition), &child);
+            let path = cursor_path(
+                &self.deps.store,
+                &PartitionId::new(parent.clone(), partition),
+                &child,
+            );
             match cursor_file::remove(self.deps.fs.as_ref(), &path) {
                 Ok(()) => tracing::info!(path = %path.display(), "removed orphan cursor file"),
                 Err(error) => tracing::warn!(%error, "cannot remove orphan cursor file"),

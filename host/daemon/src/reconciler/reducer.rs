@@ -85,7 +85,9 @@ mod tests {
     fn attach_starts_one_cursor_per_owned_partition() {
         let desired: BTreeSet<_> = (0..3).map(|p| key("orders", p, "a", "e1")).collect();
         let actions = reconcile(&desired, &BTreeSet::new());
-        let expected: Vec<_> = (0..3).map(|p| Action::Start(key("orders", p, "a", "e1"))).collect();
+        let expected: Vec<_> = (0..3)
+            .map(|p| Action::Start(key("orders", p, "a", "e1")))
+            .collect();
         assert_eq!(actions, expected);
     }
 
@@ -93,7 +95,9 @@ mod tests {
     fn detach_stops_every_cursor_of_the_link() {
         let running: BTreeSet<_> = (0..2).map(|p| key("orders", p, "a", "e1")).collect();
         let actions = reconcile(&BTreeSet::new(), &running);
-        let expected: Vec<_> = (0..2).map(|p| Action::Stop(key("orders", p, "a", "e1"))).collect();
+        let expected: Vec<_> = (0..2)
+            .map(|p| Action::Stop(key("orders", p, "a", "e1")))
+            .collect();
         assert_eq!(actions, expected);
     }
 
@@ -125,9 +129,13 @@ mod tests {
 
     #[test]
     fn orphan_files_are_those_without_a_link() {
-        let links: BTreeMap<String, BTreeSet<String>> = [("orders".to_string(), ["a".to_string()].into())].into();
+        let links: BTreeMap<String, BTreeSet<String>> =
+            [("orders".to_string(), ["a".to_string()].into())].into();
         let files: BTreeMap<(String, u32), BTreeSet<String>> = [
-            (("orders".to_string(), 0), ["a".to_string(), "gone".to_string()].into()),
+            (
+                ("orders".to_string(), 0),
+                ["a".to_string(), "gone".to_string()].into(),
+            ),
             (("deleted".to_string(), 1), ["x".to_string()].into()),
         ]
         .into();

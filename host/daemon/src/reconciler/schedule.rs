@@ -105,7 +105,11 @@ mod tests {
         let start = Instant::now();
         schedule.plan(&[1, 2, 3], start);
         schedule.full_pass_done(&[1, 2, 3], start, true);
-        assert!(schedule.plan(&[1, 3, 3], start + Duration::from_secs(1)).full_pass);
+        assert!(
+            schedule
+                .plan(&[1, 3, 3], start + Duration::from_secs(1))
+                .full_pass
+        );
     }
 
     #[test]
@@ -114,7 +118,11 @@ mod tests {
         let start = Instant::now();
         schedule.plan(&[1], start);
         schedule.full_pass_done(&[1], start, false);
-        assert!(schedule.plan(&[1], start + Duration::from_secs(1)).full_pass);
+        assert!(
+            schedule
+                .plan(&[1], start + Duration::from_secs(1))
+                .full_pass
+        );
     }
 
     #[test]
@@ -124,7 +132,11 @@ mod tests {
         schedule.plan(&[1], start);
         schedule.full_pass_done(&[1], start, true);
         schedule.cursor_exited();
-        assert!(schedule.plan(&[1], start + Duration::from_secs(1)).full_pass);
+        assert!(
+            schedule
+                .plan(&[1], start + Duration::from_secs(1))
+                .full_pass
+        );
     }
 
     #[test]
@@ -133,7 +145,11 @@ mod tests {
         let start = Instant::now();
         schedule.plan(&[1], start);
         schedule.full_pass_done(&[1], start, true);
-        assert!(!schedule.plan(&[1], start + Duration::from_secs(29)).full_pass);
+        assert!(
+            !schedule
+                .plan(&[1], start + Duration::from_secs(29))
+                .full_pass
+        );
         assert!(schedule.plan(&[1], start + FORCED_PASS_EVERY).full_pass);
     }
 
