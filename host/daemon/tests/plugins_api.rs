@@ -297,6 +297,11 @@ async fn an_upload_over_max_plugin_bytes_is_a_413_and_one_under_it_deploys() {
     assert!(small.len() <= 4096);
     let (status, body) = deploy(&d, Some("small"), small).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+
+    // The upload limit is the route's own: a smaller request limit does not apply to it.
+    let d = Daemon::start_with(|c| c.limits.max_request_bytes = 4096).await;
+    let (status, body) = deploy(&d, Some("big-is-fine"), key_hash()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }
 
 #[tokio::test]
