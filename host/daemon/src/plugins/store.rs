@@ -35,6 +35,20 @@ impl ContentStore {
         let dir = plugins_dir.join("sha256");
         fs::create_dir_all(&dir)
             .map_err(|source| io(format!("creating {}", dir.display()), source))?;
+        // Make the directories' own entries durable, so a module renamed into place is never
+        // lost with a directory a crash forgot.
+        for d in [
+            Some(dir.as_path()),
+            dir.parent(),
+            dir.parent().and_then(Path::parent),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fs::File::open(d)
+                .and_then(|f| f.sync_all())
+                .map_err(|source| io(format!("syncing {}", d.display()), source))?;
+        }
         let store = ContentStore { dir };
         for entry in store.read_dir()? {
             let name = entry.file_name();
