@@ -260,11 +260,16 @@ fn producer(base: String, writer: usize, round: usize, stop: Arc<AtomicBool>) {
             .map(|_| {
                 seq += 1;
                 let value = format!("w{writer}-r{round}-s{seq}");
-                if rng.random_bool(0.2) {
+                let mut record = if rng.random_bool(0.2) {
                     json!({"value": value})
                 } else {
                     json!({"key": format!("key-{}", rng.random_range(0..13)), "value": value})
+                };
+                if rng.random_bool(0.3) {
+                    let region = ["us", "eu", "apac"][rng.random_range(0..3)];
+                    record["headers"] = json!({"region": region});
                 }
+                record
             })
             .collect();
         match send_json(
@@ -277,6 +282,55 @@ fn producer(base: String, writer: usize, round: usize, stop: Arc<AtomicBool>) {
             _ => return,
         }
     }
+}
+
+/// `header-route` config of the custom-chain child.
+const REGION_CONFIG: &str = "header = region\nus = 0\neu = 1\n* = 2\n";
+
+/// Every parent record from the attach point is in `child` (and nothing else is), each in the
+/// partition `place` says.
+fn check_complete(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    child: &str,
+    child_partitions: u32,
+    parent_partitions: u32,
+    attach_offsets: &[u64],
+    place: impl Fn(&Value) -> Option<u32>,
+) {
+    let mut expected: HashMap<String, Value> = HashMap::new();
+    for partition in 0..parent_partitions {
+        for record in fetch_all(client, base, "orders", partition) {
+            if record["offset"].as_u64().expect("offset") >= attach_offsets[partition as usize] {
+                expected.insert(record["value"].as_str().expect("value").to_string(), record);
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    for partition in 0..child_partitions {
+        for record in fetch_all(client, base, child, partition) {
+            let value = record["value"].as_str().expect("value").to_string();
+            let parent = expected
+                .get(&value)
+                .unwrap_or_else(|| panic!("{child} holds {value}, not expected"));
+            let origin = &record["origin"];
+            assert_eq!(
+                origin["offset"], parent["offset"],
+                "{child}: origin of {value}"
+            );
+            if let Some(want) = place(parent) {
+                assert_eq!(want, partition, "{child}: {value} in partition {partition}");
+            }
+            seen.insert(value);
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        expected.len(),
+        "{child}: {} of {} records",
+        seen.len(),
+        expected.len()
+    );
 }
 
 #[test]

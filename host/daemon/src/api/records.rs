@@ -20,8 +20,8 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::topics::require_topic;
 use super::types::{
-    FetchResponse, HeadersJson, OffsetJson, ProduceRecordJson, ProduceRequest, ProduceResponse,
-    RecordJson,
+    FetchResponse, HeadersJson, OffsetJson, OriginJson, ProduceRecordJson, ProduceRequest,
+    ProduceResponse, RecordJson,
 };
 use crate::config::Limits;
 use crate::produce::ProduceRecord;
@@ -267,6 +267,7 @@ pub async fn fetch(
             .records
             .into_iter()
             .map(|r| {
+                let origin = r.origin.as_ref().map(OriginJson::from);
                 RecordJson::from_parts(
                     r.offset,
                     r.key.as_deref(),
@@ -274,6 +275,7 @@ pub async fn fetch(
                     r.headers.into_iter().map(|h| (h.name, h.value.to_vec())),
                     r.committed_at_ms,
                 )
+                .with_origin(origin)
             })
             .collect(),
         next_offset: result.next_offset,

@@ -231,6 +231,34 @@ pub struct RecordJson {
     pub headers: Vec<HeaderJson>,
     /// Commit time, milliseconds since the Unix epoch.
     pub committed_at: i64,
+    /// Where a fan-out cursor copied the record from; absent for produced records.
+    #[serde(default)]
+    pub origin: Option<OriginJson>,
+}
+
+/// Provenance of a record a fan-out cursor committed: consumers drop the duplicates
+/// at-least-once delivery allows by remembering `(epoch, partition, offset)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OriginJson {
+    /// The link's attach epoch, 16 hex digits.
+    pub epoch: String,
+    /// Parent partition.
+    pub partition: u32,
+    /// Offset in the parent partition.
+    pub offset: u64,
+    /// First parent offset of the slab the record was copied in.
+    pub slab_start: u64,
+}
+
+impl From<&narad_storage::RecordOrigin> for OriginJson {
+    fn from(origin: &narad_storage::RecordOrigin) -> OriginJson {
+        OriginJson {
+            epoch: hex::encode(origin.epoch),
+            partition: origin.parent_partition,
+            offset: origin.parent_offset,
+            slab_start: origin.slab_start,
+        }
+    }
 }
 
 impl RecordJson {
@@ -274,7 +302,14 @@ impl RecordJson {
             value_b64,
             headers,
             committed_at,
+            origin: None,
         }
+    }
+
+    /// The same record with its fan-out provenance.
+    pub fn with_origin(mut self, origin: Option<OriginJson>) -> RecordJson {
+        self.origin = origin;
+        self
     }
 
     /// The key's bytes, `None` when the record has none; `Err` for bad base64.
@@ -312,6 +347,9 @@ impl Serialize for RecordJson {
         }
         map.serialize_entry("headers", &self.headers)?;
         map.serialize_entry("committed_at", &self.committed_at)?;
+        if let Some(origin) = &self.origin {
+            map.serialize_entry("origin", origin)?;
+        }
         map.end()
     }
 }
