@@ -2,6 +2,9 @@
 //! advance, retrying only failed buckets, fsync errors on the child, epochs, drop-behind, and
 //! the delay gate on an injected clock.
 
+// Tests may unwrap: a panic is how they fail.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,7 +15,7 @@ use narad_host::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, cursor_pat
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::router::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
-use narad_host::metastore::link::{LinkMeta, PluginRef};
+use narad_host::metastore::link::{LinkMeta, PluginRef, PluginVersion};
 use narad_host::metastore::{FileMetastore, Metastore, TopicMeta};
 use narad_host::reconciler::reducer::CursorKey;
 use narad_host::shutdown;
@@ -132,6 +135,18 @@ async fn fixture(
             .await
             .unwrap();
     }
+    // The link's router names this (native) plugin; the metastore only links recorded ones.
+    metastore
+        .add_plugin(PluginVersion {
+            name: "native-key".into(),
+            digest: "0".repeat(64),
+            size_bytes: 0,
+            version: "test".into(),
+            description: "routes natively by Kafka's partitioner".into(),
+            uploaded_at_ms: 0,
+        })
+        .await
+        .unwrap();
     let committer = Arc::new(GatedCommitter {
         store: Arc::clone(&store),
         down: (0..child_partitions)

@@ -81,6 +81,23 @@ impl State {
         }
     }
 
+    /// A chain may only name recorded plugin versions: checked in the same write as the link
+    /// change, so a plugin removed after the router was resolved cannot slip into a link.
+    fn check_plugins_exist(&self, router: &[PluginRef]) -> Result<()> {
+        for plugin in router {
+            if !self
+                .plugins
+                .iter()
+                .any(|p| p.name == plugin.name && p.digest == plugin.digest)
+            {
+                return Err(MetastoreError::UnknownPlugin {
+                    name: format!("{}@{}", plugin.name, plugin.digest),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn link_index(&self, parent: &str, child: &str) -> Option<usize> {
         self.links
             .iter()
@@ -454,6 +471,7 @@ impl Metastore for FileMetastore {
                 });
             }
             check_attach(&state.topics, &state.links, &link)?;
+            state.check_plugins_exist(&link.router)?;
             state.links.push(link.clone());
             state
                 .links
@@ -486,6 +504,7 @@ impl Metastore for FileMetastore {
             let Some(index) = state.link_index(&parent, &child) else {
                 return Err(MetastoreError::UnknownLink { parent, child });
             };
+            state.check_plugins_exist(&router)?;
             let link = &mut state.links[index];
             let config = config.unwrap_or_else(|| link.config.clone());
             if link.router == router && link.config == config {

@@ -230,7 +230,7 @@ impl Reconciler {
                         link.runtime.set_meta(meta.clone());
                     }
                 }
-                _ => match self.routers.build(meta) {
+                _ => match self.build_router(meta).await {
                     Ok(router) => match self.links.get(name) {
                         // Same epoch, new chain: swap it in place; cursors pick it up at their
                         // next slab.
@@ -271,6 +271,16 @@ impl Reconciler {
             }
         }
         clean
+    }
+
+    /// Builds a link's chain on the blocking pool: a cold plugin load reads and compiles a
+    /// module, which must not hold an async thread.
+    async fn build_router(&self, meta: &LinkMeta) -> Result<Box<dyn SlabRouter>, String> {
+        let routers = Arc::clone(&self.routers);
+        let meta = meta.clone();
+        tokio::task::spawn_blocking(move || routers.build(&meta))
+            .await
+            .map_err(|e| format!("building the router failed: {e}"))?
     }
 
     fn start_cursor(&mut self, key: CursorKey) -> bool {
