@@ -149,9 +149,8 @@ async fn fixture(
         .unwrap();
     let committer = Arc::new(GatedCommitter {
         store: Arc::clone(&store),
-        down: (0..child_partitions)
-            .map(|_| AtomicBool::new(false))
-            .collect(),
+        // Room for a child that grows.
+        down: (0..16).map(|_| AtomicBool::new(false)).collect(),
         store_errors: std::sync::Mutex::new(Vec::new()),
     });
     Fixture {
@@ -504,6 +503,55 @@ async fn a_delay_child_is_never_early_on_the_owners_clock() {
     })
     .await;
     assert_eq!(all_child_values(&f.store, 1), expected(0..5));
+    running.stop.trigger();
+    running.task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_grown_mid_stream_is_routed_under_its_new_partition_count() {
+    let f = fixture(1, 2, LogConfig::default()).await;
+    let running = start(&f, link(vec![0], 0)).await;
+    produce(&f.store, 0..30);
+    wait_for("the first records", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    for p in 2..4 {
+        f.store
+            .create_partition(&PartitionId::new("child", p), LogConfig::default())
+            .unwrap();
+    }
+    f.metastore.grow_partitions("child", 4).await.unwrap();
+    produce(&f.store, 30..90);
+    wait_for("the records after the growth", || {
+        running.status.report().next_offset == Some(90)
+    })
+    .await;
+    assert_eq!(all_child_values(&f.store, 4), expected(0..90));
+    // Records produced after the growth land where Kafka's partitioner puts them among 4.
+    for partition in 0..4u32 {
+        let id = PartitionId::new("child", partition);
+        let read = f
+            .store
+            .read(
+                &id,
+                &ReadOptions {
+                    offset: 0,
+                    max_records: 1_000,
+                    max_bytes: usize::MAX,
+                    max_committed_at_ms: None,
+                },
+            )
+            .unwrap();
+        for record in read.records {
+            let n: u32 = String::from_utf8(record.value.to_vec()).unwrap()[1..]
+                .parse()
+                .unwrap();
+            let count = if n < 30 { 2 } else { 4 };
+            let want = narad_abi::partition_for_key(record.key.as_deref().unwrap(), count);
+            assert_eq!(want, Some(partition), "v{n}");
+        }
+    }
     running.stop.trigger();
     running.task.await.unwrap();
 }
