@@ -3,5 +3,6 @@
 //! with SIGKILL where the promise is about a crash.
 
 mod crash_produce;
+mod demo;
 mod fanout;
 mod harness;

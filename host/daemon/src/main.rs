@@ -2,7 +2,6 @@
 
 use clap::Parser as _;
 use narad_host::cli::{Cli, Command};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -12,12 +11,7 @@ async fn main() -> std::process::ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    narad_host::cli::logging::init(cli.log_format, default_level);
     match narad_host::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

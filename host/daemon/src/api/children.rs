@@ -26,31 +26,36 @@ pub const DEFAULT_ROUTER: [&str; 3] = ["key-hash", "keyless-index", "round-robin
 pub const MAX_ROUTER_LEN: usize = 8;
 
 /// `PUT /v1/topics/{parent}/children/{child}` body.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttachRequest {
     /// Create the child topic with this many partitions (else it must exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<u32>,
     /// Make it a delay child: records are copied once they are this old.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
     /// The router chain: plugin names (`name`: newest version; `name@digest`: exactly that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router: Option<Vec<String>>,
     /// Configuration handed to every plugin: a string as is, anything else as its JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Value>,
 }
 
 /// `PATCH /v1/topics/{parent}/children/{child}` body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterChange {
     /// The new chain.
     pub router: Vec<String>,
     /// A new config, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Value>,
 }
 
 /// A plugin of a chain in answers.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RouterEntry {
     /// Plugin name.
     pub name: String,
@@ -59,7 +64,7 @@ pub struct RouterEntry {
 }
 
 /// The answer to an attach or a router change.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinkInfo {
     /// The child topic.
     pub name: String,
@@ -99,7 +104,7 @@ fn router_entries(router: &[PluginRef]) -> Vec<RouterEntry> {
 }
 
 /// One partition of a child in the listing.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildPartition {
     /// Parent partition.
     pub partition: u32,
@@ -118,7 +123,7 @@ pub struct ChildPartition {
 }
 
 /// One child in the listing.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildInfo {
     /// Child topic.
     pub name: String,
@@ -135,7 +140,7 @@ pub struct ChildInfo {
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildList {
     /// The parent's children, by name.
     pub children: Vec<ChildInfo>,

@@ -9,6 +9,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
 use crate::api::types::{
     CreateTopicRequest, ErrorBody, FetchResponse, GrowPartitionsRequest, ProduceRecordJson,
     ProduceRequest, ProduceResponse, TopicDescription, TopicInfo, TopicList,
@@ -58,10 +59,21 @@ impl ApiCallError {
 }
 
 /// A client for one daemon.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    // Never print the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 impl Client {
@@ -70,7 +82,15 @@ impl Client {
         Client {
             base: base.trim_end_matches('/').to_owned(),
             http: reqwest::Client::new(),
+            token: None,
         }
+    }
+
+    /// The same client, sending `Authorization: Bearer <token>` on every call when `token` is
+    /// set (the daemon requires it on mutating calls when it runs with `--auth-token-file`).
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token.filter(|t| !t.is_empty());
+        self
     }
 
     /// The base URL.
@@ -87,6 +107,9 @@ impl Client {
     ) -> Result<T, ApiCallError> {
         let url = format!("{}{}", self.base, path);
         let mut req = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
         if let Some(body) = body {
             req = req.json(body);
         }
@@ -188,6 +211,60 @@ impl Client {
         // A long-poll holds the request open: give it the wait plus a margin.
         let timeout = wait_ms.map(|w| Duration::from_millis(w) + Duration::from_secs(30));
         self.call::<(), _>(Method::GET, &path, None, timeout).await
+    }
+
+    /// `PUT /v1/topics/{parent}/children/{child}`: attaches a child.
+    pub async fn attach_child(
+        &self,
+        parent: &str,
+        child: &str,
+        req: &AttachRequest,
+    ) -> Result<LinkInfo, ApiCallError> {
+        self.call(
+            Method::PUT,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            Some(req),
+            None,
+        )
+        .await
+    }
+
+    /// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain (and config).
+    pub async fn set_child_router(
+        &self,
+        parent: &str,
+        child: &str,
+        req: &RouterChange,
+    ) -> Result<LinkInfo, ApiCallError> {
+        self.call(
+            Method::PATCH,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            Some(req),
+            None,
+        )
+        .await
+    }
+
+    /// `DELETE /v1/topics/{parent}/children/{child}`: detaches a child (the topic stays).
+    pub async fn detach_child(&self, parent: &str, child: &str) -> Result<LinkInfo, ApiCallError> {
+        self.call::<(), _>(
+            Method::DELETE,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/topics/{parent}/children`: every child with per-partition progress.
+    pub async fn list_children(&self, parent: &str) -> Result<ChildList, ApiCallError> {
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/v1/topics/{parent}/children"),
+            None,
+            None,
+        )
+        .await
     }
 
     /// `GET /healthz`: Ok when the daemon answers.

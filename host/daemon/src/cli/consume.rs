@@ -7,7 +7,6 @@ use anyhow::Context as _;
 use clap::Args;
 
 use super::ClientArgs;
-use super::client::Client;
 
 /// Long-poll used by `--follow`, in milliseconds.
 const FOLLOW_WAIT_MS: u64 = 10_000;
@@ -36,7 +35,7 @@ pub struct ConsumeArgs {
 
 /// Runs `narad consume`.
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
-    let client = Client::new(&args.client.url);
+    let client = args.client.client();
     let mut offset = args.offset;
     let mut printed = 0u64;
     let stdout = std::io::stdout();

@@ -2,14 +2,19 @@
 //! over the HTTP API (`--url` / `NARAD_URL`), with human tables by default and `--json` for
 //! scripts. A server error prints the server's message and exits non-zero.
 //!
-//! - [`client`]: the HTTP client; [`table`]: text tables;
-//! - [`topic`], [`produce`], [`consume`]: the client commands; [`demo`]: `narad demo`;
+//! - [`client`]: the HTTP client; [`table`]: text tables; [`duration`]: `10s`-style flags;
+//! - [`topic`], [`produce`], [`consume`], [`child`]: the client commands; [`demo`]: `narad demo`;
+//! - [`completions`]: shell completion scripts; [`logging`]: `RUST_LOG` and `--log-format`;
 //! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
 //! - [`serve`]: `narad serve`.
 
+pub mod child;
 pub mod client;
+pub mod completions;
 pub mod consume;
 pub mod demo;
+pub mod duration;
+pub mod logging;
 pub mod plugin;
 pub mod produce;
 pub mod serve;
@@ -29,6 +34,9 @@ use crate::config::ServeArgs;
     after_help = "Run `narad serve --help` for the daemon's flags, their environment variables and defaults,\nand `narad <COMMAND> --help` for any other command."
 )]
 pub struct Cli {
+    /// Log line format (logs go to stderr; `RUST_LOG` sets the level, e.g. `RUST_LOG=debug`).
+    #[arg(long, env = "NARAD_LOG_FORMAT", value_enum, default_value_t = logging::LogFormat::Text, global = true)]
+    pub log_format: logging::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -49,6 +57,10 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Deploy, list and remove routing plugins; try a chain locally with `plugin test`.
     Plugin(plugin::PluginArgs),
+    /// Attach, detach, list and re-route fan-out children of a topic.
+    Child(child::ChildArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
 }
 
 /// Where the daemon is and how to print answers; shared by the client commands.
@@ -60,6 +72,17 @@ pub struct ClientArgs {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Bearer token sent with every call (needed for changes when the daemon runs with
+    /// --auth-token-file).
+    #[arg(long, env = "NARAD_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ClientArgs {
+    /// A client for the daemon at `--url`, sending `--token` when given.
+    pub fn client(&self) -> client::Client {
+        client::Client::new(&self.url).with_token(self.token.clone())
+    }
 }
 
 /// Runs a parsed command line.
@@ -71,5 +94,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Consume(args) => consume::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Plugin(args) => plugin::run(args).await,
+        Command::Child(args) => child::run(args).await,
+        Command::Completions(args) => {
+            completions::run(&args);
+            Ok(())
+        }
     }
 }

@@ -13,7 +13,6 @@ use clap::Args;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::ClientArgs;
-use super::client::Client;
 use crate::api::types::ProduceRecordJson;
 
 /// `narad produce`.
@@ -43,7 +42,7 @@ pub struct ProduceSummary {
 /// Runs `narad produce`.
 pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
-    let client = Client::new(&args.client.url);
+    let client = args.client.client();
     let progress = std::io::stderr().is_terminal();
     let mut summary = ProduceSummary::default();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();

@@ -3,7 +3,6 @@
 use clap::{Args, Subcommand};
 
 use super::ClientArgs;
-use super::client::Client;
 use super::table;
 use crate::api::types::{CreateTopicRequest, TopicDescription, TopicInfo};
 
@@ -119,7 +118,7 @@ fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
 
 /// Runs a topic command.
 pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
-    let client = Client::new(&args.client.url);
+    let client = args.client.client();
     let json = args.client.json;
     match args.command {
         TopicCommand::Create {

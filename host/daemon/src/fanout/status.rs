@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::metrics::{CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
 /// What a cursor is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CursorState {
     /// Copying, or idle at the parent's tail.

@@ -2,6 +2,7 @@
 //! and talks real HTTP to it.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod child_cli;
 mod cli;
 mod common;
 mod fetch;

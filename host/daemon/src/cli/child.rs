@@ -1,0 +1,279 @@
+//! `narad child attach|detach|list|set-router`: the children API
+//! (`/v1/topics/{parent}/children`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::ClientArgs;
+use super::duration::{format_duration, parse_duration};
+use super::table;
+use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
+
+/// `narad child`.
+#[derive(Debug, Args)]
+pub struct ChildArgs {
+    /// Daemon and output options.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The child command.
+    #[command(subcommand)]
+    pub command: ChildCommand,
+}
+
+/// The plugin config of a link: a file's bytes or text on the command line.
+#[derive(Debug, Clone, Default, Args)]
+#[group(multiple = false)]
+pub struct ConfigSource {
+    /// File whose contents are handed to every plugin of the chain as its config.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The plugin config as text (e.g. "header = region\nus = 0").
+    #[arg(long, value_name = "TEXT")]
+    pub config_text: Option<String>,
+}
+
+impl ConfigSource {
+    fn read(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        Ok(match (&self.config, &self.config_text) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading plugin config {}", path.display()))?;
+                Some(serde_json::Value::String(text))
+            }
+            (None, Some(text)) => Some(serde_json::Value::String(unescape_newlines(text))),
+            (None, None) => None,
+        })
+    }
+}
+
+/// Turns the two characters `\n` into a line break, so a multi-line config fits on one
+/// command line.
+fn unescape_newlines(text: &str) -> String {
+    text.replace("\\n", "\n")
+}
+
+/// Child commands.
+#[derive(Debug, Subcommand)]
+pub enum ChildCommand {
+    /// Attach a child to a parent: from now on every record committed to the parent is copied
+    /// to the child. Creates the child topic with --partitions, else it must exist.
+    Attach {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Create the child topic with this many partitions.
+        #[arg(long, short = 'p', value_name = "N")]
+        partitions: Option<u32>,
+        /// Make it a delay child: a record is copied once it is this old (e.g. 10s, 5m, 1h).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "delay_ms")]
+        delay: Option<Duration>,
+        /// The delay in milliseconds.
+        #[arg(long, value_name = "MS")]
+        delay_ms: Option<u64>,
+        /// The router chain, comma-separated plugin names (`name` or `name@digest`).
+        /// [default: key-hash,keyless-index,round-robin]
+        #[arg(long, value_delimiter = ',', value_name = "PLUGINS")]
+        router: Option<Vec<String>>,
+        /// The plugins' config.
+        #[command(flatten)]
+        config: ConfigSource,
+    },
+    /// Detach a child: copying stops; the child topic and its records stay.
+    Detach {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+    /// List a parent's children with each parent partition's progress.
+    List {
+        /// Parent topic.
+        parent: String,
+    },
+    /// Swap a child's router chain (and config), effective at each cursor's next slab.
+    SetRouter {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// The new chain, comma-separated plugin names.
+        #[arg(long, value_delimiter = ',', required = true, value_name = "PLUGINS")]
+        router: Vec<String>,
+        /// A new config (the current one stays when neither is given).
+        #[command(flatten)]
+        config: ConfigSource,
+    },
+}
+
+/// Runs a child command.
+pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
+    let client = args.client.client();
+    let json = args.client.json;
+    match args.command {
+        ChildCommand::Attach {
+            parent,
+            child,
+            partitions,
+            delay,
+            delay_ms,
+            router,
+            config,
+        } => {
+            let delay_ms = match (delay, delay_ms) {
+                (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                (None, ms) => ms,
+            };
+            let req = AttachRequest {
+                partitions,
+                delay_ms,
+                router,
+                config: config.read()?,
+            };
+            let link = client.attach_child(&parent, &child, &req).await?;
+            print_link(json, "attached", &link)?;
+        }
+        ChildCommand::Detach { parent, child } => {
+            let link = client.detach_child(&parent, &child).await?;
+            print_link(json, "detached", &link)?;
+        }
+        ChildCommand::List { parent } => {
+            let list = client.list_children(&parent).await?;
+            if json {
+                print_json(&list)?;
+            } else {
+                print!("{}", list_text(&list));
+            }
+        }
+        ChildCommand::SetRouter {
+            parent,
+            child,
+            router,
+            config,
+        } => {
+            let req = RouterChange {
+                router,
+                config: config.read()?,
+            };
+            let link = client.set_child_router(&parent, &child, &req).await?;
+            print_link(json, "changed the router of", &link)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn router_names(link: &LinkInfo) -> String {
+    link.router
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_link(json: bool, verb: &str, link: &LinkInfo) -> anyhow::Result<()> {
+    if json {
+        return print_json(link);
+    }
+    let delay = if link.delay_ms > 0 {
+        format!(
+            ", delay {}",
+            format_duration(Duration::from_millis(link.delay_ms))
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{verb} {} -> {} (epoch {}, router {}{delay})",
+        link.parent,
+        link.name,
+        link.attach_epoch,
+        router_names(link)
+    );
+    Ok(())
+}
+
+/// The human form of a children listing: one table of children, one of their partitions.
+pub fn list_text(list: &ChildList) -> String {
+    if list.children.is_empty() {
+        return "no children\n".to_owned();
+    }
+    let children: Vec<Vec<String>> = list
+        .children
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                if c.delay_ms > 0 {
+                    format_duration(Duration::from_millis(c.delay_ms))
+                } else {
+                    "-".into()
+                },
+                c.router
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                c.attach_epoch.clone(),
+            ]
+        })
+        .collect();
+    let mut partitions = Vec::new();
+    for c in &list.children {
+        for p in &c.partitions {
+            partitions.push(vec![
+                c.name.clone(),
+                p.partition.to_string(),
+                p.next_offset.map_or_else(|| "-".into(), |o| o.to_string()),
+                p.lag_messages.map_or_else(|| "?".into(), |l| l.to_string()),
+                format!("{:.1}", p.due_lag_seconds),
+                p.dropped_messages.to_string(),
+                serde_json::to_value(p.state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                p.last_error.clone().unwrap_or_default(),
+            ]);
+        }
+    }
+    let mut out = table::render(&["CHILD", "DELAY", "ROUTER", "EPOCH"], &children);
+    out.push('\n');
+    out.push_str(&table::render(
+        &[
+            "CHILD",
+            "PARTITION",
+            "NEXT_OFFSET",
+            "LAG",
+            "DUE_LAG_S",
+            "DROPPED",
+            "STATE",
+            "LAST_ERROR",
+        ],
+        &partitions,
+    ));
+    if list.children.iter().any(|c| !c.lag_complete) {
+        out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_escaped_newline_in_config_text_becomes_a_line_break() {
+        assert_eq!(
+            unescape_newlines("header = region\\nus = 0"),
+            "header = region\nus = 0"
+        );
+    }
+}

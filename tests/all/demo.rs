@@ -1,0 +1,53 @@
+//! `narad demo`, the README's first command, run as a user would: it must finish on its own,
+//! print a passing verdict as its last line, and exit 0.
+
+use std::process::Command;
+
+use crate::harness::narad_binary;
+
+#[test]
+fn demo_runs_every_child_to_a_passing_verdict_and_exits_zero() {
+    let out = Command::new(narad_binary())
+        .args(["demo", "--duration", "5s"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run narad demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "narad demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let verdict = stdout.lines().last().unwrap_or_default();
+    assert!(
+        verdict.starts_with("demo OK: "),
+        "verdict: {verdict}\n{stdout}"
+    );
+    // 5 s at the default 2,000 records/s.
+    assert!(
+        verdict.contains("10000 records produced to orders"),
+        "verdict: {verdict}"
+    );
+    assert!(verdict.contains("analytics, retry, by-region"), "{verdict}");
+    // Piped, the demo prints plain progress lines, never terminal escapes.
+    assert!(!stdout.contains('\x1b'), "{stdout}");
+}
+
+#[test]
+fn demo_refuses_a_data_dir_that_already_holds_its_topics_with_a_non_zero_exit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = || {
+        Command::new(narad_binary())
+            .args(["demo", "--duration", "1s", "--rate", "100", "--delay", "1s"])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .output()
+            .expect("run narad demo")
+    };
+    let first = run();
+    assert!(first.status.success(), "{first:?}");
+    let second = run();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("already holds topic"), "{stderr}");
+}
