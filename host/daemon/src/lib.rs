@@ -15,6 +15,8 @@
 //! - [`plugins`]: the plugin registry (content-addressed modules, versions, resolve, load).
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
+//! - [`bench`]: `narad bench`, end-to-end measurements of produce and fan-out against raw
+//!   write + `fdatasync` loops.
 //! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
 //!
 //! Data flows one way: API -> topics/produce -> `narad_storage::Store`; the metastore is the
@@ -24,6 +26,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod fanout;

@@ -7,7 +7,9 @@
 //! - [`completions`]: shell completion scripts; [`logging`]: `RUST_LOG` and `--log-format`;
 //! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
 //! - [`serve`]: `narad serve`.
+//! - [`bench`]: `narad bench produce|fanout`, the end-to-end benchmarks.
 
+pub mod bench;
 pub mod child;
 pub mod client;
 pub mod completions;
@@ -61,6 +63,9 @@ pub enum Command {
     Child(child::ChildArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
+    /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
+    /// on a scratch directory; no daemon needed).
+    Bench(bench::BenchArgs),
 }
 
 /// Where the daemon is and how to print answers; shared by the client commands.
@@ -95,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Plugin(args) => plugin::run(args).await,
         Command::Child(args) => child::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Completions(args) => {
             completions::run(&args);
             Ok(())

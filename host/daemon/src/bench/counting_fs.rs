@@ -1,0 +1,191 @@
+//! The real file system with counters: how many `fdatasync`s and bytes a phase cost.
+//!
+//! The benches run the store and the cursors' offset files on [`CountingFs`], which passes
+//! every call to [`RealFs`] and counts syncs and bytes on the way, so "fsyncs per slab" is
+//! counted, not estimated.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use narad_storage::fs::{DirEntry, File, FileSystem, LockGuard, Metadata, OpenMode, RealFs};
+
+/// The counters, shared by every file opened through one [`CountingFs`].
+#[derive(Debug, Default)]
+struct Counters {
+    file_syncs: AtomicU64,
+    dir_syncs: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+}
+
+/// A reading of the counters; subtract two to get a phase's cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoCounts {
+    /// `fdatasync` calls on files.
+    pub file_syncs: u64,
+    /// `fsync` calls on directories.
+    pub dir_syncs: u64,
+    /// Bytes written to files.
+    pub bytes_written: u64,
+    /// Bytes read from files.
+    pub bytes_read: u64,
+}
+
+impl IoCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &IoCounts) -> IoCounts {
+        IoCounts {
+            file_syncs: self.file_syncs.saturating_sub(earlier.file_syncs),
+            dir_syncs: self.dir_syncs.saturating_sub(earlier.dir_syncs),
+            bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+        }
+    }
+
+    /// File and directory syncs together.
+    pub fn syncs(&self) -> u64 {
+        self.file_syncs + self.dir_syncs
+    }
+}
+
+/// [`RealFs`] counting syncs and bytes. Clones share the counters.
+#[derive(Clone, Debug, Default)]
+pub struct CountingFs {
+    counters: Arc<Counters>,
+}
+
+impl CountingFs {
+    /// A fresh counting file system with zeroed counters.
+    pub fn new() -> CountingFs {
+        CountingFs::default()
+    }
+
+    /// The counters now.
+    pub fn counts(&self) -> IoCounts {
+        let c = &self.counters;
+        IoCounts {
+            file_syncs: c.file_syncs.load(Ordering::Relaxed),
+            dir_syncs: c.dir_syncs.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CountingFile {
+    inner: Box<dyn File>,
+    counters: Arc<Counters>,
+}
+
+impl File for CountingFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let n = self.inner.read_at(buf, offset)?;
+        self.counters
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        let n = self.inner.write_at(buf, offset)?;
+        self.counters
+            .bytes_written
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        // Counted whether or not it succeeds: the cost was paid either way.
+        self.counters.file_syncs.fetch_add(1, Ordering::Relaxed);
+        self.inner.sync_data()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+}
+
+impl FileSystem for CountingFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn File>> {
+        Ok(Box::new(CountingFile {
+            inner: RealFs.open(path, mode)?,
+            counters: Arc::clone(&self.counters),
+        }))
+    }
+
+    fn metadata(&self, path: &Path) -> io::Result<Metadata> {
+        RealFs.metadata(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFs.rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        RealFs.remove_file(path)
+    }
+
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        RealFs.remove_dir_all(path)
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>> {
+        RealFs.read_dir(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        RealFs.create_dir_all(path)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.counters.dir_syncs.fetch_add(1, Ordering::Relaxed);
+        RealFs.sync_dir(path)
+    }
+
+    fn try_lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
+        RealFs.try_lock_exclusive(path)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        RealFs.exists(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syncs_and_bytes_through_the_real_file_system_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CountingFs::new();
+        let before = fs.counts();
+        let file = fs
+            .open(&dir.path().join("f"), OpenMode::CreateReadWrite)
+            .unwrap();
+        file.write_all_at(b"hello", 0).unwrap();
+        file.sync_data().unwrap();
+        fs.sync_dir(dir.path()).unwrap();
+        let mut buf = [0u8; 5];
+        file.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"hello");
+        let spent = fs.counts().since(&before);
+        assert_eq!(
+            spent,
+            IoCounts {
+                file_syncs: 1,
+                dir_syncs: 1,
+                bytes_written: 5,
+                bytes_read: 5,
+            }
+        );
+        assert_eq!(spent.syncs(), 2);
+    }
+}

@@ -1,0 +1,805 @@
+//! `narad bench fanout`: a pre-filled parent copied into K children by the real cursors,
+//! against a raw copy loop of the same records with no routing.
+//!
+//! The fan-out side is the daemon's own path: one `run_cursor` per (parent partition, child),
+//! reading slabs, routing them through the default Wasm chain (`key-hash`, `keyless-index`,
+//! `round-robin`, built by the production router factory from the plugin registry), committing
+//! each bucket with the produce commit (append, `fdatasync`, verify), then advancing the
+//! offset file. The raw side runs as many workers, each reading the same parent partition in
+//! slabs of the same size and writing each slab, encoded exactly as a child batch would be,
+//! to a plain file with `pwrite` + `fdatasync`: the same bytes, one sync per slab, no routing,
+//! no buckets, no offset file. Afterwards every child is read back: every parent record must
+//! be in it once, on the partition the default chain's rules give.
+//!
+//! Routing share: the time inside the routers (a [`TimedRouter`] around each chain) over the
+//! cursors' busy time (each cursor from its start until it had copied its last record), and
+//! also over the process's CPU time.
+//!
+//! [`TimedRouter`]: super::timed_router::TimedRouter
+
+use std::os::unix::fs::FileExt as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narad_storage::{BatchOrigin, Header, NewRecord, PartitionId, ReadOptions, Store};
+use serde::Serialize;
+
+use super::fill::{FillSpec, fill_parent};
+use super::progress::Progress;
+use super::rig::{Rig, RunningCursor, stop_all};
+use super::sys::{self, FileSystemInfo};
+use super::timed_router::RouteTiming;
+use super::workdir::WorkDir;
+use super::{BenchError, blocking, per_second};
+use crate::fanout::status::CursorState;
+use crate::fanout::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
+use crate::shutdown;
+
+/// Default parent records (issue 4: a pre-filled parent of 1,000,000 records).
+pub const DEFAULT_RECORDS: u64 = 1_000_000;
+/// Default partitions of the parent and of each child (issue 4).
+pub const DEFAULT_PARTITIONS: u32 = 4;
+/// Default key bytes per record (issue 4).
+pub const DEFAULT_KEY_BYTES: usize = 16;
+/// Default value bytes per record (issue 4).
+pub const DEFAULT_VALUE_BYTES: usize = 100;
+
+/// Goal for one child, records per second (issue 4).
+pub const GOAL_ONE_CHILD_RECORDS_PER_S: f64 = 3_000_000.0;
+/// Goal for 16 children, record copies per second in all (issue 4).
+pub const GOAL_SIXTEEN_CHILDREN_COPIES_PER_S: f64 = 4_000_000.0;
+/// Goal for the fan-out's throughput as a share of the raw loop's (issue 4).
+pub const GOAL_RATIO: f64 = 0.8;
+/// Goal for the share of slab time spent routing (issue 4: under 5%).
+pub const GOAL_ROUTING_SHARE: f64 = 0.05;
+
+/// How often the bench looks at the cursors' progress.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// A fan-out that copies nothing for this long has failed (a stall the cursor keeps retrying,
+/// such as a full disk); generous for a busy machine.
+const NO_PROGRESS_LIMIT: Duration = Duration::from_secs(120);
+/// Records per read when checking the children.
+const VERIFY_READ_RECORDS: usize = 65_536;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct FanoutOptions {
+    /// Records in the parent.
+    pub records: u64,
+    /// Children attached to it.
+    pub children: u32,
+    /// Partitions of the parent and of each child.
+    pub partitions: u32,
+    /// Key bytes per record (0: keyless records).
+    pub key_bytes: usize,
+    /// Value bytes per record.
+    pub value_bytes: usize,
+    /// Where to create the bench directory (default: the current directory).
+    pub dir: Option<PathBuf>,
+    /// Show progress on a terminal.
+    pub progress: bool,
+}
+
+impl Default for FanoutOptions {
+    fn default() -> FanoutOptions {
+        FanoutOptions {
+            records: DEFAULT_RECORDS,
+            children: 1,
+            partitions: DEFAULT_PARTITIONS,
+            key_bytes: DEFAULT_KEY_BYTES,
+            value_bytes: DEFAULT_VALUE_BYTES,
+            dir: None,
+            progress: false,
+        }
+    }
+}
+
+/// Filling the parent.
+#[derive(Clone, Debug, Serialize)]
+pub struct FillFigures {
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Records per second.
+    pub records_per_s: f64,
+    /// Records per parent partition.
+    pub per_partition: Vec<u64>,
+}
+
+/// The copy by the real cursors.
+#[derive(Clone, Debug, Serialize)]
+pub struct FanoutFigures {
+    /// From starting the cursors until every child held every record.
+    pub seconds: f64,
+    /// Record copies per second, all children together.
+    pub records_per_s: f64,
+    /// Records per second of each child (its records over the time its last cursor took).
+    pub records_per_s_per_child: Vec<f64>,
+    /// The slowest child's records per second.
+    pub records_per_s_per_child_min: f64,
+    /// Record bytes (key + value) copied per second, all children.
+    pub mb_per_s: f64,
+    /// Bytes written to files per second (child frames, offset files), all children.
+    pub written_mb_per_s: f64,
+    /// Slabs committed.
+    pub slabs: u64,
+    /// Records per slab on average.
+    pub records_per_slab: f64,
+    /// Child bucket commits per slab.
+    pub commits_per_slab: f64,
+    /// `fdatasync`s on files per slab (child commits and offset-file advances).
+    pub fsyncs_per_slab: f64,
+    /// Directory `fsync`s in all (segment creation).
+    pub dir_fsyncs: u64,
+    /// Seconds inside the routers, all cursors.
+    pub routing_seconds: f64,
+    /// Routing time per slab, milliseconds.
+    pub routing_ms_per_slab: f64,
+    /// Routing time over the cursors' busy time.
+    pub routing_share_of_slab_time: f64,
+    /// Routing time over the process's CPU time during the copy.
+    pub routing_share_of_cpu: f64,
+    /// Process CPU seconds per wall second during the copy (cores busy).
+    pub cpu_cores_used: f64,
+    /// Resident memory when the cursors started, bytes.
+    pub rss_before_bytes: Option<u64>,
+    /// Peak resident memory during the copy, bytes (`VmHWM`, reset before the copy when the
+    /// kernel allows; else the peak of the whole run).
+    pub peak_rss_bytes: Option<u64>,
+    /// Whether the peak was reset before the copy.
+    pub peak_rss_reset: bool,
+}
+
+/// The raw loop.
+#[derive(Clone, Debug, Serialize)]
+pub struct RawFigures {
+    /// Seconds until every worker was done.
+    pub seconds: f64,
+    /// Record copies per second, all children together.
+    pub records_per_s: f64,
+    /// Records per second of each child.
+    pub records_per_s_per_child: Vec<f64>,
+    /// Record bytes (key + value) copied per second.
+    pub mb_per_s: f64,
+    /// Bytes written per second.
+    pub written_mb_per_s: f64,
+    /// Slabs written (one `fdatasync` each).
+    pub slabs: u64,
+}
+
+/// What the check of the children found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Verified {
+    /// Records found in each child.
+    pub child_records: Vec<u64>,
+    /// Records found more than once (0 in a run without crashes).
+    pub duplicates: u64,
+    /// Seconds the check took.
+    pub seconds: f64,
+}
+
+/// The goals of issue 4, for comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goals {
+    /// Records per second for one child.
+    pub one_child_records_per_s: f64,
+    /// Record copies per second with 16 children.
+    pub sixteen_children_copies_per_s: f64,
+    /// Fan-out over raw loop.
+    pub ratio: f64,
+    /// Routing share of slab time, at most.
+    pub routing_share: f64,
+}
+
+/// What `narad bench fanout` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct FanoutReport {
+    /// Always `"fanout"`.
+    pub bench: &'static str,
+    /// The bench directory (removed afterwards).
+    pub dir: PathBuf,
+    /// The file system it was on.
+    pub file_system: Option<FileSystemInfo>,
+    /// Records in the parent.
+    pub records: u64,
+    /// Children.
+    pub children: u32,
+    /// Partitions of the parent and of each child.
+    pub partitions: u32,
+    /// Key bytes per record.
+    pub key_bytes: usize,
+    /// Value bytes per record.
+    pub value_bytes: usize,
+    /// The parent's fill.
+    pub fill: FillFigures,
+    /// The real fan-out.
+    pub fanout: FanoutFigures,
+    /// The raw loop.
+    pub raw: RawFigures,
+    /// `fanout.records_per_s / raw.records_per_s`.
+    pub ratio: f64,
+    /// The check that every child holds every record.
+    pub verified: Verified,
+    /// The goals.
+    pub goals: Goals,
+    /// Load average (1, 5, 15 min) before the run.
+    pub load_before: Option<[f64; 3]>,
+    /// Load average after the run.
+    pub load_after: Option<[f64; 3]>,
+}
+
+fn child_name(c: u32) -> String {
+    format!("child-{c:03}")
+}
+
+/// Runs the fan-out bench.
+pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchError> {
+    if options.partitions == 0 || options.children == 0 {
+        return Err(BenchError::Options(
+            "the parent and each child need at least one partition, and one child".into(),
+        ));
+    }
+    if options.children as usize > crate::fanout::MAX_CHILDREN_PER_PARENT {
+        return Err(BenchError::Options(format!(
+            "a parent has at most {} children",
+            crate::fanout::MAX_CHILDREN_PER_PARENT
+        )));
+    }
+    let load_before = sys::load_average();
+    let work = WorkDir::create(options.dir.as_deref())?;
+    let mut progress = Progress::new(options.progress);
+    progress.step(&format!(
+        "bench fanout in {} on {}",
+        work.path().display(),
+        work.describe_file_system()
+    ));
+    let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
+    let parent = "parent";
+    rig.create_topic(parent, options.partitions).await?;
+
+    // Fill the parent.
+    let spec = FillSpec {
+        topic: parent.to_owned(),
+        partitions: options.partitions,
+        records: options.records,
+        key_bytes: options.key_bytes,
+        value_bytes: options.value_bytes,
+    };
+    let filled = {
+        let (store, spec, want) = (Arc::clone(&rig.store), spec.clone(), options.progress);
+        blocking(move || fill_parent(&store, &spec, &mut Progress::new(want))).await??
+    };
+    let fill = FillFigures {
+        seconds: filled.elapsed.as_secs_f64(),
+        records_per_s: per_second(options.records as f64, filled.elapsed.as_secs_f64()),
+        per_partition: filled.per_partition.clone(),
+    };
+    progress.step(&format!(
+        "parent filled: {} records in {:.1} s",
+        options.records, fill.seconds
+    ));
+    let high = rig.high_watermarks(parent, options.partitions).await?;
+
+    // Children, links, routers.
+    let timing = Arc::new(RouteTiming::default());
+    let mut links = Vec::new();
+    for c in 0..options.children {
+        let child = child_name(c);
+        rig.create_topic(&child, options.partitions).await?;
+        let link = rig
+            .attach_default(parent, &child, 0, vec![0; options.partitions as usize])
+            .await?;
+        links.push(rig.link_runtime(link, Arc::clone(&timing)).await?);
+    }
+
+    // The copy.
+    let peak_rss_reset = sys::reset_peak_rss();
+    let rss_before_bytes = sys::rss_bytes();
+    let io_before = rig.fs.counts();
+    let cpu_before = sys::cpu_time();
+    let (trigger, signal) = shutdown::channel();
+    let start = Instant::now();
+    let mut cursors: Vec<RunningCursor> = Vec::new();
+    for link in &links {
+        for p in 0..options.partitions {
+            cursors.push(rig.spawn_cursor(link, p, signal.clone()));
+        }
+    }
+    let done_at = match wait_for_copy(&cursors, &high, start, &mut progress).await {
+        Ok(done_at) => done_at,
+        Err(error) => {
+            // Stop what runs before reporting; the copy's failure is the error that matters.
+            let _ = stop_all(&trigger, cursors).await;
+            return Err(error);
+        }
+    };
+    let elapsed = start.elapsed();
+    let cpu_used = match (cpu_before, sys::cpu_time()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => Duration::ZERO,
+    };
+    let peak_rss_bytes = sys::peak_rss_bytes();
+    let io = rig.fs.counts().since(&io_before);
+    let slabs: u64 = cursors.iter().map(|c| rig.slabs_committed(&c.key)).sum();
+    let commits = rig.committer.commits();
+    stop_all(&trigger, cursors).await?;
+    progress.step(&format!("fan-out done in {:.2} s", elapsed.as_secs_f64()));
+
+    let per_child_records: u64 = high.iter().sum();
+    let per_child_seconds: Vec<f64> = (0..options.children as usize)
+        .map(|c| {
+            let part = &done_at[c * options.partitions as usize..][..options.partitions as usize];
+            part.iter()
+                .copied()
+                .fold(Duration::ZERO, Duration::max)
+                .as_secs_f64()
+        })
+        .collect();
+    let records_per_s_per_child: Vec<f64> = per_child_seconds
+        .iter()
+        .map(|s| per_second(per_child_records as f64, *s))
+        .collect();
+    let busy: Duration = done_at.iter().sum();
+    let copies = per_child_records * u64::from(options.children);
+    let payload = filled.payload_bytes * u64::from(options.children);
+    let seconds = elapsed.as_secs_f64();
+    let fanout = FanoutFigures {
+        seconds,
+        records_per_s: per_second(copies as f64, seconds),
+        records_per_s_per_child_min: records_per_s_per_child
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min),
+        records_per_s_per_child,
+        mb_per_s: per_second(payload as f64 / 1e6, seconds),
+        written_mb_per_s: per_second(io.bytes_written as f64 / 1e6, seconds),
+        slabs,
+        records_per_slab: per_second(copies as f64, slabs as f64),
+        commits_per_slab: per_second(commits as f64, slabs as f64),
+        fsyncs_per_slab: per_second(io.file_syncs as f64, slabs as f64),
+        dir_fsyncs: io.dir_syncs,
+        routing_seconds: timing.time().as_secs_f64(),
+        routing_ms_per_slab: per_second(timing.time().as_secs_f64() * 1e3, timing.slabs() as f64),
+        routing_share_of_slab_time: per_second(timing.time().as_secs_f64(), busy.as_secs_f64()),
+        routing_share_of_cpu: per_second(timing.time().as_secs_f64(), cpu_used.as_secs_f64()),
+        cpu_cores_used: per_second(cpu_used.as_secs_f64(), seconds),
+        rss_before_bytes,
+        peak_rss_bytes,
+        peak_rss_reset,
+    };
+
+    // Every child must hold every record.
+    let verified = {
+        let (store, high, opts) = (Arc::clone(&rig.store), high.clone(), options.clone());
+        blocking(move || verify_children(&store, &high, &opts)).await??
+    };
+    progress.step(&format!(
+        "children checked: each holds all {per_child_records} records ({:.1} s)",
+        verified.seconds
+    ));
+
+    // The raw loop, on the same parent and disk.
+    let raw = {
+        let (store, dir, high, opts) = (
+            Arc::clone(&rig.store),
+            work.path().join("raw"),
+            high.clone(),
+            options.clone(),
+        );
+        blocking(move || raw_copy(&store, &dir, &high, &opts, filled.payload_bytes)).await??
+    };
+    progress.step(&format!("raw loop done in {:.2} s", raw.seconds));
+    blocking({
+        let store = Arc::clone(&rig.store);
+        move || store.close()
+    })
+    .await?
+    .map_err(BenchError::storage("closing the store"))?;
+
+    let ratio = per_second(fanout.records_per_s, raw.records_per_s);
+    Ok(FanoutReport {
+        bench: "fanout",
+        dir: work.path_buf(),
+        file_system: work.file_system.clone(),
+        records: options.records,
+        children: options.children,
+        partitions: options.partitions,
+        key_bytes: options.key_bytes,
+        value_bytes: options.value_bytes,
+        fill,
+        fanout,
+        raw,
+        ratio,
+        verified,
+        goals: Goals {
+            one_child_records_per_s: GOAL_ONE_CHILD_RECORDS_PER_S,
+            sixteen_children_copies_per_s: GOAL_SIXTEEN_CHILDREN_COPIES_PER_S,
+            ratio: GOAL_RATIO,
+            routing_share: GOAL_ROUTING_SHARE,
+        },
+        load_before,
+        load_after: sys::load_average(),
+    })
+}
+
+/// Waits until every cursor's position reached its parent partition's high watermark;
+/// returns when each got there, measured from `start`.
+async fn wait_for_copy(
+    cursors: &[RunningCursor],
+    high: &[u64],
+    start: Instant,
+    progress: &mut Progress,
+) -> Result<Vec<Duration>, BenchError> {
+    let mut done_at: Vec<Option<Duration>> = vec![None; cursors.len()];
+    let total: u64 = cursors.iter().map(|c| high[c.key.partition as usize]).sum();
+    let mut last_copied = 0u64;
+    let mut last_progress = Instant::now();
+    loop {
+        let mut copied = 0u64;
+        for (i, cursor) in cursors.iter().enumerate() {
+            let target = high[cursor.key.partition as usize];
+            let report = cursor.status.report();
+            let next = report.next_offset.unwrap_or(0).min(target);
+            copied += next;
+            if done_at[i].is_none() && next >= target {
+                done_at[i] = Some(start.elapsed());
+            }
+            if cursor.task.is_finished() && done_at[i].is_none() {
+                return Err(BenchError::Cursor {
+                    cursor: cursor.name(),
+                    reason: format!(
+                        "it ended after copying {next} of {target} records ({:?})",
+                        report.last_error
+                    ),
+                });
+            }
+        }
+        if done_at.iter().all(Option::is_some) {
+            progress.finish();
+            return Ok(done_at.into_iter().map(Option::unwrap_or_default).collect());
+        }
+        if copied > last_copied {
+            last_copied = copied;
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > NO_PROGRESS_LIMIT {
+            let stalled = cursors
+                .iter()
+                .find(|c| c.status.report().state == CursorState::Stalled)
+                .unwrap_or(&cursors[0]);
+            return Err(BenchError::Cursor {
+                cursor: stalled.name(),
+                reason: format!(
+                    "no progress for {} s: {}",
+                    NO_PROGRESS_LIMIT.as_secs(),
+                    stalled.status.report().last_error.unwrap_or_default()
+                ),
+            });
+        }
+        progress.update(|| {
+            let secs = start.elapsed().as_secs_f64();
+            format!(
+                "fan-out: {copied}/{total} record copies, {:.0} records/s",
+                per_second(copied as f64, secs)
+            )
+        });
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Reads every child back: each parent record must be there (by its provenance), on the
+/// partition the default chain gives it: Kafka's hash of its key, or for a keyless record its
+/// parent partition (the counts match).
+fn verify_children(
+    store: &Store,
+    high: &[u64],
+    options: &FanoutOptions,
+) -> Result<Verified, BenchError> {
+    let start = Instant::now();
+    let mut child_records = Vec::new();
+    let mut duplicates = 0u64;
+    for c in 0..options.children {
+        let child = child_name(c);
+        let incomplete = |reason: String| BenchError::Incomplete {
+            child: child.clone(),
+            reason,
+        };
+        let mut seen: Vec<Vec<bool>> = high.iter().map(|&h| vec![false; h as usize]).collect();
+        let mut found = 0u64;
+        for p in 0..options.partitions {
+            let id = PartitionId::new(child.clone(), p);
+            let mut offset = 0u64;
+            loop {
+                let read = store
+                    .read(
+                        &id,
+                        &ReadOptions {
+                            offset,
+                            max_records: VERIFY_READ_RECORDS,
+                            max_bytes: usize::MAX,
+                            max_committed_at_ms: None,
+                        },
+                    )
+                    .map_err(BenchError::storage(format!("reading {id}")))?;
+                for record in &read.records {
+                    let Some(origin) = &record.origin else {
+                        return Err(incomplete(format!(
+                            "{id} offset {} has no provenance",
+                            record.offset
+                        )));
+                    };
+                    let want = match &record.key {
+                        Some(key) => narad_abi::partition_for_key(key, options.partitions),
+                        None => Some(origin.parent_partition),
+                    };
+                    if want != Some(p) {
+                        return Err(incomplete(format!(
+                            "{id} offset {} (parent p{} offset {}) belongs on partition {want:?}",
+                            record.offset, origin.parent_partition, origin.parent_offset
+                        )));
+                    }
+                    let slot = seen
+                        .get_mut(origin.parent_partition as usize)
+                        .and_then(|s| s.get_mut(origin.parent_offset as usize))
+                        .ok_or_else(|| {
+                            incomplete(format!(
+                                "{id} offset {} names parent p{} offset {}, which does not exist",
+                                record.offset, origin.parent_partition, origin.parent_offset
+                            ))
+                        })?;
+                    if *slot {
+                        duplicates += 1;
+                    } else {
+                        *slot = true;
+                        found += 1;
+                    }
+                }
+                if read.records.is_empty() || read.next_offset >= read.high_watermark {
+                    break;
+                }
+                offset = read.next_offset;
+            }
+        }
+        for (p, seen) in seen.iter().enumerate() {
+            if let Some(missing) = seen.iter().position(|s| !s) {
+                return Err(incomplete(format!(
+                    "parent p{p} offset {missing} is missing ({found} of {} records found)",
+                    high.iter().sum::<u64>()
+                )));
+            }
+        }
+        child_records.push(found);
+    }
+    Ok(Verified {
+        child_records,
+        duplicates,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The raw loop: per (child, parent partition) a worker reads the parent in slabs and writes
+/// each slab, encoded as a child batch, to its own plain file with `pwrite` + `fdatasync`.
+fn raw_copy(
+    store: &Store,
+    dir: &std::path::Path,
+    high: &[u64],
+    options: &FanoutOptions,
+    payload_per_child: u64,
+) -> Result<RawFigures, BenchError> {
+    std::fs::create_dir_all(dir).map_err(BenchError::io(format!("creating {}", dir.display())))?;
+    let start = Instant::now();
+    let outcomes: Vec<Result<(u32, Duration, u64, u64), BenchError>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..options.children)
+            .flat_map(|c| (0..options.partitions).map(move |p| (c, p)))
+            .map(|(c, p)| {
+                let path = dir.join(format!("{}-p{p:05}.bin", child_name(c)));
+                let end = high[p as usize];
+                s.spawn(move || {
+                    raw_worker(store, &path, p, end)
+                        .map(|(slabs, written)| (c, start.elapsed(), slabs, written))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(BenchError::Task("a raw worker panicked".into())))
+            })
+            .collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut child_done = vec![Duration::ZERO; options.children as usize];
+    let (mut slabs, mut written) = (0u64, 0u64);
+    for outcome in outcomes {
+        let (c, done, s, w) = outcome?;
+        child_done[c as usize] = child_done[c as usize].max(done);
+        slabs += s;
+        written += w;
+    }
+    let per_child_records: u64 = high.iter().sum();
+    let copies = per_child_records * u64::from(options.children);
+    Ok(RawFigures {
+        seconds,
+        records_per_s: per_second(copies as f64, seconds),
+        records_per_s_per_child: child_done
+            .iter()
+            .map(|d| per_second(per_child_records as f64, d.as_secs_f64()))
+            .collect(),
+        mb_per_s: per_second(
+            (payload_per_child * u64::from(options.children)) as f64 / 1e6,
+            seconds,
+        ),
+        written_mb_per_s: per_second(written as f64 / 1e6, seconds),
+        slabs,
+    })
+}
+
+/// Copies parent partition `partition` up to `end` into the file at `path`; returns the
+/// slabs and bytes written.
+fn raw_worker(
+    store: &Store,
+    path: &std::path::Path,
+    partition: u32,
+    end: u64,
+) -> Result<(u64, u64), BenchError> {
+    let file = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(BenchError::io(format!("creating {}", path.display())))?;
+    let id = PartitionId::new("parent", partition);
+    let epoch = [0x5A; 8];
+    let (mut offset, mut at, mut slabs) = (0u64, 0u64, 0u64);
+    let mut frame = Vec::new();
+    while offset < end {
+        let read = store
+            .read(
+                &id,
+                &ReadOptions {
+                    offset,
+                    max_records: SLAB_MAX_RECORDS,
+                    max_bytes: SLAB_MAX_BYTES,
+                    max_committed_at_ms: None,
+                },
+            )
+            .map_err(BenchError::storage(format!("reading {id}")))?;
+        if read.records.is_empty() {
+            break;
+        }
+        let origin = BatchOrigin {
+            epoch,
+            parent_partition: partition,
+            slab_start: offset,
+            parent_offsets: read.records.iter().map(|r| r.offset).collect(),
+        };
+        let records: Vec<NewRecord> = read
+            .records
+            .iter()
+            .map(|r| NewRecord {
+                key: r.key.clone(),
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|h| Header {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    })
+                    .collect(),
+                value: r.value.clone(),
+            })
+            .collect();
+        frame.clear();
+        narad_storage::log::format::encode_batch(&records, Some(&origin), &mut frame)
+            .map_err(BenchError::storage("encoding a slab"))?;
+        file.write_all_at(&frame, at)
+            .and_then(|()| file.sync_data())
+            .map_err(BenchError::io(format!("writing {}", path.display())))?;
+        at += frame.len() as u64;
+        slabs += 1;
+        offset = read.next_offset;
+    }
+    Ok((slabs, at))
+}
+
+fn load_text(load: Option<[f64; 3]>) -> String {
+    load.map_or("?".to_owned(), |l| {
+        format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+    })
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or("?".to_owned(), |b| {
+        format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
+    })
+}
+
+impl FanoutReport {
+    /// The report as text for a terminal.
+    pub fn to_text(&self) -> String {
+        let f = &self.fanout;
+        let r = &self.raw;
+        let fs = self
+            .file_system
+            .as_ref()
+            .map_or("unknown file system".to_owned(), |f| {
+                format!("{} ({})", f.fs_type, f.source)
+            });
+        let per_child = if self.children == 1 {
+            String::new()
+        } else {
+            format!(
+                "\nper child: slowest {:.0} records/s (raw loop slowest {:.0})",
+                f.records_per_s_per_child_min,
+                r.records_per_s_per_child
+                    .iter()
+                    .copied()
+                    .fold(f64::INFINITY, f64::min)
+            )
+        };
+        let goal = if self.children == 1 {
+            format!(
+                "goal one child >= {:.0} records/s: {}",
+                self.goals.one_child_records_per_s,
+                met(f.records_per_s >= self.goals.one_child_records_per_s)
+            )
+        } else {
+            format!(
+                "goal 16 children >= {:.0} copies/s in all: {}",
+                self.goals.sixteen_children_copies_per_s,
+                met(f.records_per_s >= self.goals.sixteen_children_copies_per_s)
+            )
+        };
+        format!(
+            "fanout: {} records ({}-byte keys, {}-byte values) from {} partitions into {} child(ren) of {} partitions, default chain, on {fs}\n\
+             fill       {:>10.0} records/s ({:.1} s)\n\
+             fan-out    {:>10.0} record copies/s in all, {:.1} MB/s of records ({:.1} MB/s written), {:.2} s{per_child}\n\
+             raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s\n\
+             ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}); {goal}\n\
+             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: 1)\n\
+             routing {:.3} ms per slab = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores\n\
+             memory: {} at start of the copy, peak {}{}\n\
+             checked: every child holds all {} records, {} duplicates\n\
+             load average before {} / after {}",
+            self.records,
+            self.key_bytes,
+            self.value_bytes,
+            self.partitions,
+            self.children,
+            self.partitions,
+            self.fill.records_per_s,
+            self.fill.seconds,
+            f.records_per_s,
+            f.mb_per_s,
+            f.written_mb_per_s,
+            f.seconds,
+            r.records_per_s,
+            r.mb_per_s,
+            r.seconds,
+            self.ratio,
+            self.goals.ratio,
+            met(self.ratio >= self.goals.ratio),
+            f.slabs,
+            f.records_per_slab,
+            f.commits_per_slab,
+            f.fsyncs_per_slab,
+            f.routing_ms_per_slab,
+            f.routing_share_of_slab_time * 100.0,
+            self.goals.routing_share * 100.0,
+            met(f.routing_share_of_slab_time < self.goals.routing_share),
+            f.routing_share_of_cpu * 100.0,
+            f.cpu_cores_used,
+            mib(f.rss_before_bytes),
+            mib(f.peak_rss_bytes),
+            if f.peak_rss_reset { "" } else { " (whole run)" },
+            self.records,
+            self.verified.duplicates,
+            load_text(self.load_before),
+            load_text(self.load_after),
+        )
+    }
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
+}

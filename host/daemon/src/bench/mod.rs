@@ -1,0 +1,134 @@
+//! `narad bench`: end-to-end measurements of the real code paths, each against a raw loop of
+//! the same bytes run in the same process on the same disk.
+//!
+//! Layout:
+//! - [`produce`]: 4 MiB batches through `Store::append` (append, `fdatasync`, verify) against
+//!   a raw `write` + `fdatasync` loop of the same frames, interleaved batch by batch.
+//! - [`fanout`]: a pre-filled parent copied into K children by the real cursors
+//!   (`run_cursor`) through the default Wasm chain, against a raw read + append + `fdatasync`
+//!   loop with no routing; then every child is checked to hold every record.
+//! - [`idle`]: thousands of delay cursors whose backlog is not yet due, and the CPU they use.
+//! - [`rig`]: the shared set-up: store, metastore, plugin registry, topics, links, cursors.
+//! - [`fill`]: writes the parent's records; [`workdir`]: where the files go;
+//! - [`counting_fs`]: the real file system with sync and byte counters;
+//! - [`timed_router`]: a router wrapper that times routing;
+//! - [`sys`]: memory, CPU time, load and file-system type from `/proc`;
+//! - [`size`]: byte sizes on the command line; [`progress`]: progress lines on a terminal.
+//!
+//! Every figure is measured in the run that prints it; none is a goal or an estimate. Speed
+//! goals are compared in the report, never asserted in tests.
+
+pub mod counting_fs;
+pub mod fanout;
+pub mod fill;
+pub mod idle;
+pub mod produce;
+pub mod progress;
+pub mod rig;
+pub mod size;
+pub mod sys;
+pub mod timed_router;
+pub mod workdir;
+
+use narad_storage::StorageError;
+
+use crate::metastore::MetastoreError;
+use crate::plugins::RegistryError;
+
+/// Why a bench could not run or its result does not hold.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// A file or directory of the bench could not be created, written or read.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the bench was doing.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store refused an operation.
+    #[error("{context}: {source}")]
+    Storage {
+        /// What the bench was doing.
+        context: String,
+        /// The error.
+        #[source]
+        source: StorageError,
+    },
+    /// The metastore refused an operation (creating a topic, attaching a link).
+    #[error("{context}: {source}")]
+    Metastore {
+        /// What the bench was doing.
+        context: String,
+        /// The error.
+        #[source]
+        source: MetastoreError,
+    },
+    /// The plugin registry could not open or resolve the default chain.
+    #[error("plugin registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// The router chain of a link could not be built.
+    #[error("building the router of {link}: {reason}")]
+    Router {
+        /// `parent -> child`.
+        link: String,
+        /// Why.
+        reason: String,
+    },
+    /// A cursor stopped on its own before copying everything (its link went away, or its
+    /// start was deferred), or stalled on an error.
+    #[error("cursor {cursor} failed: {reason}")]
+    Cursor {
+        /// `parent/pNNNNN -> child`.
+        cursor: String,
+        /// What it reported.
+        reason: String,
+    },
+    /// A child does not hold exactly the parent's records after the copy.
+    #[error("child {child} does not hold the parent's records: {reason}")]
+    Incomplete {
+        /// The child topic.
+        child: String,
+        /// The first difference found.
+        reason: String,
+    },
+    /// The options make no sense (zero partitions, a batch larger than the total, ...).
+    #[error("invalid bench options: {0}")]
+    Options(String),
+    /// A worker thread or task panicked or was cancelled.
+    #[error("bench task failed: {0}")]
+    Task(String),
+}
+
+impl BenchError {
+    fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
+        let context = context.into();
+        move |source| BenchError::Io { context, source }
+    }
+
+    fn storage(context: impl Into<String>) -> impl FnOnce(StorageError) -> BenchError {
+        let context = context.into();
+        move |source| BenchError::Storage { context, source }
+    }
+
+    fn metastore(context: impl Into<String>) -> impl FnOnce(MetastoreError) -> BenchError {
+        let context = context.into();
+        move |source| BenchError::Metastore { context, source }
+    }
+}
+
+/// Runs `work` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BenchError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| BenchError::Task(e.to_string()))
+}
+
+/// `count` per second over `seconds`, 0 when no time passed.
+fn per_second(count: f64, seconds: f64) -> f64 {
+    if seconds > 0.0 { count / seconds } else { 0.0 }
+}

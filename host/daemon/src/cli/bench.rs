@@ -1,0 +1,155 @@
+//! `narad bench produce|fanout`: the end-to-end benchmarks (see [`crate::bench`]). They run
+//! in this process on a fresh directory (removed afterwards) and print text, or one JSON
+//! object with `--json`. Progress goes to stderr on a terminal only.
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+
+use crate::bench::fanout::{self, FanoutOptions, run_fanout};
+use crate::bench::idle::{self, IdleOptions, run_idle};
+use crate::bench::produce::{self, ProduceOptions, run_produce};
+use crate::bench::size::ByteSize;
+
+/// `narad bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which bench.
+    #[command(subcommand)]
+    pub bench: BenchCommand,
+}
+
+/// The benches.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Append batches through the log (append + fdatasync + verify) and, interleaved, write +
+    /// fdatasync the same bytes to a plain file; print both throughputs and their ratio.
+    Produce(ProduceArgs),
+    /// Fill a parent, copy it into K children with the real cursors and the default chain,
+    /// and compare with a raw read + write + fdatasync loop; or, with --idle-delay-cursors,
+    /// measure the CPU of delay cursors waiting in front of a backlog not yet due.
+    Fanout(FanoutArgs),
+}
+
+/// `narad bench produce`.
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    /// Record bytes per batch (e.g. 4MiB).
+    #[arg(long, default_value_t = ByteSize(produce::DEFAULT_BATCH_BYTES))]
+    pub batch_bytes: ByteSize,
+    /// Record bytes each side writes in all (e.g. 512MiB, 2GiB).
+    #[arg(long, default_value_t = ByteSize(produce::DEFAULT_TOTAL_BYTES))]
+    pub total_bytes: ByteSize,
+    /// Value bytes per record.
+    #[arg(long, default_value_t = produce::DEFAULT_VALUE_BYTES)]
+    pub value_bytes: usize,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory, which is more often on a real disk than /tmp.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `narad bench fanout`.
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Records in the parent (with --idle-delay-cursors: the backlog in front of them).
+    #[arg(long, default_value_t = fanout::DEFAULT_RECORDS)]
+    pub records: u64,
+    /// Children to copy into.
+    #[arg(long, default_value_t = 1)]
+    pub children: u32,
+    /// Partitions of the parent and of each child.
+    #[arg(long, default_value_t = fanout::DEFAULT_PARTITIONS)]
+    pub partitions: u32,
+    /// Key bytes per record (0: keyless records).
+    #[arg(long, default_value_t = fanout::DEFAULT_KEY_BYTES)]
+    pub key_bytes: usize,
+    /// Value bytes per record.
+    #[arg(long, default_value_t = fanout::DEFAULT_VALUE_BYTES)]
+    pub value_bytes: usize,
+    /// Instead of copying: start this many delay cursors (one-hour delay) in front of the
+    /// backlog and measure their CPU once they all wait.
+    #[arg(long)]
+    pub idle_delay_cursors: Option<u32>,
+    /// With --idle-delay-cursors: seconds to measure.
+    #[arg(long, default_value_t = idle::DEFAULT_WINDOW.as_secs())]
+    pub window_secs: u64,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(report).context("encoding the report")?
+        );
+    } else {
+        println!("{}", text());
+    }
+    Ok(())
+}
+
+/// Runs `narad bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let progress = std::io::stderr().is_terminal();
+    match args.bench {
+        BenchCommand::Produce(a) => {
+            let report = run_produce(ProduceOptions {
+                batch_bytes: a.batch_bytes.0,
+                total_bytes: a.total_bytes.0,
+                value_bytes: a.value_bytes,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench produce")?;
+            print(a.json, &report, || report.to_text())
+        }
+        BenchCommand::Fanout(a) => match a.idle_delay_cursors {
+            Some(cursors) => {
+                let report = run_idle(IdleOptions {
+                    cursors,
+                    records: a.records,
+                    key_bytes: a.key_bytes,
+                    value_bytes: a.value_bytes,
+                    window: Duration::from_secs(a.window_secs),
+                    dir: a.dir,
+                    progress,
+                })
+                .await
+                .context("bench fanout --idle-delay-cursors")?;
+                print(a.json, &report, || report.to_text())
+            }
+            None => {
+                let report = run_fanout(FanoutOptions {
+                    records: a.records,
+                    children: a.children,
+                    partitions: a.partitions,
+                    key_bytes: a.key_bytes,
+                    value_bytes: a.value_bytes,
+                    dir: a.dir,
+                    progress,
+                })
+                .await
+                .context("bench fanout")?;
+                print(a.json, &report, || report.to_text())
+            }
+        },
+    }
+}
