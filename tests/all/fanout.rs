@@ -353,6 +353,27 @@ fn children_hold_every_parent_record_after_repeated_kill_9_in_key_order() {
     // parent partition index.
     let children = [("spread", 3u32), ("mirror", PARENT_PARTITIONS)];
     let mut attach_offsets: HashMap<&str, Vec<u64>> = HashMap::new();
+    // A custom chain: a header decides first, the built-ins take the rest.
+    let answer = attach(
+        &client,
+        &daemon.url(),
+        "orders",
+        "by-region",
+        json!({
+            "partitions": 3,
+            "router": ["header-route", "key-hash", "round-robin"],
+            "config": REGION_CONFIG,
+        }),
+    );
+    attach_offsets.insert(
+        "by-region",
+        answer["attach_offsets"]
+            .as_array()
+            .expect("offsets")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect(),
+    );
     for (child, partitions) in children {
         let answer = attach(
             &client,
@@ -467,4 +488,27 @@ fn children_hold_every_parent_record_after_repeated_kill_9_in_key_order() {
             expected.len()
         );
     }
+
+    wait_caught_up(&client, &base, "orders", "by-region");
+    check_complete(
+        &client,
+        &base,
+        "by-region",
+        3,
+        PARENT_PARTITIONS,
+        &attach_offsets["by-region"],
+        |record| {
+            let region = record["headers"]
+                .as_array()
+                .and_then(|headers| headers.iter().find(|h| h["name"] == "region"))
+                .and_then(|h| h["value"].as_str().map(str::to_string));
+            match (region.as_deref(), record["key"].as_str()) {
+                (Some("us"), _) => Some(0),
+                (Some("eu"), _) => Some(1),
+                (Some(_), _) => Some(2),
+                (None, Some(key)) => narad_abi::partition_for_key(key.as_bytes(), 3),
+                (None, None) => None,
+            }
+        },
+    );
 }
