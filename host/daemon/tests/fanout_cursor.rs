@@ -555,3 +555,32 @@ async fn a_child_grown_mid_stream_is_routed_under_its_new_partition_count() {
     running.stop.trigger();
     running.task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_ahead_of_a_wiped_child_is_rewound_and_redelivers() {
+    let f = fixture(1, 2, LogConfig::default()).await;
+    produce(&f.store, 0..40);
+    let running = start(&f, link(vec![5], 0)).await;
+    wait_for("the first copy", || {
+        running.status.report().next_offset == Some(40)
+    })
+    .await;
+    running.stop.trigger();
+    running.task.await.unwrap();
+    // The child loses everything it had acknowledged (say, restored from an empty backup).
+    f.store.delete_topic("child").unwrap();
+    for p in 0..2 {
+        f.store
+            .create_partition(&PartitionId::new("child", p), LogConfig::default())
+            .unwrap();
+    }
+    f.metastore.detach_link("parent", "child").await.unwrap();
+    let running = start(&f, link(vec![5], 0)).await;
+    wait_for("the copy again", || {
+        running.status.report().next_offset == Some(40)
+    })
+    .await;
+    assert_eq!(all_child_values(&f.store, 2), expected(5..40));
+    running.stop.trigger();
+    running.task.await.unwrap();
+}

@@ -178,8 +178,12 @@ async fn open_position(
     match loaded {
         CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
             let mut position = record.next_offset;
+            let floor = match start_point(link.attach_offsets.as_deref(), key.partition) {
+                StartPoint::LiveTail => None,
+                point => Some(point.resolve(0)),
+            };
             if let Some(target) =
-                provenance::rewind_target(position, evidence, stats.log_start_offset)
+                provenance::rewind_target(position, evidence, stats.log_start_offset, floor)
             {
                 tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
                     "cursor is ahead of what its child holds; rewinding so nothing is missing");
@@ -222,7 +226,7 @@ async fn open_position(
                     key.epoch, key.parent, key.child
                 ))));
             }
-            let position = match evidence {
+            let position = match evidence.evidence {
                 // The child holds slabs of this epoch: resume at the newest one's start.
                 Some(found) if found.newest_slab_start >= stats.log_start_offset => {
                     found.newest_slab_start

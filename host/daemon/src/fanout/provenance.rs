@@ -22,8 +22,17 @@ pub struct ChildEvidence {
     pub highest_parent_offset: u64,
 }
 
+/// What a scan of the child's tails found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChildScan {
+    /// The newest slab of this epoch and parent partition, if any is in the tails.
+    pub evidence: Option<ChildEvidence>,
+    /// The child has never held a record (every partition is empty from offset 0).
+    pub empty: bool,
+}
+
 /// Scans the tail of every child partition (the last slab's worth of records each) for
-/// records copied from `parent_partition` under `epoch`. `None` when none is found.
+/// records copied from `parent_partition` under `epoch`.
 ///
 /// Blocking; reads the child logs.
 pub fn scan_child_tails(
@@ -32,8 +41,9 @@ pub fn scan_child_tails(
     child_partitions: u32,
     epoch: [u8; 8],
     parent_partition: u32,
-) -> Result<Option<ChildEvidence>, StorageError> {
+) -> Result<ChildScan, StorageError> {
     let mut evidence: Option<ChildEvidence> = None;
+    let mut empty = true;
     for partition in 0..child_partitions {
         let id = PartitionId::new(child, partition);
         let stats = store.peek(&id)?;
@@ -54,6 +64,7 @@ pub fn scan_child_tails(
                     .high_watermark
             }
         };
+        empty &= high == 0;
         let window = SLAB_MAX_RECORDS as u64;
         let mut offset = high.saturating_sub(window).max(stats.log_start_offset);
         while offset < high {
@@ -93,19 +104,26 @@ pub fn scan_child_tails(
             offset = read.next_offset;
         }
     }
-    Ok(evidence)
+    Ok(ChildScan { evidence, empty })
 }
 
-/// Whether a cursor that resumed at `next_offset` is ahead of what its child holds: the child
-/// has records of this epoch and partition, but not the last record before `next_offset`, and
-/// the slab to go back to is still in the parent (`log_start`); going back to a slab that aged
-/// out would only count drop-behind twice.
+/// Whether a cursor that resumed at `next_offset` is ahead of what its child holds, and where
+/// to go back to:
+/// - the child has records of this epoch and partition, but not the last record before
+///   `next_offset`: back to the newest slab it has, if that is still in the parent
+///   (`log_start`; going back to a slab that aged out would only count drop-behind twice);
+/// - the child holds nothing at all (wiped): back to the cursor's start point `floor`, or the
+///   parent's log start if that is later.
 pub fn rewind_target(
     next_offset: u64,
-    evidence: Option<ChildEvidence>,
+    scan: ChildScan,
     log_start: u64,
+    floor: Option<u64>,
 ) -> Option<u64> {
-    let evidence = evidence?;
+    let Some(evidence) = scan.evidence else {
+        let target = floor?.max(log_start);
+        return (scan.empty && target < next_offset).then_some(target);
+    };
     let child_is_behind = evidence.highest_parent_offset.saturating_add(1) < next_offset;
     (child_is_behind
         && evidence.newest_slab_start >= log_start
@@ -117,31 +135,55 @@ pub fn rewind_target(
 mod tests {
     use super::*;
 
-    fn evidence(slab_start: u64, highest: u64) -> Option<ChildEvidence> {
-        Some(ChildEvidence {
-            newest_slab_start: slab_start,
-            highest_parent_offset: highest,
-        })
+    fn evidence(slab_start: u64, highest: u64) -> ChildScan {
+        ChildScan {
+            evidence: Some(ChildEvidence {
+                newest_slab_start: slab_start,
+                highest_parent_offset: highest,
+            }),
+            empty: false,
+        }
     }
+
+    const NO_EVIDENCE: ChildScan = ChildScan {
+        evidence: None,
+        empty: false,
+    };
+    const WIPED: ChildScan = ChildScan {
+        evidence: None,
+        empty: true,
+    };
 
     #[test]
     fn a_child_holding_the_last_record_needs_no_rewind() {
-        assert_eq!(rewind_target(100, evidence(90, 99), 0), None);
+        assert_eq!(rewind_target(100, evidence(90, 99), 0, Some(0)), None);
     }
 
     #[test]
     fn a_child_that_lost_records_rewinds_to_its_newest_slab() {
-        assert_eq!(rewind_target(100, evidence(40, 55), 0), Some(40));
+        assert_eq!(rewind_target(100, evidence(40, 55), 0, Some(0)), Some(40));
     }
 
     #[test]
     fn no_evidence_means_no_rewind() {
-        assert_eq!(rewind_target(100, None, 0), None);
+        assert_eq!(rewind_target(100, NO_EVIDENCE, 0, Some(0)), None);
+    }
+
+    #[test]
+    fn a_wiped_child_rewinds_to_the_start_point_or_the_log_start() {
+        assert_eq!(rewind_target(100, WIPED, 0, Some(10)), Some(10));
+        assert_eq!(rewind_target(100, WIPED, 30, Some(10)), Some(30));
+        // Nothing to rewind: at the start point already, or no start point known (live tail).
+        assert_eq!(rewind_target(10, WIPED, 0, Some(10)), None);
+        assert_eq!(rewind_target(100, WIPED, 0, None), None);
     }
 
     #[test]
     fn a_slab_that_aged_out_of_the_parent_is_not_gone_back_to() {
         // The cursor skipped to the log start by drop-behind; the child's newest slab is older.
-        assert_eq!(rewind_target(5_000, evidence(900, 999), 5_000), None);
+        assert_eq!(
+            rewind_target(5_000, evidence(900, 999), 5_000, Some(0)),
+            None
+        );
     }
 }
