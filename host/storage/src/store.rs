@@ -421,7 +421,7 @@ impl Store {
     /// it never decreases. Opens the log if closed. An empty batch is refused.
     pub fn append(&self, id: &PartitionId, batch: AppendBatch) -> Result<Appended> {
         let mut frame = Vec::new();
-        format::encode_batch(&batch.records, batch.origin.as_ref(), &mut frame)?;
+        let body_crc = format::encode_batch(&batch.records, batch.origin.as_ref(), &mut frame)?;
         // encode_batch checked the count fits in u32.
         let count = u32::try_from(batch.records.len()).unwrap_or(u32::MAX);
         let p = self.partition(id)?;
@@ -429,9 +429,14 @@ impl Store {
         let config = p.config();
         loop {
             let log = self.open_log(&p)?;
-            match log.append(&mut frame, count, self.clock.as_ref(), &config, |hw| {
-                p.publish_hw(hw)
-            }) {
+            match log.append(
+                &mut frame,
+                body_crc,
+                count,
+                self.clock.as_ref(),
+                &config,
+                |hw| p.publish_hw(hw),
+            ) {
                 Ok(a) => return Ok(a),
                 // Closed for idleness between lookup and lock: open again and retry.
                 Err(LogError::Closed) => {

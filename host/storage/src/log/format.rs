@@ -138,12 +138,14 @@ fn record_len(r: &NewRecord) -> usize {
 
 /// Encodes a batch into `out` (cleared first) with a placeholder header; [`seal`] fills in the
 /// offset, commit time and CRC once the writer holds the produce lock. Checks the frame limit
-/// and that an origin has one parent offset per record.
+/// and that an origin has one parent offset per record. Returns the CRC-32C of the body (bytes
+/// from [`HEADER_LEN`] on), computed record by record while the bytes are still in cache, for
+/// [`seal`] to combine with the header's.
 pub fn encode_batch(
     records: &[NewRecord],
     origin: Option<&BatchOrigin>,
     out: &mut Vec<u8>,
-) -> Result<(), StorageError> {
+) -> Result<u32, StorageError> {
     if records.is_empty() {
         return Err(StorageError::EmptyBatch);
     }
@@ -191,6 +193,8 @@ pub fn encode_batch(
             prev = off;
         }
     }
+    let mut body_crc = crc32c::crc32c(&out[HEADER_LEN..]);
+    let mut crc_done = out.len();
     for r in records {
         match &r.key {
             Some(k) => {
@@ -209,6 +213,8 @@ pub fn encode_batch(
         }
         put_varint(out, r.value.len() as u64);
         out.extend_from_slice(&r.value);
+        body_crc = crc32c::crc32c_append(body_crc, &out[crc_done..]);
+        crc_done = out.len();
     }
     let len = out.len();
     if len > MAX_FRAME_BYTES {
@@ -219,14 +225,18 @@ pub fn encode_batch(
     }
     // Fits: len <= MAX_FRAME_BYTES < u32::MAX.
     out[6..10].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok(())
+    Ok(body_crc)
 }
 
-/// Fills the base offset and commit time of an encoded frame and computes its CRC.
-pub fn seal(frame: &mut [u8], base_offset: u64, committed_at_ms: i64) {
+/// Fills the base offset and commit time of an encoded frame and its CRC, combining the
+/// header's CRC with `body_crc` (what [`encode_batch`] returned) instead of reading the body
+/// again. Sealing the same frame again (a retried append) gives the right CRC for the new
+/// values.
+pub fn seal(frame: &mut [u8], body_crc: u32, base_offset: u64, committed_at_ms: i64) {
     frame[14..22].copy_from_slice(&base_offset.to_le_bytes());
     frame[26..34].copy_from_slice(&committed_at_ms.to_le_bytes());
-    let crc = crc32c::crc32c(&frame[CRC_START..]);
+    let head_crc = crc32c::crc32c(&frame[CRC_START..HEADER_LEN]);
+    let crc = crc32c::crc32c_combine(head_crc, body_crc, frame.len() - HEADER_LEN);
     frame[10..14].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -458,8 +468,8 @@ mod tests {
 
     fn roundtrip(records: &[NewRecord], origin: Option<&BatchOrigin>) -> Vec<StoredRecord> {
         let mut buf = Vec::new();
-        encode_batch(records, origin, &mut buf).unwrap();
-        seal(&mut buf, 42, 1_700_000_000_123);
+        let body = encode_batch(records, origin, &mut buf).unwrap();
+        seal(&mut buf, body, 42, 1_700_000_000_123);
         let h = parse_header(&buf).unwrap();
         assert_eq!(h.frame_len as usize, buf.len());
         check_crc(&h, &buf).unwrap();
@@ -552,8 +562,8 @@ mod tests {
     #[test]
     fn the_header_sits_at_the_documented_byte_positions() {
         let mut buf = Vec::new();
-        encode_batch(&[rec(Some(b"k"), b"v", &[])], None, &mut buf).unwrap();
-        seal(&mut buf, 0x0102_0304_0506_0708, -5);
+        let body = encode_batch(&[rec(Some(b"k"), b"v", &[])], None, &mut buf).unwrap();
+        seal(&mut buf, body, 0x0102_0304_0506_0708, -5);
         assert_eq!(&buf[0..4], b"NRDB");
         assert_eq!(&buf[4..6], &[1, 0]);
         assert_eq!(u32_at(&buf, 6) as usize, buf.len());
@@ -569,8 +579,8 @@ mod tests {
     #[test]
     fn the_example_frame_in_the_storage_docs_is_what_we_write() {
         let mut buf = Vec::new();
-        encode_batch(&[rec(Some(b"k"), b"v", &[("h", b"x")])], None, &mut buf).unwrap();
-        seal(&mut buf, 7, 1_767_225_600_000);
+        let body = encode_batch(&[rec(Some(b"k"), b"v", &[("h", b"x")])], None, &mut buf).unwrap();
+        seal(&mut buf, body, 7, 1_767_225_600_000);
         let expected: Vec<u8> = "4e 52 44 42 01 00 2e 00 00 00 d4 4b 17 6c 07 00 \
                                  00 00 00 00 00 00 01 00 00 00 00 a8 da 76 9b 01 \
                                  00 00 00 00 01 01 6b 01 01 68 01 78 01 76"
@@ -589,8 +599,8 @@ mod tests {
         ) {
             let records: Vec<_> = values.iter().map(|v| rec(None, v, &[])).collect();
             let mut buf = Vec::new();
-            encode_batch(&records, None, &mut buf).unwrap();
-            seal(&mut buf, 3, 4);
+            let body = encode_batch(&records, None, &mut buf).unwrap();
+            seal(&mut buf, body, 3, 4);
             let at = flip.index(buf.len());
             buf[at] ^= 1 << bit;
             let ok = parse_header(&buf).and_then(|h| {

@@ -289,8 +289,9 @@ mod tests {
                 ..NewRecord::default()
             };
             let mut frame = Vec::new();
-            format::encode_batch(&[rec], None, &mut frame).unwrap();
-            log.append(&mut frame, 1, &clock, &config, |_| {}).unwrap();
+            let body = format::encode_batch(&[rec], None, &mut frame).unwrap();
+            log.append(&mut frame, body, 1, &clock, &config, |_| {})
+                .unwrap();
         }
         let live = crate::log::read(&log.view).segments[0].index.clone();
         log.close().unwrap();
