@@ -13,7 +13,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::topics::require_topic;
-use crate::fanout::status::{CursorReport, CursorState};
+use crate::fanout::status::CursorReport;
 use crate::metastore::Snapshot;
 use crate::metastore::link::{LinkMeta, PluginRef, new_epoch};
 use crate::topics::NewTopic;
@@ -103,24 +103,9 @@ fn router_entries(router: &[PluginRef]) -> Vec<RouterEntry> {
         .collect()
 }
 
-/// One partition of a child in the listing.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ChildPartition {
-    /// Parent partition.
-    pub partition: u32,
-    /// First parent offset not yet committed to the child.
-    pub next_offset: Option<u64>,
-    /// Parent high watermark minus `next_offset`.
-    pub lag_messages: Option<u64>,
-    /// Seconds the oldest due, uncopied record has waited past its due time.
-    pub due_lag_seconds: f64,
-    /// Records skipped because they aged out of the parent first.
-    pub dropped_messages: u64,
-    /// `running`, `waiting` or `stalled`.
-    pub state: CursorState,
-    /// Why it is stalled, or the last failure.
-    pub last_error: Option<String>,
-}
+/// One parent partition of a child in the listing: its cursor's report, with the lag taken
+/// against the parent's current high watermark.
+pub type ChildPartition = CursorReport;
 
 /// One child in the listing.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,7 +121,7 @@ pub struct ChildInfo {
     /// True when every parent partition is reported with an exact lag.
     pub lag_complete: bool,
     /// Per parent partition with a running cursor and a known high watermark.
-    pub partitions: Vec<ChildPartition>,
+    pub partitions: Vec<CursorReport>,
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
@@ -382,19 +367,13 @@ pub async fn list(
     for link in snapshot.links.values().filter(|l| l.parent == parent) {
         let reports: Vec<CursorReport> = state.fanout.reports(&link.parent, &link.child);
         let mut partitions = Vec::new();
-        for report in reports {
+        for mut report in reports {
             let Some(high) = highs.get(report.partition as usize).copied().flatten() else {
                 continue;
             };
-            partitions.push(ChildPartition {
-                partition: report.partition,
-                next_offset: report.next_offset,
-                lag_messages: report.next_offset.map(|next| high.saturating_sub(next)),
-                due_lag_seconds: report.due_lag_seconds,
-                dropped_messages: report.dropped_messages,
-                state: report.state,
-                last_error: report.last_error,
-            });
+            // Lag against the parent's high watermark now, not the cursor's last look at it.
+            report.lag_messages = report.next_offset.map(|next| high.saturating_sub(next));
+            partitions.push(report);
         }
         let lag_complete = partitions.len() == count as usize
             && partitions.iter().all(|p| p.lag_messages.is_some());

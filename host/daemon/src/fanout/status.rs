@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::metrics::{CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
@@ -20,7 +20,7 @@ pub enum CursorState {
 }
 
 /// One cursor's figures, as the children listing reports them.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CursorReport {
     /// Parent partition.
     pub partition: u32,
