@@ -73,6 +73,9 @@ pub enum ConfigError {
         /// The value given.
         value: String,
     },
+    /// The file named by `--auth-token-file` cannot be read or holds no token.
+    #[error("invalid auth-token-file: {0}")]
+    AuthToken(#[from] crate::api::auth::TokenFileError),
     /// A limit or interval is zero or otherwise out of range.
     #[error("invalid {key}: {message}")]
     BadValue {
@@ -133,6 +136,11 @@ pub struct ServeArgs {
     /// [default: 134217728 (128 MiB)]
     #[arg(long, env = "NARAD_SEGMENT_BYTES", value_name = "BYTES")]
     pub segment_bytes: Option<u64>,
+    /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
+    /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
+    /// [default: none, no token required]
+    #[arg(long, env = "NARAD_AUTH_TOKEN_FILE", value_name = "FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 /// The config file's schema: the same settings as [`ServeArgs`], kebab-case, all optional.
@@ -163,6 +171,8 @@ pub struct FileConfig {
     pub idle_close_after_ms: Option<u64>,
     /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
+    /// See `--auth-token-file`.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -232,6 +242,8 @@ pub struct Config {
     pub idle_close_after: Duration,
     /// Segment roll size in bytes.
     pub segment_bytes: u64,
+    /// The bearer token mutating requests must carry; `None`: no token required.
+    pub auth_token: Option<crate::api::auth::AuthToken>,
 }
 
 impl Config {
@@ -244,6 +256,7 @@ impl Config {
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
+            auth_token: None,
         }
     }
 
@@ -335,6 +348,12 @@ impl Config {
             args.segment_bytes.or(file.segment_bytes),
             DEFAULT_SEGMENT_BYTES,
         )?;
+        let auth_token = args
+            .auth_token_file
+            .as_ref()
+            .or(file.auth_token_file.as_ref())
+            .map(|path| crate::api::auth::AuthToken::from_file(path))
+            .transpose()?;
         Ok(Config {
             data_dir,
             listen,
@@ -342,6 +361,7 @@ impl Config {
             retention_check_interval,
             idle_close_after,
             segment_bytes,
+            auth_token,
         })
     }
 }
@@ -434,6 +454,36 @@ mod tests {
         let file = FileConfig::parse(Path::new("narad.toml"), "max-plugin-bytes = 4096\n").unwrap();
         let config = Config::merge(&args, &file).unwrap();
         assert_eq!(config.limits.max_plugin_bytes, 4096);
+    }
+
+    #[test]
+    fn auth_token_file_is_read_from_the_flag_or_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let token_path = dir.path().join("token");
+        std::fs::write(&token_path, "t0ken\n").unwrap();
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        assert!(
+            Config::merge(&args, &FileConfig::default())
+                .unwrap()
+                .auth_token
+                .is_none()
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            &format!("auth-token-file = {:?}\n", token_path.display().to_string()),
+        )
+        .unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert!(config.auth_token.unwrap().matches("t0ken"));
+        let missing = ServeArgs {
+            auth_token_file: Some(dir.path().join("nope")),
+            ..args
+        };
+        let err = Config::merge(&missing, &FileConfig::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::AuthToken(_)));
     }
 
     #[test]

@@ -17,7 +17,9 @@ use crate::api::{self, AppInner, AppState};
 use crate::config::Config;
 use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::CursorDeps;
+use crate::api::metrics::ApiMetrics;
 use crate::fanout::metrics::FanoutMetrics;
+use crate::fanout::plugin_metrics::{PluginMetrics, RouteObserver};
 use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::{FileMetastore, Metastore, MetastoreError};
 use crate::ownership::PartitionOwnership;
@@ -138,8 +140,12 @@ pub async fn run_server(
     })?;
 
     let fanout_metrics = Arc::new(FanoutMetrics::default());
+    let plugin_metrics = Arc::new(PluginMetrics::default());
+    let api_metrics = Arc::new(ApiMetrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     fanout_metrics.register(&mut registry);
+    plugin_metrics.register(&mut registry);
+    api_metrics.register(&mut registry);
     let fanout_view = Arc::new(FanoutView::default());
     let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
     let reconciler = {
@@ -151,9 +157,12 @@ pub async fn run_server(
             clock: Arc::new(narad_storage::SystemClock),
         });
         let registry_for_loader = Arc::clone(&plugins);
-        let routers = Arc::new(WasmRouterFactory::new(Arc::new(move |digest: &str| {
-            registry_for_loader.load(digest).map_err(|e| e.to_string())
-        })));
+        let routers = Arc::new(
+            WasmRouterFactory::new(Arc::new(move |digest: &str| {
+                registry_for_loader.load(digest).map_err(|e| e.to_string())
+            }))
+            .with_observer(Arc::clone(&plugin_metrics) as Arc<dyn RouteObserver>),
+        );
         let reconciler = Reconciler::new(
             deps,
             Arc::clone(&ownership),
@@ -175,8 +184,12 @@ pub async fn run_server(
         plugins,
         fanout: fanout_view,
         metrics: Arc::new(registry),
+        api_metrics,
     });
-    let app = api::router(state);
+    let app = match config.auth_token.clone() {
+        Some(token) => api::auth::protect(api::router(state), token),
+        None => api::router(state),
+    };
 
     let retention = spawn_loop(
         "retention",

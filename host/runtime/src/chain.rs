@@ -13,6 +13,8 @@
 //! slab. Failures are counted per plugin and kind in [`PluginStats`]; [`Chain::bisect`] finds the
 //! first record of a failing slab that the chain cannot route.
 
+use std::time::{Duration, Instant};
+
 use narad_abi::{RouteContext, SlabEncoder, SlabRecord, UNDECIDED};
 
 use crate::error::{ChainError, Failure, FailureKind, PluginError};
@@ -44,6 +46,9 @@ pub struct PluginStats {
     pub log_lines_dropped: u64,
     /// Fuel spent by successful calls (a deterministic measure of the plugin's work).
     pub fuel_consumed: u64,
+    /// Wall-clock time spent in this plugin's calls (encoding its input included), failed
+    /// calls too; divided by `calls` it is the mean call duration.
+    pub busy: Duration,
     failures: [u64; FailureKind::ALL.len()],
 }
 
@@ -63,6 +68,7 @@ impl PluginStats {
 
 struct Member {
     instance: Instance,
+    busy: Duration,
     calls: u64,
     records_in: u64,
     records_decided: u64,
@@ -106,6 +112,7 @@ impl Chain {
             .into_iter()
             .map(|plugin| Member {
                 instance: Instance::new(plugin),
+                busy: Duration::ZERO,
                 calls: 0,
                 records_in: 0,
                 records_decided: 0,
@@ -146,6 +153,7 @@ impl Chain {
                     log_lines_emitted: counters.log_lines_emitted,
                     log_lines_dropped: counters.log_lines_dropped,
                     fuel_consumed: counters.fuel_consumed,
+                    busy: m.busy,
                     failures: m.failures,
                 }
             })
@@ -189,7 +197,10 @@ impl Chain {
             if self.pending.is_empty() {
                 break;
             }
-            if let Err(failure) = self.call_member(position, ctx, records) {
+            let started = Instant::now();
+            let called = self.call_member(position, ctx, records);
+            self.members[position].busy += started.elapsed();
+            if let Err(failure) = called {
                 return Err(self.blame(position, failure));
             }
             // Apply the answers; keep the still-undecided indices in order.

@@ -1,8 +1,24 @@
-//! `GET /metrics`: every series in the Prometheus (OpenMetrics) text format.
+//! `GET /metrics`: every series in the Prometheus (OpenMetrics) text format, and the series the
+//! API itself keeps: records and bytes produced and fetched per topic, and per-partition
+//! storage figures read at scrape time.
+//!
+//! The storage gauges are filled at each scrape from `Store::peek`, which never opens a
+//! closed log, so a scrape costs a few file-system metadata reads per partition and never
+//! holds a log open. A partition whose high watermark is unknown without opening its log has
+//! no `narad_partition_high_watermark` sample until the log is next opened.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
+use narad_storage::{PartitionId, PartitionState};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use super::AppState;
 use super::error::ApiError;
@@ -10,8 +26,189 @@ use super::error::ApiError;
 /// The content type of the OpenMetrics text format, which Prometheus scrapes natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Labels of the per-topic traffic series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// Topic name.
+    pub topic: String,
+}
+
+/// Labels of the per-partition storage series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: u32,
+}
+
+/// The API's own series.
+#[derive(Debug, Default)]
+pub struct ApiMetrics {
+    /// `narad_produce_records_total`: records committed by produce requests.
+    pub produce_records: Family<TopicLabels, Counter>,
+    /// `narad_produce_bytes_total`: key + value + header bytes of those records.
+    pub produce_bytes: Family<TopicLabels, Counter>,
+    /// `narad_fetch_records_total`: records returned by fetch requests.
+    pub fetch_records: Family<TopicLabels, Counter>,
+    /// `narad_fetch_bytes_total`: key + value + header bytes of those records.
+    pub fetch_bytes: Family<TopicLabels, Counter>,
+    /// `narad_partition_size_bytes`: bytes of segment files.
+    pub size_bytes: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_segments`: segment files.
+    pub segments: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_log_start_offset`: oldest offset stored.
+    pub log_start_offset: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_high_watermark`: next offset to be written, when known.
+    pub high_watermark: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_unavailable`: 1 for a quarantined or failed partition.
+    pub unavailable: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl ApiMetrics {
+    /// Registers every series in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "narad_produce_records",
+            "Records committed by produce requests (durable when counted)",
+            self.produce_records.clone(),
+        );
+        registry.register(
+            "narad_produce_bytes",
+            "Key, value and header bytes of the records committed by produce requests",
+            self.produce_bytes.clone(),
+        );
+        registry.register(
+            "narad_fetch_records",
+            "Records returned by fetch requests",
+            self.fetch_records.clone(),
+        );
+        registry.register(
+            "narad_fetch_bytes",
+            "Key, value and header bytes of the records returned by fetch requests",
+            self.fetch_bytes.clone(),
+        );
+        registry.register(
+            "narad_partition_size_bytes",
+            "Bytes of a partition's segment files on disk (read at scrape time)",
+            self.size_bytes.clone(),
+        );
+        registry.register(
+            "narad_partition_segments",
+            "Segment files of a partition (read at scrape time)",
+            self.segments.clone(),
+        );
+        registry.register(
+            "narad_partition_log_start_offset",
+            "Oldest offset a partition still stores (raised by retention)",
+            self.log_start_offset.clone(),
+        );
+        registry.register(
+            "narad_partition_high_watermark",
+            "Next offset a partition will write; absent while unknown without opening a closed log",
+            self.high_watermark.clone(),
+        );
+        registry.register(
+            "narad_partition_unavailable",
+            "1 when a partition is quarantined (corruption found) or failed, else 0",
+            self.unavailable.clone(),
+        );
+    }
+
+    /// Counts `records` records of `bytes` bytes committed to `topic` by a produce.
+    pub fn produced(&self, topic: &str, records: u64, bytes: u64) {
+        let labels = TopicLabels {
+            topic: topic.to_owned(),
+        };
+        self.produce_records.get_or_create(&labels).inc_by(records);
+        self.produce_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    /// Counts `records` records of `bytes` bytes returned from `topic` by a fetch.
+    pub fn fetched(&self, topic: &str, records: u64, bytes: u64) {
+        if records == 0 {
+            return;
+        }
+        let labels = TopicLabels {
+            topic: topic.to_owned(),
+        };
+        self.fetch_records.get_or_create(&labels).inc_by(records);
+        self.fetch_bytes.get_or_create(&labels).inc_by(bytes);
+    }
+
+    /// Forgets a deleted topic's traffic series.
+    pub fn forget_topic(&self, topic: &str) {
+        let labels = TopicLabels {
+            topic: topic.to_owned(),
+        };
+        self.produce_records.remove(&labels);
+        self.produce_bytes.remove(&labels);
+        self.fetch_records.remove(&labels);
+        self.fetch_bytes.remove(&labels);
+    }
+
+    /// Refills the storage gauges from the store for the partitions the metastore names.
+    async fn refresh_storage(&self, state: &AppState) -> Result<(), ApiError> {
+        let _one_at_a_time = self.refresh.lock().await;
+        let snapshot = state.metastore.snapshot().await?;
+        let ids: Vec<PartitionId> = snapshot
+            .topics
+            .values()
+            .flat_map(|t| (0..t.partitions).map(|p| PartitionId::new(t.name.clone(), p)))
+            .collect();
+        let store = Arc::clone(&state.store);
+        let stats = tokio::task::spawn_blocking(move || {
+            ids.into_iter()
+                .filter_map(|id| store.peek(&id).ok().map(|s| (id, s)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("reading partition stats failed: {e}"),
+            )
+        })?;
+        // Deleted topics must not linger: start from nothing each scrape.
+        for family in [
+            &self.size_bytes,
+            &self.segments,
+            &self.log_start_offset,
+            &self.high_watermark,
+            &self.unavailable,
+        ] {
+            family.clear();
+        }
+        for (id, s) in stats {
+            let labels = PartitionLabels {
+                topic: id.topic.clone(),
+                partition: id.partition,
+            };
+            self.size_bytes.get_or_create(&labels).set(s.size_bytes);
+            self.segments
+                .get_or_create(&labels)
+                .set(u64::from(s.segment_count));
+            self.log_start_offset
+                .get_or_create(&labels)
+                .set(s.log_start_offset);
+            if let Some(high) = s.high_watermark {
+                self.high_watermark.get_or_create(&labels).set(high);
+            }
+            let down = matches!(
+                s.state,
+                PartitionState::Quarantined { .. } | PartitionState::Failed { .. }
+            );
+            self.unavailable.get_or_create(&labels).set(u64::from(down));
+        }
+        Ok(())
+    }
+}
+
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    state.api_metrics.refresh_storage(&state).await?;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &state.metrics).map_err(|e| {
         ApiError::new(

@@ -7,9 +7,11 @@
 //!   `GET /v1/topics/{parent}/children`;
 //! - [`metrics`]: `GET /metrics`;
 //! - [`health`]: `GET /healthz`;
+//! - [`auth`]: the optional bearer token on every mutating request (`--auth-token-file`);
 //! - [`types`]: the JSON shapes (shared with the CLI), [`error`]: the JSON error answer,
 //!   [`extract`]: extractors that turn axum's rejections into that answer.
 
+pub mod auth;
 pub mod children;
 pub mod error;
 pub mod extract;
@@ -64,6 +66,9 @@ pub struct AppInner {
     pub fanout: Arc<crate::reconciler::FanoutView>,
     /// Every metric series, for `GET /metrics`.
     pub metrics: Arc<prometheus_client::registry::Registry>,
+    /// The API's own series (produce and fetch traffic, storage gauges), registered in
+    /// `metrics`.
+    pub api_metrics: Arc<metrics::ApiMetrics>,
 }
 
 impl AppState {

@@ -52,10 +52,14 @@ pub async fn produce(
             return Err(not_owned(&state, &id));
         }
     }
+    let bytes: u64 = records.iter().map(|r| record_bytes(&r.record) as u64).sum();
     let placed = state
         .producer
         .produce(&topic.name, topic.partitions, records)
         .await?;
+    state
+        .api_metrics
+        .produced(&topic.name, placed.len() as u64, bytes);
     Ok(Json(ProduceResponse {
         offsets: placed
             .into_iter()
@@ -174,12 +178,12 @@ fn decode_record(
             partitions - 1
         )));
     }
-    let size = key.as_ref().map_or(0, Bytes::len)
-        + value.len()
-        + headers
-            .iter()
-            .map(|h| h.name.len() + h.value.len())
-            .sum::<usize>();
+    let record = NewRecord {
+        key,
+        headers,
+        value,
+    };
+    let size = record_bytes(&record);
     if size as u64 > limits.max_record_bytes {
         return Err(ApiError::too_large(format!(
             "records[{i}] is {size} bytes (key + value + headers); the limit is {} (max-record-bytes)",
@@ -188,12 +192,19 @@ fn decode_record(
     }
     Ok(ProduceRecord {
         partition: r.partition,
-        record: NewRecord {
-            key,
-            headers,
-            value,
-        },
+        record,
     })
+}
+
+/// A record's size as the limits and metrics count it: key + value + header names and values.
+fn record_bytes(record: &NewRecord) -> usize {
+    record.key.as_ref().map_or(0, Bytes::len)
+        + record.value.len()
+        + record
+            .headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len())
+            .sum::<usize>()
 }
 
 fn decode_b64(text: &str) -> Result<Bytes, String> {
@@ -262,6 +273,21 @@ pub async fn fetch(
             result = read(&state, &id, next, max, max_bytes, false).await?;
         }
     }
+    let bytes: usize = result
+        .records
+        .iter()
+        .map(|r| {
+            r.key.as_ref().map_or(0, |k| k.len())
+                + r.value.len()
+                + r.headers
+                    .iter()
+                    .map(|h| h.name.len() + h.value.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    state
+        .api_metrics
+        .fetched(&topic.name, result.records.len() as u64, bytes as u64);
     Ok(Json(FetchResponse {
         records: result
             .records

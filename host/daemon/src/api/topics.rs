@@ -109,6 +109,7 @@ pub async fn delete(
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TopicInfo>, ApiError> {
     let topic = state.topics.delete(&name).await?;
+    state.api_metrics.forget_topic(&topic.name);
     tracing::info!(topic = %topic.name, "topic deleted");
     Ok(Json(topic.into()))
 }

@@ -28,6 +28,7 @@ pub mod cursor;
 pub mod deliver;
 pub mod gate;
 pub mod metrics;
+pub mod plugin_metrics;
 pub mod provenance;
 pub mod router;
 pub mod slab;

@@ -73,7 +73,20 @@ impl CursorStatus {
             }),
         };
         status.publish_state(CursorState::Running);
+        status.publish_zeros();
         status
+    }
+
+    /// Creates the cursor's counters at 0, so its series exist from the start: a rule such
+    /// as `increase(...) > 0` then sees the first event, not a series appearing.
+    fn publish_zeros(&self) {
+        let m = &self.metrics;
+        let _ = m.dropped_messages.get_or_create(&self.labels);
+        let _ = m.records_copied.get_or_create(&self.labels);
+        let _ = m.slabs.get_or_create(&self.labels);
+        let _ = m.commit_retries.get_or_create(&self.labels);
+        let _ = m.route_failures.get_or_create(&self.labels);
+        let _ = m.rewinds.get_or_create(&self.labels);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

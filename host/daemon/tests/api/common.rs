@@ -99,6 +99,11 @@ impl Daemon {
             .await
     }
 
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.http.put(format!("{}{path}", self.url)).json(&body))
+            .await
+    }
+
     pub async fn post_raw(
         &self,
         path: &str,

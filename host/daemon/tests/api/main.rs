@@ -2,10 +2,12 @@
 //! and talks real HTTP to it.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod auth;
 mod child_cli;
 mod cli;
 mod common;
 mod fetch;
+mod metrics;
 mod produce;
 mod startup;
 mod topics;
