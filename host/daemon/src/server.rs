@@ -13,11 +13,11 @@ use std::time::Duration;
 use narad_storage::{PartitionId, StorageError, Store, StoreOptions};
 use tokio::task::JoinHandle;
 
+use crate::api::metrics::ApiMetrics;
 use crate::api::{self, AppInner, AppState};
 use crate::config::Config;
 use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::CursorDeps;
-use crate::api::metrics::ApiMetrics;
 use crate::fanout::metrics::FanoutMetrics;
 use crate::fanout::plugin_metrics::{PluginMetrics, RouteObserver};
 use crate::fanout::wasm_router::WasmRouterFactory;
