@@ -1,6 +1,9 @@
 //! The fan-out cursor file on a fault-injecting file system: the fixed 256-byte record, its
 //! CRC, in-place advances, torn writes, fsync failures and the older format.
 
+// Tests may unwrap: a panic is how they fail.
+#![allow(clippy::unwrap_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
