@@ -190,6 +190,40 @@ impl TopicService {
         Ok(self.metastore.grow_partitions(name, count).await?)
     }
 
+    /// Changes a topic's retention: in the metastore first (which refuses a retention shorter
+    /// than a delay child of the topic needs), then in every partition's log settings.
+    /// `None` keeps records forever / without a size cap.
+    pub async fn set_retention(
+        &self,
+        name: &str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> Result<TopicMeta, TopicError> {
+        if retention_ms == Some(0) || retention_bytes == Some(0) {
+            return Err(TopicError::Invalid(
+                "retention_ms and retention_bytes must be positive; null removes the limit"
+                    .to_owned(),
+            ));
+        }
+        let _admin = self.admin.lock().await;
+        let topic = self
+            .metastore
+            .set_retention(name, retention_ms, retention_bytes)
+            .await?;
+        let store = Arc::clone(&self.store);
+        let config = log_config(&topic, self.segment_bytes);
+        let (name, partitions) = (topic.name.clone(), topic.partitions);
+        tokio::task::spawn_blocking(move || {
+            for p in 0..partitions {
+                store.set_config(&PartitionId::new(name.clone(), p), config.clone())?;
+            }
+            Ok::<(), narad_storage::StorageError>(())
+        })
+        .await
+        .map_err(|e| TopicError::Task(e.to_string()))??;
+        Ok(topic)
+    }
+
     /// Registers partitions `from..topic.partitions` with the store (idempotent).
     async fn create_dirs(&self, topic: &TopicMeta, from: u32) -> Result<(), TopicError> {
         let store = Arc::clone(&self.store);

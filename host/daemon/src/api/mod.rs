@@ -1,6 +1,7 @@
 //! The HTTP API (axum), one file per resource:
 //! - [`topics`]: `POST/GET /v1/topics`, `GET/DELETE /v1/topics/{t}`,
 //!   `POST /v1/topics/{t}/partitions`;
+//! - [`topic_config`]: `PATCH /v1/topics/{t}` (retention);
 //! - [`records`]: `POST /v1/topics/{t}/records`, `GET /v1/topics/{t}/partitions/{p}/records`;
 //! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`,
@@ -19,6 +20,7 @@ pub mod health;
 pub mod metrics;
 pub mod plugins;
 pub mod records;
+pub mod topic_config;
 pub mod topics;
 pub mod types;
 
@@ -94,7 +96,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
             "/v1/topics/{topic}",
-            get(topics::describe).delete(topics::delete),
+            get(topics::describe)
+                .delete(topics::delete)
+                .patch(topic_config::update),
         )
         .route("/v1/topics/{topic}/partitions", post(topics::grow))
         .route("/v1/topics/{topic}/records", post(records::produce))

@@ -104,6 +104,11 @@ impl Daemon {
             .await
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.http.patch(format!("{}{path}", self.url)).json(&body))
+            .await
+    }
+
     pub async fn post_raw(
         &self,
         path: &str,

@@ -4,6 +4,7 @@
 
 mod auth;
 mod child_cli;
+mod children;
 mod cli;
 mod common;
 mod fetch;
