@@ -96,6 +96,8 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
         "fanout.routing_share_of_slab_time",
         "raw.records_per_s",
         "raw.mb_per_s",
+        "disk.in_place_256b_ms",
+        "disk.append_512kib_ms",
         "ratio",
     ] {
         positive(&json, path);
@@ -107,6 +109,9 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
             .len(),
         2
     );
+    // The raw loop ran before and after the fan-out, each run copying every record per child.
+    assert_eq!(report.raw_runs.len(), 2);
+    assert!(report.raw_runs.iter().all(|r| r.records_per_s > 0.0));
     // Every slab is committed in at least one bucket and its offset file is synced.
     assert!(report.fanout.fsyncs_per_slab >= 2.0, "{json}");
     assert!(report.fanout.routing_share_of_slab_time < 1.0);

@@ -8,8 +8,11 @@
 //! offset file. The raw side runs as many workers, each reading the same parent partition in
 //! slabs of the same size and writing each slab, encoded exactly as a child batch would be,
 //! to a plain file with `pwrite` + `fdatasync`: the same bytes, one sync per slab, no routing,
-//! no buckets, no offset file. Afterwards every child is read back: every parent record must
-//! be in it once, on the partition the default chain's rules give.
+//! no buckets, no offset file. The raw loop runs once before and once after the fan-out and
+//! the ratio is taken against both together, so a disk that is busier in one half of the run
+//! (the machine is shared) weighs on both sides. Afterwards every child is read back: every
+//! parent record must be in it once, on the partition the default chain's rules give. Before
+//! all that, the disk's own sync costs are measured ([`super::disk`]).
 //!
 //! Routing share: the time inside the routers (a [`TimedRouter`] around each chain) over the
 //! cursors' busy time (each cursor from its start until it had copied its last record), and
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant};
 use narad_storage::{BatchOrigin, Header, NewRecord, PartitionId, ReadOptions, Store};
 use serde::Serialize;
 
+use super::disk::{self, SyncCosts};
 use super::fill::{FillSpec, fill_parent};
 use super::progress::Progress;
 use super::rig::{Rig, RunningCursor, stop_all};
@@ -150,10 +154,10 @@ pub struct FanoutFigures {
     pub peak_rss_reset: bool,
 }
 
-/// The raw loop.
+/// The raw loop (one run, or both runs together).
 #[derive(Clone, Debug, Serialize)]
 pub struct RawFigures {
-    /// Seconds until every worker was done.
+    /// Seconds until every worker was done (both runs: their sum).
     pub seconds: f64,
     /// Record copies per second, all children together.
     pub records_per_s: f64,
@@ -214,8 +218,12 @@ pub struct FanoutReport {
     pub fill: FillFigures,
     /// The real fan-out.
     pub fanout: FanoutFigures,
-    /// The raw loop.
+    /// The raw loop, its run before and its run after the fan-out together.
     pub raw: RawFigures,
+    /// The raw loop's run before the fan-out, then its run after.
+    pub raw_runs: Vec<RawFigures>,
+    /// This disk's own sync costs, measured before everything else.
+    pub disk: SyncCosts,
     /// `fanout.records_per_s / raw.records_per_s`.
     pub ratio: f64,
     /// The check that every child holds every record.
@@ -253,6 +261,14 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         work.path().display(),
         work.describe_file_system()
     ));
+    let disk = {
+        let dir = work.path_buf();
+        blocking(move || disk::measure(&dir)).await??
+    };
+    progress.step(&format!(
+        "disk: 256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms",
+        disk.in_place_256b_ms, disk.append_512kib_ms
+    ));
     let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
     let parent = "parent";
     rig.create_topic(parent, options.partitions).await?;
@@ -279,6 +295,19 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         options.records, fill.seconds
     ));
     let high = rig.high_watermarks(parent, options.partitions).await?;
+    let raw_before = raw_run(
+        &rig,
+        &work,
+        "raw-before",
+        &high,
+        &options,
+        filled.payload_bytes,
+    )
+    .await?;
+    progress.step(&format!(
+        "raw loop (before): {:.0} record copies/s in {:.2} s",
+        raw_before.0.records_per_s, raw_before.0.seconds
+    ));
 
     // Children, links, routers.
     let timing = Arc::new(RouteTiming::default());
@@ -378,17 +407,26 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         verified.seconds
     ));
 
-    // The raw loop, on the same parent and disk.
-    let raw = {
-        let (store, dir, high, opts) = (
-            Arc::clone(&rig.store),
-            work.path().join("raw"),
-            high.clone(),
-            options.clone(),
-        );
-        blocking(move || raw_copy(&store, &dir, &high, &opts, filled.payload_bytes)).await??
-    };
-    progress.step(&format!("raw loop done in {:.2} s", raw.seconds));
+    // The raw loop again, on the same parent and disk.
+    let raw_after = raw_run(
+        &rig,
+        &work,
+        "raw-after",
+        &high,
+        &options,
+        filled.payload_bytes,
+    )
+    .await?;
+    progress.step(&format!(
+        "raw loop (after): {:.0} record copies/s in {:.2} s",
+        raw_after.0.records_per_s, raw_after.0.seconds
+    ));
+    let raw = combine(
+        &[&raw_before, &raw_after],
+        &high,
+        &options,
+        filled.payload_bytes,
+    );
     blocking({
         let store = Arc::clone(&rig.store);
         move || store.close()
@@ -409,6 +447,8 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         fill,
         fanout,
         raw,
+        raw_runs: vec![raw_before.0, raw_after.0],
+        disk,
         ratio,
         verified,
         goals: Goals {
@@ -584,7 +624,7 @@ fn raw_copy(
     high: &[u64],
     options: &FanoutOptions,
     payload_per_child: u64,
-) -> Result<RawFigures, BenchError> {
+) -> Result<RawRun, BenchError> {
     std::fs::create_dir_all(dir).map_err(BenchError::io(format!("creating {}", dir.display())))?;
     let start = Instant::now();
     let outcomes: Vec<Result<(u32, Duration, u64, u64), BenchError>> = std::thread::scope(|s| {
@@ -616,22 +656,104 @@ fn raw_copy(
         slabs += s;
         written += w;
     }
-    let per_child_records: u64 = high.iter().sum();
-    let copies = per_child_records * u64::from(options.children);
-    Ok(RawFigures {
+    let totals = RawTotals {
         seconds,
-        records_per_s: per_second(copies as f64, seconds),
-        records_per_s_per_child: child_done
+        child_seconds: child_done.iter().map(Duration::as_secs_f64).collect(),
+        written,
+        slabs,
+    };
+    Ok((
+        raw_figures(&totals, 1, high, options, payload_per_child),
+        totals,
+    ))
+}
+
+/// One raw run: its figures and the totals they came from.
+type RawRun = (RawFigures, RawTotals);
+
+/// What a raw run measured, before dividing.
+#[derive(Clone, Debug)]
+struct RawTotals {
+    seconds: f64,
+    child_seconds: Vec<f64>,
+    written: u64,
+    slabs: u64,
+}
+
+/// Figures of `runs` raw runs whose totals were added up in `t`.
+fn raw_figures(
+    t: &RawTotals,
+    runs: u64,
+    high: &[u64],
+    options: &FanoutOptions,
+    payload_per_child: u64,
+) -> RawFigures {
+    let per_child_records = high.iter().sum::<u64>() * runs;
+    let copies = per_child_records * u64::from(options.children);
+    RawFigures {
+        seconds: t.seconds,
+        records_per_s: per_second(copies as f64, t.seconds),
+        records_per_s_per_child: t
+            .child_seconds
             .iter()
-            .map(|d| per_second(per_child_records as f64, d.as_secs_f64()))
+            .map(|s| per_second(per_child_records as f64, *s))
             .collect(),
         mb_per_s: per_second(
-            (payload_per_child * u64::from(options.children)) as f64 / 1e6,
-            seconds,
+            (payload_per_child * runs * u64::from(options.children)) as f64 / 1e6,
+            t.seconds,
         ),
-        written_mb_per_s: per_second(written as f64 / 1e6, seconds),
-        slabs,
+        written_mb_per_s: per_second(t.written as f64 / 1e6, t.seconds),
+        slabs: t.slabs,
+    }
+}
+
+/// The raw runs taken together: their copies over their summed time.
+fn combine(
+    runs: &[&RawRun],
+    high: &[u64],
+    options: &FanoutOptions,
+    payload_per_child: u64,
+) -> RawFigures {
+    let mut sum = RawTotals {
+        seconds: 0.0,
+        child_seconds: vec![0.0; options.children as usize],
+        written: 0,
+        slabs: 0,
+    };
+    for (_, t) in runs {
+        sum.seconds += t.seconds;
+        for (total, s) in sum.child_seconds.iter_mut().zip(&t.child_seconds) {
+            *total += s;
+        }
+        sum.written += t.written;
+        sum.slabs += t.slabs;
+    }
+    raw_figures(&sum, runs.len() as u64, high, options, payload_per_child)
+}
+
+/// Runs the raw loop into `{work}/{name}/` and removes its files afterwards.
+async fn raw_run(
+    rig: &Rig,
+    work: &WorkDir,
+    name: &str,
+    high: &[u64],
+    options: &FanoutOptions,
+    payload_per_child: u64,
+) -> Result<RawRun, BenchError> {
+    let (store, dir, high, opts) = (
+        Arc::clone(&rig.store),
+        work.path().join(name),
+        high.to_vec(),
+        options.clone(),
+    );
+    blocking(move || {
+        let run = raw_copy(&store, &dir, &high, &opts, payload_per_child);
+        let removed = std::fs::remove_dir_all(&dir);
+        let run = run?;
+        removed.map_err(BenchError::io(format!("removing {}", dir.display())))?;
+        Ok(run)
     })
+    .await?
 }
 
 /// Copies parent partition `partition` up to `end` into the file at `path`; returns the
@@ -754,7 +876,8 @@ impl FanoutReport {
             "fanout: {} records ({}-byte keys, {}-byte values) from {} partitions into {} child(ren) of {} partitions, default chain, on {fs}\n\
              fill       {:>10.0} records/s ({:.1} s)\n\
              fan-out    {:>10.0} record copies/s in all, {:.1} MB/s of records ({:.1} MB/s written), {:.2} s{per_child}\n\
-             raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s\n\
+             raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s (before the fan-out {:.0}/s, after {:.0}/s)\n\
+             disk       256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms: one cursor's I/O ceiling {:.0} records/s\n\
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}); {goal}\n\
              slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: 1)\n\
              routing {:.3} ms per slab = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores\n\
@@ -776,6 +899,11 @@ impl FanoutReport {
             r.records_per_s,
             r.mb_per_s,
             r.seconds,
+            self.raw_runs.first().map_or(0.0, |r| r.records_per_s),
+            self.raw_runs.get(1).map_or(0.0, |r| r.records_per_s),
+            self.disk.in_place_256b_ms,
+            self.disk.append_512kib_ms,
+            self.disk.one_cursor_ceiling_records_per_s,
             self.ratio,
             self.goals.ratio,
             met(self.ratio >= self.goals.ratio),

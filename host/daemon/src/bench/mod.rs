@@ -11,6 +11,7 @@
 //! - [`rig`]: the shared set-up: store, metastore, plugin registry, topics, links, cursors.
 //! - [`fill`]: writes the parent's records; [`workdir`]: where the files go;
 //! - [`counting_fs`]: the real file system with sync and byte counters;
+//! - [`disk`]: this disk's own sync costs (in-place and append `fdatasync`);
 //! - [`timed_router`]: a router wrapper that times routing;
 //! - [`sys`]: memory, CPU time, load and file-system type from `/proc`;
 //! - [`size`]: byte sizes on the command line; [`progress`]: progress lines on a terminal.
@@ -19,6 +20,7 @@
 //! goals are compared in the report, never asserted in tests.
 
 pub mod counting_fs;
+pub mod disk;
 pub mod fanout;
 pub mod fill;
 pub mod idle;
