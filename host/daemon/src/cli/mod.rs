@@ -55,7 +55,9 @@ pub enum Command {
     Produce(produce::ProduceArgs),
     /// Print a partition's records as NDJSON.
     Consume(consume::ConsumeArgs),
-    /// Start a daemon in-process, produce and fetch records, and check them.
+    /// The main job end to end: an in-process daemon, a parent with three children (default
+    /// chain, delay, header-route), a steady stream of records, a live table, and a check of
+    /// every child against the parent.
     Demo(demo::DemoArgs),
     /// Deploy, list and remove routing plugins; try a chain locally with `plugin test`.
     Plugin(plugin::PluginArgs),

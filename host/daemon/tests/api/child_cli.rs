@@ -255,3 +255,69 @@ async fn completions_are_generated_for_each_shell() {
     let out = narad("http://127.0.0.1:9", &["completions", "tcsh"]).await;
     assert!(!out.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_format_json_writes_one_json_object_per_line() {
+    use std::io::BufRead as _;
+
+    let temp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(temp.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let pid = child.id().to_string();
+    // Read stderr to its end on a thread (a daemon whose stderr is closed cannot log).
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut lines = Vec::new();
+    let waited = tokio::task::spawn_blocking(move || {
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+            let listening = line.starts_with("narad listening on ");
+            lines.push(line);
+            if listening {
+                return (lines, Some(rx));
+            }
+        }
+        (lines, None)
+    })
+    .await
+    .unwrap();
+    let (mut lines, rx) = waited;
+    let rx = rx.unwrap_or_else(|| panic!("narad never listened: {lines:?}"));
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+    reader.join().unwrap();
+    lines.extend(rx.try_iter());
+    let logs: Vec<&String> = lines
+        .iter()
+        .filter(|l| !l.starts_with("narad listening on "))
+        .collect();
+    assert!(logs.len() >= 2, "expected start and stop lines: {lines:?}");
+    for line in logs {
+        let event: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+        assert!(
+            event["level"].is_string() && event["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+}

@@ -247,3 +247,56 @@ async fn produce_and_fetch_counters_count_records_and_bytes() {
         .unwrap();
     assert!(!text.contains("topic=\"t\""), "{text}");
 }
+
+#[test]
+fn the_grafana_dashboard_charts_only_documented_series() {
+    let documented = documented_series();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana-dashboard.json"
+    ))
+    .unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut exprs = Vec::new();
+    let mut stack = vec![&dashboard];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(e)) = map.get("expr") {
+                    exprs.push(e.clone());
+                }
+                stack.extend(map.values());
+            }
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    assert!(exprs.len() >= 15, "too few panels: {exprs:?}");
+    let mut used = BTreeSet::new();
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(at) = rest.find("narad_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            let name = &tail[..end];
+            let base = name.strip_suffix("_bucket").unwrap_or(name);
+            assert!(
+                documented.contains(base),
+                "{name} in {expr:?} is not documented"
+            );
+            used.insert(base.to_owned());
+            rest = &tail[end..];
+        }
+    }
+    for must in [
+        "narad_fanout_lag_messages",
+        "narad_fanout_due_lag_seconds",
+        "narad_fanout_child_dropped_messages",
+        "narad_plugin_errors_total",
+        "narad_plugin_call_duration_seconds",
+    ] {
+        assert!(used.contains(must), "the dashboard does not chart {must}");
+    }
+}
