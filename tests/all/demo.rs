@@ -51,3 +51,58 @@ fn demo_refuses_a_data_dir_that_already_holds_its_topics_with_a_non_zero_exit() 
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(stderr.contains("already holds topic"), "{stderr}");
 }
+
+#[test]
+fn ctrl_c_stops_producing_and_the_demo_still_checks_and_passes() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+
+    let mut child = Command::new(narad_binary())
+        .args([
+            "demo",
+            "--duration",
+            "10m",
+            "--rate",
+            "500",
+            "--delay",
+            "1s",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn narad demo");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    // Wait until records are flowing.
+    let mut seen = Vec::new();
+    loop {
+        let line = lines
+            .next()
+            .expect("the demo ended before producing")
+            .expect("read stdout");
+        let flowing = line.contains("producing to orders:") && !line.contains(": 0 records");
+        seen.push(line);
+        if flowing {
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    seen.extend(lines.map(|l| l.expect("read stdout")));
+    let exit = child.wait().expect("wait for narad demo");
+    let mut stderr = String::new();
+    use std::io::Read as _;
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert!(exit.success(), "{exit:?}\n{}\n{stderr}", seen.join("\n"));
+    assert!(stderr.contains("producing stops now"), "{stderr}");
+    let verdict = seen.last().cloned().unwrap_or_default();
+    assert!(verdict.starts_with("demo OK: "), "{}", seen.join("\n"));
+}
