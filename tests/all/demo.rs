@@ -106,3 +106,33 @@ fn ctrl_c_stops_producing_and_the_demo_still_checks_and_passes() {
     let verdict = seen.last().cloned().unwrap_or_default();
     assert!(verdict.starts_with("demo OK: "), "{}", seen.join("\n"));
 }
+
+#[test]
+fn demo_json_prints_one_object_with_each_childs_check() {
+    let out = Command::new(narad_binary())
+        .args([
+            "demo",
+            "--duration",
+            "1s",
+            "--rate",
+            "300",
+            "--delay",
+            "1s",
+            "--json",
+        ])
+        .output()
+        .expect("run narad demo --json");
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON object");
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["records"], 300);
+    for child in ["analytics", "retry", "by-region"] {
+        let check = &report["children"][child];
+        assert_eq!(check["expected"], 300, "{child}: {check}");
+        assert_eq!(check["missing"], 0, "{child}: {check}");
+        assert_eq!(check["order_breaks"], 0, "{child}: {check}");
+        assert_eq!(check["misplaced"], 0, "{child}: {check}");
+    }
+    assert_eq!(report["problems"], serde_json::json!([]));
+}

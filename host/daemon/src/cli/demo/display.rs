@@ -129,6 +129,7 @@ pub fn render(rows: &[ChildRow]) -> String {
 /// Where the view goes.
 #[derive(Debug)]
 pub struct Screen {
+    quiet: bool,
     terminal: bool,
     drawn_lines: usize,
     last_plain: Option<Instant>,
@@ -139,6 +140,7 @@ impl Screen {
     /// A view that redraws in place when `terminal`, else prints plain lines.
     pub fn new(terminal: bool) -> Screen {
         Screen {
+            quiet: false,
             terminal,
             drawn_lines: 0,
             last_plain: None,
@@ -146,9 +148,20 @@ impl Screen {
         }
     }
 
+    /// A view that shows nothing (`narad demo --json`).
+    pub fn quiet() -> Screen {
+        Screen {
+            quiet: true,
+            ..Screen::new(false)
+        }
+    }
+
     /// Shows `headline` and the rows (on a terminal, over the previous drawing; otherwise at
     /// most every [`PLAIN_EVERY`] unless `force`).
     pub fn show(&mut self, headline: &str, rows: &[ChildRow], force: bool) {
+        if self.quiet {
+            return;
+        }
         let mut out = std::io::stdout().lock();
         if self.terminal {
             let text = format!("{headline}\n{}", render(rows));

@@ -76,6 +76,9 @@ pub struct DemoArgs {
     /// Delay of the `retry` child (e.g. 10s); the demo waits this long after the last record.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub delay: Duration,
+    /// No live table; print the result as one JSON object (for scripts).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A child of the demo and what its router must do.
@@ -155,7 +158,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting the demo daemon on {}", data_dir.display()))?;
     let url = format!("http://{}", server.local_addr());
-    println!(
+    // With --json, stdout carries only the result.
+    let intro = format!(
         "narad demo: daemon on {url}, data dir {}{}",
         data_dir.display(),
         if args.data_dir.is_some() {
@@ -164,6 +168,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             " (temporary)"
         }
     );
+    if args.json {
+        eprintln!("{intro}");
+    } else {
+        println!("{intro}");
+    }
 
     // First Ctrl-C: stop producing, then check. Second: quit.
     let (stop_producing, producing) = shutdown::channel();
@@ -179,7 +188,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     daemon_trigger.trigger();
     server.wait().await.context("stopping the demo daemon")?;
     let verdict = outcome?;
-    println!("{}", verdict.line);
+    if args.json {
+        println!("{}", serde_json::to_string(&verdict.report)?);
+    } else {
+        println!("{}", verdict.line);
+    }
     if verdict.ok {
         Ok(())
     } else {
@@ -207,6 +220,20 @@ async fn watch_interrupts(stop_producing: ShutdownTrigger, quit: ShutdownTrigger
 struct Verdict {
     ok: bool,
     line: String,
+    report: DemoReport,
+}
+
+/// What `narad demo --json` prints.
+#[derive(Debug, serde::Serialize)]
+pub struct DemoReport {
+    /// True when every check passed.
+    pub ok: bool,
+    /// Records acknowledged by the parent.
+    pub records: u64,
+    /// Per child, what its check found (absent for a child that did not catch up).
+    pub children: BTreeMap<String, ChildVerdict>,
+    /// Every problem found, one sentence each.
+    pub problems: Vec<String>,
 }
 
 async fn scenario(
@@ -246,14 +273,20 @@ async fn scenario(
         kinds.insert(child.name.to_owned(), child.kind.clone());
     }
     let order: Vec<String> = demo_children.iter().map(|c| c.name.to_owned()).collect();
-    println!(
-        "created {PARENT} ({PARENT_PARTITIONS} partitions) and attached {}; producing {} records/s for {}",
-        order.join(", "),
-        args.rate,
-        format_duration(args.duration)
-    );
+    if !args.json {
+        println!(
+            "created {PARENT} ({PARENT_PARTITIONS} partitions) and attached {}; producing {} records/s for {}",
+            order.join(", "),
+            args.rate,
+            format_duration(args.duration)
+        );
+    }
 
-    let mut screen = Screen::new(std::io::stdout().is_terminal());
+    let mut screen = if args.json {
+        Screen::quiet()
+    } else {
+        Screen::new(std::io::stdout().is_terminal())
+    };
     let view = |list: &ChildList| display::rows(list, &order, &attach_points, &kinds);
 
     // Produce, refreshing the table meanwhile.
@@ -314,6 +347,7 @@ async fn scenario(
         .map(|p| format!("{PARENT}: {p}"))
         .collect::<Vec<_>>();
     let mut duplicates = 0;
+    let mut verdicts = BTreeMap::new();
     for child in &demo_children {
         let row = rows.iter().find(|r| r.name == child.name);
         if let Some(row) = row.filter(|r| r.lag != Some(0)) {
@@ -329,6 +363,7 @@ async fn scenario(
         let copies = fetch_topic(client, child.name, child.expect.child_partitions).await?;
         let verdict: ChildVerdict = verify::check_child(&from_attach, &copies, &child.expect);
         duplicates += verdict.duplicates;
+        verdicts.insert(child.name.to_owned(), verdict.clone());
         if !verdict.ok() {
             problems.push(format!(
                 "{}: {} missing, {} misplaced, {} out of order, {} unknown (first: {})",
@@ -352,6 +387,12 @@ async fn scenario(
     };
     Ok(Verdict {
         ok: problems.is_empty(),
+        report: DemoReport {
+            ok: problems.is_empty(),
+            records: acked.len() as u64,
+            children: verdicts,
+            problems: problems.clone(),
+        },
         line,
     })
 }

@@ -99,7 +99,7 @@ impl Expectation {
 }
 
 /// What the check of one child found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ChildVerdict {
     /// Parent records the child must hold.
     pub expected: u64,
