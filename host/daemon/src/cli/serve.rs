@@ -1,5 +1,7 @@
 //! `narad serve`: resolve the configuration, start the daemon, stop on SIGINT/SIGTERM.
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
 
 use crate::config::{Config, ServeArgs};
@@ -16,7 +18,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             config.data_dir.display()
         )
     })?;
-    eprintln!("narad listening on http://{}", server.local_addr());
+    // Not eprintln!: a closed stderr (`narad serve 2>&1 | head`) must not stop the daemon.
+    let _ = writeln!(
+        std::io::stderr(),
+        "narad listening on http://{}",
+        server.local_addr()
+    );
     tokio::spawn(async move {
         match shutdown::os_signal().await {
             Ok(name) => tracing::info!(signal = name, "shutting down"),

@@ -10,6 +10,10 @@ use crate::api::children::ChildList;
 use crate::cli::table;
 use crate::fanout::status::CursorState;
 
+/// Widest line drawn on a terminal: a wrapped line would throw the in-place redraw off, so
+/// longer lines (a long stall reason) are cut; the verdict still says everything.
+pub const TERMINAL_LINE_CHARS: usize = 79;
+
 /// How often plain (non-terminal) output prints a progress line.
 pub const PLAIN_EVERY: Duration = Duration::from_secs(2);
 
@@ -170,7 +174,7 @@ impl Screen {
                 let _ = write!(out, "\x1b[{}F", self.drawn_lines);
             }
             for line in text.lines() {
-                let _ = writeln!(out, "\x1b[2K{line}");
+                let _ = writeln!(out, "\x1b[2K{}", clip(line, TERMINAL_LINE_CHARS));
             }
             self.drawn_lines = text.lines().count();
         } else {
@@ -204,6 +208,16 @@ impl Screen {
     }
 }
 
+/// `line` cut to `max` characters, the last one an ellipsis when cut.
+fn clip(line: &str, max: usize) -> String {
+    if line.chars().count() <= max {
+        return line.to_owned();
+    }
+    let mut cut: String = line.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +233,13 @@ mod tests {
             state,
             last_error: (state == CursorState::Stalled).then(|| "plugin trapped".to_owned()),
         }
+    }
+
+    #[test]
+    fn long_lines_are_clipped_to_the_width_and_short_ones_kept() {
+        assert_eq!(clip("abc", 5), "abc");
+        assert_eq!(clip("abcdefgh", 5), "abcd…");
+        assert_eq!(clip("abcdefgh", 5).chars().count(), 5);
     }
 
     #[test]

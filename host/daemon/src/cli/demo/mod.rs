@@ -108,7 +108,7 @@ fn children(delay: Duration) -> Vec<DemoChild> {
         },
         DemoChild {
             name: RETRY,
-            kind: format!("default chain, delay {}", format_duration(delay)),
+            kind: format!("default chain, {} delay", format_duration(delay)),
             attach: AttachRequest {
                 partitions: Some(PARENT_PARTITIONS),
                 delay_ms: Some(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
@@ -118,7 +118,7 @@ fn children(delay: Duration) -> Vec<DemoChild> {
         },
         DemoChild {
             name: BY_REGION,
-            kind: "header-route, key-hash, round-robin".into(),
+            kind: "header-route chain".into(),
             attach: AttachRequest {
                 partitions: Some(3),
                 router: Some(vec![
@@ -327,7 +327,7 @@ async fn scenario(
         let rows = view(&list);
         let caught_up = rows.iter().all(|r| r.lag == Some(0));
         let headline = format!(
-            "produced {} records in {:.1}s; waiting for the children to catch up (retry copies a record {} after it was produced)",
+            "produced {} records in {:.1}s; catching up (retry copies records {} after)",
             acked.len(),
             produced_for.as_secs_f64(),
             format_duration(args.delay)
