@@ -149,9 +149,13 @@ impl ApiMetrics {
         self.fetch_bytes.remove(&labels);
     }
 
-    /// Refills the storage gauges from the store for the partitions the metastore names.
-    async fn refresh_storage(&self, state: &AppState) -> Result<(), ApiError> {
-        let _one_at_a_time = self.refresh.lock().await;
+    /// Refills the storage gauges from the store for the partitions the metastore names. The
+    /// returned guard keeps other scrapes from clearing the gauges until this one is encoded.
+    async fn refresh_storage(
+        &self,
+        state: &AppState,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, ApiError> {
+        let one_at_a_time = self.refresh.lock().await;
         let snapshot = state.metastore.snapshot().await?;
         let ids: Vec<PartitionId> = snapshot
             .topics
@@ -202,13 +206,13 @@ impl ApiMetrics {
             );
             self.unavailable.get_or_create(&labels).set(u64::from(down));
         }
-        Ok(())
+        Ok(one_at_a_time)
     }
 }
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    state.api_metrics.refresh_storage(&state).await?;
+    let refreshed = state.api_metrics.refresh_storage(&state).await?;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &state.metrics).map_err(|e| {
         ApiError::new(
@@ -216,5 +220,6 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
             format!("encoding metrics failed: {e}"),
         )
     })?;
+    drop(refreshed);
     Ok(([(CONTENT_TYPE, OPENMETRICS)], text))
 }
