@@ -865,11 +865,16 @@ impl FanoutReport {
                 self.goals.one_child_records_per_s,
                 met(f.records_per_s >= self.goals.one_child_records_per_s)
             )
-        } else {
+        } else if self.children == 16 {
             format!(
                 "goal 16 children >= {:.0} copies/s in all: {}",
                 self.goals.sixteen_children_copies_per_s,
                 met(f.records_per_s >= self.goals.sixteen_children_copies_per_s)
+            )
+        } else {
+            format!(
+                "(the copy goals are for 1 child, {:.0} records/s, and 16 children, {:.0} copies/s)",
+                self.goals.one_child_records_per_s, self.goals.sixteen_children_copies_per_s
             )
         };
         format!(
