@@ -58,4 +58,11 @@ impl<'a> Decisions<'a> {
     pub fn as_slice(&self) -> &[u32] {
         self.slots
     }
+
+    /// The slots to write directly, slot `i` for record `i` (every slot starts
+    /// [`UNDECIDED`]). For hot loops: zipping them with [`narad_abi::SlabView::records`]
+    /// decides each record without the index check of [`Decisions::decide`].
+    pub fn slots_mut(&mut self) -> &mut [u32] {
+        self.slots
+    }
 }

@@ -250,24 +250,16 @@ impl Chain {
         member.records_in += self.pending.len() as u64;
         let encoder = SlabEncoder::new(ctx.as_ref(), member.instance.plugin().needs())
             .map_err(|e| host(e.to_string()))?;
-        let pending = &self.pending;
-        let selected = || pending.iter().map(|&i| &records[i as usize]);
-        let layout = encoder
-            .layout(selected())
-            .map_err(|e| host(e.to_string()))?;
-        self.answers.clear();
-        self.answers.resize(pending.len(), UNDECIDED);
-        member.instance.route_with(
-            pending.len(),
-            layout.total_len(),
-            |dst| {
-                encoder
-                    .write(&layout, selected(), dst)
-                    .map(|_| ())
-                    .map_err(|e| host(e.to_string()))
-            },
-            &mut self.answers,
-        )
+        let answers = &mut self.answers;
+        if self.pending.len() == records.len() {
+            // Nothing decided yet (the first plugin): `pending` is `0..n`, so the records are
+            // encoded straight from the slab, without going through their indices.
+            encode_and_call(&mut member.instance, &encoder, || records.iter(), answers)
+        } else {
+            let pending = &self.pending;
+            let selected = || pending.iter().map(|&i| &records[i as usize]);
+            encode_and_call(&mut member.instance, &encoder, selected, answers)
+        }
     }
 
     fn blame(&mut self, position: usize, failure: Failure) -> PluginError {
@@ -328,6 +320,36 @@ impl Chain {
             error,
         })
     }
+}
+
+/// Encodes the records `selected` yields straight into `instance`'s memory, calls it, and
+/// leaves one answer per record in `answers`.
+fn encode_and_call<I>(
+    instance: &mut Instance,
+    encoder: &SlabEncoder,
+    selected: impl Fn() -> I,
+    answers: &mut Vec<u32>,
+) -> Result<(), Failure>
+where
+    I: Iterator,
+    I::Item: SlabRecord,
+{
+    let layout = encoder
+        .layout(selected())
+        .map_err(|e| host(e.to_string()))?;
+    answers.clear();
+    answers.resize(layout.record_count(), UNDECIDED);
+    instance.route_with(
+        layout.record_count(),
+        layout.total_len(),
+        |dst| {
+            encoder
+                .write(&layout, selected(), dst)
+                .map(|_| ())
+                .map_err(|e| host(e.to_string()))
+        },
+        answers,
+    )
 }
 
 fn host(message: String) -> Failure {

@@ -18,11 +18,13 @@ fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), Rou
     if partitions == 0 {
         return Err(RouteError::plugin("child topic has no partitions"));
     }
-    for record in slab.records() {
+    // One lean loop per slab: slots zipped with records (no per-record index check), and
+    // the hash inlined, where `partitions != 0` (checked above) removes its `None` case.
+    for (record, slot) in slab.records().zip(out.slots_mut()) {
         if let Some(key) = record.key()?
             && let Some(p) = partition_for_key(key, partitions)
         {
-            out.decide(&record, p);
+            *slot = p;
         }
     }
     Ok(())
