@@ -105,8 +105,25 @@ fn print<T: serde::Serialize>(
     Ok(())
 }
 
-/// Runs `narad bench`.
+/// Exit status after an interrupt: 128 + SIGINT, as shells report it.
+const INTERRUPTED_EXIT_CODE: i32 = 130;
+
+/// Runs `narad bench`. On SIGINT or SIGTERM the bench is dropped, which removes its directory
+/// (a stopped fan-out bench can leave gigabytes behind otherwise), and the process exits.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let stopped_by = tokio::select! {
+        result = run_bench(args) => return result,
+        // A handler that cannot be installed disables this branch; the bench runs on.
+        Ok(signal) = crate::shutdown::os_signal() => signal,
+    };
+    // The bench's future is gone, and with it its directory. Exit now rather than return: the
+    // runtime would wait for blocking work still running (a fill or a raw copy), and the
+    // handler just installed would swallow a second Ctrl-C.
+    eprintln!("narad bench: stopped by {stopped_by}; its directory was removed");
+    std::process::exit(INTERRUPTED_EXIT_CODE);
+}
+
+async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     let progress = std::io::stderr().is_terminal();
     match args.bench {
         BenchCommand::Produce(a) => {
