@@ -204,3 +204,91 @@ impl RouterFactory for WasmRouterFactory {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+    use narad_runtime::{Runtime, RuntimeConfig};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<PluginCallSample>>);
+
+    impl RouteObserver for Recorder {
+        fn observe(&self, sample: &PluginCallSample) {
+            self.0.lock().unwrap().push(sample.clone());
+        }
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<PluginCallSample> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    fn router(runtime: &Runtime, names: &[&str], recorder: &Arc<Recorder>) -> ChainRouter {
+        let plugins = names
+            .iter()
+            .map(|name| Plugin::load(runtime, narad_builtin_plugins::get(name).unwrap()).unwrap());
+        ChainRouter::new(Chain::new(plugins).unwrap())
+            .with_observer(Arc::clone(recorder) as Arc<dyn RouteObserver>)
+    }
+
+    fn input() -> RouteInput {
+        RouteInput {
+            parent_topic: "p".into(),
+            parent_partition: 0,
+            parent_partition_count: 1,
+            child_topic: "c".into(),
+            child_partition_count: 4,
+            attempt: 0,
+            config: Vec::new(),
+        }
+    }
+
+    fn record(offset: u64, key: Option<&'static str>) -> StoredRecord {
+        StoredRecord {
+            offset,
+            committed_at_ms: 0,
+            key: key.map(|k| Bytes::from_static(k.as_bytes())),
+            headers: Vec::new(),
+            value: Bytes::from_static(b"v"),
+            origin: None,
+        }
+    }
+
+    #[test]
+    fn each_slab_reports_only_its_own_calls_records_and_failures() {
+        let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let mut chain = router(&runtime, &["key-hash", "round-robin"], &recorder);
+        let slab = [
+            record(0, Some("a")),
+            record(1, None),
+            record(2, Some("b")),
+            record(3, None),
+            record(4, Some("c")),
+        ];
+        for _ in 0..2 {
+            chain.route(&input(), &slab).unwrap();
+            let samples = recorder.take();
+            let by_name = |n: &str| samples.iter().find(|s| s.plugin == n).unwrap().clone();
+            let (key_hash, round_robin) = (by_name("key-hash"), by_name("round-robin"));
+            // Per slab, not running totals: the second slab reports the same figures.
+            assert_eq!((key_hash.calls, key_hash.records), (1, 5));
+            assert_eq!((round_robin.calls, round_robin.records), (1, 2));
+            assert!(key_hash.failures.is_empty() && round_robin.failures.is_empty());
+            assert_eq!(key_hash.digest.len(), 64);
+        }
+
+        // header-route without its config fails every slab: an error_return, reported once.
+        let mut broken = router(&runtime, &["header-route"], &recorder);
+        assert!(broken.route(&input(), &slab).is_err());
+        let samples = recorder.take();
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].failures, vec![(FailureKind::ErrorReturn, 1)]);
+    }
+}
