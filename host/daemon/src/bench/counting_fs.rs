@@ -2,7 +2,9 @@
 //!
 //! The benches run the store and the cursors' offset files on [`CountingFs`], which passes
 //! every call to [`RealFs`] and counts syncs and bytes on the way, so "fsyncs per slab" is
-//! counted, not estimated.
+//! counted, not estimated. Syncs of cursor offset files (`fanout-*` files) are also counted
+//! apart, so the time a cursor spends advancing can be told from the time it spends
+//! committing.
 
 use std::io;
 use std::path::Path;
@@ -15,6 +17,9 @@ use narad_storage::fs::{DirEntry, File, FileSystem, LockGuard, Metadata, OpenMod
 #[derive(Debug, Default)]
 struct Counters {
     file_syncs: AtomicU64,
+    file_sync_nanos: AtomicU64,
+    offset_syncs: AtomicU64,
+    offset_sync_nanos: AtomicU64,
     dir_syncs: AtomicU64,
     bytes_written: AtomicU64,
     bytes_read: AtomicU64,
@@ -25,6 +30,12 @@ struct Counters {
 pub struct IoCounts {
     /// `fdatasync` calls on files.
     pub file_syncs: u64,
+    /// Time spent in them, nanoseconds (summed over threads).
+    pub file_sync_nanos: u64,
+    /// Of those, `fdatasync` calls on cursor offset files.
+    pub offset_syncs: u64,
+    /// Time spent in them, nanoseconds.
+    pub offset_sync_nanos: u64,
     /// `fsync` calls on directories.
     pub dir_syncs: u64,
     /// Bytes written to files.
@@ -38,6 +49,11 @@ impl IoCounts {
     pub fn since(&self, earlier: &IoCounts) -> IoCounts {
         IoCounts {
             file_syncs: self.file_syncs.saturating_sub(earlier.file_syncs),
+            file_sync_nanos: self.file_sync_nanos.saturating_sub(earlier.file_sync_nanos),
+            offset_syncs: self.offset_syncs.saturating_sub(earlier.offset_syncs),
+            offset_sync_nanos: self
+                .offset_sync_nanos
+                .saturating_sub(earlier.offset_sync_nanos),
             dir_syncs: self.dir_syncs.saturating_sub(earlier.dir_syncs),
             bytes_written: self.bytes_written.saturating_sub(earlier.bytes_written),
             bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
@@ -67,6 +83,9 @@ impl CountingFs {
         let c = &self.counters;
         IoCounts {
             file_syncs: c.file_syncs.load(Ordering::Relaxed),
+            file_sync_nanos: c.file_sync_nanos.load(Ordering::Relaxed),
+            offset_syncs: c.offset_syncs.load(Ordering::Relaxed),
+            offset_sync_nanos: c.offset_sync_nanos.load(Ordering::Relaxed),
             dir_syncs: c.dir_syncs.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
@@ -78,6 +97,8 @@ impl CountingFs {
 struct CountingFile {
     inner: Box<dyn File>,
     counters: Arc<Counters>,
+    /// A cursor offset file (or its temporary twin).
+    offset_file: bool,
 }
 
 impl File for CountingFile {
@@ -103,8 +124,20 @@ impl File for CountingFile {
 
     fn sync_data(&self) -> io::Result<()> {
         // Counted whether or not it succeeds: the cost was paid either way.
+        let start = std::time::Instant::now();
+        let result = self.inner.sync_data();
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.counters.file_syncs.fetch_add(1, Ordering::Relaxed);
-        self.inner.sync_data()
+        self.counters
+            .file_sync_nanos
+            .fetch_add(nanos, Ordering::Relaxed);
+        if self.offset_file {
+            self.counters.offset_syncs.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .offset_sync_nanos
+                .fetch_add(nanos, Ordering::Relaxed);
+        }
+        result
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -114,9 +147,15 @@ impl File for CountingFile {
 
 impl FileSystem for CountingFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn File>> {
+        // Offset files are named `fanout-{child}.offset` (narad_storage::cursor).
+        let offset_file = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("fanout-"));
         Ok(Box::new(CountingFile {
             inner: RealFs.open(path, mode)?,
             counters: Arc::clone(&self.counters),
+            offset_file,
         }))
     }
 
@@ -177,15 +216,43 @@ mod tests {
         file.read_exact_at(&mut buf, 0).unwrap();
         assert_eq!(&buf, b"hello");
         let spent = fs.counts().since(&before);
+        assert!(spent.file_sync_nanos > 0);
         assert_eq!(
             spent,
             IoCounts {
                 file_syncs: 1,
+                file_sync_nanos: spent.file_sync_nanos,
+                offset_syncs: 0,
+                offset_sync_nanos: 0,
                 dir_syncs: 1,
                 bytes_written: 5,
                 bytes_read: 5,
             }
         );
         assert_eq!(spent.syncs(), 2);
+    }
+
+    #[test]
+    fn syncs_of_cursor_offset_files_are_counted_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CountingFs::new();
+        let offset = fs
+            .open(
+                &dir.path().join("fanout-child.offset"),
+                OpenMode::CreateReadWrite,
+            )
+            .unwrap();
+        let log = fs
+            .open(
+                &dir.path().join("00000000000000000000.log"),
+                OpenMode::CreateReadWrite,
+            )
+            .unwrap();
+        offset.sync_data().unwrap();
+        log.sync_data().unwrap();
+        log.sync_data().unwrap();
+        let counts = fs.counts();
+        assert_eq!((counts.file_syncs, counts.offset_syncs), (3, 1));
+        assert!(counts.offset_sync_nanos <= counts.file_sync_nanos);
     }
 }

@@ -135,6 +135,12 @@ pub struct FanoutFigures {
     pub fsyncs_per_slab: f64,
     /// Directory `fsync`s in all (segment creation).
     pub dir_fsyncs: u64,
+    /// Mean time of one file `fdatasync` during the copy, milliseconds.
+    pub fsync_ms_mean: f64,
+    /// Time inside child commits (append, `fdatasync`, verify) over the cursors' busy time.
+    pub commit_share_of_slab_time: f64,
+    /// Time in offset-file `fdatasync`s (advancing the cursors) over the cursors' busy time.
+    pub advance_sync_share_of_slab_time: f64,
     /// Seconds inside the routers, all cursors.
     pub routing_seconds: f64,
     /// Routing time per slab, milliseconds.
@@ -351,6 +357,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
     let io = rig.fs.counts().since(&io_before);
     let slabs: u64 = cursors.iter().map(|c| rig.slabs_committed(&c.key)).sum();
     let commits = rig.committer.commits();
+    let commit_time = rig.committer.time();
     stop_all(&trigger, cursors).await?;
     progress.step(&format!("fan-out done in {:.2} s", elapsed.as_secs_f64()));
 
@@ -387,6 +394,12 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         commits_per_slab: per_second(commits as f64, slabs as f64),
         fsyncs_per_slab: per_second(io.file_syncs as f64, slabs as f64),
         dir_fsyncs: io.dir_syncs,
+        fsync_ms_mean: per_second(io.file_sync_nanos as f64 / 1e6, io.file_syncs as f64),
+        commit_share_of_slab_time: per_second(commit_time.as_secs_f64(), busy.as_secs_f64()),
+        advance_sync_share_of_slab_time: per_second(
+            io.offset_sync_nanos as f64 / 1e9,
+            busy.as_secs_f64(),
+        ),
         routing_seconds: timing.time().as_secs_f64(),
         routing_ms_per_slab: per_second(timing.time().as_secs_f64() * 1e3, timing.slabs() as f64),
         routing_share_of_slab_time: per_second(timing.time().as_secs_f64(), busy.as_secs_f64()),
@@ -884,7 +897,8 @@ impl FanoutReport {
              raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s (before the fan-out {:.0}/s, after {:.0}/s)\n\
              disk       256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms: one cursor's I/O ceiling {:.0} records/s\n\
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}); {goal}\n\
-             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: 1)\n\
+             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: 1), {:.2} ms per fdatasync\n\
+             slab time: child commits {:.1}%, offset-file fdatasyncs {:.1}%, routing {:.1}%, the rest (reads, scheduling) {:.1}%\n\
              routing {:.3} ms per slab = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores\n\
              memory: {} at start of the copy, peak {}{}\n\
              checked: every child holds all {} records, {} duplicates\n\
@@ -916,6 +930,14 @@ impl FanoutReport {
             f.records_per_slab,
             f.commits_per_slab,
             f.fsyncs_per_slab,
+            f.fsync_ms_mean,
+            f.commit_share_of_slab_time * 100.0,
+            f.advance_sync_share_of_slab_time * 100.0,
+            f.routing_share_of_slab_time * 100.0,
+            (1.0 - f.commit_share_of_slab_time
+                - f.advance_sync_share_of_slab_time
+                - f.routing_share_of_slab_time)
+                * 100.0,
             f.routing_ms_per_slab,
             f.routing_share_of_slab_time * 100.0,
             self.goals.routing_share * 100.0,

@@ -36,12 +36,18 @@ use crate::shutdown::ShutdownSignal;
 pub struct CountingCommitter {
     producer: Producer,
     commits: AtomicU64,
+    nanos: AtomicU64,
 }
 
 impl CountingCommitter {
     /// Bucket commits so far (each one an append + `fdatasync` + verify).
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Time spent in those commits, summed over threads.
+    pub fn time(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
     }
 }
 
@@ -51,8 +57,12 @@ impl ChildCommitter for CountingCommitter {
         partition: &PartitionId,
         batch: AppendBatch,
     ) -> Result<Appended, StorageError> {
+        let start = std::time::Instant::now();
+        let result = ChildCommitter::commit(&self.producer, partition, batch);
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.commits.fetch_add(1, Ordering::Relaxed);
-        ChildCommitter::commit(&self.producer, partition, batch)
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        result
     }
 }
 
@@ -139,6 +149,7 @@ impl Rig {
         let committer = Arc::new(CountingCommitter {
             producer: Producer::new(Arc::clone(&store)),
             commits: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
         });
         let deps = Arc::new(CursorDeps {
             store: Arc::clone(&store),
