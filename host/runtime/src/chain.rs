@@ -203,24 +203,26 @@ impl Chain {
             if let Err(failure) = called {
                 return Err(self.blame(position, failure));
             }
-            // Apply the answers; keep the still-undecided indices in order.
+            // Apply the answers; keep the still-undecided indices in order. Both slices have
+            // one slot per pending record, so only the decision store is bounds-checked.
+            let n = self.pending.len();
+            let (pending, answers) = (&mut self.pending[..n], &self.answers[..n]);
             let mut kept = 0;
             let mut out_of_range = None;
-            for k in 0..self.pending.len() {
-                let index = self.pending[k];
-                let value = self.answers[k];
+            for k in 0..n {
+                let (index, value) = (pending[k], answers[k]);
                 if value == UNDECIDED {
-                    self.pending[kept] = index;
+                    pending[kept] = index;
                     kept += 1;
-                } else if value >= partition_count {
+                } else if value < partition_count {
+                    decisions[index as usize] = value;
+                } else {
                     out_of_range = Some(Failure::OutOfRange {
                         value,
                         record_offset: records[index as usize].parent_offset(),
                         partition_count,
                     });
                     break;
-                } else {
-                    decisions[index as usize] = value;
                 }
             }
             if let Some(failure) = out_of_range {
