@@ -216,6 +216,7 @@ fn frame_map(data: &Path) -> Vec<(usize, u64, u64, u64)> {
                 }
                 Scan::End => break,
                 Scan::Bad { pos, error } => panic!("undamaged log is bad at {pos}: {error}"),
+                other => panic!("a plain scan only reads frames, got {other:?}"),
             }
         }
     }

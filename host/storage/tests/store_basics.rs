@@ -446,3 +446,44 @@ fn the_store_can_be_shared_across_threads() {
     shareable::<Store>();
     shareable::<narad_storage::fault::FaultFs>();
 }
+
+#[test]
+fn a_gated_read_stops_at_a_frame_not_due_by_its_header_without_reading_the_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("jobs", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["due"])).unwrap();
+    let segment = dir
+        .path()
+        .join("topics/jobs/p00000/00000000000000000000.log");
+    let first_frame_len = std::fs::metadata(&segment).unwrap().len();
+    clock.advance(10_000);
+    store.append(&id, batch(&["not-due-yet"])).unwrap();
+
+    // Damage the last byte of the second frame's body, under the open log: only a read that
+    // decodes that body can notice.
+    let len = std::fs::metadata(&segment).unwrap().len();
+    assert!(len > first_frame_len + 40);
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[(len - 1) as usize] ^= 0xff;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let gated = ReadOptions {
+        max_committed_at_ms: Some(T0_MS + 5_000),
+        ..read_from(0)
+    };
+    let r = store.read(&id, &gated).unwrap();
+    assert_eq!(values(&r.records), ["due"]);
+    let not_due = r.not_due.unwrap();
+    assert_eq!((not_due.offset, not_due.due_at_ms), (1, T0_MS + 10_000));
+    // Waking at the record that is not due reads only its header.
+    let r = store
+        .read(&id, &ReadOptions { offset: 1, ..gated })
+        .unwrap();
+    assert!(r.records.is_empty());
+    assert_eq!(r.not_due.map(|n| n.offset), Some(1));
+    // An ungated read does decode the body, and reports the damage.
+    assert!(store.read(&id, &read_from(1)).is_err());
+}

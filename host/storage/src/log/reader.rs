@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::fs::File;
 use crate::log::format;
-use crate::log::segment::{READ_CHUNK_BYTES, Scan, Scanner};
+use crate::log::segment::{FrameAction, READ_CHUNK_BYTES, Scan, Scanner};
 use crate::log::{Log, LogError, read};
 use crate::record::{NotDue, ReadOptions, ReadResult};
 
@@ -67,10 +67,30 @@ impl Log {
             let mut scanner =
                 Scanner::with_chunk(pos.file.as_ref(), pos.start, pos.end, READ_CHUNK_BYTES);
             loop {
+                // Frames wholly before `next`, and a first frame not yet due, are judged by
+                // their header alone: an idle delay cursor's wake-up reads a few dozen bytes,
+                // not the frame it is waiting for.
+                let gate = opts.max_committed_at_ms;
                 let step = scanner
-                    .next_frame()
+                    .next_frame_with(|h| {
+                        if h.next_offset() <= next {
+                            FrameAction::Skip
+                        } else if gate.is_some_and(|gate| h.committed_at_ms > gate) {
+                            FrameAction::Stop
+                        } else {
+                            FrameAction::Read
+                        }
+                    })
                     .map_err(|e| LogError::io(format!("reading {}", pos.path), e))?;
                 let (header, frame) = match step {
+                    Scan::Skipped { .. } => continue,
+                    Scan::Stopped { header } => {
+                        not_due = Some(NotDue {
+                            offset: next,
+                            due_at_ms: header.committed_at_ms,
+                        });
+                        break 'segments;
+                    }
                     Scan::End => break,
                     Scan::Bad { pos: at, error } => {
                         return Err(LogError::Corrupt(format!(

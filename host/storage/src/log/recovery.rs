@@ -148,7 +148,9 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
                 .next_frame()
                 .map_err(io(format!("reading {name}")))?
             {
-                Scan::End => break,
+                // `next_frame` reads every frame; it never skips or stops on its own.
+                Scan::End | Scan::Stopped { .. } => break,
+                Scan::Skipped { .. } => continue,
                 Scan::Frame { pos, header, .. } => {
                     if header.base_offset != expected {
                         return Err(OpenError::Corrupt(format!(

@@ -119,6 +119,17 @@ pub enum Scan {
         /// The whole frame.
         bytes: Bytes,
     },
+    /// A frame whose body was not read, as the caller asked ([`FrameAction::Skip`]); the
+    /// scanner moved past it.
+    Skipped {
+        /// Its header.
+        header: FrameHeader,
+    },
+    /// A frame the caller stopped at ([`FrameAction::Stop`]); the scanner stays before it.
+    Stopped {
+        /// Its header.
+        header: FrameHeader,
+    },
     /// The scan reached its end exactly on a frame boundary.
     End,
     /// The bytes at `pos` are not a valid frame.
@@ -128,6 +139,17 @@ pub enum Scan {
         /// What is wrong.
         error: FrameError,
     },
+}
+
+/// What [`Scanner::next_frame_with`] does with a frame once it has seen the header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameAction {
+    /// Read the body and check its CRC.
+    Read,
+    /// Move past it without reading the body (a reader seeking past older records).
+    Skip,
+    /// Stay before it without reading the body (a gated read at a record not yet due).
+    Stop,
 }
 
 /// Reads frames one after another from `[pos, end)` of a file, in large chunks.
@@ -187,6 +209,16 @@ impl<'a> Scanner<'a> {
 
     /// The next frame, the end, or the first bad frame (after which the scanner stays put).
     pub fn next_frame(&mut self) -> io::Result<Scan> {
+        self.next_frame_with(|_| FrameAction::Read)
+    }
+
+    /// Like [`Scanner::next_frame`], but `action` sees each header first and may skip the
+    /// frame or stop before it without its body being read: only the header's own fields are
+    /// trusted then (the CRC is not checked for a body that is not read).
+    pub fn next_frame_with(
+        &mut self,
+        action: impl FnOnce(&FrameHeader) -> FrameAction,
+    ) -> io::Result<Scan> {
         if self.pos == self.end {
             return Ok(Scan::End);
         }
@@ -214,6 +246,14 @@ impl<'a> Scanner<'a> {
                     available,
                 },
             });
+        }
+        match action(&header) {
+            FrameAction::Read => {}
+            FrameAction::Skip => {
+                self.pos += len as u64;
+                return Ok(Scan::Skipped { header });
+            }
+            FrameAction::Stop => return Ok(Scan::Stopped { header }),
         }
         self.fill(len)?;
         let bytes = self.slice(len);
