@@ -10,15 +10,15 @@ use wasmtime::ResourceLimiter;
 
 /// Fuel every call gets regardless of its size: one-off work per slab such as decoding the
 /// postcard route context, parsing the link's config, and the allocator's first use. Measured
-/// on a one-record slab: 1,750 to 1,930 units for the three default built-ins, 5,700 for
+/// on a one-record slab: 1,200 to 1,400 units for the three default built-ins, 5,700 for
 /// `header-route` with a three-line config. wasmtime charges about one unit per Wasm
 /// instruction, so 5 million units (a few ms of guest time) leaves room for configs thousands of
 /// times larger while still stopping an endless loop within the 100 ms deadline.
 pub const FUEL_BASE: u64 = 5_000_000;
 
 /// Fuel per record handed in: reading a 40-byte table entry, hashing a key with murmur2, a
-/// modulo and a store. Measured: `key-hash` spends about 210 units per record with 16-byte keys
-/// (847,972 for a slab of 4,096); 2,000 leaves ten times that for plugins that do more per
+/// modulo and a store. Measured: `key-hash` spends about 170 units per record with 16-byte keys
+/// (689,366 for a slab of 4,096); 2,000 leaves ten times that for plugins that do more per
 /// record (header lookups, config maps), and the per-byte term covers long keys.
 pub const FUEL_PER_RECORD: u64 = 2_000;
 
