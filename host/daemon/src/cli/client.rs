@@ -105,17 +105,51 @@ impl Client {
         body: Option<&B>,
         timeout: Option<Duration>,
     ) -> Result<T, ApiCallError> {
-        let url = format!("{}{}", self.base, path);
-        let mut req = self.http.request(method, &url);
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
-        }
+        let mut req = self.request(method, path);
         if let Some(body) = body {
             req = req.json(body);
         }
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
+        self.send(req, path).await
+    }
+
+    /// A call whose body is raw bytes of `content_type` (a plugin upload), with query
+    /// parameters.
+    pub async fn call_raw<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<(Vec<u8>, &str)>,
+    ) -> Result<T, ApiCallError> {
+        let mut req = self.request(method, path).query(query);
+        if let Some((bytes, content_type)) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes);
+        }
+        self.send(req, path).await
+    }
+
+    /// A request to `path`, with the token when one is set.
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{}", self.base, path));
+        match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        }
+    }
+
+    /// Sends `req`; a non-2xx answer becomes [`ApiCallError::Status`] with the server's
+    /// message, a 2xx body is decoded as `T`.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        path: &str,
+    ) -> Result<T, ApiCallError> {
+        let url = format!("{}{}", self.base, path);
         let transport = |source| ApiCallError::Transport {
             url: url.clone(),
             source,

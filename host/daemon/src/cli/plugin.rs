@@ -17,14 +17,12 @@ use base64::engine::general_purpose::STANDARD as B64;
 use clap::{Args, Subcommand};
 use narad_runtime::{Chain, Plugin, RouteContext, Runtime, RuntimeConfig, SlabRecord, run_trial};
 use reqwest::Method;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::ClientArgs;
-use super::client::ApiCallError;
 use super::table;
 use crate::api::plugins::{PluginInfo, PluginList, RemovedPlugin};
-use crate::api::types::{ErrorBody, HeadersJson, Text};
+use crate::api::types::{HeadersJson, Text};
 
 /// `narad plugin`.
 #[derive(Debug, Args)]
@@ -184,19 +182,21 @@ pub struct TrialOutput {
 /// Runs a plugin command.
 pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
     let json = args.client.json;
+    // Sends the token (`--token` / `NARAD_TOKEN`) like every other client command.
+    let client = args.client.client();
     match args.command {
         PluginCommand::Deploy { file, name } => {
             let bytes = std::fs::read(&file)
                 .with_context(|| format!("reading plugin module {}", file.display()))?;
             let query: Vec<(&str, &str)> = name.iter().map(|n| ("name", n.as_str())).collect();
-            let info: PluginInfo = call(
-                &args.client.url,
-                Method::POST,
-                "/v1/plugins",
-                &query,
-                Some(bytes),
-            )
-            .await?;
+            let info: PluginInfo = client
+                .call_raw(
+                    Method::POST,
+                    "/v1/plugins",
+                    &query,
+                    Some((bytes, "application/wasm")),
+                )
+                .await?;
             if json {
                 print_json(&info)?;
             } else {
@@ -211,8 +211,9 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             }
         }
         PluginCommand::List => {
-            let list: PluginList =
-                call(&args.client.url, Method::GET, "/v1/plugins", &[], None).await?;
+            let list: PluginList = client
+                .call_raw(Method::GET, "/v1/plugins", &[], None)
+                .await?;
             if json {
                 print_json(&list)?;
             } else {
@@ -220,14 +221,9 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             }
         }
         PluginCommand::Remove { name } => {
-            let removed: RemovedPlugin = call(
-                &args.client.url,
-                Method::DELETE,
-                &format!("/v1/plugins/{name}"),
-                &[],
-                None,
-            )
-            .await?;
+            let removed: RemovedPlugin = client
+                .call_raw(Method::DELETE, &format!("/v1/plugins/{name}"), &[], None)
+                .await?;
             if json {
                 print_json(&removed)?;
             } else {
@@ -503,39 +499,4 @@ fn list_table(plugins: &[PluginInfo]) -> String {
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
-}
-
-/// One call to the daemon with an optional raw body; a non-2xx answer becomes
-/// [`ApiCallError::Status`] with the server's message.
-async fn call<T: DeserializeOwned>(
-    base: &str,
-    method: Method,
-    path: &str,
-    query: &[(&str, &str)],
-    body: Option<Vec<u8>>,
-) -> Result<T, ApiCallError> {
-    let url = format!("{}{path}", base.trim_end_matches('/'));
-    let mut req = reqwest::Client::new().request(method, &url).query(query);
-    if let Some(body) = body {
-        req = req
-            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
-            .body(body);
-    }
-    let transport = |source| ApiCallError::Transport {
-        url: url.clone(),
-        source,
-    };
-    let resp = req.send().await.map_err(transport)?;
-    let status = resp.status();
-    let bytes = resp.bytes().await.map_err(transport)?;
-    if !status.is_success() {
-        let message = serde_json::from_slice::<ErrorBody>(&bytes)
-            .map(|b| b.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-        return Err(ApiCallError::Status { status, message });
-    }
-    serde_json::from_slice(&bytes).map_err(|e| ApiCallError::Decode {
-        url,
-        message: e.to_string(),
-    })
 }

@@ -152,6 +152,39 @@ async fn the_cli_sends_its_token_and_without_it_prints_the_401() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_commands_send_the_token_too() {
+    let d = guarded().await;
+    let url = d.url.clone();
+    let module = std::env::temp_dir().join(format!("narad-auth-{}.wasm", std::process::id()));
+    std::fs::write(&module, narad_builtin_plugins::KEY_HASH).unwrap();
+    let path = module.to_str().unwrap().to_owned();
+    let (without, with) = tokio::task::spawn_blocking(move || {
+        let narad = |token: Option<&str>| {
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+            cmd.args(["plugin", "deploy", &path, "--name", "my-hash"])
+                .env("NARAD_URL", &url)
+                .env_remove("NARAD_TOKEN");
+            if let Some(t) = token {
+                cmd.env("NARAD_TOKEN", t);
+            }
+            cmd.output().unwrap()
+        };
+        (narad(None), narad(Some(TOKEN)))
+    })
+    .await
+    .unwrap();
+    let _ = std::fs::remove_file(&module);
+    assert!(!without.status.success());
+    assert!(
+        String::from_utf8_lossy(&without.stderr).contains("401"),
+        "{without:?}"
+    );
+    assert!(with.status.success(), "{with:?}");
+    let (_, body) = d.get("/v1/plugins").await;
+    assert!(body.to_string().contains("my-hash"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_file_no_token_is_needed() {
     let d = Daemon::start().await;
     d.create_topic("open", 1).await;
