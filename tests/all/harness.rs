@@ -13,18 +13,20 @@ use serde_json::Value;
 /// because CI machines are busy; a healthy start takes milliseconds.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Path of the `narad` binary, built once per test process with the same cargo and profile
-/// that runs the tests (a no-op when `cargo test --workspace` already built it).
+/// Path of the `narad` binary, built once per test process by the cargo that runs the tests.
+///
+/// It asks for the whole workspace's test build (`--workspace --tests`), which resolves
+/// features exactly as `cargo test --workspace` does: after that command the binary is already
+/// fresh and this is a no-op. Building just the binary would resolve features differently and
+/// rebuild half the dependency tree.
 pub fn narad_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         let output = Command::new(env!("CARGO"))
             .args([
                 "build",
-                "--package",
-                "narad-host",
-                "--bin",
-                "narad",
+                "--workspace",
+                "--tests",
                 "--message-format=json-render-diagnostics",
             ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -36,7 +38,12 @@ pub fn narad_binary() -> &'static Path {
         stdout
             .lines()
             .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .filter(|msg| msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "narad")
+            .filter(|msg| {
+                msg["reason"] == "compiler-artifact"
+                    && msg["target"]["name"] == "narad"
+                    && msg["target"]["kind"][0] == "bin"
+                    && msg["profile"]["test"] == false
+            })
             .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
             .expect("cargo reported no executable for the narad binary")
     })
