@@ -501,6 +501,46 @@ impl Store {
         }
     }
 
+    /// The partition's committed high watermark now: from [`Store::peek`] when that knows it
+    /// (an open log, or a cleanly closed one), else by opening the log (a closed log whose
+    /// high-watermark file does not cover its records, after a crash). A quarantined or failed
+    /// partition is an error, as for a read.
+    pub fn high_watermark(&self, id: &PartitionId) -> Result<u64> {
+        let stats = self.peek(id)?;
+        match (stats.state, stats.high_watermark) {
+            (PartitionState::Quarantined { reason }, _) => Err(StorageError::Quarantined {
+                id: id.clone(),
+                reason,
+            }),
+            (PartitionState::Failed { reason }, _) => Err(StorageError::Failed {
+                id: id.clone(),
+                reason,
+            }),
+            (_, Some(high)) => Ok(high),
+            (_, None) => {
+                let opts = ReadOptions {
+                    offset: stats.log_start_offset,
+                    max_records: 1,
+                    max_bytes: 1,
+                    max_committed_at_ms: None,
+                };
+                match self.read(id, &opts) {
+                    Ok(read) => Ok(read.high_watermark),
+                    // Retention moved the start between the peek and the read: opening the log
+                    // made the peek exact.
+                    Err(StorageError::OffsetBelowLogStart { .. }) => self
+                        .peek(id)?
+                        .high_watermark
+                        .ok_or_else(|| StorageError::Io {
+                            context: format!("high watermark of {id} unknown after opening it"),
+                            source: std::io::Error::other("no high watermark"),
+                        }),
+                    Err(other) => Err(other),
+                }
+            }
+        }
+    }
+
     /// Describes a partition without opening a closed log and without stamping last access.
     /// A closed log is described from its directory: exact when it was closed cleanly,
     /// `high_watermark: None` when its high-watermark file does not cover the record bytes.

@@ -487,3 +487,21 @@ fn a_gated_read_stops_at_a_frame_not_due_by_its_header_without_reading_the_body(
     // An ungated read does decode the body, and reports the damage.
     assert!(store.read(&id, &read_from(1)).is_err());
 }
+
+#[test]
+fn high_watermark_is_exact_even_for_a_log_closed_by_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = pid("orders", 0);
+    {
+        let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+        store.create_partition(&id, LogConfig::default()).unwrap();
+        store.append(&id, batch(&["a", "b", "c"])).unwrap();
+        assert_eq!(store.high_watermark(&id).unwrap(), 3);
+        // Dropped without `close`: as after a crash, the high-watermark file is not clean.
+    }
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    let peeked = store.peek(&id).unwrap();
+    assert_eq!(peeked.state, PartitionState::Closed);
+    assert_eq!(store.high_watermark(&id).unwrap(), 3);
+}

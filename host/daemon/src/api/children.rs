@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{PartitionId, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -174,36 +174,9 @@ async fn read_high_watermarks(
     tokio::task::spawn_blocking(move || {
         (0..partitions)
             .map(|p| {
-                let id = PartitionId::new(topic.clone(), p);
-                let stats = store.peek(&id).map_err(|e| format!("partition {p}: {e}"))?;
-                match stats.high_watermark {
-                    Some(high)
-                        if matches!(
-                            stats.state,
-                            narad_storage::PartitionState::Open
-                                | narad_storage::PartitionState::Closed
-                        ) =>
-                    {
-                        Ok(high)
-                    }
-                    _ => {
-                        let opts = ReadOptions {
-                            offset: stats.log_start_offset,
-                            max_records: 1,
-                            max_bytes: 1,
-                            max_committed_at_ms: None,
-                        };
-                        match store.read(&id, &opts) {
-                            Ok(read) => Ok(read.high_watermark),
-                            Err(StorageError::OffsetBelowLogStart { .. }) => store
-                                .peek(&id)
-                                .ok()
-                                .and_then(|s| s.high_watermark)
-                                .ok_or_else(|| format!("partition {p}: high watermark unknown")),
-                            Err(e) => Err(format!("partition {p}: {e}")),
-                        }
-                    }
-                }
+                store
+                    .high_watermark(&PartitionId::new(topic.clone(), p))
+                    .map_err(|e| format!("partition {p}: {e}"))
             })
             .collect()
     })

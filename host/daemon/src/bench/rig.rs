@@ -313,22 +313,7 @@ impl Rig {
                 .map(|p| {
                     let id = PartitionId::new(topic.clone(), p);
                     store
-                        .read(
-                            &id,
-                            &narad_storage::ReadOptions {
-                                offset: 0,
-                                max_records: 0,
-                                max_bytes: 0,
-                                max_committed_at_ms: None,
-                            },
-                        )
-                        .map(|r| r.high_watermark)
-                        .or_else(|e| match e {
-                            StorageError::OffsetBelowLogStart { .. } => {
-                                store.peek(&id).map(|s| s.high_watermark.unwrap_or(0))
-                            }
-                            other => Err(other),
-                        })
+                        .high_watermark(&id)
                         .map_err(BenchError::storage(format!("reading {id}")))
                 })
                 .collect::<Result<Vec<u64>, BenchError>>()

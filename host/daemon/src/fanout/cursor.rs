@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fs::FileSystem;
-use narad_storage::{Clock, PartitionId, StorageError, Store};
+use narad_storage::{Clock, PartitionId, Store};
 
 use super::RETRY_BACKOFF;
 use super::committer::ChildCommitter;
@@ -233,31 +233,14 @@ async fn open_position(
                 }
                 _ => {
                     let point = start_point(link.attach_offsets.as_deref(), key.partition);
-                    let high = match (point, stats.high_watermark) {
-                        (StartPoint::LiveTail, None) => {
-                            let (store, id) = (Arc::clone(&deps.store), parent.clone());
-                            blocking(move || {
-                                store.read(
-                                    &id,
-                                    &narad_storage::ReadOptions {
-                                        offset: 0,
-                                        max_records: 0,
-                                        max_bytes: 0,
-                                        max_committed_at_ms: None,
-                                    },
-                                )
-                            })
+                    // Only the live tail needs the parent's end, read now.
+                    let high = if point == StartPoint::LiveTail {
+                        let (store, id) = (Arc::clone(&deps.store), parent.clone());
+                        blocking(move || store.high_watermark(&id))
                             .await?
-                            .map(|r| r.high_watermark)
-                            .or_else(|e| match e {
-                                StorageError::OffsetBelowLogStart { .. } => {
-                                    Ok(stats.log_start_offset)
-                                }
-                                other => Err(other),
-                            })
                             .map_err(|e| e.to_string())?
-                        }
-                        (_, high) => high.unwrap_or(0),
+                    } else {
+                        0
                     };
                     point.resolve(high)
                 }

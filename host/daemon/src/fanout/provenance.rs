@@ -46,27 +46,11 @@ pub fn scan_child_tails(
     let mut empty = true;
     for partition in 0..child_partitions {
         let id = PartitionId::new(child, partition);
-        let stats = store.peek(&id)?;
-        let high = match stats.high_watermark {
-            Some(high) => high,
-            // A closed log after a crash: read from its start offset to learn the watermark.
-            None => {
-                store
-                    .read(
-                        &id,
-                        &ReadOptions {
-                            offset: stats.log_start_offset,
-                            max_records: 1,
-                            max_bytes: 1,
-                            max_committed_at_ms: None,
-                        },
-                    )?
-                    .high_watermark
-            }
-        };
+        let high = store.high_watermark(&id)?;
+        let log_start = store.peek(&id)?.log_start_offset;
         empty &= high == 0;
         let window = SLAB_MAX_RECORDS as u64;
-        let mut offset = high.saturating_sub(window).max(stats.log_start_offset);
+        let mut offset = high.saturating_sub(window).max(log_start);
         while offset < high {
             let read = store.read(
                 &id,
