@@ -24,6 +24,11 @@ pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
 /// Routers built with the SDK are tens of KiB; the cap bounds what one upload makes the daemon
 /// buffer and compile.
 pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 16 * 1024 * 1024;
+/// Default wall-clock deadline of one plugin call, in milliseconds: 100 ms, the routing
+/// runtime's backstop behind the fuel budget.
+pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 100;
+/// Default linear-memory limit of one plugin instance, in bytes: 64 MiB.
+pub const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 /// Default most records in one produce request.
 pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
 /// Default most records one fetch returns (a request's `max` is capped to this).
@@ -136,6 +141,15 @@ pub struct ServeArgs {
     /// [default: 134217728 (128 MiB)]
     #[arg(long, env = "NARAD_SEGMENT_BYTES", value_name = "BYTES")]
     pub segment_bytes: Option<u64>,
+    /// Wall-clock deadline of one routing-plugin call, in milliseconds: a backstop behind the
+    /// per-slab fuel budget; a call over it fails the slab (the cursor stalls and retries).
+    /// [default: 100]
+    #[arg(long, env = "NARAD_PLUGIN_DEADLINE_MS", value_name = "MS")]
+    pub plugin_deadline_ms: Option<u64>,
+    /// Linear-memory limit of one routing-plugin instance, in bytes; growing past it traps.
+    /// [default: 67108864 (64 MiB)]
+    #[arg(long, env = "NARAD_PLUGIN_MEMORY_BYTES", value_name = "BYTES")]
+    pub plugin_memory_bytes: Option<u64>,
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
     /// [default: none, no token required]
@@ -171,6 +185,10 @@ pub struct FileConfig {
     pub idle_close_after_ms: Option<u64>,
     /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
+    /// See `--plugin-deadline-ms`.
+    pub plugin_deadline_ms: Option<u64>,
+    /// See `--plugin-memory-bytes`.
+    pub plugin_memory_bytes: Option<u64>,
     /// See `--auth-token-file`.
     pub auth_token_file: Option<PathBuf>,
 }
@@ -244,6 +262,8 @@ pub struct Config {
     pub segment_bytes: u64,
     /// The bearer token mutating requests must carry; `None`: no token required.
     pub auth_token: Option<crate::api::auth::AuthToken>,
+    /// Limits of every routing-plugin call and instance.
+    pub plugin_limits: narad_runtime::Limits,
 }
 
 impl Config {
@@ -257,6 +277,7 @@ impl Config {
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             auth_token: None,
+            plugin_limits: narad_runtime::Limits::default(),
         }
     }
 
@@ -354,6 +375,19 @@ impl Config {
             .or(file.auth_token_file.as_ref())
             .map(|path| crate::api::auth::AuthToken::from_file(path))
             .transpose()?;
+        let plugin_limits = narad_runtime::Limits {
+            deadline: Duration::from_millis(positive(
+                "plugin-deadline-ms",
+                args.plugin_deadline_ms.or(file.plugin_deadline_ms),
+                DEFAULT_PLUGIN_DEADLINE_MS,
+            )?),
+            memory_bytes: positive(
+                "plugin-memory-bytes",
+                args.plugin_memory_bytes.or(file.plugin_memory_bytes),
+                DEFAULT_PLUGIN_MEMORY_BYTES,
+            )?,
+            ..narad_runtime::Limits::default()
+        };
         Ok(Config {
             data_dir,
             listen,
@@ -362,6 +396,7 @@ impl Config {
             idle_close_after,
             segment_bytes,
             auth_token,
+            plugin_limits,
         })
     }
 }
@@ -441,6 +476,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn plugin_limits_default_to_the_runtimes_and_flags_win_over_the_file() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        // The documented defaults are the runtime's own.
+        assert_eq!(config.plugin_limits, narad_runtime::Limits::default());
+        assert_eq!(
+            config.plugin_limits.deadline,
+            Duration::from_millis(DEFAULT_PLUGIN_DEADLINE_MS)
+        );
+        assert_eq!(
+            config.plugin_limits.memory_bytes,
+            DEFAULT_PLUGIN_MEMORY_BYTES
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            "plugin-deadline-ms = 250\nplugin-memory-bytes = 1048576\n",
+        )
+        .unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(config.plugin_limits.deadline, Duration::from_millis(250));
+        assert_eq!(config.plugin_limits.memory_bytes, 1_048_576);
+        let flags = ServeArgs {
+            plugin_deadline_ms: Some(20),
+            ..args.clone()
+        };
+        let config = Config::merge(&flags, &file).unwrap();
+        assert_eq!(config.plugin_limits.deadline, Duration::from_millis(20));
+        let zero = ServeArgs {
+            plugin_memory_bytes: Some(0),
+            ..args
+        };
+        assert!(Config::merge(&zero, &FileConfig::default()).is_err());
     }
 
     #[test]

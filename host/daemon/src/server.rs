@@ -117,7 +117,7 @@ pub async fn run_server(
         PluginRegistry::open(
             &data_dir,
             Arc::clone(&metastore),
-            narad_runtime::Limits::default(),
+            config.plugin_limits.clone(),
         )
         .await?,
     );
