@@ -29,6 +29,13 @@ pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 100;
 /// Default linear-memory limit of one plugin instance, in bytes: 64 MiB.
 pub const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
+/// Default fuel per record of a plugin call: the routing runtime's own
+/// (`FuelBudget::DEFAULT`).
+pub const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 = narad_runtime::FuelBudget::DEFAULT.per_record;
+/// Default fuel per input byte of a plugin call: the routing runtime's own
+/// (`FuelBudget::DEFAULT`).
+pub const DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE: u64 =
+    narad_runtime::FuelBudget::DEFAULT.per_input_byte;
 /// Default most records in one produce request.
 pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
 /// Default most records one fetch returns (a request's `max` is capped to this).
@@ -150,6 +157,16 @@ pub struct ServeArgs {
     /// [default: 67108864 (64 MiB)]
     #[arg(long, env = "NARAD_PLUGIN_MEMORY_BYTES", value_name = "BYTES")]
     pub plugin_memory_bytes: Option<u64>,
+    /// Fuel (about one unit per Wasm instruction) a plugin call gets per record handed in, on
+    /// top of a fixed 5,000,000 per call. Raise it for plugins that do heavy work per record;
+    /// the budget depends only on the slab, so a slab that runs out fails the same way on
+    /// every retry. [default: 2000]
+    #[arg(long, env = "NARAD_PLUGIN_FUEL_PER_RECORD", value_name = "UNITS")]
+    pub plugin_fuel_per_record: Option<u64>,
+    /// Fuel a plugin call gets per byte of input (keys, and headers or values when the plugin
+    /// asks for them): raise it for plugins that scan payloads. [default: 20]
+    #[arg(long, env = "NARAD_PLUGIN_FUEL_PER_INPUT_BYTE", value_name = "UNITS")]
+    pub plugin_fuel_per_input_byte: Option<u64>,
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
     /// [default: none, no token required]
@@ -189,6 +206,10 @@ pub struct FileConfig {
     pub plugin_deadline_ms: Option<u64>,
     /// See `--plugin-memory-bytes`.
     pub plugin_memory_bytes: Option<u64>,
+    /// See `--plugin-fuel-per-record`.
+    pub plugin_fuel_per_record: Option<u64>,
+    /// See `--plugin-fuel-per-input-byte`.
+    pub plugin_fuel_per_input_byte: Option<u64>,
     /// See `--auth-token-file`.
     pub auth_token_file: Option<PathBuf>,
 }
@@ -386,6 +407,18 @@ impl Config {
                 args.plugin_memory_bytes.or(file.plugin_memory_bytes),
                 DEFAULT_PLUGIN_MEMORY_BYTES,
             )?,
+            fuel: narad_runtime::FuelBudget {
+                per_record: positive(
+                    "plugin-fuel-per-record",
+                    args.plugin_fuel_per_record.or(file.plugin_fuel_per_record),
+                    DEFAULT_PLUGIN_FUEL_PER_RECORD,
+                )?,
+                per_input_byte: args
+                    .plugin_fuel_per_input_byte
+                    .or(file.plugin_fuel_per_input_byte)
+                    .unwrap_or(DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE),
+                ..narad_runtime::FuelBudget::DEFAULT
+            },
             ..narad_runtime::Limits::default()
         };
         Ok(Config {
@@ -511,6 +544,47 @@ mod tests {
         assert_eq!(config.plugin_limits.deadline, Duration::from_millis(20));
         let zero = ServeArgs {
             plugin_memory_bytes: Some(0),
+            ..args
+        };
+        assert!(Config::merge(&zero, &FileConfig::default()).is_err());
+    }
+
+    #[test]
+    fn plugin_fuel_terms_default_to_the_runtimes_and_come_from_flags_or_the_file() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.plugin_limits.fuel,
+            narad_runtime::FuelBudget::DEFAULT
+        );
+        assert_eq!(
+            config.plugin_limits.fuel.per_record,
+            DEFAULT_PLUGIN_FUEL_PER_RECORD
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            "plugin-fuel-per-record = 50000\nplugin-fuel-per-input-byte = 0\n",
+        )
+        .unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(config.plugin_limits.fuel.per_record, 50_000);
+        // Zero per byte is allowed: the per-record and fixed terms still bound a call.
+        assert_eq!(config.plugin_limits.fuel.per_input_byte, 0);
+        assert_eq!(
+            config.plugin_limits.fuel.base,
+            narad_runtime::FuelBudget::DEFAULT.base
+        );
+        let flags = ServeArgs {
+            plugin_fuel_per_record: Some(7),
+            ..args.clone()
+        };
+        let config = Config::merge(&flags, &file).unwrap();
+        assert_eq!(config.plugin_limits.fuel.per_record, 7);
+        let zero = ServeArgs {
+            plugin_fuel_per_record: Some(0),
             ..args
         };
         assert!(Config::merge(&zero, &FileConfig::default()).is_err());

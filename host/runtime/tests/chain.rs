@@ -105,6 +105,26 @@ fn an_endless_loop_with_unbounded_fuel_is_stopped_by_the_deadline() {
 }
 
 #[test]
+fn a_budget_whose_terms_overflow_still_routes_and_is_still_stopped_by_the_deadline() {
+    // An operator may set a huge per-record fuel term (`--plugin-fuel-per-record`): the budget
+    // saturates, the engine accepts it, and the deadline remains the backstop.
+    let limits = Limits {
+        deadline: std::time::Duration::from_millis(30),
+        fuel: FuelBudget {
+            per_record: u64::MAX,
+            ..FuelBudget::DEFAULT
+        },
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(RuntimeConfig::default().limits(limits)).unwrap();
+    let err = fail_then_recover(&runtime, Poison::EndlessLoop);
+    assert!(
+        matches!(err.failure, Failure::Deadline { deadline_ms: 30 }),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn a_memory_grow_bomb_is_stopped_by_the_memory_limit() {
     let err = fail_then_recover(&runtime(), Poison::GrowBomb);
     assert!(
