@@ -1,7 +1,8 @@
 //! Routing cost per record: the default chain in Wasm against the same three strategies
 //! written natively in Rust, on slabs of 4,096 records with 16-byte keys (all keyed, and 10 %
 //! keyless), in the same run; plus the parts of the Wasm path (encode, copy in, call, copy
-//! out, bucketing) so the difference can be attributed.
+//! out, bucketing) so the difference can be attributed, and the guest alone with and
+//! without the fuel and epoch checks.
 //!
 //! Time is the benchmark thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID` on Linux), not wall
 //! time: the bench machine is shared, and time spent descheduled is not routing cost. Criterion
@@ -227,6 +228,72 @@ fn bench_breakdown(c: &mut Criterion<ThreadCpuTime>) {
     group.finish();
 }
 
+/// The key-hash guest alone, called through a bare wasmtime instance with the slab already in
+/// its memory: once with neither fuel nor epoch checks, once with both (as every production
+/// call runs). The first against `breakdown/native_hash` is Cranelift's code against LLVM's;
+/// the difference between the two is what the mandated limits cost per record.
+fn bench_guest(c: &mut Criterion<ThreadCpuTime>) {
+    let ctx = context();
+    let workload = Workload::new("all_keyed", 0);
+    let records = workload.records();
+    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEYS).unwrap();
+    let input = encoder.encode_to_vec(records.iter()).unwrap();
+    let mut native = vec![0u32; records.len()];
+    NativeChain { next: 0 }.route(&ctx, &records, &mut native);
+
+    let mut group = c.benchmark_group("guest");
+    group.throughput(Throughput::Elements(SLAB_RECORDS as u64));
+    for (name, metered) in [("key_hash_bare", false), ("key_hash_fuel_and_epoch", true)] {
+        // The runtime's code-generation settings, without or with its metering.
+        let mut config = wasmtime::Config::new();
+        config
+            .strategy(wasmtime::Strategy::Cranelift)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed)
+            .cranelift_nan_canonicalization(true)
+            .consume_fuel(metered)
+            .epoch_interruption(metered);
+        let engine = wasmtime::Engine::new(&config).unwrap();
+        let module = wasmtime::Module::new(&engine, narad_builtin_plugins::KEY_HASH).unwrap();
+        let mut linker = wasmtime::Linker::new(&engine);
+        linker
+            .func_wrap("narad", "log", |_: i32, _: i32, _: i32| {})
+            .unwrap();
+        let mut store = wasmtime::Store::new(&engine, ());
+        if metered {
+            store.set_fuel(1 << 62).unwrap();
+            store.set_epoch_deadline(1 << 40);
+        }
+        let instance = linker.instantiate(&mut store, &module).unwrap();
+        let memory = instance.get_memory(&mut store, "memory").unwrap();
+        let alloc = instance
+            .get_typed_func::<i32, i32>(&mut store, "narad_alloc")
+            .unwrap();
+        let route = instance
+            .get_typed_func::<(i32, i32, i32), i32>(&mut store, "narad_route")
+            .unwrap();
+        let out_len = 4 * records.len();
+        let input_at = alloc.call(&mut store, input.len() as i32).unwrap();
+        let out_at = alloc.call(&mut store, out_len as i32).unwrap();
+        memory.write(&mut store, input_at as usize, &input).unwrap();
+        let args = (input_at, input.len() as i32, out_at);
+        assert_eq!(route.call(&mut store, args).unwrap(), 0);
+        let mut answers = vec![0u8; out_len];
+        memory.read(&store, out_at as usize, &mut answers).unwrap();
+        let answers: Vec<u32> = answers
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(
+            answers, native,
+            "{name}: the guest must route as the native code does"
+        );
+        group.bench_function(name, |b| {
+            b.iter(|| route.call(&mut store, black_box(args)).unwrap())
+        });
+    }
+    group.finish();
+}
+
 /// CPU time of the calling thread, in nanoseconds.
 #[cfg(target_os = "linux")]
 fn thread_cpu_ns() -> u64 {
@@ -318,6 +385,6 @@ impl ValueFormatter for NanosFormatter {
 criterion_group! {
     name = benches;
     config = Criterion::default().with_measurement(ThreadCpuTime);
-    targets = bench_chains, bench_breakdown
+    targets = bench_chains, bench_breakdown, bench_guest
 }
 criterion_main!(benches);
