@@ -225,7 +225,8 @@ impl Producer {
 
 /// Fails with [`ProduceError::Unavailable`] when any target is quarantined or failed, so a
 /// request that cannot be written whole writes nothing. A closed log is opened first (by a
-/// one-record read), because recovery runs on open and is what finds damage.
+/// one-record read), because recovery runs on open and is what finds damage; a failed one is
+/// probed the same way, which reopens it when its wait is over.
 fn check_writable(store: &Store, targets: &[PartitionId]) -> Result<(), ProduceError> {
     for id in targets {
         let stats = store.peek(id).map_err(ProduceError::Unavailable)?;
@@ -236,13 +237,9 @@ fn check_writable(store: &Store, targets: &[PartitionId]) -> Result<(), ProduceE
                     reason,
                 }));
             }
-            PartitionState::Failed { reason } => {
-                return Err(ProduceError::Unavailable(StorageError::Failed {
-                    id: id.clone(),
-                    reason,
-                }));
-            }
-            PartitionState::Closed => {
+            // A failed partition is probed like a closed one: the read reopens it once its
+            // wait is over, and reports it failed until then.
+            PartitionState::Closed | PartitionState::Failed { .. } => {
                 let probe = ReadOptions {
                     offset: stats.log_start_offset,
                     max_records: 1,

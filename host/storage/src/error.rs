@@ -38,7 +38,8 @@ pub enum StorageError {
         reason: String,
     },
     /// The partition stopped after a failed `fdatasync` whose damage could not be undone
-    /// (truncating back to the last durable length failed as well). A restart runs recovery.
+    /// (truncating back to the last durable length failed as well). Its first use after
+    /// `StoreOptions::failed_reopen_after` (or a restart) runs recovery and reopens it.
     #[error("partition {id} has failed and stopped: {reason}")]
     Failed {
         /// The failed partition.

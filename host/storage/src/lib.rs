@@ -45,4 +45,4 @@ pub use record::{
     NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin, RetentionReport,
     StoredRecord,
 };
-pub use store::{DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};
+pub use store::{DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -35,6 +35,10 @@ pub const TRASH_DIR_NAME: &str = "trash";
 /// Default idle time after which a log is closed: 5 minutes, long enough that a partition read
 /// every few seconds stays open, short enough that idle partitions release files and memory.
 pub const DEFAULT_IDLE_CLOSE_AFTER: Duration = Duration::from_secs(300);
+/// Default time a `Failed` partition stays stopped before its next use reopens it: 10 s, so a
+/// disk that comes back (space freed, a path failed over) serves again without a restart, while
+/// a disk that keeps failing is not hammered by every request.
+pub const DEFAULT_FAILED_REOPEN_AFTER: Duration = Duration::from_secs(10);
 
 /// How a store is wired.
 #[derive(Clone, Debug)]
@@ -45,6 +49,9 @@ pub struct StoreOptions {
     pub clock: Arc<dyn Clock>,
     /// Logs not read or appended for this long are closed by [`Store::close_idle`].
     pub idle_close_after: Duration,
+    /// A `Failed` partition used this long after it failed is reopened, running the same
+    /// recovery as a restart would; until then every use gets the original error.
+    pub failed_reopen_after: Duration,
 }
 
 impl std::fmt::Debug for dyn Clock {
@@ -59,6 +66,7 @@ impl Default for StoreOptions {
             fs: Arc::new(RealFs),
             clock: Arc::new(SystemClock),
             idle_close_after: DEFAULT_IDLE_CLOSE_AFTER,
+            failed_reopen_after: DEFAULT_FAILED_REOPEN_AFTER,
         }
     }
 }
@@ -79,7 +87,7 @@ enum Slot {
     Closed,
     Open(Arc<Log>),
     Quarantined(String),
-    Failed(String),
+    Failed { reason: String, since: Instant },
     Deleted,
 }
 
@@ -115,7 +123,7 @@ impl Partition {
                 id: self.id.clone(),
                 reason: reason.clone(),
             }),
-            Slot::Failed(reason) => Some(StorageError::Failed {
+            Slot::Failed { reason, .. } => Some(StorageError::Failed {
                 id: self.id.clone(),
                 reason: reason.clone(),
             }),
@@ -137,6 +145,7 @@ pub struct Store {
     fs: Arc<dyn FileSystem>,
     clock: Arc<dyn Clock>,
     idle_close_after_ms: i64,
+    failed_reopen_after: Duration,
     partitions: RwLock<HashMap<PartitionId, Arc<Partition>>>,
     trash_counter: AtomicU64,
     _lock: Box<dyn LockGuard>,
@@ -197,6 +206,7 @@ impl Store {
             clock: opts.clock,
             idle_close_after_ms: i64::try_from(opts.idle_close_after.as_millis())
                 .unwrap_or(i64::MAX),
+            failed_reopen_after: opts.failed_reopen_after,
             partitions: RwLock::new(HashMap::new()),
             trash_counter: AtomicU64::new(0),
             _lock: lock,
@@ -327,14 +337,17 @@ impl Store {
             .map_err(io(format!("removing {}", trash.display())))
     }
 
-    /// The open log of a partition, opening (and recovering) it if closed.
+    /// The open log of a partition, opening (and recovering) it if closed, or if it failed at
+    /// least `failed_reopen_after` ago.
     fn open_log(&self, p: &Partition) -> Result<Arc<Log>> {
         {
             let slot = log::read(&p.slot);
             if let Slot::Open(l) = &*slot {
                 return Ok(l.clone());
             }
-            if let Some(e) = p.broken_error(&slot) {
+            if !self.may_reopen(&slot)
+                && let Some(e) = p.broken_error(&slot)
+            {
                 return Err(e);
             }
         }
@@ -342,14 +355,30 @@ impl Store {
         if let Slot::Open(l) = &*slot {
             return Ok(l.clone());
         }
-        if let Some(e) = p.broken_error(&slot) {
+        let reopening = self.may_reopen(&slot);
+        if reopening {
+            // The same recovery a restart runs, for this partition alone: the log on disk is
+            // scanned and cut back to its last intact frame. If the disk still fails, the
+            // partition fails again (and waits again) or the open reports the I/O error.
+            tracing::warn!(partition = %p.id, "reopening a failed partition");
+            *slot = Slot::Closed;
+        } else if let Some(e) = p.broken_error(&slot) {
             return Err(e);
         }
         match recovery::open(self.fs.clone(), &p.dir) {
             Ok(l) => {
                 let l = Arc::new(l);
                 *slot = Slot::Open(l.clone());
-                p.publish_hw(l.high_watermark());
+                let hw = l.high_watermark();
+                if *p.signal.borrow() == Signal::Broken {
+                    // A failed partition back in service (now, or after a reopen whose recovery
+                    // hit an I/O error): waiters were told "broken" and may wait again.
+                    p.signal.send_replace(Signal::Hw(hw));
+                    tracing::info!(partition = %p.id, high_watermark = hw,
+                        "failed partition reopened and serving");
+                } else {
+                    p.publish_hw(hw);
+                }
                 Ok(l)
             }
             Err(OpenError::Corrupt(reason)) => {
@@ -363,6 +392,11 @@ impl Store {
             }
             Err(OpenError::Io(e)) => Err(self.log_error(p, e)),
         }
+    }
+
+    /// Whether `slot` is a failed partition whose wait before a reopen is over.
+    fn may_reopen(&self, slot: &Slot) -> bool {
+        matches!(slot, Slot::Failed { since, .. } if since.elapsed() >= self.failed_reopen_after)
     }
 
     /// Turns a log error into the caller's error, moving the partition to `Quarantined` or
@@ -405,7 +439,14 @@ impl Store {
             }
             LogError::Failed(reason) => {
                 let mut slot = log::write(&p.slot);
-                *slot = Slot::Failed(reason.clone());
+                if let Slot::Open(l) = &*slot {
+                    // Nobody may append through it again; a reopen builds a new log.
+                    l.abandon();
+                }
+                *slot = Slot::Failed {
+                    reason: reason.clone(),
+                    since: Instant::now(),
+                };
                 p.signal.send_replace(Signal::Broken);
                 StorageError::Failed {
                     id: p.id.clone(),
@@ -462,7 +503,8 @@ impl Store {
 
     /// Resolves `Ok(true)` as soon as the high watermark is above `offset`, `Ok(false)` when
     /// `timeout` passes first. Woken by appends through a watch channel (no polling). Errors
-    /// for unknown, deleted, quarantined or failed partitions. Stamps last access. A closed log
+    /// for unknown, deleted, quarantined or failed partitions (a failed one whose wait is over
+    /// is reopened first). Stamps last access. A closed log
     /// is not opened if its high-watermark file gives the exact end; otherwise it is opened
     /// (blocking I/O, only after a crash).
     pub async fn wait_for_data(
@@ -474,7 +516,13 @@ impl Store {
         let p = self.partition(id)?;
         self.stamp(&p);
         let mut rx = p.signal.subscribe();
-        let current = *rx.borrow_and_update();
+        let mut current = *rx.borrow_and_update();
+        if current == Signal::Broken {
+            // A failed partition whose wait is over is reopened here; any other broken
+            // partition (or a failed one still waiting) returns its error.
+            self.open_log(&p)?;
+            current = *rx.borrow_and_update();
+        }
         if current == Signal::Unknown {
             let hw = match self.peek_partition(&p)?.high_watermark {
                 Some(hw) => hw,
@@ -504,7 +552,7 @@ impl Store {
     /// The partition's committed high watermark now: from [`Store::peek`] when that knows it
     /// (an open log, or a cleanly closed one), else by opening the log (a closed log whose
     /// high-watermark file does not cover its records, after a crash). A quarantined or failed
-    /// partition is an error, as for a read.
+    /// partition is an error, as for a read (which reopens a failed one whose wait is over).
     pub fn high_watermark(&self, id: &PartitionId) -> Result<u64> {
         let stats = self.peek(id)?;
         match (stats.state, stats.high_watermark) {
@@ -512,10 +560,8 @@ impl Store {
                 id: id.clone(),
                 reason,
             }),
-            (PartitionState::Failed { reason }, _) => Err(StorageError::Failed {
-                id: id.clone(),
-                reason,
-            }),
+            // A failed partition has no known end: the read below reopens it if its wait is
+            // over, or reports it failed.
             (_, Some(high)) => Ok(high),
             (_, None) => {
                 let opts = ReadOptions {
@@ -564,7 +610,9 @@ impl Store {
             }
             Slot::Closed => PartitionState::Closed,
             Slot::Quarantined(r) => PartitionState::Quarantined { reason: r.clone() },
-            Slot::Failed(r) => PartitionState::Failed { reason: r.clone() },
+            Slot::Failed { reason, .. } => PartitionState::Failed {
+                reason: reason.clone(),
+            },
             Slot::Deleted => return Err(StorageError::UnknownPartition { id: p.id.clone() }),
         };
         // Describing a closed log reads the directory listing and the 64-byte high-watermark

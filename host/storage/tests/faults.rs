@@ -146,6 +146,81 @@ fn a_partition_whose_truncate_back_also_fails_stops_and_recovers_on_restart() {
     assert_eq!(append_values(&store, &["b"]).unwrap(), 1);
 }
 
+/// Fails partition t/0 of a store whose failed partitions are reopened on their next use: the
+/// append of "x" fails, and so does truncating back.
+fn fail_partition(fs: &FaultFs) -> Store {
+    let store = Store::open(
+        Path::new(DATA),
+        narad_storage::StoreOptions {
+            failed_reopen_after: std::time::Duration::ZERO,
+            ..opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS)))
+        },
+    )
+    .unwrap();
+    store
+        .create_partition(&pid("t", 0), small_segments(300))
+        .unwrap();
+    append_values(&store, &["a"]).unwrap();
+    fs.inject(FaultOp::SyncData, 1, Fault::Eio);
+    fs.inject(FaultOp::SyncData, 2, Fault::Eio);
+    assert!(matches!(
+        append_values(&store, &["x"]),
+        Err(StorageError::Failed { .. })
+    ));
+    assert!(matches!(
+        store.peek(&pid("t", 0)).unwrap().state,
+        PartitionState::Failed { .. }
+    ));
+    store
+}
+
+#[test]
+fn a_failed_partition_is_reopened_on_its_next_use_once_its_wait_is_over() {
+    let fs = fault_fs();
+    let store = fail_partition(&fs);
+    // The wait is zero: the next read runs recovery in place of a restart.
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a"]);
+    assert!(!matches!(
+        store.peek(&pid("t", 0)).unwrap().state,
+        PartitionState::Failed { .. }
+    ));
+    // The failed batch's offset is reused; nothing acknowledged is lost or doubled.
+    assert_eq!(append_values(&store, &["b"]).unwrap(), 1);
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a", "b"]);
+    drop(store);
+    fs.crash(CrashMode::DropAll);
+    let store = open_partition(&fs);
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a", "b"]);
+}
+
+#[test]
+fn a_partition_that_fails_again_on_reopen_stays_unusable_and_loses_nothing() {
+    let fs = fault_fs();
+    let store = fail_partition(&fs);
+    // The disk is still failing when the reopen runs recovery.
+    fs.inject(FaultOp::SyncData, 1, Fault::Eio);
+    let failed_again = store.read(&pid("t", 0), &read_from(0));
+    assert!(
+        matches!(&failed_again, Err(StorageError::Io { source, .. }) if source.raw_os_error() == Some(5)),
+        "{failed_again:?}"
+    );
+    // Once the disk is back, the next use reopens and serves what was acknowledged.
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a"]);
+    assert_eq!(append_values(&store, &["b"]).unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_long_poll_on_a_failed_partition_reopens_it_once_its_wait_is_over() {
+    let fs = fault_fs();
+    let store = fail_partition(&fs);
+    // Offset 0 exists ("a"): the reopened partition answers at once instead of an error.
+    let ready = store
+        .wait_for_data(&pid("t", 0), 0, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(ready);
+}
+
 #[test]
 fn a_failed_directory_sync_at_segment_roll_fails_the_append_and_the_next_one_rolls() {
     let fs = fault_fs();

@@ -92,7 +92,10 @@ impl From<StorageError> for ApiError {
             .with("reason", reason.clone()),
             StorageError::Failed { id, reason } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                format!("partition {id} stopped after a disk error ({reason}); restart the daemon to recover it"),
+                format!(
+                    "partition {id} stopped after a disk error ({reason}); it reopens by itself on a use at least {} s later once the disk works again (or restart the daemon)",
+                    narad_storage::DEFAULT_FAILED_REOPEN_AFTER.as_secs()
+                ),
             )
             .with("reason", reason.clone()),
             StorageError::OffsetBelowLogStart { id, requested, log_start } => ApiError::new(

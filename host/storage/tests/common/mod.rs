@@ -20,6 +20,9 @@ pub fn opts(fs: Arc<dyn FileSystem>, clock: Arc<ManualClock>) -> StoreOptions {
         fs,
         clock,
         idle_close_after: Duration::from_secs(60),
+        // Long enough that a failed partition stays failed for a whole test unless the test
+        // asks otherwise.
+        failed_reopen_after: Duration::from_secs(3600),
     }
 }
 
