@@ -164,7 +164,8 @@ pub enum PartitionState {
         /// What was found, naming the file and byte position.
         reason: String,
     },
-    /// Stopped after an unrecoverable `fdatasync` error; a restart runs recovery.
+    /// Stopped after a write or sync error it could not undo; its first use after
+    /// `StoreOptions::failed_reopen_after` (or a restart) runs recovery and reopens it.
     Failed {
         /// The error that stopped it.
         reason: String,
