@@ -635,6 +635,20 @@ fn plugin_test_routes_keys_like_kafka_with_no_daemon() {
         distribution[*p as usize] += 1;
     }
     assert_eq!(v["distribution"], serde_json::json!(distribution));
+    // The plugin's work: every record handed in and decided, with its fuel per record inside
+    // the allowance (the runtime's default).
+    let work = &v["plugins"][0];
+    assert_eq!(work["name"], "key-hash");
+    assert_eq!(work["records_in"], 7);
+    assert_eq!(work["records_decided"], 7);
+    let per_record = work["fuel_per_record"].as_u64().unwrap();
+    assert_eq!(v["fuel_allowance_per_record"], 2000);
+    assert!(per_record > 0 && per_record < 2000, "{work}");
+    assert!(work["fuel_consumed"].as_u64().unwrap() <= 7 * per_record);
+    // One call of seven records: its budget is the documented formula, and it used a sliver.
+    let budget = work["peak_call_budget"].as_u64().unwrap();
+    assert!(budget > 5_000_000 + 7 * 2000, "{work}");
+    assert_eq!(work["peak_call_fuel"], work["fuel_consumed"]);
 
     // The table names every partition with its count.
     let out = narad(
@@ -653,6 +667,13 @@ fn plugin_test_routes_keys_like_kafka_with_no_daemon() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("OFFSET"), "{table}");
     assert!(table.contains("PARTITION  RECORDS"), "{table}");
+    let work = table.lines().find(|l| l.starts_with("key-hash")).unwrap();
+    assert_eq!(
+        work.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["key-hash", "7", "7"],
+        "{table}"
+    );
+    assert!(table.contains("fuel allowance: 2000 per record"), "{table}");
     let alice = table.lines().find(|l| l.contains("\"alice\"")).unwrap();
     assert_eq!(
         alice.split_whitespace().collect::<Vec<_>>(),
@@ -705,6 +726,30 @@ fn plugin_test_runs_a_chain_of_files_and_built_ins_and_reports_failures() {
     );
     assert_eq!(v["records"][1]["partition"], 2);
     assert_eq!(v["records"][2]["partition"], 2);
+    // Each plugin is handed only what is still undecided: key-hash all three, keyless-index the
+    // two keyless records, round-robin nothing.
+    let work: Vec<(String, u64, u64)> = v["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_owned(),
+                p["records_in"].as_u64().unwrap(),
+                p["records_decided"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        work,
+        [
+            ("passthrough".to_owned(), 3, 0),
+            ("key-hash".to_owned(), 3, 1),
+            ("keyless-index".to_owned(), 2, 2),
+            ("round-robin".to_owned(), 0, 0),
+        ]
+    );
+    assert_eq!(v["plugins"][3]["fuel_per_record"], 0);
 
     // key-hash alone leaves keyless records undecided: an error naming the plugin and record.
     let out = narad(&["plugin", "test", "key-hash", "--records", records], None);

@@ -46,6 +46,9 @@ pub struct PluginStats {
     pub log_lines_dropped: u64,
     /// Fuel spent by successful calls (a deterministic measure of the plugin's work).
     pub fuel_consumed: u64,
+    /// The successful call that came closest to its fuel budget, as (fuel spent, budget);
+    /// `(0, 0)` before the first successful call.
+    pub peak_fuel_use: (u64, u64),
     /// Wall-clock time spent in this plugin's calls (encoding its input included), failed
     /// calls too; divided by `calls` it is the mean call duration.
     pub busy: Duration,
@@ -153,6 +156,7 @@ impl Chain {
                     log_lines_emitted: counters.log_lines_emitted,
                     log_lines_dropped: counters.log_lines_dropped,
                     fuel_consumed: counters.fuel_consumed,
+                    peak_fuel_use: counters.peak_fuel_use,
                     busy: m.busy,
                     failures: m.failures,
                 }

@@ -49,6 +49,9 @@ pub struct InstanceCounters {
     pub log_lines_dropped: u64,
     /// Fuel spent by successful `narad_route` calls (deterministic: a function of the slabs).
     pub fuel_consumed: u64,
+    /// The successful call that came closest to its fuel budget, as (fuel spent, budget):
+    /// how much headroom the plugin has. `(0, 0)` before the first successful call.
+    pub peak_fuel_use: (u64, u64),
 }
 
 /// A live instance and its exports.
@@ -150,6 +153,14 @@ impl Instance {
         });
         let spent = self.discard_on_err(result)?;
         self.counters.fuel_consumed += spent;
+        let (peak_spent, peak_budget) = self.counters.peak_fuel_use;
+        // spent/budget > peak_spent/peak_budget, without division (budgets are never zero).
+        if peak_budget == 0
+            || u128::from(spent) * u128::from(peak_budget)
+                > u128::from(peak_spent) * u128::from(budget)
+        {
+            self.counters.peak_fuel_use = (spent, budget);
+        }
         Ok(())
     }
 

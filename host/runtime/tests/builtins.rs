@@ -148,6 +148,30 @@ fn a_full_slab_of_4096_records_routes_within_its_fuel_budget() {
 }
 
 #[test]
+fn the_peak_fuel_use_is_the_call_closest_to_its_budget() {
+    let runtime = runtime();
+    let mut chain = Chain::new([builtin(&runtime, narad_builtin_plugins::KEY_HASH)]).unwrap();
+    assert_eq!(chain.stats()[0].peak_fuel_use, (0, 0));
+    let keys: Vec<Vec<u8>> = (0..4096u32).map(|i| i.to_le_bytes().repeat(4)).collect();
+    let refs: Vec<Option<&[u8]>> = keys.iter().map(|k| Some(k.as_slice())).collect();
+    let one = Slab::new(0, &refs[..1]);
+    let full = Slab::new(0, &refs);
+    chain.route(&ctx(0, 1, "a", 8), &one.records()).unwrap();
+    let after_one = chain.stats()[0].clone();
+    assert_eq!(after_one.peak_fuel_use.0, after_one.fuel_consumed);
+    // A full slab spends a larger share of its (larger) budget than one record of its own:
+    // the per-call fixed work is small next to the fixed budget.
+    chain.route(&ctx(0, 1, "a", 8), &full.records()).unwrap();
+    let after_full = chain.stats()[0].clone();
+    let (spent, budget) = after_full.peak_fuel_use;
+    assert_eq!(spent, after_full.fuel_consumed - after_one.fuel_consumed);
+    assert!(budget > 5_000_000 + 4096 * FUEL_PER_RECORD, "{budget}");
+    // Another small call does not replace the peak.
+    chain.route(&ctx(0, 1, "a", 8), &one.records()).unwrap();
+    assert_eq!(chain.stats()[0].peak_fuel_use, (spent, budget));
+}
+
+#[test]
 fn a_custom_plugin_chains_with_the_builtins() {
     let runtime = runtime();
     let pin = Spec::new("pin-x")

@@ -177,6 +177,31 @@ pub struct TrialOutput {
     pub records: Vec<TrialDecision>,
     /// Records per child partition (index = partition).
     pub distribution: Vec<u64>,
+    /// What each plugin of the chain did, in chain order.
+    pub plugins: Vec<TrialPluginWork>,
+    /// Fuel a call gets per record it is handed (the runtime's default; the daemon's
+    /// `--plugin-fuel-per-record`), on top of a fixed amount per call and an amount per byte.
+    pub fuel_allowance_per_record: u64,
+}
+
+/// One plugin's share of a `narad plugin test` run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrialPluginWork {
+    /// The plugin's manifest name.
+    pub name: String,
+    /// Records handed to it (those still undecided when its turn came).
+    pub records_in: u64,
+    /// Records it decided.
+    pub records_decided: u64,
+    /// Fuel its calls spent (about one unit per Wasm instruction; deterministic).
+    pub fuel_consumed: u64,
+    /// Fuel per record handed in, rounded up (0 when it was handed none). On a small trial
+    /// this includes the per-call work (reading the context and config).
+    pub fuel_per_record: u64,
+    /// Fuel spent by the call that came closest to its budget (0 when it was never called).
+    pub peak_call_fuel: u64,
+    /// That call's fuel budget: `peak_call_fuel / peak_call_budget` is the plugin's headroom.
+    pub peak_call_budget: u64,
 }
 
 /// Runs a plugin command.
@@ -315,11 +340,31 @@ pub fn trial(args: &TestArgs) -> anyhow::Result<TrialOutput> {
             }
         })
         .collect();
+    let plugins = chain
+        .stats()
+        .into_iter()
+        .map(|stats| TrialPluginWork {
+            fuel_per_record: stats
+                .fuel_consumed
+                .checked_div(stats.records_in)
+                .map_or(0, |per| {
+                    per + u64::from(stats.fuel_consumed % stats.records_in != 0)
+                }),
+            peak_call_fuel: stats.peak_fuel_use.0,
+            peak_call_budget: stats.peak_fuel_use.1,
+            name: stats.name,
+            records_in: stats.records_in,
+            records_decided: stats.records_decided,
+            fuel_consumed: stats.fuel_consumed,
+        })
+        .collect();
     Ok(TrialOutput {
         chain: chain_names,
         child_partitions,
         records: decisions,
         distribution: report.distribution,
+        plugins,
+        fuel_allowance_per_record: runtime.limits().fuel.per_record,
     })
 }
 
@@ -452,6 +497,43 @@ fn trial_text(out: &TrialOutput) -> String {
         })
         .collect();
     text.push_str(&table::render(&["PARTITION", "RECORDS", "SHARE"], &rows));
+    text.push('\n');
+    let rows: Vec<Vec<String>> = out
+        .plugins
+        .iter()
+        .map(|p| {
+            let peak = if p.peak_call_budget == 0 {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{:.2}%",
+                    p.peak_call_fuel as f64 * 100.0 / p.peak_call_budget as f64
+                )
+            };
+            vec![
+                p.name.clone(),
+                p.records_in.to_string(),
+                p.records_decided.to_string(),
+                p.fuel_per_record.to_string(),
+                peak,
+            ]
+        })
+        .collect();
+    text.push_str(&table::render(
+        &[
+            "PLUGIN",
+            "RECORDS IN",
+            "DECIDED",
+            "FUEL/RECORD",
+            "OF BUDGET (PEAK CALL)",
+        ],
+        &rows,
+    ));
+    text.push_str(&format!(
+        "fuel allowance: {} per record, plus a fixed amount per call and per input byte \
+         (the daemon's --plugin-fuel-per-record raises it)\n",
+        out.fuel_allowance_per_record
+    ));
     text
 }
 
