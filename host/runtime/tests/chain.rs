@@ -86,14 +86,11 @@ fn the_same_poison_slab_fails_the_same_way_on_replay() {
     assert_eq!(first, second);
 }
 
-#[test]
-fn an_endless_loop_with_unbounded_fuel_is_stopped_by_the_deadline() {
+/// Runs an endless loop under a 30 ms deadline and `fuel`, expecting the deadline to stop it.
+fn assert_deadline_stops_an_endless_loop(fuel: FuelBudget) {
     let limits = Limits {
         deadline: std::time::Duration::from_millis(30),
-        fuel: FuelBudget {
-            base: u64::MAX / 2,
-            ..FuelBudget::DEFAULT
-        },
+        fuel,
         ..Limits::default()
     };
     let runtime = Runtime::new(RuntimeConfig::default().limits(limits)).unwrap();
@@ -105,23 +102,21 @@ fn an_endless_loop_with_unbounded_fuel_is_stopped_by_the_deadline() {
 }
 
 #[test]
+fn an_endless_loop_with_unbounded_fuel_is_stopped_by_the_deadline() {
+    assert_deadline_stops_an_endless_loop(FuelBudget {
+        base: u64::MAX / 2,
+        ..FuelBudget::DEFAULT
+    });
+}
+
+#[test]
 fn a_budget_whose_terms_overflow_still_routes_and_is_still_stopped_by_the_deadline() {
     // An operator may set a huge per-record fuel term (`--plugin-fuel-per-record`): the budget
     // saturates, the engine accepts it, and the deadline remains the backstop.
-    let limits = Limits {
-        deadline: std::time::Duration::from_millis(30),
-        fuel: FuelBudget {
-            per_record: u64::MAX,
-            ..FuelBudget::DEFAULT
-        },
-        ..Limits::default()
-    };
-    let runtime = Runtime::new(RuntimeConfig::default().limits(limits)).unwrap();
-    let err = fail_then_recover(&runtime, Poison::EndlessLoop);
-    assert!(
-        matches!(err.failure, Failure::Deadline { deadline_ms: 30 }),
-        "{err:?}"
-    );
+    assert_deadline_stops_an_endless_loop(FuelBudget {
+        per_record: u64::MAX,
+        ..FuelBudget::DEFAULT
+    });
 }
 
 #[test]

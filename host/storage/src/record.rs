@@ -16,6 +16,24 @@ pub struct Header {
     pub value: Bytes,
 }
 
+/// A record's payload size as limits and metrics count it: key, value, and every header's name
+/// and value (framing excluded).
+fn payload_bytes(key: Option<&Bytes>, value: &Bytes, headers: &[Header]) -> usize {
+    key.map_or(0, Bytes::len)
+        + value.len()
+        + headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len())
+            .sum::<usize>()
+}
+
+impl NewRecord {
+    /// Payload bytes: key + value + header names and values (what record-size limits count).
+    pub fn payload_bytes(&self) -> usize {
+        payload_bytes(self.key.as_ref(), &self.value, &self.headers)
+    }
+}
+
 /// A record to append. `key: None` (absent) is stored differently from `Some(empty)`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct NewRecord {
@@ -170,6 +188,13 @@ pub enum PartitionState {
         /// The error that stopped it.
         reason: String,
     },
+}
+
+impl StoredRecord {
+    /// Payload bytes, counted as [`NewRecord::payload_bytes`] counts them.
+    pub fn payload_bytes(&self) -> usize {
+        payload_bytes(self.key.as_ref(), &self.value, &self.headers)
+    }
 }
 
 /// A partition's figures as `Store::peek` reports them.

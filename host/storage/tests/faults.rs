@@ -7,6 +7,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
@@ -119,10 +120,21 @@ fn enospc_on_fsync_is_handled_like_any_fsync_error() {
     assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a", "b"]);
 }
 
-#[test]
-fn a_partition_whose_truncate_back_also_fails_stops_and_recovers_on_restart() {
-    let fs = fault_fs();
-    let store = open_partition(&fs);
+/// Fails partition t/0 of a store that reopens a failed partition on its first use
+/// `reopen_after` later: "a" is acknowledged, then the append of "x" fails, and so does
+/// truncating back.
+fn fail_partition(fs: &FaultFs, reopen_after: Duration) -> Store {
+    let store = Store::open(
+        Path::new(DATA),
+        narad_storage::StoreOptions {
+            failed_reopen_after: reopen_after,
+            ..opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS)))
+        },
+    )
+    .unwrap();
+    store
+        .create_partition(&pid("t", 0), small_segments(300))
+        .unwrap();
     append_values(&store, &["a"]).unwrap();
     // The append's fsync fails, and so does the fsync after truncating back.
     fs.inject(FaultOp::SyncData, 1, Fault::Eio);
@@ -132,12 +144,20 @@ fn a_partition_whose_truncate_back_also_fails_stops_and_recovers_on_restart() {
         Err(StorageError::Failed { .. })
     ));
     assert!(matches!(
-        append_values(&store, &["y"]),
-        Err(StorageError::Failed { .. })
-    ));
-    assert!(matches!(
         store.peek(&pid("t", 0)).unwrap().state,
         PartitionState::Failed { .. }
+    ));
+    store
+}
+
+#[test]
+fn a_partition_whose_truncate_back_also_fails_stops_and_recovers_on_restart() {
+    let fs = fault_fs();
+    let store = fail_partition(&fs, Duration::from_secs(3600));
+    // Within its wait, it stays failed.
+    assert!(matches!(
+        append_values(&store, &["y"]),
+        Err(StorageError::Failed { .. })
     ));
     drop(store);
     fs.crash(CrashMode::KeepAll);
@@ -146,38 +166,10 @@ fn a_partition_whose_truncate_back_also_fails_stops_and_recovers_on_restart() {
     assert_eq!(append_values(&store, &["b"]).unwrap(), 1);
 }
 
-/// Fails partition t/0 of a store whose failed partitions are reopened on their next use: the
-/// append of "x" fails, and so does truncating back.
-fn fail_partition(fs: &FaultFs) -> Store {
-    let store = Store::open(
-        Path::new(DATA),
-        narad_storage::StoreOptions {
-            failed_reopen_after: std::time::Duration::ZERO,
-            ..opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS)))
-        },
-    )
-    .unwrap();
-    store
-        .create_partition(&pid("t", 0), small_segments(300))
-        .unwrap();
-    append_values(&store, &["a"]).unwrap();
-    fs.inject(FaultOp::SyncData, 1, Fault::Eio);
-    fs.inject(FaultOp::SyncData, 2, Fault::Eio);
-    assert!(matches!(
-        append_values(&store, &["x"]),
-        Err(StorageError::Failed { .. })
-    ));
-    assert!(matches!(
-        store.peek(&pid("t", 0)).unwrap().state,
-        PartitionState::Failed { .. }
-    ));
-    store
-}
-
 #[test]
 fn a_failed_partition_is_reopened_on_its_next_use_once_its_wait_is_over() {
     let fs = fault_fs();
-    let store = fail_partition(&fs);
+    let store = fail_partition(&fs, Duration::ZERO);
     // The wait is zero: the next read runs recovery in place of a restart.
     assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["a"]);
     assert!(!matches!(
@@ -196,7 +188,7 @@ fn a_failed_partition_is_reopened_on_its_next_use_once_its_wait_is_over() {
 #[test]
 fn a_partition_that_fails_again_on_reopen_stays_unusable_and_loses_nothing() {
     let fs = fault_fs();
-    let store = fail_partition(&fs);
+    let store = fail_partition(&fs, Duration::ZERO);
     // The disk is still failing when the reopen runs recovery.
     fs.inject(FaultOp::SyncData, 1, Fault::Eio);
     let failed_again = store.read(&pid("t", 0), &read_from(0));
@@ -212,10 +204,10 @@ fn a_partition_that_fails_again_on_reopen_stays_unusable_and_loses_nothing() {
 #[tokio::test]
 async fn a_long_poll_on_a_failed_partition_reopens_it_once_its_wait_is_over() {
     let fs = fault_fs();
-    let store = fail_partition(&fs);
+    let store = fail_partition(&fs, Duration::ZERO);
     // Offset 0 exists ("a"): the reopened partition answers at once instead of an error.
     let ready = store
-        .wait_for_data(&pid("t", 0), 0, std::time::Duration::from_secs(5))
+        .wait_for_data(&pid("t", 0), 0, Duration::from_secs(5))
         .await
         .unwrap();
     assert!(ready);

@@ -52,7 +52,10 @@ pub async fn produce(
             return Err(not_owned(&state, &id));
         }
     }
-    let bytes: u64 = records.iter().map(|r| record_bytes(&r.record) as u64).sum();
+    let bytes: u64 = records
+        .iter()
+        .map(|r| r.record.payload_bytes() as u64)
+        .sum();
     let placed = state
         .producer
         .produce(&topic.name, topic.partitions, records)
@@ -183,7 +186,7 @@ fn decode_record(
         headers,
         value,
     };
-    let size = record_bytes(&record);
+    let size = record.payload_bytes();
     if size as u64 > limits.max_record_bytes {
         return Err(ApiError::too_large(format!(
             "records[{i}] is {size} bytes (key + value + headers); the limit is {} (max-record-bytes)",
@@ -194,17 +197,6 @@ fn decode_record(
         partition: r.partition,
         record,
     })
-}
-
-/// A record's size as the limits and metrics count it: key + value + header names and values.
-fn record_bytes(record: &NewRecord) -> usize {
-    record.key.as_ref().map_or(0, Bytes::len)
-        + record.value.len()
-        + record
-            .headers
-            .iter()
-            .map(|h| h.name.len() + h.value.len())
-            .sum::<usize>()
 }
 
 fn decode_b64(text: &str) -> Result<Bytes, String> {

@@ -344,12 +344,11 @@ pub fn trial(args: &TestArgs) -> anyhow::Result<TrialOutput> {
         .stats()
         .into_iter()
         .map(|stats| TrialPluginWork {
-            fuel_per_record: stats
-                .fuel_consumed
-                .checked_div(stats.records_in)
-                .map_or(0, |per| {
-                    per + u64::from(stats.fuel_consumed % stats.records_in != 0)
-                }),
+            fuel_per_record: if stats.records_in == 0 {
+                0
+            } else {
+                stats.fuel_consumed.div_ceil(stats.records_in)
+            },
             peak_call_fuel: stats.peak_fuel_use.0,
             peak_call_budget: stats.peak_fuel_use.1,
             name: stats.name,

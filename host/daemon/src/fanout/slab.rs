@@ -37,17 +37,6 @@ pub enum SlabRead {
     },
 }
 
-/// Approximate bytes a record holds, for the slab's byte cap.
-pub fn record_bytes(record: &StoredRecord) -> usize {
-    record.key.as_ref().map_or(0, |k| k.len())
-        + record.value.len()
-        + record
-            .headers
-            .iter()
-            .map(|h| h.name.len() + h.value.len())
-            .sum::<usize>()
-}
-
 async fn read_blocking(
     store: &Arc<Store>,
     id: &PartitionId,
@@ -125,7 +114,7 @@ pub async fn read_slab_with(
     }
 
     let mut high_watermark = first.high_watermark;
-    let mut bytes: usize = first.records.iter().map(record_bytes).sum();
+    let mut bytes: usize = first.records.iter().map(StoredRecord::payload_bytes).sum();
     let mut next = first.next_offset;
     let mut gated = first.not_due.is_some();
     let mut records = first.records;
@@ -151,7 +140,11 @@ pub async fn read_slab_with(
         high_watermark = more.high_watermark;
         gated = more.not_due.is_some();
         next = more.next_offset;
-        bytes += more.records.iter().map(record_bytes).sum::<usize>();
+        bytes += more
+            .records
+            .iter()
+            .map(StoredRecord::payload_bytes)
+            .sum::<usize>();
         records.extend(more.records);
     }
     Ok(SlabRead::Records {
