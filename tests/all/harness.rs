@@ -63,6 +63,8 @@ pub struct Daemon {
     addr: SocketAddr,
     log_path: PathBuf,
     extra_args: Vec<String>,
+    /// A command the daemon is started under (e.g. `prlimit --nofile=256:4096`); empty: none.
+    launcher: Vec<String>,
 }
 
 impl Daemon {
@@ -79,9 +81,55 @@ impl Daemon {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_path: data_dir.with_extension("log"),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            launcher: Vec::new(),
         };
         daemon.spawn();
         daemon
+    }
+
+    /// Like [`Daemon::start_with`], with `narad serve` run by `launcher` (a program and its
+    /// arguments that execs the command after it, such as `prlimit --nofile=256:4096`).
+    pub fn start_under(data_dir: &Path, launcher: &[&str], extra_args: &[&str]) -> Daemon {
+        let mut daemon = Daemon {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path: data_dir.with_extension("log"),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            launcher: launcher.iter().map(|s| s.to_string()).collect(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The listen address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sends SIGTERM and waits up to `within` for the process to exit. Returns its exit status,
+    /// or `None` when it was still running at the deadline (it is then left to `Drop`).
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill -TERM");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     fn spawn(&mut self) {
@@ -92,7 +140,15 @@ impl Daemon {
                 .append(true)
                 .open(&self.log_path)
                 .expect("open daemon log");
-            let child = Command::new(narad_binary())
+            let mut command = match self.launcher.split_first() {
+                Some((program, args)) => {
+                    let mut c = Command::new(program);
+                    c.args(args).arg(narad_binary());
+                    c
+                }
+                None => Command::new(narad_binary()),
+            };
+            let child = command
                 .arg("serve")
                 .arg("--data-dir")
                 .arg(&self.data_dir)

@@ -4,5 +4,13 @@
 
 mod crash_produce;
 mod demo;
+mod disk_damage;
+mod disk_full;
 mod fanout;
+mod file_modes;
 mod harness;
+mod http_limits;
+mod metastore_loss;
+mod plugin_limits;
+mod plugin_text;
+mod torn_tail;

@@ -36,6 +36,21 @@ pub const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 = narad_runtime::FuelBudget::DEFAU
 /// (`FuelBudget::DEFAULT`).
 pub const DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE: u64 =
     narad_runtime::FuelBudget::DEFAULT.per_input_byte;
+/// Default most functions a plugin module may define: the routing runtime's own (10,000;
+/// the built-ins define 82 to 127). Checked before compiling, like the five below.
+pub const DEFAULT_PLUGIN_MAX_FUNCTIONS: u32 = narad_runtime::limits::DEFAULT_MAX_FUNCTIONS;
+/// Default largest plugin function body, in bytes: the runtime's own (128 KiB).
+pub const DEFAULT_PLUGIN_MAX_FUNCTION_BYTES: u32 =
+    narad_runtime::limits::DEFAULT_MAX_FUNCTION_BODY_BYTES;
+/// Default largest plugin code section, in bytes: the runtime's own (4 MiB).
+pub const DEFAULT_PLUGIN_MAX_CODE_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_CODE_BYTES;
+/// Default most locals one plugin function may declare: the runtime's own (2,000).
+pub const DEFAULT_PLUGIN_MAX_LOCALS: u32 = narad_runtime::limits::DEFAULT_MAX_LOCALS_PER_FUNCTION;
+/// Default most types, imports, exports, globals, data and element segments and element items
+/// (each) of a plugin module: the runtime's own (10,000).
+pub const DEFAULT_PLUGIN_MAX_MODULE_ITEMS: u32 = narad_runtime::limits::DEFAULT_MAX_MODULE_ITEMS;
+/// Default most bytes of a plugin module's data segments: the runtime's own (8 MiB).
+pub const DEFAULT_PLUGIN_MAX_DATA_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_DATA_BYTES;
 /// Default most records in one produce request.
 pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
 /// Default most records one fetch returns (a request's `max` is capped to this).
@@ -50,9 +65,28 @@ pub const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 30_000;
 /// Default idle time after which a partition log is closed, in milliseconds (5 min, the
 /// storage crate's default).
 pub const DEFAULT_IDLE_CLOSE_AFTER_MS: u64 = 5 * 60 * 1000;
+/// Default wait before a failed partition is reopened on its next use, in milliseconds (10 s,
+/// the storage crate's `DEFAULT_FAILED_REOPEN_AFTER`).
+pub const DEFAULT_FAILED_REOPEN_AFTER_MS: u64 = 10 * 1000;
 /// Default segment size at which a log rolls to a new segment file, in bytes (128 MiB, the
 /// storage crate's default).
 pub const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
+/// Default most request-body bytes buffered across all requests at once, in bytes: 256 MiB,
+/// four bodies of the default max-request-bytes (64 MiB), so a few large produces run side by
+/// side while the daemon's memory stays bounded whatever the number of clients.
+pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
+/// Default time a client has to send a complete request head, in milliseconds: 10 s, far
+/// above what any client on a working network needs, short enough that slow-header
+/// (slowloris) connections do not pile up.
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default time a keep-alive connection may sit without a request in progress and without a
+/// byte moving, in milliseconds: 5 s (Apache's `KeepAliveTimeout`); clients that come back
+/// later open a new connection.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 5_000;
+/// Default longest wait, after SIGTERM, for HTTP requests still in progress, in milliseconds:
+/// 5 s. Long-polls end at once on shutdown, so only slow uploads and slow readers are cut;
+/// far below systemd's 90 s stop timeout, which leaves room to close the store.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5_000;
 
 /// Errors turning flags, environment and config file into a [`Config`].
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +178,11 @@ pub struct ServeArgs {
     /// milliseconds. [default: 300000 (5 min)]
     #[arg(long, env = "NARAD_IDLE_CLOSE_AFTER_MS", value_name = "MS")]
     pub idle_close_after_ms: Option<u64>,
+    /// A partition that failed (its disk refused a write or a sync) is reopened, with the same
+    /// recovery as a restart, on its first use this long after failing, in milliseconds.
+    /// [default: 10000]
+    #[arg(long, env = "NARAD_FAILED_REOPEN_AFTER_MS", value_name = "MS")]
+    pub failed_reopen_after_ms: Option<u64>,
     /// Segment size at which a partition log rolls to a new file, in bytes.
     /// [default: 134217728 (128 MiB)]
     #[arg(long, env = "NARAD_SEGMENT_BYTES", value_name = "BYTES")]
@@ -167,11 +206,54 @@ pub struct ServeArgs {
     /// asks for them): raise it for plugins that scan payloads. [default: 20]
     #[arg(long, env = "NARAD_PLUGIN_FUEL_PER_INPUT_BYTE", value_name = "UNITS")]
     pub plugin_fuel_per_input_byte: Option<u64>,
+    /// Most functions a plugin module may define. A module over this or any of the five
+    /// limits below is refused before it is compiled (400, reason `module_limit`), at deploy
+    /// and when a stored module is loaded. [default: 10000]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_FUNCTIONS", value_name = "N")]
+    pub plugin_max_functions: Option<u32>,
+    /// Largest function body in a plugin module, in bytes. [default: 131072 (128 KiB)]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_FUNCTION_BYTES", value_name = "BYTES")]
+    pub plugin_max_function_bytes: Option<u32>,
+    /// Largest code section of a plugin module, in bytes. [default: 4194304 (4 MiB)]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_CODE_BYTES", value_name = "BYTES")]
+    pub plugin_max_code_bytes: Option<u64>,
+    /// Most locals one plugin function may declare. [default: 2000]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_LOCALS", value_name = "N")]
+    pub plugin_max_locals: Option<u32>,
+    /// Most types, imports, exports, globals, data segments, element segments and element
+    /// items a plugin module may have, each counted on its own. [default: 10000]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_MODULE_ITEMS", value_name = "N")]
+    pub plugin_max_module_items: Option<u32>,
+    /// Most bytes of a plugin module's data segments together. [default: 8388608 (8 MiB)]
+    #[arg(long, env = "NARAD_PLUGIN_MAX_DATA_BYTES", value_name = "BYTES")]
+    pub plugin_max_data_bytes: Option<u64>,
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
     /// [default: none, no token required]
     #[arg(long, env = "NARAD_AUTH_TOKEN_FILE", value_name = "FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Most request-body bytes buffered across all requests at once; a request that does not
+    /// fit now gets 503 with `Retry-After`, one larger than this alone gets 413.
+    /// [default: 268435456 (256 MiB)]
+    #[arg(long, env = "NARAD_MAX_BUFFERED_REQUEST_BYTES", value_name = "BYTES")]
+    pub max_buffered_request_bytes: Option<u64>,
+    /// Most HTTP connections open at once; a connection over it is answered 503 and closed.
+    /// [default: derived from the descriptor limit: (limit - 1024) / 2, between 64 and 16384]
+    #[arg(long, env = "NARAD_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// Time a client has to send a complete request head, counted from the connection's
+    /// start or the end of the previous answer; slower connections are closed.
+    /// [default: 10000]
+    #[arg(long, env = "NARAD_HEADER_READ_TIMEOUT_MS", value_name = "MS")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// A connection with no request in progress and no byte moving for this long is closed.
+    /// [default: 5000]
+    #[arg(long, env = "NARAD_IDLE_TIMEOUT_MS", value_name = "MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// On SIGTERM/SIGINT, longest wait for requests in progress before their connections are
+    /// dropped; then the store closes and the daemon exits. [default: 5000]
+    #[arg(long, env = "NARAD_SHUTDOWN_GRACE_MS", value_name = "MS")]
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 /// The config file's schema: the same settings as [`ServeArgs`], kebab-case, all optional.
@@ -200,6 +282,8 @@ pub struct FileConfig {
     pub retention_check_interval_ms: Option<u64>,
     /// See `--idle-close-after-ms`.
     pub idle_close_after_ms: Option<u64>,
+    /// See `--failed-reopen-after-ms`.
+    pub failed_reopen_after_ms: Option<u64>,
     /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
     /// See `--plugin-deadline-ms`.
@@ -210,8 +294,30 @@ pub struct FileConfig {
     pub plugin_fuel_per_record: Option<u64>,
     /// See `--plugin-fuel-per-input-byte`.
     pub plugin_fuel_per_input_byte: Option<u64>,
+    /// See `--plugin-max-functions`.
+    pub plugin_max_functions: Option<u32>,
+    /// See `--plugin-max-function-bytes`.
+    pub plugin_max_function_bytes: Option<u32>,
+    /// See `--plugin-max-code-bytes`.
+    pub plugin_max_code_bytes: Option<u64>,
+    /// See `--plugin-max-locals`.
+    pub plugin_max_locals: Option<u32>,
+    /// See `--plugin-max-module-items`.
+    pub plugin_max_module_items: Option<u32>,
+    /// See `--plugin-max-data-bytes`.
+    pub plugin_max_data_bytes: Option<u64>,
     /// See `--auth-token-file`.
     pub auth_token_file: Option<PathBuf>,
+    /// See `--max-buffered-request-bytes`.
+    pub max_buffered_request_bytes: Option<u64>,
+    /// See `--max-connections`.
+    pub max_connections: Option<u32>,
+    /// See `--header-read-timeout-ms`.
+    pub header_read_timeout_ms: Option<u64>,
+    /// See `--idle-timeout-ms`.
+    pub idle_timeout_ms: Option<u64>,
+    /// See `--shutdown-grace-ms`.
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -250,6 +356,8 @@ pub struct Limits {
     pub max_fetch_bytes: u64,
     /// Longest long-poll.
     pub max_wait: Duration,
+    /// Most request-body bytes buffered across all requests at once.
+    pub max_buffered_request_bytes: u64,
 }
 
 impl Default for Limits {
@@ -262,6 +370,31 @@ impl Default for Limits {
             max_fetch_records: DEFAULT_MAX_FETCH_RECORDS,
             max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
             max_wait: Duration::from_millis(DEFAULT_MAX_WAIT_MS),
+            max_buffered_request_bytes: DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
+        }
+    }
+}
+
+/// How the HTTP server treats connections (see `http_server`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Most connections open at once; `None`: derived from the descriptor limit at start.
+    pub max_connections: Option<u32>,
+    /// Time to receive a complete request head.
+    pub header_read_timeout: Duration,
+    /// Time a connection may sit with nothing in progress and no byte moving.
+    pub idle_timeout: Duration,
+    /// Longest wait for requests in progress at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            max_connections: None,
+            header_read_timeout: Duration::from_millis(DEFAULT_HEADER_READ_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
+            shutdown_grace: Duration::from_millis(DEFAULT_SHUTDOWN_GRACE_MS),
         }
     }
 }
@@ -279,12 +412,16 @@ pub struct Config {
     pub retention_check_interval: Duration,
     /// Idle time after which a partition log is closed.
     pub idle_close_after: Duration,
+    /// Wait before a failed partition is reopened on its next use.
+    pub failed_reopen_after: Duration,
     /// Segment roll size in bytes.
     pub segment_bytes: u64,
     /// The bearer token mutating requests must carry; `None`: no token required.
     pub auth_token: Option<crate::api::auth::AuthToken>,
     /// Limits of every routing-plugin call and instance.
     pub plugin_limits: narad_runtime::Limits,
+    /// Connection cap and timeouts of the HTTP server.
+    pub http: HttpLimits,
 }
 
 impl Config {
@@ -296,9 +433,11 @@ impl Config {
             limits: Limits::default(),
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
+            failed_reopen_after: Duration::from_millis(DEFAULT_FAILED_REOPEN_AFTER_MS),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             auth_token: None,
             plugin_limits: narad_runtime::Limits::default(),
+            http: HttpLimits::default(),
         }
     }
 
@@ -364,6 +503,34 @@ impl Config {
                     .or(file.max_wait_ms)
                     .unwrap_or(DEFAULT_MAX_WAIT_MS),
             ),
+            max_buffered_request_bytes: positive(
+                "max-buffered-request-bytes",
+                args.max_buffered_request_bytes
+                    .or(file.max_buffered_request_bytes),
+                DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
+            )?,
+        };
+        let http = HttpLimits {
+            max_connections: args
+                .max_connections
+                .or(file.max_connections)
+                .map(|n| positive("max-connections", Some(n), 1))
+                .transpose()?,
+            header_read_timeout: Duration::from_millis(positive(
+                "header-read-timeout-ms",
+                args.header_read_timeout_ms.or(file.header_read_timeout_ms),
+                DEFAULT_HEADER_READ_TIMEOUT_MS,
+            )?),
+            idle_timeout: Duration::from_millis(positive(
+                "idle-timeout-ms",
+                args.idle_timeout_ms.or(file.idle_timeout_ms),
+                DEFAULT_IDLE_TIMEOUT_MS,
+            )?),
+            shutdown_grace: Duration::from_millis(positive(
+                "shutdown-grace-ms",
+                args.shutdown_grace_ms.or(file.shutdown_grace_ms),
+                DEFAULT_SHUTDOWN_GRACE_MS,
+            )?),
         };
         if limits.max_record_bytes > limits.max_request_bytes {
             return Err(ConfigError::BadValue {
@@ -384,6 +551,11 @@ impl Config {
             "idle-close-after-ms",
             args.idle_close_after_ms.or(file.idle_close_after_ms),
             DEFAULT_IDLE_CLOSE_AFTER_MS,
+        )?);
+        let failed_reopen_after = Duration::from_millis(positive(
+            "failed-reopen-after-ms",
+            args.failed_reopen_after_ms.or(file.failed_reopen_after_ms),
+            DEFAULT_FAILED_REOPEN_AFTER_MS,
         )?);
         let segment_bytes = positive(
             "segment-bytes",
@@ -419,6 +591,40 @@ impl Config {
                     .unwrap_or(DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE),
                 ..narad_runtime::FuelBudget::DEFAULT
             },
+            module: narad_runtime::ModuleLimits {
+                max_functions: positive(
+                    "plugin-max-functions",
+                    args.plugin_max_functions.or(file.plugin_max_functions),
+                    DEFAULT_PLUGIN_MAX_FUNCTIONS,
+                )?,
+                max_function_body_bytes: positive(
+                    "plugin-max-function-bytes",
+                    args.plugin_max_function_bytes
+                        .or(file.plugin_max_function_bytes),
+                    DEFAULT_PLUGIN_MAX_FUNCTION_BYTES,
+                )?,
+                max_code_bytes: positive(
+                    "plugin-max-code-bytes",
+                    args.plugin_max_code_bytes.or(file.plugin_max_code_bytes),
+                    DEFAULT_PLUGIN_MAX_CODE_BYTES,
+                )?,
+                max_locals_per_function: positive(
+                    "plugin-max-locals",
+                    args.plugin_max_locals.or(file.plugin_max_locals),
+                    DEFAULT_PLUGIN_MAX_LOCALS,
+                )?,
+                max_items: positive(
+                    "plugin-max-module-items",
+                    args.plugin_max_module_items
+                        .or(file.plugin_max_module_items),
+                    DEFAULT_PLUGIN_MAX_MODULE_ITEMS,
+                )?,
+                max_data_bytes: positive(
+                    "plugin-max-data-bytes",
+                    args.plugin_max_data_bytes.or(file.plugin_max_data_bytes),
+                    DEFAULT_PLUGIN_MAX_DATA_BYTES,
+                )?,
+            },
             ..narad_runtime::Limits::default()
         };
         Ok(Config {
@@ -427,9 +633,11 @@ impl Config {
             limits,
             retention_check_interval,
             idle_close_after,
+            failed_reopen_after,
             segment_bytes,
             auth_token,
             plugin_limits,
+            http,
         })
     }
 }
@@ -550,6 +758,55 @@ mod tests {
     }
 
     #[test]
+    fn plugin_module_limits_default_to_the_runtimes_and_come_from_flags_or_the_file() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.plugin_limits.module,
+            narad_runtime::ModuleLimits::DEFAULT
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            "plugin-max-functions = 50000\nplugin-max-function-bytes = 1048576\n\
+             plugin-max-code-bytes = 33554432\nplugin-max-locals = 9000\n\
+             plugin-max-module-items = 20000\nplugin-max-data-bytes = 1024\n",
+        )
+        .unwrap();
+        let module = Config::merge(&args, &file).unwrap().plugin_limits.module;
+        assert_eq!(
+            module,
+            narad_runtime::ModuleLimits {
+                max_functions: 50_000,
+                max_function_body_bytes: 1_048_576,
+                max_code_bytes: 33_554_432,
+                max_locals_per_function: 9_000,
+                max_items: 20_000,
+                max_data_bytes: 1024,
+            }
+        );
+        let flags = ServeArgs {
+            plugin_max_functions: Some(70_000),
+            ..args.clone()
+        };
+        let module = Config::merge(&flags, &file).unwrap().plugin_limits.module;
+        assert_eq!(module.max_functions, 70_000);
+        let zero = ServeArgs {
+            plugin_max_code_bytes: Some(0),
+            ..args
+        };
+        assert!(matches!(
+            Config::merge(&zero, &FileConfig::default()),
+            Err(ConfigError::BadValue {
+                key: "plugin-max-code-bytes",
+                ..
+            })
+        ));
+    }
+
+    #[test]
     fn plugin_fuel_terms_default_to_the_runtimes_and_come_from_flags_or_the_file() {
         let args = ServeArgs {
             data_dir: Some("/d".into()),
@@ -631,6 +888,62 @@ mod tests {
         };
         let err = Config::merge(&missing, &FileConfig::default()).unwrap_err();
         assert!(matches!(err, ConfigError::AuthToken(_)));
+    }
+
+    #[test]
+    fn http_limits_and_the_body_budget_default_and_are_read_from_flags_or_the_file() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(config.http, HttpLimits::default());
+        assert_eq!(config.http.max_connections, None);
+        assert_eq!(
+            config.limits.max_buffered_request_bytes,
+            DEFAULT_MAX_BUFFERED_REQUEST_BYTES
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            "max-buffered-request-bytes = 8388608\nmax-connections = 50\n\
+             header-read-timeout-ms = 1000\nidle-timeout-ms = 2000\nshutdown-grace-ms = 3000\n",
+        )
+        .unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(config.limits.max_buffered_request_bytes, 8_388_608);
+        assert_eq!(
+            config.http,
+            HttpLimits {
+                max_connections: Some(50),
+                header_read_timeout: Duration::from_millis(1000),
+                idle_timeout: Duration::from_millis(2000),
+                shutdown_grace: Duration::from_millis(3000),
+            }
+        );
+        let flags = ServeArgs {
+            max_connections: Some(7),
+            ..args.clone()
+        };
+        assert_eq!(
+            Config::merge(&flags, &file).unwrap().http.max_connections,
+            Some(7)
+        );
+        for zero in [
+            ServeArgs {
+                max_connections: Some(0),
+                ..args.clone()
+            },
+            ServeArgs {
+                idle_timeout_ms: Some(0),
+                ..args.clone()
+            },
+            ServeArgs {
+                max_buffered_request_bytes: Some(0),
+                ..args.clone()
+            },
+        ] {
+            assert!(Config::merge(&zero, &FileConfig::default()).is_err());
+        }
     }
 
     #[test]

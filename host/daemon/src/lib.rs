@@ -8,13 +8,17 @@
 //! - [`ownership`]: which node owns a partition (on one node: this one, always).
 //! - [`produce`]: placement (explicit, Kafka key hash, round-robin) and the one commit path to a
 //!   partition log, shared by produce and (later) child commits.
-//! - [`topics`]: topic administration keeping metastore and partition directories in step.
+//! - [`topics`]: topic administration keeping metastore and partition directories in step:
+//!   intent records, start-up accounting of `topics/`, the set-aside area, the metastore
+//!   rebuild; `durable`: the atomic small-file write they use.
 //! - [`fanout`]: the cursors that copy a parent partition into a child (read, route, commit,
 //!   advance), with the delay gate, drop-behind and lag reporting.
 //! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
 //! - [`plugins`]: the plugin registry (content-addressed modules, versions, resolve, load).
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
+//! - [`http_server`]: the HTTP accept loop: connection cap, header and idle timeouts, a
+//!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start.
 //! - [`bench`]: `narad bench`, end-to-end measurements of produce and fan-out against raw
 //!   write + `fdatasync` loops.
 //! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
@@ -29,7 +33,10 @@ pub mod api;
 pub mod bench;
 pub mod cli;
 pub mod config;
+mod durable;
 pub mod fanout;
+pub mod fdlimit;
+pub mod http_server;
 pub mod metastore;
 pub mod ownership;
 pub mod plugins;

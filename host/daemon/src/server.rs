@@ -2,8 +2,9 @@
 //! partition, serve the API, run the background loops, and close everything cleanly.
 //!
 //! [`run_server`] returns as soon as the listener is bound (with its address, so tests can bind
-//! port 0); [`RunningServer::wait`] resolves after a shutdown once in-flight requests finished,
-//! the background loops stopped and the store closed (its high-watermark files written).
+//! port 0); [`RunningServer::wait`] resolves after a shutdown once in-flight requests finished
+//! (or the shutdown grace ran out and their connections were dropped, see `http_server`), the
+//! background loops stopped and the store closed (its high-watermark files written).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use crate::plugins::{PluginRegistry, RegistryError};
 use crate::produce::Producer;
 use crate::reconciler::{FanoutView, Reconciler};
 use crate::shutdown::ShutdownSignal;
-use crate::topics::{TopicService, log_config};
+use crate::topics::{TopicService, log_config, startup};
 
 /// Errors starting or running the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,10 @@ pub enum ServerError {
     /// The metastore file is corrupt, missing beside its backup, too new, or unreadable.
     #[error(transparent)]
     Metastore(#[from] MetastoreError),
+    /// The topic directories on disk cannot be accounted for (a lost metastore) or could not
+    /// be set aside.
+    #[error(transparent)]
+    Startup(#[from] startup::StartupError),
     /// The plugin registry could not open (content store, runtime, built-ins).
     #[error("cannot open the plugin registry: {0}")]
     Plugins(#[from] RegistryError),
@@ -59,9 +64,6 @@ pub enum ServerError {
         /// Why (in use, permission, ...).
         source: std::io::Error,
     },
-    /// The HTTP server stopped with an I/O error.
-    #[error("HTTP server failed: {0}")]
-    Serve(std::io::Error),
     /// A task of the daemon panicked or was cancelled.
     #[error("daemon task failed: {0}")]
     Task(String),
@@ -95,7 +97,15 @@ pub async fn run_server(
     shutdown: ShutdownSignal,
 ) -> Result<RunningServer, ServerError> {
     let data_dir = config.data_dir.clone();
-    std::fs::create_dir_all(&data_dir).map_err(|source| ServerError::DataDir {
+    // Owner-only whatever the umask (missing parents too); the store tightens an existing one.
+    let created = {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&data_dir)
+    };
+    created.map_err(|source| ServerError::DataDir {
         path: data_dir.clone(),
         source,
     })?;
@@ -103,9 +113,15 @@ pub async fn run_server(
     let (store, metastore) = {
         let data_dir = data_dir.clone();
         let idle_close_after = config.idle_close_after;
+        let failed_reopen_after = config.failed_reopen_after;
         let segment_bytes = config.segment_bytes;
         tokio::task::spawn_blocking(move || {
-            open_data_dir(&data_dir, idle_close_after, segment_bytes)
+            open_data_dir(
+                &data_dir,
+                idle_close_after,
+                failed_reopen_after,
+                segment_bytes,
+            )
         })
         .await
         .map_err(|e| ServerError::Task(e.to_string()))??
@@ -146,6 +162,8 @@ pub async fn run_server(
     fanout_metrics.register(&mut registry);
     plugin_metrics.register(&mut registry);
     api_metrics.register(&mut registry);
+    let http_metrics = Arc::new(crate::http_server::HttpMetrics::default());
+    http_metrics.register(&mut registry);
     let fanout_view = Arc::new(FanoutView::default());
     let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
     let reconciler = {
@@ -216,14 +234,17 @@ pub async fn run_server(
         },
     );
 
+    let derived_cap = || crate::fdlimit::default_max_connections(crate::fdlimit::current());
+    let http_options = crate::http_server::ServeOptions {
+        max_connections: config.http.max_connections.unwrap_or_else(derived_cap),
+        header_read_timeout: config.http.header_read_timeout,
+        idle_timeout: config.http.idle_timeout,
+        shutdown_grace: config.http.shutdown_grace,
+    };
     tracing::info!(addr = %local_addr, data_dir = %data_dir.display(), "narad serving");
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown({
-                let shutdown = shutdown.clone();
-                async move { shutdown.wait().await }
-            })
-            .await;
+        // Returns at most the shutdown grace after the signal, whatever clients do.
+        crate::http_server::serve(listener, app, http_options, shutdown, http_metrics).await;
         // The loops see the same signal; wait for them before closing the store under them.
         // Cursors stop before the store closes under them; a cursor cut short repeats its
         // slab on the next start.
@@ -233,7 +254,6 @@ pub async fn run_server(
         let closed = tokio::task::spawn_blocking(move || store.close())
             .await
             .map_err(|e| ServerError::Task(e.to_string()))?;
-        served.map_err(ServerError::Serve)?;
         closed?;
         tracing::info!("narad stopped; store closed cleanly");
         Ok(())
@@ -242,42 +262,42 @@ pub async fn run_server(
 }
 
 /// Opens the store (taking the data-dir lock first, so a second daemon stops before reading
-/// anything), the metastore, registers every partition the metastore names, and removes topic
-/// directories the metastore does not name (left by a crash inside a create or a delete).
+/// anything) and the metastore, accounts for every directory of `topics/` (finishing or
+/// undoing interrupted changes from their intent records, setting aside what nothing explains,
+/// refusing a lost metastore: [`crate::topics::startup`]), then registers every partition the
+/// metastore names.
 fn open_data_dir(
     data_dir: &std::path::Path,
     idle_close_after: Duration,
+    failed_reopen_after: Duration,
     segment_bytes: u64,
 ) -> Result<(Store, FileMetastore), ServerError> {
     let store = Store::open(
         data_dir,
         StoreOptions {
             idle_close_after,
+            failed_reopen_after,
             ..StoreOptions::default()
         },
     )?;
     let metastore = FileMetastore::open(data_dir)?;
     let snapshot = metastore.snapshot_now();
+    let report = startup::reconcile(
+        &store,
+        &snapshot.topics,
+        metastore.started_empty(),
+        crate::topics::now_ms(),
+    )?;
+    if !report.set_aside.is_empty() {
+        tracing::warn!(
+            entries = report.set_aside.len(),
+            "directories were set aside at start; see `narad admin set-aside list`"
+        );
+    }
     for topic in snapshot.topics.values() {
         let config = log_config(topic, segment_bytes);
         for p in 0..topic.partitions {
             store.create_partition(&PartitionId::new(topic.name.clone(), p), config.clone())?;
-        }
-    }
-    let topics_dir = data_dir.join("topics");
-    if let Ok(entries) = std::fs::read_dir(&topics_dir) {
-        for entry in entries.flatten() {
-            let Ok(name) = entry.file_name().into_string() else {
-                continue;
-            };
-            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            if is_dir
-                && !snapshot.topics.contains_key(&name)
-                && narad_storage::validate_topic_name(&name).is_ok()
-            {
-                tracing::warn!(topic = %name, "removing files of a topic the metastore does not know (an interrupted create or delete)");
-                store.delete_topic(&name)?;
-            }
         }
     }
     Ok((store, metastore))

@@ -584,3 +584,129 @@ async fn a_cursor_ahead_of_a_wiped_child_is_rewound_and_redelivers() {
     running.stop.trigger();
     running.task.await.unwrap();
 }
+
+/// Closes the parent log for idleness, then loses its last record the way a crash can: the
+/// high-watermark file deleted and the last frame torn. The next open cuts it.
+async fn tear_the_parents_last_record(f: &Fixture) {
+    let parent = PartitionId::new("parent", 0);
+    wait_for("the parent log to close", || {
+        f.clock.advance(10 * 60 * 1000);
+        f.store.close_idle();
+        f.store.peek(&parent).unwrap().state == narad_storage::PartitionState::Closed
+    })
+    .await;
+    let dir = std::path::Path::new("/data/topics/parent/p00000");
+    f.fault.remove_file(&dir.join("high-watermark")).unwrap();
+    let mut segments: Vec<_> = f
+        .fault
+        .read_dir(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.name.ends_with(".log"))
+        .map(|e| dir.join(e.name))
+        .collect();
+    segments.sort();
+    let last = segments.pop().unwrap();
+    let file = f
+        .fault
+        .open(&last, narad_storage::fs::OpenMode::ReadWrite)
+        .unwrap();
+    file.set_len(file.len().unwrap() - 3).unwrap();
+    file.sync_data().unwrap();
+}
+
+/// Appends `new-0`, `new-1`, ... to the parent, asserting they get the offsets from `first` on.
+fn produce_new(store: &Store, first: u64, count: u64) {
+    for i in 0..count {
+        let record = NewRecord {
+            key: Some(Bytes::from_static(b"k")),
+            headers: Vec::new(),
+            value: Bytes::from(format!("new-{i}")),
+        };
+        let appended = store
+            .append(
+                &PartitionId::new("parent", 0),
+                AppendBatch {
+                    records: vec![record],
+                    origin: None,
+                },
+            )
+            .unwrap();
+        assert_eq!(appended.base_offset, first + i, "the lost offset is reused");
+    }
+}
+
+fn assert_child_has_new(store: &Store, count: u64) {
+    let copied = child_values(store, 0);
+    for i in 0..count {
+        assert!(
+            copied.contains(&format!("new-{i}")),
+            "new-{i} never reached the child: {copied:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reused_offsets() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..30);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the first copy", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    // Hold the cursor in a delivery (the child is down) so it does not touch the parent log.
+    f.committer.down[0].store(true, Ordering::SeqCst);
+    produce(&f.store, 30..31);
+    wait_for("the cursor to stall", || {
+        running.status.report().state == CursorState::Stalled
+    })
+    .await;
+    tear_the_parents_last_record(&f).await;
+
+    // The slab in hand (offset 30) is delivered; the next read at 31 reopens the parent, which
+    // now ends at 30.
+    f.committer.down[0].store(false, Ordering::SeqCst);
+    wait_for("the rewind to the parent's end", || {
+        let report = running.status.report();
+        report.parent_end_rewinds == 1 && report.next_offset == Some(30)
+    })
+    .await;
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(30));
+    produce_new(&f.store, 30, 3);
+    wait_for("the new records to be copied", || {
+        running.status.report().next_offset == Some(33)
+    })
+    .await;
+    assert_child_has_new(&f.store, 3);
+    running.stop.trigger();
+    running.task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_first_reused_one() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..30);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the first copy", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    running.stop.trigger();
+    running.task.await.unwrap();
+    f.metastore.detach_link("parent", "child").await.unwrap();
+
+    // The parent loses record 29 and gets three new records (29, 30, 31) before the cursor
+    // starts again: its position, 30, is not past the parent's end any more.
+    tear_the_parents_last_record(&f).await;
+    produce_new(&f.store, 29, 3);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the new records to be copied", || {
+        running.status.report().next_offset == Some(32)
+    })
+    .await;
+    assert_child_has_new(&f.store, 3);
+    assert_eq!(running.status.report().parent_end_rewinds, 1);
+    running.stop.trigger();
+    running.task.await.unwrap();
+}

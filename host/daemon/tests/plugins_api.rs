@@ -37,6 +37,8 @@ struct Wat {
     /// Body of `narad_route` before it returns 0 (locals: `$in`, `$len`, `$out`).
     route: &'static str,
     memory_pages: u32,
+    /// Empty functions added beyond the ABI's, to make the module bigger.
+    extra_functions: usize,
 }
 
 impl Wat {
@@ -49,6 +51,7 @@ impl Wat {
             omit_export: None,
             route: "",
             memory_pages: 2,
+            extra_functions: 0,
         }
     }
 
@@ -90,8 +93,10 @@ impl Wat {
     {route}
     (i32.const 0))
   {e1} {e2} {e3} {e4} {e5}
+  {extra}
   (@custom "narad.manifest" "{manifest}")
 )"#,
+            extra = "(func)".repeat(self.extra_functions),
             import = self.import,
             pages = self.memory_pages,
             abi = self.abi_version,
@@ -564,6 +569,206 @@ async fn a_stored_module_altered_on_disk_is_never_loaded() {
         registry.load(&"ab".repeat(32)),
         Err(RegistryError::NotStored { .. })
     ));
+}
+
+// ---- compile bombs and compiles ----
+
+/// A module of `count` empty functions, written in the binary format (a WAT text of a million
+/// functions would take longer to parse than the check it tests).
+fn empty_functions(count: usize) -> Vec<u8> {
+    fn leb(mut value: u64, out: &mut Vec<u8>) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            if value == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, contents: Vec<u8>, out: &mut Vec<u8>) {
+        out.push(id);
+        leb(contents.len() as u64, out);
+        out.extend(contents);
+    }
+    let mut out = b"\0asm\x01\0\0\0".to_vec();
+    section(1, vec![1, 0x60, 0, 0], &mut out);
+    let mut functions = Vec::new();
+    leb(count as u64, &mut functions);
+    functions.resize(functions.len() + count, 0);
+    section(3, functions, &mut out);
+    let mut code = Vec::new();
+    leb(count as u64, &mut code);
+    for _ in 0..count {
+        code.extend_from_slice(&[2, 0, 0x0b]);
+    }
+    section(10, code, &mut out);
+    out
+}
+
+/// The compiled-code files in `{data_dir}/cache/` of `digest`.
+fn compiled_files(data_dir: &Path, digest: &str) -> usize {
+    fs::read_dir(data_dir.join("cache"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(digest)
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_compile_bomb_is_refused_with_a_400_naming_the_limit_and_the_flag_that_raises_it() {
+    let d = Daemon::start().await;
+    let bomb = empty_functions(999_000);
+    let digest = Digest::of(&bomb).to_hex();
+    let (status, body) = deploy(&d, Some("bomb"), bomb).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["reason"], "module_limit", "{body}");
+    assert_eq!(body["limit"], "functions", "{body}");
+    assert_eq!(body["flag"], "--plugin-max-functions", "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("999000") && message.contains("10000"),
+        "{message}"
+    );
+    assert!(message.contains("NARAD_PLUGIN_MAX_FUNCTIONS"), "{message}");
+    // Nothing was stored or compiled.
+    assert!(!stored_file(&d.dir, &digest).exists());
+    assert_eq!(compiled_files(&d.dir, &digest), 0);
+    assert!(!listed(&d).await.iter().any(|p| p["name"] == "bomb"));
+}
+
+#[tokio::test]
+async fn raising_the_function_limit_lets_a_bigger_plugin_deploy() {
+    let big = Wat {
+        extra_functions: 200,
+        ..Wat::new("big")
+    };
+    let d = Daemon::start_with(|config| config.plugin_limits.module.max_functions = 150).await;
+    let (status, body) = deploy(&d, None, big.wasm()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["limit"], "functions", "{body}");
+    d.stop().await;
+    let d = Daemon::start_with(|config| config.plugin_limits.module.max_functions = 250).await;
+    let (status, body) = deploy(&d, None, big.wasm()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_with_an_emptied_compiled_cache_compiles_nothing() {
+    let d = Daemon::start().await;
+    let mut digests = Vec::new();
+    for name in ["listed-a", "listed-b"] {
+        let (status, body) = deploy(&d, None, Wat::new(name).wasm()).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        digests.push(body["digest"].as_str().unwrap().to_owned());
+    }
+    let dir = d.dir.clone();
+    let _temp = d.stop().await;
+    // Documented as safe, and what every wasmtime upgrade does.
+    fs::remove_dir_all(dir.join("cache")).unwrap();
+    let d = Daemon::start_config(test_config(&dir)).await.unwrap();
+    let d = Arc::new(d);
+    let lists: Vec<_> = (0..3)
+        .map(|_| {
+            let d = Arc::clone(&d);
+            tokio::spawn(async move { listed(&d).await })
+        })
+        .collect();
+    for list in lists {
+        let plugins = list.await.unwrap();
+        for (name, digest) in ["listed-a", "listed-b"].iter().zip(&digests) {
+            let p = plugins.iter().find(|p| p["name"] == *name).unwrap();
+            assert_eq!(&p["digest"], digest);
+            // Read from the manifest, without compiling.
+            assert_eq!(p["manifest_name"], *name);
+            assert_eq!(p["needs"], serde_json::json!(["keys"]));
+            assert!(p.get("load_error").is_none(), "{p}");
+        }
+    }
+    for digest in &digests {
+        assert_eq!(compiled_files(&dir, digest), 0, "listing compiled {digest}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_loads_of_one_stored_module_compile_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, registry) = open_registry(dir.path()).await;
+    let version = registry
+        .deploy("shared", Wat::new("shared").wasm())
+        .await
+        .unwrap();
+    drop(registry);
+    fs::remove_dir_all(dir.path().join("cache")).unwrap();
+    let (_, registry) = open_registry(dir.path()).await;
+    let registry = Arc::new(registry);
+    // Opening compiled the built-ins (the cache was empty).
+    let before = registry.runtime().compiles();
+    let loads: Vec<_> = (0..8)
+        .map(|_| {
+            let (registry, digest) = (Arc::clone(&registry), version.digest.clone());
+            tokio::task::spawn_blocking(move || registry.load(&digest).map(|p| p.digest()))
+        })
+        .collect();
+    for load in loads {
+        assert_eq!(load.await.unwrap().unwrap().to_hex(), version.digest);
+    }
+    assert_eq!(registry.runtime().compiles() - before, 1);
+}
+
+#[tokio::test]
+async fn a_stored_module_over_todays_limits_fails_its_load_and_stays_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, registry) = open_registry(dir.path()).await;
+    let big = Wat {
+        extra_functions: 200,
+        ..Wat::new("stored-big")
+    };
+    let version = registry.deploy("stored-big", big.wasm()).await.unwrap();
+    drop(registry);
+    // An upgrade (or an operator) lowered the limit below what the stored module has; the
+    // built-ins (127 functions at most) still fit.
+    let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir.path()).unwrap());
+    let limits = Limits {
+        module: narad_runtime::ModuleLimits {
+            max_functions: 150,
+            ..narad_runtime::ModuleLimits::DEFAULT
+        },
+        ..Limits::default()
+    };
+    let registry = PluginRegistry::open(dir.path(), metastore, limits)
+        .await
+        .unwrap();
+    let err = registry.load(&version.digest).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegistryError::StoredRefused {
+                source: LoadError::ModuleLimit {
+                    limit: narad_runtime::ModuleLimit::Functions,
+                    ..
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("--plugin-max-functions"), "{err}");
+    assert!(stored_file(dir.path(), &version.digest).exists());
+    let described = registry.describe(&version.digest);
+    assert!(
+        described
+            .load_error
+            .as_deref()
+            .is_some_and(|e| e.contains("functions limit")),
+        "{described:?}"
+    );
 }
 
 // ---- CLI ----

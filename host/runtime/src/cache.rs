@@ -19,11 +19,13 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 use wasmtime::{Engine, Module};
 
+use crate::gate::CompileGate;
 use crate::plugin::Digest;
 
 const MAGIC: &[u8; 4] = b"NRC1";
@@ -48,7 +50,11 @@ pub(crate) struct ModuleCache {
 
 impl ModuleCache {
     pub(crate) fn new(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
-        fs::create_dir_all(&dir)?;
+        // Owner-only whatever the umask: the cache lives in the daemon's data directory.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
         Ok(ModuleCache {
             dir,
             fingerprint: fingerprint(engine),
@@ -62,11 +68,12 @@ impl ModuleCache {
     }
 
     /// Loads the compiled form of `wasm` (whose sha256 is `digest`) from the cache, or
-    /// compiles it and stores it. Only compilation errors are returned; cache I/O problems
-    /// are logged and bypassed.
+    /// compiles it (under a permit of `gate`) and stores it. Only compilation errors are
+    /// returned; cache I/O problems are logged and bypassed.
     pub(crate) fn load_or_compile(
         &self,
         engine: &Engine,
+        gate: &CompileGate,
         digest: &Digest,
         wasm: &[u8],
     ) -> wasmtime::Result<(Module, CacheOutcome)> {
@@ -86,7 +93,7 @@ impl ModuleCache {
                 "cannot read compiled-module cache file; recompiling"
             ),
         }
-        let module = Module::from_binary(engine, wasm)?;
+        let module = gate.compile(|| Module::from_binary(engine, wasm))?;
         if let Err(e) = self.store(&path, &module) {
             tracing::warn!(
                 path = %path.display(),
@@ -101,7 +108,12 @@ impl ModuleCache {
         let serialized = module.serialize().map_err(std::io::Error::other)?;
         let checksum = Sha256::digest(&serialized);
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let mut file = fs::File::create(&tmp)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         file.write_all(MAGIC)?;
         file.write_all(&checksum)?;
         file.write_all(&serialized)?;

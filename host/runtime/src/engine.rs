@@ -1,7 +1,8 @@
 //! The wasmtime engine every plugin of a node runs on.
 //!
 //! One [`Runtime`] per daemon: Cranelift, fuel metering, epoch interruption with one ticker
-//! thread, a stack limit, the `narad.log` linker, and the compiled-module cache. Cloning a
+//! thread, a stack limit, the `narad.log` linker, the compiled-module cache, and the compile
+//! gate (single flight per digest, [`DEFAULT_COMPILE_CONCURRENCY`] compiles at once). Cloning a
 //! runtime is cheap (an `Arc`); the ticker stops when the last clone, plugin and instance
 //! are gone.
 //!
@@ -16,18 +17,40 @@ use wasmtime::{Config, Engine, Linker, OptLevel};
 
 use crate::cache::ModuleCache;
 use crate::error::EngineError;
+use crate::gate::CompileGate;
 use crate::instance::HostState;
 use crate::limits::Limits;
 use crate::ticker::{EpochTicker, deadline_ticks};
 
+/// Default most compiles a runtime runs at once: 1. A compile runs on one thread (wasmtime is
+/// built without its `parallel-compilation` feature), so one compile at a time keeps at most
+/// one core busy compiling and leaves the others (one, on the 2-core nodes this targets) to
+/// routing and I/O. Compiles are rare: a deploy, or a first load with an empty cache. A load
+/// waiting for the permit waits at most the compile time of the modules ahead of it, which
+/// the module limits bound (see [`crate::limits::ModuleLimits`]).
+pub const DEFAULT_COMPILE_CONCURRENCY: usize = 1;
+
 /// How to build a [`Runtime`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RuntimeConfig {
-    /// Limits of every instance and call (defaults: 100 ms deadline, 64 MiB memory).
+    /// Limits of every instance and call (defaults: 100 ms deadline, 64 MiB memory), and of
+    /// the modules it compiles.
     pub limits: Limits,
     /// Directory of the compiled-module cache (e.g. `{data_dir}/plugins/cache`); `None`
     /// compiles every module in memory (tests, `narad plugin test`).
     pub cache_dir: Option<PathBuf>,
+    /// Most compiles at once (default [`DEFAULT_COMPILE_CONCURRENCY`]; 0 counts as 1).
+    pub compile_concurrency: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            limits: Limits::default(),
+            cache_dir: None,
+            compile_concurrency: DEFAULT_COMPILE_CONCURRENCY,
+        }
+    }
 }
 
 impl RuntimeConfig {
@@ -61,6 +84,8 @@ pub(crate) struct RuntimeInner {
     pub(crate) limits: Limits,
     pub(crate) deadline_ticks: u64,
     pub(crate) cache: Option<ModuleCache>,
+    /// Single flight per digest and the compile permits.
+    pub(crate) gate: CompileGate,
     // Last field: dropped after the rest; stops the epoch thread.
     _ticker: EpochTicker,
 }
@@ -93,6 +118,9 @@ impl Runtime {
             // Determinism across nodes and replays.
             .wasm_relaxed_simd(false)
             .cranelift_nan_canonicalization(true)
+            // Compile cost is bounded before compiling (`precheck`) and by the compile
+            // permits; wasmtime is built without `parallel-compilation`, so one compile uses
+            // one thread.
             // One memory per plugin; nothing needs more.
             .wasm_multi_memory(false)
             .wasm_memory64(false);
@@ -118,6 +146,7 @@ impl Runtime {
                 linker,
                 limits,
                 cache,
+                gate: CompileGate::new(config.compile_concurrency),
                 _ticker: ticker,
             }),
         })
@@ -126,5 +155,11 @@ impl Runtime {
     /// The limits every instance and call runs under.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// How many modules this runtime has compiled since it was built (loads served from the
+    /// compiled-module cache, or by waiting for a load of the same digest, do not count).
+    pub fn compiles(&self) -> u64 {
+        self.inner.gate.compiles()
     }
 }

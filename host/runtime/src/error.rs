@@ -43,8 +43,108 @@ pub enum EngineError {
     InvalidLimit(&'static str),
 }
 
+/// Which of the [`crate::limits::ModuleLimits`] (or of the declared memory and table sizes) a
+/// module broke; a stable snake_case name ([`ModuleLimit::as_str`]) for APIs and messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ModuleLimit {
+    /// Defined functions ([`crate::limits::ModuleLimits::max_functions`]).
+    Functions,
+    /// Bytes of one function body ([`crate::limits::ModuleLimits::max_function_body_bytes`]).
+    FunctionBodyBytes,
+    /// Bytes of the code section ([`crate::limits::ModuleLimits::max_code_bytes`]).
+    CodeBytes,
+    /// Declared locals of one function
+    /// ([`crate::limits::ModuleLimits::max_locals_per_function`]).
+    LocalsPerFunction,
+    /// Type section entries ([`crate::limits::ModuleLimits::max_items`]).
+    Types,
+    /// Imports ([`crate::limits::ModuleLimits::max_items`]).
+    Imports,
+    /// Exports ([`crate::limits::ModuleLimits::max_items`]).
+    Exports,
+    /// Defined globals ([`crate::limits::ModuleLimits::max_items`]).
+    Globals,
+    /// Data segments ([`crate::limits::ModuleLimits::max_items`]).
+    DataSegments,
+    /// Element segments ([`crate::limits::ModuleLimits::max_items`]).
+    ElementSegments,
+    /// Items of all element segments ([`crate::limits::ModuleLimits::max_items`]).
+    ElementItems,
+    /// Bytes of all data segments ([`crate::limits::ModuleLimits::max_data_bytes`]).
+    DataBytes,
+    /// Memories declared or imported ([`crate::limits::MAX_MEMORIES`]).
+    Memories,
+    /// Tables declared or imported ([`crate::limits::MAX_TABLES`]).
+    Tables,
+    /// A memory's declared minimum size against [`crate::Limits::memory_bytes`].
+    MemoryMinimumBytes,
+    /// A table's declared minimum size against [`crate::Limits::table_elements`].
+    TableMinimumElements,
+}
+
+impl ModuleLimit {
+    /// The stable snake_case name (`functions`, `function_body_bytes`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModuleLimit::Functions => "functions",
+            ModuleLimit::FunctionBodyBytes => "function_body_bytes",
+            ModuleLimit::CodeBytes => "code_bytes",
+            ModuleLimit::LocalsPerFunction => "locals_per_function",
+            ModuleLimit::Types => "types",
+            ModuleLimit::Imports => "imports",
+            ModuleLimit::Exports => "exports",
+            ModuleLimit::Globals => "globals",
+            ModuleLimit::DataSegments => "data_segments",
+            ModuleLimit::ElementSegments => "element_segments",
+            ModuleLimit::ElementItems => "element_items",
+            ModuleLimit::DataBytes => "data_bytes",
+            ModuleLimit::Memories => "memories",
+            ModuleLimit::Tables => "tables",
+            ModuleLimit::MemoryMinimumBytes => "memory_minimum_bytes",
+            ModuleLimit::TableMinimumElements => "table_minimum_elements",
+        }
+    }
+
+    /// What the counted value is, in words, for messages ("defined functions", ...).
+    fn counted(self) -> &'static str {
+        match self {
+            ModuleLimit::Functions => "defined functions",
+            ModuleLimit::FunctionBodyBytes => "bytes in one function body",
+            ModuleLimit::CodeBytes => "bytes of code",
+            ModuleLimit::LocalsPerFunction => "locals declared in one function",
+            ModuleLimit::Types => "types",
+            ModuleLimit::Imports => "imports",
+            ModuleLimit::Exports => "exports",
+            ModuleLimit::Globals => "globals",
+            ModuleLimit::DataSegments => "data segments",
+            ModuleLimit::ElementSegments => "element segments",
+            ModuleLimit::ElementItems => "element segment items",
+            ModuleLimit::DataBytes => "bytes of data segments",
+            ModuleLimit::Memories => "memories",
+            ModuleLimit::Tables => "tables",
+            ModuleLimit::MemoryMinimumBytes => "bytes of declared minimum memory",
+            ModuleLimit::TableMinimumElements => "elements of declared minimum table size",
+        }
+    }
+}
+
+impl fmt::Display for ModuleLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// " (function N of the code section)" when a function is named, else nothing.
+fn at_function(function: &Option<u32>) -> String {
+    match function {
+        Some(index) => format!(" (function {index} of the code section)"),
+        None => String::new(),
+    }
+}
+
 /// A plugin was refused at load (deploy) time. Every variant names what is wrong.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
     /// The bytes do not start with the Wasm magic `\0asm`.
@@ -57,6 +157,23 @@ pub enum LoadError {
     NotCoreModule {
         /// The 4 bytes after the magic, little-endian.
         version: u32,
+    },
+    /// The module is over one of the shape limits checked before compiling (see
+    /// [`crate::limits::ModuleLimits`]); nothing of it was compiled.
+    #[error(
+        "the module exceeds the {limit} limit: {found} {}{}, the most allowed is {max}",
+        limit.counted(),
+        at_function(function)
+    )]
+    ModuleLimit {
+        /// Which limit.
+        limit: ModuleLimit,
+        /// The value found in the module.
+        found: u64,
+        /// The limit's value.
+        max: u64,
+        /// The function's index in the code section, for per-function limits.
+        function: Option<u32>,
     },
     /// wasmtime could not validate or compile the module.
     #[error("the module does not compile: {message}")]
@@ -271,7 +388,8 @@ pub enum Failure {
     Trap {
         /// wasmtime's trap code when it has one (`UnreachableCodeReached`, ...), as text.
         code: Option<String>,
-        /// The trap message with its Wasm backtrace when available.
+        /// The trap message with its Wasm backtrace when available, escaped and cut by
+        /// [`crate::text::sanitize`] (the backtrace names functions the plugin chose).
         message: String,
     },
     /// The call ran past its wall-clock deadline (the epoch backstop).
@@ -297,7 +415,9 @@ pub enum Failure {
     ErrorReturn {
         /// Which code.
         code: ErrorCode,
-        /// The guest's message from `narad_last_error`, at most 4 KiB, lossy UTF-8.
+        /// The guest's message from `narad_last_error`: at most 4 KiB read, lossy UTF-8, then
+        /// escaped and cut to [`crate::text::MAX_PLUGIN_TEXT_BYTES`] by
+        /// [`crate::text::sanitize`], so it is safe in a log line or an API answer.
         message: Option<String>,
     },
     /// The guest broke the ABI without trapping.

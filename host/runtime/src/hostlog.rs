@@ -2,15 +2,20 @@
 //!
 //! A token bucket per instance lets a burst through and then a steady rate; excess lines are
 //! dropped and counted, so a chatty plugin cannot flood the daemon's logs or slow a slab.
-//! Lines go out through `tracing` under the `narad_plugin` target with the plugin's name.
+//! Lines go out through `tracing` under the `narad_plugin` target with the plugin's name,
+//! escaped and cut by [`crate::text::sanitize`]: a plugin cannot forge a daemon log line with a
+//! `\n`, write a NUL or a terminal escape, or fill the log with one long line.
 
 use std::time::Instant;
 
 use wasmtime::{Caller, Extern, Linker};
 
 use crate::instance::HostState;
+use crate::text;
 
-/// Longest log line read from the guest: 4 KiB; the rest is cut off.
+/// Longest log line read from the guest: 4 KiB; the rest is cut off. What is logged is then
+/// escaped and cut to [`crate::text::MAX_PLUGIN_TEXT_BYTES`], with a marker counting the bytes
+/// left out (those past this limit included).
 pub const MAX_LOG_LINE_BYTES: usize = 4096;
 
 /// The import module name.
@@ -68,13 +73,14 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
             };
             let data = memory.data(&caller);
             let start = ptr as u32 as usize;
-            let len = (len as u32 as usize).min(MAX_LOG_LINE_BYTES);
+            let asked = len as u32 as usize;
+            let len = asked.min(MAX_LOG_LINE_BYTES);
             let Some(bytes) = data.get(start..start.saturating_add(len)) else {
                 // A bad pointer is the guest's bug; the line is lost, not the slab.
                 caller.data_mut().log_lines_dropped += 1;
                 return;
             };
-            let line = String::from_utf8_lossy(bytes);
+            let line = text::sanitize_bytes(bytes, asked - len, text::MAX_PLUGIN_TEXT_BYTES);
             let plugin = caller.data().plugin_name.as_str();
             match level {
                 0 => tracing::error!(target: "narad_plugin", plugin, "{line}"),

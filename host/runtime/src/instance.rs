@@ -20,6 +20,7 @@ use crate::error::{ErrorCode, Failure, Violation};
 use crate::hostlog::TokenBucket;
 use crate::limits::{LimitExceeded, StoreLimiter};
 use crate::plugin::Plugin;
+use crate::text;
 
 /// Smallest slab buffer allocated in a guest: 64 KiB (one Wasm page), so small slabs never
 /// reallocate.
@@ -406,10 +407,16 @@ fn last_error_message(live: &mut Live) -> Option<String> {
         return None;
     }
     let ptr = (packed as u64 >> 32) as usize;
-    let len = ((packed as u64 & 0xFFFF_FFFF) as usize).min(LAST_ERROR_MAX_BYTES);
+    let asked = (packed as u64 & 0xFFFF_FFFF) as usize;
+    let len = asked.min(LAST_ERROR_MAX_BYTES);
     let data = live.memory.data(&live.store);
     let bytes = data.get(ptr..ptr.checked_add(len)?)?;
-    Some(String::from_utf8_lossy(bytes).into_owned())
+    // Guest bytes end up in log lines and the children listing: escaped and cut here, once.
+    Some(text::sanitize_bytes(
+        bytes,
+        asked - len,
+        text::MAX_PLUGIN_TEXT_BYTES,
+    ))
 }
 
 fn classify(error: &wasmtime::Error, budget: u64, live: &Live) -> Failure {
@@ -426,7 +433,7 @@ fn classify_store(error: &wasmtime::Error, budget: u64, store: &Store<HostState>
         }
         return Failure::Trap {
             code: Some("TableLimit".to_owned()),
-            message: format!("{error:#}"),
+            message: trap_text(error),
         };
     }
     if let Some(trap) = error.downcast_ref::<Trap>() {
@@ -440,15 +447,21 @@ fn classify_store(error: &wasmtime::Error, budget: u64, store: &Store<HostState>
             other => {
                 return Failure::Trap {
                     code: Some(format!("{other:?}")),
-                    message: format!("{error:#}"),
+                    message: trap_text(error),
                 };
             }
         }
     }
     Failure::Trap {
         code: None,
-        message: format!("{error:#}"),
+        message: trap_text(error),
     }
+}
+
+/// A trap's message with its Wasm backtrace, escaped and cut: the backtrace names the guest's
+/// functions, which the plugin chose, and spans several lines.
+fn trap_text(error: &wasmtime::Error) -> String {
+    text::sanitize(&format!("{error:#}"), text::MAX_PLUGIN_TEXT_BYTES)
 }
 
 fn host_error(message: &str) -> Failure {

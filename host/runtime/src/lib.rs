@@ -10,6 +10,8 @@
 //! - [`cache`]: compiled modules on disk, keyed by content digest and engine fingerprint.
 //! - [`plugin`]: [`Plugin::load`] validates a `.wasm` (imports, exports, manifest, ABI version,
 //!   the built-in test slab) and gives a [`Plugin`] with its [`Digest`].
+//! - [`precheck`]: the shape check (function count and sizes, locals, segments) a module
+//!   passes before it is compiled; [`ModuleShape`].
 //! - [`testslab`]: the built-in test slab of the deploy check.
 //! - [`instance`]: [`Instance`], one store of one plugin, rebuilt after any failure; the slab
 //!   buffer in guest memory; classification of traps into [`Failure`]s.
@@ -19,6 +21,8 @@
 //! - [`bucket`]: the stable counting sort from decisions to per-partition buckets.
 //! - [`trial`]: [`run_trial`], a chain run locally on given records (`narad plugin test`).
 //! - [`error`]: the typed errors.
+//! - [`text`]: [`text::sanitize`], escaping and capping text a plugin controls before it is
+//!   logged or shown by the API.
 //!
 //! Threading: [`Runtime`] and [`Plugin`] are `Send + Sync + Clone`; [`Chain`] and [`Instance`]
 //! are `Send` (one owner at a time). Routing is CPU work bounded by the deadline: the daemon
@@ -34,25 +38,30 @@ pub mod cache;
 pub mod chain;
 pub mod engine;
 pub mod error;
+mod gate;
 mod hostlog;
 pub mod instance;
 pub mod limits;
 pub mod plugin;
+pub mod precheck;
 pub mod testslab;
+pub mod text;
 pub mod ticker;
 pub mod trial;
 
 pub use bucket::{BucketError, Buckets, bucket};
 pub use cache::CacheOutcome;
 pub use chain::{Chain, MAX_CHAIN_LEN, PluginStats, PoisonRecord};
-pub use engine::{Runtime, RuntimeConfig};
+pub use engine::{DEFAULT_COMPILE_CONCURRENCY, Runtime, RuntimeConfig};
 pub use error::{
-    ChainError, EngineError, ErrorCode, Failure, FailureKind, LoadError, PluginError, Violation,
+    ChainError, EngineError, ErrorCode, Failure, FailureKind, LoadError, ModuleLimit, PluginError,
+    Violation,
 };
 pub use hostlog::MAX_LOG_LINE_BYTES;
 pub use instance::{Instance, InstanceCounters};
-pub use limits::{FuelBudget, Limits};
+pub use limits::{FuelBudget, Limits, ModuleLimits};
 pub use plugin::{Digest, Plugin};
+pub use precheck::ModuleShape;
 pub use trial::{TrialError, TrialReport, run_trial};
 
 /// The ABI types a caller needs to route (re-exported so the daemon and CLI need not name

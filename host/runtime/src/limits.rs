@@ -1,4 +1,5 @@
-//! Per-instance and per-call limits: memory, tables, stack, fuel, deadline, log rate.
+//! Per-instance and per-call limits: memory, tables, stack, fuel, deadline, log rate; and the
+//! shape limits a module must meet before it is compiled ([`ModuleLimits`]).
 //!
 //! Fuel is the deterministic limit: a call's budget depends only on the slab it is given, so a
 //! slab that exhausts it fails the same way on every replay, on every node. The epoch deadline
@@ -45,14 +46,108 @@ pub const DEFAULT_MAX_WASM_STACK_BYTES: usize = 512 * 1024;
 /// Instances, memories and tables a store may hold: one plugin instance with one memory, and a
 /// few tables (reference-types guests may declare more than one).
 const MAX_INSTANCES: usize = 1;
-const MAX_MEMORIES: usize = 1;
-const MAX_TABLES: usize = 4;
+/// Memories a module may declare (or import): one, the exported `memory`.
+pub const MAX_MEMORIES: usize = 1;
+/// Tables a module may declare: a few (reference-types guests may declare more than one).
+pub const MAX_TABLES: usize = 4;
 
 /// Default rate of `narad.log` lines per instance: 100 per second sustained.
 pub const DEFAULT_LOG_LINES_PER_SEC: u32 = 100;
 
 /// Default burst of `narad.log` lines per instance.
 pub const DEFAULT_LOG_BURST_LINES: u32 = 200;
+
+/// Default most functions a module may define (its code section's entries; imports do not
+/// count). Measured: the built-ins define 82 to 127 (`header-route` the most); a router with a
+/// JSON parser and a regex engine stays in the low thousands. Each defined function costs the
+/// compiler a fixed few KB whatever its size, so this is what stops a module of a million empty
+/// functions (4 MB on the wire, 5.7 GB to compile) before it reaches the compiler.
+pub const DEFAULT_MAX_FUNCTIONS: u32 = 10_000;
+
+/// Default largest function body in bytes (locals declarations and code). Measured: the
+/// built-ins' largest is 2,036 to 2,784 bytes, 47 times under this; rustc's release builds rarely pass a few tens of KiB even for big
+/// `match`es. Cranelift's time and memory grow faster than linearly with one function's size
+/// (a 7 MB body took 34 s and 4.7 GB), so this is the bound on one function's compile cost.
+pub const DEFAULT_MAX_FUNCTION_BODY_BYTES: u32 = 128 * 1024;
+
+/// Default most bytes of the whole code section: 4 MiB. Measured: the built-ins have 17,649
+/// to 37,027 bytes of code (`header-route`), over a hundred times less. Together with the two limits above it bounds
+/// one compile; see the measurement on [`ModuleLimits`].
+pub const DEFAULT_MAX_CODE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Default most locals one function may declare (parameters not counted). The built-ins
+/// declare at most 14 to 22 (measured); wasmparser's own ceiling is 50,000. Each local is a value
+/// the register allocator must track through the whole function.
+pub const DEFAULT_MAX_LOCALS_PER_FUNCTION: u32 = 2_000;
+
+/// Default most entries of each of the other index spaces and segment lists of a module:
+/// types, imports, exports, globals, data segments, element segments, and the items of all
+/// element segments together. Measured: the built-ins have 15 types, 1 import, 8 exports, 3
+/// globals, 2 data segments, 1 element segment of 26 to 41 items; a router needs one import
+/// (`narad.log`) and six exports. 10,000 matches [`DEFAULT_TABLE_ELEMENTS`], the
+/// most entries a function table may have at run time.
+pub const DEFAULT_MAX_MODULE_ITEMS: u32 = 10_000;
+
+/// Default most bytes of all data segments together: 8 MiB. Measured: the built-ins carry
+/// 2,305 to 6,228 bytes (string constants and tables); the data is copied into every new instance, and an instance
+/// has [`DEFAULT_MEMORY_BYTES`] of memory at most anyway.
+pub const DEFAULT_MAX_DATA_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Limits on the shape of a module, checked by walking its bytes with wasmparser **before**
+/// it is handed to the compiler (see [`crate::plugin`]). A module over any of them is refused
+/// with [`crate::LoadError::ModuleLimit`] naming the limit, the value found and the maximum;
+/// nothing of it is compiled.
+///
+/// Why these: compiling is the one step of a deploy that fuel and deadlines do not bound, and
+/// its cost grows with the number of functions, the size of the largest one and the code size
+/// (wasmtime's guidance for untrusted code is to bound what reaches the compiler; its own
+/// parser limits, such as a million functions or 7.6 MB per function, are far above what a
+/// host can afford per upload). The other counts bound the metadata wasmtime builds per item.
+/// Declared memory and table minimums are checked against [`Limits::memory_bytes`] and
+/// [`Limits::table_elements`], and at most one memory and [`MAX_TABLES`] tables are allowed.
+///
+/// Measured cost at the defaults (the test `a_module_right_at_the_default_limits_compiles`
+/// in `tests/limits.rs`): a module with every limit reached at once (10,000 functions filling
+/// 4 MiB of code with loads and adds, one of them a 128 KiB body with 2,000 locals) compiles in
+/// 11.8 s with a peak RSS of 107 MiB for the whole test process, single-threaded, in a debug
+/// build (dependencies at opt-level 1) on a shared 2-core machine; that one largest function
+/// alone (`one_function_right_at_the_body_and_locals_limits_compiles`) takes 3.2 s and
+/// 36 MiB. Before these limits, a 4 MB
+/// module of 999,000 empty functions took 90 s and 5.7 GB, and one 7 MB function 34 s and 4.7 GB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleLimits {
+    /// Most defined functions (default [`DEFAULT_MAX_FUNCTIONS`]).
+    pub max_functions: u32,
+    /// Largest function body, bytes (default [`DEFAULT_MAX_FUNCTION_BODY_BYTES`]).
+    pub max_function_body_bytes: u32,
+    /// Largest code section, bytes (default [`DEFAULT_MAX_CODE_BYTES`]).
+    pub max_code_bytes: u64,
+    /// Most declared locals in one function (default [`DEFAULT_MAX_LOCALS_PER_FUNCTION`]).
+    pub max_locals_per_function: u32,
+    /// Most types, imports, exports, globals, data segments, element segments and element
+    /// items, each counted on its own (default [`DEFAULT_MAX_MODULE_ITEMS`]).
+    pub max_items: u32,
+    /// Most bytes of all data segments (default [`DEFAULT_MAX_DATA_BYTES`]).
+    pub max_data_bytes: u64,
+}
+
+impl ModuleLimits {
+    /// The documented defaults.
+    pub const DEFAULT: ModuleLimits = ModuleLimits {
+        max_functions: DEFAULT_MAX_FUNCTIONS,
+        max_function_body_bytes: DEFAULT_MAX_FUNCTION_BODY_BYTES,
+        max_code_bytes: DEFAULT_MAX_CODE_BYTES,
+        max_locals_per_function: DEFAULT_MAX_LOCALS_PER_FUNCTION,
+        max_items: DEFAULT_MAX_MODULE_ITEMS,
+        max_data_bytes: DEFAULT_MAX_DATA_BYTES,
+    };
+}
+
+impl Default for ModuleLimits {
+    fn default() -> Self {
+        ModuleLimits::DEFAULT
+    }
+}
 
 /// How a call's fuel budget is computed from its slab:
 /// `base + per_record * records + per_input_byte * input_bytes`.
@@ -110,6 +205,9 @@ pub struct Limits {
     /// The fuel budget per call (default [`FuelBudget::DEFAULT`]); the deploy checks and the
     /// `narad_last_error` fetch get `fuel.base`.
     pub fuel: FuelBudget,
+    /// The shape limits a module must meet before it is compiled (default
+    /// [`ModuleLimits::DEFAULT`]).
+    pub module: ModuleLimits,
 }
 
 impl Default for Limits {
@@ -122,6 +220,7 @@ impl Default for Limits {
             log_lines_per_sec: DEFAULT_LOG_LINES_PER_SEC,
             log_burst_lines: DEFAULT_LOG_BURST_LINES,
             fuel: FuelBudget::DEFAULT,
+            module: ModuleLimits::DEFAULT,
         }
     }
 }

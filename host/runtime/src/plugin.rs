@@ -3,7 +3,9 @@
 //! [`Plugin::load`] is the only way to get one, and it refuses anything the ABI does not allow,
 //! in this order, each with its own [`LoadError`] variant:
 //!
-//! 1. the bytes are a core Wasm module (magic and version);
+//! 1. the bytes are a core Wasm module (magic and version), and its shape is within the
+//!    module limits ([`crate::precheck`]: function count and sizes, locals, segments), checked
+//!    before anything is compiled;
 //! 2. it compiles (wasmtime validates it), from the `.wasm` or from our own compiled cache;
 //! 3. it imports nothing but `narad.log(i32, i32, i32)`: no WASI, no clock, no randomness;
 //! 4. it exports `memory` and the five ABI functions with their exact signatures;
@@ -27,7 +29,7 @@ use crate::cache::CacheOutcome;
 use crate::engine::Runtime;
 use crate::error::LoadError;
 use crate::instance::{HostState, Instance};
-use crate::testslab;
+use crate::{precheck, testslab};
 
 /// A sha256 content digest of a plugin's `.wasm` bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -92,13 +94,44 @@ impl fmt::Debug for Plugin {
 impl Plugin {
     /// Validates `bytes` as a routing plugin for `runtime` and compiles it (or loads our own
     /// compiled copy from the cache). See the module doc for the checks, in order.
+    ///
+    /// The shape check runs on every load, also of a module stored long ago (whose compiled
+    /// code may still be cached), so a module over today's limits never runs. Concurrent loads
+    /// of the same bytes share one load; compiles wait for one of the runtime's permits (see
+    /// [`crate::DEFAULT_COMPILE_CONCURRENCY`]). Blocking: call it from a blocking pool.
     pub fn load(runtime: &Runtime, bytes: &[u8]) -> Result<Plugin, LoadError> {
         check_header(bytes)?;
+        precheck::check(&runtime.inner.limits, bytes)?;
         let digest = Digest::of(bytes);
+        runtime
+            .inner
+            .gate
+            .single_flight(digest, || Plugin::compile_and_check(runtime, digest, bytes))
+    }
+
+    /// Reads what a module says about itself without compiling it: the header, the shape
+    /// check under `runtime`'s limits and the manifest (checks 1 and 5 of the module doc, and
+    /// the limits). For listings: a module that passes may still fail the checks that need
+    /// its code (imports, exports, the test slab).
+    pub fn inspect(runtime: &Runtime, bytes: &[u8]) -> Result<Manifest, LoadError> {
+        check_header(bytes)?;
+        precheck::check(&runtime.inner.limits, bytes)?;
+        read_manifest(bytes)
+    }
+
+    /// Checks 2 to 7 of the module doc, for the one load of `digest` in flight.
+    fn compile_and_check(
+        runtime: &Runtime,
+        digest: Digest,
+        bytes: &[u8],
+    ) -> Result<Plugin, LoadError> {
         let engine = &runtime.inner.engine;
+        let gate = &runtime.inner.gate;
         let (module, cache) = match &runtime.inner.cache {
-            Some(cache) => cache.load_or_compile(engine, &digest, bytes),
-            None => Module::from_binary(engine, bytes).map(|m| (m, CacheOutcome::Compiled)),
+            Some(cache) => cache.load_or_compile(engine, gate, &digest, bytes),
+            None => gate
+                .compile(|| Module::from_binary(engine, bytes))
+                .map(|m| (m, CacheOutcome::Compiled)),
         }
         .map_err(|e| LoadError::Compile {
             message: format!("{e:#}"),
@@ -322,7 +355,8 @@ fn describe(ty: &ExternType) -> String {
 fn read_manifest(bytes: &[u8]) -> Result<Manifest, LoadError> {
     let mut found: Vec<&[u8]> = Vec::new();
     for payload in wasmparser::Parser::new(0).parse_all(bytes) {
-        // The module compiled, so the parser cannot fail on it; if it does, say so.
+        // The shape check already walked these sections, so the parser does not fail here;
+        // if it does, the module is malformed, as the compiler would say.
         let payload = payload.map_err(|e| LoadError::Compile {
             message: e.to_string(),
         })?;

@@ -11,7 +11,13 @@
 //! short write. A failed `sync_data` behaves like Linux after a writeback error: the pending
 //! writes stay readable but are forgotten by the disk (they will not be written by a later
 //! sync), which is why the log never retries an fsync on the same handle as if the data were
-//! safe.
+//! safe. [`Fault::LostWrite`] is the worse case ext4 produces when it cannot convert unwritten
+//! extents: the `sync_data` reports success and the writes are forgotten all the same.
+//!
+//! The page cache. What a reader sees (`read_at`) is the cache: it keeps forgotten writes.
+//! `read_exact_uncached_at` and `drop_cache` show what the device holds: the durable image
+//! with the still-pending (dirty) writes on top, at the file's current length (bytes the device
+//! never got read as zeros), as Linux does after a failed writeback.
 //!
 //! Crashes. [`FaultFs::crash_at`] makes the N-th future mutating operation and everything after
 //! it fail (the process "dies" there). [`FaultFs::crash`] then builds the state a power loss
@@ -56,6 +62,10 @@ pub enum Fault {
     /// A write stores only the first half of its buffer and reports that length; other
     /// operations treat it as EIO.
     ShortWrite,
+    /// `sync_data` reports success, but its pending writes never reach the disk: they stay
+    /// readable from the cache until it is dropped, and are gone after a crash (ext4's "failed
+    /// to convert unwritten extents" case). Other operations treat it as EIO.
+    LostWrite,
 }
 
 /// What a simulated power loss does to unsynced state.
@@ -200,6 +210,17 @@ fn apply(image: &mut Vec<u8>, op: &Pending) {
         }
         Pending::SetLen(len) => image.resize(usize::try_from(*len).unwrap_or(usize::MAX), 0),
     }
+}
+
+/// What the device holds of `file`: the durable image, the pending (dirty) writes on top, at
+/// the length a reader sees now (zeros where the device has nothing).
+fn device_image(file: &FileInode) -> Vec<u8> {
+    let mut image = file.durable.clone();
+    for op in &file.pending {
+        apply(&mut image, op);
+    }
+    image.resize(file.data.len(), 0);
+    image
 }
 
 impl State {
@@ -476,7 +497,7 @@ impl File for FaultFile {
         s.check_alive(self.generation)?;
         let n = match s.begin(FaultOp::Write)? {
             None => buf.len(),
-            Some(Fault::Eio) => return Err(os_err(EIO)),
+            Some(Fault::Eio | Fault::LostWrite) => return Err(os_err(EIO)),
             Some(Fault::Enospc) => return Err(os_err(ENOSPC)),
             Some(Fault::ShortWrite) => (buf.len() / 2).max(1).min(buf.len()),
         };
@@ -520,8 +541,35 @@ impl File for FaultFile {
             // Writeback failed: the disk never gets these writes, though readers still see
             // them in the "page cache" (file.data).
             Some(Fault::Enospc) => Err(os_err(ENOSPC)),
+            // The same loss, reported as success.
+            Some(Fault::LostWrite) => Ok(()),
             Some(_) => Err(os_err(EIO)),
         }
+    }
+
+    fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut s = self.fs.lock();
+        s.check_alive(self.generation)?;
+        let image = device_image(s.file_mut(self.ino)?);
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        match start.checked_add(buf.len()) {
+            Some(end) if end <= image.len() => {
+                buf.copy_from_slice(&image[start..end]);
+                Ok(())
+            }
+            _ => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file ended before the requested bytes",
+            )),
+        }
+    }
+
+    fn drop_cache(&self) -> io::Result<()> {
+        let mut s = self.fs.lock();
+        s.check_alive(self.generation)?;
+        let file = s.file_mut(self.ino)?;
+        file.data = device_image(file);
+        Ok(())
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -813,6 +861,28 @@ mod tests {
         assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"abc");
         fs.crash(CrashMode::KeepAll);
         assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"");
+    }
+
+    #[test]
+    fn forgotten_writes_stay_in_the_cache_until_it_is_dropped() {
+        let fs = setup();
+        let f = fs.open(&p("/d/a"), OpenMode::CreateNew).unwrap();
+        fs.sync_dir(&p("/d")).unwrap();
+        f.write_all_at(b"abc", 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(b"def", 3).unwrap();
+        fs.inject(FaultOp::SyncData, 1, Fault::LostWrite);
+        f.sync_data().unwrap();
+        f.write_all_at(b"g", 6).unwrap();
+        assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"abcdefg");
+        // The device: "def" never arrived (zeros), the dirty "g" is still to be written.
+        let mut dev = [0u8; 7];
+        f.read_exact_uncached_at(&mut dev, 0).unwrap();
+        assert_eq!(&dev, b"abc\0\0\0g");
+        assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"abcdefg");
+        f.drop_cache().unwrap();
+        assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"abc\0\0\0g");
+        assert!(f.read_exact_uncached_at(&mut [0; 2], 6).is_err());
     }
 
     #[test]

@@ -2,15 +2,50 @@
 //! [`File`], so tests can swap in [`crate::fault::FaultFs`] and fail or crash any operation.
 //!
 //! The surface is deliberately small: positional reads and writes (the log always knows where
-//! it writes), `set_len` for truncating a torn tail, `sync_data` (`fdatasync`), and the
-//! directory operations the store needs, including `sync_dir` so that a new or renamed entry
-//! is durable before anything refers to it.
+//! it writes), `set_len` for truncating a torn tail, `sync_data` (`fdatasync`), the directory
+//! operations the store needs, including `sync_dir` so that a new or renamed entry is durable
+//! before anything refers to it, and two ways past the page cache: `read_exact_uncached_at`
+//! (what the device holds) and `drop_cache`.
+//!
+//! Why the log reads past the page cache. After a failed writeback Linux marks the pages clean
+//! and keeps them: reads of the cache still return the bytes that never reached the device, and
+//! a descriptor opened after the error does not see it (errseq_t reports an error once per file
+//! description that was open when it happened). Worse, ext4 can report a successful
+//! `fdatasync` for data the device does not hold: when converting the written blocks'
+//! unwritten extents fails (kernel: "failed to convert unwritten extents to written extents"),
+//! the error is only logged, and after a remount the range reads as zeros. Seen on Linux 6.18,
+//! ext4 without a journal, loop device whose backing store ran out of space: the last frame
+//! synced before the device filled read back intact from the cache and as zeros from the device.
+//! So an append is verified against the device, and a log reopened after a failure (or after a
+//! crash) reads its tail from the device.
+//!
+//! Modes. Every file [`RealFs`] creates is [`FILE_MODE`] (0600) and every directory
+//! [`DIR_MODE`] (0700), whatever the umask (which can only remove bits).
+//! [`FileSystem::restrict_tree`], run on the whole data directory when a store opens, tightens
+//! entries made by older versions (0644 files, 0755 directories), with one warning per process.
 
 use std::fmt::Debug;
 use std::fs::{self as stdfs, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Mode of every file the store creates: read and write for the owner only, since segments
+/// hold records and the data directory may hold secrets (plugin link configs).
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of every directory the store creates: the owner only.
+pub const DIR_MODE: u32 = 0o700;
+/// Group and other permission bits: none may be set on anything in the data directory.
+const GROUP_OTHER_BITS: u32 = 0o077;
+/// Alignment of `O_DIRECT` reads: 4096 bytes, a multiple of every logical block size Linux
+/// block devices use (512 or 4096), so any device accepts it.
+const DIRECT_ALIGN_BYTES: u64 = 4096;
+/// Rounding for `posix_fadvise(DONTNEED)` when `O_DIRECT` is not available: 64 KiB, a multiple
+/// of every page size Linux uses (4 KiB to 64 KiB), because the kernel keeps partial pages.
+const FADVISE_ROUND_BYTES: u64 = 64 * 1024;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +92,17 @@ pub trait File: Send + Sync + Debug {
     /// Flushes the file's data (and the metadata needed to read it back) to stable storage:
     /// `fdatasync`. After an error the handle must not be trusted again.
     fn sync_data(&self) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset` as the device holds them, not as the page
+    /// cache does (`O_DIRECT`, or dropping the range's cached pages first); `UnexpectedEof` if
+    /// the file is shorter. Call it after a successful `sync_data` of the range: it is how an
+    /// append learns that its bytes really reached the device.
+    fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Drops the file's clean cached pages, so that later reads come from the device: bytes
+    /// whose writeback failed, still readable from the cache, are then seen as the device holds
+    /// them (zeros, or older contents). Dirty pages are not dropped: `sync_data` first.
+    fn drop_cache(&self) -> io::Result<()>;
 
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;
@@ -150,6 +196,15 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
     /// `WouldBlock` means someone else holds it.
     fn try_lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn LockGuard>>;
 
+    /// Removes group and other permission bits from `dir` and everything below it (symbolic
+    /// links are neither followed nor changed); returns how many entries were tightened. For
+    /// data directories made by older versions, which created files 0644 and directories
+    /// 0755. File systems without permissions (the fault model) do nothing.
+    fn restrict_tree(&self, dir: &Path) -> io::Result<u64> {
+        let _ = dir;
+        Ok(0)
+    }
+
     /// True if `path` exists.
     fn exists(&self, path: &Path) -> io::Result<bool> {
         match self.metadata(path) {
@@ -165,27 +220,143 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
 pub struct RealFs;
 
 #[derive(Debug)]
-struct RealFile(stdfs::File);
+struct RealFile {
+    file: stdfs::File,
+    /// A second description of the same file opened with `O_DIRECT` on first use (`None`
+    /// when the file system refuses `O_DIRECT`, e.g. an older tmpfs: then the range's cached
+    /// pages are dropped before a normal read).
+    direct: OnceLock<Option<stdfs::File>>,
+}
+
+impl RealFile {
+    fn new(file: stdfs::File) -> RealFile {
+        RealFile {
+            file,
+            direct: OnceLock::new(),
+        }
+    }
+
+    fn direct(&self) -> Option<&stdfs::File> {
+        self.direct
+            .get_or_init(|| {
+                // Through /proc so the new description names this very inode even if the path
+                // was renamed or replaced since.
+                let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+                let flags = i32::try_from(rustix::fs::OFlags::DIRECT.bits()).unwrap_or(0);
+                match OpenOptions::new().read(true).custom_flags(flags).open(&path) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "O_DIRECT unavailable; uncached reads drop cached pages instead");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// `O_DIRECT` read of the aligned span around `[offset, offset + buf.len())`.
+    fn read_direct(&self, direct: &stdfs::File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = offset - offset % DIRECT_ALIGN_BYTES;
+        let end = (offset + buf.len() as u64).next_multiple_of(DIRECT_ALIGN_BYTES);
+        let span = usize::try_from(end - start)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "read too large"))?;
+        let align = DIRECT_ALIGN_BYTES as usize;
+        // An aligned window inside a slightly larger vector: no unsafe allocation needed.
+        let mut storage = vec![0u8; span + align];
+        let shift = storage.as_ptr().align_offset(align);
+        let window = &mut storage[shift..shift + span];
+        let mut got = 0usize;
+        while got < span {
+            match direct.read_at(&mut window[got..], start + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            // A short read that is not block-aligned means end of file: the next read would
+            // be misaligned, and there is nothing after it anyway.
+            if !got.is_multiple_of(align) {
+                break;
+            }
+        }
+        let from = (offset - start) as usize;
+        if got < from + buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file ended before the requested bytes",
+            ));
+        }
+        buf.copy_from_slice(&window[from..from + buf.len()]);
+        Ok(())
+    }
+
+    fn fadvise_dontneed(&self, offset: u64, len: u64) -> io::Result<()> {
+        let start = offset - offset % FADVISE_ROUND_BYTES;
+        let end = (offset + len).next_multiple_of(FADVISE_ROUND_BYTES);
+        rustix::fs::fadvise(
+            &self.file,
+            start,
+            std::num::NonZeroU64::new(end - start),
+            rustix::fs::Advice::DontNeed,
+        )
+        .map_err(io::Error::from)
+    }
+}
 
 impl File for RealFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        FileExt::read_at(&self.0, buf, offset)
+        FileExt::read_at(&self.file, buf, offset)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
-        FileExt::write_at(&self.0, buf, offset)
+        FileExt::write_at(&self.file, buf, offset)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        self.file.set_len(len)
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
+    }
+
+    fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(direct) = self.direct() {
+            match self.read_direct(direct, buf, offset) {
+                // EINVAL: this file or device wants another alignment; fall back below.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {}
+                other => return other,
+            }
+        }
+        self.fadvise_dontneed(offset, buf.len() as u64)?;
+        self.read_exact_at(buf, offset)
+    }
+
+    fn drop_cache(&self) -> io::Result<()> {
+        // Offset 0, no length: the whole file, however long.
+        rustix::fs::fadvise(&self.file, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(io::Error::from)
     }
 
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        Ok(self.file.metadata()?.len())
+    }
+}
+
+/// Set once the first wide mode has been tightened, so only the first is logged as a warning.
+static TIGHTENED_ONE: AtomicBool = AtomicBool::new(false);
+
+fn note_tightened(path: &Path, old_mode: u32) {
+    if TIGHTENED_ONE.swap(true, Ordering::Relaxed) {
+        tracing::debug!(path = %path.display(), old_mode = format_args!("{old_mode:o}"),
+            "tightened to owner-only");
+    } else {
+        tracing::warn!(path = %path.display(), old_mode = format_args!("{old_mode:o}"),
+            "a data-directory entry was readable by group or others (made by an older version?); \
+             tightened it to owner-only, as every other one found will be (without a message)");
     }
 }
 
@@ -206,7 +377,7 @@ impl FileSystem for RealFs {
             OpenMode::CreateReadWrite => opts.read(true).write(true).create(true),
             OpenMode::CreateNew => opts.read(true).write(true).create_new(true),
         };
-        Ok(Box::new(RealFile(opts.open(path)?)))
+        Ok(Box::new(RealFile::new(opts.mode(FILE_MODE).open(path)?)))
     }
 
     fn metadata(&self, path: &Path) -> io::Result<Metadata> {
@@ -247,11 +418,42 @@ impl FileSystem for RealFs {
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        stdfs::create_dir_all(path)
+        // Missing parents are made owner-only too; existing ones are left alone here (they
+        // may be outside the data directory; `restrict_tree` tightens the data directory's).
+        stdfs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(path)
     }
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         stdfs::File::open(path)?.sync_all()
+    }
+
+    fn restrict_tree(&self, dir: &Path) -> io::Result<u64> {
+        let mut tightened = 0;
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(path) = stack.pop() {
+            let meta = stdfs::symlink_metadata(&path)?;
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            let mode = meta.mode() & 0o7777;
+            if mode & GROUP_OTHER_BITS != 0 {
+                stdfs::set_permissions(
+                    &path,
+                    stdfs::Permissions::from_mode(mode & !GROUP_OTHER_BITS),
+                )?;
+                note_tightened(&path, mode);
+                tightened += 1;
+            }
+            if meta.is_dir() {
+                for entry in stdfs::read_dir(&path)? {
+                    stack.push(entry?.path());
+                }
+            }
+        }
+        Ok(tightened)
     }
 
     fn try_lock_exclusive(&self, path: &Path) -> io::Result<Box<dyn LockGuard>> {
@@ -260,6 +462,7 @@ impl FileSystem for RealFs {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(FILE_MODE)
             .open(path)?;
         match file.try_lock() {
             Ok(()) => Ok(Box::new(RealLock { _file: file })),
@@ -269,5 +472,62 @@ impl FileSystem for RealFs {
             )),
             Err(stdfs::TryLockError::Error(e)) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uncached_reads_return_the_synced_bytes_at_any_offset_and_stop_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = RealFs.open(&path, OpenMode::CreateNew).unwrap();
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        file.write_all_at(&bytes, 0).unwrap();
+        file.sync_data().unwrap();
+        for (from, len) in [
+            (0, 10_000),
+            (1, 4095),
+            (4095, 2),
+            (4096, 4096),
+            (9_999, 1),
+            (777, 3),
+        ] {
+            let mut got = vec![0u8; len];
+            file.read_exact_uncached_at(&mut got, from as u64).unwrap();
+            assert_eq!(got, bytes[from..from + len], "{from}+{len}");
+        }
+        let mut past = [0u8; 2];
+        let e = file.read_exact_uncached_at(&mut past, 9_999).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        file.drop_cache().unwrap();
+        let mut all = vec![0u8; 10_000];
+        file.read_exact_at(&mut all, 0).unwrap();
+        assert_eq!(all, bytes);
+    }
+
+    #[test]
+    fn new_entries_are_owner_only_and_restrict_tree_tightens_older_wide_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("a/b");
+        RealFs.create_dir_all(&sub).unwrap();
+        drop(RealFs.open(&sub.join("f"), OpenMode::CreateNew).unwrap());
+        drop(RealFs.try_lock_exclusive(&sub.join("LOCK")).unwrap());
+        let mode = |p: &Path| stdfs::symlink_metadata(p).unwrap().mode() & 0o777;
+        // The umask can only remove bits, so these hold under any umask.
+        assert_eq!(mode(&dir.path().join("a")) & !DIR_MODE, 0);
+        assert_eq!(mode(&sub) & !DIR_MODE, 0);
+        assert_eq!(mode(&sub.join("f")) & !FILE_MODE, 0);
+        assert_eq!(mode(&sub.join("LOCK")) & !FILE_MODE, 0);
+        // What an older version left.
+        stdfs::set_permissions(&sub, stdfs::Permissions::from_mode(0o755)).unwrap();
+        stdfs::set_permissions(sub.join("f"), stdfs::Permissions::from_mode(0o644)).unwrap();
+        let root = dir.path().join("a");
+        assert_eq!(RealFs.restrict_tree(&root).unwrap(), 2);
+        assert_eq!(mode(&sub), 0o700);
+        assert_eq!(mode(&sub.join("f")), 0o600);
+        assert_eq!(RealFs.restrict_tree(&root).unwrap(), 0);
     }
 }

@@ -1,17 +1,20 @@
 //! Narad's embedded partition log.
 //!
 //! Every partition of every topic is a directory of segment files holding CRC-32C framed
-//! batches, plus a durable high-watermark file. An append returns only once its batch is
-//! written, `fdatasync`ed and read back. Opening a log recovers it: a torn tail left by a crash
-//! is cut, damage below the durable boundary quarantines the partition. `docs/storage.md`
+//! batches, plus a durable high-watermark file and log-start file. An append returns only once its batch is
+//! written, `fdatasync`ed and read back from the device (not the page cache: after a failed
+//! writeback, or a "successful" `fdatasync` ext4 could not honour, the cache lies; the module
+//! doc of `log::writer` records what was found and where). Opening a log recovers it: a torn
+//! tail left by a crash is cut, damage below the durable boundary quarantines the partition;
+//! unless the log was closed cleanly its last segment is read from the device. `docs/storage.md`
 //! describes the files byte by byte and the rules for operators.
 //!
 //! Layout of the crate:
 //! - [`store`]: [`Store`], the data directory and its lock, partition registry, lazy open,
 //!   idle close, retention sweep, long-poll.
 //! - [`mod@log`]: one partition's log: `format` (the batch frame), `hwm` (the high-watermark
-//!   file), `segment` (names, scanner, sparse index), and the recovery, writer, reader and
-//!   retention paths.
+//!   file), `start` (the log-start file), `segment` (names, scanner, sparse index), `torn`
+//!   (torn tails kept aside), and the recovery, writer, reader and retention paths.
 //! - [`cursor`]: fan-out cursor offset files (`fanout-{child}.offset`): the fixed 256-byte
 //!   CRC-32C record, advanced in place, replaced atomically when it must be.
 //! - [`fs`]: the file-system seam ([`fs::FileSystem`], [`fs::File`], [`fs::RealFs`]).
@@ -42,7 +45,7 @@ pub use name::{
 };
 pub use record::{
     AppendBatch, Appended, BatchOrigin, DEFAULT_SEGMENT_BYTES, Header, LogConfig, NewRecord,
-    NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin, RetentionReport,
-    StoredRecord,
+    NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin, RecoveredCut,
+    RetentionReport, StoredRecord,
 };
 pub use store::{DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};

@@ -211,6 +211,34 @@ pub struct PartitionStats {
     pub segment_count: u32,
     /// Open, closed, quarantined or failed.
     pub state: PartitionState,
+    /// What recovery cut off this partition's torn tails and kept aside in its `torn/`
+    /// directory, while those files are there; `None` when nothing is kept aside.
+    pub recovered_cut: Option<RecoveredCut>,
+}
+
+/// A summary of the torn tails recovery cut off a partition and kept aside (one note and one
+/// copy of the bytes per cut in the partition's `torn/` directory). It survives restarts and
+/// goes away when the operator removes those files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveredCut {
+    /// Number of cuts kept aside.
+    pub cuts: u32,
+    /// Records in the cut bytes, summed over the cuts: each cut counts the records its frame
+    /// headers name. The records may have been acknowledged (when no high-watermark file
+    /// covered them, recovery could not tell); they are no longer readable.
+    pub records: u64,
+    /// False when some cut held bytes no frame header accounted for: `records` is then only a
+    /// lower bound.
+    pub records_exact: bool,
+    /// Bytes cut, summed over the cuts.
+    pub bytes: u64,
+    /// First offset the latest cut removed: the log went on from this offset, so records
+    /// written after the cut reuse it.
+    pub from_offset: u64,
+    /// When the latest cut was made, ms since the epoch.
+    pub at_ms: i64,
+    /// The kept-aside copy of the latest cut's bytes.
+    pub kept_at: std::path::PathBuf,
 }
 
 /// What `Store::enforce_retention` deleted.

@@ -4,6 +4,14 @@
 //! or `Failed`. Logs open lazily on the first read or append (recovery runs then), are closed
 //! when idle, and are described by `peek` without being opened. A `watch` channel per
 //! partition carries the high watermark so long-polls wake on appends instead of polling.
+//!
+//! A `Failed` partition is reopened by running recovery on new file descriptors. Those do not
+//! see the writeback error that failed it (Linux reports one once per open file description),
+//! and the page cache may still hold the failed bytes marked clean; before this was known, the
+//! reopen trusted that cache and set the durable boundary past bytes the device never held (see
+//! `log::writer`). Recovery now reads the last segment from the device whenever the log was not
+//! closed cleanly, which is always the case after a failure. Opening the store also makes every
+//! data-directory entry owner-only ([`crate::fs::FileSystem::restrict_tree`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +26,8 @@ use crate::error::{Result, StorageError};
 use crate::fs::{FileSystem, LockGuard, RealFs};
 use crate::log::recovery::{self, OpenError};
 use crate::log::retention::{self, Trimmed};
-use crate::log::{self, Log, LogError, format, hwm, segment};
+use crate::log::start::{self, Head};
+use crate::log::{self, Log, LogError, format, hwm, segment, torn};
 use crate::name::{MAX_PARTITION_INDEX, PartitionId, validate_topic_name};
 use crate::record::{
     AppendBatch, Appended, LogConfig, PartitionState, PartitionStats, ReadOptions, ReadResult,
@@ -183,6 +192,15 @@ impl Store {
         }
         fs.sync_dir(dir)
             .map_err(io(format!("syncing {}", dir.display())))?;
+        // Owner-only, whatever an older version or the umask left (issue 12): segments hold
+        // records and the metastore may hold plugin secrets.
+        match fs.restrict_tree(dir) {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(dir = %dir.display(), entries = n,
+                "made data-directory entries owner-only (they were open to group or others)"),
+            Err(e) => tracing::warn!(dir = %dir.display(), error = %e,
+                "could not make every data-directory entry owner-only"),
+        }
         // Finish deletions a crash interrupted. What is in the trash is already gone from the
         // store's point of view, so a failure here is worth a warning, not a refusal to start.
         let trash = dir.join(TRASH_DIR_NAME);
@@ -365,7 +383,7 @@ impl Store {
         } else if let Some(e) = p.broken_error(&slot) {
             return Err(e);
         }
-        match recovery::open(self.fs.clone(), &p.dir) {
+        match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
             Ok(l) => {
                 let l = Arc::new(l);
                 *slot = Slot::Open(l.clone());
@@ -590,6 +608,9 @@ impl Store {
     /// Describes a partition without opening a closed log and without stamping last access.
     /// A closed log is described from its directory: exact when it was closed cleanly,
     /// `high_watermark: None` when its high-watermark file does not cover the record bytes.
+    /// Its log start is the one the log-start file records, never merely the oldest segment
+    /// file; a closed log whose oldest segments are missing is quarantined here, as opening
+    /// it would. `recovered_cut` summarises the torn tails kept aside in its `torn/` directory.
     pub fn peek(&self, id: &PartitionId) -> Result<PartitionStats> {
         let p = self.partition(id)?;
         self.peek_partition(&p)
@@ -606,6 +627,7 @@ impl Store {
                     size_bytes: s.size_bytes,
                     segment_count: s.segment_count,
                     state: PartitionState::Open,
+                    recovered_cut: s.recovered_cut,
                 });
             }
             Slot::Closed => PartitionState::Closed,
@@ -621,6 +643,25 @@ impl Store {
             .map_err(io(format!("listing {}", p.dir.display())))?;
         let h = hwm::read(self.fs.as_ref(), &p.dir)
             .map_err(io(format!("reading the high-watermark file of {}", p.id)))?;
+        let recorded = start::read(self.fs.as_ref(), &p.dir)
+            .map_err(io(format!("reading the log-start file of {}", p.id)))?;
+        // The log start is what the log recorded, not whatever segment happens to be oldest:
+        // a missing head is damage (the open would quarantine it, so peek does too), and
+        // segments left below the recorded start by an interrupted step are already gone.
+        let log_start_offset = match start::check_head(&p.dir, &files, recorded) {
+            Head::Interrupted { start, .. } => start,
+            Head::Damaged(reason) if matches!(state, PartitionState::Closed) => {
+                drop(slot);
+                self.quarantine_closed(p, reason);
+                return self.peek_partition(p);
+            }
+            Head::Damaged(_) | Head::Agrees | Head::Unrecorded => match recorded {
+                start::Recorded::Start(s) => s,
+                _ => files.first().map_or(0, |f| f.base),
+            },
+        };
+        let recovered_cut = torn::summary(self.fs.as_ref(), &p.dir)
+            .map_err(io(format!("reading the kept-aside torn tails of {}", p.id)))?;
         let high_watermark = match (files.last(), h) {
             (None, None) => Some(0),
             (Some(last), Some(h))
@@ -632,12 +673,24 @@ impl Store {
         };
         let healthy = matches!(state, PartitionState::Closed);
         Ok(PartitionStats {
-            log_start_offset: files.first().map_or(0, |f| f.base),
+            log_start_offset,
             high_watermark: if healthy { high_watermark } else { None },
             size_bytes: files.iter().map(|f| f.len).sum(),
             segment_count: u32::try_from(files.len()).unwrap_or(u32::MAX),
             state,
+            recovered_cut,
         })
+    }
+
+    /// Quarantines a closed partition whose directory shows damage (found by `peek` without
+    /// opening the log); does nothing if the slot changed meanwhile.
+    fn quarantine_closed(&self, p: &Partition, reason: String) {
+        let mut slot = log::write(&p.slot);
+        if matches!(*slot, Slot::Closed) {
+            tracing::error!(partition = %p.id, %reason, "partition quarantined");
+            *slot = Slot::Quarantined(reason);
+            p.signal.send_replace(Signal::Broken);
+        }
     }
 
     /// Deletes whole segments past retention in every registered partition (age judged by a

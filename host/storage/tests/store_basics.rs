@@ -376,6 +376,7 @@ fn the_partition_directory_layout_matches_the_documentation() {
         std::fs::metadata(p.join("high-watermark")).unwrap().len(),
         64
     );
+    assert_eq!(std::fs::metadata(p.join("log-start")).unwrap().len(), 32);
     assert!(dir.path().join("LOCK").is_file());
 }
 

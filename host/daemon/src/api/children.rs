@@ -200,8 +200,7 @@ pub async fn attach(
     };
     let parent_topic = require_topic(&state, &parent).await?;
     crate::topics::check_name(&child)?;
-    let mut created_child = false;
-    match (state.metastore.topic(&child).await?, req.partitions) {
+    let new_child = match (state.metastore.topic(&child).await?, req.partitions) {
         (Some(existing), Some(partitions)) if existing.partitions != partitions => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -211,45 +210,40 @@ pub async fn attach(
                 ),
             ));
         }
-        (Some(_), _) => {}
-        (None, Some(partitions)) => {
-            state
-                .topics
-                .create(NewTopic {
-                    name: child.clone(),
-                    partitions,
-                    retention_ms: None,
-                    retention_bytes: None,
-                })
-                .await?;
-            created_child = true;
-        }
+        (Some(_), _) => None,
+        (None, Some(partitions)) => Some(NewTopic {
+            name: child.clone(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+        }),
         (None, None) => {
             return Err(ApiError::not_found(format!(
                 "child topic {child:?} does not exist; create it first or pass \"partitions\" to create it with the attach"
             )));
         }
-    }
-    let outcome = attach_link(
+    };
+    let link = new_link(
         &state,
         &parent_topic.name,
         parent_topic.partitions,
         &child,
         req,
     )
-    .await;
-    if outcome.is_err() && created_child {
-        // Leave nothing behind: the topic was created for this attach only.
-        if let Err(error) = state.topics.delete(&child).await {
-            tracing::warn!(%child, %error, "could not remove the child topic created by a failed attach");
-        }
-    }
-    let link = outcome?;
+    .await?;
+    // A child created by the attach is recorded in the same metastore write as its link, so
+    // no crash can leave the topic without the link (or the link without the topic).
+    let link = match new_child {
+        Some(spec) => state.topics.create_with_link(spec, link).await?.1,
+        None => state.metastore.attach_link(link).await?,
+    };
     tracing::info!(%parent, %child, epoch = %link.attach_epoch, "child attached");
     Ok((StatusCode::CREATED, Json(LinkInfo::from(&link))))
 }
 
-async fn attach_link(
+/// The link an attach records: its router resolved to pinned versions, a fresh epoch and the
+/// parent's attach point, read now.
+async fn new_link(
     state: &AppState,
     parent: &str,
     parent_partitions: u32,
@@ -271,7 +265,7 @@ async fn attach_link(
                 format!("cannot read the attach point of {parent} ({reason}); no link was created, try again"),
             )
         })?;
-    let link = LinkMeta {
+    Ok(LinkMeta {
         parent: parent.to_owned(),
         child: child.to_owned(),
         attach_epoch: new_epoch(),
@@ -280,8 +274,7 @@ async fn attach_link(
         router,
         config: config_bytes(req.config),
         attached_at_ms: crate::topics::now_ms(),
-    };
-    Ok(state.metastore.attach_link(link).await?)
+    })
 }
 
 /// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain (and config), effective

@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use crate::metastore::MetastoreError;
 use crate::produce::ProduceError;
 use crate::topics::TopicError;
+use crate::topics::set_aside::SetAsideError;
 
 /// An HTTP error answer.
 #[derive(Debug)]
@@ -151,6 +152,14 @@ impl From<TopicError> for ApiError {
             TopicError::Metastore(e) => e.into(),
             TopicError::Storage(e) => e.into(),
             TopicError::Task(message) => ApiError::internal(message),
+            TopicError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, message),
+            TopicError::SetAside(SetAsideError::UnknownEntry { .. }) => {
+                ApiError::not_found(err.to_string())
+            }
+            TopicError::SetAside(SetAsideError::InvalidId { .. }) => {
+                ApiError::bad_request(err.to_string())
+            }
+            other => ApiError::internal(other.to_string()),
         }
     }
 }

@@ -5,7 +5,10 @@
 //! The storage gauges are filled at each scrape from `Store::peek`, which never opens a
 //! closed log, so a scrape costs a few file-system metadata reads per partition and never
 //! holds a log open. A partition whose high watermark is unknown without opening its log has
-//! no `narad_partition_high_watermark` sample until the log is next opened.
+//! no `narad_partition_high_watermark` sample until the log is next opened. The recovered-cut
+//! gauges come from the notes recovery keeps in a partition's `torn/` directory, so they
+//! survive restarts and fall to 0 when the operator removes the kept-aside files: gauges, not
+//! counters, for that reason.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -63,6 +66,18 @@ pub struct ApiMetrics {
     pub high_watermark: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
     /// `narad_partition_unavailable`: 1 for a quarantined or failed partition.
     pub unavailable: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_recovered_cut_records`: records in the torn tails recovery cut off and
+    /// kept aside (a lower bound when some cut bytes had no readable header).
+    pub recovered_cut_records: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_partition_recovered_cut_bytes`: bytes of those torn tails.
+    pub recovered_cut_bytes: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_http_buffered_request_bytes`: request-body bytes counted against the budget now.
+    pub buffered_request_bytes: Gauge<u64, AtomicU64>,
+    /// `narad_http_body_budget_refusals_total`: requests answered 503 because the body budget
+    /// was full.
+    pub body_budget_refusals: Counter,
+    /// `narad_set_aside_entries`: directories in the set-aside area (read at scrape time).
+    pub set_aside_entries: Gauge<u64, AtomicU64>,
     /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -111,9 +126,34 @@ impl ApiMetrics {
             self.high_watermark.clone(),
         );
         registry.register(
+            "narad_set_aside_entries",
+            "Topic or partition directories start-up could not account for and moved, intact, to set-aside/ (see GET /v1/admin/set-aside)",
+            self.set_aside_entries.clone(),
+        );
+        registry.register(
             "narad_partition_unavailable",
             "1 when a partition is quarantined (corruption found) or failed, else 0",
             self.unavailable.clone(),
+        );
+        registry.register(
+            "narad_partition_recovered_cut_records",
+            "Records recovery cut off a partition's torn tail and kept aside in torn/ (possibly acknowledged; 0 once the operator removes the kept-aside files)",
+            self.recovered_cut_records.clone(),
+        );
+        registry.register(
+            "narad_partition_recovered_cut_bytes",
+            "Bytes recovery cut off a partition's torn tail and kept aside in torn/",
+            self.recovered_cut_bytes.clone(),
+        );
+        registry.register(
+            "narad_http_buffered_request_bytes",
+            "Request-body bytes held against max-buffered-request-bytes now",
+            self.buffered_request_bytes.clone(),
+        );
+        registry.register(
+            "narad_http_body_budget_refusals",
+            "Requests answered 503 with Retry-After because max-buffered-request-bytes were held",
+            self.body_budget_refusals.clone(),
         );
     }
 
@@ -163,10 +203,13 @@ impl ApiMetrics {
             .flat_map(|t| (0..t.partitions).map(|p| PartitionId::new(t.name.clone(), p)))
             .collect();
         let store = Arc::clone(&state.store);
-        let stats = tokio::task::spawn_blocking(move || {
-            ids.into_iter()
+        let (stats, set_aside) = tokio::task::spawn_blocking(move || {
+            let stats = ids
+                .into_iter()
                 .filter_map(|id| store.peek(&id).ok().map(|s| (id, s)))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            let set_aside = crate::topics::set_aside::list(store.data_dir()).map(|e| e.len());
+            (stats, set_aside)
         })
         .await
         .map_err(|e| {
@@ -175,6 +218,13 @@ impl ApiMetrics {
                 format!("reading partition stats failed: {e}"),
             )
         })?;
+        match set_aside {
+            Ok(n) => {
+                self.set_aside_entries
+                    .set(u64::try_from(n).unwrap_or(u64::MAX));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list the set-aside area for metrics"),
+        };
         // Deleted topics must not linger: start from nothing each scrape.
         for family in [
             &self.size_bytes,
@@ -182,6 +232,8 @@ impl ApiMetrics {
             &self.log_start_offset,
             &self.high_watermark,
             &self.unavailable,
+            &self.recovered_cut_records,
+            &self.recovered_cut_bytes,
         ] {
             family.clear();
         }
@@ -205,6 +257,16 @@ impl ApiMetrics {
                 PartitionState::Quarantined { .. } | PartitionState::Failed { .. }
             );
             self.unavailable.get_or_create(&labels).set(u64::from(down));
+            let (cut_records, cut_bytes) = s
+                .recovered_cut
+                .as_ref()
+                .map_or((0, 0), |c| (c.records, c.bytes));
+            self.recovered_cut_records
+                .get_or_create(&labels)
+                .set(cut_records);
+            self.recovered_cut_bytes
+                .get_or_create(&labels)
+                .set(cut_bytes);
         }
         Ok(one_at_a_time)
     }

@@ -8,11 +8,17 @@
 //!   `GET /v1/topics/{parent}/children`;
 //! - [`metrics`]: `GET /metrics`;
 //! - [`health`]: `GET /healthz`;
+//! - [`admin`]: `GET /v1/admin/set-aside`, `POST /v1/admin/set-aside/{id}/adopt`,
+//!   `DELETE /v1/admin/set-aside/{id}` (directories start-up could not account for);
 //! - [`auth`]: the optional bearer token on every mutating request (`--auth-token-file`);
 //! - [`types`]: the JSON shapes (shared with the CLI), [`error`]: the JSON error answer,
-//!   [`extract`]: extractors that turn axum's rejections into that answer.
+//!   [`extract`]: extractors that turn axum's rejections into that answer;
+//! - [`body_budget`]: the bytes of request bodies buffered across all requests
+//!   (`max-buffered-request-bytes`).
 
+pub mod admin;
 pub mod auth;
+pub mod body_budget;
 pub mod children;
 pub mod error;
 pub mod extract;
@@ -91,6 +97,15 @@ impl Deref for AppState {
 pub fn router(state: AppState) -> Router {
     let body_limit = usize::try_from(state.limits.max_request_bytes).unwrap_or(usize::MAX);
     let plugin_limit = usize::try_from(state.limits.max_plugin_bytes).unwrap_or(usize::MAX);
+    let budget = Arc::new(body_budget::BodyBudget::new(
+        state.limits.max_buffered_request_bytes,
+        state
+            .limits
+            .max_request_bytes
+            .max(state.limits.max_plugin_bytes),
+        state.api_metrics.buffered_request_bytes.clone(),
+        state.api_metrics.body_budget_refusals.clone(),
+    ));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/v1/topics", post(topics::create).get(topics::list))
@@ -121,10 +136,18 @@ pub fn router(state: AppState) -> Router {
                 .patch(children::set_router)
                 .delete(children::detach),
         )
+        .route("/v1/admin/set-aside", get(admin::list))
+        .route("/v1/admin/set-aside/{id}", delete(admin::purge))
+        .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
         .route("/metrics", get(metrics::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        // Outermost, so every body is counted before any extractor reads it.
+        .layer(axum::middleware::from_fn_with_state(
+            budget,
+            body_budget::limit_bodies,
+        ))
         .with_state(state)
 }
 

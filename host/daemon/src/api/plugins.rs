@@ -4,8 +4,13 @@
 //!
 //! Deploy runs every check of the runtime (on the blocking pool) before anything is stored; a
 //! refusal is a 400 whose `error` says what is wrong and whose `reason` names the check
-//! (`not_wasm`, `forbidden_import`, `missing_export`, `abi_version`, `test_slab_trap`,
-//! `test_slab_deadline`, ...). The upload has its own size limit (`max-plugin-bytes`).
+//! (`not_wasm`, `module_limit`, `forbidden_import`, `missing_export`, `abi_version`,
+//! `test_slab_trap`, `test_slab_deadline`, ...). A module over a module limit (too many
+//! functions, a body or code section too large, ...) is refused before it is compiled, and
+//! its 400 also carries `limit` (e.g. `functions`) and `flag` (the `narad serve` flag that
+//! raises it). The upload has its own size limit (`max-plugin-bytes`, a 413).
+//!
+//! Listing never compiles: it reads each version's manifest from the stored bytes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -137,8 +142,10 @@ pub async fn remove(
     Ok(Json(RemovedPlugin { name, removed }))
 }
 
-/// Describes `versions` (loading each module, on the blocking pool, to read what it needs);
-/// `all` is every recorded version, oldest first, to tell which is the latest of its name.
+/// Describes `versions` from their manifests, on the blocking pool. Nothing is compiled: a
+/// listing is a read anyone may send, and compiling every stored module for it (after the
+/// compiled cache was emptied) is what took a node to 14 GB. `all` is every recorded
+/// version, oldest first, to tell which is the latest of its name.
 async fn describe(
     registry: Arc<PluginRegistry>,
     versions: Vec<PluginVersion>,
@@ -158,15 +165,13 @@ async fn describe(
             .zip(latest)
             .map(|(version, latest)| {
                 let builtin = registry.is_builtin(&version.name);
-                match registry.load(&version.digest) {
-                    Ok(plugin) => {
-                        let mut described = info(version, builtin, latest, None);
-                        described.needs = Some(needs(plugin.needs()));
-                        described.manifest_name = Some(plugin.name().to_owned());
-                        described
-                    }
-                    Err(e) => info(version, builtin, latest, Some(e.to_string())),
+                let description = registry.describe(&version.digest);
+                let mut described = info(version, builtin, latest, description.load_error);
+                if let Some(manifest) = description.manifest {
+                    described.needs = Some(needs(manifest.needs));
+                    described.manifest_name = Some(manifest.name);
                 }
+                described
             })
             .collect()
     })
@@ -208,6 +213,7 @@ pub fn refusal_reason(error: &narad_runtime::LoadError) -> String {
     match error {
         E::NotWasm => "not_wasm".to_owned(),
         E::NotCoreModule { .. } => "not_core_module".to_owned(),
+        E::ModuleLimit { .. } => "module_limit".to_owned(),
         E::Compile { .. } => "compile".to_owned(),
         E::ForbiddenImport { .. } => "forbidden_import".to_owned(),
         E::WrongImportType { .. } => "wrong_import_type".to_owned(),
@@ -235,7 +241,18 @@ impl From<RegistryError> for ApiError {
             | RegistryError::Empty => ApiError::bad_request(err.to_string()),
             RegistryError::Refused(ref load) => {
                 let reason = refusal_reason(load);
-                ApiError::bad_request(err.to_string()).with("reason", reason)
+                let refused = ApiError::bad_request(err.to_string()).with("reason", reason);
+                match load {
+                    // Which limit, and the flag that raises it, for clients to show.
+                    narad_runtime::LoadError::ModuleLimit { limit, .. } => {
+                        let refused = refused.with("limit", limit.as_str());
+                        match crate::plugins::limit_flag(*limit) {
+                            Some(flag) => refused.with("flag", flag),
+                            None => refused,
+                        }
+                    }
+                    _ => refused,
+                }
             }
             RegistryError::UnknownPlugin { .. } | RegistryError::UnknownDigest { .. } => {
                 ApiError::not_found(err.to_string())

@@ -11,8 +11,8 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::types::{
-    CreateTopicRequest, GrowPartitionsRequest, PartitionInfo, TopicDescription, TopicInfo,
-    TopicList,
+    CreateTopicRequest, GrowPartitionsRequest, PartitionInfo, RecoveredCutInfo, TopicDescription,
+    TopicInfo, TopicList,
 };
 use crate::metastore::{MetastoreError, TopicMeta};
 use crate::topics::NewTopic;
@@ -91,6 +91,15 @@ pub async fn describe(
                     segments: stats.segment_count,
                     state: state.to_owned(),
                     reason,
+                    recovered_cut: stats.recovered_cut.map(|c| RecoveredCutInfo {
+                        cuts: c.cuts,
+                        records: c.records,
+                        records_exact: c.records_exact,
+                        bytes: c.bytes,
+                        from_offset: c.from_offset,
+                        at_ms: c.at_ms,
+                        kept_at: c.kept_at.display().to_string(),
+                    }),
                 })
             })
             .collect::<Result<Vec<_>, narad_storage::StorageError>>()

@@ -49,6 +49,13 @@ pub struct TopicList {
     pub topics: Vec<TopicInfo>,
 }
 
+/// `GET /v1/admin/set-aside` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAsideList {
+    /// Every set-aside entry, oldest first.
+    pub entries: Vec<crate::topics::set_aside::SetAsideEntry>,
+}
+
 /// One partition in a describe answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionInfo {
@@ -68,6 +75,30 @@ pub struct PartitionInfo {
     /// Why the partition is quarantined or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What recovery cut off this partition's torn tails and kept aside; absent when nothing is
+    /// kept aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovered_cut: Option<RecoveredCutInfo>,
+}
+
+/// Torn tails recovery cut off a partition, while their kept-aside copies are in the
+/// partition's `torn/` directory (removing them clears this).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveredCutInfo {
+    /// Number of cuts kept aside.
+    pub cuts: u32,
+    /// Records in the cut bytes (they may have been acknowledged; they are no longer readable).
+    pub records: u64,
+    /// False when `records` is only a lower bound (some cut bytes had no readable frame header).
+    pub records_exact: bool,
+    /// Bytes cut.
+    pub bytes: u64,
+    /// First offset the latest cut removed; records written since reuse it.
+    pub from_offset: u64,
+    /// When the latest cut was made, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// Path of the kept-aside copy of the latest cut's bytes.
+    pub kept_at: String,
 }
 
 /// `GET /v1/topics/{t}` answer: the topic's settings and per-partition state.

@@ -140,6 +140,18 @@ impl File for CountingFile {
         result
     }
 
+    fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_uncached_at(buf, offset)?;
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn drop_cache(&self) -> io::Result<()> {
+        self.inner.drop_cache()
+    }
+
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
     }
@@ -194,6 +206,10 @@ impl FileSystem for CountingFs {
 
     fn exists(&self, path: &Path) -> io::Result<bool> {
         RealFs.exists(path)
+    }
+
+    fn restrict_tree(&self, dir: &Path) -> io::Result<u64> {
+        RealFs.restrict_tree(dir)
     }
 }
 

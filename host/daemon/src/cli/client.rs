@@ -12,8 +12,9 @@ use serde::de::DeserializeOwned;
 use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
 use crate::api::types::{
     CreateTopicRequest, ErrorBody, FetchResponse, GrowPartitionsRequest, ProduceRecordJson,
-    ProduceRequest, ProduceResponse, TopicDescription, TopicInfo, TopicList,
+    ProduceRequest, ProduceResponse, SetAsideList, TopicDescription, TopicInfo, TopicList,
 };
+use crate::topics::set_aside::SetAsideEntry;
 
 /// Default daemon URL.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
@@ -172,6 +173,34 @@ impl Client {
     /// `POST /v1/topics`.
     pub async fn create_topic(&self, req: &CreateTopicRequest) -> Result<TopicInfo, ApiCallError> {
         self.call(Method::POST, "/v1/topics", Some(req), None).await
+    }
+
+    /// `GET /v1/admin/set-aside`.
+    pub async fn list_set_aside(&self) -> Result<SetAsideList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/admin/set-aside", None, None)
+            .await
+    }
+
+    /// `POST /v1/admin/set-aside/{id}/adopt`.
+    pub async fn adopt_set_aside(&self, id: &str) -> Result<TopicInfo, ApiCallError> {
+        self.call::<(), _>(
+            Method::POST,
+            &format!("/v1/admin/set-aside/{id}/adopt"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `DELETE /v1/admin/set-aside/{id}`.
+    pub async fn purge_set_aside(&self, id: &str) -> Result<SetAsideEntry, ApiCallError> {
+        self.call::<(), _>(
+            Method::DELETE,
+            &format!("/v1/admin/set-aside/{id}"),
+            None,
+            None,
+        )
+        .await
     }
 
     /// `GET /v1/topics`.

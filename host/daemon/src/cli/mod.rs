@@ -8,7 +8,9 @@
 //! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
 //! - [`serve`]: `narad serve`.
 //! - [`bench`]: `narad bench produce|fanout`, the end-to-end benchmarks.
+//! - [`admin`]: `narad admin set-aside ...` and `narad admin rebuild-metastore`.
 
+pub mod admin;
 pub mod bench;
 pub mod child;
 pub mod client;
@@ -46,6 +48,8 @@ pub struct Cli {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the flags of `serve` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Run the daemon: HTTP API, partition logs, metastore.
     Serve(ServeArgs),
@@ -63,6 +67,9 @@ pub enum Command {
     Plugin(plugin::PluginArgs),
     /// Attach, detach, list and re-route fan-out children of a topic.
     Child(child::ChildArgs),
+    /// Repair: directories set aside at start (list, adopt, purge) and rebuilding a lost
+    /// metastore from the data dir.
+    Admin(admin::AdminArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
@@ -103,6 +110,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plugin(args) => plugin::run(args).await,
         Command::Child(args) => child::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Admin(args) => admin::run(args).await,
         Command::Completions(args) => {
             completions::run(&args);
             Ok(())

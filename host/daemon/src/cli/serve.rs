@@ -11,6 +11,9 @@ use crate::shutdown;
 /// Runs the daemon until SIGINT or SIGTERM, then shuts down gracefully.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::resolve(&args).context("invalid configuration")?;
+    // Before anything opens files: connections, segments and cursor files share this limit,
+    // and the default connection cap is derived from it.
+    crate::fdlimit::raise_to_hard();
     let (trigger, signal) = shutdown::channel();
     let server = run_server(config.clone(), signal).await.with_context(|| {
         format!(

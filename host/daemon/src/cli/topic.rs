@@ -108,6 +108,17 @@ fn describe_text(d: &TopicDescription) -> String {
         ],
         &rows,
     ));
+    // Records recovery cut off a torn tail are shown under the table: they may have been
+    // acknowledged, and the operator has to decide about the kept-aside bytes.
+    for p in &d.partition_stats {
+        if let Some(c) = &p.recovered_cut {
+            let at_least = if c.records_exact { "" } else { "at least " };
+            out.push_str(&format!(
+                "partition {}: recovery cut {at_least}{} record(s), {} byte(s), from offset {} ({} cut(s)); kept at {}\n",
+                p.partition, c.records, c.bytes, c.from_offset, c.cuts, c.kept_at
+            ));
+        }
+    }
     out
 }
 

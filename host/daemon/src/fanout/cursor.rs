@@ -1,4 +1,16 @@
 //! One fan-out cursor: resolve the start, then read, deliver, advance, until stopped.
+//!
+//! A cursor never waits past the parent's end. Its position can be beyond the parent's high
+//! watermark when the parent lost records the cursor had already copied: a torn tail cut at
+//! start-up with no high-watermark file to refuse the cut, for example. Waiting there would
+//! skip every record the parent writes again at the reused offsets, so the cursor moves back
+//! to the parent's end instead ([`rewind_to_parent_end`]), at start and whenever a read says
+//! the position is past the end; it logs both offsets and counts the rewind. This only ever
+//! moves the cursor back toward records it has not copied (duplicates in the child, never a
+//! gap), so it keeps the cursor's epoch and needs no confirmation from the metastore. When
+//! records were already written again at the lost offsets before the cursor starts, its
+//! position is not past the end any more; the content of the copies in the child then shows
+//! the reuse ([`provenance::first_reused_offset`], [`rewind_past_reused_offsets`]).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -6,7 +18,7 @@ use std::time::Duration;
 
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fs::FileSystem;
-use narad_storage::{Clock, PartitionId, Store};
+use narad_storage::{Clock, PartitionId, StorageError, Store};
 
 use super::RETRY_BACKOFF;
 use super::committer::ChildCommitter;
@@ -165,11 +177,17 @@ async fn open_position(
         .await?
         .map_err(|e| e.to_string())?;
     let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
-    let evidence = blocking(move || {
-        provenance::scan_child_tails(&store, &child, child_partitions, epoch, partition)
+    let (evidence, copies) = blocking(move || {
+        provenance::scan_child_tails_with_copies(&store, &child, child_partitions, epoch, partition)
     })
     .await?
     .map_err(|e| e.to_string())?;
+    // The parent's end, read now (opening the log if a crash left its end unknown): nothing
+    // may start past it.
+    let (store, high_id) = (Arc::clone(&deps.store), parent.clone());
+    let high = blocking(move || store.high_watermark(&high_id))
+        .await?
+        .map_err(|e| e.to_string())?;
     let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
     let stats = blocking(move || store.peek(&peek_id))
         .await?
@@ -177,7 +195,7 @@ async fn open_position(
 
     match loaded {
         CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
-            let mut position = record.next_offset;
+            let mut position = rewind_to_parent_end(record.next_offset, high, key, status);
             let floor = match start_point(link.attach_offsets.as_deref(), key.partition) {
                 StartPoint::LiveTail => None,
                 point => Some(point.resolve(0)),
@@ -190,6 +208,8 @@ async fn open_position(
                 status.rewound();
                 position = target;
             }
+            let position =
+                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
             let fs = Arc::clone(&deps.fs);
             let rewound = position != record.next_offset;
             let file = blocking(move || {
@@ -231,20 +251,12 @@ async fn open_position(
                 Some(found) if found.newest_slab_start >= stats.log_start_offset => {
                     found.newest_slab_start
                 }
-                _ => {
-                    let point = start_point(link.attach_offsets.as_deref(), key.partition);
-                    // Only the live tail needs the parent's end, read now.
-                    let high = if point == StartPoint::LiveTail {
-                        let (store, id) = (Arc::clone(&deps.store), parent.clone());
-                        blocking(move || store.high_watermark(&id))
-                            .await?
-                            .map_err(|e| e.to_string())?
-                    } else {
-                        0
-                    };
-                    point.resolve(high)
-                }
+                _ => start_point(link.attach_offsets.as_deref(), key.partition).resolve(high),
             };
+            // Evidence or an attach point past the parent's end: the parent lost records since.
+            let position = rewind_to_parent_end(position, high, key, status);
+            let position =
+                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
             let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
             let file = blocking(move || {
                 CursorFile::anchor(
@@ -260,6 +272,55 @@ async fn open_position(
             .map_err(|e| e.to_string())?;
             Ok(Ok(file))
         }
+    }
+}
+
+/// The position a cursor at `position` may use given the parent's high watermark `high`:
+/// `position` itself, or `high` when `position` is past it. Past the end, the parent lost
+/// records the cursor had already copied; records written again at those offsets are new and
+/// must reach the child, so the cursor goes back to the parent's end. Logs and counts it.
+fn rewind_to_parent_end(position: u64, high: u64, key: &CursorKey, status: &CursorStatus) -> u64 {
+    if position <= high {
+        return position;
+    }
+    note_parent_end_rewind(position, high, key, status);
+    high
+}
+
+/// Logs and counts a rewind from `from` back to the parent's end `to`.
+fn note_parent_end_rewind(from: u64, to: u64, key: &CursorKey, status: &CursorStatus) {
+    tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
+        from, to, lost = from.saturating_sub(to),
+        "cursor is past the parent's end: the parent lost records it had copied; rewinding to the parent's end so records written again at those offsets reach the child");
+    status.rewound_to_parent_end();
+}
+
+/// The position a cursor at `position` may use given what its child holds: `position` itself,
+/// or the first offset the parent reused for a new record after losing the one the child
+/// copied from it (records written again at lost offsets before the cursor started, so the
+/// position is no longer past the parent's end). Logs and counts it like
+/// [`rewind_to_parent_end`]: it is the same loss, found later.
+async fn rewind_past_reused_offsets(
+    deps: &CursorDeps,
+    parent: &PartitionId,
+    key: &CursorKey,
+    position: u64,
+    copies: provenance::TailCopies,
+    status: &CursorStatus,
+) -> Result<u64, String> {
+    let (store, id) = (Arc::clone(&deps.store), parent.clone());
+    let reused = blocking(move || provenance::first_reused_offset(&store, &id, position, &copies))
+        .await?
+        .map_err(|e| e.to_string())?;
+    match reused {
+        Some(target) if target < position => {
+            tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
+                from = position, to = target,
+                "cursor is past the parent's end: the parent reused offsets of records it lost after the child copied them; rewinding so the records now at those offsets reach the child");
+            status.rewound_to_parent_end();
+            Ok(target)
+        }
+        _ => Ok(position),
     }
 }
 
@@ -323,6 +384,27 @@ pub async fn run_cursor(
         };
         let read = match read {
             Ok(read) => read,
+            Err(StorageError::OffsetBeyondEnd { high_watermark, .. })
+                if high_watermark < position =>
+            {
+                // The parent's log got shorter under the cursor (reopened after a crash or
+                // repair): go back to its end rather than wait for offsets it will reuse.
+                // Counted once it is durable: a failed write is retried on the next read.
+                match blocking_advance(&file, high_watermark).await {
+                    Ok(()) => {
+                        note_parent_end_rewind(position, high_watermark, &key, &status);
+                        status.set_position(high_watermark, high_watermark);
+                        status.running();
+                    }
+                    Err(reason) => {
+                        status.stalled(reason);
+                        if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
+                            return CursorExit::Stopped;
+                        }
+                    }
+                }
+                continue;
+            }
             Err(error) => {
                 status.stalled(format!("reading {parent} at {position} failed: {error}"));
                 if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
@@ -358,6 +440,7 @@ pub async fn run_cursor(
                     Ok(()) => {
                         status.add_dropped(dropped);
                         status.set_position(log_start, log_start);
+                        status.running();
                     }
                     Err(reason) => {
                         status.stalled(reason);

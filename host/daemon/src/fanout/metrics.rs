@@ -70,6 +70,10 @@ pub struct FanoutMetrics {
     /// `narad_fanout_cursor_rewinds_total`: start-ups that found the cursor ahead of what its
     /// child holds and moved it back.
     pub rewinds: Family<CursorLabels, Counter>,
+    /// `narad_fanout_cursor_parent_end_rewinds_total`: times the cursor found its position
+    /// past the parent's high watermark (the parent lost records it had copied) and moved
+    /// back to the parent's end.
+    pub parent_end_rewinds: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
     pub state: Family<StateLabels, Gauge>,
 }
@@ -118,6 +122,11 @@ impl FanoutMetrics {
             self.rewinds.clone(),
         );
         registry.register(
+            "narad_fanout_cursor_parent_end_rewinds",
+            "Times a cursor found its position past the parent's high watermark (the parent lost records the cursor had already copied, such as a torn tail cut at start-up) and moved back to the parent's end so records written again at those offsets are copied",
+            self.parent_end_rewinds.clone(),
+        );
+        registry.register(
             "narad_fanout_cursor_state",
             "1 for the state each cursor is in (running, waiting, stalled), 0 for the others",
             self.state.clone(),
@@ -134,6 +143,7 @@ impl FanoutMetrics {
         self.commit_retries.remove(labels);
         self.route_failures.remove(labels);
         self.rewinds.remove(labels);
+        self.parent_end_rewinds.remove(labels);
         for state in [
             StateLabel::running,
             StateLabel::waiting,

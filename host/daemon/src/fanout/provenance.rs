@@ -6,10 +6,18 @@
 //! whole or in part; every slab before it reached the child whole (a cursor reads a slab only
 //! after the previous one is committed). Restarting at that slab's start repeats at most one
 //! slab and skips nothing.
+//!
+//! The copies also tell whether the parent still holds what was copied. A parent that lost its
+//! tail (a torn tail cut after a crash, with no high-watermark file to refuse the cut) gives
+//! the lost offsets to new records; if those are written before the cursor starts, the cursor's
+//! position is no longer past the parent's end and only the content shows the reuse:
+//! [`first_reused_offset`] compares the parent's records with the fingerprints of their copies.
 
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{PartitionId, ReadOptions, StorageError, Store, StoredRecord};
 
 use super::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
 
@@ -31,6 +39,29 @@ pub struct ChildScan {
     pub empty: bool,
 }
 
+/// Fingerprints of the copies found in the child's tails, by parent offset. One offset can have
+/// several copies: a slab repeated after a crash, or an offset the parent reused.
+pub type TailCopies = BTreeMap<u64, Vec<u64>>;
+
+/// Most parent offsets [`scan_child_tails_with_copies`] keeps fingerprints for (the highest
+/// ones): one slab's worth, [`SLAB_MAX_RECORDS`], which bounds its memory whatever the child's
+/// partition count.
+pub const MAX_TAIL_COPIES: usize = SLAB_MAX_RECORDS;
+
+/// A fingerprint of what a copy keeps of its original: key, headers and value. Compared only
+/// within one process, so the standard hasher's fixed keys are enough.
+pub fn fingerprint(record: &StoredRecord) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    record.key.as_deref().hash(&mut hasher);
+    record.headers.len().hash(&mut hasher);
+    for header in &record.headers {
+        header.name.hash(&mut hasher);
+        header.value.as_ref().hash(&mut hasher);
+    }
+    record.value.as_ref().hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Scans the tail of every child partition (the last slab's worth of records each) for
 /// records copied from `parent_partition` under `epoch`.
 ///
@@ -42,6 +73,22 @@ pub fn scan_child_tails(
     epoch: [u8; 8],
     parent_partition: u32,
 ) -> Result<ChildScan, StorageError> {
+    scan_child_tails_with_copies(store, child, child_partitions, epoch, parent_partition)
+        .map(|(scan, _)| scan)
+}
+
+/// [`scan_child_tails`], also giving the fingerprints of the copies found, for the highest
+/// [`MAX_TAIL_COPIES`] parent offsets.
+///
+/// Blocking; reads the child logs.
+pub fn scan_child_tails_with_copies(
+    store: &Arc<Store>,
+    child: &str,
+    child_partitions: u32,
+    epoch: [u8; 8],
+    parent_partition: u32,
+) -> Result<(ChildScan, TailCopies), StorageError> {
+    let mut copies = TailCopies::new();
     let mut evidence: Option<ChildEvidence> = None;
     let mut empty = true;
     for partition in 0..child_partitions {
@@ -71,6 +118,13 @@ pub fn scan_child_tails(
                 if origin.epoch != epoch || origin.parent_partition != parent_partition {
                     continue;
                 }
+                copies
+                    .entry(origin.parent_offset)
+                    .or_default()
+                    .push(fingerprint(record));
+                if copies.len() > MAX_TAIL_COPIES {
+                    copies.pop_first();
+                }
                 let found = ChildEvidence {
                     newest_slab_start: origin.slab_start,
                     highest_parent_offset: origin.parent_offset,
@@ -88,7 +142,78 @@ pub fn scan_child_tails(
             offset = read.next_offset;
         }
     }
-    Ok(ChildScan { evidence, empty })
+    Ok((ChildScan { evidence, empty }, copies))
+}
+
+/// Whether the parent reused offsets below `next_offset` that the child holds copies of, and
+/// the lowest such offset: the first parent record, among those with a copy in `copies`, that
+/// matches none of its copies. Checks the last record before `next_offset` first (one read, the
+/// common case); walks the copied range only when that one differs. `None` when it matches,
+/// when the child holds no copy of it (nothing to compare), or when it left the parent's
+/// retention.
+///
+/// Blocking; reads the parent log.
+pub fn first_reused_offset(
+    store: &Store,
+    parent: &PartitionId,
+    next_offset: u64,
+    copies: &TailCopies,
+) -> Result<Option<u64>, StorageError> {
+    let Some(last) = next_offset.checked_sub(1) else {
+        return Ok(None);
+    };
+    let differs = |record: &StoredRecord| {
+        copies
+            .get(&record.offset)
+            .is_some_and(|seen| !seen.contains(&fingerprint(record)))
+    };
+    let read = |offset: u64, max_records: usize| {
+        store.read(
+            parent,
+            &ReadOptions {
+                offset,
+                max_records,
+                max_bytes: SLAB_MAX_BYTES,
+                max_committed_at_ms: None,
+            },
+        )
+    };
+    if !copies.contains_key(&last) {
+        return Ok(None);
+    }
+    let newest = match read(last, 1) {
+        Ok(read) => read,
+        Err(StorageError::OffsetBelowLogStart { .. } | StorageError::OffsetBeyondEnd { .. }) => {
+            return Ok(None);
+        }
+        Err(other) => return Err(other),
+    };
+    match newest.records.first() {
+        Some(record) if record.offset == last && differs(record) => {}
+        _ => return Ok(None),
+    }
+    // The last copied record was replaced: find where the replacement began.
+    let log_start = store.peek(parent)?.log_start_offset;
+    let Some((&from, _)) = copies.range(log_start..next_offset).next() else {
+        return Ok(Some(last));
+    };
+    let mut offset = from;
+    while offset < next_offset {
+        let batch = read(offset, SLAB_MAX_RECORDS)?;
+        if batch.records.is_empty() {
+            break;
+        }
+        if let Some(first) = batch
+            .records
+            .iter()
+            .take_while(|r| r.offset < next_offset)
+            .find(|r| differs(r))
+        {
+            return Ok(Some(first.offset));
+        }
+        offset = batch.next_offset;
+    }
+    Ok(Some(last))
 }
 
 /// Whether a cursor that resumed at `next_offset` is ahead of what its child holds, and where

@@ -1,4 +1,11 @@
 //! A cursor's live status: what the children listing shows and the gauges export.
+//!
+//! `last_error` is the error of the trouble the cursor is in now: set when it stalls, and
+//! cleared as soon as the cursor is healthy again (a slab committed, a read that found nothing
+//! to do, its position opened or moved). The error it recovered from stays visible as
+//! `previous_error`, with the time it was last seen, so an operator can still tell what
+//! happened. Every error is escaped and cut by [`narad_runtime::text::sanitize`] before it is
+//! stored: part of it may come from a plugin.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -15,7 +22,8 @@ pub enum CursorState {
     /// A delay cursor sleeping until its next record is due.
     Waiting,
     /// Retrying after a failure (plugin error, failing child commit, offset file I/O); the
-    /// reason is in `last_error`. A stalled cursor never skips a record.
+    /// reason is in `last_error` until the cursor is healthy again. A stalled cursor never
+    /// skips a record.
     Stalled,
 }
 
@@ -33,10 +41,38 @@ pub struct CursorReport {
     pub due_lag_seconds: f64,
     /// Records skipped because they aged out of the parent before being copied.
     pub dropped_messages: u64,
+    /// Times this cursor found its position past the parent's high watermark (the parent lost
+    /// records the cursor had already copied, such as a torn tail cut at start-up) and moved
+    /// back to the parent's end, so records written again at those offsets are copied too.
+    #[serde(default)]
+    pub parent_end_rewinds: u64,
     /// Running, waiting or stalled.
     pub state: CursorState,
-    /// Why the cursor is stalled, or the last failure it recovered from.
+    /// Why the cursor is stalled now; `None` once it is healthy again. Escaped and cut to
+    /// [`MAX_ERROR_TEXT_BYTES`].
     pub last_error: Option<String>,
+    /// When `last_error` was last recorded (Unix ms, this node's clock).
+    #[serde(default)]
+    pub last_error_at_ms: Option<i64>,
+    /// The last error of the most recent trouble the cursor recovered from.
+    #[serde(default)]
+    pub previous_error: Option<String>,
+    /// When `previous_error` was last recorded (Unix ms, this node's clock).
+    #[serde(default)]
+    pub previous_error_at_ms: Option<i64>,
+}
+
+/// Longest error text the status keeps, in bytes (plus a cut marker): room for a message of
+/// the daemon's own around two pieces of plugin text of
+/// [`narad_runtime::text::MAX_PLUGIN_TEXT_BYTES`] each (a routing failure names the failure of
+/// the slab and that of its poison record).
+pub const MAX_ERROR_TEXT_BYTES: usize = 2048;
+
+/// Milliseconds since the Unix epoch on this node's clock (0 if it is before 1970).
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[derive(Debug)]
@@ -45,8 +81,12 @@ struct Inner {
     high_watermark: Option<u64>,
     due_lag_seconds: f64,
     dropped: u64,
+    parent_end_rewinds: u64,
     state: CursorState,
-    last_error: Option<String>,
+    /// The current error and when it was recorded.
+    last_error: Option<(String, i64)>,
+    /// The last error of the previous trouble and when it was recorded.
+    previous_error: Option<(String, i64)>,
 }
 
 /// Shared status of one cursor; every change also updates its metric series.
@@ -68,8 +108,10 @@ impl CursorStatus {
                 high_watermark: None,
                 due_lag_seconds: 0.0,
                 dropped: 0,
+                parent_end_rewinds: 0,
                 state: CursorState::Running,
                 last_error: None,
+                previous_error: None,
             }),
         };
         status.publish_state(CursorState::Running);
@@ -87,6 +129,7 @@ impl CursorStatus {
         let _ = m.commit_retries.get_or_create(&self.labels);
         let _ = m.route_failures.get_or_create(&self.labels);
         let _ = m.rewinds.get_or_create(&self.labels);
+        let _ = m.parent_end_rewinds.get_or_create(&self.labels);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -160,17 +203,29 @@ impl CursorStatus {
         self.metrics.rewinds.get_or_create(&self.labels).inc();
     }
 
-    /// Marks the cursor running (clears nothing: the last error stays visible).
+    /// Counts a rewind to the parent's end (the cursor's position was past the parent's high
+    /// watermark).
+    pub fn rewound_to_parent_end(&self) {
+        self.lock().parent_end_rewinds += 1;
+        self.metrics
+            .parent_end_rewinds
+            .get_or_create(&self.labels)
+            .inc();
+    }
+
+    /// Marks the cursor running: it is healthy, so the current error (if any) becomes the
+    /// previous one.
     pub fn running(&self) {
         self.set_state(CursorState::Running, None);
     }
 
-    /// Marks the cursor waiting for a delayed record.
+    /// Marks the cursor waiting for a delayed record (healthy, like [`CursorStatus::running`]).
     pub fn waiting(&self) {
         self.set_state(CursorState::Waiting, None);
     }
 
-    /// Marks the cursor stalled, with the reason.
+    /// Marks the cursor stalled, with the reason (escaped and cut to
+    /// [`MAX_ERROR_TEXT_BYTES`]).
     pub fn stalled(&self, reason: String) {
         self.set_state(CursorState::Stalled, Some(reason));
     }
@@ -179,8 +234,17 @@ impl CursorStatus {
         let mut inner = self.lock();
         let changed = inner.state != state;
         inner.state = state;
-        if error.is_some() {
-            inner.last_error = error;
+        match error {
+            Some(reason) => {
+                let shown = narad_runtime::text::sanitize(&reason, MAX_ERROR_TEXT_BYTES);
+                inner.last_error = Some((shown, wall_clock_ms()));
+            }
+            None => {
+                // Healthy again: the trouble is over, its error is history.
+                if let Some(ended) = inner.last_error.take() {
+                    inner.previous_error = Some(ended);
+                }
+            }
         }
         drop(inner);
         if changed {
@@ -218,13 +282,83 @@ impl CursorStatus {
             },
             due_lag_seconds: inner.due_lag_seconds,
             dropped_messages: inner.dropped,
+            parent_end_rewinds: inner.parent_end_rewinds,
             state: inner.state,
-            last_error: inner.last_error.clone(),
+            last_error: inner.last_error.as_ref().map(|(text, _)| text.clone()),
+            last_error_at_ms: inner.last_error.as_ref().map(|&(_, at)| at),
+            previous_error: inner.previous_error.as_ref().map(|(text, _)| text.clone()),
+            previous_error_at_ms: inner.previous_error.as_ref().map(|&(_, at)| at),
         }
     }
 
     /// Removes the cursor's series (it stopped).
     pub fn retire(&self) {
         self.metrics.remove_cursor(&self.labels);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> CursorStatus {
+        CursorStatus::new(
+            CursorLabels {
+                parent: "orders".into(),
+                child: "copy".into(),
+                partition: 0,
+            },
+            Arc::new(FanoutMetrics::default()),
+        )
+    }
+
+    #[test]
+    fn a_cursor_healthy_again_shows_no_current_error_and_keeps_it_as_previous() {
+        let status = status();
+        status.stalled("routing failed: plugin trapped".into());
+        let stalled = status.report();
+        assert_eq!(stalled.state, CursorState::Stalled);
+        assert_eq!(
+            stalled.last_error.as_deref(),
+            Some("routing failed: plugin trapped")
+        );
+        assert!(stalled.last_error_at_ms.is_some());
+
+        status.slab_committed(10);
+        status.running();
+        let recovered = status.report();
+        assert_eq!(recovered.state, CursorState::Running);
+        assert_eq!(recovered.last_error, None);
+        assert_eq!(recovered.last_error_at_ms, None);
+        assert_eq!(
+            recovered.previous_error.as_deref(),
+            Some("routing failed: plugin trapped")
+        );
+        assert_eq!(recovered.previous_error_at_ms, stalled.last_error_at_ms);
+
+        // Idle reads while healthy keep the history as it is.
+        status.running();
+        assert_eq!(status.report().previous_error, recovered.previous_error);
+    }
+
+    #[test]
+    fn an_error_is_stored_escaped_and_cut_to_the_cap() {
+        let status = status();
+        status.stalled(format!("a\nforged\0{}", "E".repeat(8 * 1024)));
+        let shown = status.report().last_error.unwrap_or_default();
+        assert!(shown.starts_with("a\\nforged\\0E"), "{shown:?}");
+        assert!(!shown.chars().any(char::is_control));
+        assert!(
+            shown.len() <= MAX_ERROR_TEXT_BYTES + narad_runtime::text::CUT_MARKER_MAX_BYTES,
+            "{} bytes",
+            shown.len()
+        );
+    }
+
+    #[test]
+    fn a_rewind_to_the_parents_end_is_counted_in_the_report() {
+        let status = status();
+        status.rewound_to_parent_end();
+        assert_eq!(status.report().parent_end_rewinds, 1);
     }
 }

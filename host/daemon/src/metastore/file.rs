@@ -26,6 +26,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -98,6 +99,30 @@ impl State {
         Ok(())
     }
 
+    /// Adds `link` after checking that both topics exist, the pair is not linked yet, the link
+    /// rules hold and every plugin of its router is recorded.
+    fn attach(&mut self, link: LinkMeta) -> Result<()> {
+        for topic in [&link.parent, &link.child] {
+            if !self.topics.contains_key(topic) {
+                return Err(MetastoreError::UnknownTopic {
+                    name: topic.clone(),
+                });
+            }
+        }
+        if self.link_index(&link.parent, &link.child).is_some() {
+            return Err(MetastoreError::LinkExists {
+                parent: link.parent,
+                child: link.child,
+            });
+        }
+        check_attach(&self.topics, &self.links, &link)?;
+        self.check_plugins_exist(&link.router)?;
+        self.links.push(link);
+        self.links
+            .sort_by(|a, b| (&a.parent, &a.child).cmp(&(&b.parent, &b.child)));
+        Ok(())
+    }
+
     fn link_index(&self, parent: &str, child: &str) -> Option<usize> {
         self.links
             .iter()
@@ -120,6 +145,8 @@ struct Inner {
     /// Held across a whole write (compute, persist, swap) so writes apply one at a time and
     /// readers never see a state that is not yet durable.
     writer: Mutex<()>,
+    /// No metastore file (and no backup) existed when this one was opened.
+    started_empty: bool,
 }
 
 impl FileMetastore {
@@ -143,6 +170,7 @@ impl FileMetastore {
                 });
             }
         }
+        let mut started_empty = false;
         let state = match fs::read(&path) {
             Ok(bytes) => match decode(&path, &bytes) {
                 Ok(state) => state,
@@ -163,6 +191,7 @@ impl FileMetastore {
                 if backup.exists() {
                     return Err(MetastoreError::Missing { path, backup });
                 }
+                started_empty = true;
                 State {
                     format: FORMAT_VERSION,
                     ..State::default()
@@ -180,8 +209,15 @@ impl FileMetastore {
                 dir: dir.to_path_buf(),
                 state: Mutex::new(state),
                 writer: Mutex::new(()),
+                started_empty,
             }),
         })
+    }
+
+    /// True when the data dir had no metastore file (and no backup) at open: a new data dir,
+    /// or one whose metastore was lost. Start-up tells the two apart by what `topics/` holds.
+    pub fn started_empty(&self) -> bool {
+        self.inner.started_empty
     }
 
     /// Path of the metastore file.
@@ -244,10 +280,13 @@ impl Inner {
         let backup = self.dir.join(BACKUP_FILE_NAME);
         let io = |context: String| move |source| MetastoreError::Io { context, source };
 
+        // Owner-only whatever the umask: link configs may hold plugin secrets. The backup is a
+        // hard link or a copy of this file, so it has the same mode.
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(&temp)
             .map_err(io(format!("creating {}", temp.display())))?;
         file.write_all(&bytes)
@@ -457,25 +496,25 @@ impl Metastore for FileMetastore {
 
     fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>> {
         self.update(move |state| {
-            for topic in [&link.parent, &link.child] {
-                if !state.topics.contains_key(topic) {
-                    return Err(MetastoreError::UnknownTopic {
-                        name: topic.clone(),
-                    });
-                }
+            state.attach(link.clone())?;
+            Ok((link, Some(Domain::Links)))
+        })
+    }
+
+    fn attach_link_with_new_child(
+        &self,
+        child: TopicMeta,
+        link: LinkMeta,
+    ) -> BoxFuture<'_, Result<LinkMeta>> {
+        self.update(move |state| {
+            if state.topics.contains_key(&child.name) {
+                return Err(MetastoreError::TopicExists { name: child.name });
             }
-            if state.link_index(&link.parent, &link.child).is_some() {
-                return Err(MetastoreError::LinkExists {
-                    parent: link.parent,
-                    child: link.child,
-                });
-            }
-            check_attach(&state.topics, &state.links, &link)?;
-            state.check_plugins_exist(&link.router)?;
-            state.links.push(link.clone());
-            state
-                .links
-                .sort_by(|a, b| (&a.parent, &a.child).cmp(&(&b.parent, &b.child)));
+            state.topics.insert(child.name.clone(), child);
+            state.attach(link.clone())?;
+            // Both domains move in this one write; the caller's change is applied to a copy,
+            // so a refused link leaves the topic unrecorded as well.
+            state.versions.bump(Domain::Topics);
             Ok((link, Some(Domain::Links)))
         })
     }

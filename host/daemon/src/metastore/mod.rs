@@ -277,6 +277,15 @@ pub trait Metastore: Send + Sync + 'static {
     /// checked in the same write. Fails with [`MetastoreError::LinkExists`] for a linked pair.
     fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>>;
 
+    /// Records a new topic and a link whose child it is, in one write: the attach that creates
+    /// its child. Fails as [`Metastore::create_topic`] and [`Metastore::attach_link`] would,
+    /// and then records neither.
+    fn attach_link_with_new_child(
+        &self,
+        child: TopicMeta,
+        link: LinkMeta,
+    ) -> BoxFuture<'_, Result<LinkMeta>>;
+
     /// Removes a link, returning what it was.
     fn detach_link<'a>(
         &'a self,

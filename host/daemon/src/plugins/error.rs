@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use narad_runtime::{EngineError, LoadError};
+use narad_runtime::{EngineError, LoadError, ModuleLimit};
 
 use crate::metastore::MetastoreError;
 
@@ -31,7 +31,7 @@ pub enum RegistryError {
     },
     /// The module was refused by the deploy checks (not Wasm, a forbidden import, a missing
     /// export, a wrong ABI version, a bad manifest, a failure on the built-in test slab, ...).
-    #[error("plugin refused: {0}")]
+    #[error("plugin refused: {0}{hint}", hint = limit_hint(.0))]
     Refused(#[source] LoadError),
     /// The upload is empty.
     #[error(
@@ -94,7 +94,10 @@ pub enum RegistryError {
     },
     /// A stored module no longer passes the deploy checks (for example after an upgrade that
     /// tightened them).
-    #[error("stored plugin module {digest} no longer loads: {source}")]
+    #[error(
+        "stored plugin module {digest} no longer loads: {source}{}",
+        limit_hint(source)
+    )]
     StoredRefused {
         /// The digest, hex.
         digest: String,
@@ -120,6 +123,44 @@ pub enum RegistryError {
     /// A blocking task (validation, file I/O) panicked or was cancelled.
     #[error("plugin registry task failed: {0}")]
     Task(String),
+}
+
+/// The `narad serve` flag that raises a module limit; `None` for the limits the ABI fixes
+/// (one memory, a few tables, the table size).
+pub fn limit_flag(limit: ModuleLimit) -> Option<&'static str> {
+    Some(match limit {
+        ModuleLimit::Functions => "--plugin-max-functions",
+        ModuleLimit::FunctionBodyBytes => "--plugin-max-function-bytes",
+        ModuleLimit::CodeBytes => "--plugin-max-code-bytes",
+        ModuleLimit::LocalsPerFunction => "--plugin-max-locals",
+        ModuleLimit::DataBytes => "--plugin-max-data-bytes",
+        ModuleLimit::MemoryMinimumBytes => "--plugin-memory-bytes",
+        ModuleLimit::Types
+        | ModuleLimit::Imports
+        | ModuleLimit::Exports
+        | ModuleLimit::Globals
+        | ModuleLimit::DataSegments
+        | ModuleLimit::ElementSegments
+        | ModuleLimit::ElementItems => "--plugin-max-module-items",
+        _ => return None,
+    })
+}
+
+/// For a module-limit refusal, how the operator raises the limit (appended to the message).
+fn limit_hint(error: &LoadError) -> String {
+    match error {
+        LoadError::ModuleLimit { limit, .. } => match limit_flag(*limit) {
+            Some(flag) => {
+                let key = flag.trim_start_matches("--");
+                format!(
+                    "; the node's operator can raise it with {flag} (environment NARAD_{}, config key {key})",
+                    key.replace('-', "_").to_uppercase()
+                )
+            }
+            None => "; this limit is fixed by the plugin ABI".to_owned(),
+        },
+        _ => String::new(),
+    }
 }
 
 fn list(items: &[String]) -> String {

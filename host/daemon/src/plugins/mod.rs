@@ -17,7 +17,9 @@
 //! The metastore holds the versions ([`PluginVersion`]: name, digest, manifest version and
 //! description, upload time), oldest first; the files hold the bytes. A version is recorded only
 //! after its file is durable, so every recorded digest has its bytes; a file no version names
-//! (a crash between the two steps) is deleted at the next start.
+//! (a crash between the two steps, or a metastore restored from an older backup) is moved to
+//! `set-aside/plugins/` at the next start, never deleted: it may be the only copy of an
+//! uploaded plugin.
 //!
 //! Names: an upload is recorded under the name it was deployed as (`?name=`), which may differ
 //! from the name in the module's manifest; the manifest name is what error messages of a
@@ -29,6 +31,13 @@
 //! Concurrency: deploys and removals of this node run one at a time (so a removal never deletes
 //! a file a concurrent deploy of the same bytes is about to record); validation, which is CPU
 //! work bounded by the runtime's limits, runs on the blocking pool before that lock is taken.
+//! Compiles go through the runtime's gate: loads of one digest share one compile, and
+//! compiles run one at a time (`narad_runtime::DEFAULT_COMPILE_CONCURRENCY`).
+//!
+//! Listing ([`PluginRegistry::describe`]) never compiles: it reads the manifest from the stored
+//! bytes (after the header and module-limit checks, which need no compile), because a listing
+//! is an unauthenticated read and the compiled cache may be empty (deleting `cache/` is safe;
+//! every wasmtime upgrade empties it).
 
 pub mod error;
 pub mod spec;
@@ -39,10 +48,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use narad_abi::Manifest;
 use narad_runtime::{Digest, Limits, Plugin, Runtime, RuntimeConfig};
 
 use crate::metastore::{Metastore, MetastoreError, PluginRef, PluginVersion, Snapshot};
-pub use error::RegistryError;
+pub use error::{RegistryError, limit_flag};
 pub use spec::{MIN_DIGEST_PREFIX_HEX, validate_name};
 use store::ContentStore;
 
@@ -66,6 +76,11 @@ pub struct PluginRegistry {
     builtins: Vec<Builtin>,
     /// Validated plugins by digest (hex): deployed or loaded since start.
     loaded: RwLock<HashMap<String, Plugin>>,
+    /// Manifests of stored modules read for listings, by digest (hex); the bytes behind a
+    /// digest never change, so neither does its manifest.
+    manifests: RwLock<HashMap<String, Manifest>>,
+    /// Why the last load of a digest (hex) failed, for listings; cleared by a load that works.
+    failures: RwLock<HashMap<String, String>>,
     /// Serializes deploys and removals (see the module doc).
     writes: tokio::sync::Mutex<()>,
 }
@@ -144,6 +159,8 @@ impl PluginRegistry {
             cache_dir,
             builtins: builtins.into_iter().map(|(b, _)| b).collect(),
             loaded: RwLock::new(loaded),
+            manifests: RwLock::new(HashMap::new()),
+            failures: RwLock::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
         };
         registry.delete_unreferenced_files().await?;
@@ -174,35 +191,88 @@ impl PluginRegistry {
     }
 
     /// The validated, compiled plugin with this digest (hex): from memory, else the built-ins,
-    /// else the content store (checked against its digest and validated again). Blocking (it
-    /// may read a file and compile): call it from the blocking pool.
+    /// else the content store (checked against its digest and validated again, module limits
+    /// included: a module stored by an older version that is over today's limits fails here
+    /// with [`RegistryError::StoredRefused`] and stays stored). Concurrent loads of one digest
+    /// share one compile (the runtime's single flight). Blocking (it may read a file and
+    /// compile): call it from the blocking pool.
     pub fn load(&self, digest: &str) -> Result<Plugin, RegistryError> {
-        let Some(parsed) = Digest::from_hex(digest) else {
-            return Err(RegistryError::InvalidSpec {
-                spec: digest.to_owned(),
-                reason: "a digest is 64 hex digits".to_owned(),
-            });
-        };
+        let parsed = parse_digest(digest)?;
         let hex = parsed.to_hex();
         if let Some(plugin) = self.read_loaded().get(&hex) {
             return Ok(plugin.clone());
         }
-        let bytes = match self.builtins.iter().find(|b| b.digest == parsed) {
-            Some(builtin) => builtin.bytes.to_vec(),
-            None => self
-                .store
-                .get(&parsed)?
-                .ok_or_else(|| RegistryError::NotStored {
-                    digest: hex.clone(),
-                })?,
-        };
-        let plugin =
+        let loaded = self.stored_bytes(&parsed).and_then(|bytes| {
             Plugin::load(&self.runtime, &bytes).map_err(|source| RegistryError::StoredRefused {
                 digest: hex.clone(),
                 source,
-            })?;
-        self.write_loaded().insert(hex, plugin.clone());
-        Ok(plugin)
+            })
+        });
+        match loaded {
+            Ok(plugin) => {
+                self.write_loaded().insert(hex.clone(), plugin.clone());
+                write(&self.failures).remove(&hex);
+                Ok(plugin)
+            }
+            Err(error) => {
+                write(&self.failures).insert(hex, error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// What a listing shows of the version with this digest (hex), **without compiling**: the
+    /// manifest of the loaded plugin, or read from the stored bytes' custom section after the
+    /// header and module-limit checks; and why it does not load, when that is known (a check
+    /// that needs no compile failed, or the last load on this node failed). Blocking (it may
+    /// read a file): call it from the blocking pool.
+    pub fn describe(&self, digest: &str) -> Description {
+        if let Some(plugin) = self.read_loaded().get(digest) {
+            return Description {
+                manifest: Some(plugin.manifest().clone()),
+                load_error: None,
+            };
+        }
+        let load_error = read(&self.failures).get(digest).cloned();
+        if let Some(manifest) = read(&self.manifests).get(digest) {
+            return Description {
+                manifest: Some(manifest.clone()),
+                load_error,
+            };
+        }
+        let inspected = parse_digest(digest).and_then(|parsed| {
+            let bytes = self.stored_bytes(&parsed)?;
+            Plugin::inspect(&self.runtime, &bytes).map_err(|source| RegistryError::StoredRefused {
+                digest: parsed.to_hex(),
+                source,
+            })
+        });
+        match inspected {
+            Ok(manifest) => {
+                write(&self.manifests).insert(digest.to_owned(), manifest.clone());
+                Description {
+                    manifest: Some(manifest),
+                    load_error,
+                }
+            }
+            Err(error) => Description {
+                manifest: None,
+                load_error: Some(error.to_string()),
+            },
+        }
+    }
+
+    /// The module bytes of `digest`: a built-in's, or the content store's (hash-checked).
+    fn stored_bytes(&self, digest: &Digest) -> Result<Vec<u8>, RegistryError> {
+        match self.builtins.iter().find(|b| b.digest == *digest) {
+            Some(builtin) => Ok(builtin.bytes.to_vec()),
+            None => self
+                .store
+                .get(digest)?
+                .ok_or_else(|| RegistryError::NotStored {
+                    digest: digest.to_hex(),
+                }),
+        }
     }
 
     /// Validates `bytes` (every deploy check, under the runtime's limits, on the blocking pool),
@@ -315,7 +385,10 @@ impl PluginRegistry {
         unreferenced.sort();
         unreferenced.dedup();
         for digest in &unreferenced {
-            self.write_loaded().remove(&digest.to_hex());
+            let hex = digest.to_hex();
+            self.write_loaded().remove(&hex);
+            write(&self.manifests).remove(&hex);
+            write(&self.failures).remove(&hex);
         }
         let store = self.store.clone();
         let cache_dir = self.cache_dir.clone();
@@ -355,20 +428,35 @@ impl PluginRegistry {
             })
     }
 
-    /// Deletes stored modules that no recorded version names (left by a crash between storing
-    /// a module and recording its version).
+    /// Moves stored modules that no recorded version names (left by a crash between storing a
+    /// module and recording its version, or named only by a newer metastore than the one
+    /// restored) to `set-aside/plugins/`, where an operator can deploy them again.
     async fn delete_unreferenced_files(&self) -> Result<(), RegistryError> {
         let snapshot = self.metastore.snapshot().await?;
         let store = self.store.clone();
         let cache_dir = self.cache_dir.clone();
         blocking(move || -> Result<(), RegistryError> {
+            let Some(data_dir) = cache_dir.parent() else {
+                return Ok(());
+            };
+            let aside = crate::topics::set_aside::plugins_dir(data_dir);
             for digest in store.digests()? {
                 let hex = digest.to_hex();
-                if !snapshot.plugins.iter().any(|v| v.digest == hex) {
-                    tracing::warn!(digest = %hex, "removing a stored plugin module no version names (a deploy interrupted by a crash)");
-                    store.remove(&digest)?;
-                    remove_compiled(&cache_dir, &digest);
+                if snapshot.plugins.iter().any(|v| v.digest == hex) {
+                    continue;
                 }
+                let from = store.path_for(&digest);
+                let to = aside.join(format!("{hex}.wasm"));
+                let moved = std::fs::create_dir_all(&aside)
+                    .and_then(|()| std::fs::rename(&from, &to))
+                    .and_then(|()| crate::durable::sync_dir(&aside));
+                moved.map_err(|source| RegistryError::Io {
+                    context: format!("moving {} to {}", from.display(), to.display()),
+                    source,
+                })?;
+                tracing::warn!(digest = %hex, path = %to.display(),
+                    "set aside a stored plugin module no version names (an interrupted deploy, or a metastore restored from an older backup); deploy it again by name if you need it");
+                remove_compiled(&cache_dir, &digest);
             }
             Ok(())
         })
@@ -384,6 +472,33 @@ impl PluginRegistry {
     fn write_loaded(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Plugin>> {
         self.loaded.write().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// What a listing shows of one version (see [`PluginRegistry::describe`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    /// The module's manifest, when it could be read.
+    pub manifest: Option<Manifest>,
+    /// Why the module does not load, when known.
+    pub load_error: Option<String>,
+}
+
+/// `text` as a digest, or [`RegistryError::InvalidSpec`].
+fn parse_digest(text: &str) -> Result<Digest, RegistryError> {
+    Digest::from_hex(text).ok_or_else(|| RegistryError::InvalidSpec {
+        spec: text.to_owned(),
+        reason: "a digest is 64 hex digits".to_owned(),
+    })
+}
+
+// A panic while holding one of the registry's map locks cannot leave the map half-changed
+// (insert/remove are single calls), so a poisoned lock is still usable.
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Deletes the runtime's compiled-code files of `digest` (`{hex}-{engine}.cwasm`, the naming

@@ -12,6 +12,7 @@
 
 use std::fs;
 use std::io::{ErrorKind, Write as _};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use narad_runtime::Digest;
@@ -33,7 +34,11 @@ impl ContentStore {
     /// Opens (creating) `{plugins_dir}/sha256/` and removes temporary files a crash left there.
     pub fn open(plugins_dir: &Path) -> Result<ContentStore, RegistryError> {
         let dir = plugins_dir.join("sha256");
-        fs::create_dir_all(&dir)
+        // Owner-only whatever the umask, like every data-directory entry.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
             .map_err(|source| io(format!("creating {}", dir.display()), source))?;
         // Make the directories' own entries durable, so a module renamed into place is never
         // lost with a directory a crash forgot.
@@ -85,7 +90,12 @@ impl ContentStore {
         }
         let temp = path.with_extension(format!("{WASM_EXT}{TEMP_SUFFIX}"));
         let write = || -> std::io::Result<()> {
-            let mut file = fs::File::create(&temp)?;
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&temp)?;
             file.write_all(bytes)?;
             file.sync_all()?;
             drop(file);

@@ -59,16 +59,86 @@ async fn a_second_daemon_on_the_same_data_dir_is_refused() {
 }
 
 #[tokio::test]
-async fn topic_directories_unknown_to_the_metastore_are_removed_at_start_up() {
+async fn topic_directories_unknown_to_the_metastore_are_set_aside_at_start_up_not_deleted() {
     let d = Daemon::start().await;
     let temp = d.stop().await.unwrap();
-    // What a crash between "create directories" and "record in the metastore" leaves behind.
+    // A directory nothing explains (no intent record of the daemon's), with a record byte.
     fs::create_dir_all(temp.path().join("topics/ghost/p00000")).unwrap();
+    fs::write(
+        temp.path()
+            .join("topics/ghost/p00000/00000000000000000000.log"),
+        b"x",
+    )
+    .unwrap();
+    // What a crash between "create directories" and "record in the metastore" leaves behind:
+    // the create's intent record and empty partition directories.
+    fs::create_dir_all(temp.path().join("topics/half/p00000")).unwrap();
+    fs::write(
+        temp.path().join("topics/half/INTENT"),
+        br#"{"op":"create","partitions":1}"#,
+    )
+    .unwrap();
     let d = Daemon::start_config(test_config(temp.path()))
         .await
         .unwrap();
     assert!(!temp.path().join("topics/ghost").exists());
+    assert!(
+        !temp.path().join("topics/half").exists(),
+        "an unrecorded create is undone"
+    );
     assert_eq!(d.get("/v1/topics/ghost").await.0, StatusCode::NOT_FOUND);
+    let (status, body) = d.get("/v1/admin/set-aside").await;
+    assert_eq!(status, StatusCode::OK);
+    let entries = body["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{body}");
+    assert_eq!(entries[0]["topic"], "ghost");
+    let id = entries[0]["id"].as_str().unwrap();
+    let kept = temp
+        .path()
+        .join("set-aside")
+        .join(id)
+        .join("p00000/00000000000000000000.log");
+    assert_eq!(fs::read(kept).unwrap(), b"x");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_plugin_only_a_newer_metastore_names_is_set_aside_not_deleted_after_a_restore() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 1).await;
+    // The built-in key-hash with one more custom section: a distinct module of its own.
+    let mut bytes = narad_builtin_plugins::get("key-hash").unwrap().to_vec();
+    bytes.extend_from_slice(&[0, 5, 3, b'p', b'a', b'd', b'1']);
+    let (status, body) = d.post_raw("/v1/plugins?name=my-hash", bytes.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let digest = body["digest"].as_str().unwrap().to_owned();
+    let temp = d.stop().await.unwrap();
+
+    // Restore the state before the upload (the daemon's advice for a damaged metastore).
+    fs::copy(
+        temp.path().join("metastore.json.prev"),
+        temp.path().join("metastore.json"),
+    )
+    .unwrap();
+    let d = Daemon::start_config(test_config(temp.path()))
+        .await
+        .unwrap();
+    let stored = temp
+        .path()
+        .join("plugins/sha256")
+        .join(format!("{digest}.wasm"));
+    assert!(!stored.exists());
+    let kept = temp
+        .path()
+        .join("set-aside/plugins")
+        .join(format!("{digest}.wasm"));
+    assert_eq!(
+        fs::read(kept).unwrap(),
+        bytes,
+        "the module's only copy is kept"
+    );
+    let (_, list) = d.get("/v1/plugins").await;
+    assert!(!list.to_string().contains("my-hash"), "{list}");
     d.stop().await;
 }
 

@@ -3,6 +3,8 @@
 //!
 //! - `format`: the batch frame (encode, seal, parse, decode).
 //! - `hwm`: the fixed-size high-watermark file (durable boundary, clean-close flag).
+//! - `start`: the log-start file (the oldest offset the log holds, moved only by retention).
+//! - `torn`: torn tails cut by recovery, kept aside in `torn/` with a note.
 //! - `segment`: segment naming and listing, the frame scanner, the sparse index.
 //! - `recovery`: opening a log: scan, truncate a torn tail, or refuse with a corruption report.
 //! - `writer`: append + `fdatasync` + verify, segment roll, failure handling, close.
@@ -21,6 +23,8 @@ pub(crate) mod reader;
 pub(crate) mod recovery;
 pub(crate) mod retention;
 pub mod segment;
+pub mod start;
+pub mod torn;
 pub(crate) mod writer;
 
 use std::path::PathBuf;
@@ -29,6 +33,7 @@ use std::time::Instant;
 
 use crate::error::StorageError;
 use crate::fs::{File, FileSystem};
+use crate::record::RecoveredCut;
 use segment::SparseIndex;
 
 /// What a log operation can fail with; the store turns these into [`StorageError`]s and
@@ -99,6 +104,10 @@ pub(crate) struct Writer {
     pub(crate) scratch: Vec<u8>,
     pub(crate) closed: bool,
     pub(crate) failed: Option<String>,
+    /// A roll failed (its segment file may exist, empty): the next append rolls whatever its
+    /// size, to the same base, so that file is used and never left behind with a base offset
+    /// that later appends to the old segment would make wrong.
+    pub(crate) roll_due: bool,
 }
 
 /// An open partition log.
@@ -108,15 +117,18 @@ pub(crate) struct Log {
     pub(crate) fs: Arc<dyn FileSystem>,
     pub(crate) writer: Mutex<Writer>,
     pub(crate) view: RwLock<View>,
+    /// What recovery has cut off this log and kept aside, as found when it was opened.
+    pub(crate) recovered_cut: Option<RecoveredCut>,
 }
 
 /// Figures for `peek` of an open log.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct OpenStats {
     pub(crate) log_start: u64,
     pub(crate) high_watermark: u64,
     pub(crate) size_bytes: u64,
     pub(crate) segment_count: u32,
+    pub(crate) recovered_cut: Option<RecoveredCut>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -142,6 +154,7 @@ impl Log {
             high_watermark: v.next_offset,
             size_bytes: v.segments.iter().map(|s| s.len).sum(),
             segment_count: u32::try_from(v.segments.len()).unwrap_or(u32::MAX),
+            recovered_cut: self.recovered_cut.clone(),
         }
     }
 

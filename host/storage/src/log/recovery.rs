@@ -8,15 +8,23 @@
 //!   frame, is corruption: the log is not opened, and the partition is quarantined.
 //! - Offsets must run on without gaps, and the log must reach at least the next offset the
 //!   high-watermark file recorded: acknowledged records are never cut silently.
+//! - The oldest segment must start at the offset the log-start file records (`start`): only a
+//!   retention step moves the log start, and it records the new start before deleting. Older
+//!   segments still present are the rest of an interrupted retention step and are deleted; a
+//!   head that starts later is missing, and the partition is quarantined. A partition without
+//!   the file (made by an older version) gets one recording its oldest segment, with a warning.
+//! - A torn tail is copied into `torn/` with a note (`torn`) before it is cut, and counted.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
+use crate::clock::Clock;
 use crate::fs::{File, FileSystem, OpenMode};
 use crate::log::hwm::{self, HWM_FILE_NAME, HwmRecord};
 use crate::log::segment::{self, Scan, Scanner, SparseIndex};
-use crate::log::{Log, LogError, SegView, View, Writer};
+use crate::log::start::{self, Head, Recorded};
+use crate::log::{Log, LogError, SegView, View, Writer, retention, torn, writer};
 
 /// Why a log could not be opened.
 #[derive(Debug)]
@@ -65,14 +73,40 @@ pub(crate) fn open_hwm_file(fs: &dyn FileSystem, dir: &Path) -> std::io::Result<
     Ok(file)
 }
 
-/// Opens (and recovers) the log in `dir`.
-pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError> {
+/// Opens (and recovers) the log in `dir`; `clock` dates a torn-tail cut.
+pub(crate) fn open(
+    fs: Arc<dyn FileSystem>,
+    dir: &Path,
+    clock: &dyn Clock,
+) -> Result<Log, OpenError> {
     let mut files = segment::list(fs.as_ref(), dir)
         .map_err(io(format!("listing segments in {}", dir.display())))?;
     let hwm = hwm::read(fs.as_ref(), dir).map_err(io(format!(
         "reading the high-watermark file in {}",
         dir.display()
     )))?;
+    let recorded = start::read(fs.as_ref(), dir).map_err(io(format!(
+        "reading the log-start file in {}",
+        dir.display()
+    )))?;
+
+    // The head of the log: only a retention step the log recorded may have moved it.
+    let mut record_legacy_start = None;
+    match start::check_head(dir, &files, recorded) {
+        Head::Agrees => {}
+        Head::Damaged(reason) => return Err(OpenError::Corrupt(reason)),
+        Head::Interrupted { start, below } => {
+            tracing::warn!(dir = %dir.display(), log_start = start, segments = below,
+                "finishing a retention step a crash interrupted: deleting the segments below the recorded log start");
+            let paths: Vec<_> = files.drain(..below).map(|f| f.path).collect();
+            retention::remove_files(fs.as_ref(), dir, &paths).map_err(OpenError::Io)?;
+        }
+        Head::Unrecorded => {
+            if let Some(first) = files.first() {
+                record_legacy_start = Some(first.base);
+            }
+        }
+    }
 
     if files.is_empty() {
         if let Some(h) = hwm
@@ -84,6 +118,14 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
                 h.next_offset
             )));
         }
+        // A new partition: its log start is recorded before its first segment exists, so a
+        // segment file is never found without the record that vouches for the head.
+        if recorded == Recorded::Missing {
+            start::write(fs.as_ref(), dir, 0).map_err(io(format!(
+                "writing the log-start file in {}",
+                dir.display()
+            )))?;
+        }
         create_segment(fs.as_ref(), dir, 0).map_err(io(format!(
             "creating the first segment in {}",
             dir.display()
@@ -92,6 +134,7 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
             .map_err(io(format!("listing segments in {}", dir.display())))?;
     }
     let first = files[0].base;
+    let boundary_known = matches!(hwm, Some(h) if h.segment_base >= first);
 
     // The durable boundary: (segment base, bytes of it known durable). Without a usable
     // high-watermark file nothing is known below the tail, so only the tail rules apply.
@@ -118,8 +161,16 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
         let is_last = i + 1 == n;
         let name = f.path.display().to_string();
         if f.base != expected {
+            let what = if f.base > expected {
+                format!(
+                    "offsets {expected} to {} are missing (not deleted by retention)",
+                    f.base - 1
+                )
+            } else {
+                "the two overlap".to_owned()
+            };
             return Err(OpenError::Corrupt(format!(
-                "{name} starts at offset {} but the previous segment ends at offset {expected}",
+                "{name} starts at offset {} but the previous segment ends at offset {expected}: {what}",
                 f.base
             )));
         }
@@ -131,6 +182,14 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
         let file = fs
             .open(&f.path, mode)
             .map_err(io(format!("opening {name}")))?;
+        // Issue 4 (durable tail, see `writer`): unless a clean close recorded exactly this
+        // length, the last segment is read as the device holds it, not as the page cache does.
+        if is_last
+            && !hwm.is_some_and(|h| h.clean && h.segment_base == f.base && h.segment_pos == f.len)
+        {
+            writer::read_tail_from_device(fs.as_ref(), dir, file.as_ref())
+                .map_err(io(format!("reading {name} from the device")))?;
+        }
         let mut len = file
             .len()
             .map_err(io(format!("reading the size of {name}")))?;
@@ -186,12 +245,47 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
                             "{name} byte {pos}: {error}; a valid frame follows at byte {valid}, so this is not a torn tail"
                         )));
                     }
+                    // The cut bytes are copied aside (durably) before they are cut: without a
+                    // high-watermark file covering them, recovery cannot tell an acknowledged
+                    // record from a torn write, so the operator must be able to see and
+                    // inspect what went.
+                    let cut_len = usize::try_from(len - pos).map_err(|_| {
+                        OpenError::Io(LogError::io(
+                            format!("keeping aside the torn tail of {name}"),
+                            std::io::Error::other("tail too large to copy"),
+                        ))
+                    })?;
+                    let mut tail = vec![0u8; cut_len];
+                    file.read_exact_at(&mut tail, pos)
+                        .map_err(io(format!("reading the torn tail of {name}")))?;
+                    let (records, records_exact) = torn::count_records(&tail, expected);
+                    let cut = torn::Cut {
+                        segment_base: f.base,
+                        position: pos,
+                        bytes: len - pos,
+                        from_offset: expected,
+                        records,
+                        records_exact,
+                        boundary_known,
+                        at_ms: clock.now_ms(),
+                    };
+                    let kept = torn::keep_aside(fs.as_ref(), dir, &cut, &tail).map_err(io(
+                        format!("keeping aside the torn tail of {name} before cutting it"),
+                    ))?;
                     tracing::warn!(
                         segment = %name,
                         position = pos,
                         cut_bytes = len - pos,
+                        cut_records = records,
+                        cut_records_exact = records_exact,
+                        from_offset = expected,
+                        last_cut_offset = (records > 0).then(|| expected + records - 1),
+                        durable_boundary_known = boundary_known,
+                        kept_at = %kept.display(),
                         %error,
-                        "truncating a torn tail left by a crash"
+                        "truncating a torn tail left by a crash; its records are no longer readable \
+                         and later records reuse their offsets (they may have been acknowledged \
+                         when no high-watermark file covered them); the cut bytes are kept aside"
                     );
                     file.set_len(pos)
                         .and_then(|()| file.sync_data())
@@ -226,6 +320,26 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
         newest = newest.max(h.newest_committed_at_ms);
     }
 
+    if let Some(first) = record_legacy_start {
+        if first > 0 {
+            tracing::warn!(dir = %dir.display(), log_start = first,
+                "this partition has no log-start file (made by an older version, or the file was removed): \
+                 accepting its oldest segment as the log start; a missing head of the log cannot be \
+                 detected this once");
+        }
+        start::write(fs.as_ref(), dir, first).map_err(io(format!(
+            "writing the log-start file in {}",
+            dir.display()
+        )))?;
+    }
+    let recovered_cut = match torn::summary(fs.as_ref(), dir) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not read the kept-aside torn tails");
+            None
+        }
+    };
+
     // Record the recovered end as the new durable boundary, flagged "open" (not clean), so a
     // crash from here on is recognised by peek and by the next open.
     let last = views.last().ok_or_else(|| {
@@ -258,6 +372,7 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
         scratch: Vec::new(),
         closed: false,
         failed: None,
+        roll_due: false,
     };
     Ok(Log {
         dir: dir.to_path_buf(),
@@ -267,6 +382,7 @@ pub(crate) fn open(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<Log, OpenError
             segments: views,
             next_offset: expected,
         }),
+        recovered_cut,
     })
 }
 
@@ -284,7 +400,7 @@ mod tests {
         let fs: Arc<dyn FileSystem> = Arc::new(RealFs);
         let clock = ManualClock::new(0);
         let config = LogConfig::default();
-        let log = open(fs.clone(), dir.path()).unwrap();
+        let log = open(fs.clone(), dir.path(), &clock).unwrap();
         for i in 0..200u32 {
             let rec = NewRecord {
                 value: vec![i as u8; 500].into(),
@@ -298,7 +414,7 @@ mod tests {
         let live = crate::log::read(&log.view).segments[0].index.clone();
         log.close().unwrap();
         drop(log);
-        let reopened = open(fs, dir.path()).unwrap();
+        let reopened = open(fs, dir.path(), &clock).unwrap();
         let view = crate::log::read(&reopened.view);
         let rebuilt = &view.segments[0].index;
         // ~100 KiB of frames, one entry per 4 KiB.

@@ -2,14 +2,18 @@
 //!
 //! By age, a segment goes when its newest commit time is more than `retention_ms` before now.
 //! By size, the oldest segments go while the partition is larger than `retention_bytes`.
-//! Deleting segment files is what advances the log start offset (the base of the oldest
-//! remaining segment).
+//! Every step first records the new log start (the base of the oldest segment that stays) in
+//! the log-start file, durably, and only then deletes the segment files below it and syncs the
+//! directory. The log start therefore only moves by a step the log recorded: a crash in the
+//! middle leaves segments below the recorded start, which the next open (or closed-log pass)
+//! deletes; a head missing for any other reason is reported as damage, never as retention.
 
 use std::path::Path;
 
 use crate::fs::{FileSystem, OpenMode};
 use crate::log::format::{self, HEADER_LEN};
 use crate::log::segment::{self, SegmentFile};
+use crate::log::start::{self, Head};
 use crate::log::{Log, LogError, lock, read, write};
 use crate::record::LogConfig;
 
@@ -52,7 +56,8 @@ fn plan(segments: &[(u64, Option<i64>)], config: &LogConfig, now_ms: i64) -> usi
     n
 }
 
-fn remove_files(
+/// Deletes segment files (the recorded log start is already past them) and syncs `dir`.
+pub(crate) fn remove_files(
     fs: &dyn FileSystem,
     dir: &Path,
     paths: &[std::path::PathBuf],
@@ -86,6 +91,9 @@ impl Log {
         if n == 0 {
             return Ok(Trimmed::default());
         }
+        // `plan` never takes the last (active) segment, so segment `n` exists and stays.
+        let keep_from = read(&self.view).segments[n].base;
+        record_start(self.fs.as_ref(), &self.dir, keep_from)?;
         // Readers holding a removed segment's handle can finish: the file stays readable
         // until they drop it.
         let (removed, new_start) = {
@@ -111,18 +119,52 @@ fn first_commit_time(fs: &dyn FileSystem, seg: &SegmentFile) -> Option<i64> {
     format::parse_header(&head).ok().map(|h| h.committed_at_ms)
 }
 
+fn record_start(fs: &dyn FileSystem, dir: &Path, start: u64) -> Result<(), LogError> {
+    start::write(fs, dir, start).map_err(|e| {
+        LogError::io(
+            format!("recording log start {start} in {}", dir.display()),
+            e,
+        )
+    })
+}
+
 /// Applies retention to a closed log from its directory, without opening it. A segment's age
 /// is judged by the first commit time of the segment after it, which is never older than the
 /// segment's own newest record (commit times do not decrease), so this never deletes early; a
 /// segment whose successor cannot be read is kept.
+///
+/// The head is checked against the log-start file first, as an open would: segments below
+/// the recorded start (an interrupted step) are deleted, a missing head is `Corrupt`. Holes
+/// further up are found only when the log is opened; one lying wholly inside the range this
+/// pass deletes disappears with it (its records were due for deletion).
 pub(crate) fn enforce_closed(
     fs: &dyn FileSystem,
     dir: &Path,
     config: &LogConfig,
     now_ms: i64,
 ) -> Result<Trimmed, LogError> {
-    let files = segment::list(fs, dir)
+    let mut files = segment::list(fs, dir)
         .map_err(|e| LogError::io(format!("listing segments in {}", dir.display()), e))?;
+    let recorded = start::read(fs, dir).map_err(|e| {
+        LogError::io(
+            format!("reading the log-start file in {}", dir.display()),
+            e,
+        )
+    })?;
+    let mut finished = Trimmed::default();
+    match start::check_head(dir, &files, recorded) {
+        Head::Agrees | Head::Unrecorded => {}
+        Head::Damaged(reason) => return Err(LogError::Corrupt(reason)),
+        Head::Interrupted { start, below } => {
+            tracing::warn!(dir = %dir.display(), log_start = start, segments = below,
+                "finishing a retention step a crash interrupted: deleting the segments below the recorded log start");
+            let gone: Vec<SegmentFile> = files.drain(..below).collect();
+            let paths: Vec<_> = gone.iter().map(|f| f.path.clone()).collect();
+            remove_files(fs, dir, &paths)?;
+            finished.segments = gone.len() as u64;
+            finished.bytes = gone.iter().map(|f| f.len).sum();
+        }
+    }
     let sized: Vec<(u64, Option<i64>)> = files
         .iter()
         .enumerate()
@@ -136,14 +178,17 @@ pub(crate) fn enforce_closed(
         .collect();
     let n = plan(&sized, config, now_ms);
     if n == 0 {
-        return Ok(Trimmed::default());
+        return Ok(finished);
     }
+    // `plan` never takes the last segment, so segment `n` exists and stays.
+    let keep_from = files[n].base;
+    record_start(fs, dir, keep_from)?;
     let paths: Vec<_> = files[..n].iter().map(|f| f.path.clone()).collect();
     remove_files(fs, dir, &paths)?;
     Ok(Trimmed {
-        segments: n as u64,
-        bytes: files[..n].iter().map(|f| f.len).sum(),
-        new_log_start: files.get(n).map(|f| f.base),
+        segments: finished.segments + n as u64,
+        bytes: finished.bytes + files[..n].iter().map(|f| f.len).sum::<u64>(),
+        new_log_start: Some(keep_from),
     })
 }
 

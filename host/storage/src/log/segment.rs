@@ -96,6 +96,12 @@ impl SparseIndex {
         if i == 0 { 0 } else { self.entries[i - 1].1 }
     }
 
+    /// The last entry, (first offset of a frame, its byte position): where a check of the
+    /// segment's tail can start scanning.
+    pub fn last_entry(&self) -> Option<(u64, u64)> {
+        self.entries.last().copied()
+    }
+
     /// Number of entries (for tests and stats).
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -4,16 +4,57 @@
 //! An `fdatasync` error is never retried on the same handle: Linux may already have dropped
 //! the dirty pages and marked them clean, so a second sync could "succeed" without the data.
 //! Instead the append fails, the active segment is reopened on a fresh handle, truncated back
-//! to the last durable length and synced; if even that fails the log stops (`Failed`).
+//! to the last durable length and synced, and the durable tail is read back from the device;
+//! if any of that fails the log stops (`Failed`), and if the device lost acknowledged bytes the
+//! partition is quarantined.
+//!
+//! What "durable" means here (the rule every acknowledgement follows): a batch is acknowledged
+//! only after its own `fdatasync` succeeded on the descriptor that wrote it (open before the
+//! bytes were written, so it sees any writeback error of them), and after its bytes were read
+//! back from the device, not from the page cache ([`File::read_exact_uncached_at`]).
+//!
+//! What was found (issue "after a failed fsync, acknowledged data can vanish later"; ext4
+//! without a journal on a loop device whose tmpfs backing store ran out of space, Linux 6.18;
+//! line numbers are those of commit 7c36536, before the fix):
+//! - The loss seen there: ext4 returned success from `fdatasync` although converting the new
+//!   blocks' unwritten extents had failed (the kernel only logs "failed to convert unwritten
+//!   extents to written extents -- potential data loss"); the device reads zeros where the
+//!   cache holds the frame. The verify read the cache (writer.rs:43, `read_exact_at` after the
+//!   sync) and passed, so the batch was acknowledged; after a remount the scan hit the zeros
+//!   below the durable boundary and quarantined the partition (a store-level reproduction:
+//!   every partition, 3 runs of 3; `tests/all/disk_full.rs`: the parent). Verifying against
+//!   the device alone makes those runs lose nothing; the device-side recovery alone does not
+//!   (acknowledged records were then cut as a torn tail, or quarantined).
+//! - The hole the fault model shows: Linux reports a writeback error once per file
+//!   description open when it happened (errseq_t) and keeps the failed pages cached and
+//!   marked clean. A failed partition was reopened (store.rs:358-368) by `recovery::open` on
+//!   new descriptors (recovery.rs:131), which scanned the page cache (recovery.rs:145),
+//!   accepted a frame whose `fdatasync` had failed, and wrote the high-watermark boundary past
+//!   it (recovery.rs:245); the next append's `fdatasync` on the new descriptor succeeded, so
+//!   records after bytes the device never held were acknowledged. The same holds for a
+//!   restart after an error in the same boot. Now recovery reads the last segment from the
+//!   device unless a clean close recorded its exact length ([`read_tail_from_device`]), and
+//!   the truncate-back after a failure reads the durable tail from the device too.
+//! - A roll whose directory sync failed (writer.rs:125) left an empty segment file; a smaller
+//!   next batch that fit the old segment (writer.rs:88) went there, and once a later directory
+//!   sync made the stale entry durable the next open found the two segments overlapping and
+//!   quarantined the partition. Now the next append rolls to that file whatever its size.
+//! - After a failed writeback ext4 may already have recorded the larger file size, so after a
+//!   remount a segment can be longer than its last acknowledged frame, with zeros: past the
+//!   durable boundary, that is a torn tail and is cut.
+//! - The high-watermark file and cursor files are rewritten whole in place, so a later
+//!   successful write + sync carries their latest content; they never vouch for bytes that
+//!   were not verified.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::fs::{File, OpenMode};
+use crate::fs::{File, FileSystem, OpenMode};
 use crate::log::hwm::{self, HwmRecord};
 use crate::log::recovery::{create_segment, open_hwm_file};
-use crate::log::segment::{self, SparseIndex};
+use crate::log::segment::{self, Scan, Scanner, SparseIndex};
 use crate::log::{Log, LogError, SegView, Writer, lock, write};
 use crate::record::{Appended, LogConfig};
 
@@ -34,24 +75,48 @@ fn write_synced_verified(
 ) -> std::io::Result<()> {
     file.write_all_at(frame, pos)?;
     file.sync_data()?;
-    // Read back in pieces small enough to stay in the CPU cache between the copy and the
-    // comparison, rather than through one buffer as large as the frame.
+    // Read back from the device (a successful fdatasync does not prove the device holds the
+    // bytes, see the module doc), in pieces small enough to stay in the CPU cache between the
+    // copy and the comparison, rather than through one buffer as large as the frame.
     scratch.resize(VERIFY_CHUNK_BYTES, 0);
     let mut done = 0;
     while done < frame.len() {
         let n = VERIFY_CHUNK_BYTES.min(frame.len() - done);
-        file.read_exact_at(&mut scratch[..n], pos + done as u64)?;
+        file.read_exact_uncached_at(&mut scratch[..n], pos + done as u64)?;
         if scratch[..n] != frame[done..done + n] {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "the bytes read back after fdatasync differ from the bytes written (at frame byte {done} or later)"
+                    "the bytes read back from the device after a successful fdatasync differ from the bytes written (at frame byte {done} or later)"
                 ),
             ));
         }
         done += n;
     }
     Ok(())
+}
+
+/// Prepares a log's last segment to be read as the device holds it, for recovery: the
+/// directory is synced (a segment created just before a failure may have an entry that is not
+/// yet durable, and the high-watermark file is about to name it), the file is synced (on this
+/// new descriptor, which sees any error from now on) and its cached pages are dropped, so the
+/// scan sees zeros, not the cache's copy, where a failed writeback left nothing on the device.
+pub(crate) fn read_tail_from_device(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    file: &dyn File,
+) -> std::io::Result<()> {
+    fs.sync_dir(dir)?;
+    file.sync_data()?;
+    file.drop_cache()
+}
+
+/// How a device check of the durable tail went wrong.
+enum TailCheck {
+    /// Reading failed: nothing was learnt.
+    Io(std::io::Error),
+    /// The device does not hold what was acknowledged.
+    Lost(String),
 }
 
 impl Log {
@@ -84,7 +149,7 @@ impl Log {
         }
         let committed_at_ms = stamp.max(w.newest_committed_at_ms);
         let len = frame.len() as u64;
-        if w.active_len > 0 && w.active_len + len > config.segment_bytes {
+        if w.roll_due || (w.active_len > 0 && w.active_len + len > config.segment_bytes) {
             self.roll(w)?;
         }
         let base_offset = w.next_offset;
@@ -121,9 +186,14 @@ impl Log {
     }
 
     /// Starts a new segment at the next offset. The directory is synced before the segment is
-    /// used or named anywhere else.
+    /// used or named anywhere else. After a failure the next append must roll again (the
+    /// file may exist, empty, with an entry a crash can keep): a smaller batch that would fit
+    /// the old segment must not go there, or this file's name would claim offsets the old
+    /// segment holds, and the next open would find the two overlapping and quarantine the
+    /// partition.
     fn roll(&self, w: &mut Writer) -> Result<(), LogError> {
         let base = w.next_offset;
+        w.roll_due = true;
         let file: Arc<dyn File> = Arc::from(
             create_segment(self.fs.as_ref(), &self.dir, base).map_err(|e| {
                 LogError::io(
@@ -139,6 +209,7 @@ impl Log {
         w.active = file.clone();
         w.active_base = base;
         w.active_len = 0;
+        w.roll_due = false;
         write(&self.view).segments.push(SegView {
             base,
             path: self.dir.join(segment::segment_name(base)),
@@ -151,8 +222,53 @@ impl Log {
         Ok(())
     }
 
+    /// Checks from the device (the caller dropped the cache) that the active segment's frames
+    /// from its last index entry run, intact and without gaps, exactly to the durable length
+    /// and the next offset: the bytes a failed writeback could have touched are the last page
+    /// or so, and this covers at least the last frame and the last index interval.
+    fn verify_durable_tail(&self, w: &Writer, file: &dyn File) -> Result<(), TailCheck> {
+        let entry = crate::log::read(&self.view)
+            .segments
+            .last()
+            .and_then(|s| s.index.last_entry());
+        let Some((mut expected, from)) = entry else {
+            // No frame in the segment: nothing acknowledged lives in it.
+            return Ok(());
+        };
+        let name = self.active_path(w).display().to_string();
+        let mut scanner = Scanner::new(file, from, w.active_len);
+        loop {
+            match scanner.next_frame().map_err(TailCheck::Io)? {
+                Scan::End => break,
+                Scan::Frame { header, .. } if header.base_offset == expected => {
+                    expected = header.next_offset();
+                }
+                Scan::Frame { pos, header, .. } => {
+                    return Err(TailCheck::Lost(format!(
+                        "{name} byte {pos}: the device holds a frame with base offset {}, expected {expected}",
+                        header.base_offset
+                    )));
+                }
+                Scan::Bad { pos, error } => {
+                    return Err(TailCheck::Lost(format!(
+                        "{name} byte {pos}: {error}; the device no longer holds acknowledged records there"
+                    )));
+                }
+                Scan::Skipped { .. } | Scan::Stopped { .. } => {}
+            }
+        }
+        if expected != w.next_offset {
+            return Err(TailCheck::Lost(format!(
+                "{name}: the device holds records up to offset {expected}, but offsets up to {} were acknowledged",
+                w.next_offset
+            )));
+        }
+        Ok(())
+    }
+
     /// After a failed write, sync or verify: reopen the active segment, truncate it back to
-    /// its durable length and sync, on a fresh handle. Returns the error for the caller.
+    /// its durable length and sync, on a fresh handle, then check the durable tail from the
+    /// device. Returns the error for the caller.
     fn recover_after_failure(&self, w: &mut Writer, err: std::io::Error) -> LogError {
         let path = self.active_path(w);
         let context = format!("appending to {}", path.display());
@@ -160,9 +276,22 @@ impl Log {
             let file = self.fs.open(&path, OpenMode::ReadWrite)?;
             file.set_len(w.active_len)?;
             file.sync_data()?;
+            file.drop_cache()?;
             Ok(Arc::from(file))
         })();
+        let attempt = attempt.map_err(TailCheck::Io).and_then(|file| {
+            self.verify_durable_tail(w, file.as_ref())?;
+            Ok(file)
+        });
         match attempt {
+            Err(TailCheck::Lost(reason)) => {
+                let reason = format!(
+                    "{context} failed ({err}), and the device no longer holds acknowledged records: {reason}"
+                );
+                tracing::error!(segment = %path.display(), %reason, "acknowledged records lost on the device");
+                w.failed = Some(reason.clone());
+                LogError::Corrupt(reason)
+            }
             Ok(file) => {
                 tracing::warn!(segment = %path.display(), durable_len = w.active_len, error = %err,
                     "append failed; truncated back to the durable length on a fresh handle");
@@ -172,9 +301,9 @@ impl Log {
                 }
                 LogError::io(context, err)
             }
-            Err(e2) => {
+            Err(TailCheck::Io(e2)) => {
                 let reason = format!(
-                    "{context} failed ({err}), and truncating back to the durable length {} failed too ({e2})",
+                    "{context} failed ({err}), and truncating back to the durable length {} and reading it back from the device failed too ({e2})",
                     w.active_len
                 );
                 tracing::error!(segment = %path.display(), %reason, "partition log stopped");

@@ -232,6 +232,10 @@ mod tests {
             dropped_messages: 1,
             state,
             last_error: (state == CursorState::Stalled).then(|| "plugin trapped".to_owned()),
+            parent_end_rewinds: 0,
+            last_error_at_ms: None,
+            previous_error: None,
+            previous_error_at_ms: None,
         }
     }
 

@@ -1,0 +1,506 @@
+//! Topic administration: create, delete and grow topics, keeping the metastore (the source of
+//! truth) and the partition directories of the store in step.
+//!
+//! Layout:
+//! - this file: [`TopicService`], the one place that changes topics;
+//! - [`intent`]: the intent record a change leaves in the topic directory while under way;
+//! - [`startup`]: start-up accounting of `topics/` against the metastore;
+//! - [`set_aside`]: the area where directories nobody can account for are kept, intact;
+//! - [`rebuild`]: `narad admin rebuild-metastore`, the topic list rebuilt from disk.
+//!
+//! Every change writes its intent record first and removes it last, so a crash at any point
+//! leaves evidence start-up acts on ([`startup`]): a create or growth the metastore never
+//! recorded is undone only while its directories hold no record, a recorded delete is finished,
+//! and anything without such evidence is set aside, never deleted.
+//!
+//! Admin operations run one at a time (an async mutex), so two concurrent creates of one name
+//! cannot both pass the existence check.
+
+pub mod intent;
+pub mod rebuild;
+pub mod set_aside;
+pub mod startup;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use narad_storage::{LogConfig, PartitionId, Store, validate_topic_name};
+
+use crate::metastore::{LinkMeta, Metastore, MetastoreError, TopicMeta};
+use crate::produce::Producer;
+use intent::Intent;
+
+/// Most partitions a topic may have: far below the five-digit directory limit, and enough for
+/// any one-node deployment (Kafka clusters rarely exceed a few hundred per topic).
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// Errors from topic administration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopicError {
+    /// The request is invalid: the message says what to fix.
+    #[error("{0}")]
+    Invalid(String),
+    /// The metastore refused or failed (unknown topic, duplicate, shrink, I/O).
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+    /// The store failed to create or remove partition directories.
+    #[error(transparent)]
+    Storage(#[from] narad_storage::StorageError),
+    /// A blocking task was cancelled or panicked.
+    #[error("topic task failed: {0}")]
+    Task(String),
+    /// Writing or clearing an intent record failed (nothing was changed).
+    #[error("{context}: {source}")]
+    Intent {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The set-aside area refused or failed.
+    #[error(transparent)]
+    SetAside(#[from] set_aside::SetAsideError),
+    /// An adopt that cannot be carried out as asked.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// What a caller asks for when creating a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTopic {
+    /// Name: 1..=249 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+    pub name: String,
+    /// Partition count, `1..=MAX_PARTITIONS`.
+    pub partitions: u32,
+    /// Age limit in milliseconds (`None`: keep forever). Must be positive.
+    pub retention_ms: Option<u64>,
+    /// Size limit per partition in bytes (`None`: no cap). Must be positive.
+    pub retention_bytes: Option<u64>,
+}
+
+/// Creates, deletes and grows topics.
+pub struct TopicService {
+    store: Arc<Store>,
+    metastore: Arc<dyn Metastore>,
+    producer: Arc<Producer>,
+    segment_bytes: u64,
+    admin: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for TopicService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicService").finish_non_exhaustive()
+    }
+}
+
+/// Checks a topic name, with a message that says what to fix.
+pub fn check_name(name: &str) -> Result<(), TopicError> {
+    validate_topic_name(name)
+        .map_err(|e| TopicError::Invalid(format!("invalid topic name {name:?}: {e}")))
+}
+
+/// Checks a partition count against `1..=MAX_PARTITIONS`.
+pub fn check_partition_count(count: u32) -> Result<(), TopicError> {
+    if count == 0 || count > MAX_PARTITIONS {
+        return Err(TopicError::Invalid(format!(
+            "partition count {count} is out of range: use 1 to {MAX_PARTITIONS}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a create request and turns it into the topic to record.
+fn check_new_topic(spec: NewTopic) -> Result<TopicMeta, TopicError> {
+    check_name(&spec.name)?;
+    check_partition_count(spec.partitions)?;
+    if spec.retention_ms == Some(0) {
+        return Err(TopicError::Invalid(
+            "retention_ms must be positive; omit it to keep records forever".to_owned(),
+        ));
+    }
+    if spec.retention_bytes == Some(0) {
+        return Err(TopicError::Invalid(
+            "retention_bytes must be positive; omit it for no size cap".to_owned(),
+        ));
+    }
+    Ok(TopicMeta {
+        name: spec.name,
+        partitions: spec.partitions,
+        retention_ms: spec.retention_ms,
+        retention_bytes: spec.retention_bytes,
+        created_at_ms: now_ms(),
+    })
+}
+
+/// The partition count of a topic directory: its partition directories must be `p00000` up to
+/// some `pN` without a gap.
+pub fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String> {
+    let mut indexes = Vec::new();
+    let entries = std::fs::read_dir(topic_dir)
+        .map_err(|e| format!("cannot list {}: {e}", topic_dir.display()))?;
+    for entry in entries.flatten() {
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(startup::parse_partition_dir)
+            .filter(|_| is_dir)
+        {
+            indexes.push(p);
+        }
+    }
+    indexes.sort_unstable();
+    if indexes.is_empty() {
+        return Err(format!(
+            "{} holds no partition directory",
+            topic_dir.display()
+        ));
+    }
+    for (expected, &found) in indexes.iter().enumerate() {
+        if u32::try_from(expected).ok() != Some(found) {
+            return Err(format!(
+                "{} has partition directories {indexes:?}: p{expected:05} is missing, so the \
+                 partition count is unknown; add an empty p{expected:05} directory if that \
+                 partition is truly lost",
+                topic_dir.display()
+            ));
+        }
+    }
+    u32::try_from(indexes.len()).map_err(|_| "too many partitions".to_owned())
+}
+
+/// Runs blocking file work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, TopicError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| TopicError::Task(e.to_string()))
+}
+
+/// The log configuration of `topic`'s partitions.
+pub fn log_config(topic: &TopicMeta, segment_bytes: u64) -> LogConfig {
+    LogConfig {
+        segment_bytes,
+        retention_ms: topic.retention_ms,
+        retention_bytes: topic.retention_bytes,
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl TopicService {
+    /// A service over the given store and metastore; `segment_bytes` is the roll size given
+    /// to every partition.
+    pub fn new(
+        store: Arc<Store>,
+        metastore: Arc<dyn Metastore>,
+        producer: Arc<Producer>,
+        segment_bytes: u64,
+    ) -> TopicService {
+        TopicService {
+            store,
+            metastore,
+            producer,
+            segment_bytes,
+            admin: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Validates and creates a topic with its partition directories.
+    pub async fn create(&self, spec: NewTopic) -> Result<TopicMeta, TopicError> {
+        let meta = check_new_topic(spec)?;
+        let _admin = self.admin.lock().await;
+        self.prepare_create(&meta).await?;
+        let created = self.metastore.create_topic(meta).await?;
+        self.clear_intent(&created.name).await?;
+        Ok(created)
+    }
+
+    /// Creates the child topic of an attach and records it together with its link in one
+    /// metastore write, so a crash leaves either both or neither. When the write is refused
+    /// (a link rule), the child's new directories are removed again.
+    pub async fn create_with_link(
+        &self,
+        spec: NewTopic,
+        link: LinkMeta,
+    ) -> Result<(TopicMeta, LinkMeta), TopicError> {
+        let meta = check_new_topic(spec)?;
+        let _admin = self.admin.lock().await;
+        self.prepare_create(&meta).await?;
+        match self
+            .metastore
+            .attach_link_with_new_child(meta.clone(), link)
+            .await
+        {
+            Ok(link) => {
+                self.clear_intent(&meta.name).await?;
+                Ok((meta, link))
+            }
+            Err(refused) => {
+                // Nothing was recorded and nothing can have been produced: the directories
+                // are this call's own, empty ones.
+                self.remove_topic_dirs(&meta.name).await?;
+                Err(refused.into())
+            }
+        }
+    }
+
+    /// Deletes a topic: the intent first, then the metastore, then its files.
+    pub async fn delete(&self, name: &str) -> Result<TopicMeta, TopicError> {
+        let _admin = self.admin.lock().await;
+        if self.metastore.topic(name).await?.is_none() {
+            return Err(MetastoreError::UnknownTopic {
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        self.write_intent(name, Intent::Delete).await?;
+        let meta = match self.metastore.delete_topic(name).await {
+            Ok(meta) => meta,
+            Err(e) => {
+                // Not recorded: the topic stays, and so must its directory's standing.
+                self.clear_intent(name).await?;
+                return Err(e.into());
+            }
+        };
+        self.producer.forget_topic(name);
+        self.remove_topic_dirs(name).await?;
+        Ok(meta)
+    }
+
+    /// Raises a topic's partition count to `count` (grow only; the same count is a no-op).
+    pub async fn grow(&self, name: &str, count: u32) -> Result<TopicMeta, TopicError> {
+        check_partition_count(count)?;
+        let _admin = self.admin.lock().await;
+        let Some(current) = self.metastore.topic(name).await? else {
+            return Err(MetastoreError::UnknownTopic {
+                name: name.to_owned(),
+            }
+            .into());
+        };
+        if count < current.partitions {
+            return Err(MetastoreError::CannotShrink {
+                name: name.to_owned(),
+                current: current.partitions,
+                requested: count,
+            }
+            .into());
+        }
+        if count == current.partitions {
+            return Ok(current);
+        }
+        let grown = TopicMeta {
+            partitions: count,
+            ..current.clone()
+        };
+        self.write_intent(
+            name,
+            Intent::Grow {
+                from: current.partitions,
+                to: count,
+            },
+        )
+        .await?;
+        self.create_dirs(&grown, current.partitions).await?;
+        let grown = self.metastore.grow_partitions(name, count).await?;
+        self.clear_intent(name).await?;
+        Ok(grown)
+    }
+
+    /// Brings a set-aside entry back: a whole topic the metastore does not know becomes a
+    /// topic again (partition count from its partition directories, no retention limits, which
+    /// the operator sets again), and a partition directory whose index is its topic's current
+    /// count becomes that topic's next partition. Returns the topic as now recorded.
+    pub async fn adopt(&self, id: &str) -> Result<TopicMeta, TopicError> {
+        let _admin = self.admin.lock().await;
+        let data_dir = self.store.data_dir().to_path_buf();
+        let entry = set_aside::get(&data_dir, id)?;
+        let topic_dir = self.topic_dir(&entry.topic);
+        check_name(&entry.topic)?;
+        let existing = self.metastore.topic(&entry.topic).await?;
+        match (entry.partition, existing) {
+            (None, Some(_)) => Err(TopicError::Conflict(format!(
+                "topic {:?} exists again; delete or rename it before adopting {id}",
+                entry.topic
+            ))),
+            (None, None) => {
+                if topic_dir.exists() {
+                    return Err(TopicError::Conflict(format!(
+                        "{} exists; move it away before adopting {id}",
+                        topic_dir.display()
+                    )));
+                }
+                let partitions = contiguous_partitions(&set_aside::dir(&data_dir).join(id))
+                    .map_err(TopicError::Conflict)?;
+                check_partition_count(partitions)?;
+                let entry_id = id.to_owned();
+                let (data, dest) = (data_dir.clone(), topic_dir.clone());
+                blocking(move || set_aside::take_back(&data, &entry_id, &dest)).await??;
+                let meta = TopicMeta {
+                    name: entry.topic.clone(),
+                    partitions,
+                    retention_ms: None,
+                    retention_bytes: None,
+                    created_at_ms: now_ms(),
+                };
+                // The directories exist; registering them is idempotent.
+                self.create_dirs(&meta, 0).await?;
+                Ok(self.metastore.create_topic(meta).await?)
+            }
+            (Some(p), None) => Err(TopicError::Conflict(format!(
+                "{id} is partition {p} of topic {:?}, which does not exist; create the topic with                  {p} partitions first, then adopt it as partition {p}",
+                entry.topic
+            ))),
+            (Some(p), Some(current)) if p != current.partitions => {
+                Err(TopicError::Conflict(format!(
+                    "{id} is partition {p} of {:?}, which has {} partitions: only partition {}                      can be adopted now (partition counts only grow, one after another)",
+                    entry.topic, current.partitions, current.partitions
+                )))
+            }
+            (Some(p), Some(current)) => {
+                let dest = topic_dir.join(PartitionId::new(entry.topic.clone(), p).dir_name());
+                let entry_id = id.to_owned();
+                let data = data_dir.clone();
+                self.write_intent(
+                    &entry.topic,
+                    Intent::Grow {
+                        from: current.partitions,
+                        to: p + 1,
+                    },
+                )
+                .await?;
+                blocking(move || set_aside::take_back(&data, &entry_id, &dest)).await??;
+                let grown = TopicMeta {
+                    partitions: p + 1,
+                    ..current
+                };
+                self.create_dirs(&grown, p).await?;
+                let grown = self.metastore.grow_partitions(&entry.topic, p + 1).await?;
+                self.clear_intent(&entry.topic).await?;
+                Ok(grown)
+            }
+        }
+    }
+
+    /// Removes a set-aside entry and its records for good.
+    pub async fn purge_set_aside(&self, id: &str) -> Result<set_aside::SetAsideEntry, TopicError> {
+        let _admin = self.admin.lock().await;
+        let data_dir = self.store.data_dir().to_path_buf();
+        let id = id.to_owned();
+        Ok(blocking(move || set_aside::purge(&data_dir, &id)).await??)
+    }
+
+    /// The first steps of a create, under the admin lock: the name must be free; then the
+    /// intent record and the partition directories. The metastore write comes next.
+    async fn prepare_create(&self, meta: &TopicMeta) -> Result<(), TopicError> {
+        if self.metastore.topic(&meta.name).await?.is_some() {
+            return Err(MetastoreError::TopicExists {
+                name: meta.name.clone(),
+            }
+            .into());
+        }
+        self.write_intent(
+            &meta.name,
+            Intent::Create {
+                partitions: meta.partitions,
+            },
+        )
+        .await?;
+        self.create_dirs(meta, 0).await
+    }
+
+    fn topic_dir(&self, topic: &str) -> PathBuf {
+        self.store
+            .data_dir()
+            .join(narad_storage::store::TOPICS_DIR_NAME)
+            .join(topic)
+    }
+
+    async fn write_intent(&self, topic: &str, intent: Intent) -> Result<(), TopicError> {
+        let dir = self.topic_dir(topic);
+        blocking(move || {
+            intent::write(&dir, intent).map_err(|source| TopicError::Intent {
+                context: format!("writing the intent record of {}", dir.display()),
+                source,
+            })
+        })
+        .await?
+    }
+
+    async fn clear_intent(&self, topic: &str) -> Result<(), TopicError> {
+        let dir = self.topic_dir(topic);
+        blocking(move || {
+            intent::clear(&dir).map_err(|source| TopicError::Intent {
+                context: format!("clearing the intent record of {}", dir.display()),
+                source,
+            })
+        })
+        .await?
+    }
+
+    async fn remove_topic_dirs(&self, topic: &str) -> Result<(), TopicError> {
+        let store = Arc::clone(&self.store);
+        let topic = topic.to_owned();
+        blocking(move || store.delete_topic(&topic)).await??;
+        Ok(())
+    }
+
+    /// Changes a topic's retention: in the metastore first (which refuses a retention shorter
+    /// than a delay child of the topic needs), then in every partition's log settings.
+    /// `None` keeps records forever / without a size cap.
+    pub async fn set_retention(
+        &self,
+        name: &str,
+        retention_ms: Option<u64>,
+        retention_bytes: Option<u64>,
+    ) -> Result<TopicMeta, TopicError> {
+        if retention_ms == Some(0) || retention_bytes == Some(0) {
+            return Err(TopicError::Invalid(
+                "retention_ms and retention_bytes must be positive; null removes the limit"
+                    .to_owned(),
+            ));
+        }
+        let _admin = self.admin.lock().await;
+        let topic = self
+            .metastore
+            .set_retention(name, retention_ms, retention_bytes)
+            .await?;
+        let store = Arc::clone(&self.store);
+        let config = log_config(&topic, self.segment_bytes);
+        let (name, partitions) = (topic.name.clone(), topic.partitions);
+        tokio::task::spawn_blocking(move || {
+            for p in 0..partitions {
+                store.set_config(&PartitionId::new(name.clone(), p), config.clone())?;
+            }
+            Ok::<(), narad_storage::StorageError>(())
+        })
+        .await
+        .map_err(|e| TopicError::Task(e.to_string()))??;
+        Ok(topic)
+    }
+
+    /// Registers partitions `from..topic.partitions` with the store (idempotent).
+    async fn create_dirs(&self, topic: &TopicMeta, from: u32) -> Result<(), TopicError> {
+        let store = Arc::clone(&self.store);
+        let config = log_config(topic, self.segment_bytes);
+        let name = topic.name.clone();
+        let to = topic.partitions;
+        tokio::task::spawn_blocking(move || {
+            for p in from..to {
+                store.create_partition(&PartitionId::new(name.clone(), p), config.clone())?;
+            }
+            Ok::<(), narad_storage::StorageError>(())
+        })
+        .await
+        .map_err(|e| TopicError::Task(e.to_string()))??;
+        Ok(())
+    }
+}

@@ -1,0 +1,610 @@
+//! Start-up accounting of `topics/` against the metastore: every topic and partition
+//! directory on disk is either named by the metastore, explained by an intent record this
+//! daemon wrote ([`super::intent`]), or set aside ([`super::set_aside`]). Nothing is deleted
+//! because something else is absent.
+//!
+//! The rules, per topic directory ([`plan`] is the pure half, table-tested below):
+//!
+//! | metastore | intent | what happens |
+//! |---|---|---|
+//! | knows it | none | nothing; partition dirs beyond its count are set aside |
+//! | knows it | create / delete | the create finished / the delete was never recorded: the intent is cleared |
+//! | knows it | grow to B | if the count reached B, cleared; else the empty dirs the growth made are removed (one holding records is set aside) |
+//! | unknown | delete | the delete was recorded: it is finished (the directory goes to the trash) |
+//! | unknown | create, no records | the create never reached the metastore: its empty directories are removed |
+//! | unknown | anything else | set aside, listed, counted; never deleted |
+//!
+//! A data directory whose metastore file is missing (with no backup beside it) while
+//! `topics/` holds data the rules above would set aside refuses to start: that is a lost
+//! metastore, not a set of strays, and `narad admin rebuild-metastore` rebuilds it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use narad_storage::Store;
+use narad_storage::store::TOPICS_DIR_NAME;
+
+use super::intent::{self, Intent, IntentState};
+use super::set_aside::{self, SetAsideEntry, SetAsideError};
+use crate::metastore::TopicMeta;
+
+/// One topic directory as found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicDir {
+    /// The topic name (the directory name).
+    pub name: String,
+    /// Its intent record.
+    pub intent: IntentState,
+    /// Its partition directories, by index, with the bytes of their segment files.
+    pub partitions: BTreeMap<u32, u64>,
+}
+
+impl TopicDir {
+    fn holds_records(&self) -> bool {
+        self.partitions.values().any(|&bytes| bytes > 0)
+    }
+}
+
+/// One step start-up takes for a directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Remove the intent record: the change it describes is settled.
+    ClearIntent {
+        /// Topic.
+        topic: String,
+    },
+    /// Finish a delete the metastore recorded: move the topic directory to the trash.
+    FinishDelete {
+        /// Topic.
+        topic: String,
+    },
+    /// Undo a create that never reached the metastore: remove its (empty) directories.
+    UndoCreate {
+        /// Topic.
+        topic: String,
+    },
+    /// Undo a growth that never reached the metastore: remove these (empty) partition dirs.
+    UndoGrow {
+        /// Topic.
+        topic: String,
+        /// The partition indexes.
+        partitions: Vec<u32>,
+    },
+    /// Move a whole topic directory to the set-aside area.
+    SetAsideTopic {
+        /// Topic.
+        topic: String,
+        /// Why, for the operator.
+        reason: String,
+    },
+    /// Move one partition directory to the set-aside area.
+    SetAsidePartition {
+        /// Topic.
+        topic: String,
+        /// Partition index.
+        partition: u32,
+        /// Why, for the operator.
+        reason: String,
+    },
+}
+
+/// What start-up did with `topics/`.
+#[derive(Debug, Default, Clone)]
+pub struct StartupReport {
+    /// The entries set aside by this start.
+    pub set_aside: Vec<SetAsideEntry>,
+    /// Interrupted changes finished or undone, as `topic: what`.
+    pub settled: Vec<String>,
+}
+
+/// Why start-up refused the data directory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartupError {
+    /// Topic data is on disk but the metastore file (and its backup) is gone.
+    #[error(
+        "the data dir {} holds the records of {} topic(s) ({}) but no metastore.json and no \
+         metastore.json.prev: narad will not start with an empty topic list over existing data. \
+         Stop here and either restore metastore.json from a backup of the data dir, or rebuild \
+         the topic list from what is on disk with `narad admin rebuild-metastore --data-dir {}` \
+         (it takes partition counts from the partition directories and tells you what it cannot \
+         recover: retention, children, plugin names)",
+        data_dir.display(), topics.len(), topics.join(", "), data_dir.display()
+    )]
+    MetastoreMissing {
+        /// The data directory.
+        data_dir: PathBuf,
+        /// The topics found on disk.
+        topics: Vec<String>,
+    },
+    /// A file-system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Moving a directory to the set-aside area failed.
+    #[error(transparent)]
+    SetAside(#[from] SetAsideError),
+    /// The store failed to remove a directory.
+    #[error(transparent)]
+    Storage(#[from] narad_storage::StorageError),
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> StartupError {
+    move |source| StartupError::Io { context, source }
+}
+
+/// The partition index of a partition directory name (`p` and five digits).
+pub fn parse_partition_dir(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix('p')?;
+    if digits.len() != 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Scans `{data_dir}/topics/`: every directory with a valid topic name, its intent and its
+/// partition directories. Other entries are left alone (and logged).
+pub fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
+    let topics_dir = data_dir.join(TOPICS_DIR_NAME);
+    let entries = match fs::read_dir(&topics_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(format!("listing {}", topics_dir.display()))(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io(format!("listing {}", topics_dir.display())))?;
+        let path = entry.path();
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        let name = match entry.file_name().into_string() {
+            Ok(name) if is_dir && narad_storage::validate_topic_name(&name).is_ok() => name,
+            _ => {
+                tracing::warn!(path = %path.display(), "ignoring an entry of topics/ that is not a topic directory");
+                continue;
+            }
+        };
+        let intent = intent::read(&path).map_err(io(format!(
+            "reading the intent record of {}",
+            path.display()
+        )))?;
+        let mut partitions = BTreeMap::new();
+        for part in fs::read_dir(&path).map_err(io(format!("listing {}", path.display())))? {
+            let part = part.map_err(io(format!("listing {}", path.display())))?;
+            let is_dir = part.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            let index = part
+                .file_name()
+                .to_str()
+                .and_then(parse_partition_dir)
+                .filter(|_| is_dir);
+            if let Some(index) = index {
+                let bytes = set_aside::partition_segment_bytes(&part.path())
+                    .map_err(io(format!("measuring {}", part.path().display())))?;
+                partitions.insert(index, bytes);
+            }
+        }
+        out.push(TopicDir {
+            name,
+            intent,
+            partitions,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The steps that account for `dirs` against the topics the metastore knows (see the table in
+/// the module doc). Pure: decides, does nothing.
+pub fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for dir in dirs {
+        let topic = dir.name.clone();
+        let Some(meta) = known.get(&dir.name) else {
+            match &dir.intent {
+                IntentState::Found(Intent::Delete) => actions.push(Action::FinishDelete { topic }),
+                IntentState::Found(Intent::Create { .. }) if !dir.holds_records() => {
+                    actions.push(Action::UndoCreate { topic });
+                }
+                IntentState::Found(Intent::Create { .. }) => actions.push(Action::SetAsideTopic {
+                    topic,
+                    reason: "an interrupted create, but its partitions hold records; the \
+                             metastore does not know the topic"
+                        .to_owned(),
+                }),
+                _ => actions.push(Action::SetAsideTopic {
+                    topic,
+                    reason: "the metastore does not know this topic, and no create or delete \
+                             of it was in progress"
+                        .to_owned(),
+                }),
+            }
+            continue;
+        };
+        let count = meta.partitions;
+        let extra: Vec<(u32, u64)> = dir
+            .partitions
+            .range(count..)
+            .map(|(&p, &bytes)| (p, bytes))
+            .collect();
+        let mut undo = Vec::new();
+        let explained = |p: u32| -> bool {
+            matches!(dir.intent, IntentState::Found(Intent::Grow { to, .. }) if p < to)
+        };
+        for (p, bytes) in extra {
+            if explained(p) && bytes == 0 {
+                undo.push(p);
+            } else {
+                let reason = if explained(p) {
+                    format!(
+                        "a growth of the topic to more than {count} partitions was interrupted, \
+                         but this partition holds records"
+                    )
+                } else {
+                    format!(
+                        "beyond the topic's {count} partitions, with no growth in progress to \
+                         explain it"
+                    )
+                };
+                actions.push(Action::SetAsidePartition {
+                    topic: topic.clone(),
+                    partition: p,
+                    reason,
+                });
+            }
+        }
+        if !undo.is_empty() {
+            actions.push(Action::UndoGrow {
+                topic: topic.clone(),
+                partitions: undo,
+            });
+        }
+        if let IntentState::Found(_) = dir.intent {
+            actions.push(Action::ClearIntent { topic });
+        }
+    }
+    actions
+}
+
+/// Accounts for `topics/` at start-up: scans, plans, refuses a lost metastore
+/// (`metastore_is_new`: no metastore file existed), and carries out the plan. Runs before any
+/// partition is registered with the store.
+pub fn reconcile(
+    store: &Store,
+    known: &BTreeMap<String, TopicMeta>,
+    metastore_is_new: bool,
+    now_ms: i64,
+) -> Result<StartupReport, StartupError> {
+    let data_dir = store.data_dir().to_path_buf();
+    let dirs = scan(&data_dir)?;
+    let actions = plan(&dirs, known);
+    if metastore_is_new {
+        let orphans: Vec<String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SetAsideTopic { topic, .. } => Some(topic.clone()),
+                _ => None,
+            })
+            .collect();
+        if !orphans.is_empty() {
+            return Err(StartupError::MetastoreMissing {
+                data_dir,
+                topics: orphans,
+            });
+        }
+    }
+    let topics_dir = data_dir.join(TOPICS_DIR_NAME);
+    let mut report = StartupReport::default();
+    for action in actions {
+        match action {
+            Action::ClearIntent { topic } => {
+                let dir = topics_dir.join(&topic);
+                intent::clear(&dir).map_err(io(format!(
+                    "clearing the intent record of {}",
+                    dir.display()
+                )))?;
+                tracing::info!(%topic, "settled the intent record of an interrupted topic change");
+                report
+                    .settled
+                    .push(format!("{topic}: intent record cleared"));
+            }
+            Action::FinishDelete { topic } => {
+                tracing::warn!(%topic, "finishing the delete of a topic (interrupted by a crash; the metastore recorded it)");
+                store.delete_topic(&topic)?;
+                report.settled.push(format!("{topic}: delete finished"));
+            }
+            Action::UndoCreate { topic } => {
+                tracing::warn!(%topic, "removing the empty directories of a create the metastore never recorded");
+                store.delete_topic(&topic)?;
+                report
+                    .settled
+                    .push(format!("{topic}: unrecorded create undone"));
+            }
+            Action::UndoGrow { topic, partitions } => {
+                for p in &partitions {
+                    let dir = topics_dir
+                        .join(&topic)
+                        .join(narad_storage::PartitionId::new(topic.clone(), *p).dir_name());
+                    remove_via_trash(&data_dir, &dir, &format!("{topic}.p{p:05}.{now_ms}"))?;
+                }
+                tracing::warn!(%topic, ?partitions, "removed the empty partition directories of a growth the metastore never recorded");
+                report.settled.push(format!(
+                    "{topic}: unrecorded growth undone ({partitions:?})"
+                ));
+            }
+            Action::SetAsideTopic { topic, reason } => {
+                let source = topics_dir.join(&topic);
+                let entry =
+                    set_aside::set_aside(&data_dir, &source, &topic, None, &reason, now_ms)?;
+                tracing::warn!(%topic, id = %entry.id, segment_bytes = entry.segment_bytes, %reason,
+                    "set aside a topic directory the daemon cannot account for; nothing was deleted: \
+                     `narad admin set-aside list` shows it, `adopt` brings it back, `purge` removes it");
+                report.set_aside.push(entry);
+            }
+            Action::SetAsidePartition {
+                topic,
+                partition,
+                reason,
+            } => {
+                let source = topics_dir
+                    .join(&topic)
+                    .join(narad_storage::PartitionId::new(topic.clone(), partition).dir_name());
+                let entry = set_aside::set_aside(
+                    &data_dir,
+                    &source,
+                    &topic,
+                    Some(partition),
+                    &reason,
+                    now_ms,
+                )?;
+                tracing::warn!(%topic, partition, id = %entry.id, segment_bytes = entry.segment_bytes, %reason,
+                    "set aside a partition directory the daemon cannot account for; nothing was deleted");
+                report.set_aside.push(entry);
+            }
+        }
+    }
+    for meta in known.values() {
+        for p in 0..meta.partitions {
+            let dir = topics_dir
+                .join(&meta.name)
+                .join(narad_storage::PartitionId::new(meta.name.clone(), p).dir_name());
+            if !dir.exists() {
+                tracing::warn!(topic = %meta.name, partition = p,
+                    "the metastore names this partition but its directory is missing; it starts empty (restore the directory from a backup to keep its records)");
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Removes a directory this daemon made and can account for: renamed into the trash first (one
+/// durable step out of `topics/`), then removed.
+fn remove_via_trash(data_dir: &Path, dir: &Path, name: &str) -> Result<(), StartupError> {
+    let trash = data_dir
+        .join(narad_storage::store::TRASH_DIR_NAME)
+        .join(name);
+    fs::rename(dir, &trash).map_err(io(format!(
+        "moving {} to {}",
+        dir.display(),
+        trash.display()
+    )))?;
+    for d in [dir.parent(), trash.parent()].into_iter().flatten() {
+        crate::durable::sync_dir(d).map_err(io(format!("syncing {}", d.display())))?;
+    }
+    fs::remove_dir_all(&trash).map_err(io(format!("removing {}", trash.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(name: &str, partitions: u32) -> TopicMeta {
+        TopicMeta {
+            name: name.to_owned(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            created_at_ms: 0,
+        }
+    }
+
+    fn dir(name: &str, intent: IntentState, partitions: &[(u32, u64)]) -> TopicDir {
+        TopicDir {
+            name: name.to_owned(),
+            intent,
+            partitions: partitions.iter().copied().collect(),
+        }
+    }
+
+    fn known(topics: &[(&str, u32)]) -> BTreeMap<String, TopicMeta> {
+        topics
+            .iter()
+            .map(|&(n, p)| (n.to_owned(), meta(n, p)))
+            .collect()
+    }
+
+    fn kinds(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::ClearIntent { topic } => format!("clear {topic}"),
+                Action::FinishDelete { topic } => format!("finish-delete {topic}"),
+                Action::UndoCreate { topic } => format!("undo-create {topic}"),
+                Action::UndoGrow { topic, partitions } => {
+                    format!("undo-grow {topic} {partitions:?}")
+                }
+                Action::SetAsideTopic { topic, .. } => format!("set-aside {topic}"),
+                Action::SetAsidePartition {
+                    topic, partition, ..
+                } => format!("set-aside {topic}/{partition}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_directory_is_accounted_for_by_the_metastore_an_intent_or_the_set_aside_area() {
+        use IntentState::{Found, None as NoIntent, Unreadable};
+        let cases: Vec<(TopicDir, Vec<&str>)> = vec![
+            // Known topics.
+            (dir("a", NoIntent, &[(0, 10), (1, 0)]), vec![]),
+            (
+                dir(
+                    "b",
+                    Found(Intent::Create { partitions: 2 }),
+                    &[(0, 0), (1, 0)],
+                ),
+                vec!["clear b"],
+            ),
+            (
+                dir("c", Found(Intent::Delete), &[(0, 5), (1, 0)]),
+                vec!["clear c"],
+            ),
+            (
+                dir(
+                    "d",
+                    Found(Intent::Grow { from: 2, to: 2 }),
+                    &[(0, 5), (1, 0)],
+                ),
+                vec!["clear d"],
+            ),
+            (
+                dir(
+                    "e",
+                    Found(Intent::Grow { from: 2, to: 4 }),
+                    &[(0, 5), (1, 0), (2, 0), (3, 9)],
+                ),
+                vec!["set-aside e/3", "undo-grow e [2]", "clear e"],
+            ),
+            (
+                dir("f", NoIntent, &[(0, 5), (1, 0), (2, 0)]),
+                vec!["set-aside f/2"],
+            ),
+            // Unknown topics.
+            (
+                dir("g", Found(Intent::Delete), &[(0, 99)]),
+                vec!["finish-delete g"],
+            ),
+            (
+                dir("h", Found(Intent::Create { partitions: 1 }), &[(0, 0)]),
+                vec!["undo-create h"],
+            ),
+            (
+                dir("i", Found(Intent::Create { partitions: 1 }), &[(0, 3)]),
+                vec!["set-aside i"],
+            ),
+            (dir("j", NoIntent, &[(0, 0)]), vec!["set-aside j"]),
+            (dir("k", NoIntent, &[(0, 416)]), vec!["set-aside k"]),
+            (
+                dir("l", Found(Intent::Grow { from: 1, to: 2 }), &[(0, 4)]),
+                vec!["set-aside l"],
+            ),
+            (
+                dir("m", Unreadable("x".into()), &[(0, 4)]),
+                vec!["set-aside m"],
+            ),
+        ];
+        let known = known(&[("a", 2), ("b", 2), ("c", 2), ("d", 2), ("e", 2), ("f", 2)]);
+        for (d, expected) in cases {
+            let got = kinds(&plan(std::slice::from_ref(&d), &known));
+            assert_eq!(got, expected, "for {d:?}");
+        }
+    }
+
+    fn partition(data: &Path, topic: &str, p: u32, bytes: usize) {
+        let dir = data
+            .join(TOPICS_DIR_NAME)
+            .join(topic)
+            .join(format!("p{p:05}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("00000000000000000000.log"), vec![1u8; bytes]).unwrap();
+    }
+
+    #[test]
+    fn start_up_settles_what_its_intents_explain_and_sets_the_rest_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        let store = Store::open(data, narad_storage::StoreOptions::default()).unwrap();
+        let topics = data.join(TOPICS_DIR_NAME);
+        partition(data, "gone", 0, 50);
+        intent::write(&topics.join("gone"), Intent::Delete).unwrap();
+        partition(data, "half", 0, 0);
+        partition(data, "half", 1, 0);
+        intent::write(&topics.join("half"), Intent::Create { partitions: 2 }).unwrap();
+        partition(data, "grown", 0, 10);
+        partition(data, "grown", 1, 0);
+        partition(data, "grown", 2, 30);
+        intent::write(&topics.join("grown"), Intent::Grow { from: 1, to: 3 }).unwrap();
+        partition(data, "stray", 0, 70);
+
+        let report = reconcile(&store, &known(&[("grown", 1)]), false, 5).unwrap();
+        assert!(
+            !topics.join("gone").exists(),
+            "a recorded delete is finished"
+        );
+        assert!(
+            !topics.join("half").exists(),
+            "an unrecorded empty create is undone"
+        );
+        assert!(
+            !topics.join("grown/p00001").exists(),
+            "an unrecorded empty growth is undone"
+        );
+        assert!(topics.join("grown/p00000").exists());
+        assert_eq!(
+            intent::read(&topics.join("grown")).unwrap(),
+            IntentState::None
+        );
+        assert!(!topics.join("stray").exists());
+        let mut aside: Vec<(String, Option<u32>, u64)> = report
+            .set_aside
+            .iter()
+            .map(|e| (e.topic.clone(), e.partition, e.segment_bytes))
+            .collect();
+        aside.sort();
+        assert_eq!(
+            aside,
+            vec![("grown".into(), Some(2), 30), ("stray".into(), None, 70)]
+        );
+        assert_eq!(set_aside::list(data).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn topic_data_without_a_metastore_refuses_the_start_and_touches_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        let store = Store::open(data, narad_storage::StoreOptions::default()).unwrap();
+        partition(data, "orders", 0, 70);
+        partition(data, "half", 0, 0);
+        intent::write(
+            &data.join(TOPICS_DIR_NAME).join("half"),
+            Intent::Create { partitions: 1 },
+        )
+        .unwrap();
+        match reconcile(&store, &BTreeMap::new(), true, 5) {
+            Err(StartupError::MetastoreMissing { topics, .. }) => {
+                assert_eq!(topics, vec!["orders".to_owned()]);
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(data.join(TOPICS_DIR_NAME).join("orders/p00000").exists());
+        assert!(data.join(TOPICS_DIR_NAME).join("half/p00000").exists());
+        assert!(set_aside::list(data).unwrap().is_empty());
+
+        // A new data dir whose only content is an interrupted first create starts normally.
+        fs::remove_dir_all(data.join(TOPICS_DIR_NAME).join("orders")).unwrap();
+        reconcile(&store, &BTreeMap::new(), true, 5).unwrap();
+        assert!(!data.join(TOPICS_DIR_NAME).join("half").exists());
+    }
+
+    #[test]
+    fn partition_directory_names_are_p_and_five_digits() {
+        assert_eq!(parse_partition_dir("p00000"), Some(0));
+        assert_eq!(parse_partition_dir("p01024"), Some(1024));
+        for bad in ["p0000", "p000000", "q00001", "p0000a", "INTENT", "p-0001"] {
+            assert_eq!(parse_partition_dir(bad), None, "{bad}");
+        }
+    }
+}
