@@ -32,10 +32,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::link::{check_attach, check_retention};
+use super::transition::{self, Change, Outcome};
 use super::{
-    BoxFuture, Domain, LinkMeta, Metastore, MetastoreError, PluginRef, PluginVersion, Result,
-    Snapshot, TopicMeta, Versions,
+    BoxFuture, LinkMeta, Metastore, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta,
+    Versions,
 };
 
 /// File name of the metastore inside the data dir.
@@ -69,64 +69,28 @@ struct State {
 }
 
 impl State {
-    fn snapshot(&self) -> Snapshot {
+    fn into_snapshot(self) -> Snapshot {
         Snapshot {
             versions: self.versions,
-            topics: self.topics.clone(),
+            topics: self.topics,
             links: self
                 .links
-                .iter()
-                .map(|l| ((l.parent.clone(), l.child.clone()), l.clone()))
+                .into_iter()
+                .map(|l| ((l.parent.clone(), l.child.clone()), l))
                 .collect(),
-            plugins: self.plugins.clone(),
+            plugins: self.plugins,
         }
     }
 
-    /// A chain may only name recorded plugin versions: checked in the same write as the link
-    /// change, so a plugin removed after the router was resolved cannot slip into a link.
-    fn check_plugins_exist(&self, router: &[PluginRef]) -> Result<()> {
-        for plugin in router {
-            if !self
-                .plugins
-                .iter()
-                .any(|p| p.name == plugin.name && p.digest == plugin.digest)
-            {
-                return Err(MetastoreError::UnknownPlugin {
-                    name: format!("{}@{}", plugin.name, plugin.digest),
-                });
-            }
+    fn from_snapshot(snapshot: &Snapshot) -> State {
+        State {
+            format: FORMAT_VERSION,
+            versions: snapshot.versions,
+            topics: snapshot.topics.clone(),
+            // The map is ordered by (parent, child): the list stays sorted.
+            links: snapshot.links.values().cloned().collect(),
+            plugins: snapshot.plugins.clone(),
         }
-        Ok(())
-    }
-
-    /// Adds `link` after checking that both topics exist, the pair is not linked yet, the link
-    /// rules hold and every plugin of its router is recorded.
-    fn attach(&mut self, link: LinkMeta) -> Result<()> {
-        for topic in [&link.parent, &link.child] {
-            if !self.topics.contains_key(topic) {
-                return Err(MetastoreError::UnknownTopic {
-                    name: topic.clone(),
-                });
-            }
-        }
-        if self.link_index(&link.parent, &link.child).is_some() {
-            return Err(MetastoreError::LinkExists {
-                parent: link.parent,
-                child: link.child,
-            });
-        }
-        check_attach(&self.topics, &self.links, &link)?;
-        self.check_plugins_exist(&link.router)?;
-        self.links.push(link);
-        self.links
-            .sort_by(|a, b| (&a.parent, &a.child).cmp(&(&b.parent, &b.child)));
-        Ok(())
-    }
-
-    fn link_index(&self, parent: &str, child: &str) -> Option<usize> {
-        self.links
-            .iter()
-            .position(|l| l.parent == parent && l.child == child)
     }
 }
 
@@ -141,7 +105,7 @@ struct Inner {
     dir: PathBuf,
     /// The committed state; locked only briefly (to read, or to swap in a durable new state),
     /// so readers on async threads never wait for an fsync.
-    state: Mutex<State>,
+    state: Mutex<Snapshot>,
     /// Held across a whole write (compute, persist, swap) so writes apply one at a time and
     /// readers never see a state that is not yet durable.
     writer: Mutex<()>,
@@ -207,7 +171,7 @@ impl FileMetastore {
         Ok(FileMetastore {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
-                state: Mutex::new(state),
+                state: Mutex::new(state.into_snapshot()),
                 writer: Mutex::new(()),
                 started_empty,
             }),
@@ -227,16 +191,13 @@ impl FileMetastore {
 
     /// The committed state, synchronously (start-up wiring uses it before the runtime serves).
     pub fn snapshot_now(&self) -> Snapshot {
-        self.inner.lock().snapshot()
+        self.inner.lock().clone()
     }
 
-    /// Runs `change` on a copy of the state and, when it returns `Some`, persists the copy and
-    /// makes it current. Blocking (fsyncs): runs on the blocking pool.
-    fn update<T, F>(&self, change: F) -> BoxFuture<'_, Result<T>>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut State) -> Result<(T, Option<Domain>)> + Send + 'static,
-    {
+    /// Applies `change` ([`super::transition::apply`]) to a copy of the state and, when it
+    /// changed anything, persists the copy and makes it current. Blocking (fsyncs): runs on
+    /// the blocking pool.
+    fn update(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
             tokio::task::spawn_blocking(move || inner.update(change))
@@ -247,30 +208,25 @@ impl FileMetastore {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Snapshot> {
         // A panic while holding the lock happens before the swap, so the state is intact.
         self.state
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    fn update<T>(
-        &self,
-        change: impl FnOnce(&mut State) -> Result<(T, Option<Domain>)>,
-    ) -> Result<T> {
+    fn update(&self, change: Change) -> Result<Outcome> {
         let _writer = self
             .writer
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
         let mut next = self.lock().clone();
-        let (answer, changed) = change(&mut next)?;
-        if let Some(domain) = changed {
-            next.versions.bump(domain);
-            next.format = FORMAT_VERSION;
-            self.persist(&next)?;
+        let (outcome, changed) = transition::apply(&mut next, change)?;
+        if changed {
+            self.persist(&State::from_snapshot(&next))?;
             *self.lock() = next;
         }
-        Ok(answer)
+        Ok(outcome)
     }
 
     fn persist(&self, state: &State) -> Result<()> {
@@ -420,175 +376,8 @@ impl Metastore for FileMetastore {
         Box::pin(async move { Ok(topic) })
     }
 
-    fn create_topic(&self, topic: TopicMeta) -> BoxFuture<'_, Result<TopicMeta>> {
-        self.update(move |state| {
-            if state.topics.contains_key(&topic.name) {
-                return Err(MetastoreError::TopicExists { name: topic.name });
-            }
-            state.topics.insert(topic.name.clone(), topic.clone());
-            Ok((topic, Some(Domain::Topics)))
-        })
-    }
-
-    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>> {
-        let name = name.to_owned();
-        self.update(move |state| match state.topics.remove(&name) {
-            Some(topic) => {
-                // A deleted topic takes its links with it, as parent or as child.
-                let before = state.links.len();
-                state.links.retain(|l| l.parent != name && l.child != name);
-                if state.links.len() != before {
-                    state.versions.bump(Domain::Links);
-                }
-                Ok((topic, Some(Domain::Topics)))
-            }
-            None => Err(MetastoreError::UnknownTopic { name }),
-        })
-    }
-
-    fn grow_partitions<'a>(
-        &'a self,
-        name: &'a str,
-        count: u32,
-    ) -> BoxFuture<'a, Result<TopicMeta>> {
-        let name = name.to_owned();
-        self.update(move |state| {
-            let Some(topic) = state.topics.get_mut(&name) else {
-                return Err(MetastoreError::UnknownTopic { name });
-            };
-            if count < topic.partitions {
-                return Err(MetastoreError::CannotShrink {
-                    current: topic.partitions,
-                    requested: count,
-                    name,
-                });
-            }
-            if count == topic.partitions {
-                return Ok((topic.clone(), None));
-            }
-            topic.partitions = count;
-            Ok((topic.clone(), Some(Domain::Topics)))
-        })
-    }
-
-    fn set_retention<'a>(
-        &'a self,
-        name: &'a str,
-        retention_ms: Option<u64>,
-        retention_bytes: Option<u64>,
-    ) -> BoxFuture<'a, Result<TopicMeta>> {
-        let name = name.to_owned();
-        self.update(move |state| {
-            for link in state.links.iter().filter(|l| l.parent == name) {
-                check_retention(&name, retention_ms, link.delay_ms)?;
-            }
-            let Some(topic) = state.topics.get_mut(&name) else {
-                return Err(MetastoreError::UnknownTopic { name });
-            };
-            if topic.retention_ms == retention_ms && topic.retention_bytes == retention_bytes {
-                return Ok((topic.clone(), None));
-            }
-            topic.retention_ms = retention_ms;
-            topic.retention_bytes = retention_bytes;
-            Ok((topic.clone(), Some(Domain::Topics)))
-        })
-    }
-
-    fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>> {
-        self.update(move |state| {
-            state.attach(link.clone())?;
-            Ok((link, Some(Domain::Links)))
-        })
-    }
-
-    fn attach_link_with_new_child(
-        &self,
-        child: TopicMeta,
-        link: LinkMeta,
-    ) -> BoxFuture<'_, Result<LinkMeta>> {
-        self.update(move |state| {
-            if state.topics.contains_key(&child.name) {
-                return Err(MetastoreError::TopicExists { name: child.name });
-            }
-            state.topics.insert(child.name.clone(), child);
-            state.attach(link.clone())?;
-            // Both domains move in this one write; the caller's change is applied to a copy,
-            // so a refused link leaves the topic unrecorded as well.
-            state.versions.bump(Domain::Topics);
-            Ok((link, Some(Domain::Links)))
-        })
-    }
-
-    fn detach_link<'a>(
-        &'a self,
-        parent: &'a str,
-        child: &'a str,
-    ) -> BoxFuture<'a, Result<LinkMeta>> {
-        let (parent, child) = (parent.to_owned(), child.to_owned());
-        self.update(move |state| match state.link_index(&parent, &child) {
-            Some(index) => Ok((state.links.remove(index), Some(Domain::Links))),
-            None => Err(MetastoreError::UnknownLink { parent, child }),
-        })
-    }
-
-    fn set_link_router<'a>(
-        &'a self,
-        parent: &'a str,
-        child: &'a str,
-        router: Vec<PluginRef>,
-        config: Option<String>,
-    ) -> BoxFuture<'a, Result<LinkMeta>> {
-        let (parent, child) = (parent.to_owned(), child.to_owned());
-        self.update(move |state| {
-            let Some(index) = state.link_index(&parent, &child) else {
-                return Err(MetastoreError::UnknownLink { parent, child });
-            };
-            state.check_plugins_exist(&router)?;
-            let link = &mut state.links[index];
-            let config = config.unwrap_or_else(|| link.config.clone());
-            if link.router == router && link.config == config {
-                return Ok((link.clone(), None));
-            }
-            link.router = router;
-            link.config = config;
-            Ok((link.clone(), Some(Domain::Links)))
-        })
-    }
-
-    fn add_plugin(&self, plugin: PluginVersion) -> BoxFuture<'_, Result<PluginVersion>> {
-        self.update(move |state| {
-            if let Some(existing) = state
-                .plugins
-                .iter()
-                .find(|p| p.name == plugin.name && p.digest == plugin.digest)
-            {
-                return Ok((existing.clone(), None));
-            }
-            state.plugins.push(plugin.clone());
-            Ok((plugin, Some(Domain::Plugins)))
-        })
-    }
-
-    fn remove_plugin<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<PluginVersion>>> {
-        let name = name.to_owned();
-        self.update(move |state| {
-            let users: Vec<String> = state
-                .links
-                .iter()
-                .filter(|l| l.router.iter().any(|p| p.name == name))
-                .map(|l| format!("{} -> {}", l.parent, l.child))
-                .collect();
-            if !users.is_empty() {
-                return Err(MetastoreError::PluginInUse { name, links: users });
-            }
-            let (removed, kept): (Vec<_>, Vec<_>) =
-                state.plugins.drain(..).partition(|p| p.name == name);
-            state.plugins = kept;
-            if removed.is_empty() {
-                return Err(MetastoreError::UnknownPlugin { name });
-            }
-            Ok((removed, Some(Domain::Plugins)))
-        })
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
+        self.update(change)
     }
 }
 
@@ -604,6 +393,18 @@ mod tests {
             retention_bytes: None,
             created_at_ms: 1_700_000_000_000,
         }
+    }
+
+    #[tokio::test]
+    async fn the_file_backend_passes_the_metastore_conformance_suite_and_keeps_it_across_a_reopen()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        crate::metastore::conformance::run(&store).await;
+        let before = store.snapshot().await.unwrap();
+        drop(store);
+        let reopened = FileMetastore::open(dir.path()).unwrap();
+        assert_eq!(reopened.snapshot().await.unwrap(), before);
     }
 
     #[tokio::test]

@@ -2,6 +2,13 @@
 //! the [`Metastore`] trait so the embedded file ([`file::FileMetastore`]) and a shared store
 //! (etcd, across nodes) are interchangeable.
 //!
+//! The rules (cannot shrink, unknown topic, link exists, self link and cycles, 108 children,
+//! delay limits, retention floor, recorded plugin versions) are pure transitions in
+//! [`transition`]: a [`Change`] applied to a [`Snapshot`]. A backend implements reads and
+//! [`Metastore::apply`] ("apply the transition atomically": a lock and a file replace for the
+//! embedded file, a compare-and-swap for a shared store); every typed write method is
+//! `apply` with one change. `conformance` (tests) is the behaviour suite any backend runs.
+//!
 //! Every domain (topics, links, plugins) has its own version counter in [`Versions`]. A write
 //! that changes a domain raises that domain's counter by one and leaves the others alone, so a
 //! reconciler that remembers the versions of its last full pass can skip a tick when nothing it
@@ -14,8 +21,11 @@
 //! a quorum read; in the embedded file, the in-memory state, which every write updates before it
 //! returns).
 
+#[cfg(test)]
+pub(crate) mod conformance;
 pub mod file;
 pub mod link;
+pub mod transition;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use file::FileMetastore;
 pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion};
+pub use transition::{Change, Outcome};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
 /// (native `async fn` in traits is not object safe).
@@ -252,17 +263,39 @@ pub trait Metastore: Send + Sync + 'static {
     /// One topic, or `None` when it does not exist.
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>>;
 
-    /// Creates a topic. Fails with [`MetastoreError::TopicExists`] when the name is taken.
-    fn create_topic(&self, topic: TopicMeta) -> BoxFuture<'_, Result<TopicMeta>>;
+    /// Applies one change atomically: its rules ([`transition`]) are checked against the
+    /// current metadata and the change is recorded in the same step, durably when this
+    /// returns `Ok`. A refused change records nothing. The methods below are this, typed.
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>>;
 
-    /// Deletes a topic, returning what it was. Fails with [`MetastoreError::UnknownTopic`].
-    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>>;
+    /// Creates a topic. Fails with [`MetastoreError::TopicExists`] when the name is taken.
+    fn create_topic(&self, topic: TopicMeta) -> BoxFuture<'_, Result<TopicMeta>> {
+        typed(self.apply(Change::CreateTopic(topic)), Outcome::into_topic)
+    }
+
+    /// Deletes a topic (and its links), returning what it was. Fails with
+    /// [`MetastoreError::UnknownTopic`].
+    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>> {
+        let change = Change::DeleteTopic {
+            name: name.to_owned(),
+        };
+        typed(self.apply(change), Outcome::into_topic)
+    }
 
     /// Raises a topic's partition count to `count`. Asking for the current count changes
     /// nothing (and moves no version); asking for fewer fails with
     /// [`MetastoreError::CannotShrink`].
-    fn grow_partitions<'a>(&'a self, name: &'a str, count: u32)
-    -> BoxFuture<'a, Result<TopicMeta>>;
+    fn grow_partitions<'a>(
+        &'a self,
+        name: &'a str,
+        count: u32,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let change = Change::GrowPartitions {
+            name: name.to_owned(),
+            count,
+        };
+        typed(self.apply(change), Outcome::into_topic)
+    }
 
     /// Changes a topic's retention. Fails with [`MetastoreError::LinkRule`] when a delay child
     /// of the topic would need longer retention.
@@ -271,11 +304,20 @@ pub trait Metastore: Send + Sync + 'static {
         name: &'a str,
         retention_ms: Option<u64>,
         retention_bytes: Option<u64>,
-    ) -> BoxFuture<'a, Result<TopicMeta>>;
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let change = Change::SetRetention {
+            name: name.to_owned(),
+            retention_ms,
+            retention_bytes,
+        };
+        typed(self.apply(change), Outcome::into_topic)
+    }
 
     /// Records a new link. Both topics must exist; the link rules ([`link::check_attach`]) are
     /// checked in the same write. Fails with [`MetastoreError::LinkExists`] for a linked pair.
-    fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>>;
+    fn attach_link(&self, link: LinkMeta) -> BoxFuture<'_, Result<LinkMeta>> {
+        typed(self.apply(Change::AttachLink(link)), Outcome::into_link)
+    }
 
     /// Records a new topic and a link whose child it is, in one write: the attach that creates
     /// its child. Fails as [`Metastore::create_topic`] and [`Metastore::attach_link`] would,
@@ -284,14 +326,25 @@ pub trait Metastore: Send + Sync + 'static {
         &self,
         child: TopicMeta,
         link: LinkMeta,
-    ) -> BoxFuture<'_, Result<LinkMeta>>;
+    ) -> BoxFuture<'_, Result<LinkMeta>> {
+        typed(
+            self.apply(Change::AttachLinkWithNewChild { child, link }),
+            Outcome::into_link,
+        )
+    }
 
     /// Removes a link, returning what it was.
     fn detach_link<'a>(
         &'a self,
         parent: &'a str,
         child: &'a str,
-    ) -> BoxFuture<'a, Result<LinkMeta>>;
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let change = Change::DetachLink {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+        };
+        typed(self.apply(change), Outcome::into_link)
+    }
 
     /// Replaces a link's router chain (and, when given, its config), keeping its epoch.
     fn set_link_router<'a>(
@@ -300,12 +353,35 @@ pub trait Metastore: Send + Sync + 'static {
         child: &'a str,
         router: Vec<PluginRef>,
         config: Option<String>,
-    ) -> BoxFuture<'a, Result<LinkMeta>>;
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let change = Change::SetLinkRouter {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            router,
+            config,
+        };
+        typed(self.apply(change), Outcome::into_link)
+    }
 
     /// Records an uploaded plugin version (the same name and digest twice is a no-op).
-    fn add_plugin(&self, plugin: PluginVersion) -> BoxFuture<'_, Result<PluginVersion>>;
+    fn add_plugin(&self, plugin: PluginVersion) -> BoxFuture<'_, Result<PluginVersion>> {
+        typed(self.apply(Change::AddPlugin(plugin)), Outcome::into_plugin)
+    }
 
     /// Removes every version of a plugin, returning them. Fails with
     /// [`MetastoreError::PluginInUse`] while a link's router names it.
-    fn remove_plugin<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<PluginVersion>>>;
+    fn remove_plugin<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<PluginVersion>>> {
+        let change = Change::RemovePlugin {
+            name: name.to_owned(),
+        };
+        typed(self.apply(change), Outcome::into_plugins)
+    }
+}
+
+/// Maps the outcome of [`Metastore::apply`] to the typed answer of one change.
+fn typed<'a, T: 'a>(
+    applied: BoxFuture<'a, Result<Outcome>>,
+    pick: fn(Outcome) -> Result<T>,
+) -> BoxFuture<'a, Result<T>> {
+    Box::pin(async move { pick(applied.await?) })
 }

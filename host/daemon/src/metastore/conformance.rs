@@ -1,0 +1,266 @@
+//! The behaviour every [`Metastore`] backend must show, as one suite: a backend's tests call
+//! [`run`] with a fresh, empty instance. The embedded file runs it in `file.rs`; a shared
+//! store (etcd) runs the same suite against its own backend.
+
+use super::{
+    LinkMeta, LinkRuleError, Metastore, MetastoreError, PluginRef, PluginVersion, TopicMeta,
+    Versions,
+};
+
+fn topic(name: &str, partitions: u32, retention_ms: Option<u64>) -> TopicMeta {
+    TopicMeta {
+        name: name.to_owned(),
+        partitions,
+        retention_ms,
+        retention_bytes: None,
+        created_at_ms: 1_700_000_000_000,
+    }
+}
+
+fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> LinkMeta {
+    LinkMeta {
+        parent: parent.to_owned(),
+        child: child.to_owned(),
+        attach_epoch: "0011223344556677".to_owned(),
+        attach_offsets: Some(vec![0, 0]),
+        delay_ms,
+        router,
+        config: String::new(),
+        attached_at_ms: 0,
+    }
+}
+
+fn plugin(name: &str, digest: char) -> PluginVersion {
+    PluginVersion {
+        name: name.to_owned(),
+        digest: digest.to_string().repeat(64),
+        size_bytes: 10,
+        version: "1.0.0".to_owned(),
+        description: String::new(),
+        uploaded_at_ms: 0,
+    }
+}
+
+fn pinned(p: &PluginVersion) -> PluginRef {
+    PluginRef {
+        name: p.name.clone(),
+        digest: p.digest.clone(),
+    }
+}
+
+/// Recognises the error a refused change must give.
+type IsExpected = fn(&MetastoreError) -> bool;
+
+/// Runs the whole suite against `store`, which must be empty.
+pub(crate) async fn run(store: &dyn Metastore) {
+    assert_eq!(store.versions().await.unwrap(), Versions::default());
+    topics(store).await;
+    links(store).await;
+    plugins(store).await;
+    attach_with_new_child(store).await;
+    let confirmed = store.confirm().await.unwrap();
+    assert_eq!(confirmed, store.snapshot().await.unwrap());
+    assert_eq!(confirmed.versions, store.versions().await.unwrap());
+}
+
+async fn topics(store: &dyn Metastore) {
+    let v0 = store.versions().await.unwrap();
+    store.create_topic(topic("orders", 2, None)).await.unwrap();
+    assert_eq!(
+        store.versions().await.unwrap(),
+        Versions {
+            topics: v0.topics + 1,
+            ..v0
+        }
+    );
+    let v1 = store.versions().await.unwrap();
+    assert!(matches!(
+        store.create_topic(topic("orders", 3, None)).await,
+        Err(MetastoreError::TopicExists { .. })
+    ));
+    assert!(matches!(
+        store.grow_partitions("orders", 1).await,
+        Err(MetastoreError::CannotShrink {
+            current: 2,
+            requested: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        store.grow_partitions("nope", 3).await,
+        Err(MetastoreError::UnknownTopic { .. })
+    ));
+    assert!(matches!(
+        store.delete_topic("nope").await,
+        Err(MetastoreError::UnknownTopic { .. })
+    ));
+    assert_eq!(
+        store.grow_partitions("orders", 2).await.unwrap().partitions,
+        2
+    );
+    store.set_retention("orders", None, None).await.unwrap();
+    assert_eq!(
+        store.versions().await.unwrap(),
+        v1,
+        "refusals and no-ops move no version"
+    );
+    assert_eq!(
+        store.grow_partitions("orders", 4).await.unwrap().partitions,
+        4
+    );
+    assert_eq!(store.topic("orders").await.unwrap().unwrap().partitions, 4);
+    assert_eq!(store.versions().await.unwrap().topics, v1.topics + 1);
+}
+
+async fn links(store: &dyn Metastore) {
+    store
+        .create_topic(topic("retried", 2, Some(7_200_000)))
+        .await
+        .unwrap();
+    store.create_topic(topic("copy", 2, None)).await.unwrap();
+    store.create_topic(topic("later", 2, None)).await.unwrap();
+    let before = store.versions().await.unwrap();
+
+    let refusals: Vec<(LinkMeta, IsExpected)> = vec![
+        (link("orders", "missing", 0, vec![]), |e| {
+            matches!(e, MetastoreError::UnknownTopic { .. })
+        }),
+        (link("orders", "orders", 0, vec![]), |e| {
+            matches!(e, MetastoreError::LinkRule(LinkRuleError::SelfLink(_)))
+        }),
+        (link("orders", "copy", 366 * 86_400_000, vec![]), |e| {
+            matches!(
+                e,
+                MetastoreError::LinkRule(LinkRuleError::DelayTooLong { .. })
+            )
+        }),
+        // 2 h of retention is not the 3 h a two-hour delay needs.
+        (link("retried", "copy", 7_200_000, vec![]), |e| {
+            matches!(e, MetastoreError::LinkRule(_))
+        }),
+        (
+            link("orders", "copy", 0, vec![pinned(&plugin("ghost", 'a'))]),
+            |e| matches!(e, MetastoreError::UnknownPlugin { .. }),
+        ),
+    ];
+    for (refused, is_expected) in refusals {
+        let err = store.attach_link(refused.clone()).await.unwrap_err();
+        assert!(is_expected(&err), "{refused:?} gave {err:?}");
+    }
+    assert_eq!(store.versions().await.unwrap(), before);
+
+    store
+        .attach_link(link("orders", "copy", 0, vec![]))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.attach_link(link("orders", "copy", 0, vec![])).await,
+        Err(MetastoreError::LinkExists { .. })
+    ));
+    store
+        .attach_link(link("copy", "later", 0, vec![]))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.attach_link(link("later", "orders", 0, vec![])).await,
+        Err(MetastoreError::LinkRule(LinkRuleError::Cycle { .. }))
+    ));
+    let after = store.versions().await.unwrap();
+    assert_eq!(
+        after,
+        Versions {
+            links: before.links + 2,
+            ..before
+        }
+    );
+
+    // A router change that changes nothing moves nothing; an unknown link is refused.
+    store
+        .set_link_router("orders", "copy", vec![], None)
+        .await
+        .unwrap();
+    assert_eq!(store.versions().await.unwrap(), after);
+    assert!(matches!(
+        store.set_link_router("orders", "nope", vec![], None).await,
+        Err(MetastoreError::UnknownLink { .. })
+    ));
+    assert!(matches!(
+        store.detach_link("orders", "nope").await,
+        Err(MetastoreError::UnknownLink { .. })
+    ));
+
+    // A deleted topic takes its links with it, as parent and as child.
+    let deleted = store.delete_topic("copy").await.unwrap();
+    assert_eq!(deleted.name, "copy");
+    let snapshot = store.snapshot().await.unwrap();
+    assert!(snapshot.links.is_empty(), "{:?}", snapshot.links);
+    assert_eq!(snapshot.versions.links, after.links + 1);
+    assert_eq!(snapshot.versions.topics, after.topics + 1);
+}
+
+async fn plugins(store: &dyn Metastore) {
+    let v0 = store.versions().await.unwrap();
+    let hash = plugin("hash", 'b');
+    store.add_plugin(hash.clone()).await.unwrap();
+    store.add_plugin(hash.clone()).await.unwrap();
+    assert_eq!(store.versions().await.unwrap().plugins, v0.plugins + 1);
+    assert!(matches!(
+        store.remove_plugin("ghost").await,
+        Err(MetastoreError::UnknownPlugin { .. })
+    ));
+    store
+        .attach_link(link("orders", "later", 0, vec![pinned(&hash)]))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.remove_plugin("hash").await,
+        Err(MetastoreError::PluginInUse { .. })
+    ));
+    store.detach_link("orders", "later").await.unwrap();
+    assert_eq!(store.remove_plugin("hash").await.unwrap(), vec![hash]);
+    assert!(store.snapshot().await.unwrap().plugins.is_empty());
+}
+
+async fn attach_with_new_child(store: &dyn Metastore) {
+    let before = store.versions().await.unwrap();
+    // A refused link records neither the link nor the child topic.
+    let err = store
+        .attach_link_with_new_child(
+            topic("fresh", 3, None),
+            link("orders", "fresh", 366 * 86_400_000, vec![]),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetastoreError::LinkRule(_)), "{err:?}");
+    assert!(store.topic("fresh").await.unwrap().is_none());
+    assert!(matches!(
+        store
+            .attach_link_with_new_child(
+                topic("orders", 1, None),
+                link("later", "orders", 0, vec![])
+            )
+            .await,
+        Err(MetastoreError::TopicExists { .. })
+    ));
+    assert_eq!(store.versions().await.unwrap(), before);
+
+    store
+        .attach_link_with_new_child(topic("fresh", 3, None), link("orders", "fresh", 0, vec![]))
+        .await
+        .unwrap();
+    let snapshot = store.snapshot().await.unwrap();
+    assert_eq!(snapshot.topics["fresh"].partitions, 3);
+    assert!(
+        snapshot
+            .links
+            .contains_key(&("orders".to_owned(), "fresh".to_owned()))
+    );
+    assert_eq!(
+        snapshot.versions,
+        Versions {
+            topics: before.topics + 1,
+            links: before.links + 1,
+            ..before
+        }
+    );
+}

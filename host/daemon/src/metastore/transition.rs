@@ -1,0 +1,381 @@
+//! The metastore's rules as pure transitions: a [`Change`] applied to a [`Snapshot`] gives the
+//! next snapshot and an [`Outcome`], or the error that refuses it. Nothing here does I/O, so a
+//! backend is only "apply the transition atomically": under a lock and one file replace for the
+//! embedded file, under a compare-and-swap on its revision for a shared store.
+//!
+//! The rules, all checked in the one transition that makes the change:
+//! - topics: a name is created once; partition counts only grow (the same count is a no-op);
+//!   a delete takes the topic's links with it, as parent or as child;
+//! - retention: a delay child's parent keeps at least the delay plus an hour;
+//! - links: both topics exist, a pair is linked once, plus [`super::link::check_attach`] (no
+//!   self link, no cycle, at most 108 children, delay at most a year, the retention floor), and
+//!   a router names only recorded plugin versions;
+//! - plugins: the same name and digest twice is a no-op; a plugin a link's router names cannot
+//!   be removed.
+//!
+//! Versions: every applied change raises the counter of each domain it changed by one and no
+//! other; a refused change or a no-op changes nothing.
+
+use super::link::{check_attach, check_retention};
+use super::{
+    Domain, LinkMeta, MetastoreError, PluginRef, PluginVersion, Result, Snapshot, TopicMeta,
+};
+
+/// One change to the metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Change {
+    /// Create a topic.
+    CreateTopic(TopicMeta),
+    /// Delete a topic and its links.
+    DeleteTopic {
+        /// Topic name.
+        name: String,
+    },
+    /// Raise a topic's partition count.
+    GrowPartitions {
+        /// Topic name.
+        name: String,
+        /// The new count.
+        count: u32,
+    },
+    /// Change a topic's retention (`None`: no limit).
+    SetRetention {
+        /// Topic name.
+        name: String,
+        /// Age limit in ms.
+        retention_ms: Option<u64>,
+        /// Size limit per partition in bytes.
+        retention_bytes: Option<u64>,
+    },
+    /// Record a link between existing topics.
+    AttachLink(LinkMeta),
+    /// Record a new child topic and its link together.
+    AttachLinkWithNewChild {
+        /// The child topic to create.
+        child: TopicMeta,
+        /// The link.
+        link: LinkMeta,
+    },
+    /// Remove a link.
+    DetachLink {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+    },
+    /// Replace a link's router chain (and its config, when given).
+    SetLinkRouter {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+        /// The new chain.
+        router: Vec<PluginRef>,
+        /// The new config, or `None` to keep the current one.
+        config: Option<String>,
+    },
+    /// Record an uploaded plugin version.
+    AddPlugin(PluginVersion),
+    /// Remove every version of a plugin.
+    RemovePlugin {
+        /// Plugin name.
+        name: String,
+    },
+}
+
+/// What an applied change answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The topic as recorded now (or as it was, for a delete).
+    Topic(TopicMeta),
+    /// The link as recorded now (or as it was, for a detach).
+    Link(LinkMeta),
+    /// The plugin version as recorded.
+    Plugin(PluginVersion),
+    /// The plugin versions removed.
+    Plugins(Vec<PluginVersion>),
+}
+
+impl Outcome {
+    /// The topic of a topic change.
+    pub fn into_topic(self) -> Result<TopicMeta> {
+        match self {
+            Outcome::Topic(t) => Ok(t),
+            other => Err(mismatch("a topic", &other)),
+        }
+    }
+
+    /// The link of a link change.
+    pub fn into_link(self) -> Result<LinkMeta> {
+        match self {
+            Outcome::Link(l) => Ok(l),
+            other => Err(mismatch("a link", &other)),
+        }
+    }
+
+    /// The version of a plugin upload.
+    pub fn into_plugin(self) -> Result<PluginVersion> {
+        match self {
+            Outcome::Plugin(p) => Ok(p),
+            other => Err(mismatch("a plugin version", &other)),
+        }
+    }
+
+    /// The versions of a plugin removal.
+    pub fn into_plugins(self) -> Result<Vec<PluginVersion>> {
+        match self {
+            Outcome::Plugins(p) => Ok(p),
+            other => Err(mismatch("plugin versions", &other)),
+        }
+    }
+}
+
+fn mismatch(wanted: &str, got: &Outcome) -> MetastoreError {
+    MetastoreError::Task(format!("a metastore change answered {got:?}, not {wanted}"))
+}
+
+/// Applies `change` to `state`. On success `state` holds the next metadata (versions raised
+/// for each changed domain) and the answer comes back with whether anything changed (a no-op
+/// need not be written); on error `state` is exactly as it was.
+pub fn apply(state: &mut Snapshot, change: Change) -> Result<(Outcome, bool)> {
+    let mut next = state.clone();
+    let (outcome, changed) = step(&mut next, change)?;
+    for domain in &changed {
+        next.versions.bump(*domain);
+    }
+    let any = !changed.is_empty();
+    if any {
+        *state = next;
+    }
+    Ok((outcome, any))
+}
+
+/// The change itself, on a copy; returns the answer and the domains it changed.
+fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
+    match change {
+        Change::CreateTopic(topic) => {
+            if s.topics.contains_key(&topic.name) {
+                return Err(MetastoreError::TopicExists { name: topic.name });
+            }
+            s.topics.insert(topic.name.clone(), topic.clone());
+            Ok((Outcome::Topic(topic), vec![Domain::Topics]))
+        }
+        Change::DeleteTopic { name } => {
+            let Some(topic) = s.topics.remove(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            let before = s.links.len();
+            s.links.retain(|(p, c), _| *p != name && *c != name);
+            let mut domains = vec![Domain::Topics];
+            if s.links.len() != before {
+                domains.push(Domain::Links);
+            }
+            Ok((Outcome::Topic(topic), domains))
+        }
+        Change::GrowPartitions { name, count } => {
+            let Some(topic) = s.topics.get_mut(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            if count < topic.partitions {
+                return Err(MetastoreError::CannotShrink {
+                    current: topic.partitions,
+                    requested: count,
+                    name,
+                });
+            }
+            let changed = count != topic.partitions;
+            topic.partitions = count;
+            Ok((
+                Outcome::Topic(topic.clone()),
+                domains_if(changed, Domain::Topics),
+            ))
+        }
+        Change::SetRetention {
+            name,
+            retention_ms,
+            retention_bytes,
+        } => {
+            for link in s.links.values().filter(|l| l.parent == name) {
+                check_retention(&name, retention_ms, link.delay_ms)?;
+            }
+            let Some(topic) = s.topics.get_mut(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            let changed =
+                topic.retention_ms != retention_ms || topic.retention_bytes != retention_bytes;
+            topic.retention_ms = retention_ms;
+            topic.retention_bytes = retention_bytes;
+            Ok((
+                Outcome::Topic(topic.clone()),
+                domains_if(changed, Domain::Topics),
+            ))
+        }
+        Change::AttachLink(link) => {
+            attach(s, link.clone())?;
+            Ok((Outcome::Link(link), vec![Domain::Links]))
+        }
+        Change::AttachLinkWithNewChild { child, link } => {
+            if s.topics.contains_key(&child.name) {
+                return Err(MetastoreError::TopicExists { name: child.name });
+            }
+            s.topics.insert(child.name.clone(), child);
+            attach(s, link.clone())?;
+            Ok((Outcome::Link(link), vec![Domain::Topics, Domain::Links]))
+        }
+        Change::DetachLink { parent, child } => {
+            match s.links.remove(&(parent.clone(), child.clone())) {
+                Some(link) => Ok((Outcome::Link(link), vec![Domain::Links])),
+                None => Err(MetastoreError::UnknownLink { parent, child }),
+            }
+        }
+        Change::SetLinkRouter {
+            parent,
+            child,
+            router,
+            config,
+        } => {
+            check_plugins_exist(s, &router)?;
+            let Some(link) = s.links.get_mut(&(parent.clone(), child.clone())) else {
+                return Err(MetastoreError::UnknownLink { parent, child });
+            };
+            let config = config.unwrap_or_else(|| link.config.clone());
+            let changed = link.router != router || link.config != config;
+            link.router = router;
+            link.config = config;
+            Ok((
+                Outcome::Link(link.clone()),
+                domains_if(changed, Domain::Links),
+            ))
+        }
+        Change::AddPlugin(plugin) => {
+            if let Some(existing) = s
+                .plugins
+                .iter()
+                .find(|p| p.name == plugin.name && p.digest == plugin.digest)
+            {
+                return Ok((Outcome::Plugin(existing.clone()), Vec::new()));
+            }
+            s.plugins.push(plugin.clone());
+            Ok((Outcome::Plugin(plugin), vec![Domain::Plugins]))
+        }
+        Change::RemovePlugin { name } => {
+            let users: Vec<String> = s
+                .links
+                .values()
+                .filter(|l| l.router.iter().any(|p| p.name == name))
+                .map(|l| format!("{} -> {}", l.parent, l.child))
+                .collect();
+            if !users.is_empty() {
+                return Err(MetastoreError::PluginInUse { name, links: users });
+            }
+            let (removed, kept): (Vec<_>, Vec<_>) =
+                s.plugins.drain(..).partition(|p| p.name == name);
+            s.plugins = kept;
+            if removed.is_empty() {
+                return Err(MetastoreError::UnknownPlugin { name });
+            }
+            Ok((Outcome::Plugins(removed), vec![Domain::Plugins]))
+        }
+    }
+}
+
+fn domains_if(changed: bool, domain: Domain) -> Vec<Domain> {
+    if changed { vec![domain] } else { Vec::new() }
+}
+
+/// Adds `link` after checking that both topics exist, the pair is not linked yet, the link
+/// rules hold and every plugin of its router is recorded.
+fn attach(s: &mut Snapshot, link: LinkMeta) -> Result<()> {
+    for topic in [&link.parent, &link.child] {
+        if !s.topics.contains_key(topic) {
+            return Err(MetastoreError::UnknownTopic {
+                name: topic.clone(),
+            });
+        }
+    }
+    let key = (link.parent.clone(), link.child.clone());
+    if s.links.contains_key(&key) {
+        return Err(MetastoreError::LinkExists {
+            parent: link.parent,
+            child: link.child,
+        });
+    }
+    let links: Vec<LinkMeta> = s.links.values().cloned().collect();
+    check_attach(&s.topics, &links, &link)?;
+    check_plugins_exist(s, &link.router)?;
+    s.links.insert(key, link);
+    Ok(())
+}
+
+/// A chain may only name recorded plugin versions: checked in the same transition as the link
+/// change, so a plugin removed after the router was resolved cannot slip into a link.
+fn check_plugins_exist(s: &Snapshot, router: &[PluginRef]) -> Result<()> {
+    for plugin in router {
+        if !s
+            .plugins
+            .iter()
+            .any(|p| p.name == plugin.name && p.digest == plugin.digest)
+        {
+            return Err(MetastoreError::UnknownPlugin {
+                name: format!("{}@{}", plugin.name, plugin.digest),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topic(name: &str, partitions: u32) -> TopicMeta {
+        TopicMeta {
+            name: name.to_owned(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            created_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_refused_change_leaves_the_state_exactly_as_it_was_and_a_no_op_reports_no_change() {
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(topic("orders", 2))).unwrap();
+        let before = state.clone();
+        let refused = [
+            Change::CreateTopic(topic("orders", 1)),
+            Change::GrowPartitions {
+                name: "orders".into(),
+                count: 1,
+            },
+            Change::DeleteTopic {
+                name: "nope".into(),
+            },
+            Change::RemovePlugin {
+                name: "nope".into(),
+            },
+            Change::DetachLink {
+                parent: "orders".into(),
+                child: "nope".into(),
+            },
+        ];
+        for change in refused {
+            assert!(apply(&mut state, change.clone()).is_err(), "{change:?}");
+            assert_eq!(state, before, "{change:?} changed the state");
+        }
+        let (outcome, changed) = apply(
+            &mut state,
+            Change::GrowPartitions {
+                name: "orders".into(),
+                count: 2,
+            },
+        )
+        .unwrap();
+        assert!(!changed);
+        assert_eq!(outcome, Outcome::Topic(topic("orders", 2)));
+        assert_eq!(state, before);
+    }
+}
