@@ -3,8 +3,13 @@
 //!
 //! clap resolves "flag, else environment" itself (every flag names its `NARAD_*` variable); the
 //! flags carry no clap default so that an unset flag falls through to the config file, and only
-//! then to the defaults below. The defaults are written into each flag's help text, so
-//! `narad serve --help` documents them.
+//! then to the defaults below.
+//!
+//! Each setting is written once, as one line of the `settings!` table: its doc, type, check
+//! and default. The table generates the flag (`--name`, `NARAD_NAME`, help ending in the
+//! default), the config-file key and the merge, so the three cannot disagree; only the mapping
+//! into [`Config`]'s shape is written by hand, and a setting the mapping forgets is an unused
+//! field (a warning, an error under clippy's `-D warnings`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -121,7 +126,7 @@ pub enum ConfigError {
     },
     /// The file named by `--auth-token-file` cannot be read or holds no token.
     #[error("invalid auth-token-file: {0}")]
-    AuthToken(#[from] crate::api::auth::TokenFileError),
+    AuthToken(#[from] crate::auth::TokenFileError),
     /// A limit or interval is zero or otherwise out of range.
     #[error("invalid {key}: {message}")]
     BadValue {
@@ -132,192 +137,314 @@ pub enum ConfigError {
     },
 }
 
-/// `narad serve` flags. Each is also read from its environment variable, then from the config
-/// file (same name, kebab-case), then takes the default stated in its help.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
-    /// TOML config file with any of the keys below in kebab-case (e.g. `data-dir = "/var/lib/narad"`).
-    /// Unknown keys are an error.
-    #[arg(long, env = "NARAD_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+/// Declares every `narad serve` setting once, and generates from that one table the clap flags
+/// ([`ServeArgs`], each default written into its help), the config file's schema
+/// ([`FileConfig`]) and their merge over the defaults (`Settings`).
+///
+/// A line reads `field: Type, "VALUE", Check[, default EXPR][, shown "TEXT"];` under the
+/// setting's doc comment (one paragraph: it is also the flag's help). The flag `--field`, the
+/// environment variable `NARAD_FIELD` and the file key `field` (both kebab-case) all come from
+/// the field's name, so they cannot drift apart. `default EXPR` is used when the setting is
+/// given nowhere, and the help shows it; without it the setting stays unset (`Option`) and
+/// `shown "TEXT"` says in the help what unset means. `Check` (a [`Check`] type) validates the
+/// value and turns it into what [`Config`] holds. Settings are checked in table order.
+macro_rules! settings {
+    (@resolved $ty:ty, $default:expr) => { $ty };
+    (@resolved $ty:ty) => { Option<$ty> };
+    (@value $given:expr, $default:expr) => { $given.unwrap_or_else(|| $default) };
+    (@value $given:expr) => { $given };
+    (@shown $value_name:literal, [$default:expr], []) => {
+        Some(shown_value($value_name, &$default))
+    };
+    (@shown $value_name:literal, [], [$shown:literal]) => { Some(String::from($shown)) };
+    (@shown $value_name:literal, [], []) => { None };
+    ($(
+        $(#[doc = $doc:literal])+
+        $field:ident: $ty:ty, $value_name:literal, $check:ident
+            $(, default $default:expr)? $(, shown $shown:literal)?;
+    )+) => {
+        /// Each setting's environment variable and file key, spelled at compile time from its
+        /// field name.
+        mod name {
+            $(pub(super) mod $field {
+                const FIELD: &str = stringify!($field);
+                const KEY_BYTES: [u8; FIELD.len()] = $crate::config::kebab_case(FIELD);
+                const ENV_BYTES: [u8; FIELD.len() + 6] = $crate::config::narad_env(FIELD);
+                /// The config-file key.
+                pub(crate) const KEY: &str = $crate::config::ascii(&KEY_BYTES);
+                /// The environment variable.
+                pub(crate) const ENV: &str = $crate::config::ascii(&ENV_BYTES);
+            })+
+        }
+
+        /// `narad serve` flags. Each is also read from its environment variable, then from the
+        /// config file (same name, kebab-case), then takes the default stated in its help.
+        #[derive(Debug, Clone, Default, clap::Args)]
+        pub struct ServeArgs {
+            /// TOML config file with any of the keys below in kebab-case (e.g. `data-dir =
+            /// "/var/lib/narad"`). Unknown keys are an error.
+            #[arg(long, env = "NARAD_CONFIG", value_name = "FILE")]
+            pub config: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])+
+                #[arg(
+                    long,
+                    env = name::$field::ENV,
+                    value_name = $value_name,
+                    help = help_text(
+                        concat!($($doc),+),
+                        settings!(@shown $value_name, [$($default)?], [$($shown)?]),
+                    ),
+                )]
+                pub $field: Option<$ty>,
+            )+
+        }
+
+        /// The config file's schema: the settings of [`ServeArgs`] but `config`, kebab-case,
+        /// all optional.
+        #[derive(Debug, Clone, Default, Deserialize)]
+        #[serde(rename_all = "kebab-case", deny_unknown_fields)]
+        pub struct FileConfig {
+            $($(#[doc = $doc])+ pub $field: Option<$ty>,)+
+        }
+
+        /// Every setting taken from the flag (or environment), else the file, else its
+        /// default, and checked.
+        struct Settings {
+            $($field: <$check as Check<settings!(@resolved $ty $(, $default)?)>>::Out,)+
+        }
+
+        impl Settings {
+            fn resolve(args: &ServeArgs, file: &FileConfig) -> Result<Settings, ConfigError> {
+                Ok(Settings {$(
+                    $field: <$check as Check<_>>::check(
+                        name::$field::KEY,
+                        settings!(
+                            @value (args.$field.clone().or_else(|| file.$field.clone()))
+                            $(, $default)?
+                        ),
+                    )?,
+                )+})
+            }
+        }
+    };
+}
+
+settings! {
     /// Directory holding the metastore and the partition logs (created if missing). Required.
-    #[arg(long, env = "NARAD_DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Address the HTTP API listens on. [default: 127.0.0.1:7070]
-    #[arg(long, env = "NARAD_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
+    data_dir: PathBuf, "DIR", Required;
+    /// Address the HTTP API listens on.
+    listen: String, "ADDR", SocketAddress, default DEFAULT_LISTEN.to_owned();
     /// Largest record produce accepts, in bytes: key + value + header names and values.
-    /// [default: 1048576 (1 MiB)]
-    #[arg(long, env = "NARAD_MAX_RECORD_BYTES", value_name = "BYTES")]
-    pub max_record_bytes: Option<u64>,
-    /// Largest HTTP request body, in bytes. [default: 67108864 (64 MiB)]
-    #[arg(long, env = "NARAD_MAX_REQUEST_BYTES", value_name = "BYTES")]
-    pub max_request_bytes: Option<u64>,
+    max_record_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_RECORD_BYTES;
+    /// Largest HTTP request body, in bytes.
+    max_request_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_REQUEST_BYTES;
     /// Largest plugin module `POST /v1/plugins` accepts, in bytes (its own limit, not
-    /// max-request-bytes). [default: 16777216 (16 MiB)]
-    #[arg(long, env = "NARAD_MAX_PLUGIN_BYTES", value_name = "BYTES")]
-    pub max_plugin_bytes: Option<u64>,
-    /// Most records in one produce request. [default: 10000]
-    #[arg(long, env = "NARAD_MAX_BATCH_RECORDS", value_name = "N")]
-    pub max_batch_records: Option<u32>,
-    /// Most records one fetch returns; a larger `max` is capped. [default: 10000]
-    #[arg(long, env = "NARAD_MAX_FETCH_RECORDS", value_name = "N")]
-    pub max_fetch_records: Option<u32>,
+    /// max-request-bytes).
+    max_plugin_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_PLUGIN_BYTES;
+    /// Most records in one produce request.
+    max_batch_records: u32, "N", Positive, default DEFAULT_MAX_BATCH_RECORDS;
+    /// Most records one fetch returns; a larger `max` is capped.
+    max_fetch_records: u32, "N", Positive, default DEFAULT_MAX_FETCH_RECORDS;
     /// Most record bytes one fetch gathers (at least one record is always returned).
-    /// [default: 4194304 (4 MiB)]
-    #[arg(long, env = "NARAD_MAX_FETCH_BYTES", value_name = "BYTES")]
-    pub max_fetch_bytes: Option<u64>,
+    max_fetch_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_FETCH_BYTES;
     /// Longest long-poll a fetch may ask for with `wait_ms`; a longer ask is capped.
-    /// [default: 30000]
-    #[arg(long, env = "NARAD_MAX_WAIT_MS", value_name = "MS")]
-    pub max_wait_ms: Option<u64>,
-    /// Interval between retention passes, in milliseconds. [default: 30000]
-    #[arg(long, env = "NARAD_RETENTION_CHECK_INTERVAL_MS", value_name = "MS")]
-    pub retention_check_interval_ms: Option<u64>,
+    max_wait_ms: u64, "MS", Any, default DEFAULT_MAX_WAIT_MS;
+    /// Interval between retention passes, in milliseconds.
+    retention_check_interval_ms: u64, "MS", Positive, default DEFAULT_RETENTION_CHECK_INTERVAL_MS;
     /// A partition log unused for this long is closed (and reopened on demand), in
-    /// milliseconds. [default: 300000 (5 min)]
-    #[arg(long, env = "NARAD_IDLE_CLOSE_AFTER_MS", value_name = "MS")]
-    pub idle_close_after_ms: Option<u64>,
+    /// milliseconds.
+    idle_close_after_ms: u64, "MS", Positive, default DEFAULT_IDLE_CLOSE_AFTER_MS;
     /// A partition that failed (its disk refused a write or a sync) is reopened, with the same
     /// recovery as a restart, on its first use this long after failing, in milliseconds.
-    /// [default: 10000]
-    #[arg(long, env = "NARAD_FAILED_REOPEN_AFTER_MS", value_name = "MS")]
-    pub failed_reopen_after_ms: Option<u64>,
+    failed_reopen_after_ms: u64, "MS", Positive, default DEFAULT_FAILED_REOPEN_AFTER_MS;
     /// Segment size at which a partition log rolls to a new file, in bytes.
-    /// [default: 134217728 (128 MiB)]
-    #[arg(long, env = "NARAD_SEGMENT_BYTES", value_name = "BYTES")]
-    pub segment_bytes: Option<u64>,
+    segment_bytes: u64, "BYTES", Positive, default DEFAULT_SEGMENT_BYTES;
     /// Wall-clock deadline of one routing-plugin call, in milliseconds: a backstop behind the
     /// per-slab fuel budget; a call over it fails the slab (the cursor stalls and retries).
-    /// [default: 100]
-    #[arg(long, env = "NARAD_PLUGIN_DEADLINE_MS", value_name = "MS")]
-    pub plugin_deadline_ms: Option<u64>,
+    plugin_deadline_ms: u64, "MS", Positive, default DEFAULT_PLUGIN_DEADLINE_MS;
     /// Linear-memory limit of one routing-plugin instance, in bytes; growing past it traps.
-    /// [default: 67108864 (64 MiB)]
-    #[arg(long, env = "NARAD_PLUGIN_MEMORY_BYTES", value_name = "BYTES")]
-    pub plugin_memory_bytes: Option<u64>,
+    plugin_memory_bytes: u64, "BYTES", Positive, default DEFAULT_PLUGIN_MEMORY_BYTES;
     /// Fuel (about one unit per Wasm instruction) a plugin call gets per record handed in, on
     /// top of a fixed 5,000,000 per call. Raise it for plugins that do heavy work per record;
     /// the budget depends only on the slab, so a slab that runs out fails the same way on
-    /// every retry. [default: 2000]
-    #[arg(long, env = "NARAD_PLUGIN_FUEL_PER_RECORD", value_name = "UNITS")]
-    pub plugin_fuel_per_record: Option<u64>,
+    /// every retry.
+    plugin_fuel_per_record: u64, "UNITS", Positive, default DEFAULT_PLUGIN_FUEL_PER_RECORD;
     /// Fuel a plugin call gets per byte of input (keys, and headers or values when the plugin
-    /// asks for them): raise it for plugins that scan payloads. [default: 20]
-    #[arg(long, env = "NARAD_PLUGIN_FUEL_PER_INPUT_BYTE", value_name = "UNITS")]
-    pub plugin_fuel_per_input_byte: Option<u64>,
+    /// asks for them): raise it for plugins that scan payloads. Zero is allowed: the fixed and
+    /// per-record terms still bound a call.
+    plugin_fuel_per_input_byte: u64, "UNITS", Any, default DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE;
     /// Most functions a plugin module may define. A module over this or any of the five
     /// limits below is refused before it is compiled (400, reason `module_limit`), at deploy
-    /// and when a stored module is loaded. [default: 10000]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_FUNCTIONS", value_name = "N")]
-    pub plugin_max_functions: Option<u32>,
-    /// Largest function body in a plugin module, in bytes. [default: 131072 (128 KiB)]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_FUNCTION_BYTES", value_name = "BYTES")]
-    pub plugin_max_function_bytes: Option<u32>,
-    /// Largest code section of a plugin module, in bytes. [default: 4194304 (4 MiB)]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_CODE_BYTES", value_name = "BYTES")]
-    pub plugin_max_code_bytes: Option<u64>,
-    /// Most locals one plugin function may declare. [default: 2000]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_LOCALS", value_name = "N")]
-    pub plugin_max_locals: Option<u32>,
+    /// and when a stored module is loaded.
+    plugin_max_functions: u32, "N", Positive, default DEFAULT_PLUGIN_MAX_FUNCTIONS;
+    /// Largest function body in a plugin module, in bytes.
+    plugin_max_function_bytes: u32, "BYTES", Positive, default DEFAULT_PLUGIN_MAX_FUNCTION_BYTES;
+    /// Largest code section of a plugin module, in bytes.
+    plugin_max_code_bytes: u64, "BYTES", Positive, default DEFAULT_PLUGIN_MAX_CODE_BYTES;
+    /// Most locals one plugin function may declare.
+    plugin_max_locals: u32, "N", Positive, default DEFAULT_PLUGIN_MAX_LOCALS;
     /// Most types, imports, exports, globals, data segments, element segments and element
-    /// items a plugin module may have, each counted on its own. [default: 10000]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_MODULE_ITEMS", value_name = "N")]
-    pub plugin_max_module_items: Option<u32>,
-    /// Most bytes of a plugin module's data segments together. [default: 8388608 (8 MiB)]
-    #[arg(long, env = "NARAD_PLUGIN_MAX_DATA_BYTES", value_name = "BYTES")]
-    pub plugin_max_data_bytes: Option<u64>,
+    /// items a plugin module may have, each counted on its own.
+    plugin_max_module_items: u32, "N", Positive, default DEFAULT_PLUGIN_MAX_MODULE_ITEMS;
+    /// Most bytes of a plugin module's data segments together.
+    plugin_max_data_bytes: u64, "BYTES", Positive, default DEFAULT_PLUGIN_MAX_DATA_BYTES;
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
-    /// [default: none, no token required]
-    #[arg(long, env = "NARAD_AUTH_TOKEN_FILE", value_name = "FILE")]
-    pub auth_token_file: Option<PathBuf>,
+    auth_token_file: PathBuf, "FILE", TokenFile, shown "none, no token required";
     /// Most request-body bytes buffered across all requests at once; a request that does not
     /// fit now gets 503 with `Retry-After`, one larger than this alone gets 413.
-    /// [default: 268435456 (256 MiB)]
-    #[arg(long, env = "NARAD_MAX_BUFFERED_REQUEST_BYTES", value_name = "BYTES")]
-    pub max_buffered_request_bytes: Option<u64>,
+    max_buffered_request_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_BUFFERED_REQUEST_BYTES;
     /// Most HTTP connections open at once; a connection over it is answered 503 and closed.
-    /// [default: derived from the descriptor limit: (limit - 1024) / 2, between 64 and 16384]
-    #[arg(long, env = "NARAD_MAX_CONNECTIONS", value_name = "N")]
-    pub max_connections: Option<u32>,
+    max_connections: u32, "N", PositiveIfSet,
+        shown "derived from the descriptor limit: (limit - 1024) / 2, between 64 and 16384";
     /// Time a client has to send a complete request head, counted from the connection's
     /// start or the end of the previous answer; slower connections are closed.
-    /// [default: 10000]
-    #[arg(long, env = "NARAD_HEADER_READ_TIMEOUT_MS", value_name = "MS")]
-    pub header_read_timeout_ms: Option<u64>,
+    header_read_timeout_ms: u64, "MS", Positive, default DEFAULT_HEADER_READ_TIMEOUT_MS;
     /// A connection with no request in progress and no byte moving for this long is closed.
-    /// [default: 5000]
-    #[arg(long, env = "NARAD_IDLE_TIMEOUT_MS", value_name = "MS")]
-    pub idle_timeout_ms: Option<u64>,
+    idle_timeout_ms: u64, "MS", Positive, default DEFAULT_IDLE_TIMEOUT_MS;
     /// On SIGTERM/SIGINT, longest wait for requests in progress before their connections are
-    /// dropped; then the store closes and the daemon exits. [default: 5000]
-    #[arg(long, env = "NARAD_SHUTDOWN_GRACE_MS", value_name = "MS")]
-    pub shutdown_grace_ms: Option<u64>,
+    /// dropped; then the store closes and the daemon exits.
+    shutdown_grace_ms: u64, "MS", Positive, default DEFAULT_SHUTDOWN_GRACE_MS;
 }
 
-/// The config file's schema: the same settings as [`ServeArgs`], kebab-case, all optional.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub struct FileConfig {
-    /// See `--data-dir`.
-    pub data_dir: Option<PathBuf>,
-    /// See `--listen`.
-    pub listen: Option<String>,
-    /// See `--max-record-bytes`.
-    pub max_record_bytes: Option<u64>,
-    /// See `--max-request-bytes`.
-    pub max_request_bytes: Option<u64>,
-    /// See `--max-plugin-bytes`.
-    pub max_plugin_bytes: Option<u64>,
-    /// See `--max-batch-records`.
-    pub max_batch_records: Option<u32>,
-    /// See `--max-fetch-records`.
-    pub max_fetch_records: Option<u32>,
-    /// See `--max-fetch-bytes`.
-    pub max_fetch_bytes: Option<u64>,
-    /// See `--max-wait-ms`.
-    pub max_wait_ms: Option<u64>,
-    /// See `--retention-check-interval-ms`.
-    pub retention_check_interval_ms: Option<u64>,
-    /// See `--idle-close-after-ms`.
-    pub idle_close_after_ms: Option<u64>,
-    /// See `--failed-reopen-after-ms`.
-    pub failed_reopen_after_ms: Option<u64>,
-    /// See `--segment-bytes`.
-    pub segment_bytes: Option<u64>,
-    /// See `--plugin-deadline-ms`.
-    pub plugin_deadline_ms: Option<u64>,
-    /// See `--plugin-memory-bytes`.
-    pub plugin_memory_bytes: Option<u64>,
-    /// See `--plugin-fuel-per-record`.
-    pub plugin_fuel_per_record: Option<u64>,
-    /// See `--plugin-fuel-per-input-byte`.
-    pub plugin_fuel_per_input_byte: Option<u64>,
-    /// See `--plugin-max-functions`.
-    pub plugin_max_functions: Option<u32>,
-    /// See `--plugin-max-function-bytes`.
-    pub plugin_max_function_bytes: Option<u32>,
-    /// See `--plugin-max-code-bytes`.
-    pub plugin_max_code_bytes: Option<u64>,
-    /// See `--plugin-max-locals`.
-    pub plugin_max_locals: Option<u32>,
-    /// See `--plugin-max-module-items`.
-    pub plugin_max_module_items: Option<u32>,
-    /// See `--plugin-max-data-bytes`.
-    pub plugin_max_data_bytes: Option<u64>,
-    /// See `--auth-token-file`.
-    pub auth_token_file: Option<PathBuf>,
-    /// See `--max-buffered-request-bytes`.
-    pub max_buffered_request_bytes: Option<u64>,
-    /// See `--max-connections`.
-    pub max_connections: Option<u32>,
-    /// See `--header-read-timeout-ms`.
-    pub header_read_timeout_ms: Option<u64>,
-    /// See `--idle-timeout-ms`.
-    pub idle_timeout_ms: Option<u64>,
-    /// See `--shutdown-grace-ms`.
-    pub shutdown_grace_ms: Option<u64>,
+/// How a setting's value is validated and turned into what [`Config`] holds (the `Check`
+/// column of the [`settings!`] table).
+trait Check<T> {
+    /// What the checked value becomes.
+    type Out;
+    /// Checks `value` of the setting `key` (kebab-case, for the error).
+    fn check(key: &'static str, value: T) -> Result<Self::Out, ConfigError>;
+}
+
+/// Any value is accepted.
+struct Any;
+impl<T> Check<T> for Any {
+    type Out = T;
+    fn check(_key: &'static str, value: T) -> Result<T, ConfigError> {
+        Ok(value)
+    }
+}
+
+/// Zero is refused: a zero limit or interval is always a mistake.
+struct Positive;
+impl<T: PartialEq + Default> Check<T> for Positive {
+    type Out = T;
+    fn check(key: &'static str, value: T) -> Result<T, ConfigError> {
+        if value == T::default() {
+            return Err(ConfigError::BadValue {
+                key,
+                message: "must be greater than 0".to_owned(),
+            });
+        }
+        Ok(value)
+    }
+}
+
+/// Unset is allowed (the daemon derives the value); a value given is refused if zero.
+struct PositiveIfSet;
+impl<T: PartialEq + Default> Check<Option<T>> for PositiveIfSet {
+    type Out = Option<T>;
+    fn check(key: &'static str, value: Option<T>) -> Result<Option<T>, ConfigError> {
+        value.map(|v| Positive::check(key, v)).transpose()
+    }
+}
+
+/// Must be given somewhere: only the data directory has no default.
+struct Required;
+impl<T> Check<Option<T>> for Required {
+    type Out = T;
+    fn check(_key: &'static str, value: Option<T>) -> Result<T, ConfigError> {
+        value.ok_or(ConfigError::MissingDataDir)
+    }
+}
+
+/// An `IP:PORT` to listen on.
+struct SocketAddress;
+impl Check<String> for SocketAddress {
+    type Out = SocketAddr;
+    fn check(_key: &'static str, value: String) -> Result<SocketAddr, ConfigError> {
+        value.parse().map_err(|_| ConfigError::BadListen { value })
+    }
+}
+
+/// A bearer-token file, read now so that a bad file stops the daemon at start.
+struct TokenFile;
+impl Check<Option<PathBuf>> for TokenFile {
+    type Out = Option<crate::auth::AuthToken>;
+    fn check(
+        _key: &'static str,
+        value: Option<PathBuf>,
+    ) -> Result<Option<crate::auth::AuthToken>, ConfigError> {
+        Ok(value
+            .map(|path| crate::auth::AuthToken::from_file(&path))
+            .transpose()?)
+    }
+}
+
+/// A flag's help: its doc comment, then the default the merge uses, from the same table line.
+fn help_text(doc: &str, default: Option<String>) -> String {
+    let doc = doc.trim();
+    match default {
+        Some(default) => format!("{doc} [default: {default}]"),
+        // Without a default, end as clap ends a doc-comment help: without the full stop.
+        None => doc.strip_suffix('.').unwrap_or(doc).to_owned(),
+    }
+}
+
+/// A default as the help shows it: the value, and for a round number of bytes or minutes the
+/// same in that unit, e.g. `1048576 (1 MiB)`.
+fn shown_value(value_name: &str, value: &dyn std::fmt::Display) -> String {
+    let text = value.to_string();
+    let Ok(n) = text.parse::<u64>() else {
+        return text;
+    };
+    let units: &[(u64, &str)] = match value_name {
+        "BYTES" => &[(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")],
+        "MS" => &[(60_000, "min")],
+        _ => &[],
+    };
+    match units.iter().find(|(size, _)| n >= *size && n % size == 0) {
+        Some((size, unit)) => format!("{text} ({} {unit})", n / size),
+        None => text,
+    }
+}
+
+/// `field` (a snake_case field name) in kebab-case, at compile time (the config-file key).
+const fn kebab_case<const N: usize>(field: &str) -> [u8; N] {
+    let field = field.as_bytes();
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if field[i] == b'_' { b'-' } else { field[i] };
+        i += 1;
+    }
+    out
+}
+
+/// `NARAD_` and `field` in upper case, at compile time (the environment variable).
+const fn narad_env<const N: usize>(field: &str) -> [u8; N] {
+    const PREFIX: &[u8] = b"NARAD_";
+    let field = field.as_bytes();
+    let mut out = [0u8; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < PREFIX.len() {
+            PREFIX[i]
+        } else {
+            field[i - PREFIX.len()].to_ascii_uppercase()
+        };
+        i += 1;
+    }
+    out
+}
+
+/// The bytes built by [`kebab_case`] or [`narad_env`] as text (they are ASCII).
+const fn ascii(bytes: &'static [u8]) -> &'static str {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(_) => panic!("a field name is ASCII"),
+    }
 }
 
 impl FileConfig {
@@ -417,7 +544,7 @@ pub struct Config {
     /// Segment roll size in bytes.
     pub segment_bytes: u64,
     /// The bearer token mutating requests must carry; `None`: no token required.
-    pub auth_token: Option<crate::api::auth::AuthToken>,
+    pub auth_token: Option<crate::auth::AuthToken>,
     /// Limits of every routing-plugin call and instance.
     pub plugin_limits: narad_runtime::Limits,
     /// Connection cap and timeouts of the HTTP server.
@@ -453,208 +580,61 @@ impl Config {
 
     /// Merges `args` over `file` over the defaults and validates the result.
     pub fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigError> {
-        let data_dir = args
-            .data_dir
-            .clone()
-            .or_else(|| file.data_dir.clone())
-            .ok_or(ConfigError::MissingDataDir)?;
-        let listen_text = args
-            .listen
-            .clone()
-            .or_else(|| file.listen.clone())
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
-        let listen: SocketAddr = listen_text.parse().map_err(|_| ConfigError::BadListen {
-            value: listen_text.clone(),
-        })?;
-
-        let limits = Limits {
-            max_record_bytes: positive(
-                "max-record-bytes",
-                args.max_record_bytes.or(file.max_record_bytes),
-                DEFAULT_MAX_RECORD_BYTES,
-            )?,
-            max_request_bytes: positive(
-                "max-request-bytes",
-                args.max_request_bytes.or(file.max_request_bytes),
-                DEFAULT_MAX_REQUEST_BYTES,
-            )?,
-            max_plugin_bytes: positive(
-                "max-plugin-bytes",
-                args.max_plugin_bytes.or(file.max_plugin_bytes),
-                DEFAULT_MAX_PLUGIN_BYTES,
-            )?,
-            max_batch_records: positive(
-                "max-batch-records",
-                args.max_batch_records.or(file.max_batch_records),
-                DEFAULT_MAX_BATCH_RECORDS,
-            )?,
-            max_fetch_records: positive(
-                "max-fetch-records",
-                args.max_fetch_records.or(file.max_fetch_records),
-                DEFAULT_MAX_FETCH_RECORDS,
-            )?,
-            max_fetch_bytes: positive(
-                "max-fetch-bytes",
-                args.max_fetch_bytes.or(file.max_fetch_bytes),
-                DEFAULT_MAX_FETCH_BYTES,
-            )?,
-            max_wait: Duration::from_millis(
-                args.max_wait_ms
-                    .or(file.max_wait_ms)
-                    .unwrap_or(DEFAULT_MAX_WAIT_MS),
-            ),
-            max_buffered_request_bytes: positive(
-                "max-buffered-request-bytes",
-                args.max_buffered_request_bytes
-                    .or(file.max_buffered_request_bytes),
-                DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
-            )?,
-        };
-        let http = HttpLimits {
-            max_connections: args
-                .max_connections
-                .or(file.max_connections)
-                .map(|n| positive("max-connections", Some(n), 1))
-                .transpose()?,
-            header_read_timeout: Duration::from_millis(positive(
-                "header-read-timeout-ms",
-                args.header_read_timeout_ms.or(file.header_read_timeout_ms),
-                DEFAULT_HEADER_READ_TIMEOUT_MS,
-            )?),
-            idle_timeout: Duration::from_millis(positive(
-                "idle-timeout-ms",
-                args.idle_timeout_ms.or(file.idle_timeout_ms),
-                DEFAULT_IDLE_TIMEOUT_MS,
-            )?),
-            shutdown_grace: Duration::from_millis(positive(
-                "shutdown-grace-ms",
-                args.shutdown_grace_ms.or(file.shutdown_grace_ms),
-                DEFAULT_SHUTDOWN_GRACE_MS,
-            )?),
-        };
-        if limits.max_record_bytes > limits.max_request_bytes {
+        let s = Settings::resolve(args, file)?;
+        if s.max_record_bytes > s.max_request_bytes {
             return Err(ConfigError::BadValue {
                 key: "max-record-bytes",
                 message: format!(
                     "{} is larger than max-request-bytes ({}): no request could carry such a record",
-                    limits.max_record_bytes, limits.max_request_bytes
+                    s.max_record_bytes, s.max_request_bytes
                 ),
             });
         }
-        let retention_check_interval = Duration::from_millis(positive(
-            "retention-check-interval-ms",
-            args.retention_check_interval_ms
-                .or(file.retention_check_interval_ms),
-            DEFAULT_RETENTION_CHECK_INTERVAL_MS,
-        )?);
-        let idle_close_after = Duration::from_millis(positive(
-            "idle-close-after-ms",
-            args.idle_close_after_ms.or(file.idle_close_after_ms),
-            DEFAULT_IDLE_CLOSE_AFTER_MS,
-        )?);
-        let failed_reopen_after = Duration::from_millis(positive(
-            "failed-reopen-after-ms",
-            args.failed_reopen_after_ms.or(file.failed_reopen_after_ms),
-            DEFAULT_FAILED_REOPEN_AFTER_MS,
-        )?);
-        let segment_bytes = positive(
-            "segment-bytes",
-            args.segment_bytes.or(file.segment_bytes),
-            DEFAULT_SEGMENT_BYTES,
-        )?;
-        let auth_token = args
-            .auth_token_file
-            .as_ref()
-            .or(file.auth_token_file.as_ref())
-            .map(|path| crate::api::auth::AuthToken::from_file(path))
-            .transpose()?;
-        let plugin_limits = narad_runtime::Limits {
-            deadline: Duration::from_millis(positive(
-                "plugin-deadline-ms",
-                args.plugin_deadline_ms.or(file.plugin_deadline_ms),
-                DEFAULT_PLUGIN_DEADLINE_MS,
-            )?),
-            memory_bytes: positive(
-                "plugin-memory-bytes",
-                args.plugin_memory_bytes.or(file.plugin_memory_bytes),
-                DEFAULT_PLUGIN_MEMORY_BYTES,
-            )?,
-            fuel: narad_runtime::FuelBudget {
-                per_record: positive(
-                    "plugin-fuel-per-record",
-                    args.plugin_fuel_per_record.or(file.plugin_fuel_per_record),
-                    DEFAULT_PLUGIN_FUEL_PER_RECORD,
-                )?,
-                per_input_byte: args
-                    .plugin_fuel_per_input_byte
-                    .or(file.plugin_fuel_per_input_byte)
-                    .unwrap_or(DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE),
-                ..narad_runtime::FuelBudget::DEFAULT
-            },
-            module: narad_runtime::ModuleLimits {
-                max_functions: positive(
-                    "plugin-max-functions",
-                    args.plugin_max_functions.or(file.plugin_max_functions),
-                    DEFAULT_PLUGIN_MAX_FUNCTIONS,
-                )?,
-                max_function_body_bytes: positive(
-                    "plugin-max-function-bytes",
-                    args.plugin_max_function_bytes
-                        .or(file.plugin_max_function_bytes),
-                    DEFAULT_PLUGIN_MAX_FUNCTION_BYTES,
-                )?,
-                max_code_bytes: positive(
-                    "plugin-max-code-bytes",
-                    args.plugin_max_code_bytes.or(file.plugin_max_code_bytes),
-                    DEFAULT_PLUGIN_MAX_CODE_BYTES,
-                )?,
-                max_locals_per_function: positive(
-                    "plugin-max-locals",
-                    args.plugin_max_locals.or(file.plugin_max_locals),
-                    DEFAULT_PLUGIN_MAX_LOCALS,
-                )?,
-                max_items: positive(
-                    "plugin-max-module-items",
-                    args.plugin_max_module_items
-                        .or(file.plugin_max_module_items),
-                    DEFAULT_PLUGIN_MAX_MODULE_ITEMS,
-                )?,
-                max_data_bytes: positive(
-                    "plugin-max-data-bytes",
-                    args.plugin_max_data_bytes.or(file.plugin_max_data_bytes),
-                    DEFAULT_PLUGIN_MAX_DATA_BYTES,
-                )?,
-            },
-            ..narad_runtime::Limits::default()
-        };
+        let ms = Duration::from_millis;
         Ok(Config {
-            data_dir,
-            listen,
-            limits,
-            retention_check_interval,
-            idle_close_after,
-            failed_reopen_after,
-            segment_bytes,
-            auth_token,
-            plugin_limits,
-            http,
+            data_dir: s.data_dir,
+            listen: s.listen,
+            limits: Limits {
+                max_record_bytes: s.max_record_bytes,
+                max_request_bytes: s.max_request_bytes,
+                max_plugin_bytes: s.max_plugin_bytes,
+                max_batch_records: s.max_batch_records,
+                max_fetch_records: s.max_fetch_records,
+                max_fetch_bytes: s.max_fetch_bytes,
+                max_wait: ms(s.max_wait_ms),
+                max_buffered_request_bytes: s.max_buffered_request_bytes,
+            },
+            retention_check_interval: ms(s.retention_check_interval_ms),
+            idle_close_after: ms(s.idle_close_after_ms),
+            failed_reopen_after: ms(s.failed_reopen_after_ms),
+            segment_bytes: s.segment_bytes,
+            auth_token: s.auth_token_file,
+            plugin_limits: narad_runtime::Limits {
+                deadline: ms(s.plugin_deadline_ms),
+                memory_bytes: s.plugin_memory_bytes,
+                fuel: narad_runtime::FuelBudget {
+                    per_record: s.plugin_fuel_per_record,
+                    per_input_byte: s.plugin_fuel_per_input_byte,
+                    ..narad_runtime::FuelBudget::DEFAULT
+                },
+                module: narad_runtime::ModuleLimits {
+                    max_functions: s.plugin_max_functions,
+                    max_function_body_bytes: s.plugin_max_function_bytes,
+                    max_code_bytes: s.plugin_max_code_bytes,
+                    max_locals_per_function: s.plugin_max_locals,
+                    max_items: s.plugin_max_module_items,
+                    max_data_bytes: s.plugin_max_data_bytes,
+                },
+                ..narad_runtime::Limits::default()
+            },
+            http: HttpLimits {
+                max_connections: s.max_connections,
+                header_read_timeout: ms(s.header_read_timeout_ms),
+                idle_timeout: ms(s.idle_timeout_ms),
+                shutdown_grace: ms(s.shutdown_grace_ms),
+            },
         })
     }
-}
-
-/// `value` or `default`, refusing zero (a zero limit or interval is always a mistake).
-fn positive<T>(key: &'static str, value: Option<T>, default: T) -> Result<T, ConfigError>
-where
-    T: PartialEq + Default + std::fmt::Display,
-{
-    let v = value.unwrap_or(default);
-    if v == T::default() {
-        return Err(ConfigError::BadValue {
-            key,
-            message: "must be greater than 0".to_owned(),
-        });
-    }
-    Ok(v)
 }
 
 #[cfg(test)]
@@ -955,5 +935,153 @@ mod tests {
         };
         let err = Config::merge(&args, &FileConfig::default()).unwrap_err();
         assert!(matches!(err, ConfigError::BadListen { .. }));
+    }
+
+    /// The `narad serve` flags as clap builds them (the same arguments `--help` lists).
+    fn serve_command() -> clap::Command {
+        <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"))
+    }
+
+    /// The keys the config file accepts, from serde's own list (an unknown key's error names
+    /// them all), so the check reads the real schema, not the table that generates it.
+    fn file_keys() -> Vec<String> {
+        let Err(ConfigError::ParseFile { message, .. }) =
+            FileConfig::parse(Path::new("narad.toml"), "not-a-key = 1\n")
+        else {
+            panic!("an unknown key must be refused");
+        };
+        let (_, expected) = message
+            .split_once("expected one of")
+            .unwrap_or_else(|| panic!("no key list in {message:?}"));
+        let line = expected.lines().next().unwrap_or_default();
+        line.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `--flag` and the value its help shows as default (`1048576` of `1048576 (1 MiB)`), or
+    /// `None` when the help shows no default.
+    fn shown_defaults() -> Vec<(String, Option<String>)> {
+        serve_command()
+            .get_arguments()
+            .map(|arg| {
+                let long = arg.get_long().expect("every serve setting is a --flag");
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                let shown = help.split_once("[default: ").map(|(_, rest)| {
+                    let shown = rest.split(']').next().unwrap_or(rest);
+                    shown.split(" (").next().unwrap_or(shown).to_owned()
+                });
+                (long.to_owned(), shown)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_serve_flag_has_a_narad_env_var_and_a_file_key_of_its_name_and_every_key_a_flag() {
+        let mut flags = Vec::new();
+        for arg in serve_command().get_arguments() {
+            let long = arg.get_long().expect("every serve setting is a --flag");
+            let env = arg.get_env().and_then(|e| e.to_str());
+            let expected = format!("NARAD_{}", long.to_uppercase().replace('-', "_"));
+            assert_eq!(
+                env,
+                Some(expected.as_str()),
+                "environment variable of --{long}"
+            );
+            // `--config` names the file itself, so the file has no key for it.
+            if long != "config" {
+                flags.push(long.to_owned());
+            }
+        }
+        let mut keys = file_keys();
+        flags.sort();
+        keys.sort();
+        assert_eq!(
+            flags, keys,
+            "flags of `narad serve` vs keys of the config file"
+        );
+    }
+
+    #[test]
+    fn the_default_each_flag_help_shows_is_what_resolve_uses_when_nothing_is_set() {
+        let resolve = |extra: &[&str]| {
+            let argv = ["serve", "--data-dir", "/d"]
+                .into_iter()
+                .chain(extra.iter().copied());
+            let matches = serve_command()
+                .try_get_matches_from(argv)
+                .unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+            let args = <ServeArgs as clap::FromArgMatches>::from_arg_matches(&matches)
+                .unwrap_or_else(|e| panic!("{extra:?}: {e}"));
+            Config::resolve(&args).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+        };
+        let nothing = resolve(&[]);
+        assert_eq!(nothing, Config::new("/d"));
+        let mut described = Vec::new();
+        for (long, shown) in shown_defaults() {
+            let Some(shown) = shown else {
+                // The file, and the one setting without which the daemon does not start.
+                assert!(
+                    matches!(long.as_str(), "config" | "data-dir"),
+                    "--{long} shows no default"
+                );
+                continue;
+            };
+            if shown.starts_with(|c: char| c.is_ascii_digit()) {
+                let flag = format!("--{long}");
+                assert_eq!(
+                    resolve(&[&flag, &shown]),
+                    nothing,
+                    "--{long}: the help says the default is {shown}, resolve uses another"
+                );
+            } else {
+                described.push(long);
+            }
+        }
+        // Defaults that are not a value: unset means no token, and a cap derived at start.
+        assert_eq!(described, ["auth-token-file", "max-connections"]);
+        assert!(nothing.auth_token.is_none());
+        assert_eq!(nothing.http.max_connections, None);
+    }
+
+    #[test]
+    fn the_operator_guide_lists_every_flag_with_its_env_var_file_key_and_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operator-guide.md");
+        let guide =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The configuration table's rows: | `--flag VALUE` | `NARAD_X` | `key` | default | ... |
+        let rows: Vec<Vec<&str>> = guide
+            .lines()
+            .filter(|line| line.starts_with("| `--"))
+            .map(|line| {
+                line.split('|')
+                    .map(|cell| cell.trim().trim_matches('`'))
+                    .collect()
+            })
+            .collect();
+        for (long, shown) in shown_defaults() {
+            let flag = format!("--{long}");
+            let row = rows
+                .iter()
+                .find(|row| row.get(1).and_then(|c| c.split(' ').next()) == Some(flag.as_str()))
+                .unwrap_or_else(|| panic!("docs/operator-guide.md has no row for {flag}"));
+            let env = format!("NARAD_{}", long.to_uppercase().replace('-', "_"));
+            let key = if long == "config" { "-" } else { long.as_str() };
+            assert_eq!(
+                row.get(2),
+                Some(&env.as_str()),
+                "environment variable of {flag}"
+            );
+            assert_eq!(row.get(3), Some(&key), "config key of {flag}");
+            if let Some(shown) = shown.filter(|s| s.starts_with(|c: char| c.is_ascii_digit())) {
+                let documented = row.get(4).copied().unwrap_or_default();
+                assert!(
+                    documented.starts_with(&shown),
+                    "{flag}: the guide says the default is {documented:?}, the help {shown}"
+                );
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The Narad fan-out host: the daemon library behind the `narad` binary.
 //!
 //! Layout:
-//! - [`config`]: `narad serve` flags, environment and TOML config file, merged into [`Config`].
+//! - [`config`]: `narad serve` flags, environment and TOML config file, merged into [`Config`];
+//!   [`auth`]: the API bearer token it loads and the API checks.
 //! - [`shutdown`]: the shutdown trigger/signal every loop and the HTTP server select on.
 //! - [`metastore`]: the [`metastore::Metastore`] trait (topics, a version per domain, a
 //!   linearizable `confirm`) and its embedded file implementation.
@@ -25,11 +26,24 @@
 //!
 //! Data flows one way: API -> topics/produce -> `narad_storage::Store`; the metastore is the
 //! source of truth for which topics and partitions exist.
+//!
+//! Modules are layered, lowest first, and a module imports only from layers below its own
+//! (`layering`, a test, checks every `crate::` path in `src/` against this list):
+//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`: small leaves;
+//! 2. `config`: settings, read by anything above;
+//! 3. `metastore`: pure data and the link rules (with the link limits);
+//! 4. `produce`, then `topics`, then `plugins`: the write path, topic administration, the
+//!    plugin registry;
+//! 5. `fanout`: one cursor, its vocabulary (`CursorKey`, `RouterFactory`) and its status
+//!    (`FanoutView`);
+//! 6. `reconciler`: starts and stops cursors and fills the `FanoutView`;
+//! 7. `api`, then `http_server`, `server`, `bench`, `cli`.
 
 // Tests may unwrap: a panic there is a test failure with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;
@@ -37,6 +51,8 @@ mod durable;
 pub mod fanout;
 pub mod fdlimit;
 pub mod http_server;
+#[cfg(test)]
+mod layering;
 pub mod metastore;
 pub mod ownership;
 pub mod plugins;

@@ -21,13 +21,14 @@ use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::CursorDeps;
 use crate::fanout::metrics::FanoutMetrics;
 use crate::fanout::plugin_metrics::{PluginMetrics, RouteObserver};
+use crate::fanout::status::FanoutView;
 use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::{FileMetastore, Metastore, MetastoreError};
 use crate::ownership::PartitionOwnership;
 use crate::ownership::SingleNode;
 use crate::plugins::{PluginRegistry, RegistryError};
 use crate::produce::Producer;
-use crate::reconciler::{FanoutView, Reconciler};
+use crate::reconciler::Reconciler;
 use crate::shutdown::ShutdownSignal;
 use crate::topics::{TopicService, log_config, startup};
 

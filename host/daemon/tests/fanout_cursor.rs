@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_host::fanout::committer::ChildCommitter;
-use narad_host::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, cursor_path, run_cursor};
+use narad_host::fanout::cursor::{
+    CursorDeps, CursorExit, CursorKey, LinkRuntime, cursor_path, run_cursor,
+};
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::router::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
 use narad_host::metastore::link::{LinkMeta, PluginRef, PluginVersion};
 use narad_host::metastore::{FileMetastore, Metastore, TopicMeta};
-use narad_host::reconciler::reducer::CursorKey;
 use narad_host::shutdown;
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fault::{Fault, FaultFs, FaultOp};

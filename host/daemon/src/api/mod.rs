@@ -71,7 +71,7 @@ pub struct AppInner {
     /// The routing plugins (registry, runtime, content store).
     pub plugins: Arc<PluginRegistry>,
     /// The cursors running on this node, for the children listing.
-    pub fanout: Arc<crate::reconciler::FanoutView>,
+    pub fanout: Arc<crate::fanout::status::FanoutView>,
     /// Every metric series, for `GET /metrics`.
     pub metrics: Arc<prometheus_client::registry::Registry>,
     /// The API's own series (produce and fetch traffic, storage gauges), registered in

@@ -253,10 +253,10 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
             "the parent and each child need at least one partition, and one child".into(),
         ));
     }
-    if options.children as usize > crate::fanout::MAX_CHILDREN_PER_PARENT {
+    if options.children as usize > crate::metastore::link::MAX_CHILDREN_PER_PARENT {
         return Err(BenchError::Options(format!(
             "a parent has at most {} children",
-            crate::fanout::MAX_CHILDREN_PER_PARENT
+            crate::metastore::link::MAX_CHILDREN_PER_PARENT
         )));
     }
     let load_before = sys::load_average();

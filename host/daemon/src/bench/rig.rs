@@ -18,17 +18,15 @@ use super::timed_router::{RouteTiming, TimedRouter};
 use super::{BenchError, blocking};
 use crate::api::children::DEFAULT_ROUTER;
 use crate::fanout::committer::ChildCommitter;
-use crate::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, run_cursor};
+use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
-use crate::fanout::router::SlabRouter;
+use crate::fanout::router::{RouterFactory as _, SlabRouter};
 use crate::fanout::status::CursorStatus;
 use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::link::new_epoch;
 use crate::metastore::{FileMetastore, LinkMeta, Metastore, TopicMeta};
 use crate::plugins::PluginRegistry;
 use crate::produce::Producer;
-use crate::reconciler::RouterFactory as _;
-use crate::reconciler::reducer::CursorKey;
 use crate::shutdown::ShutdownSignal;
 
 /// The production child committer (a produce commit) that also counts its commits.

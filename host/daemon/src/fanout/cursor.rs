@@ -31,8 +31,24 @@ use super::start::{StartPoint, start_point};
 use super::status::CursorStatus;
 use crate::metastore::link::{LinkMeta, epoch_bytes};
 use crate::metastore::{BoxFuture, Metastore};
-use crate::reconciler::reducer::CursorKey;
 use crate::shutdown::ShutdownSignal;
+
+/// Identity of one fan-out cursor: a (parent partition, child) pair under one attach epoch.
+///
+/// The epoch is part of the identity so that a detach followed by a re-attach is a stop of the
+/// old cursor and a start of a new one, never a silent resume of the old position. The
+/// reconciler compares sets of these to decide which cursors to start and stop.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorKey {
+    /// Parent topic name.
+    pub parent: String,
+    /// Parent partition index.
+    pub partition: u32,
+    /// Child topic name.
+    pub child: String,
+    /// Attach epoch of the link the cursor serves (16 lowercase hex digits).
+    pub epoch: String,
+}
 
 /// The parts of the daemon a cursor uses.
 pub struct CursorDeps {

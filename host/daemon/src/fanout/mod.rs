@@ -66,13 +66,3 @@ pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest sleep of a delay cursor waiting for its next record to come due, so its gauges and
 /// view of the metadata stay fresh (engine reference: defaultFanoutDueWakeCap = 30 s).
 pub const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
-
-/// Most children one parent may have (engine reference: 108).
-pub const MAX_CHILDREN_PER_PARENT: usize = 108;
-
-/// Longest delay a delay child may have: one year of 365 days (engine reference: 1 year).
-pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1000;
-
-/// How much longer than its delay a delay child's parent must retain records (engine
-/// reference: topic.MinRetentionMs = delay + 1 h), so a healthy delay child never drops behind.
-pub const DELAY_RETENTION_MARGIN_MS: u64 = 60 * 60 * 1000;

@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use narad_storage::StoredRecord;
 
+use crate::metastore::LinkMeta;
+
 /// What a router is told about the slab it routes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteInput {
@@ -55,6 +57,13 @@ pub trait SlabRouter: Send {
 /// A router shared by the cursors of one link; swapping the inside takes effect at the next
 /// slab of every cursor.
 pub type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
+
+/// Builds the router chain of a link. The reconciler holds one and calls it whenever a link
+/// appears or its router changes; [`super::wasm_router::WasmRouterFactory`] is the daemon's.
+pub trait RouterFactory: Send + Sync + 'static {
+    /// A fresh chain (fresh plugin instances) for `link`, or why it cannot be built.
+    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, String>;
+}
 
 /// Checks a router's answer: one decision per record, each below the partition count.
 pub fn check_decisions(

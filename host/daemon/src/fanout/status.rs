@@ -1,4 +1,6 @@
-//! A cursor's live status: what the children listing shows and the gauges export.
+//! A cursor's live status: what the children listing shows and the gauges export; and
+//! [`FanoutView`], every running cursor's status on this node, which the reconciler keeps and
+//! the API lists.
 //!
 //! `last_error` is the error of the trouble the cursor is in now: set when it stalls, and
 //! cleared as soon as the cursor is healthy again (a slab committed, a read that found nothing
@@ -7,10 +9,12 @@
 //! happened. Every error is escaped and cut by [`narad_runtime::text::sanitize`] before it is
 //! stored: part of it may come from a plugin.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
+use super::cursor::CursorKey;
 use super::metrics::{CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
 /// What a cursor is doing.
@@ -294,6 +298,52 @@ impl CursorStatus {
     /// Removes the cursor's series (it stopped).
     pub fn retire(&self) {
         self.metrics.remove_cursor(&self.labels);
+    }
+}
+
+/// The statuses of one link's cursors, by parent partition.
+type LinkCursors = BTreeMap<u32, Arc<CursorStatus>>;
+
+/// Live fan-out state this node exposes: per link, its cursors' reports.
+///
+/// The reconciler writes it (a cursor's status goes in when the cursor starts and out when it
+/// stops or exits); the API only reads it, through [`FanoutView::reports`].
+#[derive(Default)]
+pub struct FanoutView {
+    cursors: Mutex<BTreeMap<(String, String), LinkCursors>>,
+}
+
+impl FanoutView {
+    /// Reports of the cursors running for `parent -> child`, by parent partition.
+    pub fn reports(&self, parent: &str, child: &str) -> Vec<CursorReport> {
+        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .get(&(parent.to_string(), child.to_string()))
+            .map(|by_partition| by_partition.values().map(|s| s.report()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Lists the cursor `key` with its `status`, replacing any status listed for the same
+    /// link and parent partition.
+    pub fn insert(&self, key: &CursorKey, status: Arc<CursorStatus>) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .entry((key.parent.clone(), key.child.clone()))
+            .or_default()
+            .insert(key.partition, status);
+    }
+
+    /// Stops listing the cursor of `key`'s link and parent partition; a link left with no
+    /// cursor disappears from the view.
+    pub fn remove(&self, key: &CursorKey) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        let link = (key.parent.clone(), key.child.clone());
+        if let Some(by_partition) = cursors.get_mut(&link) {
+            by_partition.remove(&key.partition);
+            if by_partition.is_empty() {
+                cursors.remove(&link);
+            }
+        }
     }
 }
 

@@ -9,9 +9,8 @@ use narad_runtime::{
 use narad_storage::StoredRecord;
 
 use super::plugin_metrics::{PluginCallSample, RouteObserver};
-use super::router::{RouteFailure, RouteInput, SlabRouter};
+use super::router::{RouteFailure, RouteInput, RouterFactory, SlabRouter};
 use crate::metastore::LinkMeta;
-use crate::reconciler::RouterFactory;
 
 /// A parent record as the plugin ABI sees it (keys always; headers and values when a plugin's
 /// manifest asks for them).

@@ -1,13 +1,26 @@
 //! Links (fan-out children) and plugin versions as the metastore records them, and the rules
 //! an attach must satisfy (checked inside the metastore write, so two concurrent attaches
 //! cannot together break them).
+//!
+//! The link limits ([`MAX_CHILDREN_PER_PARENT`], [`MAX_DELAY_MS`],
+//! [`DELAY_RETENTION_MARGIN_MS`]) live here, next to the rules that enforce them; anything
+//! above the metastore that needs them (the bench, the fan-out) imports them from here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::TopicMeta;
-use crate::fanout::{DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN_PER_PARENT, MAX_DELAY_MS};
+
+/// Most children one parent may have (engine reference: 108).
+pub const MAX_CHILDREN_PER_PARENT: usize = 108;
+
+/// Longest delay a delay child may have: one year of 365 days (engine reference: 1 year).
+pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+/// How much longer than its delay a delay child's parent must retain records (engine
+/// reference: topic.MinRetentionMs = delay + 1 h), so a healthy delay child never drops behind.
+pub const DELAY_RETENTION_MARGIN_MS: u64 = 60 * 60 * 1000;
 
 /// A plugin of a link's router chain, resolved to the exact module bytes it runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,6 +5,10 @@
 //! [`schedule`]; this module carries the actions out: it starts and stops cursor tasks, keeps
 //! one router chain per link (shared by the link's cursors), swaps a link's chain when its
 //! router changes, and sweeps offset files that no link explains.
+//!
+//! The words it works in belong to the fan-out, below it: a cursor's identity
+//! ([`CursorKey`]), the [`RouterFactory`] it builds chains with, and the [`FanoutView`] it fills
+//! with the status of every cursor it starts (the API reads that view, never the reconciler).
 
 pub mod reducer;
 pub mod schedule;
@@ -18,25 +22,21 @@ use narad_storage::cursor as cursor_file;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fanout::cursor::{CursorDeps, CursorExit, LinkRuntime, cursor_path, run_cursor};
+use crate::fanout::cursor::{
+    CursorDeps, CursorExit, CursorKey, LinkRuntime, cursor_path, run_cursor,
+};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
-use crate::fanout::router::SlabRouter;
-use crate::fanout::status::{CursorReport, CursorStatus};
+use crate::fanout::router::{RouterFactory, SlabRouter};
+use crate::fanout::status::{CursorStatus, FanoutView};
 use crate::metastore::LinkMeta;
 use crate::metastore::Snapshot;
 use crate::ownership::PartitionOwnership;
 use crate::shutdown::{self, ShutdownSignal, ShutdownTrigger};
-use reducer::{Action, CursorKey};
+use reducer::Action;
 use schedule::Schedule;
 
 /// How often the reconciler ticks (engine reference: reconcile interval 1 s).
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Builds the router chain of a link.
-pub trait RouterFactory: Send + Sync + 'static {
-    /// A fresh chain (fresh plugin instances) for `link`, or why it cannot be built.
-    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, String>;
-}
 
 struct RunningCursor {
     stop: ShutdownTrigger,
@@ -46,45 +46,6 @@ struct RunningCursor {
 
 struct RunningLink {
     runtime: Arc<LinkRuntime>,
-}
-
-/// The statuses of one link's cursors, by parent partition.
-type LinkCursors = BTreeMap<u32, Arc<CursorStatus>>;
-
-/// Live fan-out state this node exposes: per link, its cursors' reports.
-#[derive(Default)]
-pub struct FanoutView {
-    cursors: Mutex<BTreeMap<(String, String), LinkCursors>>,
-}
-
-impl FanoutView {
-    /// Reports of the cursors running for `parent -> child`, by parent partition.
-    pub fn reports(&self, parent: &str, child: &str) -> Vec<CursorReport> {
-        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
-        cursors
-            .get(&(parent.to_string(), child.to_string()))
-            .map(|by_partition| by_partition.values().map(|s| s.report()).collect())
-            .unwrap_or_default()
-    }
-
-    fn insert(&self, key: &CursorKey, status: Arc<CursorStatus>) {
-        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
-        cursors
-            .entry((key.parent.clone(), key.child.clone()))
-            .or_default()
-            .insert(key.partition, status);
-    }
-
-    fn remove(&self, key: &CursorKey) {
-        let mut cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
-        let link = (key.parent.clone(), key.child.clone());
-        if let Some(by_partition) = cursors.get_mut(&link) {
-            by_partition.remove(&key.partition);
-            if by_partition.is_empty() {
-                cursors.remove(&link);
-            }
-        }
-    }
 }
 
 /// The reconciler's state between ticks.

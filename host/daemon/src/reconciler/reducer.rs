@@ -5,21 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Identity of one fan-out cursor: a (parent partition, child) pair under one attach epoch.
-///
-/// The epoch is part of the identity so that a detach followed by a re-attach is a stop of the
-/// old cursor and a start of a new one, never a silent resume of the old position.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CursorKey {
-    /// Parent topic name.
-    pub parent: String,
-    /// Parent partition index.
-    pub partition: u32,
-    /// Child topic name.
-    pub child: String,
-    /// Attach epoch of the link the cursor serves (16 lowercase hex digits).
-    pub epoch: String,
-}
+use crate::fanout::cursor::CursorKey;
 
 /// One action the reconciler must carry out, in the order returned.
 #[derive(Clone, Debug, PartialEq, Eq)]

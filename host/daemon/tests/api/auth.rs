@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use narad_host::api::auth::AuthToken;
+use narad_host::auth::AuthToken;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
