@@ -1,26 +1,16 @@
 //! Durable small-file writes for the daemon's own bookkeeping files (intent records, set-aside
 //! descriptions): a file is either absent, the old version or the new one, never half written.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::Path;
 
-/// Replaces `dir/name` with `bytes` atomically and durably: written to `dir/name.tmp`
-/// (owner-only), `fsync`ed, renamed over the target, and the directory `fsync`ed.
+use narad_storage::fs::RealFs;
+
+/// Replaces `dir/name` with `bytes` atomically and durably, through the storage crate's one
+/// primitive ([`narad_storage::fs::replace_file`]): written to `dir/name.tmp` (owner-only),
+/// synced, renamed over the target, and the directory `fsync`ed.
 pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let temp = dir.join(format!("{name}.tmp"));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(&temp, dir.join(name))?;
-    sync_dir(dir)
+    narad_storage::fs::replace_file(&RealFs, dir, name, bytes)
 }
 
 /// `fsync` of a directory, so the entries created, renamed or removed in it survive a crash.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Top-level modules, lowest layer first. A module may import only from earlier entries.
 const LAYERS: &[&[&str]] = &[
     &["shutdown", "durable", "ownership", "fdlimit", "auth"],
+    &["blocking"],
     &["config"],
     &["metastore"],
     &["produce"],

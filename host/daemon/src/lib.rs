@@ -12,6 +12,7 @@
 //! - [`topics`]: topic administration keeping metastore and partition directories in step:
 //!   intent records, start-up accounting of `topics/`, the set-aside area, the metastore
 //!   rebuild; `durable`: the atomic small-file write they use.
+//! - [`blocking`]: the one way async code runs blocking work, and its error.
 //! - [`fanout`]: the cursors that copy a parent partition into a child (read, route, commit,
 //!   advance), with the delay gate, drop-behind and lag reporting.
 //! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
@@ -29,7 +30,7 @@
 //!
 //! Modules are layered, lowest first, and a module imports only from layers below its own
 //! (`layering`, a test, checks every `crate::` path in `src/` against this list):
-//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`: small leaves;
+//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, then `blocking`: small leaves;
 //! 2. `config`: settings, read by anything above;
 //! 3. `metastore`: pure data and the link rules (with the link limits);
 //! 4. `produce`, then `topics`, then `plugins`: the write path, topic administration, the
@@ -45,6 +46,7 @@
 pub mod api;
 pub mod auth;
 pub mod bench;
+pub mod blocking;
 pub mod cli;
 pub mod config;
 mod durable;

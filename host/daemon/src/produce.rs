@@ -132,7 +132,7 @@ impl Producer {
     ) -> Result<Appended, ProduceError> {
         let store = Arc::clone(&self.store);
         let id = partition.clone();
-        tokio::task::spawn_blocking(move || store.append(&id, batch))
+        crate::blocking::run(move || store.append(&id, batch))
             .await
             .map_err(|e| ProduceError::Task(e.to_string()))?
             .map_err(|source| ProduceError::Append {
@@ -166,7 +166,7 @@ impl Producer {
             let store = Arc::clone(&self.store);
             let targets: Vec<PartitionId> =
                 groups.keys().map(|&p| PartitionId::new(topic, p)).collect();
-            tokio::task::spawn_blocking(move || check_writable(&store, &targets))
+            crate::blocking::run(move || check_writable(&store, &targets))
                 .await
                 .map_err(|e| ProduceError::Task(e.to_string()))??;
         }

@@ -116,7 +116,7 @@ pub async fn run_server(
         let idle_close_after = config.idle_close_after;
         let failed_reopen_after = config.failed_reopen_after;
         let segment_bytes = config.segment_bytes;
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::run(move || {
             open_data_dir(
                 &data_dir,
                 idle_close_after,
@@ -252,7 +252,7 @@ pub async fn run_server(
         let _ = reconciler.await;
         let _ = retention.await;
         let _ = idle.await;
-        let closed = tokio::task::spawn_blocking(move || store.close())
+        let closed = crate::blocking::run(move || store.close())
             .await
             .map_err(|e| ServerError::Task(e.to_string()))?;
         closed?;
@@ -321,7 +321,7 @@ fn spawn_loop(
                 () = shutdown.wait() => break,
                 _ = ticker.tick() => {
                     let store = Arc::clone(&store);
-                    if let Err(e) = tokio::task::spawn_blocking(move || work(&store)).await {
+                    if let Err(e) = crate::blocking::run(move || work(&store)).await {
                         tracing::error!(task = name, error = %e, "background task panicked");
                     }
                 }

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use narad_host::fanout::committer::ChildCommitter;
 use narad_host::fanout::cursor::{
-    CursorDeps, CursorExit, CursorKey, LinkRuntime, cursor_path, run_cursor,
+    CursorDeps, CursorExit, CursorKey, Deferred, LinkRuntime, cursor_path, run_cursor,
 };
+use narad_host::fanout::deliver::LinkGone;
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::router::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
@@ -188,6 +189,11 @@ struct Running {
 
 async fn start(f: &Fixture, link_meta: LinkMeta) -> Running {
     f.metastore.attach_link(link_meta.clone()).await.unwrap();
+    spawn_cursor(f, link_meta)
+}
+
+/// Runs a cursor for `link_meta` without attaching it in the metastore first.
+fn spawn_cursor(f: &Fixture, link_meta: LinkMeta) -> Running {
     let deps = Arc::new(CursorDeps {
         store: Arc::clone(&f.store),
         fs: Arc::new(f.fault.clone()),
@@ -710,4 +716,61 @@ async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_f
     assert_eq!(running.status.report().parent_end_rewinds, 1);
     running.stop.trigger();
     running.task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_whose_link_was_detached_exits_saying_the_link_is_gone() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..30);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the copy", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    f.metastore.detach_link("parent", "child").await.unwrap();
+    // The next slab's epoch check finds the link gone.
+    produce(&f.store, 30..40);
+    let exit = running.task.await.unwrap();
+    let CursorExit::LinkGone(gone) = exit else {
+        panic!("expected the link to be gone, got {exit:?}");
+    };
+    assert_eq!(
+        gone,
+        LinkGone::DetachedOrReattached {
+            parent: "parent".into(),
+            child: "child".into(),
+        }
+    );
+    assert_eq!(
+        gone.to_string(),
+        "parent -> child was detached or re-attached"
+    );
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_whose_epoch_the_metastore_does_not_confirm_is_deferred_without_writing_a_position()
+ {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..10);
+    // Never attached: the metastore has no link with this epoch.
+    let running = spawn_cursor(&f, link(vec![0], 0));
+    let exit = running.task.await.unwrap();
+    let CursorExit::Deferred(deferred) = exit else {
+        panic!("expected the start to be deferred, got {exit:?}");
+    };
+    assert_eq!(
+        deferred,
+        Deferred::EpochNotConfirmed {
+            epoch: EPOCH.into(),
+            parent: "parent".into(),
+            child: "child".into(),
+        }
+    );
+    assert_eq!(
+        deferred.to_string(),
+        format!("epoch {EPOCH} of parent -> child not confirmed by the metastore")
+    );
+    assert_eq!(file_position(&f), None);
+    assert!(child_values(&f.store, 0).is_empty());
 }

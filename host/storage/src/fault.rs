@@ -7,6 +7,8 @@
 //! `sync_dir` makes the current entries durable. Directories and files are inodes, so a rename
 //! moves a whole subtree the way a real file system does.
 //!
+//! Hard links are second entries for the same file inode.
+//!
 //! Faults. [`FaultFs::inject`] fails the N-th future operation of a kind with EIO, ENOSPC or a
 //! short write. A failed `sync_data` behaves like Linux after a writeback error: the pending
 //! writes stay readable but are forgotten by the disk (they will not be written by a later
@@ -47,7 +49,7 @@ pub enum FaultOp {
     SyncData,
     /// `FileSystem::sync_dir`.
     SyncDir,
-    /// Any mutating operation (writes, truncations, syncs, creations, renames, removals).
+    /// Any mutating operation (writes, truncations, syncs, creations, renames, links, removals).
     Any,
 }
 
@@ -693,6 +695,32 @@ impl FileSystem for FaultFs {
         Ok(())
     }
 
+    fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
+        let mut s = self.lock();
+        s.check_alive(s.generation)?;
+        let node = s.lookup(original)?;
+        if let Node::Dir(_) = node {
+            return Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                format!("{} is a directory", original.display()),
+            ));
+        }
+        let (dir, name) = s.parent_of(link)?;
+        if s.lookup(link).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists", link.display()),
+            ));
+        }
+        if let Some(f) = s.begin(FaultOp::Any)? {
+            return Err(fault_error(f));
+        }
+        // A second entry for the same inode: both names see the same bytes, and the new entry
+        // is lost by a crash until its directory is synced, as on a real file system.
+        s.dir_mut(dir)?.entries.insert(name, node);
+        Ok(())
+    }
+
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
         s.check_alive(s.generation)?;
@@ -827,6 +855,29 @@ mod tests {
         fs.crash(CrashMode::DropAll);
         assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"hello");
         assert!(f.read_at(&mut [0; 4], 0).is_err(), "old handles die");
+    }
+
+    #[test]
+    fn a_hard_link_shares_the_bytes_and_is_lost_by_a_crash_until_its_directory_is_synced() {
+        let fs = setup();
+        let f = fs.open(&p("/d/a"), OpenMode::CreateNew).unwrap();
+        f.write_all_at(b"abc", 0).unwrap();
+        f.sync_data().unwrap();
+        fs.sync_dir(&p("/d")).unwrap();
+        fs.hard_link(&p("/d/a"), &p("/d/b")).unwrap();
+        let e = fs.hard_link(&p("/d/a"), &p("/d/b")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        // Same inode: a write through one name is seen through the other.
+        f.write_all_at(b"xyz", 0).unwrap();
+        assert_eq!(fs.contents(&p("/d/b")).unwrap(), b"xyz");
+        fs.crash(CrashMode::DropAll);
+        assert!(!fs.exists(&p("/d/b")).unwrap());
+        assert_eq!(fs.contents(&p("/d/a")).unwrap(), b"abc");
+
+        fs.hard_link(&p("/d/a"), &p("/d/b")).unwrap();
+        fs.sync_dir(&p("/d")).unwrap();
+        fs.crash(CrashMode::DropAll);
+        assert_eq!(fs.contents(&p("/d/b")).unwrap(), b"abc");
     }
 
     #[test]

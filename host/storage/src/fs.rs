@@ -23,13 +23,20 @@
 //! [`DIR_MODE`] (0700), whatever the umask (which can only remove bits).
 //! [`FileSystem::restrict_tree`], run on the whole data directory when a store opens, tightens
 //! entries made by older versions (0644 files, 0755 directories), with one warning per process.
+//!
+//! Durable replacement. [`replace_file`] is the one way a small file (a cursor, the log-start
+//! record, the metastore, a plugin module, the daemon's bookkeeping files) is replaced so that
+//! a crash leaves the old contents or the new, each complete: the bytes go to `{name}.tmp`
+//! (owner-only, truncated first), are synced, the temp file is renamed over `name`, and the
+//! directory is synced. [`replace_file_with`] runs a step between the sync and the rename (the
+//! metastore links its backup there).
 
 use std::fmt::Debug;
 use std::fs::{self as stdfs, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -178,6 +185,17 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
 
     /// Removes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Makes `link` a second name of the file `original` (`link(2)`); `AlreadyExists` if
+    /// `link` is taken. Durable only after `sync_dir` of `link`'s parent. File systems without
+    /// hard links return an error of kind `Unsupported` (the default), and callers copy.
+    fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
+        let _ = (original, link);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this file system has no hard links",
+        ))
+    }
 
     /// Removes a directory and everything below it.
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -396,6 +414,10 @@ impl FileSystem for RealFs {
         stdfs::remove_file(path)
     }
 
+    fn hard_link(&self, original: &Path, link: &Path) -> io::Result<()> {
+        stdfs::hard_link(original, link)
+    }
+
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         stdfs::remove_dir_all(path)
     }
@@ -475,6 +497,46 @@ impl FileSystem for RealFs {
     }
 }
 
+/// Suffix of the temporary file [`replace_file`] writes next to its target: `{name}.tmp`. A
+/// leftover one is an unfinished replacement (its owner removes or overwrites it).
+pub const REPLACE_TEMP_SUFFIX: &str = ".tmp";
+
+/// Path of the temporary file [`replace_file`] uses for `dir/name`.
+pub fn replace_temp_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}{REPLACE_TEMP_SUFFIX}"))
+}
+
+/// Replaces `dir/name` with `bytes` atomically and durably: when this returns `Ok`, a crash
+/// leaves the new contents; when it fails or the process dies during it, the file holds the
+/// old contents or the new, never a mix (a leftover `{name}.tmp` may remain). Steps: create or
+/// truncate `{name}.tmp` (owner-only, [`FILE_MODE`]), write, `sync_data`, rename over `name`,
+/// `sync_dir(dir)`. The error is the failing step's, unchanged (its kind and OS code kept).
+pub fn replace_file(fs: &dyn FileSystem, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    replace_file_with(fs, dir, name, bytes, || Ok(()))
+}
+
+/// [`replace_file`] with `before_rename` run after the temp file is synced and before it is
+/// renamed into place; its error stops the replacement (the old file stays). The directory
+/// sync at the end also makes durable what `before_rename` did to `dir`'s entries.
+pub fn replace_file_with(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    before_rename: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
+    let temp = replace_temp_path(dir, name);
+    let file = fs.open(&temp, OpenMode::CreateReadWrite)?;
+    // A leftover from an interrupted replacement may be longer or hold other bytes.
+    file.set_len(0)?;
+    file.write_all_at(bytes, 0)?;
+    file.sync_data()?;
+    drop(file);
+    before_rename()?;
+    fs.rename(&temp, &dir.join(name))?;
+    fs.sync_dir(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +568,26 @@ mod tests {
         let mut all = vec![0u8; 10_000];
         file.read_exact_at(&mut all, 0).unwrap();
         assert_eq!(all, bytes);
+    }
+
+    #[test]
+    fn replace_file_swaps_in_the_new_bytes_owner_only_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f");
+        // A longer leftover temp file must not leak its tail into the new contents.
+        RealFs
+            .open(&replace_temp_path(dir.path(), "f"), OpenMode::CreateNew)
+            .unwrap()
+            .write_all_at(b"a much longer leftover", 0)
+            .unwrap();
+        replace_file(&RealFs, dir.path(), "f", b"first").unwrap();
+        replace_file(&RealFs, dir.path(), "f", b"2nd").unwrap();
+        assert_eq!(stdfs::read(&target).unwrap(), b"2nd");
+        assert!(!replace_temp_path(dir.path(), "f").exists());
+        let mode = stdfs::metadata(&target).unwrap().mode() & 0o777;
+        assert_eq!(mode & !FILE_MODE, 0);
+        RealFs.hard_link(&target, &dir.path().join("g")).unwrap();
+        assert_eq!(stdfs::read(dir.path().join("g")).unwrap(), b"2nd");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::topics::set_aside::{self, SetAsideEntry};
 /// `GET /v1/admin/set-aside`: the entries, oldest first.
 pub async fn list(State(state): State<AppState>) -> Result<Json<SetAsideList>, ApiError> {
     let data_dir = state.store.data_dir().to_path_buf();
-    let entries = tokio::task::spawn_blocking(move || set_aside::list(&data_dir))
+    let entries = crate::blocking::run(move || set_aside::list(&data_dir))
         .await
         .map_err(|e| ApiError::from(crate::topics::TopicError::Task(e.to_string())))?
         .map_err(crate::topics::TopicError::from)?;

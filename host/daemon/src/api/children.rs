@@ -171,7 +171,7 @@ async fn read_high_watermarks(
 ) -> Result<Vec<u64>, String> {
     let store = Arc::clone(store);
     let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || {
+    crate::blocking::run(move || {
         (0..partitions)
             .map(|p| {
                 store
@@ -316,7 +316,7 @@ pub async fn list(
     let snapshot = state.metastore.snapshot().await?;
     let store = Arc::clone(&state.store);
     let (name, count) = (parent_topic.name.clone(), parent_topic.partitions);
-    let highs: Vec<Option<u64>> = tokio::task::spawn_blocking(move || {
+    let highs: Vec<Option<u64>> = crate::blocking::run(move || {
         (0..count)
             .map(|p| {
                 store

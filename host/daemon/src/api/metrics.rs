@@ -203,7 +203,7 @@ impl ApiMetrics {
             .flat_map(|t| (0..t.partitions).map(|p| PartitionId::new(t.name.clone(), p)))
             .collect();
         let store = Arc::clone(&state.store);
-        let (stats, set_aside) = tokio::task::spawn_blocking(move || {
+        let (stats, set_aside) = crate::blocking::run(move || {
             let stats = ids
                 .into_iter()
                 .filter_map(|id| store.peek(&id).ok().map(|s| (id, s)))

@@ -159,7 +159,7 @@ async fn describe(
         .iter()
         .map(|v| latest.get(v.name.as_str()) == Some(&v.digest.as_str()))
         .collect();
-    tokio::task::spawn_blocking(move || {
+    crate::blocking::run(move || {
         versions
             .into_iter()
             .zip(latest)

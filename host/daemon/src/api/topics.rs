@@ -73,7 +73,7 @@ pub async fn describe(
     let store: Arc<Store> = Arc::clone(&state.store);
     let count = topic.partitions;
     let topic_name = topic.name.clone();
-    let partition_stats = tokio::task::spawn_blocking(move || {
+    let partition_stats = crate::blocking::run(move || {
         (0..count)
             .map(|p| {
                 let stats = store.peek(&PartitionId::new(topic_name.clone(), p))?;

@@ -125,7 +125,7 @@ impl BenchError {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BenchError> {
-    tokio::task::spawn_blocking(work)
+    crate::blocking::run(work)
         .await
         .map_err(|e| BenchError::Task(e.to_string()))
 }

@@ -261,7 +261,7 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             }
         }
         PluginCommand::Test(test) => {
-            let output = tokio::task::spawn_blocking(move || trial(&test))
+            let output = crate::blocking::run(move || trial(&test))
                 .await
                 .context("the trial task failed")??;
             if json {

@@ -22,15 +22,15 @@ use narad_storage::{Clock, PartitionId, StorageError, Store};
 
 use super::RETRY_BACKOFF;
 use super::committer::ChildCommitter;
-use super::deliver::{Delivery, DeliveryEnv, LinkView, SlabJob, deliver};
+use super::deliver::{Delivery, DeliveryEnv, LinkGone, LinkView, SlabJob, deliver};
 use super::gate;
 use super::provenance;
 use super::router::SharedRouter;
 use super::slab::{SlabRead, read_slab};
 use super::start::{StartPoint, start_point};
 use super::status::CursorStatus;
-use crate::metastore::link::{LinkMeta, epoch_bytes};
-use crate::metastore::{BoxFuture, Metastore};
+use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
+use crate::metastore::{BoxFuture, Metastore, MetastoreError};
 use crate::shutdown::ShutdownSignal;
 
 /// Identity of one fan-out cursor: a (parent partition, child) pair under one attach epoch.
@@ -104,9 +104,63 @@ pub enum CursorExit {
     /// Told to stop (detach, shutdown, ownership moved).
     Stopped,
     /// Its epoch is no longer the link's; the reconciler starts the right cursor.
-    LinkGone(String),
+    LinkGone(LinkGone),
     /// Its start could not be confirmed against the metastore; retried on a later tick.
-    Deferred(String),
+    Deferred(Deferred),
+}
+
+/// Why a cursor did not start yet; the reconciler tries again on a later tick.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Deferred {
+    /// The cursor had to write a new offset file (none, a corrupt one, or one of another
+    /// attach), and the metastore, read linearizably, did not have its epoch as the link's.
+    #[error("epoch {epoch} of {parent} -> {child} not confirmed by the metastore")]
+    EpochNotConfirmed {
+        /// The cursor's attach epoch.
+        epoch: String,
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+}
+
+/// Why a step of a cursor failed for now: the cursor reports it as its stall reason, waits
+/// and retries. The `Display` text is the stall reason operators see.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CursorStepError {
+    /// Reading the metastore (topics, links, the linearizable epoch check) failed.
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+    /// The cursor's epoch is not 16 lowercase hex digits.
+    #[error(transparent)]
+    BadEpoch(#[from] BadEpoch),
+    /// Storage failed while resolving the start: scanning the child's tails or reading the
+    /// parent's end.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Loading or writing the offset file failed while resolving the start.
+    #[error(transparent)]
+    OffsetFile(#[from] cursor_file::CursorError),
+    /// A task on the blocking pool panicked or was cancelled while resolving the start.
+    #[error("blocking task failed: {0}")]
+    BlockingTask(tokio::task::JoinError),
+    /// The task advancing the offset file panicked or was cancelled.
+    #[error("offset-file task failed: {0}")]
+    OffsetFileTask(tokio::task::JoinError),
+    /// Writing the advanced position to the offset file failed.
+    #[error("advancing the offset file failed: {0}")]
+    Advance(cursor_file::CursorError),
+}
+
+/// Where resolving a cursor's start ended.
+enum Opened {
+    /// The offset file, at the position the cursor starts from.
+    File(CursorFile),
+    /// The start cannot be written now; the cursor exits and is started again later.
+    Deferred(Deferred),
 }
 
 /// The offset-file path of a cursor: `topics/{parent}/p{00000}/fanout-{child}.offset`.
@@ -119,10 +173,12 @@ pub fn cursor_path(store: &Store, parent: &PartitionId, child: &str) -> PathBuf 
         .join(cursor_file::cursor_file_name(child))
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CursorStepError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| format!("blocking task failed: {e}"))
+        .map_err(CursorStepError::BlockingTask)
 }
 
 struct Env<'a> {
@@ -131,15 +187,15 @@ struct Env<'a> {
 }
 
 impl DeliveryEnv for Env<'_> {
-    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, String>> {
+    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, MetastoreError>> {
         Box::pin(link_view(self.deps, self.key))
     }
 }
 
 /// Reads the link's current state from the metastore: is the cursor's epoch still the link's,
 /// and the partition counts and config to route with.
-async fn link_view(deps: &CursorDeps, key: &CursorKey) -> Result<LinkView, String> {
-    let snapshot = deps.metastore.snapshot().await.map_err(|e| e.to_string())?;
+async fn link_view(deps: &CursorDeps, key: &CursorKey) -> Result<LinkView, MetastoreError> {
+    let snapshot = deps.metastore.snapshot().await?;
     let link = snapshot
         .links
         .get(&(key.parent.clone(), key.child.clone()))
@@ -163,8 +219,8 @@ async fn link_view(deps: &CursorDeps, key: &CursorKey) -> Result<LinkView, Strin
 }
 
 /// Whether the metastore, read linearizably, still has `key`'s epoch as the link's epoch.
-async fn epoch_confirmed(deps: &CursorDeps, key: &CursorKey) -> Result<bool, String> {
-    let snapshot = deps.metastore.confirm().await.map_err(|e| e.to_string())?;
+async fn epoch_confirmed(deps: &CursorDeps, key: &CursorKey) -> Result<bool, MetastoreError> {
+    let snapshot = deps.metastore.confirm().await?;
     Ok(snapshot
         .links
         .get(&(key.parent.clone(), key.child.clone()))
@@ -177,37 +233,29 @@ async fn open_position(
     key: &CursorKey,
     link: &LinkMeta,
     status: &CursorStatus,
-) -> Result<Result<CursorFile, CursorExit>, String> {
+) -> Result<Opened, CursorStepError> {
     let parent = PartitionId::new(key.parent.clone(), key.partition);
     let path = cursor_path(&deps.store, &parent, &key.child);
-    let epoch = epoch_bytes(&key.epoch).map_err(|e| e.to_string())?;
+    let epoch = epoch_bytes(&key.epoch)?;
     let child_partitions = deps
         .metastore
         .topic(&key.child)
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
         .map_or(0, |t| t.partitions);
 
     let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
-    let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path))
-        .await?
-        .map_err(|e| e.to_string())?;
+    let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
     let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
     let (evidence, copies) = blocking(move || {
         provenance::scan_child_tails_with_copies(&store, &child, child_partitions, epoch, partition)
     })
-    .await?
-    .map_err(|e| e.to_string())?;
+    .await??;
     // The parent's end, read now (opening the log if a crash left its end unknown): nothing
     // may start past it.
     let (store, high_id) = (Arc::clone(&deps.store), parent.clone());
-    let high = blocking(move || store.high_watermark(&high_id))
-        .await?
-        .map_err(|e| e.to_string())?;
+    let high = blocking(move || store.high_watermark(&high_id)).await??;
     let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
-    let stats = blocking(move || store.peek(&peek_id))
-        .await?
-        .map_err(|e| e.to_string())?;
+    let stats = blocking(move || store.peek(&peek_id)).await??;
 
     match loaded {
         CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
@@ -239,9 +287,8 @@ async fn open_position(
                     CursorFile::resume(fs, &path, record, layout)
                 }
             })
-            .await?
-            .map_err(|e| e.to_string())?;
-            Ok(Ok(file))
+            .await??;
+            Ok(Opened::File(file))
         }
         other => {
             match &other {
@@ -257,10 +304,11 @@ async fn open_position(
             }
             // Anchoring overwrites the file: only with the epoch confirmed linearizably.
             if !epoch_confirmed(deps, key).await? {
-                return Ok(Err(CursorExit::Deferred(format!(
-                    "epoch {} of {} -> {} not confirmed by the metastore",
-                    key.epoch, key.parent, key.child
-                ))));
+                return Ok(Opened::Deferred(Deferred::EpochNotConfirmed {
+                    epoch: key.epoch.clone(),
+                    parent: key.parent.clone(),
+                    child: key.child.clone(),
+                }));
             }
             let position = match evidence.evidence {
                 // The child holds slabs of this epoch: resume at the newest one's start.
@@ -284,9 +332,8 @@ async fn open_position(
                     },
                 )
             })
-            .await?
-            .map_err(|e| e.to_string())?;
-            Ok(Ok(file))
+            .await??;
+            Ok(Opened::File(file))
         }
     }
 }
@@ -323,11 +370,10 @@ async fn rewind_past_reused_offsets(
     position: u64,
     copies: provenance::TailCopies,
     status: &CursorStatus,
-) -> Result<u64, String> {
+) -> Result<u64, CursorStepError> {
     let (store, id) = (Arc::clone(&deps.store), parent.clone());
-    let reused = blocking(move || provenance::first_reused_offset(&store, &id, position, &copies))
-        .await?
-        .map_err(|e| e.to_string())?;
+    let reused =
+        blocking(move || provenance::first_reused_offset(&store, &id, position, &copies)).await??;
     match reused {
         Some(target) if target < position => {
             tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
@@ -359,13 +405,13 @@ pub async fn run_cursor(
     let parent = PartitionId::new(key.parent.clone(), key.partition);
     let epoch = match epoch_bytes(&key.epoch) {
         Ok(epoch) => epoch,
-        Err(e) => return CursorExit::LinkGone(e.to_string()),
+        Err(e) => return CursorExit::LinkGone(LinkGone::BadEpoch(e)),
     };
     // Resolve the start, retrying (stalled) until it works or the cursor is stopped.
     let file = loop {
         match open_position(&deps, &key, &link.meta(), &status).await {
-            Ok(Ok(file)) => break file,
-            Ok(Err(exit)) => return exit,
+            Ok(Opened::File(file)) => break file,
+            Ok(Opened::Deferred(why)) => return CursorExit::Deferred(why),
             Err(reason) => {
                 status.stalled(format!("cannot open the cursor position: {reason}"));
                 if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
@@ -385,10 +431,10 @@ pub async fn run_cursor(
         }
         let meta = link.meta();
         if meta.attach_epoch != key.epoch {
-            return CursorExit::LinkGone(format!(
-                "{} -> {} was re-attached",
-                key.parent, key.child
-            ));
+            return CursorExit::LinkGone(LinkGone::Reattached {
+                parent: key.parent.clone(),
+                child: key.child.clone(),
+            });
         }
         let delay_ms = meta.delay_ms;
         let clock = Arc::clone(&deps.clock);
@@ -413,7 +459,7 @@ pub async fn run_cursor(
                         status.running();
                     }
                     Err(reason) => {
-                        status.stalled(reason);
+                        status.stalled(reason.to_string());
                         if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
                             return CursorExit::Stopped;
                         }
@@ -459,7 +505,7 @@ pub async fn run_cursor(
                         status.running();
                     }
                     Err(reason) => {
-                        status.stalled(reason);
+                        status.stalled(reason.to_string());
                         if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
                             return CursorExit::Stopped;
                         }
@@ -498,7 +544,7 @@ pub async fn run_cursor(
                     match blocking_advance(&file, last + 1).await {
                         Ok(()) => break,
                         Err(reason) => {
-                            status.stalled(reason);
+                            status.stalled(reason.to_string());
                             if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
                                 return CursorExit::Stopped;
                             }
@@ -520,10 +566,44 @@ fn lock_file(file: &Mutex<CursorFile>) -> std::sync::MutexGuard<'_, CursorFile> 
 }
 
 /// Advances the offset file on the blocking pool.
-async fn blocking_advance(file: &Arc<Mutex<CursorFile>>, next_offset: u64) -> Result<(), String> {
+async fn blocking_advance(
+    file: &Arc<Mutex<CursorFile>>,
+    next_offset: u64,
+) -> Result<(), CursorStepError> {
     let file = Arc::clone(file);
     tokio::task::spawn_blocking(move || lock_file(&file).advance(next_offset))
         .await
-        .map_err(|e| format!("offset-file task failed: {e}"))?
-        .map_err(|e| format!("advancing the offset file failed: {e}"))
+        .map_err(CursorStepError::OffsetFileTask)?
+        .map_err(CursorStepError::Advance)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_offset_file_advance_stalls_with_the_same_reason_text() {
+        let error = CursorStepError::Advance(cursor_file::CursorError::Io {
+            op: "fsync",
+            path: PathBuf::from("/data/fanout-child.offset"),
+            source: std::io::Error::other("disk gone"),
+        });
+        assert!(matches!(error, CursorStepError::Advance(_)));
+        assert_eq!(
+            error.to_string(),
+            "advancing the offset file failed: fsync /data/fanout-child.offset: disk gone"
+        );
+    }
+
+    #[test]
+    fn a_bad_epoch_stalls_with_the_epochs_own_reason() {
+        let error = CursorStepError::from(epoch_bytes("xyz").unwrap_err());
+        assert!(matches!(error, CursorStepError::BadEpoch(BadEpoch(ref e)) if e == "xyz"));
+        assert_eq!(
+            error.to_string(),
+            "attach epoch \"xyz\" is not 16 lowercase hex digits"
+        );
+    }
 }

@@ -13,10 +13,11 @@ use narad_storage::{
 use tokio::task::JoinSet;
 
 use super::committer::ChildCommitter;
-use super::router::{RouteFailure, RouteInput, SharedRouter, check_decisions};
+use super::router::{RouteFailure, RouteFailureKind, RouteInput, SharedRouter, check_decisions};
 use super::status::CursorStatus;
 use super::{COMMITS_IN_FLIGHT, QUICK_RETRY_PAUSES, RETRY_BACKOFF};
-use crate::metastore::BoxFuture;
+use crate::metastore::link::BadEpoch;
+use crate::metastore::{BoxFuture, MetastoreError};
 use crate::shutdown::ShutdownSignal;
 
 /// How a slab delivery ended.
@@ -27,7 +28,54 @@ pub enum Delivery {
     /// The cursor was told to stop before the slab was committed.
     Stopped,
     /// The link changed under the cursor (detached, re-attached, child deleted).
-    LinkGone(String),
+    LinkGone(LinkGone),
+}
+
+/// Why a cursor's link is no longer the one it serves. The `Display` text is what the cursor's
+/// exit says.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LinkGone {
+    /// Before routing a slab, the metastore no longer had the cursor's epoch as the link's,
+    /// or no longer had the link's parent or child topic: the link was detached, re-attached
+    /// or a topic deleted.
+    #[error("{parent} -> {child} was detached or re-attached")]
+    DetachedOrReattached {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+    /// The link's metadata, swapped in by the reconciler, carries another attach epoch than
+    /// the cursor's.
+    #[error("{parent} -> {child} was re-attached")]
+    Reattached {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+    /// The cursor's own epoch is not a valid epoch, so no link can be its.
+    #[error(transparent)]
+    BadEpoch(#[from] BadEpoch),
+}
+
+/// Why committing one bucket of a slab to the child failed; the cursor retries the bucket.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitFailure {
+    /// The append to the child partition failed all its quick tries.
+    #[error("commit to {target} failed: {error}")]
+    Commit {
+        /// The child partition.
+        target: PartitionId,
+        /// The last try's error.
+        error: StorageError,
+    },
+    /// The task committing a bucket panicked or was cancelled; which records it held is
+    /// lost with it, so the whole slab is retried.
+    #[error("commit task failed: {0}")]
+    Task(tokio::task::JoinError),
 }
 
 /// The link's situation at the moment of a routing attempt.
@@ -46,8 +94,8 @@ pub struct LinkView {
 /// What delivery needs from its surroundings.
 pub trait DeliveryEnv: Send + Sync {
     /// Looks the link up again (the epoch check done before every routing attempt). `Err` when
-    /// it cannot be read now (the delivery waits and retries).
-    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, String>>;
+    /// the metastore cannot be read now (the delivery waits and retries).
+    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, MetastoreError>>;
 }
 
 /// One slab and where it goes.
@@ -144,7 +192,7 @@ async fn route(
             Ok(mut guard) => guard.route(&input, &records),
             Err(_) => Err(RouteFailure {
                 plugin: None,
-                kind: "poisoned".into(),
+                kind: RouteFailureKind::Poisoned,
                 message: "the router panicked on an earlier slab".into(),
             }),
         };
@@ -159,7 +207,7 @@ async fn route(
             Vec::new(),
             Err(RouteFailure {
                 plugin: None,
-                kind: "panic".into(),
+                kind: RouteFailureKind::Panic,
                 message: format!("routing task failed: {join}"),
             }),
         ),
@@ -194,10 +242,10 @@ pub async fn deliver(
             }
         };
         if !view.current {
-            return Delivery::LinkGone(format!(
-                "{} -> {} was detached or re-attached",
-                job.parent, job.child
-            ));
+            return Delivery::LinkGone(LinkGone::DetachedOrReattached {
+                parent: job.parent.clone(),
+                child: job.child.clone(),
+            });
         }
         let input = RouteInput {
             parent_topic: job.parent.clone(),
@@ -232,7 +280,7 @@ pub async fn deliver(
 
         let mut in_flight = JoinSet::new();
         let mut failed_indices: Vec<usize> = Vec::new();
-        let mut errors: Vec<String> = Vec::new();
+        let mut errors: Vec<CommitFailure> = Vec::new();
         let mut queued = buckets
             .into_iter()
             .enumerate()
@@ -267,14 +315,14 @@ pub async fn deliver(
             match joined {
                 Ok((_, _, Ok(()))) => {}
                 Ok((target, indices, Err(error))) => {
-                    errors.push(format!("commit to {target} failed: {error}"));
+                    errors.push(CommitFailure::Commit { target, error });
                     failed_indices.extend(indices);
                 }
                 Err(join) => {
                     // A panicking commit task: its records' fate is unknown, so retry them all
                     // (duplicates are allowed; gaps are not). Which records they were is lost
                     // with the task, so the whole slab is retried.
-                    errors.push(format!("commit task failed: {join}"));
+                    errors.push(CommitFailure::Task(join));
                     failed_indices = (0..pending.len()).collect();
                 }
             }
@@ -285,7 +333,11 @@ pub async fn deliver(
         failed_indices.sort_unstable();
         failed_indices.dedup();
         status.commit_retried(errors.len() as u64);
-        let reason = errors.join("; ");
+        let reason = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
         status.stalled(reason.clone());
         tracing::warn!(parent = %job.parent, partition = job.partition, child = %job.child, failed = failed_indices.len(), %reason, "child commits failed; retrying those buckets");
         pending = failed_indices
@@ -296,5 +348,25 @@ pub async fn deliver(
         if !pause(RETRY_BACKOFF, stop).await {
             return Delivery::Stopped;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_bucket_commit_names_the_child_partition_in_its_stall_text() {
+        let failure = CommitFailure::Commit {
+            target: PartitionId::new("child", 1),
+            error: StorageError::EmptyBatch,
+        };
+        assert!(
+            matches!(&failure, CommitFailure::Commit { target, .. } if *target == PartitionId::new("child", 1))
+        );
+        assert_eq!(
+            failure.to_string(),
+            "commit to child/p00001 failed: a batch needs at least one record"
+        );
     }
 }

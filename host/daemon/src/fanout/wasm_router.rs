@@ -9,7 +9,7 @@ use narad_runtime::{
 use narad_storage::StoredRecord;
 
 use super::plugin_metrics::{PluginCallSample, RouteObserver};
-use super::router::{RouteFailure, RouteInput, RouterFactory, SlabRouter};
+use super::router::{RouteFailure, RouteFailureKind, RouteInput, RouterFactory, SlabRouter};
 use crate::metastore::LinkMeta;
 
 /// A parent record as the plugin ABI sees it (keys always; headers and values when a plugin's
@@ -113,7 +113,7 @@ fn failure(error: &PluginError, poison: Option<(u64, &PluginError)>) -> RouteFai
     };
     RouteFailure {
         plugin: Some(format!("{}@{}", error.name, error.digest.to_hex())),
-        kind: error.kind().as_str().to_string(),
+        kind: RouteFailureKind::Plugin(error.kind()),
         message,
     }
 }
@@ -285,7 +285,12 @@ mod tests {
 
         // header-route without its config fails every slab: an error_return, reported once.
         let mut broken = router(&runtime, &["header-route"], &recorder);
-        assert!(broken.route(&input(), &slab).is_err());
+        let failure = broken.route(&input(), &slab).unwrap_err();
+        assert_eq!(
+            failure.kind,
+            RouteFailureKind::Plugin(FailureKind::ErrorReturn)
+        );
+        assert_eq!(failure.kind.as_str(), "error_return");
         let samples = recorder.take();
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].failures, vec![(FailureKind::ErrorReturn, 1)]);

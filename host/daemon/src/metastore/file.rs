@@ -10,7 +10,8 @@
 //! digits. The prefix up to `"state":` has a fixed length, so the reader slices the state bytes
 //! out without parsing them first and checks the CRC on exactly what was written.
 //!
-//! Write path (one writer at a time, under a mutex):
+//! Write path (one writer at a time, under a mutex), the storage crate's durable replace
+//! ([`narad_storage::fs::replace_file_with`]) with the backup step added:
 //! 1. write the new file to `metastore.json.tmp` and `fsync` it;
 //! 2. hard-link the current `metastore.json` as `metastore.json.prev` (the previous good state,
 //!    kept for recovery; copied if the file system has no hard links);
@@ -22,13 +23,17 @@
 //! removes) a leftover temp file, which is by construction an unfinished write; a
 //! `metastore.json` that fails its checks stops start-up with an error naming the file and the
 //! backup to restore.
+//!
+//! Every file operation goes through the storage crate's [`FileSystem`] seam ([`RealFs`] from
+//! [`FileMetastore::open`]), so the tests crash this write path at every step with
+//! [`narad_storage::fault::FaultFs`], as the log's is.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 
 use serde::{Deserialize, Serialize};
 
@@ -102,6 +107,8 @@ pub struct FileMetastore {
 
 #[derive(Debug)]
 struct Inner {
+    /// Where every read and write of the files goes.
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     /// The committed state; locked only briefly (to read, or to swap in a durable new state),
     /// so readers on async threads never wait for an fsync.
@@ -118,10 +125,16 @@ impl FileMetastore {
     /// directory has none. Fails when the file is corrupt, missing while its backup exists, or
     /// of a newer format.
     pub fn open(dir: &Path) -> Result<FileMetastore> {
+        FileMetastore::open_on(Arc::new(RealFs), dir)
+    }
+
+    /// [`FileMetastore::open`] on the file system `fs` (the real one, or a fault-injecting one
+    /// in tests); `dir` is a path on `fs`.
+    pub fn open_on(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<FileMetastore> {
         let path = dir.join(FILE_NAME);
         let backup = dir.join(BACKUP_FILE_NAME);
         let temp = dir.join(TEMP_FILE_NAME);
-        match fs::remove_file(&temp) {
+        match fs.remove_file(&temp) {
             Ok(()) => tracing::warn!(
                 path = %temp.display(),
                 "removed an unfinished metastore write left by a crash; the committed state is unaffected"
@@ -135,11 +148,11 @@ impl FileMetastore {
             }
         }
         let mut started_empty = false;
-        let state = match fs::read(&path) {
+        let state = match read_all(fs.as_ref(), &path) {
             Ok(bytes) => match decode(&path, &bytes) {
                 Ok(state) => state,
                 Err(MetastoreError::Corrupt { path, reason, .. }) => {
-                    let good_backup = fs::read(&backup)
+                    let good_backup = read_all(fs.as_ref(), &backup)
                         .ok()
                         .filter(|b| decode(&backup, b).is_ok())
                         .map(|_| backup.clone());
@@ -152,7 +165,10 @@ impl FileMetastore {
                 Err(e) => return Err(e),
             },
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                if backup.exists() {
+                if fs.exists(&backup).map_err(|source| MetastoreError::Io {
+                    context: format!("looking for {}", backup.display()),
+                    source,
+                })? {
                     return Err(MetastoreError::Missing { path, backup });
                 }
                 started_empty = true;
@@ -170,6 +186,7 @@ impl FileMetastore {
         };
         Ok(FileMetastore {
             inner: Arc::new(Inner {
+                fs,
                 dir: dir.to_path_buf(),
                 state: Mutex::new(state.into_snapshot()),
                 writer: Mutex::new(()),
@@ -200,7 +217,7 @@ impl FileMetastore {
     fn update(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.update(change))
+            crate::blocking::run(move || inner.update(change))
                 .await
                 .map_err(|e| MetastoreError::Task(e.to_string()))?
         })
@@ -232,58 +249,55 @@ impl Inner {
     fn persist(&self, state: &State) -> Result<()> {
         let bytes = encode(state)?;
         let path = self.dir.join(FILE_NAME);
-        let temp = self.dir.join(TEMP_FILE_NAME);
         let backup = self.dir.join(BACKUP_FILE_NAME);
-        let io = |context: String| move |source| MetastoreError::Io { context, source };
+        // Owner-only whatever the umask (the seam creates files 0600): link configs may hold
+        // plugin secrets. The backup is a hard link or a copy made through the seam, so it has
+        // the same mode.
+        narad_storage::fs::replace_file_with(self.fs.as_ref(), &self.dir, FILE_NAME, &bytes, || {
+            self.keep_backup(&path, &backup)
+        })
+        .map_err(|source| MetastoreError::Io {
+            context: format!(
+                "replacing {} (via {TEMP_FILE_NAME}, keeping the previous state as {BACKUP_FILE_NAME})",
+                path.display()
+            ),
+            source,
+        })
+    }
 
-        // Owner-only whatever the umask: link configs may hold plugin secrets. The backup is a
-        // hard link or a copy of this file, so it has the same mode.
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temp)
-            .map_err(io(format!("creating {}", temp.display())))?;
-        file.write_all(&bytes)
-            .map_err(io(format!("writing {}", temp.display())))?;
-        file.sync_all()
-            .map_err(io(format!("fsync of {}", temp.display())))?;
-        drop(file);
-
-        if path.exists() {
-            match fs::remove_file(&backup) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(MetastoreError::Io {
-                        context: format!("removing old backup {}", backup.display()),
-                        source,
-                    });
-                }
-            }
-            if fs::hard_link(&path, &backup).is_err() {
-                // No hard links here (some network or FUSE file systems): copy instead.
-                fs::copy(&path, &backup).map_err(io(format!(
-                    "copying {} to {}",
-                    path.display(),
-                    backup.display()
-                )))?;
-                File::open(&backup)
-                    .and_then(|f| f.sync_all())
-                    .map_err(io(format!("fsync of {}", backup.display())))?;
-            }
+    /// Makes `backup` name the current file's contents (the previous good state once the new
+    /// file is renamed over it): a hard link, or a synced copy where the file system has none.
+    fn keep_backup(&self, path: &Path, backup: &Path) -> std::io::Result<()> {
+        let fs = self.fs.as_ref();
+        if !fs.exists(path)? {
+            return Ok(());
         }
-        fs::rename(&temp, &path).map_err(io(format!(
-            "renaming {} to {}",
-            temp.display(),
-            path.display()
-        )))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(format!("fsync of directory {}", self.dir.display())))?;
+        match fs.remove_file(backup) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if fs.hard_link(path, backup).is_err() {
+            // No hard links here (some network or FUSE file systems): copy instead.
+            let bytes = read_all(fs, path)?;
+            let file = fs.open(backup, OpenMode::CreateReadWrite)?;
+            file.set_len(0)?;
+            file.write_all_at(&bytes, 0)?;
+            file.sync_data()?;
+        }
         Ok(())
     }
+}
+
+/// The whole contents of `path` on `fs`.
+fn read_all(fs: &dyn FileSystem, path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = fs.open(path, OpenMode::Read)?;
+    let len = usize::try_from(file.len()?).map_err(|_| {
+        std::io::Error::new(ErrorKind::InvalidData, "file too large for this platform")
+    })?;
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
 }
 
 fn encode(state: &State) -> Result<Vec<u8>> {
@@ -383,6 +397,8 @@ impl Metastore for FileMetastore {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn topic(name: &str, partitions: u32) -> TopicMeta {
@@ -405,6 +421,110 @@ mod tests {
         drop(store);
         let reopened = FileMetastore::open(dir.path()).unwrap();
         assert_eq!(reopened.snapshot().await.unwrap(), before);
+    }
+
+    /// The `i`-th write of the crash test's sequence; each one changes the state.
+    async fn crash_test_write(store: &FileMetastore, i: usize) -> Result<()> {
+        match i {
+            0 => store.create_topic(topic("orders", 2)).await.map(drop),
+            1 => store.create_topic(topic("audit", 1)).await.map(drop),
+            2 => store.grow_partitions("orders", 4).await.map(drop),
+            3 => store.delete_topic("audit").await.map(drop),
+            _ => store.create_topic(topic("billing", 3)).await.map(drop),
+        }
+    }
+
+    const CRASH_TEST_WRITES: usize = 5;
+
+    #[tokio::test]
+    async fn a_crash_at_any_step_of_a_write_reopens_to_the_state_before_or_after_that_write() {
+        use narad_storage::fault::{CrashMode, FaultFs};
+
+        let dir = Path::new("/data");
+        let fresh = || {
+            let fs = FaultFs::new();
+            fs.create_dir_all(dir).unwrap();
+            fs.sync_dir(Path::new("/")).unwrap();
+            fs
+        };
+        // The states a run without faults goes through: expected[i] is the state before
+        // write i, expected[i + 1] the state after it.
+        let reference = FileMetastore::open_on(Arc::new(fresh()), dir).unwrap();
+        let mut expected = vec![reference.snapshot_now()];
+        for i in 0..CRASH_TEST_WRITES {
+            crash_test_write(&reference, i).await.unwrap();
+            expected.push(reference.snapshot_now());
+        }
+
+        let modes = [
+            CrashMode::DropAll,
+            CrashMode::KeepAll,
+            CrashMode::Tear(1),
+            CrashMode::Tear(2),
+            CrashMode::Tear(3),
+            CrashMode::Tear(4),
+        ];
+        let mut crash_point = 1;
+        'points: loop {
+            for mode in modes {
+                let fs = fresh();
+                let store = FileMetastore::open_on(Arc::new(fs.clone()), dir).unwrap();
+                fs.crash_at(crash_point);
+                let mut in_progress = None;
+                for i in 0..CRASH_TEST_WRITES {
+                    if let Err(e) = crash_test_write(&store, i).await {
+                        assert!(fs.is_crashed(), "write {i} failed without a crash: {e}");
+                        assert!(matches!(e, MetastoreError::Io { .. }), "{e:?}");
+                        in_progress = Some(i);
+                        break;
+                    }
+                    assert_eq!(store.snapshot_now(), expected[i + 1]);
+                }
+                let Some(i) = in_progress else {
+                    // The whole sequence ran before the crash point: every step was covered.
+                    break 'points;
+                };
+                drop(store);
+                fs.crash(mode);
+
+                let context = format!("crash at operation {crash_point} ({mode:?}), write {i}");
+                let reopened = FileMetastore::open_on(Arc::new(fs.clone()), dir)
+                    .unwrap_or_else(|e| panic!("{context}: reopening failed: {e}"));
+                let got = reopened.snapshot_now();
+                assert!(
+                    got == expected[i] || got == expected[i + 1],
+                    "{context}: reopened to {got:?}"
+                );
+                // The backup, when there is one, is a whole earlier state too.
+                let backup = dir.join(BACKUP_FILE_NAME);
+                if fs.exists(&backup).unwrap() {
+                    let bytes = fs.contents(&backup).unwrap();
+                    let state = decode(&backup, &bytes)
+                        .unwrap_or_else(|e| panic!("{context}: backup: {e}"))
+                        .into_snapshot();
+                    assert!(
+                        expected[..=i].contains(&state),
+                        "{context}: backup {state:?}"
+                    );
+                }
+                // And the reopened store takes writes again.
+                reopened
+                    .create_topic(topic("after-the-crash", 1))
+                    .await
+                    .unwrap_or_else(|e| panic!("{context}: writing after the reopen: {e}"));
+                drop(reopened);
+                let again = FileMetastore::open_on(Arc::new(fs.clone()), dir).unwrap();
+                assert!(
+                    again.snapshot_now().topics.contains_key("after-the-crash"),
+                    "{context}"
+                );
+            }
+            crash_point += 1;
+        }
+        assert!(
+            crash_point > 10,
+            "the sequence has more steps than {crash_point}"
+        );
     }
 
     #[tokio::test]

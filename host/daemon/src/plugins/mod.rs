@@ -525,7 +525,7 @@ fn remove_compiled(cache_dir: &Path, digest: &Digest) {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, RegistryError> {
-    tokio::task::spawn_blocking(work)
+    crate::blocking::run(work)
         .await
         .map_err(|e| RegistryError::Task(e.to_string()))
 }

@@ -11,18 +11,19 @@
 //! Every function here blocks (file I/O); the registry calls them from the blocking pool.
 
 use std::fs;
-use std::io::{ErrorKind, Write as _};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io::ErrorKind;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use narad_runtime::Digest;
+use narad_storage::fs::RealFs;
 
 use super::error::RegistryError;
 
 /// Extension of a stored module.
 const WASM_EXT: &str = "wasm";
 /// Suffix of a module being written (never read as a module).
-const TEMP_SUFFIX: &str = ".tmp";
+const TEMP_SUFFIX: &str = narad_storage::fs::REPLACE_TEMP_SUFFIX;
 
 /// The directory of stored modules.
 #[derive(Debug, Clone)]
@@ -88,23 +89,11 @@ impl ContentStore {
         {
             return Ok(digest);
         }
-        let temp = path.with_extension(format!("{WASM_EXT}{TEMP_SUFFIX}"));
-        let write = || -> std::io::Result<()> {
-            let mut file = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&temp)?;
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            drop(file);
-            fs::rename(&temp, &path)?;
-            // The rename is durable only once the directory entry is.
-            fs::File::open(&self.dir)?.sync_all()
-        };
-        write().map_err(|source| {
-            let _ = fs::remove_file(&temp);
+        let name = format!("{}.{WASM_EXT}", digest.to_hex());
+        // `{hex}.wasm.tmp`, renamed over the final name, directory synced: the storage
+        // crate's one durable replace.
+        narad_storage::fs::replace_file(&RealFs, &self.dir, &name, bytes).map_err(|source| {
+            let _ = fs::remove_file(narad_storage::fs::replace_temp_path(&self.dir, &name));
             io(format!("writing {}", path.display()), source)
         })?;
         Ok(digest)

@@ -239,7 +239,7 @@ impl Reconciler {
     async fn build_router(&self, meta: &LinkMeta) -> Result<Box<dyn SlabRouter>, String> {
         let routers = Arc::clone(&self.routers);
         let meta = meta.clone();
-        tokio::task::spawn_blocking(move || routers.build(&meta))
+        crate::blocking::run(move || routers.build(&meta))
             .await
             .map_err(|e| format!("building the router failed: {e}"))?
     }

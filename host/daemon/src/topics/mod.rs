@@ -175,7 +175,7 @@ pub fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String>
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, TopicError> {
-    tokio::task::spawn_blocking(work)
+    crate::blocking::run(work)
         .await
         .map_err(|e| TopicError::Task(e.to_string()))
 }
@@ -476,7 +476,7 @@ impl TopicService {
         let store = Arc::clone(&self.store);
         let config = log_config(&topic, self.segment_bytes);
         let (name, partitions) = (topic.name.clone(), topic.partitions);
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::run(move || {
             for p in 0..partitions {
                 store.set_config(&PartitionId::new(name.clone(), p), config.clone())?;
             }
@@ -493,7 +493,7 @@ impl TopicService {
         let config = log_config(topic, self.segment_bytes);
         let name = topic.name.clone();
         let to = topic.partitions;
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::run(move || {
             for p in from..to {
                 store.create_partition(&PartitionId::new(name.clone(), p), config.clone())?;
             }

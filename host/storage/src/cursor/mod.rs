@@ -31,7 +31,6 @@ use crate::fs::{File, FileSystem, OpenMode};
 /// File-name prefix and suffix of cursor files inside a parent partition directory.
 const FILE_PREFIX: &str = "fanout-";
 const FILE_SUFFIX: &str = ".offset";
-const TEMP_SUFFIX: &str = ".offset.tmp";
 
 /// How many times a record that fails its check is read again before it is called corrupt.
 pub const CORRUPT_REREADS: u32 = 3;
@@ -263,32 +262,19 @@ impl CursorFile {
 
     fn replace_atomically(&mut self) -> Result<()> {
         let (bytes, layout) = format::encode(&self.record)?;
-        let temp = self.path.with_file_name(format!(
-            "{}{}",
-            self.path
-                .file_name()
-                .and_then(|name| name.to_str())
-                .and_then(|name| name.strip_suffix(FILE_SUFFIX))
-                .unwrap_or("fanout-cursor"),
-            TEMP_SUFFIX
-        ));
-        let file = self
-            .fs
-            .open(&temp, OpenMode::CreateReadWrite)
-            .map_err(io_err("create", &temp))?;
-        file.set_len(0).map_err(io_err("truncate", &temp))?;
-        file.write_all_at(&bytes, 0)
-            .map_err(io_err("write", &temp))?;
-        file.sync_data().map_err(io_err("fdatasync", &temp))?;
-        drop(file);
-        self.fs
-            .rename(&temp, &self.path)
-            .map_err(io_err("rename", &temp))?;
-        if let Some(dir) = self.path.parent() {
-            self.fs
-                .sync_dir(dir)
-                .map_err(io_err("fsync directory", dir))?;
-        }
+        let (Some(dir), Some(name)) = (
+            self.path.parent(),
+            self.path.file_name().and_then(|name| name.to_str()),
+        ) else {
+            return Err(CursorError::Io {
+                op: "replace",
+                path: self.path.clone(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "no directory or file name"),
+            });
+        };
+        // The temp file is `{name}.tmp`: `fanout-cursor.{child}.offset.tmp`, as before.
+        crate::fs::replace_file(self.fs.as_ref(), dir, name, &bytes)
+            .map_err(io_err("replace", &self.path))?;
         self.in_place = if layout == RecordLayout::Fixed {
             Some(
                 self.fs

@@ -26,7 +26,8 @@ use crate::log::segment::{SegmentFile, segment_name};
 
 /// File name inside the partition directory.
 pub const LOG_START_FILE_NAME: &str = "log-start";
-/// Name of the replacement written before the rename; a leftover one is overwritten.
+/// Name of the replacement written before the rename (what [`crate::fs::replace_file`] uses);
+/// a leftover one is overwritten.
 pub const LOG_START_TMP_NAME: &str = "log-start.tmp";
 /// Size of the record in bytes: the fields of the module table, rounded up to 32.
 pub const LOG_START_LEN: usize = 32;
@@ -88,15 +89,7 @@ pub fn read(fs: &dyn FileSystem, dir: &Path) -> std::io::Result<Recorded> {
 /// Records `start` durably: writes and syncs `log-start.tmp`, renames it over `log-start`,
 /// syncs the directory. When this returns `Ok` a crash can no longer bring back the old value.
 pub fn write(fs: &dyn FileSystem, dir: &Path, start: u64) -> std::io::Result<()> {
-    let tmp = dir.join(LOG_START_TMP_NAME);
-    let file = fs.open(&tmp, OpenMode::CreateReadWrite)?;
-    // A leftover from an interrupted replacement may be longer or hold other bytes.
-    file.set_len(0)?;
-    file.write_all_at(&encode(start), 0)?;
-    file.sync_data()?;
-    drop(file);
-    fs.rename(&tmp, &dir.join(LOG_START_FILE_NAME))?;
-    fs.sync_dir(dir)
+    crate::fs::replace_file(fs, dir, LOG_START_FILE_NAME, &encode(start))
 }
 
 /// How the oldest segment files of a partition compare with its recorded log start.
