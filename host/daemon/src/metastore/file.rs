@@ -547,43 +547,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn versions_move_only_for_the_domain_that_changed() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = FileMetastore::open(dir.path()).unwrap();
-        let v0 = store.versions().await.unwrap();
-        assert_eq!(v0, Versions::default());
-
-        store.create_topic(topic("orders", 2)).await.unwrap();
-        let v1 = store.versions().await.unwrap();
-        assert_eq!(v1, Versions { topics: 1, ..v0 });
-
-        // Failed writes and no-op writes move nothing.
-        assert!(matches!(
-            store.create_topic(topic("orders", 3)).await,
-            Err(MetastoreError::TopicExists { .. })
-        ));
-        assert!(matches!(
-            store.grow_partitions("orders", 1).await,
-            Err(MetastoreError::CannotShrink {
-                current: 2,
-                requested: 1,
-                ..
-            })
-        ));
-        assert!(matches!(
-            store.delete_topic("nope").await,
-            Err(MetastoreError::UnknownTopic { .. })
-        ));
-        store.grow_partitions("orders", 2).await.unwrap();
-        assert_eq!(store.versions().await.unwrap(), v1);
-
-        store.grow_partitions("orders", 3).await.unwrap();
-        let v2 = store.versions().await.unwrap();
-        assert_eq!(v2, Versions { topics: 2, ..v0 });
-        assert_eq!(store.confirm().await.unwrap().versions, v2);
-    }
-
-    #[tokio::test]
     async fn corrupt_file_is_reported_with_the_backup_to_restore() {
         let dir = tempfile::tempdir().unwrap();
         let store = FileMetastore::open(dir.path()).unwrap();
