@@ -278,6 +278,17 @@ fn expected(range: std::ops::Range<u32>) -> Vec<String> {
     v
 }
 
+/// Runs a cursor of `link_meta` until it has copied up to `next_offset`, then stops it.
+async fn copy_until(f: &Fixture, link_meta: LinkMeta, next_offset: u64, what: &str) {
+    let running = start(f, link_meta).await;
+    wait_for(what, || {
+        running.status.report().next_offset == Some(next_offset)
+    })
+    .await;
+    running.stop.trigger();
+    running.task.await.unwrap();
+}
+
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !done() {
@@ -418,13 +429,7 @@ async fn an_offset_file_of_another_epoch_is_not_resumed() {
 async fn a_corrupt_offset_file_resumes_from_the_childs_newest_slab_without_a_gap() {
     let f = fixture(1, 1, LogConfig::default()).await;
     produce(&f.store, 0..20);
-    let running = start(&f, link(vec![0], 0)).await;
-    wait_for("the first copy", || {
-        running.status.report().next_offset == Some(20)
-    })
-    .await;
-    running.stop.trigger();
-    running.task.await.unwrap();
+    copy_until(&f, link(vec![0], 0), 20, "the first copy").await;
     produce(&f.store, 20..35);
     // Damage the offset file.
     let path = cursor_path(&f.store, &PartitionId::new("parent", 0), "child");
@@ -567,13 +572,7 @@ async fn a_child_grown_mid_stream_is_routed_under_its_new_partition_count() {
 async fn a_cursor_ahead_of_a_wiped_child_is_rewound_and_redelivers() {
     let f = fixture(1, 2, LogConfig::default()).await;
     produce(&f.store, 0..40);
-    let running = start(&f, link(vec![5], 0)).await;
-    wait_for("the first copy", || {
-        running.status.report().next_offset == Some(40)
-    })
-    .await;
-    running.stop.trigger();
-    running.task.await.unwrap();
+    copy_until(&f, link(vec![5], 0), 40, "the first copy").await;
     // The child loses everything it had acknowledged (say, restored from an empty backup).
     f.store.delete_topic("child").unwrap();
     for p in 0..2 {
@@ -694,13 +693,7 @@ async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reu
 async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_first_reused_one() {
     let f = fixture(1, 1, LogConfig::default()).await;
     produce(&f.store, 0..30);
-    let running = start(&f, link(vec![0], 0)).await;
-    wait_for("the first copy", || {
-        running.status.report().next_offset == Some(30)
-    })
-    .await;
-    running.stop.trigger();
-    running.task.await.unwrap();
+    copy_until(&f, link(vec![0], 0), 30, "the first copy").await;
     f.metastore.detach_link("parent", "child").await.unwrap();
 
     // The parent loses record 29 and gets three new records (29, 30, 31) before the cursor
