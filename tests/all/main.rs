@@ -2,6 +2,7 @@
 //! ports in temporary data directories, drives them over HTTP and the CLI, and kills them
 //! with SIGKILL where the promise is about a crash.
 
+mod cli;
 mod crash_produce;
 mod demo;
 mod disk_damage;
@@ -10,6 +11,7 @@ mod fanout;
 mod file_modes;
 mod harness;
 mod http_limits;
+mod kafka;
 mod metastore_loss;
 mod plugin_limits;
 mod plugin_text;

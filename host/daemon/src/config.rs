@@ -235,6 +235,9 @@ settings! {
     data_dir: PathBuf, "DIR", Required;
     /// Address the HTTP API listens on.
     listen: String, "ADDR", SocketAddress, default DEFAULT_LISTEN.to_owned();
+    /// Address of the Kafka protocol listener (produce, fetch, metadata for Kafka clients;
+    /// see docs/kafka.md), e.g. 127.0.0.1:9092.
+    kafka_listen: String, "ADDR", OptionalSocketAddress, shown "off, no Kafka listener";
     /// Largest record produce accepts, in bytes: key + value + header names and values.
     max_record_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_RECORD_BYTES;
     /// Largest HTTP request body, in bytes.
@@ -365,6 +368,15 @@ impl Check<String> for SocketAddress {
     type Out = SocketAddr;
     fn check(_key: &'static str, value: String) -> Result<SocketAddr, ConfigError> {
         value.parse().map_err(|_| ConfigError::BadListen { value })
+    }
+}
+
+/// An `IP:PORT` to listen on, or unset: that listener is off.
+struct OptionalSocketAddress;
+impl Check<Option<String>> for OptionalSocketAddress {
+    type Out = Option<SocketAddr>;
+    fn check(key: &'static str, value: Option<String>) -> Result<Option<SocketAddr>, ConfigError> {
+        value.map(|v| SocketAddress::check(key, v)).transpose()
     }
 }
 
@@ -533,6 +545,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// HTTP listen address; port 0 picks a free port (tests).
     pub listen: SocketAddr,
+    /// Kafka protocol listen address; `None`: no Kafka listener.
+    pub kafka_listen: Option<SocketAddr>,
     /// API limits.
     pub limits: Limits,
     /// Interval between retention passes.
@@ -557,6 +571,7 @@ impl Config {
         Config {
             data_dir: data_dir.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            kafka_listen: None,
             limits: Limits::default(),
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
@@ -594,6 +609,7 @@ impl Config {
         Ok(Config {
             data_dir: s.data_dir,
             listen: s.listen,
+            kafka_listen: s.kafka_listen,
             limits: Limits {
                 max_record_bytes: s.max_record_bytes,
                 max_request_bytes: s.max_request_bytes,
@@ -1041,7 +1057,10 @@ mod tests {
             }
         }
         // Defaults that are not a value: unset means no token, and a cap derived at start.
-        assert_eq!(described, ["auth-token-file", "max-connections"]);
+        assert_eq!(
+            described,
+            ["kafka-listen", "auth-token-file", "max-connections"]
+        );
         assert!(nothing.auth_token.is_none());
         assert_eq!(nothing.http.max_connections, None);
     }

@@ -13,11 +13,14 @@
 //!   intent records, start-up accounting of `topics/`, the set-aside area, the metastore
 //!   rebuild; `durable`: the atomic small-file write they use.
 //! - [`blocking`]: the one way async code runs blocking work, and its error.
-//! - [`fanout`]: the cursors that copy a parent partition into a child (read, route, commit,
-//!   advance), with the delay gate, drop-behind and lag reporting.
+//! - [`fanout`]: the cursors that copy a parent partition into a child, one file per step
+//!   (position, read, route, bucket, commit, advance), with the delay gate, drop-behind and lag
+//!   reporting.
 //! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
 //! - [`plugins`]: the plugin registry (content-addressed modules, versions, resolve, load).
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
+//! - [`kafka`]: the Kafka protocol listener (`--kafka-listen`), beside the HTTP API over the
+//!   same produce and read paths.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`http_server`]: the HTTP accept loop: connection cap, header and idle timeouts, a
 //!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start.
@@ -38,7 +41,8 @@
 //! 5. `fanout`: one cursor, its vocabulary (`CursorKey`, `RouterFactory`) and its status
 //!    (`FanoutView`);
 //! 6. `reconciler`: starts and stops cursors and fills the `FanoutView`;
-//! 7. `api`, then `http_server`, `server`, `bench`, `cli`.
+//! 7. `api` and `kafka` (side by side, neither imports the other), then `http_server`,
+//!    `server`, `bench`, `cli`.
 
 // Tests may unwrap: a panic there is a test failure with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -48,11 +52,13 @@ pub mod auth;
 pub mod bench;
 pub mod blocking;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 mod durable;
 pub mod fanout;
 pub mod fdlimit;
 pub mod http_server;
+pub mod kafka;
 #[cfg(test)]
 mod layering;
 pub mod metastore;

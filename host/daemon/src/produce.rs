@@ -16,6 +16,8 @@ use narad_storage::{
     AppendBatch, Appended, NewRecord, PartitionId, PartitionState, ReadOptions, StorageError, Store,
 };
 
+use crate::blocking::BlockingError;
+
 /// Errors from [`Producer::produce`] and [`Producer::commit`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -37,7 +39,7 @@ pub enum ProduceError {
     },
     /// The blocking task running an append panicked or was cancelled.
     #[error("append task failed: {0}")]
-    Task(String),
+    Task(#[from] BlockingError),
 }
 
 /// One record of a produce request, already decoded and validated.
@@ -133,8 +135,7 @@ impl Producer {
         let store = Arc::clone(&self.store);
         let id = partition.clone();
         crate::blocking::run(move || store.append(&id, batch))
-            .await
-            .map_err(|e| ProduceError::Task(e.to_string()))?
+            .await?
             .map_err(|source| ProduceError::Append {
                 partition,
                 source,
@@ -166,16 +167,13 @@ impl Producer {
             let store = Arc::clone(&self.store);
             let targets: Vec<PartitionId> =
                 groups.keys().map(|&p| PartitionId::new(topic, p)).collect();
-            crate::blocking::run(move || check_writable(&store, &targets))
-                .await
-                .map_err(|e| ProduceError::Task(e.to_string()))??;
+            crate::blocking::run(move || check_writable(&store, &targets)).await??;
         }
 
-        let mut tasks = tokio::task::JoinSet::new();
-        for (p, group) in groups {
+        let appends = groups.into_iter().map(|(p, group)| {
             let store = Arc::clone(&self.store);
             let id = PartitionId::new(topic, p);
-            tasks.spawn_blocking(move || {
+            move || {
                 let result = store.append(
                     &id,
                     AppendBatch {
@@ -184,12 +182,13 @@ impl Producer {
                     },
                 );
                 (id, result)
-            });
-        }
+            }
+        });
+        // Every append runs to its end before anything is reported, a panicked one included.
         let mut bases: HashMap<u32, u64> = HashMap::new();
         let mut failure: Option<(PartitionId, StorageError)> = None;
-        while let Some(joined) = tasks.join_next().await {
-            let (id, result) = joined.map_err(|e| ProduceError::Task(e.to_string()))?;
+        for outcome in crate::blocking::run_all(appends).await {
+            let (id, result) = outcome?;
             match result {
                 Ok(appended) => {
                     bases.insert(id.partition, appended.base_offset);
@@ -234,7 +233,7 @@ fn check_writable(store: &Store, targets: &[PartitionId]) -> Result<(), ProduceE
             PartitionState::Quarantined { reason } => {
                 return Err(ProduceError::Unavailable(StorageError::Quarantined {
                     id: id.clone(),
-                    reason,
+                    reason: Box::new(reason),
                 }));
             }
             // A failed partition is probed like a closed one: the read reopens it once its

@@ -21,8 +21,8 @@ use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::CursorDeps;
 use crate::fanout::metrics::FanoutMetrics;
 use crate::fanout::plugin_metrics::{PluginMetrics, RouteObserver};
+use crate::fanout::route::wasm::WasmRouterFactory;
 use crate::fanout::status::FanoutView;
-use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::{FileMetastore, Metastore, MetastoreError};
 use crate::ownership::PartitionOwnership;
 use crate::ownership::SingleNode;
@@ -65,9 +65,14 @@ pub enum ServerError {
         /// Why (in use, permission, ...).
         source: std::io::Error,
     },
-    /// A task of the daemon panicked or was cancelled.
+    /// The daemon's own task (the one [`RunningServer::wait`] waits for) panicked or was
+    /// cancelled.
     #[error("daemon task failed: {0}")]
-    Task(String),
+    Task(#[source] tokio::task::JoinError),
+    /// Blocking work of the daemon (opening the data directory, closing the store) panicked or
+    /// was cancelled.
+    #[error("daemon task failed: {0}")]
+    Blocking(#[from] crate::blocking::BlockingError),
 }
 
 /// A daemon that is serving.
@@ -86,9 +91,7 @@ impl RunningServer {
     /// Waits until the daemon has shut down (after its shutdown signal fired) and the store is
     /// closed.
     pub async fn wait(self) -> Result<(), ServerError> {
-        self.task
-            .await
-            .map_err(|e| ServerError::Task(e.to_string()))?
+        self.task.await.map_err(ServerError::Task)?
     }
 }
 
@@ -124,8 +127,7 @@ pub async fn run_server(
                 segment_bytes,
             )
         })
-        .await
-        .map_err(|e| ServerError::Task(e.to_string()))??
+        .await??
     };
     let store = Arc::new(store);
     let metastore: Arc<dyn Metastore> = Arc::new(metastore);
@@ -156,6 +158,16 @@ pub async fn run_server(
         source,
     })?;
 
+    // Bound now, like the HTTP listener, so a taken port stops the start.
+    let kafka_listener = match config.kafka_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+
     let fanout_metrics = Arc::new(FanoutMetrics::default());
     let plugin_metrics = Arc::new(PluginMetrics::default());
     let api_metrics = Arc::new(ApiMetrics::default());
@@ -174,11 +186,12 @@ pub async fn run_server(
             committer: Arc::clone(&producer) as Arc<dyn ChildCommitter>,
             metastore: Arc::clone(&metastore),
             clock: Arc::new(narad_storage::SystemClock),
+            timing: crate::fanout::FanoutTiming::default(),
         });
         let registry_for_loader = Arc::clone(&plugins);
         let routers = Arc::new(
             WasmRouterFactory::new(Arc::new(move |digest: &str| {
-                registry_for_loader.load(digest).map_err(|e| e.to_string())
+                registry_for_loader.load(digest).map_err(Into::into)
             }))
             .with_observer(Arc::clone(&plugin_metrics) as Arc<dyn RouteObserver>),
         );
@@ -191,6 +204,33 @@ pub async fn run_server(
         );
         tokio::spawn(reconciler.run(shutdown.clone()))
     };
+
+    // Registered with or without the listener, so a scrape shows the same families whatever
+    // the config (zeros when the listener is off).
+    let kafka_metrics = Arc::new(crate::kafka::metrics::KafkaMetrics::default());
+    kafka_metrics.register(&mut registry);
+    let kafka = kafka_listener.map(|listener| {
+        let metrics = kafka_metrics;
+        let deps = Arc::new(crate::kafka::KafkaDeps::new(
+            config.limits.clone(),
+            Arc::clone(&store),
+            Arc::clone(&metastore),
+            Arc::clone(&producer),
+            Arc::clone(&ownership),
+            shutdown.clone(),
+            metrics,
+        ));
+        let options = crate::kafka::connection::ListenOptions {
+            max_connections: config.http.max_connections.unwrap_or_else(|| {
+                crate::fdlimit::default_max_connections(crate::fdlimit::current())
+            }),
+            shutdown_grace: config.http.shutdown_grace,
+        };
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "kafka listener serving");
+        }
+        tokio::spawn(crate::kafka::connection::serve(listener, deps, options))
+    });
 
     let state = AppState::new(AppInner {
         limits: config.limits.clone(),
@@ -249,12 +289,13 @@ pub async fn run_server(
         // The loops see the same signal; wait for them before closing the store under them.
         // Cursors stop before the store closes under them; a cursor cut short repeats its
         // slab on the next start.
+        if let Some(kafka) = kafka {
+            let _ = kafka.await;
+        }
         let _ = reconciler.await;
         let _ = retention.await;
         let _ = idle.await;
-        let closed = crate::blocking::run(move || store.close())
-            .await
-            .map_err(|e| ServerError::Task(e.to_string()))?;
+        let closed = crate::blocking::run(move || store.close()).await?;
         closed?;
         tracing::info!("narad stopped; store closed cleanly");
         Ok(())

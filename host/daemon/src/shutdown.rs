@@ -77,7 +77,16 @@ pub async fn os_signal() -> std::io::Result<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// Bound on a wait that must end at once: a broken signal fails the test, not hangs it.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    async fn released(signal: &ShutdownSignal) -> bool {
+        tokio::time::timeout(WAIT, signal.wait()).await.is_ok()
+    }
 
     #[tokio::test]
     async fn a_signal_subscribed_after_the_trigger_still_sees_it() {
@@ -85,8 +94,8 @@ mod tests {
         assert!(!signal.is_triggered());
         trigger.trigger();
         let late = trigger.subscribe();
-        late.wait().await;
-        signal.wait().await;
+        assert!(released(&late).await, "a late subscriber waits forever");
+        assert!(released(&signal).await, "the signal waits forever");
         assert!(late.is_triggered());
     }
 
@@ -94,6 +103,6 @@ mod tests {
     async fn dropping_every_trigger_releases_waiters() {
         let (trigger, signal) = channel();
         drop(trigger);
-        signal.wait().await;
+        assert!(released(&signal).await, "a waiter outlives every trigger");
     }
 }

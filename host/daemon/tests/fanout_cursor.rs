@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use narad_host::fanout::FanoutTiming;
 use narad_host::fanout::committer::ChildCommitter;
 use narad_host::fanout::cursor::{
-    CursorDeps, CursorExit, CursorKey, Deferred, LinkRuntime, cursor_path, run_cursor,
+    CursorDeps, CursorExit, CursorKey, LinkGone, LinkRuntime, run_cursor,
 };
-use narad_host::fanout::deliver::LinkGone;
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
-use narad_host::fanout::router::{RouteFailure, RouteInput, SlabRouter};
+use narad_host::fanout::position::{Deferred, cursor_path};
+use narad_host::fanout::route::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
 use narad_host::metastore::link::{LinkMeta, PluginRef, PluginVersion};
 use narad_host::metastore::{FileMetastore, Metastore, TopicMeta};
@@ -32,6 +33,16 @@ use narad_storage::{
 const EPOCH: &str = "00112233445566aa";
 /// Bound on waiting for the cursor to reach a state; generous for a busy machine.
 const WAIT: Duration = Duration::from_secs(60);
+
+/// The cursors' waits, shortened so that retries, back-offs and delay wake-ups happen within
+/// milliseconds: a test proves "not yet" by many of them, not by sleeping for seconds.
+const TIMING: FanoutTiming = FanoutTiming {
+    slab_long_poll: Duration::from_millis(50),
+    slab_linger: Duration::from_millis(5),
+    quick_retry_pauses: [Duration::from_millis(2), Duration::from_millis(4)],
+    retry_backoff: Duration::from_millis(20),
+    delay_max_sleep: Duration::from_millis(5),
+};
 
 /// Routes keyed records by Kafka's partitioner and keyless ones to partition 0.
 struct KeyRouter;
@@ -133,6 +144,7 @@ async fn fixture(
                 retention_ms: None,
                 retention_bytes: None,
                 created_at_ms: 0,
+                owners: Vec::new(),
             })
             .await
             .unwrap();
@@ -183,8 +195,33 @@ fn link(attach_offsets: Vec<u64>, delay_ms: u64) -> LinkMeta {
 
 struct Running {
     status: Arc<CursorStatus>,
+    metrics: Arc<FanoutMetrics>,
     stop: shutdown::ShutdownTrigger,
     task: tokio::task::JoinHandle<CursorExit>,
+}
+
+impl Running {
+    /// How the cursor exits on its own, failing (not hanging) if it does not within [`WAIT`].
+    async fn exit(self) -> CursorExit {
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("the cursor did not exit")
+            .unwrap()
+    }
+
+    /// Tells the cursor to stop and returns how it exited.
+    async fn stop(self) -> CursorExit {
+        self.stop.trigger();
+        self.exit().await
+    }
+
+    /// Bucket commits that failed and were retried so far.
+    fn commit_retries(&self) -> u64 {
+        self.metrics
+            .commit_retries
+            .get_or_create(self.status.labels())
+            .get()
+    }
 }
 
 async fn start(f: &Fixture, link_meta: LinkMeta) -> Running {
@@ -194,12 +231,18 @@ async fn start(f: &Fixture, link_meta: LinkMeta) -> Running {
 
 /// Runs a cursor for `link_meta` without attaching it in the metastore first.
 fn spawn_cursor(f: &Fixture, link_meta: LinkMeta) -> Running {
+    spawn_cursor_routing(f, link_meta, Box::new(KeyRouter))
+}
+
+/// [`spawn_cursor`] with `router` as the link's router.
+fn spawn_cursor_routing(f: &Fixture, link_meta: LinkMeta, router: Box<dyn SlabRouter>) -> Running {
     let deps = Arc::new(CursorDeps {
         store: Arc::clone(&f.store),
         fs: Arc::new(f.fault.clone()),
         committer: Arc::clone(&f.committer) as Arc<dyn ChildCommitter>,
         metastore: Arc::clone(&f.metastore) as Arc<dyn Metastore>,
         clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
+        timing: TIMING,
     });
     let key = CursorKey {
         parent: "parent".into(),
@@ -207,7 +250,6 @@ fn spawn_cursor(f: &Fixture, link_meta: LinkMeta) -> Running {
         child: "child".into(),
         epoch: link_meta.attach_epoch.clone(),
     };
-    let router: Box<dyn SlabRouter> = Box::new(KeyRouter);
     let runtime = Arc::new(LinkRuntime::new(
         link_meta,
         Arc::new(std::sync::Mutex::new(router)),
@@ -217,13 +259,16 @@ fn spawn_cursor(f: &Fixture, link_meta: LinkMeta) -> Running {
         child: "child".into(),
         partition: 0,
     };
-    let status = Arc::new(CursorStatus::new(
-        labels,
-        Arc::new(FanoutMetrics::default()),
-    ));
+    let metrics = Arc::new(FanoutMetrics::default());
+    let status = Arc::new(CursorStatus::new(labels, Arc::clone(&metrics)));
     let (stop, signal) = shutdown::channel();
     let task = tokio::spawn(run_cursor(deps, key, runtime, Arc::clone(&status), signal));
-    Running { status, stop, task }
+    Running {
+        status,
+        metrics,
+        stop,
+        task,
+    }
 }
 
 fn produce(store: &Store, values: std::ops::Range<u32>) {
@@ -285,8 +330,7 @@ async fn copy_until(f: &Fixture, link_meta: LinkMeta, next_offset: u64, what: &s
         running.status.report().next_offset == Some(next_offset)
     })
     .await;
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
@@ -316,8 +360,11 @@ async fn a_failing_bucket_holds_the_cursor_and_only_that_bucket_is_retried() {
         running.status.report().state == CursorState::Stalled
     })
     .await;
-    // Let it retry a few times.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Let it retry a few times (each after its quick tries and the back-off).
+    wait_for("three retries of the failed bucket", || {
+        running.commit_retries() >= 3
+    })
+    .await;
     assert_eq!(
         file_position(&f).map(|r| r.next_offset),
         Some(0),
@@ -347,8 +394,7 @@ async fn a_failing_bucket_holds_the_cursor_and_only_that_bucket_is_retried() {
         [0, 2].iter().map(|&p| child_values(&f.store, p)).collect();
     assert_eq!(healthy_after, healthy_before);
     assert_eq!(all_child_values(&f.store, 3), expected(0..60));
-    running.stop.trigger();
-    assert_eq!(running.task.await.unwrap(), CursorExit::Stopped);
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,8 +439,7 @@ async fn an_fsync_error_short_write_or_full_disk_on_a_child_commit_loses_and_dup
             expected(0..40),
             "{fault:?}: {errors:?}"
         );
-        running.stop.trigger();
-        running.task.await.unwrap();
+        assert_eq!(running.stop().await, CursorExit::Stopped);
     }
 }
 
@@ -421,8 +466,7 @@ async fn an_offset_file_of_another_epoch_is_not_resumed() {
     .await;
     assert_eq!(all_child_values(&f.store, 1), expected(10..30));
     assert_eq!(file_position(&f).map(|r| r.epoch), Some(EPOCH.to_string()));
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,8 +495,7 @@ async fn a_corrupt_offset_file_resumes_from_the_childs_newest_slab_without_a_gap
     // a replay from before it.
     assert_eq!(values, expected(0..35));
     assert!(child_values(&f.store, 0).len() <= 35 + 20);
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -484,8 +527,7 @@ async fn a_cursor_behind_the_log_start_skips_and_counts_exactly_the_aged_out_rec
         all_child_values(&f.store, 1),
         expected(log_start as u32..50)
     );
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,15 +541,16 @@ async fn a_delay_child_is_never_early_on_the_owners_clock() {
         running.status.report().state == CursorState::Waiting
     })
     .await;
-    // However long we wait in real time, the owner's clock says "not yet".
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // However often it wakes (every 5 ms here) to look at the gate again, the owner's clock
+    // says "not yet".
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         child_values(&f.store, 0).is_empty(),
         "copied before it was due"
     );
     // A clock stepping back holds records back longer, never less.
     f.clock.set(T0_MS + 100);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(child_values(&f.store, 0).is_empty());
     f.clock.set(T0_MS + DELAY_MS as i64);
     wait_for("the copy once due", || {
@@ -515,8 +558,7 @@ async fn a_delay_child_is_never_early_on_the_owners_clock() {
     })
     .await;
     assert_eq!(all_child_values(&f.store, 1), expected(0..5));
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,8 +606,7 @@ async fn a_child_grown_mid_stream_is_routed_under_its_new_partition_count() {
             assert_eq!(want, Some(partition), "v{n}");
         }
     }
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,8 +628,7 @@ async fn a_cursor_ahead_of_a_wiped_child_is_rewound_and_redelivers() {
     })
     .await;
     assert_eq!(all_child_values(&f.store, 2), expected(5..40));
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 /// Closes the parent log for idleness, then loses its last record the way a crash can: the
@@ -685,8 +725,7 @@ async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reu
     })
     .await;
     assert_child_has_new(&f.store, 3);
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -707,8 +746,7 @@ async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_f
     .await;
     assert_child_has_new(&f.store, 3);
     assert_eq!(running.status.report().parent_end_rewinds, 1);
-    running.stop.trigger();
-    running.task.await.unwrap();
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -723,7 +761,7 @@ async fn a_cursor_whose_link_was_detached_exits_saying_the_link_is_gone() {
     f.metastore.detach_link("parent", "child").await.unwrap();
     // The next slab's epoch check finds the link gone.
     produce(&f.store, 30..40);
-    let exit = running.task.await.unwrap();
+    let exit = running.exit().await;
     let CursorExit::LinkGone(gone) = exit else {
         panic!("expected the link to be gone, got {exit:?}");
     };
@@ -748,7 +786,7 @@ async fn a_cursor_whose_epoch_the_metastore_does_not_confirm_is_deferred_without
     produce(&f.store, 0..10);
     // Never attached: the metastore has no link with this epoch.
     let running = spawn_cursor(&f, link(vec![0], 0));
-    let exit = running.task.await.unwrap();
+    let exit = running.exit().await;
     let CursorExit::Deferred(deferred) = exit else {
         panic!("expected the start to be deferred, got {exit:?}");
     };
@@ -766,4 +804,48 @@ async fn a_cursor_whose_epoch_the_metastore_does_not_confirm_is_deferred_without
     );
     assert_eq!(file_position(&f), None);
     assert!(child_values(&f.store, 0).is_empty());
+}
+
+/// A router that panics on every slab.
+struct PanickingRouter;
+
+impl SlabRouter for PanickingRouter {
+    fn route(
+        &mut self,
+        _input: &RouteInput,
+        _records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        panic!("the router broke");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_panics_stalls_the_cursor_without_skipping_the_slab() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..10);
+    f.metastore.attach_link(link(vec![0], 0)).await.unwrap();
+    let running = spawn_cursor_routing(&f, link(vec![0], 0), Box::new(PanickingRouter));
+    // The panic on the first routing, then the lock it poisoned on the next ones.
+    wait_for("two failed routings", || {
+        running
+            .metrics
+            .route_failures
+            .get_or_create(running.status.labels())
+            .get()
+            >= 2
+    })
+    .await;
+    let report = running.status.report();
+    assert_eq!(report.state, CursorState::Stalled);
+    assert!(
+        report
+            .last_error
+            .unwrap_or_default()
+            .contains("routing failed"),
+    );
+    // The slab is neither copied nor passed: the position stays before it.
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(0));
+    assert_eq!(report.next_offset, Some(0));
+    assert!(child_values(&f.store, 0).is_empty());
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }

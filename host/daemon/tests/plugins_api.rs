@@ -446,6 +446,7 @@ async fn a_name_resolves_to_its_newest_version_and_a_digest_pins_one() {
                 retention_ms: None,
                 retention_bytes: None,
                 created_at_ms: 0,
+                owners: Vec::new(),
             })
             .await
             .unwrap();

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::damage::{Damage, Failure};
 use crate::name::{NameError, PartitionId};
 
 /// Result of a storage operation.
@@ -34,8 +35,9 @@ pub enum StorageError {
     Quarantined {
         /// The quarantined partition.
         id: PartitionId,
-        /// What was found, naming the file and byte position.
-        reason: String,
+        /// What was found, naming the file and byte position (boxed: it is large, and every
+        /// `Result` of the crate carries this type).
+        reason: Box<Damage>,
     },
     /// The partition stopped after a failed `fdatasync` whose damage could not be undone
     /// (truncating back to the last durable length failed as well). Its first use after
@@ -44,8 +46,8 @@ pub enum StorageError {
     Failed {
         /// The failed partition.
         id: PartitionId,
-        /// The I/O error that stopped it.
-        reason: String,
+        /// The I/O errors that stopped it (boxed, as `Quarantined`'s reason is).
+        reason: Box<Failure>,
     },
     /// A read asked for an offset that retention has already deleted.
     #[error("offset {requested} of {id} is below the log start offset {log_start}")]
@@ -96,6 +98,21 @@ pub enum StorageError {
         records: usize,
         /// Number of parent offsets given.
         offsets: usize,
+    },
+    /// The partition's log was closed (idle close, or its topic deleted) while an operation
+    /// used it, and the operation could not be retried on a reopened log. Retrying the call
+    /// reopens it.
+    #[error("the log of {id} was closed while in use; retry")]
+    LogClosed {
+        /// The partition.
+        id: PartitionId,
+    },
+    /// Opening the log did not give the partition's high watermark (a defect: an open log
+    /// always knows it), so it cannot be reported.
+    #[error("high watermark of {id} unknown after opening it")]
+    HighWatermarkUnknown {
+        /// The partition.
+        id: PartitionId,
     },
     /// An I/O error, with what was being done.
     #[error("{context}: {source}")]

@@ -24,12 +24,14 @@
 //! - [`name`]: [`PartitionId`] and the topic-name rule.
 //! - [`clock`]: the injectable wall clock.
 //! - [`mod@error`]: the error type, [`StorageError`].
+//! - [`damage`]: why a partition is quarantined ([`Damage`]) or stopped ([`Failure`]).
 
 // Tests may unwrap: a panic is how they fail.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod clock;
 pub mod cursor;
+pub mod damage;
 pub mod error;
 pub mod fault;
 pub mod fs;
@@ -39,6 +41,7 @@ pub mod record;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use damage::{Damage, DeviceLoss, Failure, IoCause};
 pub use error::{Result, StorageError};
 pub use name::{
     MAX_PARTITION_INDEX, MAX_TOPIC_NAME_LEN, NameError, PartitionId, validate_topic_name,

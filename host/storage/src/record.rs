@@ -180,13 +180,13 @@ pub enum PartitionState {
     /// Damaged where acknowledged records live; reads and appends fail until repaired.
     Quarantined {
         /// What was found, naming the file and byte position.
-        reason: String,
+        reason: crate::Damage,
     },
     /// Stopped after a write or sync error it could not undo; its first use after
     /// `StoreOptions::failed_reopen_after` (or a restart) runs recovery and reopens it.
     Failed {
-        /// The error that stopped it.
-        reason: String,
+        /// The errors that stopped it.
+        reason: crate::Failure,
     },
 }
 

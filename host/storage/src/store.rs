@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
+use crate::damage::{Damage, Failure};
 use crate::error::{Result, StorageError};
 use crate::fs::{FileSystem, LockGuard, RealFs};
 use crate::log::recovery::{self, OpenError};
@@ -95,8 +96,8 @@ enum Signal {
 enum Slot {
     Closed,
     Open(Arc<Log>),
-    Quarantined(String),
-    Failed { reason: String, since: Instant },
+    Quarantined(Damage),
+    Failed { reason: Failure, since: Instant },
     Deleted,
 }
 
@@ -130,11 +131,11 @@ impl Partition {
         match slot {
             Slot::Quarantined(reason) => Some(StorageError::Quarantined {
                 id: self.id.clone(),
-                reason: reason.clone(),
+                reason: Box::new(reason.clone()),
             }),
             Slot::Failed { reason, .. } => Some(StorageError::Failed {
                 id: self.id.clone(),
-                reason: reason.clone(),
+                reason: Box::new(reason.clone()),
             }),
             Slot::Deleted => Some(StorageError::UnknownPartition {
                 id: self.id.clone(),
@@ -405,7 +406,7 @@ impl Store {
                 p.signal.send_replace(Signal::Broken);
                 Err(StorageError::Quarantined {
                     id: p.id.clone(),
-                    reason,
+                    reason: Box::new(reason),
                 })
             }
             Err(OpenError::Io(e)) => Err(self.log_error(p, e)),
@@ -438,10 +439,7 @@ impl Store {
                 requested,
                 high_watermark,
             },
-            LogError::Closed => StorageError::io(
-                format!("using {}", p.id),
-                std::io::Error::other("the log was closed"),
-            ),
+            LogError::Closed => StorageError::LogClosed { id: p.id.clone() },
             LogError::Corrupt(reason) => {
                 tracing::error!(partition = %p.id, %reason, "partition quarantined");
                 let mut slot = log::write(&p.slot);
@@ -452,7 +450,7 @@ impl Store {
                 p.signal.send_replace(Signal::Broken);
                 StorageError::Quarantined {
                     id: p.id.clone(),
-                    reason,
+                    reason: Box::new(reason),
                 }
             }
             LogError::Failed(reason) => {
@@ -468,7 +466,7 @@ impl Store {
                 p.signal.send_replace(Signal::Broken);
                 StorageError::Failed {
                     id: p.id.clone(),
-                    reason,
+                    reason: Box::new(reason),
                 }
             }
         }
@@ -576,7 +574,7 @@ impl Store {
         match (stats.state, stats.high_watermark) {
             (PartitionState::Quarantined { reason }, _) => Err(StorageError::Quarantined {
                 id: id.clone(),
-                reason,
+                reason: Box::new(reason),
             }),
             // A failed partition has no known end: the read below reopens it if its wait is
             // over, or reports it failed.
@@ -595,10 +593,7 @@ impl Store {
                     Err(StorageError::OffsetBelowLogStart { .. }) => self
                         .peek(id)?
                         .high_watermark
-                        .ok_or_else(|| StorageError::Io {
-                            context: format!("high watermark of {id} unknown after opening it"),
-                            source: std::io::Error::other("no high watermark"),
-                        }),
+                        .ok_or_else(|| StorageError::HighWatermarkUnknown { id: id.clone() }),
                     Err(other) => Err(other),
                 }
             }
@@ -684,7 +679,7 @@ impl Store {
 
     /// Quarantines a closed partition whose directory shows damage (found by `peek` without
     /// opening the log); does nothing if the slot changed meanwhile.
-    fn quarantine_closed(&self, p: &Partition, reason: String) {
+    fn quarantine_closed(&self, p: &Partition, reason: Damage) {
         let mut slot = log::write(&p.slot);
         if matches!(*slot, Slot::Closed) {
             tracing::error!(partition = %p.id, %reason, "partition quarantined");
@@ -753,7 +748,7 @@ impl Store {
             let mut slot = log::write(&p.slot);
             if let Slot::Open(l) = &*slot {
                 if let Err(e) = l.close() {
-                    tracing::warn!(partition = %p.id, error = ?e, "closing an idle log failed");
+                    tracing::warn!(partition = %p.id, error = %e, "closing an idle log failed");
                 }
                 *slot = Slot::Closed;
                 closed += 1;
@@ -771,13 +766,6 @@ impl Store {
             let mut slot = log::write(&p.slot);
             if let Slot::Open(l) = &*slot {
                 if let Err(e) = l.close() {
-                    let e = match e {
-                        LogError::Io(e) => e,
-                        other => StorageError::io(
-                            format!("closing {}", p.id),
-                            std::io::Error::other(format!("{other:?}")),
-                        ),
-                    };
                     first_error.get_or_insert(e);
                 }
                 *slot = Slot::Closed;

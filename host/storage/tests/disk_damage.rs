@@ -14,7 +14,7 @@ use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::segment;
 use narad_storage::log::start::{self, LOG_START_FILE_NAME, Recorded};
 use narad_storage::log::torn::TORN_DIR_NAME;
-use narad_storage::{LogConfig, ManualClock, PartitionState, StorageError, Store};
+use narad_storage::{Damage, LogConfig, ManualClock, PartitionState, StorageError, Store};
 
 const HOUR_MS: i64 = 3_600_000;
 /// Data directory inside the in-memory file system.
@@ -59,9 +59,9 @@ fn reopen(data: &Path) -> Store {
     store
 }
 
-fn quarantine_reason(store: &Store) -> String {
+fn quarantine_reason(store: &Store) -> Damage {
     match store.read(&pid("t", 0), &read_from(0)) {
-        Err(StorageError::Quarantined { reason, .. }) => reason,
+        Err(StorageError::Quarantined { reason, .. }) => *reason,
         other => panic!("expected Quarantined, got {other:?}"),
     }
 }
@@ -75,12 +75,16 @@ fn a_removed_oldest_segment_quarantines_naming_the_missing_offsets_instead_of_mo
         std::fs::remove_file(&segments(dir.path())[0].path).unwrap();
 
         let store = reopen(dir.path());
-        let reason = quarantine_reason(&store);
-        assert!(
-            reason.contains("offsets 0 to 0 are missing"),
-            "clean {clean}: {reason}"
+        // Offsets 0 to 0 are missing: the oldest file left is segment 1.
+        assert_eq!(
+            quarantine_reason(&store),
+            Damage::HeadMissing {
+                dir: partition_dir(dir.path()),
+                oldest_base: 1,
+                log_start: 0,
+            },
+            "clean {clean}"
         );
-        assert!(reason.contains("00000000000000000001.log"), "{reason}");
         let stats = store.peek(&pid("t", 0)).unwrap();
         assert!(matches!(stats.state, PartitionState::Quarantined { .. }));
         assert_eq!(stats.log_start_offset, 0, "the log start did not move");
@@ -99,9 +103,14 @@ fn peek_reports_a_closed_log_missing_its_head_as_quarantined_without_opening_it(
     let store = reopen(dir.path());
     let stats = store.peek(&pid("t", 0)).unwrap();
     match &stats.state {
-        PartitionState::Quarantined { reason } => {
-            assert!(reason.contains("offsets 0 to 0 are missing"), "{reason}")
-        }
+        PartitionState::Quarantined { reason } => assert_eq!(
+            *reason,
+            Damage::HeadMissing {
+                dir: partition_dir(dir.path()),
+                oldest_base: 1,
+                log_start: 0,
+            }
+        ),
         other => panic!(
             "expected quarantined, got {other:?} (log start {})",
             stats.log_start_offset
@@ -123,10 +132,12 @@ fn every_segment_removed_while_records_were_recorded_quarantines() {
     }
     std::fs::remove_file(p.join("high-watermark")).unwrap();
     let store = reopen(dir.path());
-    let reason = quarantine_reason(&store);
-    assert!(
-        reason.contains("every record from offset 1 on is missing"),
-        "{reason}"
+    assert_eq!(
+        quarantine_reason(&store),
+        Damage::EverySegmentMissing {
+            dir: p,
+            log_start: 1,
+        }
     );
 }
 
@@ -138,8 +149,15 @@ fn a_hole_between_segments_names_the_missing_offsets() {
     std::fs::remove_file(&segs[2].path).unwrap();
     std::fs::remove_file(&segs[3].path).unwrap();
     let store = reopen(dir.path());
-    let reason = quarantine_reason(&store);
-    assert!(reason.contains("offsets 2 to 3 are missing"), "{reason}");
+    // Offsets 2 to 3 are missing: segment 4 follows segment 1, which ends at offset 2.
+    assert_eq!(
+        quarantine_reason(&store),
+        Damage::SegmentOutOfSequence {
+            segment: segs[4].path.clone(),
+            base: 4,
+            expected: 2,
+        }
+    );
 }
 
 #[test]
@@ -217,7 +235,14 @@ fn a_partition_without_a_log_start_file_is_accepted_once_and_checked_from_then_o
     // From now on the head is checked.
     std::fs::remove_file(&segments(dir.path())[0].path).unwrap();
     let store = reopen(dir.path());
-    assert!(quarantine_reason(&store).contains("offsets 1 to 1 are missing"));
+    assert_eq!(
+        quarantine_reason(&store),
+        Damage::HeadMissing {
+            dir: p,
+            oldest_base: 2,
+            log_start: 1,
+        }
+    );
 }
 
 #[test]

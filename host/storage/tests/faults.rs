@@ -13,9 +13,12 @@ use std::time::Duration;
 use common::*;
 use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
-use narad_storage::{ManualClock, PartitionState, StorageError, Store};
+use narad_storage::log::segment;
+use narad_storage::{Failure, ManualClock, PartitionState, StorageError, Store};
 
 const DATA: &str = "/data";
+/// Linux `EIO`, what `Fault::Eio` fails an operation with.
+const EIO: i32 = 5;
 
 fn fault_fs() -> FaultFs {
     let fs = FaultFs::new();
@@ -140,14 +143,33 @@ fn fail_partition(fs: &FaultFs, reopen_after: Duration) -> Store {
     // The append's fsync fails, and so does the fsync after truncating back.
     fs.inject(FaultOp::SyncData, 1, Fault::Eio);
     fs.inject(FaultOp::SyncData, 2, Fault::Eio);
-    assert!(matches!(
-        append_values(&store, &["x"]),
-        Err(StorageError::Failed { .. })
-    ));
-    assert!(matches!(
+    let reason = match append_values(&store, &["x"]) {
+        Err(StorageError::Failed { reason, .. }) => *reason,
+        other => panic!("expected Failed, got {other:?}"),
+    };
+    match &reason {
+        Failure::UndoFailed {
+            segment,
+            durable_len,
+            append_error,
+            recovery_error,
+        } => {
+            assert_eq!(
+                segment,
+                &Path::new(DATA)
+                    .join("topics/t/p00000")
+                    .join(segment::segment_name(0))
+            );
+            assert!(*durable_len > 0, "the frame of \"a\" is durable");
+            assert_eq!(append_error.get().raw_os_error(), Some(EIO));
+            assert_eq!(recovery_error.get().raw_os_error(), Some(EIO));
+        }
+        other => panic!("expected a failed undo, got {other:?}"),
+    }
+    assert_eq!(
         store.peek(&pid("t", 0)).unwrap().state,
-        PartitionState::Failed { .. }
-    ));
+        PartitionState::Failed { reason }
+    );
     store
 }
 

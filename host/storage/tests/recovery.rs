@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use common::*;
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
+use narad_storage::log::format::FrameError;
 use narad_storage::log::hwm;
 use narad_storage::log::segment::{self, Scan, Scanner};
-use narad_storage::{ManualClock, PartitionState, StorageError, StoredRecord};
+use narad_storage::{Damage, ManualClock, PartitionState, StorageError, StoredRecord};
 use proptest::prelude::*;
 
 fn partition_dir(data: &Path) -> PathBuf {
@@ -59,10 +60,10 @@ fn flip(path: &Path, pos: u64, mask: u8) {
     f.write_all_at(&b, pos).unwrap();
 }
 
-fn expect_quarantined(store: &narad_storage::Store) -> String {
+fn expect_quarantined(store: &narad_storage::Store) -> Damage {
     let id = pid("t", 0);
     let reason = match store.read(&id, &read_from(0)) {
-        Err(StorageError::Quarantined { reason, .. }) => reason,
+        Err(StorageError::Quarantined { reason, .. }) => *reason,
         other => panic!("expected Quarantined, got {other:?}"),
     };
     assert!(matches!(
@@ -127,9 +128,21 @@ fn a_bad_frame_below_the_durable_boundary_quarantines_only_that_partition() {
     store
         .create_partition(&pid("other", 0), small_segments(1 << 20))
         .unwrap();
-    let reason = expect_quarantined(&store);
-    assert!(reason.contains("00000000000000000000.log"), "{reason}");
-    assert!(reason.contains("byte"), "{reason}");
+    match expect_quarantined(&store) {
+        Damage::BadFrameBelowBoundary {
+            segment,
+            position,
+            error: FrameError::CrcMismatch { stored, computed },
+        } => {
+            assert_eq!(segment, seg);
+            assert!(
+                position < len - 2,
+                "the frame starts before the flipped byte"
+            );
+            assert_ne!(stored, computed);
+        }
+        other => panic!("expected a bad frame below the boundary, got {other:?}"),
+    }
     assert_eq!(
         std::fs::metadata(&seg).unwrap().len(),
         len,
@@ -163,11 +176,24 @@ fn a_bad_frame_followed_by_a_valid_frame_quarantines_even_past_the_boundary() {
         .expect("boundary is at the start when the log was opened empty");
     flip(&seg, victim + 20, 0x80);
     let store = reopen(dir.path());
-    let reason = expect_quarantined(&store);
-    assert!(
-        reason.contains("valid frame follows") || reason.contains("below the durable"),
-        "{reason}"
-    );
+    match expect_quarantined(&store) {
+        Damage::BadFrameBeforeValidFrame {
+            segment,
+            position,
+            error: FrameError::CrcMismatch { .. },
+            valid_at,
+        } => {
+            assert_eq!(segment, seg);
+            assert_eq!(position, victim);
+            assert!(valid_at > victim, "{valid_at}");
+        }
+        Damage::BadFrameBelowBoundary {
+            segment, position, ..
+        } => {
+            assert_eq!((segment, position), (seg, victim));
+        }
+        other => panic!("expected a bad frame before a valid one, got {other:?}"),
+    }
 }
 
 #[test]
@@ -183,8 +209,14 @@ fn a_segment_cut_short_below_the_boundary_quarantines() {
         .set_len(len - 10)
         .unwrap();
     let store = reopen(dir.path());
-    let reason = expect_quarantined(&store);
-    assert!(reason.contains("durable"), "{reason}");
+    assert_eq!(
+        expect_quarantined(&store),
+        Damage::SegmentShorterThanDurable {
+            segment: seg,
+            len: len - 10,
+            durable_len: len,
+        }
+    );
 }
 
 #[test]
@@ -195,8 +227,14 @@ fn a_missing_middle_segment_quarantines() {
     assert!(segs.len() >= 3);
     std::fs::remove_file(&segs[1].path).unwrap();
     let store = reopen(dir.path());
-    let reason = expect_quarantined(&store);
-    assert!(reason.contains("previous segment ends"), "{reason}");
+    assert_eq!(
+        expect_quarantined(&store),
+        Damage::SegmentOutOfSequence {
+            segment: segs[2].path.clone(),
+            base: segs[2].base,
+            expected: segs[1].base,
+        }
+    );
 }
 
 /// Where each frame of the partition lives: (segment index, start, end, base offset).

@@ -19,7 +19,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<SetAsideList>, A
     let data_dir = state.store.data_dir().to_path_buf();
     let entries = crate::blocking::run(move || set_aside::list(&data_dir))
         .await
-        .map_err(|e| ApiError::from(crate::topics::TopicError::Task(e.to_string())))?
+        .map_err(crate::topics::TopicError::from)?
         .map_err(crate::topics::TopicError::from)?;
     Ok(Json(SetAsideList { entries }))
 }

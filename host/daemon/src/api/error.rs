@@ -90,7 +90,7 @@ impl From<StorageError> for ApiError {
                      an operator must repair or restore its files before it serves again"
                 ),
             )
-            .with("reason", reason.clone()),
+            .with("reason", reason.to_string()),
             StorageError::Failed { id, reason } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
@@ -98,7 +98,7 @@ impl From<StorageError> for ApiError {
                     narad_storage::DEFAULT_FAILED_REOPEN_AFTER.as_secs()
                 ),
             )
-            .with("reason", reason.clone()),
+            .with("reason", reason.to_string()),
             StorageError::OffsetBelowLogStart { id, requested, log_start } => ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 format!(
@@ -140,6 +140,9 @@ impl From<MetastoreError> for ApiError {
                 ..
             }) => ApiError::new(StatusCode::CONFLICT, err.to_string()),
             MetastoreError::LinkRule(_) => ApiError::bad_request(err.to_string()),
+            MetastoreError::Unavailable { .. } | MetastoreError::Contended { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
             _ => ApiError::internal(err.to_string()),
         }
     }
@@ -151,7 +154,7 @@ impl From<TopicError> for ApiError {
             TopicError::Invalid(message) => ApiError::bad_request(message),
             TopicError::Metastore(e) => e.into(),
             TopicError::Storage(e) => e.into(),
-            TopicError::Task(message) => ApiError::internal(message),
+            TopicError::Task(e) => ApiError::internal(e.to_string()),
             TopicError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, message),
             TopicError::SetAside(SetAsideError::UnknownEntry { .. }) => {
                 ApiError::not_found(err.to_string())
@@ -182,7 +185,7 @@ impl From<ProduceError> for ApiError {
                 }
                 e
             }
-            ProduceError::Task(message) => ApiError::internal(message),
+            ProduceError::Task(e) => ApiError::internal(e.to_string()),
         }
     }
 }

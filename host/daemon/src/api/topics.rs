@@ -9,10 +9,10 @@ use narad_storage::{PartitionId, PartitionState, Store};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::types::{
-    CreateTopicRequest, GrowPartitionsRequest, PartitionInfo, RecoveredCutInfo, TopicDescription,
-    TopicInfo, TopicList,
+    CreateTopicRequest, DeleteTopicQuery, DeletedTopic, GrowPartitionsRequest, LinkEnds,
+    PartitionInfo, RecoveredCutInfo, TopicDescription, TopicInfo, TopicList,
 };
 use crate::metastore::{MetastoreError, TopicMeta};
 use crate::topics::NewTopic;
@@ -80,8 +80,10 @@ pub async fn describe(
                 let (state, reason) = match stats.state {
                     PartitionState::Open => ("open", None),
                     PartitionState::Closed => ("closed", None),
-                    PartitionState::Quarantined { reason } => ("quarantined", Some(reason)),
-                    PartitionState::Failed { reason } => ("failed", Some(reason)),
+                    PartitionState::Quarantined { reason } => {
+                        ("quarantined", Some(reason.to_string()))
+                    }
+                    PartitionState::Failed { reason } => ("failed", Some(reason.to_string())),
                 };
                 Ok(PartitionInfo {
                     partition: p,
@@ -112,15 +114,49 @@ pub async fn describe(
     }))
 }
 
-/// `DELETE /v1/topics/{t}`: the deleted topic's settings.
+/// `DELETE /v1/topics/{t}?force=`: the deleted topic's settings and the links removed with it.
+/// A topic that has children or is a child is deleted only with `force=true`: deleting it
+/// removes those links too, which an operator must not learn about afterwards.
 pub async fn delete(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
-) -> Result<Json<TopicInfo>, ApiError> {
+    ApiQuery(query): ApiQuery<DeleteTopicQuery>,
+) -> Result<Json<DeletedTopic>, ApiError> {
+    require_topic(&state, &name).await?;
+    // Read before the delete, which drops every link naming the topic. A link attached between
+    // this read and the delete is removed without being listed; attaches and deletes are rare
+    // operator actions, and the metastore stays consistent either way.
+    let links: Vec<LinkEnds> = state
+        .metastore
+        .snapshot()
+        .await?
+        .links
+        .into_keys()
+        .filter(|(parent, child)| *parent == name || *child == name)
+        .map(|(parent, child)| LinkEnds { parent, child })
+        .collect();
+    if !links.is_empty() && !query.force {
+        let names: Vec<String> = links
+            .iter()
+            .map(|l| format!("{} -> {}", l.parent, l.child))
+            .collect();
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "topic {name:?} has fan-out links ({}); deleting it removes them: repeat with \
+                 force=true (narad topic delete --force), or detach them first",
+                names.join(", ")
+            ),
+        )
+        .with("links", serde_json::to_value(&links).unwrap_or_default()));
+    }
     let topic = state.topics.delete(&name).await?;
     state.api_metrics.forget_topic(&topic.name);
-    tracing::info!(topic = %topic.name, "topic deleted");
-    Ok(Json(topic.into()))
+    tracing::info!(topic = %topic.name, removed_links = links.len(), "topic deleted");
+    Ok(Json(DeletedTopic {
+        topic: topic.into(),
+        removed_links: links,
+    }))
 }
 
 /// `POST /v1/topics/{t}/partitions`: grow to `count` partitions.

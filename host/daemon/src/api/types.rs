@@ -111,6 +111,37 @@ pub struct TopicDescription {
     pub partition_stats: Vec<PartitionInfo>,
 }
 
+/// `DELETE /v1/topics/{t}` query string.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteTopicQuery {
+    /// Delete the topic even though it has children or is a child, removing those links.
+    /// Without it such a delete is refused with 409.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// The two ends of a fan-out link.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LinkEnds {
+    /// Parent topic.
+    pub parent: String,
+    /// Child topic.
+    pub child: String,
+}
+
+/// `DELETE /v1/topics/{t}` answer: the deleted topic's settings and the links removed with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedTopic {
+    /// The deleted topic's settings.
+    #[serde(flatten)]
+    pub topic: TopicInfo,
+    /// Links to its children and from its parents that the delete removed (empty unless the
+    /// delete was forced), sorted by parent then child.
+    #[serde(default)]
+    pub removed_links: Vec<LinkEnds>,
+}
+
 /// `POST /v1/topics/{t}/partitions` body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

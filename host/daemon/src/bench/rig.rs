@@ -20,9 +20,9 @@ use crate::api::children::DEFAULT_ROUTER;
 use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
-use crate::fanout::router::{RouterFactory as _, SlabRouter};
+use crate::fanout::route::wasm::WasmRouterFactory;
+use crate::fanout::route::{RouterFactory as _, SlabRouter};
 use crate::fanout::status::CursorStatus;
-use crate::fanout::wasm_router::WasmRouterFactory;
 use crate::metastore::link::new_epoch;
 use crate::metastore::{FileMetastore, LinkMeta, Metastore, TopicMeta};
 use crate::plugins::PluginRegistry;
@@ -155,10 +155,11 @@ impl Rig {
             committer: Arc::clone(&committer) as Arc<dyn ChildCommitter>,
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(SystemClock) as Arc<dyn Clock>,
+            timing: crate::fanout::FanoutTiming::default(),
         });
         let loader = Arc::clone(&registry);
         let routers = WasmRouterFactory::new(Arc::new(move |digest: &str| {
-            loader.load(digest).map_err(|e| e.to_string())
+            loader.load(digest).map_err(Into::into)
         }));
         Ok(Rig {
             store,
@@ -192,6 +193,7 @@ impl Rig {
                 retention_ms: None,
                 retention_bytes: None,
                 created_at_ms: now_ms(),
+                owners: Vec::new(),
             })
             .await
             .map_err(BenchError::metastore(format!("creating topic {name}")))?;
@@ -246,7 +248,7 @@ impl Rig {
             .await?
             .map_err(|reason| BenchError::Router {
                 link: format!("{} -> {}", link.parent, link.child),
-                reason,
+                reason: reason.to_string(),
             })?;
         let timed: Box<dyn SlabRouter> = Box::new(TimedRouter::new(router, timing));
         Ok(Arc::new(LinkRuntime::new(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use narad_storage::StoredRecord;
 
-use crate::fanout::router::{RouteFailure, RouteInput, SlabRouter};
+use crate::fanout::route::{RouteFailure, RouteInput, SlabRouter};
 
 /// Time spent routing, summed over every slab of the routers sharing it.
 #[derive(Debug, Default)]

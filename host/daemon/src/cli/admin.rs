@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
 use super::ClientArgs;
-use super::table;
+use super::{human, table};
 use crate::topics::rebuild::{self, RebuildReport};
 use crate::topics::set_aside::SetAsideEntry;
 
@@ -73,12 +73,20 @@ fn entry_rows(entries: &[SetAsideEntry]) -> String {
                 e.partition
                     .map_or_else(|| "all".to_owned(), |p| p.to_string()),
                 e.segment_bytes.to_string(),
+                human::rfc3339_utc(e.set_aside_at_ms),
                 e.reason.clone(),
             ]
         })
         .collect();
     table::render(
-        &["ID", "TOPIC", "PARTITION", "SEGMENT_BYTES", "REASON"],
+        &[
+            "ID",
+            "TOPIC",
+            "PARTITION",
+            "SEGMENT_BYTES",
+            "SET_ASIDE_AT",
+            "REASON",
+        ],
         &rows,
     )
 }
@@ -135,10 +143,14 @@ fn rebuild_text(report: &RebuildReport) -> String {
         out.push_str("- uploaded plugins: none found.\n");
     } else {
         out.push_str(&format!(
-            "- uploaded plugins: their names are gone; {} module file(s) {} kept for you to \
+            "- uploaded plugins: their names are gone; {} {} kept for you to \
              deploy again with `narad plugin deploy NAME FILE`:\n",
-            report.plugin_files.len(),
-            if report.dry_run { "would be" } else { "are" }
+            human::plural(report.plugin_files.len() as u64, "module file"),
+            match (report.dry_run, report.plugin_files.len()) {
+                (true, _) => "would be",
+                (false, 1) => "is",
+                (false, _) => "are",
+            }
         ));
         for file in &report.plugin_files {
             out.push_str(&format!("    {}\n", file.display()));
@@ -182,8 +194,9 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                         println!("{}", serde_json::to_string_pretty(&topic)?);
                     } else {
                         println!(
-                            "adopted {id}: topic {} now has {} partitions (no retention limits: set them again if it had any)",
-                            topic.name, topic.partitions
+                            "adopted {id}: topic {} now has {} (no retention limits: set them again if it had any)",
+                            topic.name,
+                            human::plural(u64::from(topic.partitions), "partition")
                         );
                     }
                 }
@@ -193,8 +206,9 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                         println!("{}", serde_json::to_string_pretty(&entry)?);
                     } else {
                         println!(
-                            "purged {id}: {} bytes of segments of {} removed",
-                            entry.segment_bytes, entry.topic
+                            "purged {id}: {} of segments of {} removed",
+                            human::plural(entry.segment_bytes, "byte"),
+                            entry.topic
                         );
                     }
                 }
@@ -202,4 +216,23 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_set_aside_table_shows_when_in_utc() {
+        let text = entry_rows(&[SetAsideEntry {
+            id: "orders.1764460800123".into(),
+            topic: "orders".into(),
+            partition: Some(2),
+            reason: "not in the metastore".into(),
+            set_aside_at_ms: 1_764_460_800_123,
+            segment_bytes: 4096,
+        }]);
+        assert!(text.contains("SET_ASIDE_AT"), "{text}");
+        assert!(text.contains("2025-11-30T00:00:00Z"), "{text}");
+    }
 }

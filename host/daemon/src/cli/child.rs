@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::ClientArgs;
 use super::duration::{format_duration, parse_duration};
-use super::table;
+use super::{human, table};
 use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
 
 /// `narad child`.
@@ -240,6 +240,9 @@ pub fn list_text(list: &ChildList) -> String {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_default(),
+                p.last_error_at_ms
+                    .filter(|_| p.last_error.is_some())
+                    .map_or_else(|| "-".into(), human::rfc3339_utc),
                 p.last_error.clone().unwrap_or_default(),
             ]);
         }
@@ -249,12 +252,15 @@ pub fn list_text(list: &ChildList) -> String {
     out.push_str(&table::render(
         &[
             "CHILD",
-            "PARTITION",
+            // The parent's partition: a cursor reads one parent partition and writes to any
+            // child partition, so "PARTITION" alone reads as the child's.
+            "PARENT_P",
             "NEXT_OFFSET",
             "LAG",
             "DUE_LAG_S",
             "DROPPED",
             "STATE",
+            "ERROR_AT",
             "LAST_ERROR",
         ],
         &partitions,

@@ -11,8 +11,9 @@ use serde::de::DeserializeOwned;
 
 use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
 use crate::api::types::{
-    CreateTopicRequest, ErrorBody, FetchResponse, GrowPartitionsRequest, ProduceRecordJson,
-    ProduceRequest, ProduceResponse, SetAsideList, TopicDescription, TopicInfo, TopicList,
+    CreateTopicRequest, DeletedTopic, ErrorBody, FetchResponse, GrowPartitionsRequest,
+    ProduceRecordJson, ProduceRequest, ProduceResponse, SetAsideList, TopicDescription, TopicInfo,
+    TopicList,
 };
 use crate::topics::set_aside::SetAsideEntry;
 
@@ -31,8 +32,15 @@ pub enum ApiCallError {
         /// The server's `error` message (or the raw body when it is not our JSON).
         message: String,
     },
-    /// The daemon could not be reached or the answer could not be read.
-    #[error("cannot reach the daemon at {url}: {source}")]
+    /// Nothing accepted a connection at the daemon's address: most often no `narad serve`
+    /// runs there, or `--url` points elsewhere.
+    #[error("cannot reach narad at {base}: is `narad serve` running? (--url / NARAD_URL)")]
+    Unreachable {
+        /// The daemon's base URL.
+        base: String,
+    },
+    /// The call was sent but failed on the way (a timeout, a reset connection, a cut answer).
+    #[error("the call to {url} failed")]
     Transport {
         /// The URL called.
         url: String,
@@ -151,9 +159,17 @@ impl Client {
         path: &str,
     ) -> Result<T, ApiCallError> {
         let url = format!("{}{}", self.base, path);
-        let transport = |source| ApiCallError::Transport {
-            url: url.clone(),
-            source,
+        let transport = |source: reqwest::Error| {
+            if source.is_connect() {
+                ApiCallError::Unreachable {
+                    base: self.base.clone(),
+                }
+            } else {
+                ApiCallError::Transport {
+                    url: url.clone(),
+                    source,
+                }
+            }
         };
         let resp = req.send().await.map_err(transport)?;
         let status = resp.status();
@@ -215,10 +231,19 @@ impl Client {
             .await
     }
 
-    /// `DELETE /v1/topics/{t}`.
-    pub async fn delete_topic(&self, topic: &str) -> Result<TopicInfo, ApiCallError> {
-        self.call::<(), _>(Method::DELETE, &format!("/v1/topics/{topic}"), None, None)
-            .await
+    /// `DELETE /v1/topics/{t}`; `force` deletes a topic that has children or is a child
+    /// (refused with 409 otherwise), removing those links.
+    pub async fn delete_topic(
+        &self,
+        topic: &str,
+        force: bool,
+    ) -> Result<DeletedTopic, ApiCallError> {
+        let path = if force {
+            format!("/v1/topics/{topic}?force=true")
+        } else {
+            format!("/v1/topics/{topic}")
+        };
+        self.call::<(), _>(Method::DELETE, &path, None, None).await
     }
 
     /// `POST /v1/topics/{t}/partitions`.

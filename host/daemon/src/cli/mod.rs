@@ -3,6 +3,7 @@
 //! scripts. A server error prints the server's message and exits non-zero.
 //!
 //! - [`client`]: the HTTP client; [`table`]: text tables; [`duration`]: `10s`-style flags;
+//!   [`human`]: plurals and RFC 3339 times for the tables;
 //! - [`topic`], [`produce`], [`consume`], [`child`]: the client commands; [`demo`]: `narad demo`;
 //! - [`completions`]: shell completion scripts; [`logging`]: `RUST_LOG` and `--log-format`;
 //! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
@@ -18,6 +19,7 @@ pub mod completions;
 pub mod consume;
 pub mod demo;
 pub mod duration;
+pub mod human;
 pub mod logging;
 pub mod plugin;
 pub mod produce;
@@ -55,9 +57,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Create, list, describe, grow and delete topics.
     Topic(topic::TopicArgs),
-    /// Produce NDJSON records from stdin to a topic.
+    /// Produce records from stdin to a topic: one per line, the line is the value (`-K DELIM`
+    /// for key<DELIM>value, `--json` for JSON records).
     Produce(produce::ProduceArgs),
-    /// Print a partition's records as NDJSON.
+    /// Print a topic's records, every partition by default: values one per line, `--format`
+    /// for kcat-style output, `--json` for JSON records that `produce --json` takes back.
     Consume(consume::ConsumeArgs),
     /// The main job end to end: an in-process daemon, a parent with three children (default
     /// chain, delay, header-route), a steady stream of records, a live table, and a check of
@@ -100,7 +104,41 @@ impl ClientArgs {
 }
 
 /// Runs a parsed command line.
+///
+/// A client command whose stdout was closed by its reader (`narad consume t | head`) stops
+/// quietly with success, as `cat` would; a daemon that cannot be reached is reported in one
+/// line, without the callers' context or the transport's chain of causes.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let serve = matches!(cli.command, Command::Serve(_));
+    let result = run_command(cli).await;
+    match result {
+        Err(e) if !serve && is_broken_pipe(&e) => Ok(()),
+        Err(e) if !serve => Err(unreachable_alone(e)),
+        other => other,
+    }
+}
+
+/// True when `e` comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The "cannot reach narad" error on its own when `e` is one, else `e` unchanged.
+fn unreachable_alone(e: anyhow::Error) -> anyhow::Error {
+    let alone = e.chain().find_map(|cause| match cause.downcast_ref() {
+        Some(unreachable @ client::ApiCallError::Unreachable { .. }) => {
+            Some(anyhow::anyhow!("{unreachable}"))
+        }
+        _ => None,
+    });
+    alone.unwrap_or(e)
+}
+
+async fn run_command(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Topic(args) => topic::run(args).await,
@@ -111,9 +149,33 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Child(args) => child::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Admin(args) => admin::run(args).await,
-        Command::Completions(args) => {
-            completions::run(&args);
-            Ok(())
-        }
+        Command::Completions(args) => completions::run(&args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context as _;
+
+    #[test]
+    fn a_closed_pipe_is_found_under_any_context() {
+        let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .context("writing records");
+        assert!(is_broken_pipe(&e));
+        assert!(!is_broken_pipe(&anyhow::anyhow!("broken pipe")));
+    }
+
+    #[test]
+    fn an_unreachable_daemon_is_reported_without_the_callers_context() {
+        let e: anyhow::Error = Err::<(), _>(client::ApiCallError::Unreachable {
+            base: "http://127.0.0.1:9".into(),
+        })
+        .context("fetching t partition 0")
+        .unwrap_err();
+        assert_eq!(
+            format!("{:#}", unreachable_alone(e)),
+            "cannot reach narad at http://127.0.0.1:9: is `narad serve` running? (--url / NARAD_URL)"
+        );
     }
 }

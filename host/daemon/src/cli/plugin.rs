@@ -20,7 +20,7 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 
 use super::ClientArgs;
-use super::table;
+use super::{human, table};
 use crate::api::plugins::{PluginInfo, PluginList, RemovedPlugin};
 use crate::api::types::{HeadersJson, Text};
 
@@ -62,9 +62,18 @@ pub enum PluginCommand {
 #[derive(Debug, Args)]
 pub struct TestArgs {
     /// The chain, in order: .wasm files or built-in names (key-hash, keyless-index,
-    /// round-robin, header-route; an existing file of that name wins); 1 to 8.
-    #[arg(required = true, value_name = "PLUGIN")]
+    /// round-robin, header-route; an existing file of that name wins); 1 to 8, comma- or
+    /// space-separated (`key-hash,round-robin` as `child attach --router` takes it).
+    #[arg(
+        value_delimiter = ',',
+        value_name = "PLUGIN",
+        required_unless_present = "router",
+        conflicts_with = "router"
+    )]
     pub plugins: Vec<String>,
+    /// The chain as `child attach --router` takes it: comma-separated plugin names or files.
+    #[arg(long, value_delimiter = ',', value_name = "PLUGINS")]
+    pub router: Option<Vec<String>>,
     /// NDJSON file of records ("-" for stdin): {"key"?|"key_b64"?, "value"?|"value_b64"?,
     /// "headers"?, "offset"?, "committed_at"?}.
     #[arg(long, value_name = "FILE")]
@@ -87,6 +96,13 @@ pub struct TestArgs {
     /// Child topic name shown to the plugins.
     #[arg(long, default_value = "child")]
     pub child_topic: String,
+}
+
+impl TestArgs {
+    /// The chain, from the positional names or `--router`.
+    pub fn chain(&self) -> &[String] {
+        self.router.as_deref().unwrap_or(&self.plugins)
+    }
 }
 
 /// One input record of `narad plugin test`.
@@ -253,10 +269,9 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
                 print_json(&removed)?;
             } else {
                 println!(
-                    "removed plugin {} ({} version{})",
+                    "removed plugin {} ({})",
                     removed.name,
-                    removed.removed.len(),
-                    if removed.removed.len() == 1 { "" } else { "s" }
+                    human::plural(removed.removed.len() as u64, "version")
                 );
             }
         }
@@ -295,7 +310,7 @@ pub fn trial(args: &TestArgs) -> anyhow::Result<TrialOutput> {
     let records = read_records(&args.records)?;
     let runtime = Runtime::new(RuntimeConfig::default()).context("starting the plugin runtime")?;
     let plugins = args
-        .plugins
+        .chain()
         .iter()
         .map(|spec| load_plugin(&runtime, spec))
         .collect::<anyhow::Result<Vec<Plugin>>>()?;
@@ -313,13 +328,23 @@ pub fn trial(args: &TestArgs) -> anyhow::Result<TrialOutput> {
     let report = match run_trial(&mut chain, &ctx, &records) {
         Ok(report) => report,
         Err(e) => match &e.poison {
-            Some(poison) => bail!(
-                "{}; the first record it cannot route is record {} (offset {}): {}",
-                e.error,
-                poison.index + 1,
-                poison.parent_offset,
-                poison.error.failure
-            ),
+            Some(poison) => {
+                // The record alone often fails just as the slab did: say it once.
+                let alone = poison.error.failure.to_string();
+                let same = alone == e.error.failure.to_string();
+                bail!(
+                    "{}; the first record it cannot route is at index {} of the input \
+                     (0-based; parent offset {}){}",
+                    e.error,
+                    poison.index,
+                    poison.parent_offset,
+                    if same {
+                        String::new()
+                    } else {
+                        format!(": {alone}")
+                    }
+                )
+            }
             None => bail!("{}", e.error),
         },
     };
@@ -552,6 +577,11 @@ fn list_table(plugins: &[PluginInfo]) -> String {
                 p.version.clone(),
                 p.digest.chars().take(12).collect(),
                 p.size_bytes.to_string(),
+                if p.builtin {
+                    "-".to_owned()
+                } else {
+                    human::rfc3339_utc(p.uploaded_at)
+                },
                 p.needs
                     .as_ref()
                     .map_or_else(|| "?".to_owned(), |n| n.join(",")),
@@ -569,6 +599,7 @@ fn list_table(plugins: &[PluginInfo]) -> String {
             "VERSION",
             "DIGEST",
             "BYTES",
+            "UPLOADED",
             "NEEDS",
             "FLAGS",
             "DESCRIPTION",

@@ -3,8 +3,8 @@
 use clap::{Args, Subcommand};
 
 use super::ClientArgs;
-use super::table;
-use crate::api::types::{CreateTopicRequest, TopicDescription, TopicInfo};
+use super::{human, table};
+use crate::api::types::{CreateTopicRequest, DeletedTopic, TopicDescription, TopicInfo};
 
 /// `narad topic`.
 #[derive(Debug, Args)]
@@ -49,10 +49,14 @@ pub enum TopicCommand {
         #[arg(long)]
         partitions: u32,
     },
-    /// Delete a topic and all its records.
+    /// Delete a topic and all its records. A topic that has children or is a child is
+    /// deleted only with --force, which removes those links too (and says which).
     Delete {
         /// Topic name.
         name: String,
+        /// Delete it even though it has fan-out children or is one, removing those links.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -67,11 +71,18 @@ fn topic_rows(topics: &[TopicInfo]) -> String {
                     .map_or_else(|| "-".to_owned(), |v| v.to_string()),
                 t.retention_bytes
                     .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                human::rfc3339_utc(t.created_at),
             ]
         })
         .collect();
     table::render(
-        &["NAME", "PARTITIONS", "RETENTION_MS", "RETENTION_BYTES"],
+        &[
+            "NAME",
+            "PARTITIONS",
+            "RETENTION_MS",
+            "RETENTION_BYTES",
+            "CREATED",
+        ],
         &rows,
     )
 }
@@ -114,11 +125,37 @@ fn describe_text(d: &TopicDescription) -> String {
         if let Some(c) = &p.recovered_cut {
             let at_least = if c.records_exact { "" } else { "at least " };
             out.push_str(&format!(
-                "partition {}: recovery cut {at_least}{} record(s), {} byte(s), from offset {} ({} cut(s)); kept at {}\n",
-                p.partition, c.records, c.bytes, c.from_offset, c.cuts, c.kept_at
+                "partition {}: recovery cut {at_least}{}, {}, from offset {} ({}, the latest at {}); kept at {}\n",
+                p.partition,
+                human::plural(c.records, "record"),
+                human::plural(c.bytes, "byte"),
+                c.from_offset,
+                human::plural(u64::from(c.cuts), "cut"),
+                human::rfc3339_utc(c.at_ms),
+                c.kept_at
             ));
         }
     }
+    out
+}
+
+/// What `topic delete` prints: the topic, and each link that went with it.
+fn deleted_text(d: &DeletedTopic) -> String {
+    let mut out = format!("deleted topic {}", d.topic.name);
+    if d.removed_links.is_empty() {
+        out.push('\n');
+        return out;
+    }
+    let links: Vec<String> = d
+        .removed_links
+        .iter()
+        .map(|l| format!("{} -> {}", l.parent, l.child))
+        .collect();
+    out.push_str(&format!(
+        " and its {}: {}\n",
+        human::plural(links.len() as u64, "link"),
+        links.join(", ")
+    ));
     out
 }
 
@@ -149,7 +186,11 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&t)?;
             } else {
-                println!("created topic {} with {} partitions", t.name, t.partitions);
+                println!(
+                    "created topic {} with {}",
+                    t.name,
+                    human::plural(u64::from(t.partitions), "partition")
+                );
             }
         }
         TopicCommand::List => {
@@ -173,17 +214,65 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&t)?;
             } else {
-                println!("topic {} now has {} partitions", t.name, t.partitions);
+                println!(
+                    "topic {} now has {}",
+                    t.name,
+                    human::plural(u64::from(t.partitions), "partition")
+                );
             }
         }
-        TopicCommand::Delete { name } => {
-            let t = client.delete_topic(&name).await?;
+        TopicCommand::Delete { name, force } => {
+            let deleted = client.delete_topic(&name, force).await?;
             if json {
-                print_json(&t)?;
+                print_json(&deleted)?;
             } else {
-                println!("deleted topic {}", t.name);
+                print!("{}", deleted_text(&deleted));
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::types::LinkEnds;
+
+    fn topic(name: &str) -> TopicInfo {
+        TopicInfo {
+            name: name.to_owned(),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            created_at: 1_764_460_800_123,
+        }
+    }
+
+    #[test]
+    fn a_forced_delete_names_every_link_that_went() {
+        let text = deleted_text(&DeletedTopic {
+            topic: topic("orders"),
+            removed_links: vec![
+                LinkEnds {
+                    parent: "orders".into(),
+                    child: "audit".into(),
+                },
+                LinkEnds {
+                    parent: "raw".into(),
+                    child: "orders".into(),
+                },
+            ],
+        });
+        assert_eq!(
+            text,
+            "deleted topic orders and its 2 links: orders -> audit, raw -> orders\n"
+        );
+    }
+
+    #[test]
+    fn the_topic_table_shows_the_creation_time_in_utc() {
+        let text = topic_rows(&[topic("orders")]);
+        assert!(text.contains("2025-11-30T00:00:00Z"), "{text}");
+        assert!(!text.contains("1764460800123"), "{text}");
+    }
 }

@@ -1,36 +1,31 @@
-//! One fan-out cursor: resolve the start, then read, deliver, advance, until stopped.
+//! One fan-out cursor: the loop that takes a slab through its steps, until stopped.
 //!
-//! A cursor never waits past the parent's end. Its position can be beyond the parent's high
-//! watermark when the parent lost records the cursor had already copied: a torn tail cut at
-//! start-up with no high-watermark file to refuse the cut, for example. Waiting there would
-//! skip every record the parent writes again at the reused offsets, so the cursor moves back
-//! to the parent's end instead ([`rewind_to_parent_end`]), at start and whenever a read says
-//! the position is past the end; it logs both offsets and counts the rewind. This only ever
-//! moves the cursor back toward records it has not copied (duplicates in the child, never a
-//! gap), so it keeps the cursor's epoch and needs no confirmation from the metastore. When
-//! records were already written again at the lost offsets before the cursor starts, its
-//! position is not past the end any more; the content of the copies in the child then shows
-//! the reuse ([`provenance::first_reused_offset`], [`rewind_past_reused_offsets`]).
+//! [`run_cursor`] opens the position ([`super::position`]), then loops: read a slab
+//! ([`super::slab`]), and for its records check the epoch, route ([`super::route`]), bucket
+//! ([`super::bucket`]) and commit ([`super::commit`]), sending the records of failed buckets
+//! round again after the back-off, then advance ([`super::advance`]). Each step gets what it
+//! needs as arguments and returns its result; none calls back into the loop. A step that
+//! fails for now stalls the cursor (its reason in the status) for
+//! [`FanoutTiming::retry_backoff`] and is tried again; the cursor never skips a record.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::convert::Infallible;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fs::FileSystem;
-use narad_storage::{Clock, PartitionId, StorageError, Store};
+use narad_storage::{Clock, PartitionId, StorageError, Store, StoredRecord};
 
-use super::RETRY_BACKOFF;
+use super::advance::OffsetFile;
+use super::bucket::{SlabOrigin, bucket};
+use super::commit::{Acknowledged, commit};
 use super::committer::ChildCommitter;
-use super::deliver::{Delivery, DeliveryEnv, LinkGone, LinkView, SlabJob, deliver};
-use super::gate;
-use super::provenance;
-use super::router::SharedRouter;
-use super::slab::{SlabRead, read_slab};
-use super::start::{StartPoint, start_point};
+use super::position::{self, Deferred, Opened};
+use super::route::{RouteFailure, RouteInput, SharedRouter, route};
+use super::slab::{NoRecords, SlabError, SlabRead, read_slab};
 use super::status::CursorStatus;
+use super::{FanoutTiming, gate};
 use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
-use crate::metastore::{BoxFuture, Metastore, MetastoreError};
+use crate::metastore::{Metastore, MetastoreError};
 use crate::shutdown::ShutdownSignal;
 
 /// Identity of one fan-out cursor: a (parent partition, child) pair under one attach epoch.
@@ -62,6 +57,8 @@ pub struct CursorDeps {
     pub metastore: Arc<dyn Metastore>,
     /// The clock the delay gate reads (this node's clock).
     pub clock: Arc<dyn Clock>,
+    /// Every wait of the cursor (the reference constants by default).
+    pub timing: FanoutTiming,
 }
 
 /// A link as the cursors of this node see it: its metadata, swapped when the link changes,
@@ -109,289 +106,33 @@ pub enum CursorExit {
     Deferred(Deferred),
 }
 
-/// Why a cursor did not start yet; the reconciler tries again on a later tick.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// Why a cursor's link is no longer the one it serves. The `Display` text is what the cursor's
+/// exit says.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Deferred {
-    /// The cursor had to write a new offset file (none, a corrupt one, or one of another
-    /// attach), and the metastore, read linearizably, did not have its epoch as the link's.
-    #[error("epoch {epoch} of {parent} -> {child} not confirmed by the metastore")]
-    EpochNotConfirmed {
-        /// The cursor's attach epoch.
-        epoch: String,
+pub enum LinkGone {
+    /// Before routing a slab, the metastore no longer had the cursor's epoch as the link's,
+    /// or no longer had the link's parent or child topic: the link was detached, re-attached
+    /// or a topic deleted.
+    #[error("{parent} -> {child} was detached or re-attached")]
+    DetachedOrReattached {
         /// Parent topic.
         parent: String,
         /// Child topic.
         child: String,
     },
-}
-
-/// Why a step of a cursor failed for now: the cursor reports it as its stall reason, waits
-/// and retries. The `Display` text is the stall reason operators see.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CursorStepError {
-    /// Reading the metastore (topics, links, the linearizable epoch check) failed.
-    #[error(transparent)]
-    Metastore(#[from] MetastoreError),
-    /// The cursor's epoch is not 16 lowercase hex digits.
+    /// The link's metadata, swapped in by the reconciler, carries another attach epoch than
+    /// the cursor's.
+    #[error("{parent} -> {child} was re-attached")]
+    Reattached {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+    /// The cursor's own epoch is not a valid epoch, so no link can be its.
     #[error(transparent)]
     BadEpoch(#[from] BadEpoch),
-    /// Storage failed while resolving the start: scanning the child's tails or reading the
-    /// parent's end.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// Loading or writing the offset file failed while resolving the start.
-    #[error(transparent)]
-    OffsetFile(#[from] cursor_file::CursorError),
-    /// A task on the blocking pool panicked or was cancelled while resolving the start.
-    #[error("blocking task failed: {0}")]
-    BlockingTask(tokio::task::JoinError),
-    /// The task advancing the offset file panicked or was cancelled.
-    #[error("offset-file task failed: {0}")]
-    OffsetFileTask(tokio::task::JoinError),
-    /// Writing the advanced position to the offset file failed.
-    #[error("advancing the offset file failed: {0}")]
-    Advance(cursor_file::CursorError),
-}
-
-/// Where resolving a cursor's start ended.
-enum Opened {
-    /// The offset file, at the position the cursor starts from.
-    File(CursorFile),
-    /// The start cannot be written now; the cursor exits and is started again later.
-    Deferred(Deferred),
-}
-
-/// The offset-file path of a cursor: `topics/{parent}/p{00000}/fanout-{child}.offset`.
-pub fn cursor_path(store: &Store, parent: &PartitionId, child: &str) -> PathBuf {
-    store
-        .data_dir()
-        .join("topics")
-        .join(&parent.topic)
-        .join(parent.dir_name())
-        .join(cursor_file::cursor_file_name(child))
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, CursorStepError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(CursorStepError::BlockingTask)
-}
-
-struct Env<'a> {
-    deps: &'a CursorDeps,
-    key: &'a CursorKey,
-}
-
-impl DeliveryEnv for Env<'_> {
-    fn link_view(&self) -> BoxFuture<'_, Result<LinkView, MetastoreError>> {
-        Box::pin(link_view(self.deps, self.key))
-    }
-}
-
-/// Reads the link's current state from the metastore: is the cursor's epoch still the link's,
-/// and the partition counts and config to route with.
-async fn link_view(deps: &CursorDeps, key: &CursorKey) -> Result<LinkView, MetastoreError> {
-    let snapshot = deps.metastore.snapshot().await?;
-    let link = snapshot
-        .links
-        .get(&(key.parent.clone(), key.child.clone()))
-        .filter(|link| link.attach_epoch == key.epoch);
-    let child = snapshot.topics.get(&key.child).map(|t| t.partitions);
-    let parent = snapshot.topics.get(&key.parent).map(|t| t.partitions);
-    Ok(match (link, child, parent) {
-        (Some(link), Some(child_partitions), Some(parent_partitions)) => LinkView {
-            current: true,
-            child_partitions,
-            parent_partitions,
-            config: link.config.clone().into_bytes(),
-        },
-        _ => LinkView {
-            current: false,
-            child_partitions: 0,
-            parent_partitions: 0,
-            config: Vec::new(),
-        },
-    })
-}
-
-/// Whether the metastore, read linearizably, still has `key`'s epoch as the link's epoch.
-async fn epoch_confirmed(deps: &CursorDeps, key: &CursorKey) -> Result<bool, MetastoreError> {
-    let snapshot = deps.metastore.confirm().await?;
-    Ok(snapshot
-        .links
-        .get(&(key.parent.clone(), key.child.clone()))
-        .is_some_and(|link| link.attach_epoch == key.epoch))
-}
-
-/// Resolves where the cursor starts and opens its offset file.
-async fn open_position(
-    deps: &Arc<CursorDeps>,
-    key: &CursorKey,
-    link: &LinkMeta,
-    status: &CursorStatus,
-) -> Result<Opened, CursorStepError> {
-    let parent = PartitionId::new(key.parent.clone(), key.partition);
-    let path = cursor_path(&deps.store, &parent, &key.child);
-    let epoch = epoch_bytes(&key.epoch)?;
-    let child_partitions = deps
-        .metastore
-        .topic(&key.child)
-        .await?
-        .map_or(0, |t| t.partitions);
-
-    let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
-    let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
-    let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
-    let (evidence, copies) = blocking(move || {
-        provenance::scan_child_tails_with_copies(&store, &child, child_partitions, epoch, partition)
-    })
-    .await??;
-    // The parent's end, read now (opening the log if a crash left its end unknown): nothing
-    // may start past it.
-    let (store, high_id) = (Arc::clone(&deps.store), parent.clone());
-    let high = blocking(move || store.high_watermark(&high_id)).await??;
-    let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
-    let stats = blocking(move || store.peek(&peek_id)).await??;
-
-    match loaded {
-        CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
-            let mut position = rewind_to_parent_end(record.next_offset, high, key, status);
-            let floor = match start_point(link.attach_offsets.as_deref(), key.partition) {
-                StartPoint::LiveTail => None,
-                point => Some(point.resolve(0)),
-            };
-            if let Some(target) =
-                provenance::rewind_target(position, evidence, stats.log_start_offset, floor)
-            {
-                tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
-                    "cursor is ahead of what its child holds; rewinding so nothing is missing");
-                status.rewound();
-                position = target;
-            }
-            let position =
-                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
-            let fs = Arc::clone(&deps.fs);
-            let rewound = position != record.next_offset;
-            let file = blocking(move || {
-                let record = CursorRecord {
-                    epoch: record.epoch,
-                    next_offset: position,
-                };
-                if rewound {
-                    CursorFile::anchor(fs, &path, record)
-                } else {
-                    CursorFile::resume(fs, &path, record, layout)
-                }
-            })
-            .await??;
-            Ok(Opened::File(file))
-        }
-        other => {
-            match &other {
-                CursorLoad::Found { record, .. } => {
-                    tracing::info!(parent = %parent, child = %key.child,
-                    found = %record.epoch, wanted = %key.epoch, "offset file belongs to another attach; not resuming it")
-                }
-                CursorLoad::Corrupt { reason } => {
-                    tracing::warn!(parent = %parent, child = %key.child,
-                    %reason, "offset file is corrupt; rebuilding the position")
-                }
-                CursorLoad::Missing => {}
-            }
-            // Anchoring overwrites the file: only with the epoch confirmed linearizably.
-            if !epoch_confirmed(deps, key).await? {
-                return Ok(Opened::Deferred(Deferred::EpochNotConfirmed {
-                    epoch: key.epoch.clone(),
-                    parent: key.parent.clone(),
-                    child: key.child.clone(),
-                }));
-            }
-            let position = match evidence.evidence {
-                // The child holds slabs of this epoch: resume at the newest one's start.
-                Some(found) if found.newest_slab_start >= stats.log_start_offset => {
-                    found.newest_slab_start
-                }
-                _ => start_point(link.attach_offsets.as_deref(), key.partition).resolve(high),
-            };
-            // Evidence or an attach point past the parent's end: the parent lost records since.
-            let position = rewind_to_parent_end(position, high, key, status);
-            let position =
-                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
-            let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
-            let file = blocking(move || {
-                CursorFile::anchor(
-                    fs,
-                    &path,
-                    CursorRecord {
-                        epoch: epoch_text,
-                        next_offset: position,
-                    },
-                )
-            })
-            .await??;
-            Ok(Opened::File(file))
-        }
-    }
-}
-
-/// The position a cursor at `position` may use given the parent's high watermark `high`:
-/// `position` itself, or `high` when `position` is past it. Past the end, the parent lost
-/// records the cursor had already copied; records written again at those offsets are new and
-/// must reach the child, so the cursor goes back to the parent's end. Logs and counts it.
-fn rewind_to_parent_end(position: u64, high: u64, key: &CursorKey, status: &CursorStatus) -> u64 {
-    if position <= high {
-        return position;
-    }
-    note_parent_end_rewind(position, high, key, status);
-    high
-}
-
-/// Logs and counts a rewind from `from` back to the parent's end `to`.
-fn note_parent_end_rewind(from: u64, to: u64, key: &CursorKey, status: &CursorStatus) {
-    tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
-        from, to, lost = from.saturating_sub(to),
-        "cursor is past the parent's end: the parent lost records it had copied; rewinding to the parent's end so records written again at those offsets reach the child");
-    status.rewound_to_parent_end();
-}
-
-/// The position a cursor at `position` may use given what its child holds: `position` itself,
-/// or the first offset the parent reused for a new record after losing the one the child
-/// copied from it (records written again at lost offsets before the cursor started, so the
-/// position is no longer past the parent's end). Logs and counts it like
-/// [`rewind_to_parent_end`]: it is the same loss, found later.
-async fn rewind_past_reused_offsets(
-    deps: &CursorDeps,
-    parent: &PartitionId,
-    key: &CursorKey,
-    position: u64,
-    copies: provenance::TailCopies,
-    status: &CursorStatus,
-) -> Result<u64, CursorStepError> {
-    let (store, id) = (Arc::clone(&deps.store), parent.clone());
-    let reused =
-        blocking(move || provenance::first_reused_offset(&store, &id, position, &copies)).await??;
-    match reused {
-        Some(target) if target < position => {
-            tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
-                from = position, to = target,
-                "cursor is past the parent's end: the parent reused offsets of records it lost after the child copied them; rewinding so the records now at those offsets reach the child");
-            status.rewound_to_parent_end();
-            Ok(target)
-        }
-        _ => Ok(position),
-    }
-}
-
-/// Sleeps `duration`, or returns false early if the cursor is told to stop.
-async fn sleep_or_stop(duration: Duration, stop: &ShutdownSignal) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(duration) => true,
-        _ = stop.wait() => false,
-    }
 }
 
 /// Runs the cursor named by `key` until it is stopped or its link changes.
@@ -403,207 +144,354 @@ pub async fn run_cursor(
     stop: ShutdownSignal,
 ) -> CursorExit {
     let parent = PartitionId::new(key.parent.clone(), key.partition);
-    let epoch = match epoch_bytes(&key.epoch) {
-        Ok(epoch) => epoch,
-        Err(e) => return CursorExit::LinkGone(LinkGone::BadEpoch(e)),
+    let cursor = Cursor {
+        deps,
+        key,
+        parent,
+        link,
+        status,
+        stop,
     };
-    // Resolve the start, retrying (stalled) until it works or the cursor is stopped.
-    let file = loop {
-        match open_position(&deps, &key, &link.meta(), &status).await {
-            Ok(Opened::File(file)) => break file,
-            Ok(Opened::Deferred(why)) => return CursorExit::Deferred(why),
-            Err(reason) => {
-                status.stalled(format!("cannot open the cursor position: {reason}"));
-                if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
-                    return CursorExit::Stopped;
-                }
-            }
-        }
-    };
-    let start = file.next_offset();
-    let file = Arc::new(Mutex::new(file));
-    status.set_position(start, start);
-    status.running();
+    match cursor.run().await {
+        Err(exit) => exit,
+        Ok(never) => match never {},
+    }
+}
 
-    loop {
-        if stop.is_triggered() {
-            return CursorExit::Stopped;
-        }
-        let meta = link.meta();
-        if meta.attach_epoch != key.epoch {
-            return CursorExit::LinkGone(LinkGone::Reattached {
-                parent: key.parent.clone(),
-                child: key.child.clone(),
-            });
-        }
-        let delay_ms = meta.delay_ms;
-        let clock = Arc::clone(&deps.clock);
-        let gate_fn = move || gate::max_committed_at(clock.now_ms(), delay_ms);
-        let position = lock_file(&file).next_offset();
-        let read = tokio::select! {
-            read = read_slab(&deps.store, &parent, position, &gate_fn) => read,
-            _ = stop.wait() => return CursorExit::Stopped,
-        };
-        let read = match read {
-            Ok(read) => read,
-            Err(StorageError::OffsetBeyondEnd { high_watermark, .. })
-                if high_watermark < position =>
-            {
-                // The parent's log got shorter under the cursor (reopened after a crash or
-                // repair): go back to its end rather than wait for offsets it will reuse.
-                // Counted once it is durable: a failed write is retried on the next read.
-                match blocking_advance(&file, high_watermark).await {
-                    Ok(()) => {
-                        note_parent_end_rewind(position, high_watermark, &key, &status);
-                        status.set_position(high_watermark, high_watermark);
-                        status.running();
-                    }
-                    Err(reason) => {
-                        status.stalled(reason.to_string());
-                        if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
-                            return CursorExit::Stopped;
-                        }
-                    }
+/// One running cursor: what every step is called with.
+struct Cursor {
+    deps: Arc<CursorDeps>,
+    key: CursorKey,
+    parent: PartitionId,
+    link: Arc<LinkRuntime>,
+    status: Arc<CursorStatus>,
+    stop: ShutdownSignal,
+}
+
+impl Cursor {
+    /// The loop. Every `?` is the cursor's exit: stopped, link gone, or start deferred.
+    async fn run(&self) -> Result<Infallible, CursorExit> {
+        let epoch = epoch_bytes(&self.key.epoch).map_err(|e| CursorExit::LinkGone(e.into()))?;
+        // (0) Position: where the cursor starts, retried (stalled) until it can be opened.
+        let offsets = loop {
+            match position::open(&self.deps, &self.key, &self.link.meta(), &self.status).await {
+                Ok(Opened::File(offsets)) => break offsets,
+                Ok(Opened::Deferred(why)) => return Err(CursorExit::Deferred(why)),
+                Err(e) => {
+                    self.stall(format!("cannot open the cursor position: {e}"))
+                        .await?
                 }
-                continue;
-            }
-            Err(error) => {
-                status.stalled(format!("reading {parent} at {position} failed: {error}"));
-                if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
-                    return CursorExit::Stopped;
-                }
-                continue;
             }
         };
-        match read {
-            SlabRead::Idle { high_watermark } => {
-                status.set_position(position, high_watermark);
-                status.set_due_lag(0.0);
-                status.running();
+        self.status
+            .set_position(offsets.next_offset(), offsets.next_offset());
+        self.status.running();
+        loop {
+            let delay_ms = self.current_link()?.delay_ms;
+            let from = offsets.next_offset();
+            // (1) Read a slab, or learn why there is none.
+            let (records, high_watermark) = match self.read(from, delay_ms).await? {
+                Ok(SlabRead::Records {
+                    records,
+                    high_watermark,
+                }) => (records, high_watermark),
+                Ok(SlabRead::Nothing(why)) => {
+                    self.nothing_to_copy(&offsets, from, delay_ms, why).await?;
+                    continue;
+                }
+                Err(e) => {
+                    self.read_failed(&offsets, from, e).await?;
+                    continue;
+                }
+            };
+            let Some(last) = records.last().map(|r| r.offset) else {
+                continue;
+            };
+            let (oldest, count) = (records.first().map(|r| r.committed_at_ms), records.len());
+            let now_ms = self.deps.clock.now_ms();
+            self.status
+                .set_due_lag(gate::due_lag_seconds(oldest, delay_ms, now_ms));
+            // (2) to (4) Route, bucket, commit, until every record is acknowledged.
+            let origin = SlabOrigin {
+                epoch,
+                parent_partition: self.key.partition,
+                slab_start: from,
+            };
+            let acknowledged = self.deliver(records, origin).await?;
+            // (5) Advance: only now may the position pass the slab.
+            while let Err(e) = offsets.past_slab(&acknowledged, last + 1).await {
+                self.stall(e.to_string()).await?;
             }
-            SlabRead::NotDue {
+            self.status.slab_committed(count as u64);
+            self.healthy_at(last + 1, high_watermark);
+        }
+    }
+
+    /// Steps 2 to 4 for the records of one slab: check the epoch, route under the child's
+    /// current partition count, bucket, commit; the records of failed buckets (only those)
+    /// go round again after the back-off, until every one is acknowledged.
+    async fn deliver(
+        &self,
+        records: Vec<StoredRecord>,
+        origin: SlabOrigin,
+    ) -> Result<Acknowledged, CursorExit> {
+        let (mut pending, mut attempt) = (Arc::new(records), 0u32);
+        loop {
+            self.check_stop()?;
+            let view = match link_view(self.deps.metastore.as_ref(), &self.key).await {
+                Ok(Some(view)) => view,
+                Ok(None) => return Err(self.gone_detached()),
+                Err(e) => {
+                    self.stall(format!("cannot read the link: {e}")).await?;
+                    continue;
+                }
+            };
+            let input = view.route_input(&self.key, attempt);
+            let decisions = route(&self.link.router, input, Arc::clone(&pending)).await;
+            let (child, partitions) = (&self.key.child, view.child_partitions);
+            let buckets = decisions.and_then(|d| bucket(&pending, &d, child, partitions, origin));
+            let buckets = match buckets {
+                Ok(buckets) => buckets,
+                Err(failure) => {
+                    attempt = attempt.saturating_add(1);
+                    self.route_failed(&failure).await?;
+                    continue;
+                }
+            };
+            let failed = match commit(buckets, &self.deps.committer, &self.deps.timing).await {
+                Ok(acknowledged) => return Ok(acknowledged),
+                Err(failed) => failed,
+            };
+            self.status.commit_retried(failed.errors.len() as u64);
+            let reason = failed.reason();
+            tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+                failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
+            pending = Arc::new(failed.retained(&pending));
+            attempt = attempt.saturating_add(1);
+            self.stall(reason).await?;
+        }
+    }
+
+    /// Reads the next slab at `from` through the delay gate, unless the cursor is stopped.
+    async fn read(
+        &self,
+        from: u64,
+        delay_ms: u64,
+    ) -> Result<Result<SlabRead, SlabError>, CursorExit> {
+        let clock = Arc::clone(&self.deps.clock);
+        let gate = move || gate::max_committed_at(clock.now_ms(), delay_ms);
+        let store = &self.deps.store;
+        tokio::select! {
+            read = read_slab(store, &self.parent, from, &gate, &self.deps.timing) => Ok(read),
+            _ = self.stop.wait() => Err(CursorExit::Stopped),
+        }
+    }
+
+    /// The link's metadata, if the cursor is still to run under it.
+    fn current_link(&self) -> Result<Arc<LinkMeta>, CursorExit> {
+        self.check_stop()?;
+        let meta = self.link.meta();
+        if meta.attach_epoch != self.key.epoch {
+            return Err(CursorExit::LinkGone(LinkGone::Reattached {
+                parent: self.key.parent.clone(),
+                child: self.key.child.clone(),
+            }));
+        }
+        Ok(meta)
+    }
+
+    fn check_stop(&self) -> Result<(), CursorExit> {
+        match self.stop.is_triggered() {
+            true => Err(CursorExit::Stopped),
+            false => Ok(()),
+        }
+    }
+
+    fn gone_detached(&self) -> CursorExit {
+        CursorExit::LinkGone(LinkGone::DetachedOrReattached {
+            parent: self.key.parent.clone(),
+            child: self.key.child.clone(),
+        })
+    }
+
+    /// The cursor is healthy at `next_offset` with the parent at `high_watermark`.
+    fn healthy_at(&self, next_offset: u64, high_watermark: u64) {
+        self.status.set_position(next_offset, high_watermark);
+        self.status.set_due_lag(0.0);
+        self.status.running();
+    }
+
+    /// A read that brought no records: idle at the parent's tail, a delay cursor's next
+    /// record not due yet, or a position that aged out of the parent.
+    async fn nothing_to_copy(
+        &self,
+        offsets: &OffsetFile,
+        from: u64,
+        delay_ms: u64,
+        why: NoRecords,
+    ) -> Result<(), CursorExit> {
+        match why {
+            NoRecords::Idle { high_watermark } => {
+                self.healthy_at(from, high_watermark);
+                Ok(())
+            }
+            NoRecords::NotDue {
                 committed_at_ms,
                 high_watermark,
             } => {
-                status.set_position(position, high_watermark);
-                status.set_due_lag(0.0);
-                status.waiting();
-                let wait = gate::sleep_until_due(committed_at_ms, delay_ms, deps.clock.now_ms());
-                // Wake at least a millisecond later so the gate has moved past the record.
-                if !sleep_or_stop(wait.max(Duration::from_millis(1)), &stop).await {
-                    return CursorExit::Stopped;
-                }
+                self.wait_until_due(from, high_watermark, committed_at_ms, delay_ms)
+                    .await
             }
-            SlabRead::BelowLogStart { log_start } => {
-                let dropped = log_start.saturating_sub(position);
-                tracing::warn!(%parent, child = %key.child, from = position, to = log_start, dropped,
-                    "cursor fell behind the parent's retention; skipping aged-out records");
-                match blocking_advance(&file, log_start).await {
-                    Ok(()) => {
-                        status.add_dropped(dropped);
-                        status.set_position(log_start, log_start);
-                        status.running();
-                    }
-                    Err(reason) => {
-                        status.stalled(reason.to_string());
-                        if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
-                            return CursorExit::Stopped;
-                        }
-                    }
-                }
+            NoRecords::BelowLogStart { log_start } => {
+                self.skip_aged_out(offsets, from, log_start).await
             }
-            SlabRead::Records {
-                records,
-                high_watermark,
-            } => {
-                let Some(last) = records.last().map(|r| r.offset) else {
-                    continue;
-                };
-                let oldest = records.first().map(|r| r.committed_at_ms);
-                status.set_due_lag(gate::due_lag_seconds(oldest, delay_ms, deps.clock.now_ms()));
-                let count = records.len() as u64;
-                let job = SlabJob {
-                    parent: key.parent.clone(),
-                    partition: key.partition,
-                    child: key.child.clone(),
-                    epoch,
-                    slab_start: position,
-                    records,
-                };
-                let env = Env {
-                    deps: &deps,
-                    key: &key,
-                };
-                match deliver(job, &link.router, &deps.committer, &env, &status, &stop).await {
-                    Delivery::Committed => {}
-                    Delivery::Stopped => return CursorExit::Stopped,
-                    Delivery::LinkGone(reason) => return CursorExit::LinkGone(reason),
-                }
-                // Every bucket is acknowledged: only now may the position pass the slab.
-                loop {
-                    match blocking_advance(&file, last + 1).await {
-                        Ok(()) => break,
-                        Err(reason) => {
-                            status.stalled(reason.to_string());
-                            if !sleep_or_stop(RETRY_BACKOFF, &stop).await {
-                                return CursorExit::Stopped;
-                            }
-                        }
-                    }
-                }
-                status.slab_committed(count);
-                status.set_position(last + 1, high_watermark);
-                status.set_due_lag(0.0);
-                status.running();
+        }
+    }
+
+    /// A read that failed: past the parent's end means the parent lost records the cursor
+    /// had copied (it goes back to the end); anything else stalls and reads again later.
+    async fn read_failed(
+        &self,
+        offsets: &OffsetFile,
+        from: u64,
+        error: SlabError,
+    ) -> Result<(), CursorExit> {
+        match error {
+            SlabError::Storage(StorageError::OffsetBeyondEnd { high_watermark, .. })
+                if high_watermark < from =>
+            {
+                self.back_to_parent_end(offsets, from, high_watermark).await
             }
+            error => {
+                self.stall(format!("reading {} at {from} failed: {error}", self.parent))
+                    .await
+            }
+        }
+    }
+
+    /// A delay cursor whose next record is not due: sleeps until it is (at most the timing's
+    /// cap), then the loop reads again through the gate.
+    async fn wait_until_due(
+        &self,
+        from: u64,
+        high_watermark: u64,
+        committed_at_ms: i64,
+        delay_ms: u64,
+    ) -> Result<(), CursorExit> {
+        self.status.set_position(from, high_watermark);
+        self.status.set_due_lag(0.0);
+        self.status.waiting();
+        let now_ms = self.deps.clock.now_ms();
+        let cap = self.deps.timing.delay_max_sleep;
+        let wait = gate::sleep_until_due(committed_at_ms, delay_ms, now_ms, cap);
+        // Wake at least a millisecond later so the gate has moved past the record.
+        self.pause(wait.max(Duration::from_millis(1))).await
+    }
+
+    /// The position aged out of the parent: skip to its log start, counting the records lost.
+    async fn skip_aged_out(
+        &self,
+        offsets: &OffsetFile,
+        from: u64,
+        log_start: u64,
+    ) -> Result<(), CursorExit> {
+        let dropped = log_start.saturating_sub(from);
+        tracing::warn!(parent = %self.parent, child = %self.key.child, from, to = log_start, dropped,
+            "cursor fell behind the parent's retention; skipping aged-out records");
+        match offsets.past_aged_out(log_start).await {
+            Ok(()) => {
+                self.status.add_dropped(dropped);
+                self.status.set_position(log_start, log_start);
+                self.status.running();
+                Ok(())
+            }
+            Err(e) => self.stall(e.to_string()).await,
+        }
+    }
+
+    /// The parent's log got shorter under the cursor (reopened after a crash or repair): go
+    /// back to its end rather than wait for offsets it will reuse. Counted once it is
+    /// durable: a failed write is retried on the next read.
+    async fn back_to_parent_end(
+        &self,
+        offsets: &OffsetFile,
+        from: u64,
+        high: u64,
+    ) -> Result<(), CursorExit> {
+        match offsets.back_to_parent_end(high).await {
+            Ok(()) => {
+                position::note_parent_end_rewind(from, high, &self.key, &self.status);
+                self.status.set_position(high, high);
+                self.status.running();
+                Ok(())
+            }
+            Err(e) => self.stall(e.to_string()).await,
+        }
+    }
+
+    /// Counts and reports a slab the router could not route, then backs off.
+    async fn route_failed(&self, failure: &RouteFailure) -> Result<(), CursorExit> {
+        self.status.route_failed();
+        tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+            %failure, "slab not routed; retrying");
+        self.stall(format!("routing failed: {failure}")).await
+    }
+
+    /// Reports `reason` as the cursor's stall and backs off before the step is tried again.
+    async fn stall(&self, reason: String) -> Result<(), CursorExit> {
+        self.status.stalled(reason);
+        self.pause(self.deps.timing.retry_backoff).await
+    }
+
+    /// Sleeps `duration`, or exits early if the cursor is told to stop.
+    async fn pause(&self, duration: Duration) -> Result<(), CursorExit> {
+        tokio::select! {
+            _ = tokio::time::sleep(duration) => Ok(()),
+            _ = self.stop.wait() => Err(CursorExit::Stopped),
         }
     }
 }
 
-fn lock_file(file: &Mutex<CursorFile>) -> std::sync::MutexGuard<'_, CursorFile> {
-    // A panic inside `advance` leaves the position it had; the file itself is consistent.
-    file.lock().unwrap_or_else(PoisonError::into_inner)
+/// The link as a routing attempt sees it.
+struct LinkView {
+    child_partitions: u32,
+    parent_partitions: u32,
+    config: Vec<u8>,
 }
 
-/// Advances the offset file on the blocking pool.
-async fn blocking_advance(
-    file: &Arc<Mutex<CursorFile>>,
-    next_offset: u64,
-) -> Result<(), CursorStepError> {
-    let file = Arc::clone(file);
-    tokio::task::spawn_blocking(move || lock_file(&file).advance(next_offset))
-        .await
-        .map_err(CursorStepError::OffsetFileTask)?
-        .map_err(CursorStepError::Advance)
+impl LinkView {
+    fn route_input(&self, key: &CursorKey, attempt: u32) -> RouteInput {
+        RouteInput {
+            parent_topic: key.parent.clone(),
+            parent_partition: key.partition,
+            parent_partition_count: self.parent_partitions,
+            child_topic: key.child.clone(),
+            child_partition_count: self.child_partitions,
+            attempt,
+            config: self.config.clone(),
+        }
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::path::PathBuf;
-
-    use super::*;
-
-    #[test]
-    fn a_failed_offset_file_advance_stalls_with_the_same_reason_text() {
-        let error = CursorStepError::Advance(cursor_file::CursorError::Io {
-            op: "fsync",
-            path: PathBuf::from("/data/fanout-child.offset"),
-            source: std::io::Error::other("disk gone"),
-        });
-        assert!(matches!(error, CursorStepError::Advance(_)));
-        assert_eq!(
-            error.to_string(),
-            "advancing the offset file failed: fsync /data/fanout-child.offset: disk gone"
-        );
-    }
-
-    #[test]
-    fn a_bad_epoch_stalls_with_the_epochs_own_reason() {
-        let error = CursorStepError::from(epoch_bytes("xyz").unwrap_err());
-        assert!(matches!(error, CursorStepError::BadEpoch(BadEpoch(ref e)) if e == "xyz"));
-        assert_eq!(
-            error.to_string(),
-            "attach epoch \"xyz\" is not 16 lowercase hex digits"
-        );
-    }
+/// Reads the link's current state from the metastore: `None` when the cursor's epoch is no
+/// longer the link's (or a topic is gone), else the partition counts and config to route with.
+async fn link_view(
+    metastore: &dyn Metastore,
+    key: &CursorKey,
+) -> Result<Option<LinkView>, MetastoreError> {
+    let snapshot = metastore.snapshot().await?;
+    let link = snapshot
+        .links
+        .get(&(key.parent.clone(), key.child.clone()))
+        .filter(|link| link.attach_epoch == key.epoch);
+    let child = snapshot.topics.get(&key.child).map(|t| t.partitions);
+    let parent = snapshot.topics.get(&key.parent).map(|t| t.partitions);
+    Ok(match (link, child, parent) {
+        (Some(link), Some(child_partitions), Some(parent_partitions)) => Some(LinkView {
+            child_partitions,
+            parent_partitions,
+            config: link.config.clone().into_bytes(),
+        }),
+        _ => None,
+    })
 }

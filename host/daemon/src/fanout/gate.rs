@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use super::DELAY_MAX_SLEEP;
-
 /// The newest commit time a delay child may copy at `now_ms`: `now - delay`. `None` for a
 /// child without delay (every record is due).
 pub fn max_committed_at(now_ms: i64, delay_ms: u64) -> Option<i64> {
@@ -15,18 +13,24 @@ pub fn max_committed_at(now_ms: i64, delay_ms: u64) -> Option<i64> {
 }
 
 /// How long to sleep before a record committed at `committed_at_ms` is due, at most
-/// [`DELAY_MAX_SLEEP`]. Zero when it is already due.
+/// `max_sleep` (the cursor's [`super::FanoutTiming::delay_max_sleep`], by default
+/// [`super::DELAY_MAX_SLEEP`]). Zero when it is already due.
 ///
 /// The record is due when `now - delay >= committed_at`, i.e. at `committed_at + delay`. The
 /// caller re-checks the gate after waking, so a clock that stepped back while it slept makes it
 /// sleep again rather than deliver early.
-pub fn sleep_until_due(committed_at_ms: i64, delay_ms: u64, now_ms: i64) -> Duration {
+pub fn sleep_until_due(
+    committed_at_ms: i64,
+    delay_ms: u64,
+    now_ms: i64,
+    max_sleep: Duration,
+) -> Duration {
     let due_at = committed_at_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
     let wait_ms = due_at.saturating_sub(now_ms);
     if wait_ms <= 0 {
         return Duration::ZERO;
     }
-    Duration::from_millis(u64::try_from(wait_ms).unwrap_or(u64::MAX)).min(DELAY_MAX_SLEEP)
+    Duration::from_millis(u64::try_from(wait_ms).unwrap_or(u64::MAX)).min(max_sleep)
 }
 
 /// How far behind the due frontier a cursor runs, in seconds: the age past its due time of the
@@ -48,6 +52,7 @@ pub fn due_lag_seconds(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fanout::DELAY_MAX_SLEEP;
 
     const HOUR_MS: u64 = 3_600_000;
 
@@ -72,20 +77,32 @@ mod tests {
         let now = 13 * HOUR_MS as i64 + 500;
         let r2 = 12 * HOUR_MS as i64 + 1_000;
         assert_eq!(
-            sleep_until_due(r2, HOUR_MS, now),
+            sleep_until_due(r2, HOUR_MS, now, DELAY_MAX_SLEEP),
             Duration::from_millis(500)
         );
     }
 
     #[test]
     fn the_sleep_is_capped_at_thirty_seconds() {
-        assert_eq!(sleep_until_due(10_000, HOUR_MS, 0), DELAY_MAX_SLEEP);
+        assert_eq!(
+            sleep_until_due(10_000, HOUR_MS, 0, DELAY_MAX_SLEEP),
+            DELAY_MAX_SLEEP
+        );
+        // A cursor given a shorter cap (tests) wakes that often to look at the gate again.
+        let cap = Duration::from_millis(5);
+        assert_eq!(sleep_until_due(10_000, HOUR_MS, 0, cap), cap);
     }
 
     #[test]
     fn a_due_record_needs_no_sleep() {
-        assert_eq!(sleep_until_due(0, 1_000, 1_000), Duration::ZERO);
-        assert_eq!(sleep_until_due(0, 1_000, 5_000), Duration::ZERO);
+        assert_eq!(
+            sleep_until_due(0, 1_000, 1_000, DELAY_MAX_SLEEP),
+            Duration::ZERO
+        );
+        assert_eq!(
+            sleep_until_due(0, 1_000, 5_000, DELAY_MAX_SLEEP),
+            Duration::ZERO
+        );
     }
 
     #[test]

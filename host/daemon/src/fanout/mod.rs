@@ -1,40 +1,52 @@
 //! Fan-out: the cursors that copy a parent partition into a child, commit before advance.
 //!
 //! One cursor runs per (parent partition, child) pair on the node that owns the parent
-//! partition. Its loop, and the promise each step keeps:
+//! partition. Its loop ([`cursor`], one screen) calls one module per step of a slab, in order,
+//! and each step hands its result to the next; none calls back into the loop:
 //!
-//! 1. **Read a slab** ([`slab`]): long-poll the parent for up to [`SLAB_LONG_POLL`], then top up
-//!    to [`SLAB_MAX_RECORDS`] records or [`SLAB_MAX_BYTES`] bytes, or until [`SLAB_LINGER`]
-//!    passes. A delay child reads through the gate ([`gate`]): only records committed at or
-//!    before `now - delay` on this node's clock; at the first record not due it sleeps until
-//!    that record is due, at most [`DELAY_MAX_SLEEP`].
-//! 2. **Route** ([`router`]): the link's plugin chain gives every record a child partition.
-//! 3. **Commit** ([`deliver`]): records are bucketed per child partition in slab order and each
-//!    bucket is appended to its child partition (the produce path: append, `fdatasync`,
-//!    verify), [`COMMITS_IN_FLIGHT`] at a time. Failed buckets get quick retries, then the
-//!    cursor backs off and retries only them, re-routed under the child's current partition
-//!    count, after checking that its attach epoch is still the link's.
-//! 4. **Advance** ([`cursor`]): only when every bucket is acknowledged, the offset file
-//!    (`narad_storage::cursor`) moves past the slab. A crash in between repeats the slab:
-//!    duplicates in the child, never a gap.
+//! 0. **Position** ([`position`]): where the cursor starts or resumes, once, before the loop.
+//!    The attach fixes it: the parent's high watermarks read while the attach was processed, 0
+//!    for partitions added later, the live tail for links that predate attach points. An offset
+//!    file of this epoch is resumed, after checking it against the parent's end and against
+//!    what the child holds (rewinding, never skipping); without one, the child's newest slab
+//!    of this epoch names where to resume. Writing a new offset file waits for the metastore to
+//!    confirm the epoch.
+//! 1. **Read a slab** ([`slab`]): long-poll the parent for up to
+//!    [`FanoutTiming::slab_long_poll`], then top up to [`SLAB_MAX_RECORDS`] records or
+//!    [`SLAB_MAX_BYTES`] bytes, or until [`FanoutTiming::slab_linger`] passes. A delay child
+//!    reads through the gate ([`gate`]): only records committed at or before `now - delay` on
+//!    this node's clock; at the first record not due it sleeps until that record is due, at
+//!    most [`FanoutTiming::delay_max_sleep`].
+//! 2. **Route** ([`route`]): after checking that the cursor's attach epoch is still the link's,
+//!    the link's plugin chain gives every record a child partition, under the child's current
+//!    partition count.
+//! 3. **Bucket** ([`bucket`]): a counting sort by child partition (`narad_runtime::bucket`),
+//!    slab order kept within each bucket; each bucket is a batch carrying its origin.
+//! 4. **Commit** ([`commit`]): each bucket is appended to its child partition (the produce
+//!    path: append, `fdatasync`, verify), [`COMMITS_IN_FLIGHT`] at a time, with quick retries
+//!    ([`FanoutTiming::quick_retry_pauses`]). Failed buckets only are held (copied) and, after
+//!    [`FanoutTiming::retry_backoff`], go through steps 2 to 4 again.
+//! 5. **Advance** ([`advance`]): only when every bucket is acknowledged (the proof commit
+//!    hands out), the offset file (`narad_storage::cursor`) moves past the slab. A crash in
+//!    between repeats the slab: duplicates in the child, never a gap.
 //!
-//! Where a cursor starts ([`start`]) is fixed by the attach: the parent's high watermarks read
-//! while the attach was processed, 0 for partitions added later, the live tail for links that
-//! predate attach points. A cursor behind the parent's log start skips the aged-out records and
-//! counts them as dropped ([`status`], metrics).
+//! A cursor behind the parent's log start skips the aged-out records and counts them as
+//! dropped; one past the parent's end goes back to it ([`advance`], [`status`], metrics).
+//! Every wait of the loop comes from the cursor's [`FanoutTiming`] (defaults: the reference
+//! constants below) and every reading of the time from its clock, so tests shorten both.
 
+pub mod advance;
+pub mod bucket;
+pub mod commit;
 pub mod committer;
 pub mod cursor;
-pub mod deliver;
 pub mod gate;
 pub mod metrics;
 pub mod plugin_metrics;
-pub mod provenance;
-pub mod router;
+pub mod position;
+pub mod route;
 pub mod slab;
-pub mod start;
 pub mod status;
-pub mod wasm_router;
 
 use std::time::Duration;
 
@@ -66,3 +78,51 @@ pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest sleep of a delay cursor waiting for its next record to come due, so its gauges and
 /// view of the metadata stay fresh (engine reference: defaultFanoutDueWakeCap = 30 s).
 pub const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// Every wait of a cursor, carried to it with its clock (`CursorDeps`). [`Default`] gives the
+/// reference constants above; tests shorten them instead of sleeping for seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FanoutTiming {
+    /// Long-poll on the parent before a slab read reports no data ([`SLAB_LONG_POLL`]).
+    pub slab_long_poll: Duration,
+    /// How long a partial slab waits for more records before it ships ([`SLAB_LINGER`]).
+    pub slab_linger: Duration,
+    /// Pauses between the quick tries of a failed bucket commit, one more try per pause
+    /// ([`QUICK_RETRY_PAUSES`]).
+    pub quick_retry_pauses: [Duration; 2],
+    /// Back-off before failed buckets go round again, after a failed routing, and after any
+    /// failed step of the loop ([`RETRY_BACKOFF`]).
+    pub retry_backoff: Duration,
+    /// Longest sleep of a delay cursor waiting for a record to come due ([`DELAY_MAX_SLEEP`]).
+    pub delay_max_sleep: Duration,
+}
+
+impl Default for FanoutTiming {
+    fn default() -> FanoutTiming {
+        FanoutTiming {
+            slab_long_poll: SLAB_LONG_POLL,
+            slab_linger: SLAB_LINGER,
+            quick_retry_pauses: QUICK_RETRY_PAUSES,
+            retry_backoff: RETRY_BACKOFF,
+            delay_max_sleep: DELAY_MAX_SLEEP,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_timing_is_the_engine_reference() {
+        let timing = FanoutTiming::default();
+        assert_eq!(timing.slab_long_poll, Duration::from_secs(1));
+        assert_eq!(timing.slab_linger, Duration::from_millis(25));
+        assert_eq!(
+            timing.quick_retry_pauses,
+            [Duration::from_millis(100), Duration::from_millis(200)]
+        );
+        assert_eq!(timing.retry_backoff, Duration::from_secs(1));
+        assert_eq!(timing.delay_max_sleep, Duration::from_secs(30));
+    }
+}

@@ -2,7 +2,7 @@
 //! version.
 //!
 //! The chain ([`narad_runtime::Chain`]) keeps running totals per plugin; the router
-//! ([`super::wasm_router::ChainRouter`]) hands the change over each slab to a
+//! ([`super::route::wasm::ChainRouter`]) hands the change over each slab to a
 //! [`RouteObserver`], and [`PluginMetrics`] turns it into Prometheus series. Labels are the
 //! plugin's name and the first 12 hex digits of its digest, so two versions of a plugin are
 //! told apart while the series count stays bounded by the plugins deployed, not the links.

@@ -1,12 +1,30 @@
-//! Reading a slab from the parent: long-poll, then fill or linger.
+//! Step 1 of a slab, read: long-poll the parent, then fill or linger.
+//!
+//! A read either brings records (in offset order from the cursor's position) or says why
+//! there are none: nothing new, the next record is not due (delay children), or the position
+//! aged out of the parent. A position past the parent's end is the storage error
+//! [`StorageError::OffsetBeyondEnd`], which the cursor answers by moving back
+//! ([`super::advance`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use narad_storage::{PartitionId, ReadOptions, ReadResult, StorageError, Store, StoredRecord};
 use tokio::time::Instant;
 
-use super::{SLAB_LINGER, SLAB_LONG_POLL, SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
+use super::{FanoutTiming, SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
+use crate::blocking::BlockingError;
+
+/// Why a slab read failed; the cursor stalls with this text and reads again later.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SlabError {
+    /// The parent partition could not be read (or waited on).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The read task on the blocking pool did not return.
+    #[error("slab read task failed: {0}")]
+    Task(#[from] BlockingError),
+}
 
 /// The outcome of one slab read.
 #[derive(Debug)]
@@ -18,6 +36,13 @@ pub enum SlabRead {
         /// The parent's high watermark as of the last read.
         high_watermark: u64,
     },
+    /// No records to copy now, and why.
+    Nothing(NoRecords),
+}
+
+/// Why a slab read brought no records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRecords {
     /// Nothing new arrived within the long-poll.
     Idle {
         /// The parent's high watermark.
@@ -41,38 +66,21 @@ async fn read_blocking(
     store: &Arc<Store>,
     id: &PartitionId,
     opts: ReadOptions,
-) -> Result<ReadResult, StorageError> {
-    let store = Arc::clone(store);
-    let id = id.clone();
-    match tokio::task::spawn_blocking(move || store.read(&id, &opts)).await {
-        Ok(result) => result,
-        Err(join) => Err(StorageError::Io {
-            context: format!("slab read task failed: {join}"),
-            source: std::io::Error::other(join.to_string()),
-        }),
-    }
+) -> Result<ReadResult, SlabError> {
+    let (store, id) = (Arc::clone(store), id.clone());
+    Ok(crate::blocking::run(move || store.read(&id, &opts)).await??)
 }
 
-/// Reads the next slab at `from`: long-polls up to [`SLAB_LONG_POLL`] for a first record,
-/// then tops up to [`SLAB_MAX_RECORDS`] / [`SLAB_MAX_BYTES`] or until [`SLAB_LINGER`] passes.
-/// `gate` gives the delay gate (`now - delay`) at each read, `None` for a plain child.
+/// Reads the next slab at `from`: long-polls up to `timing.slab_long_poll` for a first record,
+/// then tops up to [`SLAB_MAX_RECORDS`] / [`SLAB_MAX_BYTES`] or until `timing.slab_linger`
+/// passes. `gate` gives the delay gate (`now - delay`) at each read, `None` for a plain child.
 pub async fn read_slab(
     store: &Arc<Store>,
     id: &PartitionId,
     from: u64,
     gate: &(dyn Fn() -> Option<i64> + Send + Sync),
-) -> Result<SlabRead, StorageError> {
-    read_slab_with(store, id, from, gate, SLAB_LONG_POLL).await
-}
-
-/// [`read_slab`] with an explicit long-poll (tests use a short one).
-pub async fn read_slab_with(
-    store: &Arc<Store>,
-    id: &PartitionId,
-    from: u64,
-    gate: &(dyn Fn() -> Option<i64> + Send + Sync),
-    long_poll: Duration,
-) -> Result<SlabRead, StorageError> {
+    timing: &FanoutTiming,
+) -> Result<SlabRead, SlabError> {
     let opts = |offset: u64, records: usize, bytes: usize| ReadOptions {
         offset,
         max_records: records,
@@ -81,20 +89,20 @@ pub async fn read_slab_with(
     };
     // Check the position first: waiting on an offset that aged out would never wake.
     let first = match read_blocking(store, id, opts(from, SLAB_MAX_RECORDS, SLAB_MAX_BYTES)).await {
-        Err(StorageError::OffsetBelowLogStart { log_start, .. }) => {
-            return Ok(SlabRead::BelowLogStart { log_start });
+        Err(SlabError::Storage(StorageError::OffsetBelowLogStart { log_start, .. })) => {
+            return Ok(SlabRead::Nothing(NoRecords::BelowLogStart { log_start }));
         }
         other => other?,
     };
     let first = if first.records.is_empty() && first.not_due.is_none() {
-        if !store.wait_for_data(id, from, long_poll).await? {
-            return Ok(SlabRead::Idle {
+        if !store.wait_for_data(id, from, timing.slab_long_poll).await? {
+            return Ok(SlabRead::Nothing(NoRecords::Idle {
                 high_watermark: first.high_watermark,
-            });
+            }));
         }
         match read_blocking(store, id, opts(from, SLAB_MAX_RECORDS, SLAB_MAX_BYTES)).await {
-            Err(StorageError::OffsetBelowLogStart { log_start, .. }) => {
-                return Ok(SlabRead::BelowLogStart { log_start });
+            Err(SlabError::Storage(StorageError::OffsetBelowLogStart { log_start, .. })) => {
+                return Ok(SlabRead::Nothing(NoRecords::BelowLogStart { log_start }));
             }
             other => other?,
         }
@@ -102,15 +110,15 @@ pub async fn read_slab_with(
         first
     };
     if first.records.is_empty() {
-        return Ok(match first.not_due {
-            Some(not_due) => SlabRead::NotDue {
+        return Ok(SlabRead::Nothing(match first.not_due {
+            Some(not_due) => NoRecords::NotDue {
                 committed_at_ms: not_due.due_at_ms,
                 high_watermark: first.high_watermark,
             },
-            None => SlabRead::Idle {
+            None => NoRecords::Idle {
                 high_watermark: first.high_watermark,
             },
-        });
+        }));
     }
 
     let mut high_watermark = first.high_watermark;
@@ -118,7 +126,7 @@ pub async fn read_slab_with(
     let mut next = first.next_offset;
     let mut gated = first.not_due.is_some();
     let mut records = first.records;
-    let linger_until = Instant::now() + SLAB_LINGER;
+    let linger_until = Instant::now() + timing.slab_linger;
     while !gated && records.len() < SLAB_MAX_RECORDS && bytes < SLAB_MAX_BYTES {
         let left = linger_until.saturating_duration_since(Instant::now());
         if left.is_zero() || !store.wait_for_data(id, next, left).await? {

@@ -3,8 +3,8 @@
 //! store (etcd) runs the same suite against its own backend.
 
 use super::{
-    LinkMeta, LinkRuleError, Metastore, MetastoreError, PluginRef, PluginVersion, TopicMeta,
-    Versions,
+    Change, LinkMeta, LinkRuleError, Metastore, MetastoreError, PartitionOwner, PluginRef,
+    PluginVersion, TopicMeta, Versions,
 };
 
 fn topic(name: &str, partitions: u32, retention_ms: Option<u64>) -> TopicMeta {
@@ -14,6 +14,7 @@ fn topic(name: &str, partitions: u32, retention_ms: Option<u64>) -> TopicMeta {
         retention_ms,
         retention_bytes: None,
         created_at_ms: 1_700_000_000_000,
+        owners: Vec::new(),
     }
 }
 
@@ -58,6 +59,7 @@ pub(crate) async fn run(store: &dyn Metastore) {
     links(store).await;
     plugins(store).await;
     attach_with_new_child(store).await;
+    owners(store).await;
     let confirmed = store.confirm().await.unwrap();
     assert_eq!(confirmed, store.snapshot().await.unwrap());
     assert_eq!(confirmed.versions, store.versions().await.unwrap());
@@ -263,4 +265,40 @@ async fn attach_with_new_child(store: &dyn Metastore) {
             ..before
         }
     );
+}
+
+/// Owners (cluster mode) are stored with their topic and grow with it, in the same write.
+async fn owners(store: &dyn Metastore) {
+    let placed = TopicMeta {
+        owners: vec![PartitionOwner::first("n1"), PartitionOwner::first("n2")],
+        ..topic("placed", 2, None)
+    };
+    store.create_topic(placed.clone()).await.unwrap();
+    assert_eq!(store.topic("placed").await.unwrap(), Some(placed));
+    let grown = store
+        .apply(Change::GrowPartitions {
+            name: "placed".to_owned(),
+            count: 3,
+            owners: vec![PartitionOwner::first("n3")],
+        })
+        .await
+        .unwrap()
+        .into_topic()
+        .unwrap();
+    let nodes: Vec<&str> = grown.owners.iter().map(|o| o.node.as_str()).collect();
+    assert_eq!((grown.partitions, nodes), (3, vec!["n1", "n2", "n3"]));
+    let v = store.versions().await.unwrap();
+    let refused = store
+        .apply(Change::GrowPartitions {
+            name: "placed".to_owned(),
+            count: 4,
+            owners: Vec::new(),
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(MetastoreError::Placement { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(store.versions().await.unwrap(), v);
+    assert_eq!(store.topic("placed").await.unwrap(), Some(grown));
 }

@@ -408,6 +408,7 @@ mod tests {
             retention_ms: Some(3_600_000),
             retention_bytes: None,
             created_at_ms: 1_700_000_000_000,
+            owners: Vec::new(),
         }
     }
 

@@ -247,6 +247,7 @@ mod tests {
             retention_ms,
             retention_bytes: None,
             created_at_ms: 0,
+            owners: Vec::new(),
         }
     }
 

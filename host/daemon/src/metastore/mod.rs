@@ -21,10 +21,14 @@
 //! a quorum read; in the embedded file, the in-memory state, which every write updates before it
 //! returns).
 
+pub mod cache;
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod etcd;
 pub mod file;
 pub mod link;
+#[cfg(test)]
+pub(crate) mod test_etcd;
 pub mod transition;
 
 use std::collections::BTreeMap;
@@ -34,6 +38,7 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
+pub use etcd::EtcdMetastore;
 pub use file::FileMetastore;
 pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion};
 pub use transition::{Change, Outcome};
@@ -59,6 +64,33 @@ pub struct TopicMeta {
     pub retention_bytes: Option<u64>,
     /// When the topic was created, in milliseconds since the Unix epoch.
     pub created_at_ms: i64,
+    /// Who owns each partition (index = partition), in cluster mode: one entry per partition.
+    /// Empty on a single node, where that node owns every partition (and the file format is
+    /// what it was before cluster mode).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<PartitionOwner>,
+}
+
+/// The owner of one partition in cluster mode. Changed only as a whole, by a write that
+/// compares what it read (a planned move raises `generation`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionOwner {
+    /// The node id that stores the partition and serves it.
+    pub node: String,
+    /// Raised by one each time ownership moves; a commit sent to a node names the generation
+    /// it saw, and the node refuses one that does not match.
+    pub generation: u64,
+}
+
+impl PartitionOwner {
+    /// The first owner of a partition: `node`, generation 1.
+    pub fn first(node: impl Into<String>) -> PartitionOwner {
+        PartitionOwner {
+            node: node.into(),
+            generation: 1,
+        }
+    }
 }
 
 /// Per-domain version counters. Each starts at 0 and is raised by one by every write that
@@ -229,9 +261,63 @@ pub enum MetastoreError {
         /// The name.
         name: String,
     },
+    /// A topic's owners do not match its partitions: in cluster mode every partition has one
+    /// owner, on one node none has.
+    #[error(
+        "topic {topic:?} would have {partitions} partitions but {owners} owners; every \
+         partition has one owner in cluster mode and none on a single node"
+    )]
+    Placement {
+        /// The topic.
+        topic: String,
+        /// Its partition count after the change.
+        partitions: u32,
+        /// The owners it would have.
+        owners: usize,
+    },
     /// A background task running a blocking write was cancelled or panicked.
     #[error("metastore write task failed: {0}")]
     Task(String),
+    /// The shared store (etcd) could not be reached or did not answer in time. Nothing was
+    /// changed by the failed call, or, for a write whose answer was lost, the change is either
+    /// fully recorded or not at all; retry.
+    #[error("metastore unavailable: {context}: {source}")]
+    Unavailable {
+        /// What was being done.
+        context: String,
+        /// The client's error (boxed: it is large, and this error travels far).
+        source: Box<etcd_client::Error>,
+    },
+    /// A write lost every compare-and-swap round to other nodes' writes; nothing was recorded.
+    /// Retry.
+    #[error("metastore write gave up after {rounds} rounds lost to concurrent writes; retry")]
+    Contended {
+        /// Rounds tried.
+        rounds: u32,
+    },
+    /// A value in the shared store does not parse: written by something other than narad, or
+    /// by an incompatible version. Nothing is read as empty and nothing is overwritten.
+    #[error(
+        "metastore key {key} holds a value that does not parse ({reason}); inspect it with etcdctl"
+    )]
+    BadRecord {
+        /// The etcd key.
+        key: String,
+        /// The parse error.
+        reason: String,
+    },
+    /// A write would make one domain's value larger than the shared store takes.
+    #[error(
+        "the {domain} metadata would be {bytes} bytes, over the {limit}-byte limit of one etcd value"
+    )]
+    DomainTooLarge {
+        /// The domain's key.
+        domain: &'static str,
+        /// Its encoded size after the write.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 fn recovery_hint(path: &std::path::Path, backup: Option<&std::path::Path>) -> String {
@@ -293,6 +379,7 @@ pub trait Metastore: Send + Sync + 'static {
         let change = Change::GrowPartitions {
             name: name.to_owned(),
             count,
+            owners: Vec::new(),
         };
         typed(self.apply(change), Outcome::into_topic)
     }

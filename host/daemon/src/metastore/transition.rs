@@ -18,7 +18,8 @@
 
 use super::link::{check_attach, check_retention};
 use super::{
-    Domain, LinkMeta, MetastoreError, PluginRef, PluginVersion, Result, Snapshot, TopicMeta,
+    Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
+    TopicMeta,
 };
 
 /// One change to the metadata.
@@ -38,6 +39,8 @@ pub enum Change {
         name: String,
         /// The new count.
         count: u32,
+        /// In cluster mode, the owners of the new partitions, in order; empty on one node.
+        owners: Vec<PartitionOwner>,
     },
     /// Change a topic's retention (`None`: no limit).
     SetRetention {
@@ -159,6 +162,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if s.topics.contains_key(&topic.name) {
                 return Err(MetastoreError::TopicExists { name: topic.name });
             }
+            check_owners(&topic)?;
             s.topics.insert(topic.name.clone(), topic.clone());
             Ok((Outcome::Topic(topic), vec![Domain::Topics]))
         }
@@ -174,7 +178,11 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             }
             Ok((Outcome::Topic(topic), domains))
         }
-        Change::GrowPartitions { name, count } => {
+        Change::GrowPartitions {
+            name,
+            count,
+            owners,
+        } => {
             let Some(topic) = s.topics.get_mut(&name) else {
                 return Err(MetastoreError::UnknownTopic { name });
             };
@@ -186,7 +194,14 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 });
             }
             let changed = count != topic.partitions;
-            topic.partitions = count;
+            // The new partitions' owners follow the old ones; anything else (owners for a
+            // single-node topic, or for no new partition) leaves the two out of step and is
+            // refused.
+            let mut grown = topic.clone();
+            grown.partitions = count;
+            grown.owners.extend(owners);
+            check_owners(&grown)?;
+            *topic = grown;
             Ok((
                 Outcome::Topic(topic.clone()),
                 domains_if(changed, Domain::Topics),
@@ -220,6 +235,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if s.topics.contains_key(&child.name) {
                 return Err(MetastoreError::TopicExists { name: child.name });
             }
+            check_owners(&child)?;
             s.topics.insert(child.name.clone(), child);
             attach(s, link.clone())?;
             Ok((Outcome::Link(link), vec![Domain::Topics, Domain::Links]))
@@ -281,6 +297,19 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
     }
 }
 
+/// A topic has one owner per partition (cluster mode) or none (one node).
+fn check_owners(topic: &TopicMeta) -> Result<()> {
+    let partitions = usize::try_from(topic.partitions).unwrap_or(usize::MAX);
+    if topic.owners.is_empty() || topic.owners.len() == partitions {
+        return Ok(());
+    }
+    Err(MetastoreError::Placement {
+        topic: topic.name.clone(),
+        partitions: topic.partitions,
+        owners: topic.owners.len(),
+    })
+}
+
 fn domains_if(changed: bool, domain: Domain) -> Vec<Domain> {
     if changed { vec![domain] } else { Vec::new() }
 }
@@ -337,6 +366,7 @@ mod tests {
             retention_ms: None,
             retention_bytes: None,
             created_at_ms: 0,
+            owners: Vec::new(),
         }
     }
 
@@ -350,6 +380,7 @@ mod tests {
             Change::GrowPartitions {
                 name: "orders".into(),
                 count: 1,
+                owners: Vec::new(),
             },
             Change::DeleteTopic {
                 name: "nope".into(),
@@ -371,11 +402,98 @@ mod tests {
             Change::GrowPartitions {
                 name: "orders".into(),
                 count: 2,
+                owners: Vec::new(),
             },
         )
         .unwrap();
         assert!(!changed);
         assert_eq!(outcome, Outcome::Topic(topic("orders", 2)));
         assert_eq!(state, before);
+    }
+
+    fn owned(name: &str, nodes: &[&str]) -> TopicMeta {
+        TopicMeta {
+            owners: nodes.iter().map(|n| PartitionOwner::first(*n)).collect(),
+            ..topic(name, u32::try_from(nodes.len()).unwrap())
+        }
+    }
+
+    fn grow(name: &str, count: u32, nodes: &[&str]) -> Change {
+        Change::GrowPartitions {
+            name: name.into(),
+            count,
+            owners: nodes.iter().map(|n| PartitionOwner::first(*n)).collect(),
+        }
+    }
+
+    #[test]
+    fn partitions_and_owners_stay_in_step_through_every_topic_change() {
+        // (state before, change, accepted?)
+        let cases: Vec<(Vec<TopicMeta>, Change, bool)> = vec![
+            (vec![], Change::CreateTopic(owned("t", &["a", "b"])), true),
+            (vec![], Change::CreateTopic(topic("t", 2)), true),
+            (
+                vec![],
+                Change::CreateTopic(TopicMeta {
+                    owners: vec![PartitionOwner::first("a")],
+                    ..topic("t", 2)
+                }),
+                false,
+            ),
+            (vec![owned("t", &["a", "b"])], grow("t", 3, &["c"]), true),
+            (vec![owned("t", &["a", "b"])], grow("t", 3, &[]), false),
+            (
+                vec![owned("t", &["a", "b"])],
+                grow("t", 3, &["c", "a"]),
+                false,
+            ),
+            (vec![owned("t", &["a", "b"])], grow("t", 2, &[]), true),
+            (vec![owned("t", &["a", "b"])], grow("t", 2, &["c"]), false),
+            (vec![topic("t", 2)], grow("t", 3, &[]), true),
+            (vec![topic("t", 2)], grow("t", 3, &["c"]), false),
+            (
+                vec![topic("p", 1)],
+                Change::AttachLinkWithNewChild {
+                    child: TopicMeta {
+                        owners: vec![PartitionOwner::first("a"); 3],
+                        ..topic("c", 2)
+                    },
+                    link: LinkMeta {
+                        parent: "p".into(),
+                        child: "c".into(),
+                        attach_epoch: "00".repeat(8),
+                        attach_offsets: Some(vec![0]),
+                        delay_ms: 0,
+                        router: Vec::new(),
+                        config: String::new(),
+                        attached_at_ms: 0,
+                    },
+                },
+                false,
+            ),
+        ];
+        for (topics, change, accepted) in cases {
+            let mut state = Snapshot::default();
+            for t in topics {
+                state.topics.insert(t.name.clone(), t);
+            }
+            let before = state.clone();
+            match apply(&mut state, change.clone()) {
+                Ok(_) => {
+                    assert!(accepted, "{change:?} was accepted");
+                    for t in state.topics.values() {
+                        assert!(
+                            t.owners.is_empty() || t.owners.len() == t.partitions as usize,
+                            "{change:?} left {t:?}"
+                        );
+                    }
+                }
+                Err(e) => {
+                    assert!(!accepted, "{change:?} was refused: {e}");
+                    assert!(matches!(e, MetastoreError::Placement { .. }), "{e}");
+                    assert_eq!(state, before);
+                }
+            }
+        }
     }
 }

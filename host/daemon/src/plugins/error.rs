@@ -17,8 +17,8 @@ pub enum RegistryError {
     InvalidName {
         /// The name given.
         name: String,
-        /// What is wrong with it.
-        reason: String,
+        /// What is wrong with it (its length, or the first character outside the rule).
+        reason: narad_abi::ManifestError,
     },
     /// A chain entry is not `name` or `name@digest` with a digest of hex digits (at least
     /// [`super::MIN_DIGEST_PREFIX_HEX`] of them, at most 64).
@@ -27,7 +27,7 @@ pub enum RegistryError {
         /// The reference given.
         spec: String,
         /// What is wrong with it.
-        reason: String,
+        reason: SpecProblem,
     },
     /// The module was refused by the deploy checks (not Wasm, a forbidden import, a missing
     /// export, a wrong ABI version, a bad manifest, a failure on the built-in test slab, ...).
@@ -122,7 +122,32 @@ pub enum RegistryError {
     },
     /// A blocking task (validation, file I/O) panicked or was cancelled.
     #[error("plugin registry task failed: {0}")]
-    Task(String),
+    Task(#[from] crate::blocking::BlockingError),
+}
+
+/// What is wrong with a plugin reference's digest (see [`RegistryError::InvalidSpec`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecProblem {
+    /// The digest after `@` holds a character that is not a hex digit.
+    #[error("the digest after '@' must be hex, found {found:?}")]
+    NotHex {
+        /// The first such character.
+        found: char,
+    },
+    /// The digest after `@` is too short to be unique or longer than a sha256.
+    #[error(
+        "the digest after '@' has {digits} hex digits; give {} to {}",
+        super::MIN_DIGEST_PREFIX_HEX,
+        super::spec::FULL_DIGEST_HEX
+    )]
+    DigestLength {
+        /// How many hex digits it has.
+        digits: usize,
+    },
+    /// A whole digest was expected (64 hex digits), and this is not one.
+    #[error("a digest is {} hex digits", super::spec::FULL_DIGEST_HEX)]
+    NotADigest,
 }
 
 /// The `narad serve` flag that raises a module limit; `None` for the limits the ABI fixes

@@ -52,7 +52,7 @@ use narad_abi::Manifest;
 use narad_runtime::{Digest, Limits, Plugin, Runtime, RuntimeConfig};
 
 use crate::metastore::{Metastore, MetastoreError, PluginRef, PluginVersion, Snapshot};
-pub use error::{RegistryError, limit_flag};
+pub use error::{RegistryError, SpecProblem, limit_flag};
 pub use spec::{MIN_DIGEST_PREFIX_HEX, validate_name};
 use store::ContentStore;
 
@@ -108,7 +108,7 @@ impl PluginRegistry {
         let cache_dir = data_dir.join("cache");
         let (runtime, store, builtins) = {
             let cache_dir = cache_dir.clone();
-            blocking(move || -> Result<_, RegistryError> {
+            crate::blocking::run(move || -> Result<_, RegistryError> {
                 let store = ContentStore::open(&plugins_dir)?;
                 let runtime =
                     Runtime::new(RuntimeConfig::with_cache_dir(cache_dir).limits(limits))?;
@@ -310,13 +310,13 @@ impl PluginRegistry {
         let runtime = self.runtime.clone();
         let store = self.store.clone();
         let cache_dir = self.cache_dir.clone();
-        let (plugin, bytes) = blocking(move || match Plugin::load(&runtime, &bytes) {
+        let (plugin, bytes) = crate::blocking::run(move || match Plugin::load(&runtime, &bytes) {
             Ok(plugin) => Ok((plugin, bytes)),
             Err(error) => {
                 // A module refused after it compiled left code in the cache: drop it (stored
                 // bytes passed the checks, so a refused digest is never stored).
                 let digest = Digest::of(&bytes);
-                if !store.path_for(&digest).exists() {
+                if !store.contains(&digest).unwrap_or(false) {
                     remove_compiled(&cache_dir, &digest);
                 }
                 Err(RegistryError::Refused(error))
@@ -331,7 +331,7 @@ impl PluginRegistry {
         let digest = plugin.digest().to_hex();
         let _writing = self.writes.lock().await;
         let store = self.store.clone();
-        blocking(move || store.put(&bytes)).await??;
+        crate::blocking::run(move || store.put(&bytes)).await??;
         let manifest = plugin.manifest();
         let recorded = self
             .metastore
@@ -392,7 +392,7 @@ impl PluginRegistry {
         }
         let store = self.store.clone();
         let cache_dir = self.cache_dir.clone();
-        blocking(move || -> Result<(), RegistryError> {
+        crate::blocking::run(move || -> Result<(), RegistryError> {
             for digest in &unreferenced {
                 store.remove(digest)?;
                 remove_compiled(&cache_dir, digest);
@@ -435,7 +435,7 @@ impl PluginRegistry {
         let snapshot = self.metastore.snapshot().await?;
         let store = self.store.clone();
         let cache_dir = self.cache_dir.clone();
-        blocking(move || -> Result<(), RegistryError> {
+        crate::blocking::run(move || -> Result<(), RegistryError> {
             let Some(data_dir) = cache_dir.parent() else {
                 return Ok(());
             };
@@ -445,15 +445,7 @@ impl PluginRegistry {
                 if snapshot.plugins.iter().any(|v| v.digest == hex) {
                     continue;
                 }
-                let from = store.path_for(&digest);
-                let to = aside.join(format!("{hex}.wasm"));
-                let moved = std::fs::create_dir_all(&aside)
-                    .and_then(|()| std::fs::rename(&from, &to))
-                    .and_then(|()| crate::durable::sync_dir(&aside));
-                moved.map_err(|source| RegistryError::Io {
-                    context: format!("moving {} to {}", from.display(), to.display()),
-                    source,
-                })?;
+                let to = store.set_aside(&digest, &aside)?;
                 tracing::warn!(digest = %hex, path = %to.display(),
                     "set aside a stored plugin module no version names (an interrupted deploy, or a metastore restored from an older backup); deploy it again by name if you need it");
                 remove_compiled(&cache_dir, &digest);
@@ -487,7 +479,7 @@ pub struct Description {
 fn parse_digest(text: &str) -> Result<Digest, RegistryError> {
     Digest::from_hex(text).ok_or_else(|| RegistryError::InvalidSpec {
         spec: text.to_owned(),
-        reason: "a digest is 64 hex digits".to_owned(),
+        reason: SpecProblem::NotADigest,
     })
 }
 
@@ -519,15 +511,6 @@ fn remove_compiled(cache_dir: &Path, digest: &Digest) {
             tracing::warn!(path = %entry.path().display(), error = %e, "cannot remove compiled plugin code");
         }
     }
-}
-
-/// Runs `work` on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, RegistryError> {
-    crate::blocking::run(work)
-        .await
-        .map_err(|e| RegistryError::Task(e.to_string()))
 }
 
 fn now_ms() -> i64 {

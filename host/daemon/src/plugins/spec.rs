@@ -10,21 +10,21 @@
 
 use crate::metastore::{PluginRef, PluginVersion};
 
-use super::error::RegistryError;
+use super::error::{RegistryError, SpecProblem};
 
 /// Fewest hex digits a digest prefix may have: 12 (48 bits), enough that a prefix copied from
 /// a listing stays unique among any realistic number of versions, short enough to type.
 pub const MIN_DIGEST_PREFIX_HEX: usize = 12;
 
-/// Hex digits of a full sha256 digest.
-const FULL_DIGEST_HEX: usize = 64;
+/// Hex digits of a full sha256 digest: 32 bytes, two digits each.
+pub(crate) const FULL_DIGEST_HEX: usize = 64;
 
 /// Checks the registry's name rule: 1 to 64 characters of `a-z 0-9 - _` (the ABI's manifest
 /// name rule, so any manifest name is also a valid registry name).
 pub fn validate_name(name: &str) -> Result<(), RegistryError> {
-    narad_abi::validate_plugin_name(name).map_err(|e| RegistryError::InvalidName {
+    narad_abi::validate_plugin_name(name).map_err(|reason| RegistryError::InvalidName {
         name: name.to_owned(),
-        reason: e.to_string(),
+        reason,
     })
 }
 
@@ -82,20 +82,15 @@ fn parse_digest(spec: &str, digest: &str) -> Result<String, RegistryError> {
         .strip_prefix("sha256:")
         .unwrap_or(digest)
         .to_ascii_lowercase();
-    let invalid = |reason: String| RegistryError::InvalidSpec {
+    let invalid = |reason: SpecProblem| RegistryError::InvalidSpec {
         spec: spec.to_owned(),
         reason,
     };
-    if let Some(c) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
-        return Err(invalid(format!(
-            "the digest after '@' must be hex, found {c:?}"
-        )));
+    if let Some(found) = hex.chars().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(invalid(SpecProblem::NotHex { found }));
     }
     if hex.len() < MIN_DIGEST_PREFIX_HEX || hex.len() > FULL_DIGEST_HEX {
-        return Err(invalid(format!(
-            "the digest after '@' has {} hex digits; give {MIN_DIGEST_PREFIX_HEX} to {FULL_DIGEST_HEX}",
-            hex.len()
-        )));
+        return Err(invalid(SpecProblem::DigestLength { digits: hex.len() }));
     }
     Ok(hex)
 }
@@ -147,11 +142,17 @@ mod tests {
         let versions = [version("a", '1'), twin, version("b", 'c')];
         assert!(matches!(
             resolve(&versions, "a@11111111111"),
-            Err(RegistryError::InvalidSpec { .. })
+            Err(RegistryError::InvalidSpec {
+                reason: SpecProblem::DigestLength { digits: 11 },
+                ..
+            })
         ));
         assert!(matches!(
             resolve(&versions, "a@11111111111z"),
-            Err(RegistryError::InvalidSpec { .. })
+            Err(RegistryError::InvalidSpec {
+                reason: SpecProblem::NotHex { found: 'z' },
+                ..
+            })
         ));
         assert!(matches!(
             resolve(&versions, "a@111111111111"),
@@ -176,7 +177,10 @@ mod tests {
         }
         assert!(matches!(
             resolve(&versions, "Bad Name"),
-            Err(RegistryError::InvalidName { .. })
+            Err(RegistryError::InvalidName {
+                reason: narad_abi::ManifestError::NameCharacter { found: 'B' },
+                ..
+            })
         ));
     }
 }

@@ -22,11 +22,10 @@ use narad_storage::cursor as cursor_file;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fanout::cursor::{
-    CursorDeps, CursorExit, CursorKey, LinkRuntime, cursor_path, run_cursor,
-};
+use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
-use crate::fanout::router::{RouterFactory, SlabRouter};
+use crate::fanout::position::cursor_path;
+use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter};
 use crate::fanout::status::{CursorStatus, FanoutView};
 use crate::metastore::LinkMeta;
 use crate::metastore::Snapshot;
@@ -236,12 +235,10 @@ impl Reconciler {
 
     /// Builds a link's chain on the blocking pool: a cold plugin load reads and compiles a
     /// module, which must not hold an async thread.
-    async fn build_router(&self, meta: &LinkMeta) -> Result<Box<dyn SlabRouter>, String> {
+    async fn build_router(&self, meta: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
         let routers = Arc::clone(&self.routers);
         let meta = meta.clone();
-        crate::blocking::run(move || routers.build(&meta))
-            .await
-            .map_err(|e| format!("building the router failed: {e}"))?
+        crate::blocking::run(move || routers.build(&meta)).await?
     }
 
     fn start_cursor(&mut self, key: CursorKey) -> bool {

@@ -50,7 +50,7 @@ pub enum TopicError {
     Storage(#[from] narad_storage::StorageError),
     /// A blocking task was cancelled or panicked.
     #[error("topic task failed: {0}")]
-    Task(String),
+    Task(#[from] crate::blocking::BlockingError),
     /// Writing or clearing an intent record failed (nothing was changed).
     #[error("{context}: {source}")]
     Intent {
@@ -131,6 +131,7 @@ fn check_new_topic(spec: NewTopic) -> Result<TopicMeta, TopicError> {
         retention_ms: spec.retention_ms,
         retention_bytes: spec.retention_bytes,
         created_at_ms: now_ms(),
+        owners: Vec::new(),
     })
 }
 
@@ -169,15 +170,6 @@ pub fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String>
         }
     }
     u32::try_from(indexes.len()).map_err(|_| "too many partitions".to_owned())
-}
-
-/// Runs blocking file work on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, TopicError> {
-    crate::blocking::run(work)
-        .await
-        .map_err(|e| TopicError::Task(e.to_string()))
 }
 
 /// The log configuration of `topic`'s partitions.
@@ -343,13 +335,15 @@ impl TopicService {
                 check_partition_count(partitions)?;
                 let entry_id = id.to_owned();
                 let (data, dest) = (data_dir.clone(), topic_dir.clone());
-                blocking(move || set_aside::take_back(&data, &entry_id, &dest)).await??;
+                crate::blocking::run(move || set_aside::take_back(&data, &entry_id, &dest))
+                    .await??;
                 let meta = TopicMeta {
                     name: entry.topic.clone(),
                     partitions,
                     retention_ms: None,
                     retention_bytes: None,
                     created_at_ms: now_ms(),
+                    owners: Vec::new(),
                 };
                 // The directories exist; registering them is idempotent.
                 self.create_dirs(&meta, 0).await?;
@@ -377,7 +371,8 @@ impl TopicService {
                     },
                 )
                 .await?;
-                blocking(move || set_aside::take_back(&data, &entry_id, &dest)).await??;
+                crate::blocking::run(move || set_aside::take_back(&data, &entry_id, &dest))
+                    .await??;
                 let grown = TopicMeta {
                     partitions: p + 1,
                     ..current
@@ -395,7 +390,7 @@ impl TopicService {
         let _admin = self.admin.lock().await;
         let data_dir = self.store.data_dir().to_path_buf();
         let id = id.to_owned();
-        Ok(blocking(move || set_aside::purge(&data_dir, &id)).await??)
+        Ok(crate::blocking::run(move || set_aside::purge(&data_dir, &id)).await??)
     }
 
     /// The first steps of a create, under the admin lock: the name must be free; then the
@@ -426,7 +421,7 @@ impl TopicService {
 
     async fn write_intent(&self, topic: &str, intent: Intent) -> Result<(), TopicError> {
         let dir = self.topic_dir(topic);
-        blocking(move || {
+        crate::blocking::run(move || {
             intent::write(&dir, intent).map_err(|source| TopicError::Intent {
                 context: format!("writing the intent record of {}", dir.display()),
                 source,
@@ -437,7 +432,7 @@ impl TopicService {
 
     async fn clear_intent(&self, topic: &str) -> Result<(), TopicError> {
         let dir = self.topic_dir(topic);
-        blocking(move || {
+        crate::blocking::run(move || {
             intent::clear(&dir).map_err(|source| TopicError::Intent {
                 context: format!("clearing the intent record of {}", dir.display()),
                 source,
@@ -449,7 +444,7 @@ impl TopicService {
     async fn remove_topic_dirs(&self, topic: &str) -> Result<(), TopicError> {
         let store = Arc::clone(&self.store);
         let topic = topic.to_owned();
-        blocking(move || store.delete_topic(&topic)).await??;
+        crate::blocking::run(move || store.delete_topic(&topic)).await??;
         Ok(())
     }
 
@@ -482,8 +477,7 @@ impl TopicService {
             }
             Ok::<(), narad_storage::StorageError>(())
         })
-        .await
-        .map_err(|e| TopicError::Task(e.to_string()))??;
+        .await??;
         Ok(topic)
     }
 
@@ -499,8 +493,7 @@ impl TopicService {
             }
             Ok::<(), narad_storage::StorageError>(())
         })
-        .await
-        .map_err(|e| TopicError::Task(e.to_string()))??;
+        .await??;
         Ok(())
     }
 }

@@ -141,6 +141,7 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
                 retention_ms: None,
                 retention_bytes: None,
                 created_at_ms: now,
+                owners: Vec::new(),
             })
             .await?;
     }

@@ -408,6 +408,7 @@ mod tests {
             retention_ms: None,
             retention_bytes: None,
             created_at_ms: 0,
+            owners: Vec::new(),
         }
     }
 

@@ -106,7 +106,12 @@ async fn produce_reads_ndjson_in_batches_and_consume_prints_it_back() {
     assert_eq!(summary["records"], 1203);
     assert_eq!(summary["requests"], 3, "batches of 500");
 
-    let out = run(&d.url, &["consume", "orders", "--partition", "0"], None).await;
+    let out = run(
+        &d.url,
+        &["consume", "orders", "--partition", "0", "--json"],
+        None,
+    )
+    .await;
     assert!(out.status.success(), "{out:?}");
     let lines: Vec<Value> = stdout(&out)
         .lines()
@@ -121,7 +126,7 @@ async fn produce_reads_ndjson_in_batches_and_consume_prints_it_back() {
     let out = run(
         &d.url,
         &[
-            "consume", "orders", "-p", "0", "--offset", "1200", "--max", "2",
+            "consume", "orders", "-p", "0", "--offset", "1200", "--max", "2", "--json",
         ],
         None,
     )
@@ -143,7 +148,7 @@ async fn produce_stops_at_a_bad_line_and_names_it() {
     d.create_topic("orders", 1).await;
     let out = run(
         &d.url,
-        &["produce", "orders"],
+        &["produce", "orders", "--json"],
         Some("{\"value\":\"a\"}\nnot json\n"),
     )
     .await;

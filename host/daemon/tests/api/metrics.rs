@@ -159,7 +159,13 @@ async fn metrics_parse_as_openmetrics_and_carry_every_documented_series() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
 
-    for series in documented_series() {
+    // The Kafka listener's labelled series (per API, topic, close reason) appear only with
+    // Kafka traffic, which this in-process test sends none of; tests/all/kafka.rs reads them
+    // from a daemon that serves Kafka clients.
+    for series in documented_series()
+        .into_iter()
+        .filter(|s| !s.starts_with("narad_kafka_"))
+    {
         let family = family_of(&series);
         let (kind, _help) = scrape
             .families

@@ -51,7 +51,54 @@ pub enum Decoded {
     /// A valid record and the layout it was stored in.
     Valid(CursorRecord, RecordLayout),
     /// The bytes are not a valid record; the reason says why.
-    Invalid(String),
+    Invalid(InvalidRecord),
+}
+
+/// Why the bytes of a cursor file are not a valid record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidRecord {
+    /// Longer than [`MAX_CURSOR_FILE_BYTES`].
+    #[error("{len} bytes is too long for a cursor record")]
+    TooLong {
+        /// The file's length in bytes (capped at one past the limit when read).
+        len: usize,
+    },
+    /// A record with a CRC prefix, too short to hold one.
+    #[error("record of {len} bytes is truncated")]
+    Truncated {
+        /// The record's length in bytes.
+        len: usize,
+    },
+    /// The `crc` field is not 8 lowercase hex digits followed by a quote.
+    #[error("the crc field is not 8 lowercase hex digits")]
+    BadCrcField,
+    /// The stated CRC does not match the bytes it covers (a torn or damaged record).
+    #[error("CRC-32C mismatch: the record says {stated:08x}, its bytes give {computed:08x}")]
+    CrcMismatch {
+        /// The CRC the record states.
+        stated: u32,
+        /// The CRC-32C of bytes 17 to the end.
+        computed: u32,
+    },
+    /// The record passed its CRC but does not end with a newline.
+    #[error("the record does not end with a newline")]
+    NoNewline,
+    /// The record passed its CRC but is not the expected JSON object.
+    #[error("the record is not valid JSON: {detail}")]
+    NotJson {
+        /// The JSON parser's description, with line and column.
+        detail: String,
+    },
+    /// An older-format record (no CRC) whose epoch is empty.
+    #[error("the older-format record has an empty epoch")]
+    LegacyEmptyEpoch,
+    /// Bytes without a CRC prefix that are not an older-format record either.
+    #[error("not a cursor record: {detail}")]
+    NotARecord {
+        /// The JSON parser's description, with line and column.
+        detail: String,
+    },
 }
 
 /// Why a record could not be encoded.
@@ -113,10 +160,7 @@ pub fn encode(record: &CursorRecord) -> Result<(Vec<u8>, RecordLayout), EncodeEr
 /// Decodes the bytes of a cursor file.
 pub fn decode(bytes: &[u8]) -> Decoded {
     if bytes.len() > MAX_CURSOR_FILE_BYTES {
-        return Decoded::Invalid(format!(
-            "{} bytes is too long for a cursor record",
-            bytes.len()
-        ));
+        return Decoded::Invalid(InvalidRecord::TooLong { len: bytes.len() });
     }
     if bytes.starts_with(b"{\"crc\":\"") {
         decode_with_crc(bytes)
@@ -127,7 +171,7 @@ pub fn decode(bytes: &[u8]) -> Decoded {
 
 fn decode_with_crc(bytes: &[u8]) -> Decoded {
     if bytes.len() < CRC_PREFIX_BYTES + 2 {
-        return Decoded::Invalid(format!("record of {} bytes is truncated", bytes.len()));
+        return Decoded::Invalid(InvalidRecord::Truncated { len: bytes.len() });
     }
     let stated = match std::str::from_utf8(&bytes[8..16])
         .ok()
@@ -138,20 +182,25 @@ fn decode_with_crc(bytes: &[u8]) -> Decoded {
         .and_then(|hex| u32::from_str_radix(hex, 16).ok())
     {
         Some(crc) if bytes[16] == b'"' => crc,
-        _ => return Decoded::Invalid("the crc field is not 8 lowercase hex digits".into()),
+        _ => return Decoded::Invalid(InvalidRecord::BadCrcField),
     };
     let actual = crc32c::crc32c(&bytes[CRC_PREFIX_BYTES..]);
     if stated != actual {
-        return Decoded::Invalid(format!(
-            "CRC-32C mismatch: the record says {stated:08x}, its bytes give {actual:08x}"
-        ));
+        return Decoded::Invalid(InvalidRecord::CrcMismatch {
+            stated,
+            computed: actual,
+        });
     }
     if bytes.last() != Some(&b'\n') {
-        return Decoded::Invalid("the record does not end with a newline".into());
+        return Decoded::Invalid(InvalidRecord::NoNewline);
     }
     let parsed: WithCrc = match serde_json::from_slice(bytes) {
         Ok(parsed) => parsed,
-        Err(e) => return Decoded::Invalid(format!("the record is not valid JSON: {e}")),
+        Err(e) => {
+            return Decoded::Invalid(InvalidRecord::NotJson {
+                detail: e.to_string(),
+            });
+        }
     };
     debug_assert_eq!(u32::from_str_radix(&parsed.crc, 16).ok(), Some(stated));
     let layout = if bytes.len() == CURSOR_RECORD_BYTES {
@@ -177,8 +226,10 @@ fn decode_legacy(bytes: &[u8]) -> Decoded {
             },
             RecordLayout::Legacy,
         ),
-        Ok(_) => Decoded::Invalid("the older-format record has an empty epoch".into()),
-        Err(e) => Decoded::Invalid(format!("not a cursor record: {e}")),
+        Ok(_) => Decoded::Invalid(InvalidRecord::LegacyEmptyEpoch),
+        Err(e) => Decoded::Invalid(InvalidRecord::NotARecord {
+            detail: e.to_string(),
+        }),
     }
 }
 
@@ -241,7 +292,10 @@ mod tests {
     fn a_flipped_padding_byte_fails_the_crc() {
         let (mut bytes, _) = encode(&record("0011223344556677", 5)).unwrap();
         bytes[200] = b'x';
-        assert!(matches!(decode(&bytes), Decoded::Invalid(reason) if reason.contains("CRC")));
+        assert!(matches!(
+            decode(&bytes),
+            Decoded::Invalid(InvalidRecord::CrcMismatch { stated, computed }) if stated != computed
+        ));
     }
 
     #[test]

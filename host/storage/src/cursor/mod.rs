@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use format::{CURSOR_RECORD_BYTES, CursorRecord, Decoded, EncodeError, RecordLayout};
+pub use format::{
+    CURSOR_RECORD_BYTES, CursorRecord, Decoded, EncodeError, InvalidRecord, RecordLayout,
+};
 
 use crate::fs::{File, FileSystem, OpenMode};
 
@@ -85,7 +87,7 @@ pub enum CursorLoad {
     /// A file that still failed its check after [`CORRUPT_REREADS`] more reads.
     Corrupt {
         /// Why the bytes are not a valid record.
-        reason: String,
+        reason: InvalidRecord,
     },
 }
 

@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
+use crate::damage::{Damage, Failure};
 use crate::error::StorageError;
 use crate::fs::{File, FileSystem};
 use crate::record::RecoveredCut;
@@ -43,9 +44,9 @@ pub(crate) enum LogError {
     /// The log was closed (idle close) while the caller held it; reopen and retry.
     Closed,
     /// An fsync failure could not be undone; the partition must stop.
-    Failed(String),
+    Failed(Failure),
     /// Damage where acknowledged records live; the partition must be quarantined.
-    Corrupt(String),
+    Corrupt(Damage),
     /// Read below the log start offset.
     BelowStart { requested: u64, log_start: u64 },
     /// Read past the high watermark.
@@ -57,6 +58,25 @@ pub(crate) enum LogError {
 impl LogError {
     pub(crate) fn io(context: impl Into<String>, e: std::io::Error) -> Self {
         LogError::Io(StorageError::io(context, e))
+    }
+}
+
+/// Why a writer stopped: the error every later append gets.
+#[derive(Clone, Debug)]
+pub(crate) enum Stopped {
+    /// The device lost acknowledged records.
+    Damaged(Damage),
+    /// A failure could not be undone.
+    Failed(Failure),
+}
+
+impl Stopped {
+    /// The error an append gets from a stopped writer.
+    pub(crate) fn error(&self) -> LogError {
+        match self {
+            Stopped::Damaged(d) => LogError::Corrupt(d.clone()),
+            Stopped::Failed(f) => LogError::Failed(f.clone()),
+        }
     }
 }
 
@@ -103,7 +123,8 @@ pub(crate) struct Writer {
     pub(crate) last_hwm_write: Instant,
     pub(crate) scratch: Vec<u8>,
     pub(crate) closed: bool,
-    pub(crate) failed: Option<String>,
+    /// Why the writer stopped taking appends, once it has.
+    pub(crate) failed: Option<Stopped>,
     /// A roll failed (its segment file may exist, empty): the next append rolls whatever its
     /// size, to the same base, so that file is used and never left behind with a base offset
     /// that later appends to the old segment would make wrong.

@@ -1,8 +1,10 @@
 //! The read path: find the segment and the nearest indexed frame for an offset, then scan
 //! frames forward, never past the durable length the writer has published.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::damage::Damage;
 use crate::fs::File;
 use crate::log::format;
 use crate::log::segment::{FrameAction, READ_CHUNK_BYTES, Scan, Scanner};
@@ -12,7 +14,7 @@ use crate::record::{NotDue, ReadOptions, ReadResult};
 /// Where to continue reading: a snapshot of one segment taken under the view lock.
 struct Position {
     file: Arc<dyn File>,
-    path: String,
+    path: PathBuf,
     start: u64,
     end: u64,
     seg_next: u64,
@@ -58,7 +60,7 @@ impl Log {
                 let s = &v.segments[i - 1];
                 Position {
                     file: s.file.clone(),
-                    path: s.path.display().to_string(),
+                    path: s.path.clone(),
                     start: s.index.lookup(next),
                     end: s.len,
                     seg_next: s.next_offset,
@@ -81,7 +83,7 @@ impl Log {
                             FrameAction::Read
                         }
                     })
-                    .map_err(|e| LogError::io(format!("reading {}", pos.path), e))?;
+                    .map_err(|e| LogError::io(format!("reading {}", pos.path.display()), e))?;
                 let (header, frame) = match step {
                     Scan::Skipped { .. } => continue,
                     Scan::Stopped { header } => {
@@ -93,10 +95,11 @@ impl Log {
                     }
                     Scan::End => break,
                     Scan::Bad { pos: at, error } => {
-                        return Err(LogError::Corrupt(format!(
-                            "{} byte {at}: {error}; found by a read below the durable end",
-                            pos.path
-                        )));
+                        return Err(LogError::Corrupt(Damage::BadFrameOnRead {
+                            segment: pos.path,
+                            position: at,
+                            error,
+                        }));
                     }
                     Scan::Frame { header, bytes, .. } => (header, bytes),
                 };
@@ -113,10 +116,11 @@ impl Log {
                     break 'segments;
                 }
                 let decoded = format::decode_batch(&header, &frame).map_err(|error| {
-                    LogError::Corrupt(format!(
-                        "{} frame at offset {}: {error}",
-                        pos.path, header.base_offset
-                    ))
+                    LogError::Corrupt(Damage::UndecodableFrame {
+                        segment: pos.path.clone(),
+                        base_offset: header.base_offset,
+                        error,
+                    })
                 })?;
                 let skip = usize::try_from(next.saturating_sub(header.base_offset)).unwrap_or(0);
                 for d in decoded.into_iter().skip(skip) {
@@ -140,10 +144,11 @@ impl Log {
                 }
             }
             if next < pos.seg_next {
-                return Err(LogError::Corrupt(format!(
-                    "{} ends before offset {} although it holds records up to {}",
-                    pos.path, next, pos.seg_next
-                )));
+                return Err(LogError::Corrupt(Damage::SegmentEndsEarly {
+                    segment: pos.path,
+                    offset: next,
+                    segment_next_offset: pos.seg_next,
+                }));
             }
         }
         Ok(ReadResult {

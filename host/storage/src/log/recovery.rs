@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::clock::Clock;
+use crate::damage::Damage;
 use crate::fs::{File, FileSystem, OpenMode};
 use crate::log::hwm::{self, HWM_FILE_NAME, HwmRecord};
 use crate::log::segment::{self, Scan, Scanner, SparseIndex};
@@ -30,7 +31,7 @@ use crate::log::{Log, LogError, SegView, View, Writer, retention, torn, writer};
 #[derive(Debug)]
 pub(crate) enum OpenError {
     /// Corruption: quarantine the partition with this reason.
-    Corrupt(String),
+    Corrupt(Damage),
     /// An I/O error; nothing was decided, opening may be retried.
     Io(LogError),
 }
@@ -112,11 +113,10 @@ pub(crate) fn open(
         if let Some(h) = hwm
             && h.next_offset > 0
         {
-            return Err(OpenError::Corrupt(format!(
-                "{} holds no segment files, but its high-watermark file records offsets up to {} as durable",
-                dir.display(),
-                h.next_offset
-            )));
+            return Err(OpenError::Corrupt(Damage::NoSegmentsButDurable {
+                dir: dir.to_path_buf(),
+                durable_next_offset: h.next_offset,
+            }));
         }
         // A new partition: its log start is recorded before its first segment exists, so a
         // segment file is never found without the record that vouches for the head.
@@ -143,11 +143,10 @@ pub(crate) fn open(
         Some(h) if h.segment_base < first => (first, 0),
         Some(h) => {
             if !files.iter().any(|f| f.base == h.segment_base) {
-                return Err(OpenError::Corrupt(format!(
-                    "the high-watermark file in {} names segment {} as durable, but that file is missing",
-                    dir.display(),
-                    segment::segment_name(h.segment_base)
-                )));
+                return Err(OpenError::Corrupt(Damage::DurableSegmentMissing {
+                    dir: dir.to_path_buf(),
+                    segment_base: h.segment_base,
+                }));
             }
             (h.segment_base, h.segment_pos)
         }
@@ -161,18 +160,11 @@ pub(crate) fn open(
         let is_last = i + 1 == n;
         let name = f.path.display().to_string();
         if f.base != expected {
-            let what = if f.base > expected {
-                format!(
-                    "offsets {expected} to {} are missing (not deleted by retention)",
-                    f.base - 1
-                )
-            } else {
-                "the two overlap".to_owned()
-            };
-            return Err(OpenError::Corrupt(format!(
-                "{name} starts at offset {} but the previous segment ends at offset {expected}: {what}",
-                f.base
-            )));
+            return Err(OpenError::Corrupt(Damage::SegmentOutOfSequence {
+                segment: f.path.clone(),
+                base: f.base,
+                expected,
+            }));
         }
         let mode = if is_last {
             OpenMode::ReadWrite
@@ -194,10 +186,11 @@ pub(crate) fn open(
             .len()
             .map_err(io(format!("reading the size of {name}")))?;
         if f.base == boundary.0 && len < boundary.1 {
-            return Err(OpenError::Corrupt(format!(
-                "{name} is {len} bytes long, but the high-watermark file records {} bytes of it as durable",
-                boundary.1
-            )));
+            return Err(OpenError::Corrupt(Damage::SegmentShorterThanDurable {
+                segment: f.path.clone(),
+                len,
+                durable_len: boundary.1,
+            }));
         }
         let mut index = SparseIndex::default();
         let mut seg_newest = None;
@@ -212,10 +205,12 @@ pub(crate) fn open(
                 Scan::Skipped { .. } => continue,
                 Scan::Frame { pos, header, .. } => {
                     if header.base_offset != expected {
-                        return Err(OpenError::Corrupt(format!(
-                            "{name} byte {pos}: frame has base offset {}, expected {expected}",
-                            header.base_offset
-                        )));
+                        return Err(OpenError::Corrupt(Damage::FrameOutOfSequence {
+                            segment: f.path.clone(),
+                            position: pos,
+                            base_offset: header.base_offset,
+                            expected,
+                        }));
                     }
                     index.note(header.base_offset, pos);
                     expected = header.next_offset();
@@ -228,22 +223,29 @@ pub(crate) fn open(
                     let below_boundary =
                         f.base < boundary.0 || (f.base == boundary.0 && pos < boundary.1);
                     if below_boundary {
-                        return Err(OpenError::Corrupt(format!(
-                            "{name} byte {pos}: {error}; this is below the durable boundary, where acknowledged records live"
-                        )));
+                        return Err(OpenError::Corrupt(Damage::BadFrameBelowBoundary {
+                            segment: f.path.clone(),
+                            position: pos,
+                            error,
+                        }));
                     }
                     if !is_last {
-                        return Err(OpenError::Corrupt(format!(
-                            "{name} byte {pos}: {error}; the segment was complete before the next one was started"
-                        )));
+                        return Err(OpenError::Corrupt(Damage::BadFrameInCompleteSegment {
+                            segment: f.path.clone(),
+                            position: pos,
+                            error,
+                        }));
                     }
                     if let Some(valid) =
                         segment::find_valid_frame_after(file.as_ref(), pos, len, expected)
                             .map_err(io(format!("reading {name}")))?
                     {
-                        return Err(OpenError::Corrupt(format!(
-                            "{name} byte {pos}: {error}; a valid frame follows at byte {valid}, so this is not a torn tail"
-                        )));
+                        return Err(OpenError::Corrupt(Damage::BadFrameBeforeValidFrame {
+                            segment: f.path.clone(),
+                            position: pos,
+                            error,
+                            valid_at: valid,
+                        }));
                     }
                     // The cut bytes are copied aside (durably) before they are cut: without a
                     // high-watermark file covering them, recovery cannot tell an acknowledged
@@ -310,11 +312,11 @@ pub(crate) fn open(
         && h.segment_base >= first
         && expected < h.next_offset
     {
-        return Err(OpenError::Corrupt(format!(
-            "the log in {} ends at offset {expected}, but the high-watermark file records offsets up to {} as durable",
-            dir.display(),
-            h.next_offset
-        )));
+        return Err(OpenError::Corrupt(Damage::LogShorterThanDurable {
+            dir: dir.to_path_buf(),
+            end_offset: expected,
+            durable_next_offset: h.next_offset,
+        }));
     }
     if let Some(h) = hwm {
         newest = newest.max(h.newest_committed_at_ms);
@@ -343,7 +345,9 @@ pub(crate) fn open(
     // Record the recovered end as the new durable boundary, flagged "open" (not clean), so a
     // crash from here on is recognised by peek and by the next open.
     let last = views.last().ok_or_else(|| {
-        OpenError::Corrupt(format!("{} has no segments after recovery", dir.display()))
+        OpenError::Corrupt(Damage::NoSegmentsAfterRecovery {
+            dir: dir.to_path_buf(),
+        })
     })?;
     let rec = HwmRecord {
         segment_base: last.base,

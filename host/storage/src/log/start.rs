@@ -21,8 +21,9 @@
 
 use std::path::Path;
 
+use crate::damage::Damage;
 use crate::fs::{FileSystem, OpenMode};
-use crate::log::segment::{SegmentFile, segment_name};
+use crate::log::segment::SegmentFile;
 
 /// File name inside the partition directory.
 pub const LOG_START_FILE_NAME: &str = "log-start";
@@ -111,61 +112,47 @@ pub(crate) enum Head {
     /// older version made).
     Unrecorded,
     /// The head of the log is missing or cannot be checked: quarantine with this reason.
-    Damaged(String),
+    Damaged(Damage),
 }
 
 /// Compares the segment files of `dir` (in offset order) with what the log-start file says.
 pub(crate) fn check_head(dir: &Path, files: &[SegmentFile], recorded: Recorded) -> Head {
-    let start = match recorded {
+    let dir = dir.to_path_buf();
+    let log_start = match recorded {
         Recorded::Missing => return Head::Unrecorded,
-        Recorded::Bad => {
-            return Head::Damaged(format!(
-                "the log-start file in {} fails its check, so it cannot be told whether the oldest \
-                 segments are all there; after checking them, remove the file to accept the oldest \
-                 segment file as the log start",
-                dir.display()
-            ));
-        }
+        Recorded::Bad => return Head::Damaged(Damage::LogStartUnreadable { dir }),
         Recorded::Start(s) => s,
     };
     let Some(first) = files.first() else {
-        return if start == 0 {
+        return if log_start == 0 {
             Head::Agrees
         } else {
-            Head::Damaged(format!(
-                "{} holds no segment files, but its log-start file records offset {start} as the \
-                 log start: every record from offset {start} on is missing",
-                dir.display()
-            ))
+            Head::Damaged(Damage::EverySegmentMissing { dir, log_start })
         };
     };
-    if first.base == start {
+    if first.base == log_start {
         return Head::Agrees;
     }
-    if first.base > start {
-        return Head::Damaged(format!(
-            "the oldest segment file in {} is {}, but the log-start file records offset {start} \
-             as the log start: the segment files holding offsets {start} to {} are missing \
-             (retention did not delete them)",
-            dir.display(),
-            segment_name(first.base),
-            first.base - 1
-        ));
+    if first.base > log_start {
+        return Head::Damaged(Damage::HeadMissing {
+            dir,
+            oldest_base: first.base,
+            log_start,
+        });
     }
-    match files.iter().position(|f| f.base == start) {
-        Some(below) => Head::Interrupted { start, below },
-        None => Head::Damaged(format!(
-            "the log-start file in {} records offset {start} as the log start, but no segment file \
-             starts there ({} is missing)",
-            dir.display(),
-            segment_name(start)
-        )),
+    match files.iter().position(|f| f.base == log_start) {
+        Some(below) => Head::Interrupted {
+            start: log_start,
+            below,
+        },
+        None => Head::Damaged(Damage::LogStartSegmentMissing { dir, log_start }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::segment::segment_name;
 
     #[test]
     fn a_record_round_trips_and_a_flipped_byte_is_rejected() {
@@ -199,22 +186,33 @@ mod tests {
                 below: 2
             }
         );
-        assert!(matches!(
+        let dir = d.to_path_buf();
+        assert_eq!(
             check_head(d, &files[1..], Recorded::Start(0)),
-            Head::Damaged(r) if r.contains("offsets 0 to 9 are missing")
-        ));
-        assert!(matches!(
+            Head::Damaged(Damage::HeadMissing {
+                dir: dir.clone(),
+                oldest_base: 10,
+                log_start: 0
+            })
+        );
+        assert_eq!(
             check_head(d, &files, Recorded::Start(15)),
-            Head::Damaged(r) if r.contains("00000000000000000015.log is missing")
-        ));
-        assert!(matches!(
+            Head::Damaged(Damage::LogStartSegmentMissing {
+                dir: dir.clone(),
+                log_start: 15
+            })
+        );
+        assert_eq!(
             check_head(d, &[], Recorded::Start(5)),
-            Head::Damaged(_)
-        ));
+            Head::Damaged(Damage::EverySegmentMissing {
+                dir: dir.clone(),
+                log_start: 5
+            })
+        );
         assert_eq!(check_head(d, &[], Recorded::Start(0)), Head::Agrees);
-        assert!(matches!(
+        assert_eq!(
             check_head(d, &files, Recorded::Bad),
-            Head::Damaged(_)
-        ));
+            Head::Damaged(Damage::LogStartUnreadable { dir })
+        );
     }
 }

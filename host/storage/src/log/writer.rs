@@ -51,11 +51,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
+use crate::damage::{Damage, DeviceLoss, Failure};
 use crate::fs::{File, FileSystem, OpenMode};
 use crate::log::hwm::{self, HwmRecord};
 use crate::log::recovery::{create_segment, open_hwm_file};
 use crate::log::segment::{self, Scan, Scanner, SparseIndex};
-use crate::log::{Log, LogError, SegView, Writer, lock, write};
+use crate::log::{Log, LogError, SegView, Stopped, Writer, lock, write};
 use crate::record::{Appended, LogConfig};
 
 /// How often the high-watermark file is rewritten while appends flow: at most once a second,
@@ -116,7 +117,7 @@ enum TailCheck {
     /// Reading failed: nothing was learnt.
     Io(std::io::Error),
     /// The device does not hold what was acknowledged.
-    Lost(String),
+    Lost(DeviceLoss),
 }
 
 impl Log {
@@ -144,8 +145,8 @@ impl Log {
         if w.closed {
             return Err(LogError::Closed);
         }
-        if let Some(reason) = &w.failed {
-            return Err(LogError::Failed(reason.clone()));
+        if let Some(stopped) = &w.failed {
+            return Err(stopped.error());
         }
         let committed_at_ms = stamp.max(w.newest_committed_at_ms);
         let len = frame.len() as u64;
@@ -235,7 +236,6 @@ impl Log {
             // No frame in the segment: nothing acknowledged lives in it.
             return Ok(());
         };
-        let name = self.active_path(w).display().to_string();
         let mut scanner = Scanner::new(file, from, w.active_len);
         loop {
             match scanner.next_frame().map_err(TailCheck::Io)? {
@@ -244,24 +244,26 @@ impl Log {
                     expected = header.next_offset();
                 }
                 Scan::Frame { pos, header, .. } => {
-                    return Err(TailCheck::Lost(format!(
-                        "{name} byte {pos}: the device holds a frame with base offset {}, expected {expected}",
-                        header.base_offset
-                    )));
+                    return Err(TailCheck::Lost(DeviceLoss::WrongFrame {
+                        position: pos,
+                        base_offset: header.base_offset,
+                        expected,
+                    }));
                 }
                 Scan::Bad { pos, error } => {
-                    return Err(TailCheck::Lost(format!(
-                        "{name} byte {pos}: {error}; the device no longer holds acknowledged records there"
-                    )));
+                    return Err(TailCheck::Lost(DeviceLoss::BadFrame {
+                        position: pos,
+                        error,
+                    }));
                 }
                 Scan::Skipped { .. } | Scan::Stopped { .. } => {}
             }
         }
         if expected != w.next_offset {
-            return Err(TailCheck::Lost(format!(
-                "{name}: the device holds records up to offset {expected}, but offsets up to {} were acknowledged",
-                w.next_offset
-            )));
+            return Err(TailCheck::Lost(DeviceLoss::Short {
+                device_end: expected,
+                acknowledged: w.next_offset,
+            }));
         }
         Ok(())
     }
@@ -284,12 +286,14 @@ impl Log {
             Ok(file)
         });
         match attempt {
-            Err(TailCheck::Lost(reason)) => {
-                let reason = format!(
-                    "{context} failed ({err}), and the device no longer holds acknowledged records: {reason}"
-                );
+            Err(TailCheck::Lost(loss)) => {
+                let reason = Damage::LostOnDevice {
+                    segment: path.clone(),
+                    append_error: err.into(),
+                    loss,
+                };
                 tracing::error!(segment = %path.display(), %reason, "acknowledged records lost on the device");
-                w.failed = Some(reason.clone());
+                w.failed = Some(Stopped::Damaged(reason.clone()));
                 LogError::Corrupt(reason)
             }
             Ok(file) => {
@@ -302,12 +306,14 @@ impl Log {
                 LogError::io(context, err)
             }
             Err(TailCheck::Io(e2)) => {
-                let reason = format!(
-                    "{context} failed ({err}), and truncating back to the durable length {} and reading it back from the device failed too ({e2})",
-                    w.active_len
-                );
+                let reason = Failure::UndoFailed {
+                    segment: path.clone(),
+                    durable_len: w.active_len,
+                    append_error: err.into(),
+                    recovery_error: e2.into(),
+                };
                 tracing::error!(segment = %path.display(), %reason, "partition log stopped");
-                w.failed = Some(reason.clone());
+                w.failed = Some(Stopped::Failed(reason.clone()));
                 LogError::Failed(reason)
             }
         }
@@ -335,7 +341,7 @@ impl Log {
 
     /// Closes the log: later appends get `Closed`; the high-watermark file is written with the
     /// clean flag so a closed log can be described exactly without opening it.
-    pub(crate) fn close(&self) -> Result<(), LogError> {
+    pub(crate) fn close(&self) -> Result<(), crate::error::StorageError> {
         let mut guard = lock(&self.writer);
         let w = &mut *guard;
         if w.closed {
@@ -346,7 +352,7 @@ impl Log {
             return Ok(());
         }
         self.write_hwm(w, true).map_err(|e| {
-            LogError::io(
+            crate::error::StorageError::io(
                 format!("writing the high-watermark file in {}", self.dir.display()),
                 e,
             )

@@ -1,16 +1,24 @@
-//! The seam between a cursor and its link's router chain.
+//! Step 2 of a slab, route: the link's router chain gives every record a child partition.
 //!
 //! The cursor only needs "give every record of this slab a child partition"; the Wasm chain
-//! (`narad_runtime`) is one implementation, and tests use native ones. One router instance
-//! serves every cursor of a link on this node, so state such as the round-robin counter
-//! belongs to the child topic, not to a parent partition.
+//! ([`wasm`], over `narad_runtime`) is the daemon's implementation, and tests use native ones.
+//! One router instance serves every cursor of a link on this node, so state such as the
+//! round-robin counter belongs to the child topic, not to a parent partition. [`route`] runs
+//! the router on the blocking pool (a slow plugin cannot stall the I/O threads) and checks it
+//! answered once per record; [`super::bucket`] checks each answer names a child partition.
+//! A failure is a [`RouteFailure`]: the slab is not committed, the cursor stalls and routes it
+//! again later, never skipping a record.
+
+pub mod wasm;
 
 use std::sync::{Arc, Mutex};
 
-use narad_runtime::FailureKind;
+use narad_runtime::{ChainError, FailureKind};
 use narad_storage::StoredRecord;
 
+use crate::blocking::BlockingError;
 use crate::metastore::LinkMeta;
+use crate::metastore::link::PluginRef;
 
 /// What a router is told about the slab it routes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,18 +109,73 @@ pub trait SlabRouter: Send {
 pub type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
 
 /// Builds the router chain of a link. The reconciler holds one and calls it whenever a link
-/// appears or its router changes; [`super::wasm_router::WasmRouterFactory`] is the daemon's.
+/// appears or its router changes; [`wasm::WasmRouterFactory`] is the daemon's.
 pub trait RouterFactory: Send + Sync + 'static {
     /// A fresh chain (fresh plugin instances) for `link`, or why it cannot be built.
-    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, String>;
+    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError>;
 }
 
-/// Checks a router's answer: one decision per record, each below the partition count.
-pub fn check_decisions(
-    decisions: &[u32],
-    records: &[StoredRecord],
-    partitions: u32,
-) -> Result<(), RouteFailure> {
+/// Why a plugin could not be loaded for a chain, as the loader reports it (the registry's own
+/// error, kept whole as the source).
+pub type PluginLoadError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a link's router chain could not be built; the reconciler logs it and tries again on its
+/// next pass. The `Display` text is what the log says.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterBuildError {
+    /// A plugin the link's router names could not be loaded (not in the registry, unreadable,
+    /// or refused by the runtime's checks).
+    #[error("plugin {plugin}: {source}")]
+    PluginLoad {
+        /// The plugin, as the link names it (`name@digest`).
+        plugin: PluginRef,
+        /// Why the loader could not load it.
+        source: PluginLoadError,
+    },
+    /// The loaded plugins do not make a chain (none, or more than the runtime allows).
+    #[error(transparent)]
+    Chain(#[from] ChainError),
+    /// The task building the chain on the blocking pool did not return.
+    #[error("building the router failed: {0}")]
+    Task(#[from] BlockingError),
+}
+
+/// Routes `records` through `router` on the blocking pool and checks the answer has one
+/// decision per record. The records are shared with the blocking thread, not moved to it, so
+/// the caller still holds every one of them whatever the router does: a routing task that
+/// panics or is cancelled is a failure of this slab, never a slab with fewer records.
+pub async fn route(
+    router: &SharedRouter,
+    input: RouteInput,
+    records: Arc<Vec<StoredRecord>>,
+) -> Result<Vec<u32>, RouteFailure> {
+    let router = Arc::clone(router);
+    let task = crate::blocking::run(move || {
+        let decisions = match router.lock() {
+            Ok(mut guard) => guard.route(&input, &records),
+            Err(_) => Err(RouteFailure {
+                plugin: None,
+                kind: RouteFailureKind::Poisoned,
+                message: "the router panicked on an earlier slab".into(),
+            }),
+        }?;
+        check_decisions(&decisions, &records)?;
+        Ok(decisions)
+    });
+    match task.await {
+        Ok(routed) => routed,
+        Err(error) => Err(RouteFailure {
+            plugin: None,
+            kind: RouteFailureKind::Panic,
+            message: format!("routing task failed: {error}"),
+        }),
+    }
+}
+
+/// Checks a router's answer has one decision per record. That each names a child partition
+/// is checked where the decisions are counted ([`super::bucket::bucket`]).
+pub fn check_decisions(decisions: &[u32], records: &[StoredRecord]) -> Result<(), RouteFailure> {
     if decisions.len() != records.len() {
         return Err(RouteFailure {
             plugin: None,
@@ -121,20 +184,6 @@ pub fn check_decisions(
                 "the router returned {} decisions for {} records",
                 decisions.len(),
                 records.len()
-            ),
-        });
-    }
-    if let Some((decision, record)) = decisions
-        .iter()
-        .zip(records)
-        .find(|(d, _)| **d >= partitions)
-    {
-        return Err(RouteFailure {
-            plugin: None,
-            kind: RouteFailureKind::OutOfRange,
-            message: format!(
-                "the router sent parent offset {} to partition {decision}, but the child has {partitions}",
-                record.offset
             ),
         });
     }
@@ -162,24 +211,13 @@ mod tests {
 
     #[test]
     fn too_few_decisions_are_a_wrong_length_failure_naming_both_counts() {
-        let failure = check_decisions(&[0], &records(2), 4).unwrap_err();
+        let failure = check_decisions(&[0], &records(2)).unwrap_err();
         assert_eq!(failure.kind, RouteFailureKind::WrongLength);
         assert_eq!(failure.plugin, None);
         assert_eq!(
             failure.to_string(),
             "the router returned 1 decisions for 2 records"
         );
-    }
-
-    #[test]
-    fn a_decision_past_the_partition_count_is_an_out_of_range_failure() {
-        let failure = check_decisions(&[0, 4], &records(2), 4).unwrap_err();
-        assert_eq!(failure.kind, RouteFailureKind::OutOfRange);
-        assert_eq!(
-            failure.to_string(),
-            "the router sent parent offset 1 to partition 4, but the child has 4"
-        );
-        assert_eq!(check_decisions(&[0, 3], &records(2), 4), Ok(()));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use narad_storage::{PartitionId, ReadOptions, StorageError, Store, StoredRecord};
 
-use super::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
+use crate::fanout::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
 
 /// What the child's tails say about one (epoch, parent partition).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

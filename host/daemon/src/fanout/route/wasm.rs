@@ -8,8 +8,11 @@ use narad_runtime::{
 };
 use narad_storage::StoredRecord;
 
-use super::plugin_metrics::{PluginCallSample, RouteObserver};
-use super::router::{RouteFailure, RouteFailureKind, RouteInput, RouterFactory, SlabRouter};
+use super::{
+    PluginLoadError, RouteFailure, RouteFailureKind, RouteInput, RouterBuildError, RouterFactory,
+    SlabRouter,
+};
+use crate::fanout::plugin_metrics::{PluginCallSample, RouteObserver};
 use crate::metastore::LinkMeta;
 
 /// A parent record as the plugin ABI sees it (keys always; headers and values when a plugin's
@@ -164,7 +167,7 @@ impl ChainRouter {
 }
 
 /// Loads the plugin with a digest (hex) for a chain.
-pub type PluginLoader = Arc<dyn Fn(&str) -> Result<Plugin, String> + Send + Sync>;
+pub type PluginLoader = Arc<dyn Fn(&str) -> Result<Plugin, PluginLoadError> + Send + Sync>;
 
 /// Builds each link's chain from the digests its router names.
 pub struct WasmRouterFactory {
@@ -189,13 +192,18 @@ impl WasmRouterFactory {
 }
 
 impl RouterFactory for WasmRouterFactory {
-    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, String> {
+    fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
         let plugins = link
             .router
             .iter()
-            .map(|r| (self.load)(&r.digest).map_err(|e| format!("plugin {r}: {e}")))
-            .collect::<Result<Vec<Plugin>, String>>()?;
-        let chain = Chain::new(plugins).map_err(|e| e.to_string())?;
+            .map(|r| {
+                (self.load)(&r.digest).map_err(|source| RouterBuildError::PluginLoad {
+                    plugin: r.clone(),
+                    source,
+                })
+            })
+            .collect::<Result<Vec<Plugin>, RouterBuildError>>()?;
+        let chain = Chain::new(plugins)?;
         let router = ChainRouter::new(chain);
         Ok(Box::new(match &self.observer {
             Some(observer) => router.with_observer(Arc::clone(observer)),
@@ -257,6 +265,48 @@ mod tests {
             value: Bytes::from_static(b"v"),
             origin: None,
         }
+    }
+
+    fn link_naming(router: Vec<crate::metastore::link::PluginRef>) -> LinkMeta {
+        LinkMeta {
+            parent: "p".into(),
+            child: "c".into(),
+            attach_epoch: "0011223344556677".into(),
+            attach_offsets: Some(vec![0]),
+            delay_ms: 0,
+            router,
+            config: String::new(),
+            attached_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_plugin_the_registry_cannot_load_fails_the_build_naming_the_plugin() {
+        let factory = WasmRouterFactory::new(Arc::new(|digest: &str| {
+            Err(format!("no plugin with digest {digest}").into())
+        }));
+        let plugin = crate::metastore::link::PluginRef {
+            name: "key-hash".into(),
+            digest: "ab".repeat(32),
+        };
+        let Err(error) = factory.build(&link_naming(vec![plugin.clone()])) else {
+            panic!("a chain was built without its plugin");
+        };
+        assert!(matches!(&error, RouterBuildError::PluginLoad { plugin: p, .. } if *p == plugin));
+        let digest = "ab".repeat(32);
+        assert_eq!(
+            error.to_string(),
+            format!("plugin key-hash@{digest}: no plugin with digest {digest}")
+        );
+
+        // No plugin at all is not a chain.
+        let Err(error) = factory.build(&link_naming(Vec::new())) else {
+            panic!("an empty chain was built");
+        };
+        assert!(matches!(
+            error,
+            RouterBuildError::Chain(narad_runtime::ChainError::Length { len: 0, .. })
+        ));
     }
 
     #[test]

@@ -1,0 +1,68 @@
+//! Small helpers for the CLI's human output: counted nouns ("1 record", "2 records") and
+//! times as RFC 3339 UTC (the tables show these; `--json` keeps the API's raw milliseconds).
+
+/// `count` followed by `noun`, with an `s` unless `count` is 1: `plural(1, "record")` is
+/// `"1 record"`, `plural(3, "record")` is `"3 records"`. Only for nouns whose plural is `+s`.
+pub fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
+    }
+}
+
+/// Milliseconds per day.
+const MS_PER_DAY: i64 = 86_400_000;
+
+/// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the second:
+/// `1764460800123` is `"2025-11-30T00:00:00Z"`. Times before 1970 work too.
+pub fn rfc3339_utc(ms: i64) -> String {
+    let days = ms.div_euclid(MS_PER_DAY);
+    let ms_of_day = ms.rem_euclid(MS_PER_DAY);
+    let (year, month, day) = civil_from_days(days);
+    let secs = ms_of_day / 1000;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, <https://howardhinnant.github.io/date_algorithms.html>): done by hand
+/// because this one conversion does not earn a date-time crate.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    // day is 1..=31 and month 1..=12 by construction.
+    (year, month as u32, day as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_is_singular_and_everything_else_plural() {
+        assert_eq!(plural(1, "record"), "1 record");
+        assert_eq!(plural(0, "record"), "0 records");
+        assert_eq!(plural(2, "partition"), "2 partitions");
+    }
+
+    #[test]
+    fn epoch_milliseconds_read_as_rfc3339_utc() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_764_460_800_123), "2025-11-30T00:00:00Z");
+        assert_eq!(rfc3339_utc(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_utc(-86_400_000), "1969-12-31T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_764_590_499_000), "2025-12-01T12:01:39Z");
+    }
+}

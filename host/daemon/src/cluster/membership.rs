@@ -1,0 +1,624 @@
+//! Node membership: a node is live while its key `nodes/{id}` exists under the cluster's
+//! prefix, held by an etcd lease the node keeps renewing.
+//!
+//! The rules this module keeps:
+//! - **One process per node id.** The node key is created only if absent, in one transaction,
+//!   so a second process with the same id (another data dir, another host) is refused with
+//!   [`MembershipError::NodeIdTaken`] while the first one's lease lives.
+//! - **A restart does not wait out its own lease.** The lease id is written to the data dir
+//!   (`cluster/lease.json`) when the node joins; the next start revokes that lease first (which
+//!   deletes the old node key at once), so a node that was killed comes back in one round trip,
+//!   not after the TTL. Only the lease this data dir recorded is revoked.
+//! - **Self-fencing.** [`Membership::is_fenced`] turns true when no renewal has been confirmed
+//!   for [`FENCE_FRACTION`] of the TTL: by then etcd may be about to let the key go and peers to
+//!   count the node dead, so the node stops taking writes before that can happen, not after.
+//! - **Re-joining.** When etcd reports the lease gone (expired while etcd or the network was
+//!   away), the node grants a new lease and creates its key again, under the same rule as at
+//!   start: if another process took the id meanwhile, this one stays fenced and says so.
+//! - **Leaving.** [`Membership::leave`] revokes the lease: peers see the node gone at once.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use crate::shutdown::ShutdownSignal;
+
+/// Default lease TTL of a node key (CLUSTER.md: 10 s): how long peers wait before counting a
+/// silent node dead.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// Renewals per TTL: at 3, two renewals in a row can be lost before the node fences itself.
+pub const RENEWALS_PER_TTL: u32 = 3;
+
+/// Fraction of the TTL without a confirmed renewal after which the node fences itself (stops
+/// taking writes): "nearly a TTL", leaving a fifth of it as margin for clock rate and the
+/// renewal's own round trip.
+pub const FENCE_FRACTION: f64 = 0.8;
+
+/// Name of the file in `{data_dir}/cluster/` recording the lease this node last held.
+pub const LEASE_FILE: &str = "lease.json";
+
+/// What a node publishes about itself under `nodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeRecord {
+    /// The node id (`--node-id`), stable across restarts.
+    pub id: String,
+    /// The HTTP address peers and clients use (`--advertise`), e.g. `http://10.0.0.5:7070`.
+    pub advertise: String,
+    /// When this process joined, in milliseconds since the Unix epoch.
+    pub joined_at_ms: i64,
+}
+
+/// The lease record kept in the data dir.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseRecord {
+    /// The cluster prefix the lease was granted for.
+    prefix: String,
+    /// The node id it held.
+    node_id: String,
+    /// The etcd lease id.
+    lease_id: i64,
+}
+
+/// Errors of joining, renewing and listing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// etcd could not be reached or refused the request.
+    #[error("etcd: {context}: {source}")]
+    Etcd {
+        /// What was being done.
+        context: String,
+        /// The client's error (boxed: it is large).
+        source: Box<etcd_client::Error>,
+    },
+    /// Another live process holds this node id.
+    #[error(
+        "node id {node_id:?} is already held by a live process advertising {holder}; \
+         give this node its own --node-id, or stop the other process first"
+    )]
+    NodeIdTaken {
+        /// The id.
+        node_id: String,
+        /// What the holder advertises.
+        holder: String,
+    },
+    /// The lease file in the data dir could not be read or written.
+    #[error("{}: {source}", path.display())]
+    LeaseFile {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A node key's value does not parse.
+    #[error("node key {key} holds a value that does not parse ({reason})")]
+    BadRecord {
+        /// The key.
+        key: String,
+        /// The parse error.
+        reason: String,
+    },
+}
+
+type Result<T, E = MembershipError> = std::result::Result<T, E>;
+
+fn etcd(context: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> MembershipError {
+    let context = context.into();
+    move |source| MembershipError::Etcd {
+        context,
+        source: Box::new(source),
+    }
+}
+
+/// This node's membership: its lease, its renewals and whether it is fenced.
+pub struct Membership {
+    client: Client,
+    prefix: String,
+    record: NodeRecord,
+    ttl: Duration,
+    lease_dir: PathBuf,
+    lease_id: AtomicI64,
+    /// When the last confirmed renewal (or the grant) was *sent*: etcd's expiry is at least a
+    /// TTL after that.
+    renewed_at: Mutex<Instant>,
+    /// Renewals confirmed, for metrics.
+    renewals: AtomicU64,
+    /// Renewals that failed (no answer, error), for metrics.
+    renewal_failures: AtomicU64,
+}
+
+impl Membership {
+    /// Joins the cluster under `prefix` as `record.id`: revokes the lease this data dir
+    /// recorded for the same cluster and id (a previous run of this node), grants a lease of
+    /// `ttl` and creates the node key if no live process holds it. The caller then runs
+    /// [`Membership::keep_alive`].
+    pub async fn join(
+        client: Client,
+        prefix: String,
+        record: NodeRecord,
+        ttl: Duration,
+        data_dir: &Path,
+    ) -> Result<Membership> {
+        let lease_dir = data_dir.join("cluster");
+        let membership = Membership {
+            client,
+            prefix,
+            record,
+            ttl,
+            lease_dir,
+            lease_id: AtomicI64::new(0),
+            renewed_at: Mutex::new(Instant::now()),
+            renewals: AtomicU64::new(0),
+            renewal_failures: AtomicU64::new(0),
+        };
+        membership.revoke_recorded_lease().await?;
+        membership.register().await?;
+        Ok(membership)
+    }
+
+    /// This node's record.
+    pub fn record(&self) -> &NodeRecord {
+        &self.record
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The etcd lease currently holding the node key.
+    pub fn lease_id(&self) -> i64 {
+        self.lease_id.load(Ordering::Acquire)
+    }
+
+    /// Renewals confirmed since start.
+    pub fn renewals(&self) -> u64 {
+        self.renewals.load(Ordering::Relaxed)
+    }
+
+    /// Renewals that failed since start.
+    pub fn renewal_failures(&self) -> u64 {
+        self.renewal_failures.load(Ordering::Relaxed)
+    }
+
+    fn node_key(&self, id: &str) -> String {
+        format!("{}nodes/{id}", self.prefix)
+    }
+
+    /// True when no renewal has been confirmed for [`FENCE_FRACTION`] of the TTL: the node must
+    /// not take writes (its peers may soon count it dead).
+    pub fn is_fenced(&self) -> bool {
+        let renewed_at = *self
+            .renewed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        renewed_at.elapsed() >= self.ttl.mul_f64(FENCE_FRACTION)
+    }
+
+    fn lease_path(&self) -> PathBuf {
+        self.lease_dir.join(LEASE_FILE)
+    }
+
+    async fn revoke_recorded_lease(&self) -> Result<()> {
+        let path = self.lease_path();
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(MembershipError::LeaseFile { path, source }),
+        };
+        let Ok(recorded) = serde_json::from_slice::<LeaseRecord>(&bytes) else {
+            tracing::warn!(path = %path.display(), "ignoring a lease file that does not parse");
+            return Ok(());
+        };
+        if recorded.prefix != self.prefix || recorded.node_id != self.record.id {
+            return Ok(());
+        }
+        let mut lease = self.client.lease_client();
+        match lease.revoke(recorded.lease_id).await {
+            Ok(_) => {
+                tracing::info!(
+                    lease = recorded.lease_id,
+                    "revoked this node's previous lease"
+                );
+                Ok(())
+            }
+            // Already expired or revoked: nothing to undo.
+            Err(e) if is_lease_not_found(&e) => Ok(()),
+            Err(source) => Err(etcd("revoking this node's previous lease")(source)),
+        }
+    }
+
+    /// Grants a lease and creates the node key with it, if absent.
+    async fn register(&self) -> Result<()> {
+        let sent = Instant::now();
+        let ttl_secs = i64::try_from(self.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let mut lease = self.client.lease_client();
+        let granted = lease
+            .grant(ttl_secs, None)
+            .await
+            .map_err(etcd("granting the node lease"))?;
+        let lease_id = granted.id();
+        let key = self.node_key(&self.record.id);
+        let value = serde_json::to_vec(&self.record).map_err(|e| MembershipError::BadRecord {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease_id)),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let mut kv = self.client.kv_client();
+        let response = kv.txn(txn).await.map_err(etcd("creating the node key"))?;
+        if !response.succeeded() {
+            let _ = lease.revoke(lease_id).await;
+            let holder = response
+                .op_responses()
+                .into_iter()
+                .find_map(|op| match op {
+                    etcd_client::TxnOpResponse::Get(get) => get.kvs().first().map(|kv| {
+                        serde_json::from_slice::<NodeRecord>(kv.value())
+                            .map(|r| r.advertise)
+                            .unwrap_or_else(|_| "an unreadable record".to_owned())
+                    }),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "an unknown address".to_owned());
+            return Err(MembershipError::NodeIdTaken {
+                node_id: self.record.id.clone(),
+                holder,
+            });
+        }
+        self.lease_id.store(lease_id, Ordering::Release);
+        self.record_renewal(sent);
+        self.write_lease_file(lease_id)
+    }
+
+    fn write_lease_file(&self, lease_id: i64) -> Result<()> {
+        let record = LeaseRecord {
+            prefix: self.prefix.clone(),
+            node_id: self.record.id.clone(),
+            lease_id,
+        };
+        let path = self.lease_path();
+        let io = |source| MembershipError::LeaseFile {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&self.lease_dir).map_err(io)?;
+        let bytes = serde_json::to_vec(&record).map_err(|e| io(std::io::Error::other(e)))?;
+        crate::durable::replace_file(&self.lease_dir, LEASE_FILE, &bytes).map_err(io)
+    }
+
+    fn record_renewal(&self, sent: Instant) {
+        let mut renewed_at = self
+            .renewed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if sent > *renewed_at {
+            *renewed_at = sent;
+        }
+    }
+
+    /// One renewal: `Ok(true)` when etcd confirmed it, `Ok(false)` when etcd says the lease is
+    /// gone (expired or revoked) and the node must register again.
+    async fn renew_once(&self) -> Result<bool> {
+        let sent = Instant::now();
+        let mut lease = self.client.lease_client();
+        let (mut keeper, mut stream) = match lease.keep_alive(self.lease_id()).await {
+            Err(e) if is_lease_not_found(&e) => return Ok(false),
+            other => other.map_err(etcd("opening the lease keep-alive stream"))?,
+        };
+        keeper
+            .keep_alive()
+            .await
+            .map_err(etcd("sending a lease renewal"))?;
+        let answer = match stream.message().await {
+            Err(e) if is_lease_not_found(&e) => return Ok(false),
+            other => other.map_err(etcd("reading a lease renewal"))?,
+        };
+        match answer {
+            Some(response) if response.ttl() > 0 => {
+                self.record_renewal(sent);
+                self.renewals.fetch_add(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Renews the lease [`RENEWALS_PER_TTL`] times per TTL until `shutdown`, registering
+    /// again when etcd reports the lease gone. Never returns an error: failures are logged,
+    /// counted and retried; [`Membership::is_fenced`] tells the rest of the node.
+    pub async fn keep_alive(&self, shutdown: ShutdownSignal) {
+        let every = self.ttl / RENEWALS_PER_TTL;
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.wait() => return,
+                _ = ticker.tick() => {}
+            }
+            let result = tokio::time::timeout(every, self.renew_once()).await;
+            match result {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    tracing::warn!(
+                        node = %self.record.id,
+                        "the node lease is gone (expired while etcd was unreachable?); joining again"
+                    );
+                    if let Err(e) = self.register().await {
+                        self.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, "could not join the cluster again; writes stay fenced");
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, fenced = self.is_fenced(), "lease renewal failed");
+                }
+                Err(_) => {
+                    self.renewal_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(fenced = self.is_fenced(), "lease renewal timed out");
+                }
+            }
+        }
+    }
+
+    /// Leaves the cluster: revokes the lease, so peers see the node gone at once.
+    pub async fn leave(&self) -> Result<()> {
+        let mut lease = self.client.lease_client();
+        lease
+            .revoke(self.lease_id())
+            .await
+            .map_err(etcd("revoking the node lease"))?;
+        Ok(())
+    }
+
+    /// Every live node, by id.
+    pub async fn live_nodes(&self) -> Result<Vec<NodeRecord>> {
+        live_nodes(&self.client, &self.prefix).await
+    }
+}
+
+/// Whether etcd answered "no such lease" (expired or revoked).
+fn is_lease_not_found(error: &etcd_client::Error) -> bool {
+    // The client reports it as a gRPC status on revoke and as a keep-alive error when the
+    // keep-alive stream opens or answers.
+    const NOT_FOUND: &str = "lease not found";
+    match error {
+        etcd_client::Error::GRpcStatus(status) => status.message().contains(NOT_FOUND),
+        etcd_client::Error::LeaseKeepAliveError(message) => message.contains(NOT_FOUND),
+        _ => false,
+    }
+}
+
+/// Every live node of the cluster under `prefix`, by id.
+pub async fn live_nodes(client: &Client, prefix: &str) -> Result<Vec<NodeRecord>> {
+    let mut kv = client.kv_client();
+    let response = kv
+        .get(
+            format!("{prefix}nodes/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .map_err(etcd("listing the live nodes"))?;
+    response
+        .kvs()
+        .iter()
+        .map(|entry| {
+            serde_json::from_slice(entry.value()).map_err(|e| MembershipError::BadRecord {
+                key: String::from_utf8_lossy(entry.key()).into_owned(),
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metastore::etcd::connect_client;
+    use crate::metastore::test_etcd::TestEtcd;
+
+    fn record(id: &str, port: u16) -> NodeRecord {
+        NodeRecord {
+            id: id.to_owned(),
+            advertise: format!("http://127.0.0.1:{port}"),
+            joined_at_ms: 0,
+        }
+    }
+
+    async fn client(etcd: &TestEtcd) -> Client {
+        connect_client(&[etcd.endpoint()]).await.unwrap()
+    }
+
+    const PREFIX: &str = "/narad-test/members/";
+
+    #[tokio::test]
+    async fn a_joined_node_is_listed_with_its_address_and_gone_once_it_leaves() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let node = Membership::join(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            record("n1", 7001),
+            Duration::from_secs(30),
+            dir.path(),
+        )
+        .await
+        .unwrap();
+        let listed = node.live_nodes().await.unwrap();
+        assert_eq!(listed, vec![record("n1", 7001)]);
+        assert!(!node.is_fenced());
+        node.leave().await.unwrap();
+        assert!(node.live_nodes().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_second_process_with_the_same_node_id_is_refused_while_the_first_lives() {
+        let etcd = TestEtcd::start();
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let _first = Membership::join(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            record("n1", 7001),
+            Duration::from_secs(30),
+            dir_a.path(),
+        )
+        .await
+        .unwrap();
+        let second = Membership::join(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            record("n1", 7002),
+            Duration::from_secs(30),
+            dir_b.path(),
+        )
+        .await;
+        match second {
+            Err(MembershipError::NodeIdTaken { node_id, holder }) => {
+                assert_eq!(node_id, "n1");
+                assert_eq!(holder, "http://127.0.0.1:7001");
+            }
+            Err(other) => panic!("expected NodeIdTaken, got {other}"),
+            Ok(_) => panic!("two processes held one node id"),
+        }
+        // The refused process left nothing behind: the first still owns the key.
+        let listed = live_nodes(&client(&etcd).await, PREFIX).await.unwrap();
+        assert_eq!(listed, vec![record("n1", 7001)]);
+    }
+
+    /// A node killed without leaving (its lease still counting down a 60 s TTL) restarts on
+    /// the same data dir and is back at once: it revokes the lease its data dir recorded.
+    #[tokio::test]
+    async fn a_restart_on_the_same_data_dir_does_not_wait_out_the_previous_lease() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let crashed = Membership::join(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            record("n1", 7001),
+            Duration::from_secs(60),
+            dir.path(),
+        )
+        .await
+        .unwrap();
+        let old_lease = crashed.lease_id();
+        drop(crashed); // no leave(): as after kill -9
+        let restarted = tokio::time::timeout(
+            Duration::from_secs(10),
+            Membership::join(
+                client(&etcd).await,
+                PREFIX.to_owned(),
+                record("n1", 7009),
+                Duration::from_secs(60),
+                dir.path(),
+            ),
+        )
+        .await
+        .expect("the restart must not wait for the old lease")
+        .unwrap();
+        assert_ne!(restarted.lease_id(), old_lease);
+        assert_eq!(
+            restarted.live_nodes().await.unwrap(),
+            vec![record("n1", 7009)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_node_whose_lease_vanished_joins_again_on_its_next_renewal() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let node = std::sync::Arc::new(
+            Membership::join(
+                client(&etcd).await,
+                PREFIX.to_owned(),
+                record("n1", 7001),
+                Duration::from_secs(3),
+                dir.path(),
+            )
+            .await
+            .unwrap(),
+        );
+        let (trigger, signal) = crate::shutdown::channel();
+        let renewing = {
+            let node = node.clone();
+            tokio::spawn(async move { node.keep_alive(signal).await })
+        };
+        // Someone (or an expiry while etcd was away) ends the lease: the key goes with it.
+        let mut lease = client(&etcd).await.lease_client();
+        lease.revoke(node.lease_id()).await.unwrap();
+        assert!(
+            live_nodes(&client(&etcd).await, PREFIX)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let back = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if !live_nodes(&client(&etcd).await, PREFIX)
+                    .await
+                    .unwrap()
+                    .is_empty()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        trigger.trigger();
+        renewing.await.unwrap();
+        back.expect("the node must register again after its lease vanished");
+    }
+
+    #[tokio::test]
+    async fn a_node_that_cannot_renew_fences_itself_before_its_ttl_runs_out() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let ttl = Duration::from_secs(2);
+        let node = std::sync::Arc::new(
+            Membership::join(
+                client(&etcd).await,
+                PREFIX.to_owned(),
+                record("n1", 7001),
+                ttl,
+                dir.path(),
+            )
+            .await
+            .unwrap(),
+        );
+        let (trigger, signal) = crate::shutdown::channel();
+        let renewing = {
+            let node = node.clone();
+            tokio::spawn(async move { node.keep_alive(signal).await })
+        };
+        // Renewals keep it unfenced past one TTL.
+        tokio::time::sleep(ttl + ttl / 2).await;
+        assert!(!node.is_fenced(), "a renewing node must not be fenced");
+        assert!(node.renewals() >= 1);
+        drop(etcd);
+        // The last renewal was sent at most a third of a TTL ago, so the fence comes within
+        // FENCE_FRACTION of a TTL from now: before etcd can let the key go.
+        let fenced_at = tokio::time::timeout(ttl, async {
+            while !node.is_fenced() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        trigger.trigger();
+        renewing.await.unwrap();
+        fenced_at.expect("a node that cannot renew must fence itself");
+    }
+}

@@ -1,0 +1,22 @@
+//! Cluster mode: several narad nodes sharing one etcd (see `docs/cluster.md` and the design in
+//! CLUSTER.md). This module holds what only exists with more than one node:
+//! - [`dedupe`]: the exact window of origins a child partition holds, which absorbs a
+//!   repeated child commit;
+//! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
+//! - [`placement`]: which node a new partition goes to (pinned, spread, away from the
+//!   parent's partition).
+//!
+//! The metadata itself lives in [`crate::metastore::etcd`], behind the same `Metastore` trait
+//! and rules as the embedded file.
+
+pub mod dedupe;
+pub mod membership;
+pub mod placement;
+
+pub use membership::{Membership, MembershipError, NodeRecord};
+
+/// The key prefix of cluster `name` in etcd: every key narad writes for it lives under this,
+/// so several clusters (and test runs) can share one etcd.
+pub fn prefix(name: &str) -> String {
+    format!("/narad/{name}/")
+}

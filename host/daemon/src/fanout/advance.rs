@@ -1,0 +1,103 @@
+//! Step 5 of a slab, advance: the offset file moves past the slab, and only then.
+//!
+//! The offset file (`narad_storage::cursor`: one 256-byte write and one `fdatasync`) is the
+//! cursor's durable position. It moves forward past a slab only with the [`Acknowledged`]
+//! that [`super::commit::commit`] hands out once every bucket is acknowledged, so a crash
+//! before the move repeats the slab (duplicates in the child, never a gap). It moves in two
+//! other cases, neither of which can lose a record the parent still holds: past records that
+//! aged out of the parent ([`OffsetFile::past_aged_out`]: they are gone, the cursor counts
+//! them as dropped), and back to the parent's end when the parent lost records the cursor had
+//! copied ([`OffsetFile::back_to_parent_end`]: backwards only, so duplicates at worst).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use narad_storage::cursor::{CursorError, CursorFile};
+
+use super::commit::Acknowledged;
+use crate::blocking::BlockingError;
+
+/// Why the offset file could not be moved; the cursor stalls with this text and tries again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdvanceError {
+    /// Writing the new position to the offset file failed.
+    #[error("advancing the offset file failed: {0}")]
+    Write(#[source] CursorError),
+    /// The task writing the offset file on the blocking pool did not return.
+    #[error("offset-file task failed: {0}")]
+    Task(#[from] BlockingError),
+}
+
+/// A running cursor's offset file.
+pub struct OffsetFile {
+    file: Arc<Mutex<CursorFile>>,
+}
+
+impl OffsetFile {
+    /// The offset file `file`, opened at the cursor's start ([`super::position::open`]).
+    pub fn new(file: CursorFile) -> OffsetFile {
+        OffsetFile {
+            file: Arc::new(Mutex::new(file)),
+        }
+    }
+
+    /// The first parent offset not yet committed to the child, as the file holds it.
+    pub fn next_offset(&self) -> u64 {
+        lock(&self.file).next_offset()
+    }
+
+    /// Moves the position past a slab every bucket of which is acknowledged, to `next_offset`
+    /// (one past the slab's last record).
+    pub async fn past_slab(
+        &self,
+        _every_bucket: &Acknowledged,
+        next_offset: u64,
+    ) -> Result<(), AdvanceError> {
+        self.write(next_offset).await
+    }
+
+    /// Moves the position up to the parent's log start `log_start`: the records before it
+    /// aged out before the cursor copied them.
+    pub async fn past_aged_out(&self, log_start: u64) -> Result<(), AdvanceError> {
+        self.write(log_start).await
+    }
+
+    /// Moves the position back to the parent's high watermark `high`: the parent lost records
+    /// the cursor had copied, and the offsets it reuses for new records must be copied too.
+    pub async fn back_to_parent_end(&self, high: u64) -> Result<(), AdvanceError> {
+        self.write(high).await
+    }
+
+    async fn write(&self, next_offset: u64) -> Result<(), AdvanceError> {
+        let file = Arc::clone(&self.file);
+        crate::blocking::run(move || lock(&file).advance(next_offset))
+            .await?
+            .map_err(AdvanceError::Write)
+    }
+}
+
+fn lock(file: &Mutex<CursorFile>) -> MutexGuard<'_, CursorFile> {
+    // A panic inside `advance` leaves the position it had; the file itself is consistent.
+    file.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn a_failed_offset_file_advance_stalls_with_the_same_reason_text() {
+        let error = AdvanceError::Write(CursorError::Io {
+            op: "fsync",
+            path: PathBuf::from("/data/fanout-child.offset"),
+            source: std::io::Error::other("disk gone"),
+        });
+        assert!(matches!(error, AdvanceError::Write(_)));
+        assert_eq!(
+            error.to_string(),
+            "advancing the offset file failed: fsync /data/fanout-child.offset: disk gone"
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! Step 0 of a cursor, position: where it starts, resumes or rewinds to, before its first read.
+//!
+//! [`open`] decides, from the offset file, the child's tails and the parent's end:
+//!
+//! - An offset file of the cursor's epoch is resumed at its position, unless that position
+//!   is past the parent's end (`rewind_to_parent_end`), ahead of what the child holds
+//!   ([`provenance::rewind_target`]), or past offsets the parent reused for new records
+//!   ([`provenance::first_reused_offset`]); each of those only moves the cursor back.
+//! - Without one (none, a corrupt one, one of another attach), the newest slab of this epoch
+//!   in the child's tails names where to resume (repeating at most that slab); without such
+//!   evidence, the attach point ([`start`]). Writing that new file (anchoring) waits for the
+//!   metastore, read linearizably, to confirm the epoch is still the link's; otherwise the
+//!   start is [`Deferred`].
+//!
+//! A cursor never waits past the parent's end. Its position can be beyond the parent's high
+//! watermark when the parent lost records the cursor had already copied: a torn tail cut at
+//! start-up with no high-watermark file to refuse the cut, for example. Waiting there would
+//! skip every record the parent writes again at the reused offsets, so the cursor moves back
+//! to the parent's end instead, at start (here) and whenever a read says the position is past
+//! the end (the loop, through [`super::advance`]); it logs both offsets and counts the rewind
+//! ([`note_parent_end_rewind`]). This only ever moves the cursor back toward records it has
+//! not copied (duplicates in the child, never a gap), so it keeps the cursor's epoch and needs
+//! no confirmation from the metastore. When records were already written again at the lost
+//! offsets before the cursor starts, its position is not past the end any more; the content of
+//! the copies in the child then shows the reuse (`rewind_past_reused_offsets`).
+
+pub mod provenance;
+pub mod start;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
+use narad_storage::{PartitionId, StorageError, Store};
+
+use super::advance::OffsetFile;
+use super::cursor::{CursorDeps, CursorKey};
+use super::status::CursorStatus;
+use crate::blocking::BlockingError;
+use crate::metastore::MetastoreError;
+use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
+use start::{StartPoint, start_point};
+
+/// Why a cursor did not start yet; the reconciler tries again on a later tick.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Deferred {
+    /// The cursor had to write a new offset file (none, a corrupt one, or one of another
+    /// attach), and the metastore, read linearizably, did not have its epoch as the link's.
+    #[error("epoch {epoch} of {parent} -> {child} not confirmed by the metastore")]
+    EpochNotConfirmed {
+        /// The cursor's attach epoch.
+        epoch: String,
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+}
+
+/// Why resolving a cursor's start failed for now: the cursor reports it as its stall reason,
+/// waits and tries again. The `Display` text is the stall reason operators see (after
+/// "cannot open the cursor position: ").
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Reading the metastore (the child's partition count, the linearizable epoch check)
+    /// failed.
+    #[error(transparent)]
+    Metastore(#[from] MetastoreError),
+    /// The cursor's epoch is not 16 lowercase hex digits.
+    #[error(transparent)]
+    BadEpoch(#[from] BadEpoch),
+    /// Storage failed: scanning the child's tails or reading the parent's end.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// Loading or writing the offset file failed.
+    #[error(transparent)]
+    OffsetFile(#[from] cursor_file::CursorError),
+    /// A task on the blocking pool did not return.
+    #[error(transparent)]
+    Task(#[from] BlockingError),
+}
+
+/// Where resolving a cursor's start ended.
+pub enum Opened {
+    /// The offset file, at the position the cursor starts from.
+    File(OffsetFile),
+    /// The start cannot be written now; the cursor exits and is started again later.
+    Deferred(Deferred),
+}
+
+/// The offset-file path of a cursor: `topics/{parent}/p{00000}/fanout-{child}.offset`.
+pub fn cursor_path(store: &Store, parent: &PartitionId, child: &str) -> PathBuf {
+    store
+        .data_dir()
+        .join("topics")
+        .join(&parent.topic)
+        .join(parent.dir_name())
+        .join(cursor_file::cursor_file_name(child))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, OpenError> {
+    Ok(crate::blocking::run(f).await?)
+}
+
+/// Whether the metastore, read linearizably, still has `key`'s epoch as the link's epoch.
+async fn epoch_confirmed(deps: &CursorDeps, key: &CursorKey) -> Result<bool, MetastoreError> {
+    let snapshot = deps.metastore.confirm().await?;
+    Ok(snapshot
+        .links
+        .get(&(key.parent.clone(), key.child.clone()))
+        .is_some_and(|link| link.attach_epoch == key.epoch))
+}
+
+/// Resolves where the cursor named by `key` of `link` starts and opens its offset file there.
+pub async fn open(
+    deps: &Arc<CursorDeps>,
+    key: &CursorKey,
+    link: &LinkMeta,
+    status: &CursorStatus,
+) -> Result<Opened, OpenError> {
+    let parent = PartitionId::new(key.parent.clone(), key.partition);
+    let path = cursor_path(&deps.store, &parent, &key.child);
+    let epoch = epoch_bytes(&key.epoch)?;
+    let child_partitions = deps
+        .metastore
+        .topic(&key.child)
+        .await?
+        .map_or(0, |t| t.partitions);
+
+    let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
+    let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
+    let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
+    let (evidence, copies) = blocking(move || {
+        provenance::scan_child_tails_with_copies(&store, &child, child_partitions, epoch, partition)
+    })
+    .await??;
+    // The parent's end, read now (opening the log if a crash left its end unknown): nothing
+    // may start past it.
+    let (store, high_id) = (Arc::clone(&deps.store), parent.clone());
+    let high = blocking(move || store.high_watermark(&high_id)).await??;
+    let (store, peek_id) = (Arc::clone(&deps.store), parent.clone());
+    let stats = blocking(move || store.peek(&peek_id)).await??;
+
+    match loaded {
+        CursorLoad::Found { record, layout } if record.epoch == key.epoch => {
+            let mut position = rewind_to_parent_end(record.next_offset, high, key, status);
+            let floor = match start_point(link.attach_offsets.as_deref(), key.partition) {
+                StartPoint::LiveTail => None,
+                point => Some(point.resolve(0)),
+            };
+            if let Some(target) =
+                provenance::rewind_target(position, evidence, stats.log_start_offset, floor)
+            {
+                tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
+                    "cursor is ahead of what its child holds; rewinding so nothing is missing");
+                status.rewound();
+                position = target;
+            }
+            let position =
+                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
+            let fs = Arc::clone(&deps.fs);
+            let rewound = position != record.next_offset;
+            let file = blocking(move || {
+                let record = CursorRecord {
+                    epoch: record.epoch,
+                    next_offset: position,
+                };
+                if rewound {
+                    CursorFile::anchor(fs, &path, record)
+                } else {
+                    CursorFile::resume(fs, &path, record, layout)
+                }
+            })
+            .await??;
+            Ok(Opened::File(OffsetFile::new(file)))
+        }
+        other => {
+            match &other {
+                CursorLoad::Found { record, .. } => {
+                    tracing::info!(parent = %parent, child = %key.child,
+                    found = %record.epoch, wanted = %key.epoch, "offset file belongs to another attach; not resuming it")
+                }
+                CursorLoad::Corrupt { reason } => {
+                    tracing::warn!(parent = %parent, child = %key.child,
+                    %reason, "offset file is corrupt; rebuilding the position")
+                }
+                CursorLoad::Missing => {}
+            }
+            // Anchoring overwrites the file: only with the epoch confirmed linearizably.
+            if !epoch_confirmed(deps, key).await? {
+                return Ok(Opened::Deferred(Deferred::EpochNotConfirmed {
+                    epoch: key.epoch.clone(),
+                    parent: key.parent.clone(),
+                    child: key.child.clone(),
+                }));
+            }
+            let position = match evidence.evidence {
+                // The child holds slabs of this epoch: resume at the newest one's start.
+                Some(found) if found.newest_slab_start >= stats.log_start_offset => {
+                    found.newest_slab_start
+                }
+                _ => start_point(link.attach_offsets.as_deref(), key.partition).resolve(high),
+            };
+            // Evidence or an attach point past the parent's end: the parent lost records since.
+            let position = rewind_to_parent_end(position, high, key, status);
+            let position =
+                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
+            let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
+            let file = blocking(move || {
+                CursorFile::anchor(
+                    fs,
+                    &path,
+                    CursorRecord {
+                        epoch: epoch_text,
+                        next_offset: position,
+                    },
+                )
+            })
+            .await??;
+            Ok(Opened::File(OffsetFile::new(file)))
+        }
+    }
+}
+
+/// The position a cursor at `position` may use given the parent's high watermark `high`:
+/// `position` itself, or `high` when `position` is past it. Past the end, the parent lost
+/// records the cursor had already copied; records written again at those offsets are new and
+/// must reach the child, so the cursor goes back to the parent's end. Logs and counts it.
+fn rewind_to_parent_end(position: u64, high: u64, key: &CursorKey, status: &CursorStatus) -> u64 {
+    if position <= high {
+        return position;
+    }
+    note_parent_end_rewind(position, high, key, status);
+    high
+}
+
+/// Logs and counts a rewind from `from` back to the parent's end `to`.
+pub fn note_parent_end_rewind(from: u64, to: u64, key: &CursorKey, status: &CursorStatus) {
+    tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
+        from, to, lost = from.saturating_sub(to),
+        "cursor is past the parent's end: the parent lost records it had copied; rewinding to the parent's end so records written again at those offsets reach the child");
+    status.rewound_to_parent_end();
+}
+
+/// The position a cursor at `position` may use given what its child holds: `position` itself,
+/// or the first offset the parent reused for a new record after losing the one the child
+/// copied from it (records written again at lost offsets before the cursor started, so the
+/// position is no longer past the parent's end). Logs and counts it like
+/// [`rewind_to_parent_end`]: it is the same loss, found later.
+async fn rewind_past_reused_offsets(
+    deps: &CursorDeps,
+    parent: &PartitionId,
+    key: &CursorKey,
+    position: u64,
+    copies: provenance::TailCopies,
+    status: &CursorStatus,
+) -> Result<u64, OpenError> {
+    let (store, id) = (Arc::clone(&deps.store), parent.clone());
+    let reused =
+        blocking(move || provenance::first_reused_offset(&store, &id, position, &copies)).await??;
+    match reused {
+        Some(target) if target < position => {
+            tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
+                from = position, to = target,
+                "cursor is past the parent's end: the parent reused offsets of records it lost after the child copied them; rewinding so the records now at those offsets reach the child");
+            status.rewound_to_parent_end();
+            Ok(target)
+        }
+        _ => Ok(position),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_epoch_stalls_with_the_epochs_own_reason() {
+        let error = OpenError::from(epoch_bytes("xyz").unwrap_err());
+        assert!(matches!(error, OpenError::BadEpoch(BadEpoch(ref e)) if e == "xyz"));
+        assert_eq!(
+            error.to_string(),
+            "attach epoch \"xyz\" is not 16 lowercase hex digits"
+        );
+    }
+}

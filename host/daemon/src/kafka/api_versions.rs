@@ -1,0 +1,73 @@
+//! ApiVersions: the APIs and version ranges this listener handles, advertised exactly.
+//!
+//! Produce and Fetch stop at 9 and 12: from 13 on they name topics by id, which narad topics
+//! do not have. Produce 3 and Fetch 4 are the floor because they are where the v2 record
+//! format starts (librdkafka uses it only when they are offered). Consumer-group, admin and
+//! transaction APIs are not offered: clients see that here and refuse those features
+//! themselves, and a request for them anyway closes the connection, as a Kafka broker does.
+
+use kafka_protocol::messages::ApiKey;
+use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
+
+/// Every API handled, with its lowest and highest version.
+pub const OFFERED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 1, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::InitProducerId, 0, 4),
+];
+
+/// Whether `version` of `api` is handled.
+pub fn offered(api: ApiKey, version: i16) -> bool {
+    OFFERED
+        .iter()
+        .any(|&(key, min, max)| key == api && (min..=max).contains(&version))
+}
+
+/// The ApiVersions answer with `error_code` (0, or UNSUPPORTED_VERSION for a request at a
+/// version not offered, which the client then retries at one that is).
+pub fn response(error_code: i16) -> ApiVersionsResponse {
+    let mut response = ApiVersionsResponse::default();
+    response.error_code = error_code;
+    response.api_keys = OFFERED
+        .iter()
+        .map(|&(key, min, max)| {
+            let mut v = ApiVersion::default();
+            v.api_key = key as i16;
+            v.min_version = min;
+            v.max_version = max;
+            v
+        })
+        .collect();
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exactly_the_issue_s_versions_are_advertised() {
+        let advertised: Vec<(i16, i16, i16)> = response(0)
+            .api_keys
+            .iter()
+            .map(|v| (v.api_key, v.min_version, v.max_version))
+            .collect();
+        assert_eq!(
+            advertised,
+            [
+                (0, 3, 9),
+                (1, 4, 12),
+                (2, 1, 7),
+                (3, 1, 12),
+                (18, 0, 3),
+                (22, 0, 4)
+            ]
+        );
+        assert!(!offered(ApiKey::Produce, 13));
+        assert!(!offered(ApiKey::FindCoordinator, 0));
+        assert!(offered(ApiKey::Fetch, 4));
+    }
+}

@@ -1,0 +1,275 @@
+//! The Kafka listener's accept loop and connections.
+//!
+//! A Kafka request is a 4-byte big-endian size and that many bytes: header (API key, version,
+//! correlation id, client id), then the body. Bounds, each closing only the connection that
+//! crosses it:
+//! - a frame larger than `max-request-bytes` (or smaller than a header) is refused before its
+//!   body is read;
+//! - the bytes of all requests in flight share `max-buffered-request-bytes`: a request waits
+//!   (its connection unread, so TCP pushes back on the client) until its bytes fit;
+//! - connections past the cap are closed at once;
+//! - an idle connection is closed after [`IDLE_TIMEOUT`], a request or response that does not
+//!   move within [`TRANSFER_TIMEOUT`] closes its connection.
+//!
+//! Requests of one connection are handled one at a time, in order, so responses go out in
+//! request order as the protocol requires and one connection holds at most one request.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::metrics::CloseReason;
+use super::{
+    Advertised, IDLE_TIMEOUT, KafkaDeps, Outcome, Request, Response, TRANSFER_TIMEOUT, api_versions,
+};
+
+/// Bytes of the smallest request header: API key, version, correlation id (2 + 2 + 4).
+const MIN_FRAME_BYTES: usize = 8;
+
+/// How the listener is bounded.
+#[derive(Debug, Clone)]
+pub struct ListenOptions {
+    /// Most connections open at once.
+    pub max_connections: u32,
+    /// Longest wait for connections still busy at shutdown before they are dropped.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves Kafka clients on `listener` until the shutdown signal fires, then waits up to the
+/// shutdown grace for requests in progress.
+pub async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: ListenOptions) {
+    let max_frame = usize::try_from(deps.limits.max_request_bytes).unwrap_or(usize::MAX);
+    // Permits are bytes; one frame never needs more than the whole budget.
+    let budget_bytes = usize::try_from(deps.limits.max_buffered_request_bytes)
+        .unwrap_or(usize::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS);
+    let budget = Arc::new(Semaphore::new(budget_bytes));
+    let limits = FrameLimits {
+        max_frame: max_frame.min(budget_bytes),
+    };
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            () = deps.shutdown.wait() => break,
+            accepted = listener.accept() => accepted,
+        };
+        // Reap finished connections so the set holds only live ones.
+        while connections.try_join_next().is_some() {}
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of descriptors or similar: wait a moment instead of spinning.
+                tracing::warn!(error = %e, "kafka listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        if connections.len() >= options.max_connections as usize {
+            deps.metrics.refused.inc();
+            tracing::warn!(%peer, cap = options.max_connections, "kafka connection refused: at the connection cap");
+            drop(stream);
+            continue;
+        }
+        let deps = Arc::clone(&deps);
+        let budget = Arc::clone(&budget);
+        connections.spawn(async move {
+            deps.metrics.connections.inc();
+            let reason = serve_connection(stream, peer, &deps, &budget, limits).await;
+            deps.metrics.connections.dec();
+            deps.metrics.closed(reason);
+            tracing::debug!(%peer, reason = reason.as_str(), "kafka connection closed");
+        });
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(options.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "kafka connections still busy after the shutdown grace; dropping them"
+        );
+        connections.shutdown().await;
+    }
+    tracing::debug!("kafka listener stopped");
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FrameLimits {
+    /// Largest request frame, in bytes (size prefix excluded).
+    max_frame: usize,
+}
+
+/// Serves one connection until it closes; returns why it closed.
+async fn serve_connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    deps: &Arc<KafkaDeps>,
+    budget: &Semaphore,
+    limits: FrameLimits,
+) -> CloseReason {
+    let _ = stream.set_nodelay(true);
+    let advertised = match stream.local_addr() {
+        Ok(addr) => Advertised {
+            host: addr.ip().to_string(),
+            port: i32::from(addr.port()),
+        },
+        Err(_) => return CloseReason::ClientClosed,
+    };
+    loop {
+        // Wait for the size prefix: idle time, ended by shutdown.
+        let mut size = [0u8; 4];
+        let first = tokio::select! {
+            () = deps.shutdown.wait() => return CloseReason::Shutdown,
+            read = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut size)) => read,
+        };
+        match first {
+            Err(_) => return CloseReason::IdleTimeout,
+            Ok(Err(_)) => return CloseReason::ClientClosed,
+            Ok(Ok(_)) => {}
+        }
+        let declared = i32::from_be_bytes(size);
+        let Ok(len) = usize::try_from(declared) else {
+            tracing::info!(%peer, declared, "kafka: negative frame size; closing");
+            return CloseReason::BadFrame;
+        };
+        if len < MIN_FRAME_BYTES {
+            tracing::info!(%peer, len, "kafka: frame shorter than a request header; closing");
+            return CloseReason::BadFrame;
+        }
+        if len > limits.max_frame {
+            tracing::info!(
+                %peer,
+                len,
+                cap = limits.max_frame,
+                "kafka: request larger than max-request-bytes; closing"
+            );
+            return CloseReason::Oversized;
+        }
+        // `len` is at most the budget, which fits the semaphore's u32 interface only when
+        // it is below 4 GiB: larger budgets are counted in u32-sized steps.
+        let Ok(permits) = u32::try_from(len) else {
+            return CloseReason::Oversized;
+        };
+        let _held = tokio::select! {
+            () = deps.shutdown.wait() => return CloseReason::Shutdown,
+            permit = budget.acquire_many(permits) => match permit {
+                Ok(p) => p,
+                Err(_) => return CloseReason::Shutdown,
+            },
+        };
+        let mut frame = BytesMut::zeroed(len);
+        match tokio::time::timeout(TRANSFER_TIMEOUT, stream.read_exact(&mut frame)).await {
+            Err(_) => return CloseReason::ReadTimeout,
+            Ok(Err(_)) => return CloseReason::ClientClosed,
+            Ok(Ok(_)) => {}
+        }
+        let frame = frame.freeze();
+        let answer = match answer(deps, &advertised, peer, frame).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => continue,
+            Err(reason) => return reason,
+        };
+        match tokio::time::timeout(TRANSFER_TIMEOUT, stream.write_all(&answer)).await {
+            Err(_) => return CloseReason::WriteTimeout,
+            Ok(Err(_)) => return CloseReason::ClientClosed,
+            Ok(Ok(())) => {}
+        }
+    }
+}
+
+/// Decodes one request frame, handles it and encodes the answer (size prefix included).
+/// `Ok(None)`: nothing to send; `Err`: close the connection.
+async fn answer(
+    deps: &Arc<KafkaDeps>,
+    advertised: &Advertised,
+    peer: SocketAddr,
+    frame: Bytes,
+) -> Result<Option<Vec<u8>>, CloseReason> {
+    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let Ok(api_key) = ApiKey::try_from(raw_key) else {
+        tracing::info!(%peer, api_key = raw_key, "kafka: unknown API key; closing");
+        return Err(CloseReason::Unsupported);
+    };
+    if !api_versions::offered(api_key, version) {
+        if api_key == ApiKey::ApiVersions {
+            // The protocol's answer to an ApiVersions the broker does not speak: version 0
+            // with UNSUPPORTED_VERSION and the offered ranges; the client retries within them.
+            deps.metrics.unsupported.inc();
+            let response = Response::ApiVersions(api_versions::response(
+                kafka_protocol::error::ResponseError::UnsupportedVersion.code(),
+            ));
+            return encode(correlation_id, api_key, 0, &response).map(Some);
+        }
+        tracing::info!(
+            %peer,
+            api = ?api_key,
+            version,
+            "kafka: API or version not offered (see ApiVersions); closing, as Kafka brokers do"
+        );
+        deps.metrics.unsupported.inc();
+        return Err(CloseReason::Unsupported);
+    }
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode(api_key, version, frame)
+    }));
+    let request = match decoded {
+        Ok(Ok(request)) => request,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, api = ?api_key, version, error = %e, "kafka: malformed request; closing");
+            return Err(CloseReason::BadFrame);
+        }
+        Err(_) => {
+            tracing::warn!(%peer, api = ?api_key, version, "kafka: request decoder panicked; closing");
+            return Err(CloseReason::BadFrame);
+        }
+    };
+    match super::handle(deps, advertised, version, request).await {
+        Outcome::Respond(response) => encode(correlation_id, api_key, version, &response).map(Some),
+        Outcome::Silent => Ok(None),
+    }
+}
+
+/// The request header, then the body at `version`.
+fn decode(api_key: ApiKey, version: i16, mut frame: Bytes) -> anyhow::Result<Request> {
+    let header = RequestHeader::decode(&mut frame, api_key.request_header_version(version))?;
+    debug_assert_eq!(header.request_api_version, version);
+    super::shape::check(api_key, version, &frame)?;
+    Request::decode(api_key, version, &mut frame)
+}
+
+/// Size prefix, response header, body.
+fn encode(
+    correlation_id: i32,
+    api_key: ApiKey,
+    version: i16,
+    response: &Response,
+) -> Result<Vec<u8>, CloseReason> {
+    let mut out = BytesMut::with_capacity(1024);
+    out.extend_from_slice(&[0; 4]);
+    let mut header = ResponseHeader::default();
+    header.correlation_id = correlation_id;
+    let encoded = header
+        .encode(&mut out, api_key.response_header_version(version))
+        .and_then(|()| response.encode(&mut out, version));
+    if let Err(e) = encoded {
+        tracing::error!(api = ?api_key, version, error = %e, "kafka: response could not be encoded; closing");
+        return Err(CloseReason::BadFrame);
+    }
+    let Ok(len) = u32::try_from(out.len() - 4) else {
+        return Err(CloseReason::BadFrame);
+    };
+    out[..4].copy_from_slice(&len.to_be_bytes());
+    Ok(out.to_vec())
+}

@@ -1,0 +1,260 @@
+//! Sequence state of idempotent producers, per producer id and partition, in memory only.
+//!
+//! An idempotent producer numbers its batches per partition. For each (producer, partition)
+//! this keeps the producer's epoch and its last [`CACHED_BATCHES`] batches with the offsets
+//! they were given: a batch sent again (a retry after a lost answer) is answered with its
+//! original offsets and not written twice; a batch that skips ahead gets
+//! OUT_OF_ORDER_SEQUENCE_NUMBER.
+//!
+//! Nothing here survives a restart, and entries past [`MAX_PRODUCER_PARTITIONS`] are
+//! forgotten least recently used first. A producer whose state is gone has its next batch on
+//! that partition taken as it comes (whatever its sequence), so a retry of a batch that
+//! was written just before the restart can be written twice; docs/kafka.md says so.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use narad_storage::PartitionId;
+
+/// Batches remembered per producer and partition: 5, Kafka's own (a producer has at most
+/// `max.in.flight.requests.per.connection` = 5 batches unanswered when idempotent).
+pub const CACHED_BATCHES: usize = 5;
+
+/// Most (producer, partition) entries kept: 65,536, a few tens of bytes each plus five
+/// cached batches, so about 20 MiB at most.
+pub const MAX_PRODUCER_PARTITIONS: usize = 65_536;
+
+/// A batch as remembered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedBatch {
+    /// Sequence of its first record.
+    pub first_sequence: i32,
+    /// Sequence of its last record.
+    pub last_sequence: i32,
+    /// Offset its first record was given.
+    pub base_offset: u64,
+    /// Its commit time, ms since the epoch.
+    pub committed_at_ms: i64,
+}
+
+/// What to do with a batch of an idempotent producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Write it.
+    Append,
+    /// Already written: answer with the original batch.
+    Duplicate(CachedBatch),
+    /// Its first sequence is not the next one expected (OUT_OF_ORDER_SEQUENCE_NUMBER).
+    OutOfOrder {
+        /// The sequence expected.
+        expected: i32,
+    },
+    /// An epoch older than the producer's current one (INVALID_PRODUCER_EPOCH).
+    StaleEpoch {
+        /// The producer's current epoch.
+        current: i16,
+    },
+}
+
+/// The state of one producer on one partition. Locked across check, commit and record, so
+/// two copies of a batch on two connections cannot both be written.
+#[derive(Debug, Default)]
+pub struct ProducerPartition {
+    epoch: Option<i16>,
+    batches: VecDeque<CachedBatch>,
+}
+
+/// Sequence of the last record of a batch of `count` records starting at `first`: sequences
+/// wrap from `i32::MAX` to 0, as Kafka's do.
+pub fn last_sequence(first: i32, count: usize) -> i32 {
+    let span = (count.saturating_sub(1) % (i32::MAX as usize + 1)) as i64;
+    ((i64::from(first) + span) % (i64::from(i32::MAX) + 1)) as i32
+}
+
+fn next_sequence(last: i32) -> i32 {
+    if last == i32::MAX { 0 } else { last + 1 }
+}
+
+impl ProducerPartition {
+    /// Judges a batch with `epoch`, starting at `first_sequence`, of `count` records.
+    pub fn check(&self, epoch: i16, first_sequence: i32, count: usize) -> Verdict {
+        let Some(current) = self.epoch else {
+            // Nothing known (a new producer, or state lost to a restart): take it.
+            return Verdict::Append;
+        };
+        if epoch < current {
+            return Verdict::StaleEpoch { current };
+        }
+        if epoch > current {
+            // A bumped epoch restarts the sequences at 0.
+            return if first_sequence == 0 {
+                Verdict::Append
+            } else {
+                Verdict::OutOfOrder { expected: 0 }
+            };
+        }
+        let last = last_sequence(first_sequence, count);
+        if let Some(batch) = self
+            .batches
+            .iter()
+            .find(|b| b.first_sequence == first_sequence && b.last_sequence == last)
+        {
+            return Verdict::Duplicate(*batch);
+        }
+        let expected = self
+            .batches
+            .back()
+            .map_or(0, |b| next_sequence(b.last_sequence));
+        if first_sequence == expected {
+            Verdict::Append
+        } else {
+            Verdict::OutOfOrder { expected }
+        }
+    }
+
+    /// Remembers a batch just written (after [`ProducerPartition::check`] said
+    /// [`Verdict::Append`]).
+    pub fn record(&mut self, epoch: i16, batch: CachedBatch) {
+        if self.epoch != Some(epoch) {
+            self.batches.clear();
+            self.epoch = Some(epoch);
+        }
+        if self.batches.len() == CACHED_BATCHES {
+            self.batches.pop_front();
+        }
+        self.batches.push_back(batch);
+    }
+}
+
+type Entry = Arc<tokio::sync::Mutex<ProducerPartition>>;
+
+/// Every (producer id, partition) state, bounded.
+#[derive(Debug)]
+pub struct Idempotence {
+    entries: Mutex<HashMap<(i64, PartitionId), (Entry, u64)>>,
+    tick: AtomicU64,
+    max_entries: usize,
+}
+
+impl Idempotence {
+    /// An empty table keeping at most `max_entries`.
+    pub fn new(max_entries: usize) -> Idempotence {
+        Idempotence {
+            entries: Mutex::new(HashMap::new()),
+            tick: AtomicU64::new(0),
+            max_entries: max_entries.max(1),
+        }
+    }
+
+    /// The state of `producer_id` on `partition`, created empty when unknown (forgetting the
+    /// least recently used entry when full).
+    pub fn entry(&self, producer_id: i64, partition: &PartitionId) -> Entry {
+        let now = self.tick.fetch_add(1, Ordering::Relaxed);
+        let mut entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let key = (producer_id, partition.clone());
+        if let Some((entry, used)) = entries.get_mut(&key) {
+            *used = now;
+            return Arc::clone(entry);
+        }
+        if entries.len() >= self.max_entries {
+            // Rare (only once the table is full), so a scan is cheaper than an ordered index.
+            if let Some(oldest) = entries
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            {
+                entries.remove(&oldest);
+            }
+        }
+        let entry = Entry::default();
+        entries.insert(key, (Arc::clone(&entry), now));
+        entry
+    }
+
+    /// Forgets every partition's state of `producer_id` (its epoch was bumped or it is gone).
+    pub fn forget_producer(&self, producer_id: i64) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .retain(|(id, _), _| *id != producer_id);
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(first: i32, count: usize, base: u64) -> CachedBatch {
+        CachedBatch {
+            first_sequence: first,
+            last_sequence: last_sequence(first, count),
+            base_offset: base,
+            committed_at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_retry_of_any_of_the_last_five_batches_is_a_duplicate_with_its_offsets() {
+        let mut state = ProducerPartition::default();
+        for i in 0..7 {
+            assert_eq!(state.check(0, i * 2, 2), Verdict::Append);
+            state.record(0, batch(i * 2, 2, u64::try_from(i).unwrap() * 2));
+        }
+        assert_eq!(state.check(0, 12, 2), Verdict::Duplicate(batch(12, 2, 12)));
+        assert_eq!(state.check(0, 4, 2), Verdict::Duplicate(batch(4, 2, 4)));
+        // Older than the cache: not a known duplicate, and not the next sequence either.
+        assert_eq!(state.check(0, 2, 2), Verdict::OutOfOrder { expected: 14 });
+        assert_eq!(state.check(0, 16, 1), Verdict::OutOfOrder { expected: 14 });
+        assert_eq!(state.check(0, 14, 1), Verdict::Append);
+    }
+
+    #[test]
+    fn epochs_fence_old_producers_and_restart_sequences() {
+        let mut state = ProducerPartition::default();
+        // Unknown state takes any sequence (after a restart).
+        assert_eq!(state.check(3, 40, 1), Verdict::Append);
+        state.record(3, batch(40, 1, 0));
+        assert_eq!(state.check(2, 41, 1), Verdict::StaleEpoch { current: 3 });
+        assert_eq!(state.check(4, 5, 1), Verdict::OutOfOrder { expected: 0 });
+        assert_eq!(state.check(4, 0, 1), Verdict::Append);
+    }
+
+    #[test]
+    fn sequences_wrap_past_i32_max() {
+        assert_eq!(last_sequence(i32::MAX, 2), 0);
+        let mut state = ProducerPartition::default();
+        state.record(0, batch(i32::MAX - 1, 2, 0));
+        assert_eq!(state.check(0, 0, 1), Verdict::Append);
+    }
+
+    #[test]
+    fn the_table_forgets_the_least_recently_used_entry_when_full() {
+        let table = Idempotence::new(2);
+        let a = PartitionId::new("t", 0);
+        let b = PartitionId::new("t", 1);
+        let first = table.entry(1, &a);
+        table.entry(2, &b);
+        table.entry(1, &a); // used again
+        table.entry(3, &b); // evicts (2, b)
+        assert_eq!(table.len(), 2);
+        assert!(Arc::ptr_eq(&first, &table.entry(1, &a)));
+    }
+}

@@ -1,0 +1,95 @@
+//! InitProducerId: ids for idempotent producers (transactions are not offered).
+//!
+//! Ids come from a counter that starts at the start time in milliseconds shifted left by
+//! 20 bits, so a restarted daemon hands out ids above every id of its previous runs (unless
+//! the clock went back, or a run handed out more than a million ids per millisecond it
+//! lasted): a new producer can never inherit the sequences of an old one. A producer that
+//! asks again with its id and epoch (Kafka 2.5+ does so after a timeout) keeps its id with
+//! the epoch raised by one, and its old sequence state is dropped.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::ProducerId;
+use kafka_protocol::messages::init_producer_id_request::InitProducerIdRequest;
+use kafka_protocol::messages::init_producer_id_response::InitProducerIdResponse;
+
+use super::KafkaDeps;
+
+/// Bits left for ids handed out within one millisecond of start time (see the module doc).
+const ID_BITS_PER_MS: u32 = 20;
+
+/// The next producer id.
+#[derive(Debug)]
+pub struct ProducerIds {
+    next: AtomicI64,
+}
+
+impl ProducerIds {
+    /// Ids starting above those of any earlier run (see the module doc).
+    pub fn from_clock() -> ProducerIds {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
+        ProducerIds::starting_at(now_ms.max(0) << ID_BITS_PER_MS)
+    }
+
+    /// Ids starting at `first`.
+    pub fn starting_at(first: i64) -> ProducerIds {
+        ProducerIds {
+            next: AtomicI64::new(first.max(0)),
+        }
+    }
+
+    /// A fresh id.
+    pub fn next(&self) -> i64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Answers InitProducerId.
+pub fn handle(deps: &KafkaDeps, request: InitProducerIdRequest) -> InitProducerIdResponse {
+    let mut response = InitProducerIdResponse::default();
+    if request
+        .transactional_id
+        .as_ref()
+        .is_some_and(|id| !id.0.is_empty())
+    {
+        // Transactions need a transaction coordinator, which narad does not have.
+        response.error_code = ResponseError::InvalidRequest.code();
+        response.producer_id = ProducerId(-1);
+        response.producer_epoch = -1;
+        return response;
+    }
+    let ProducerId(old) = request.producer_id;
+    let (id, epoch) =
+        if old >= 0 && request.producer_epoch >= 0 && request.producer_epoch < i16::MAX {
+            deps.idempotence.forget_producer(old);
+            (old, request.producer_epoch + 1)
+        } else {
+            if old >= 0 {
+                deps.idempotence.forget_producer(old);
+            }
+            (deps.producer_ids.next(), 0)
+        };
+    response.producer_id = ProducerId(id);
+    response.producer_epoch = epoch;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_from_the_clock_are_above_ids_of_a_run_a_millisecond_earlier() {
+        let earlier = ProducerIds::starting_at(0);
+        for _ in 0..10 {
+            earlier.next();
+        }
+        let now = ProducerIds::from_clock();
+        let first = now.next();
+        assert!(first > 1 << 40 << ID_BITS_PER_MS, "{first}");
+        assert_eq!(now.next(), first + 1);
+    }
+}

@@ -1,0 +1,408 @@
+//! The Kafka protocol listener (`--kafka-listen`): enough of the Kafka wire protocol that
+//! Kafka clients (librdkafka and kcat, kafka-python, the Java client) produce to and fetch
+//! from narad topics unchanged. docs/kafka.md says what works and what does not.
+//!
+//! Requests and responses are the `kafka-protocol` crate's message types; this module maps
+//! them onto the daemon's own paths:
+//! - [`connection`]: the accept loop and one connection: framing with a size cap, the
+//!   connection cap, the in-flight byte budget, timeouts, one request at a time;
+//! - [`api_versions`]: the APIs and versions advertised, exactly those handled here;
+//! - [`metadata`]: this node as the one broker and the leader of every partition;
+//! - [`produce`]: a record batch per partition, committed like an HTTP produce
+//!   ([`crate::produce::Producer::commit`]: append + `fdatasync` + verify) whatever `acks`;
+//! - [`fetch`]: reads with the long-poll mapped onto `max_wait_ms` / `min_bytes`;
+//! - [`list_offsets`]: earliest, latest, max-timestamp and by-timestamp offsets;
+//! - [`init_producer_id`] and [`idempotence`]: producer ids, and the last batches per producer
+//!   and partition that make retries of idempotent producers harmless;
+//! - [`records`]: the v2 record-batch format in and out; [`compression`]: the four codecs,
+//!   bounded; [`shape`]: array counts checked before the crate's decoder allocates for them;
+//!   [`metrics`]: the listener's series.
+//!
+//! Nothing here writes except through the produce path, so what a Kafka client produces is as
+//! durable, and fans out the same way, as what the HTTP API produces.
+
+pub mod api_versions;
+pub mod compression;
+pub mod connection;
+pub mod fetch;
+pub mod idempotence;
+pub mod init_producer_id;
+pub mod list_offsets;
+pub mod metadata;
+pub mod metrics;
+pub mod produce;
+pub mod records;
+pub mod shape;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchRequest, FetchResponse,
+    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
+    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse,
+};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use narad_storage::Store;
+
+use crate::config::Limits;
+use crate::metastore::Metastore;
+use crate::ownership::PartitionOwnership;
+use crate::produce::Producer;
+use crate::shutdown::ShutdownSignal;
+
+/// The broker id this node answers with in Metadata (one node: always 0).
+pub const NODE_ID: i32 = 0;
+
+/// The cluster id Metadata reports. Kafka clients only compare it between answers.
+pub const CLUSTER_ID: &str = "narad";
+
+/// Header under which a child record carries its provenance, `EPOCH:PARTITION:OFFSET` (the
+/// attach epoch in 16 hex digits, the parent partition and the parent offset): the key a
+/// consumer remembers to drop the duplicates at-least-once fan-out allows.
+pub const ORIGIN_HEADER: &str = "narad.origin";
+
+/// A connection with no request in flight and no byte arriving for this long is closed:
+/// 10 min, Kafka's own broker default (`connections.max.idle.ms`); clients reconnect.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Time a client has to send the rest of a request once its size prefix arrived, and to
+/// take a whole response: 30 s, Kafka clients' default `request.timeout.ms`, so a client
+/// this slow has already given up on the request.
+pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the listener serves from and how it is bounded. Shared by every connection.
+pub struct KafkaDeps {
+    /// Request and record limits (the HTTP API's: `max-request-bytes` caps a Kafka request,
+    /// `max-buffered-request-bytes` the bytes of all requests in flight).
+    pub limits: Limits,
+    /// The partition logs.
+    pub store: Arc<Store>,
+    /// Topics (never created from here).
+    pub metastore: Arc<dyn Metastore>,
+    /// The commit path shared with the HTTP produce.
+    pub producer: Arc<Producer>,
+    /// Which node serves which partition.
+    pub ownership: Arc<dyn PartitionOwnership>,
+    /// Ends long-polls and idle connections when the daemon shuts down.
+    pub shutdown: ShutdownSignal,
+    /// The listener's series.
+    pub metrics: Arc<metrics::KafkaMetrics>,
+    /// Sequence state of idempotent producers (memory only).
+    pub idempotence: idempotence::Idempotence,
+    /// Where new producer ids come from.
+    pub producer_ids: init_producer_id::ProducerIds,
+}
+
+impl KafkaDeps {
+    /// The listener's dependencies with fresh producer state.
+    pub fn new(
+        limits: Limits,
+        store: Arc<Store>,
+        metastore: Arc<dyn Metastore>,
+        producer: Arc<Producer>,
+        ownership: Arc<dyn PartitionOwnership>,
+        shutdown: ShutdownSignal,
+        metrics: Arc<metrics::KafkaMetrics>,
+    ) -> KafkaDeps {
+        KafkaDeps {
+            limits,
+            store,
+            metastore,
+            producer,
+            ownership,
+            shutdown,
+            metrics,
+            idempotence: idempotence::Idempotence::new(idempotence::MAX_PRODUCER_PARTITIONS),
+            producer_ids: init_producer_id::ProducerIds::from_clock(),
+        }
+    }
+}
+
+/// The address Metadata advertises: the one the client reached this listener on, so a
+/// listener bound to `0.0.0.0` still names an address the client can use.
+#[derive(Debug, Clone)]
+pub struct Advertised {
+    /// Host (an IP address as text).
+    pub host: String,
+    /// Port.
+    pub port: i32,
+}
+
+/// A decoded request of an API this listener offers.
+#[derive(Debug)]
+pub enum Request {
+    /// ApiVersions.
+    ApiVersions(ApiVersionsRequest),
+    /// Metadata.
+    Metadata(MetadataRequest),
+    /// Produce.
+    Produce(ProduceRequest),
+    /// Fetch.
+    Fetch(FetchRequest),
+    /// ListOffsets.
+    ListOffsets(ListOffsetsRequest),
+    /// InitProducerId.
+    InitProducerId(InitProducerIdRequest),
+}
+
+impl Request {
+    /// Decodes the body of `api_key` at `version`; an API not offered is an error.
+    pub fn decode(api_key: ApiKey, version: i16, body: &mut Bytes) -> anyhow::Result<Request> {
+        Ok(match api_key {
+            ApiKey::ApiVersions => Request::ApiVersions(ApiVersionsRequest::decode(body, version)?),
+            ApiKey::Metadata => Request::Metadata(MetadataRequest::decode(body, version)?),
+            ApiKey::Produce => Request::Produce(ProduceRequest::decode(body, version)?),
+            ApiKey::Fetch => Request::Fetch(FetchRequest::decode(body, version)?),
+            ApiKey::ListOffsets => Request::ListOffsets(ListOffsetsRequest::decode(body, version)?),
+            ApiKey::InitProducerId => {
+                Request::InitProducerId(InitProducerIdRequest::decode(body, version)?)
+            }
+            other => anyhow::bail!("{other:?} is not offered"),
+        })
+    }
+}
+
+/// A response to encode at the request's version.
+#[derive(Debug)]
+pub enum Response {
+    /// ApiVersions.
+    ApiVersions(ApiVersionsResponse),
+    /// Metadata.
+    Metadata(MetadataResponse),
+    /// Produce.
+    Produce(ProduceResponse),
+    /// Fetch.
+    Fetch(FetchResponse),
+    /// ListOffsets.
+    ListOffsets(ListOffsetsResponse),
+    /// InitProducerId.
+    InitProducerId(InitProducerIdResponse),
+}
+
+impl Response {
+    /// Appends the body at `version` to `out`.
+    pub fn encode(&self, out: &mut BytesMut, version: i16) -> anyhow::Result<()> {
+        match self {
+            Response::ApiVersions(r) => r.encode(out, version),
+            Response::Metadata(r) => r.encode(out, version),
+            Response::Produce(r) => r.encode(out, version),
+            Response::Fetch(r) => r.encode(out, version),
+            Response::ListOffsets(r) => r.encode(out, version),
+            Response::InitProducerId(r) => r.encode(out, version),
+        }
+    }
+}
+
+/// What a request comes to.
+pub enum Outcome {
+    /// Send this response (encoded at the request's version).
+    Respond(Response),
+    /// Send nothing: a produce with `acks = 0`, which the client does not wait for.
+    Silent,
+}
+
+/// Handles one decoded request at `version`.
+pub async fn handle(
+    deps: &Arc<KafkaDeps>,
+    advertised: &Advertised,
+    version: i16,
+    request: Request,
+) -> Outcome {
+    match request {
+        Request::ApiVersions(_) => {
+            deps.metrics.request(ApiKey::ApiVersions);
+            Outcome::Respond(Response::ApiVersions(api_versions::response(0)))
+        }
+        Request::Metadata(req) => {
+            deps.metrics.request(ApiKey::Metadata);
+            Outcome::Respond(Response::Metadata(
+                metadata::handle(deps, advertised, req, version).await,
+            ))
+        }
+        Request::Produce(req) => {
+            deps.metrics.request(ApiKey::Produce);
+            match produce::handle(deps, req, version).await {
+                Some(response) => Outcome::Respond(Response::Produce(response)),
+                None => Outcome::Silent,
+            }
+        }
+        Request::Fetch(req) => {
+            deps.metrics.request(ApiKey::Fetch);
+            Outcome::Respond(Response::Fetch(fetch::handle(deps, req, version).await))
+        }
+        Request::ListOffsets(req) => {
+            deps.metrics.request(ApiKey::ListOffsets);
+            Outcome::Respond(Response::ListOffsets(
+                list_offsets::handle(deps, req, version).await,
+            ))
+        }
+        Request::InitProducerId(req) => {
+            deps.metrics.request(ApiKey::InitProducerId);
+            Outcome::Respond(Response::InitProducerId(init_producer_id::handle(
+                deps, req,
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::{TopicName, fetch_request, list_offsets_request};
+    use kafka_protocol::messages::{metadata_request, produce_request};
+    use kafka_protocol::protocol::StrBytes;
+    use narad_storage::{AppendBatch, NewRecord, PartitionId, StoreOptions};
+
+    use super::*;
+    use crate::metastore::{FileMetastore, TopicMeta};
+    use crate::ownership::SingleNode;
+
+    fn name(s: &'static str) -> TopicName {
+        TopicName(StrBytes::from_static_str(s))
+    }
+
+    /// Every request kind with a topic, an unknown topic and a partition past the end.
+    fn requests(version: i16, api: ApiKey) -> Request {
+        match api {
+            ApiKey::ApiVersions => Request::ApiVersions(ApiVersionsRequest::default()),
+            ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),
+            ApiKey::Metadata => {
+                let mut req = MetadataRequest::default();
+                req.topics = Some(
+                    ["t", "missing"]
+                        .map(|n| {
+                            let mut topic = metadata_request::MetadataRequestTopic::default();
+                            topic.name = Some(name(n));
+                            topic
+                        })
+                        .to_vec(),
+                );
+                Request::Metadata(req)
+            }
+            ApiKey::Produce => {
+                let mut req = ProduceRequest::default();
+                req.acks = -1;
+                req.topic_data = ["t", "missing"]
+                    .map(|n| {
+                        let mut topic = produce_request::TopicProduceData::default();
+                        topic.name = name(n);
+                        topic.partition_data = [0, 5]
+                            .map(|index| {
+                                let mut data = produce_request::PartitionProduceData::default();
+                                data.index = index;
+                                // Not a batch: every partition answers with an error.
+                                data.records = Some(Bytes::from_static(b"junk"));
+                                data
+                            })
+                            .to_vec();
+                        topic
+                    })
+                    .to_vec();
+                Request::Produce(req)
+            }
+            ApiKey::Fetch => {
+                let mut req = FetchRequest::default();
+                req.max_wait_ms = 0;
+                req.max_bytes = 1 << 20;
+                req.topics = ["t", "missing"]
+                    .map(|n| {
+                        let mut topic = fetch_request::FetchTopic::default();
+                        topic.topic = name(n);
+                        topic.partitions = [(0, 0), (0, 99), (5, 0)]
+                            .map(|(partition, offset)| {
+                                let mut p = fetch_request::FetchPartition::default();
+                                p.partition = partition;
+                                p.fetch_offset = offset;
+                                p.partition_max_bytes = 1 << 20;
+                                p
+                            })
+                            .to_vec();
+                        topic
+                    })
+                    .to_vec();
+                let _ = version;
+                Request::Fetch(req)
+            }
+            ApiKey::ListOffsets => {
+                let mut req = ListOffsetsRequest::default();
+                req.topics = ["t", "missing"]
+                    .map(|n| {
+                        let mut topic = list_offsets_request::ListOffsetsTopic::default();
+                        topic.name = name(n);
+                        topic.partitions = [(0, -1), (0, -2), (0, -3), (0, 0), (5, -1)]
+                            .map(|(index, timestamp)| {
+                                let mut p = list_offsets_request::ListOffsetsPartition::default();
+                                p.partition_index = index;
+                                p.timestamp = timestamp;
+                                p
+                            })
+                            .to_vec();
+                        topic
+                    })
+                    .to_vec();
+                Request::ListOffsets(req)
+            }
+            other => panic!("{other:?} is not offered"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_answer_encodes_at_every_offered_version_errors_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        metastore
+            // From JSON, so fields added to the metastore's topics later take their defaults.
+            .create_topic(
+                serde_json::from_value::<TopicMeta>(serde_json::json!({
+                    "name": "t", "partitions": 1, "retention_ms": null,
+                    "retention_bytes": null, "created_at_ms": 0,
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let id = PartitionId::new("t", 0);
+        store.create_partition(&id, Default::default()).unwrap();
+        store
+            .append(
+                &id,
+                AppendBatch {
+                    records: vec![NewRecord {
+                        key: Some(Bytes::from_static(b"k")),
+                        headers: Vec::new(),
+                        value: Bytes::from_static(b"v"),
+                    }],
+                    origin: None,
+                },
+            )
+            .unwrap();
+        let (_trigger, shutdown) = crate::shutdown::channel();
+        let deps = Arc::new(KafkaDeps::new(
+            Limits::default(),
+            Arc::clone(&store),
+            metastore,
+            Arc::new(Producer::new(Arc::clone(&store))),
+            Arc::new(SingleNode::default()),
+            shutdown,
+            Arc::new(metrics::KafkaMetrics::default()),
+        ));
+        let advertised = Advertised {
+            host: "127.0.0.1".into(),
+            port: 9092,
+        };
+        for &(api, min, max) in api_versions::OFFERED {
+            for version in min..=max {
+                let outcome = handle(&deps, &advertised, version, requests(version, api)).await;
+                let Outcome::Respond(response) = outcome else {
+                    panic!("{api:?} v{version} answered nothing");
+                };
+                let mut out = BytesMut::new();
+                response
+                    .encode(&mut out, version)
+                    .unwrap_or_else(|e| panic!("{api:?} v{version}: {e}"));
+            }
+        }
+    }
+}

@@ -1,0 +1,614 @@
+//! The metastore on etcd, for cluster mode: every node of a cluster reads and writes the same
+//! metadata, and the rules of [`super::transition`] hold across nodes because every write is a
+//! compare-and-swap on what it read.
+//!
+//! Keys, under the cluster's prefix (`/narad/{cluster}/`, so several clusters can share one etcd):
+//!
+//! | key              | value (JSON)                  |
+//! |------------------|-------------------------------|
+//! | `meta/versions`  | [`Versions`]: one counter per domain |
+//! | `meta/topics`    | every [`TopicMeta`], by name  |
+//! | `meta/links`     | every [`LinkMeta`]            |
+//! | `meta/plugins`   | every [`PluginVersion`], oldest first |
+//!
+//! One key per domain rather than one per item: a write is then one transaction of at most four
+//! operations whatever it touches (deleting a topic with 108 children would otherwise exceed
+//! etcd's default limit of 128 operations per transaction), and a reader gets a consistent
+//! snapshot from one range. The cost is that a domain is bounded by etcd's request size
+//! ([`MAX_DOMAIN_BYTES`]); a write that would exceed it is refused with
+//! [`MetastoreError::DomainTooLarge`], before etcd sees it.
+//!
+//! A write ([`EtcdMetastore::apply`]): read all four keys in one linearizable range, apply the
+//! change to that snapshot with the pure transition, then commit in a transaction that compares
+//! the `meta/versions` key's modification revision with the one read. Every write of every
+//! domain rewrites that key, so any write that landed in between fails the compare and this one
+//! starts again from a fresh read: two concurrent attaches can never together break a rule (say,
+//! close a cycle, or pass 108 children). Writers on one node queue on a local lock first, so
+//! contention (and retries) is only ever between nodes.
+
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Mutex;
+
+use super::cache::{CacheHealth, CacheTiming, PrefixCache};
+use super::transition;
+use super::{
+    BoxFuture, Change, LinkMeta, Metastore, MetastoreError, Outcome, PluginVersion, Result,
+    Snapshot, TopicMeta, Versions,
+};
+use crate::shutdown::ShutdownSignal;
+
+/// Largest value this backend writes for one domain: etcd refuses requests over 1.5 MiB by
+/// default (`--max-request-bytes`), and a transaction carries up to three domains plus the
+/// versions, so each stays well under a third of it.
+pub const MAX_DOMAIN_BYTES: usize = 480 * 1024;
+
+/// How long one etcd request may take before it fails (a dead or partitioned etcd answers with
+/// an error, not a hang). Metadata requests are small; 5 s covers an election.
+pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long connecting to an etcd endpoint may take.
+pub const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Most compare-and-swap rounds one write makes before giving up with
+/// [`MetastoreError::Contended`]. Writers on one node queue locally, so only other nodes'
+/// writes can make a round fail; each failed round means another write landed.
+pub const MAX_WRITE_ROUNDS: u32 = 64;
+
+/// The metadata keys live under `{prefix}meta/`.
+const META: &str = "meta/";
+const VERSIONS: &str = "versions";
+const TOPICS: &str = "topics";
+const LINKS: &str = "links";
+const PLUGINS: &str = "plugins";
+
+/// How long a write waits for this node's watched copy to show it, so that a read right
+/// after a write sees the write (past it, the read goes to etcd).
+pub const READ_YOUR_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// The metastore of one cluster, on etcd. Cheap to share (`Arc`); every method is safe to call
+/// concurrently from any number of nodes.
+pub struct EtcdMetastore {
+    client: Client,
+    prefix: String,
+    /// Serialises this node's writes, so rounds only fail on other nodes' writes.
+    write_lock: Mutex<()>,
+    /// This node's watched copy of `meta/`, when started with one: reads are served from it.
+    cache: Option<PrefixCache>,
+}
+
+/// The four keys as one range read them, with the revision to compare against.
+struct Read {
+    snapshot: Snapshot,
+    /// Modification revision of `meta/versions`; 0 before the first write.
+    versions_revision: i64,
+}
+
+impl EtcdMetastore {
+    /// Connects to the etcd cluster at `endpoints` (e.g. `http://127.0.0.1:2379`) and uses the
+    /// keys under `prefix` (which should end in `/`). Fails when no endpoint answers.
+    pub async fn connect(endpoints: &[String], prefix: String) -> Result<EtcdMetastore> {
+        let client = connect_client(endpoints).await?;
+        Ok(EtcdMetastore::with_client(client, prefix))
+    }
+
+    /// A metastore on an already connected client (cluster mode shares one client between
+    /// the metastore and node membership).
+    pub fn with_client(client: Client, prefix: String) -> EtcdMetastore {
+        EtcdMetastore {
+            client,
+            prefix,
+            write_lock: Mutex::new(()),
+            cache: None,
+        }
+    }
+
+    /// A metastore whose reads ([`Metastore::snapshot`], `versions`, `topic`) come from a
+    /// watched copy of the metadata ([`PrefixCache`]) kept until `shutdown`; `confirm` and
+    /// writes still go to etcd. Fails when etcd cannot answer the first read.
+    pub async fn with_cache(
+        client: Client,
+        prefix: String,
+        timing: CacheTiming,
+        shutdown: ShutdownSignal,
+    ) -> Result<EtcdMetastore> {
+        let meta = format!("{prefix}{META}");
+        let cache = PrefixCache::start(client.clone(), meta.clone(), timing, shutdown)
+            .await
+            .map_err(|source| MetastoreError::Unavailable {
+                context: format!("reading {meta} from etcd"),
+                source: Box::new(source),
+            })?;
+        let mut store = EtcdMetastore::with_client(client, prefix);
+        store.cache = Some(cache);
+        Ok(store)
+    }
+
+    /// The watched copy's counters, when this metastore has one.
+    pub fn cache_health(&self) -> Option<&CacheHealth> {
+        self.cache.as_ref().map(PrefixCache::health)
+    }
+
+    /// The metadata from the watched copy, or from a serializable read without one.
+    async fn local_snapshot(&self) -> Result<Snapshot> {
+        match &self.cache {
+            Some(cache) => {
+                let view = cache.view();
+                self.snapshot_from(
+                    view.entries
+                        .iter()
+                        .map(|(name, value)| (name.as_str(), value.as_slice())),
+                )
+            }
+            None => Ok(self.read(true).await?.snapshot),
+        }
+    }
+
+    /// The key prefix this metastore reads and writes under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}{META}{name}", self.prefix)
+    }
+
+    /// Decodes the metadata keys (named without the prefix) into a snapshot.
+    fn snapshot_from<'a>(
+        &self,
+        entries: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<Snapshot> {
+        let mut snapshot = Snapshot::default();
+        for (name, value) in entries {
+            match name {
+                VERSIONS => snapshot.versions = self.decode(name, value)?,
+                TOPICS => {
+                    let topics: Vec<TopicMeta> = self.decode(name, value)?;
+                    snapshot.topics = topics.into_iter().map(|t| (t.name.clone(), t)).collect();
+                }
+                LINKS => {
+                    let links: Vec<LinkMeta> = self.decode(name, value)?;
+                    snapshot.links = links
+                        .into_iter()
+                        .map(|l| ((l.parent.clone(), l.child.clone()), l))
+                        .collect();
+                }
+                PLUGINS => snapshot.plugins = self.decode(name, value)?,
+                // Keys a newer narad may add under meta/ are not ours to judge.
+                _ => {}
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// Reads the four keys in one range; linearizable unless `serializable` (then served by
+    /// the etcd member this client talks to, which may lag the leader).
+    async fn read(&self, serializable: bool) -> Result<Read> {
+        let mut options = GetOptions::new().with_prefix();
+        if serializable {
+            options = options.with_serializable();
+        }
+        let mut kv = self.client.kv_client();
+        let response = kv
+            .get(format!("{}{META}", self.prefix), Some(options))
+            .await
+            .map_err(|source| MetastoreError::Unavailable {
+                context: format!("reading {}meta/ from etcd", self.prefix),
+                source: Box::new(source),
+            })?;
+        let meta = format!("{}{META}", self.prefix);
+        let mut versions_revision = 0;
+        let mut entries = Vec::new();
+        for entry in response.kvs() {
+            let Some(name) = entry
+                .key()
+                .strip_prefix(meta.as_bytes())
+                .and_then(|k| std::str::from_utf8(k).ok())
+            else {
+                continue;
+            };
+            if name == VERSIONS {
+                versions_revision = entry.mod_revision();
+            }
+            entries.push((name, entry.value()));
+        }
+        Ok(Read {
+            snapshot: self.snapshot_from(entries)?,
+            versions_revision,
+        })
+    }
+
+    fn decode<T: DeserializeOwned>(&self, name: &str, value: &[u8]) -> Result<T> {
+        serde_json::from_slice(value).map_err(|e| MetastoreError::BadRecord {
+            key: self.key(name),
+            reason: e.to_string(),
+        })
+    }
+
+    /// One compare-and-swap round: `Ok(Some(outcome))` when it landed (or changed nothing),
+    /// `Ok(None)` when another write landed first.
+    async fn try_apply(&self, change: &Change) -> Result<Option<Outcome>> {
+        let read = self.read(false).await?;
+        let before = read.snapshot.clone();
+        let mut next = read.snapshot;
+        let (outcome, changed) = transition::apply(&mut next, change.clone())?;
+        if !changed {
+            // The read was linearizable, so "nothing to do" is true as of now.
+            return Ok(Some(outcome));
+        }
+        let mut puts = vec![TxnOp::put(
+            self.key(VERSIONS),
+            encode(VERSIONS, &next.versions)?,
+            None,
+        )];
+        if next.topics != before.topics {
+            let topics: Vec<&TopicMeta> = next.topics.values().collect();
+            puts.push(TxnOp::put(self.key(TOPICS), encode(TOPICS, &topics)?, None));
+        }
+        if next.links != before.links {
+            let links: Vec<&LinkMeta> = next.links.values().collect();
+            puts.push(TxnOp::put(self.key(LINKS), encode(LINKS, &links)?, None));
+        }
+        if next.plugins != before.plugins {
+            let plugins: &Vec<PluginVersion> = &next.plugins;
+            puts.push(TxnOp::put(
+                self.key(PLUGINS),
+                encode(PLUGINS, plugins)?,
+                None,
+            ));
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                self.key(VERSIONS),
+                CompareOp::Equal,
+                read.versions_revision,
+            )])
+            .and_then(puts);
+        let mut kv = self.client.kv_client();
+        let response = kv
+            .txn(txn)
+            .await
+            .map_err(|source| MetastoreError::Unavailable {
+                context: format!("writing {}meta/ to etcd", self.prefix),
+                source: Box::new(source),
+            })?;
+        if !response.succeeded() {
+            return Ok(None);
+        }
+        if let Some(cache) = &self.cache {
+            let revision = response.header().map_or(0, |h| h.revision());
+            if !cache.wait_for(revision, READ_YOUR_WRITE_WAIT).await {
+                tracing::warn!(
+                    revision,
+                    "the watched metadata copy did not show this node's write in time"
+                );
+            }
+        }
+        Ok(Some(outcome))
+    }
+}
+
+/// Connects an etcd client with this daemon's timeouts: a request to an etcd that is down
+/// fails after [`ETCD_REQUEST_TIMEOUT`] instead of waiting forever.
+pub async fn connect_client(endpoints: &[String]) -> Result<Client> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(ETCD_CONNECT_TIMEOUT)
+        .with_timeout(ETCD_REQUEST_TIMEOUT)
+        .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+    Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|source| MetastoreError::Unavailable {
+            context: format!("connecting to etcd at {}", endpoints.join(",")),
+            source: Box::new(source),
+        })
+}
+
+fn encode<T: Serialize + ?Sized>(domain: &'static str, value: &T) -> Result<Vec<u8>> {
+    let bytes = serde_json::to_vec(value).map_err(|e| MetastoreError::Task(e.to_string()))?;
+    if bytes.len() > MAX_DOMAIN_BYTES {
+        return Err(MetastoreError::DomainTooLarge {
+            domain,
+            bytes: bytes.len(),
+            limit: MAX_DOMAIN_BYTES,
+        });
+    }
+    Ok(bytes)
+}
+
+impl Metastore for EtcdMetastore {
+    fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        Box::pin(self.local_snapshot())
+    }
+
+    fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        // etcd's default range is linearizable: it goes through the leader's read index.
+        Box::pin(async move { Ok(self.read(false).await?.snapshot) })
+    }
+
+    fn versions(&self) -> BoxFuture<'_, Result<Versions>> {
+        Box::pin(async move {
+            if self.cache.is_some() {
+                return Ok(self.local_snapshot().await?.versions);
+            }
+            let mut kv = self.client.kv_client();
+            let response = kv
+                .get(
+                    self.key(VERSIONS),
+                    Some(GetOptions::new().with_serializable()),
+                )
+                .await
+                .map_err(|source| MetastoreError::Unavailable {
+                    context: format!("reading {} from etcd", self.key(VERSIONS)),
+                    source: Box::new(source),
+                })?;
+            match response.kvs().first() {
+                Some(entry) => self.decode(VERSIONS, entry.value()),
+                None => Ok(Versions::default()),
+            }
+        })
+    }
+
+    fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
+        Box::pin(async move { Ok(self.local_snapshot().await?.topics.remove(name)) })
+    }
+
+    fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
+        Box::pin(async move {
+            let _queued = self.write_lock.lock().await;
+            for _ in 0..MAX_WRITE_ROUNDS {
+                if let Some(outcome) = self.try_apply(&change).await? {
+                    return Ok(outcome);
+                }
+            }
+            Err(MetastoreError::Contended {
+                rounds: MAX_WRITE_ROUNDS,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::metastore::test_etcd::TestEtcd;
+    use crate::metastore::{LinkRuleError, PluginRef};
+
+    fn topic(name: &str, partitions: u32) -> TopicMeta {
+        TopicMeta {
+            name: name.to_owned(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            created_at_ms: 1_700_000_000_000,
+            owners: Vec::new(),
+        }
+    }
+
+    fn link(parent: &str, child: &str) -> LinkMeta {
+        LinkMeta {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            attach_epoch: "0011223344556677".to_owned(),
+            attach_offsets: Some(vec![0]),
+            delay_ms: 0,
+            router: Vec::<PluginRef>::new(),
+            config: String::new(),
+            attached_at_ms: 0,
+        }
+    }
+
+    async fn store(etcd: &TestEtcd, prefix: &str) -> Arc<EtcdMetastore> {
+        Arc::new(
+            EtcdMetastore::connect(&[etcd.endpoint()], format!("/narad-test/{prefix}/"))
+                .await
+                .expect("connect to the test etcd"),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_etcd_backend_passes_the_metastore_conformance_suite() {
+        let etcd = TestEtcd::start();
+        let store = store(&etcd, "conformance").await;
+        crate::metastore::conformance::run(store.as_ref()).await;
+        // A second client (another node) sees exactly what the first wrote.
+        let other = EtcdMetastore::connect(&[etcd.endpoint()], store.prefix().to_owned())
+            .await
+            .unwrap();
+        assert_eq!(
+            other.confirm().await.unwrap(),
+            store.confirm().await.unwrap()
+        );
+    }
+
+    /// Eight nodes each attach one link x_i -> y_i, all at once, over a graph holding
+    /// y_i -> x_j for every i != j. Each link alone is legal (nothing leads from y_i back to
+    /// x_i), but any two close a cycle (x_i -> y_i -> x_j -> y_j -> x_i), so every racer's own
+    /// read says "no cycle" and only the compare-and-swap can keep a second one out.
+    #[tokio::test]
+    async fn of_eight_attaches_racing_to_close_a_cycle_from_eight_nodes_exactly_one_wins() {
+        let etcd = TestEtcd::start();
+        let setup = store(&etcd, "cycle-race").await;
+        let x = |i: usize| format!("x{i}");
+        let y = |i: usize| format!("y{i}");
+        for i in 0..8 {
+            setup.create_topic(topic(&x(i), 1)).await.unwrap();
+            setup.create_topic(topic(&y(i), 1)).await.unwrap();
+        }
+        for i in 0..8 {
+            for j in (0..8).filter(|&j| j != i) {
+                setup.attach_link(link(&y(i), &x(j))).await.unwrap();
+            }
+        }
+        let mut nodes = Vec::new();
+        for _ in 0..8 {
+            nodes.push(store(&etcd, "cycle-race").await);
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for (i, node) in nodes.into_iter().enumerate() {
+            let barrier = barrier.clone();
+            let link = link(&x(i), &y(i));
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                node.attach_link(link).await
+            }));
+        }
+        let mut won = 0;
+        let mut refused_as_cycle = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(_) => won += 1,
+                Err(MetastoreError::LinkRule(LinkRuleError::Cycle { .. })) => refused_as_cycle += 1,
+                Err(other) => panic!("unexpected refusal: {other}"),
+            }
+        }
+        assert_eq!((won, refused_as_cycle), (1, 7));
+        let links = setup.confirm().await.unwrap().links;
+        let racers_landed = (0..8)
+            .filter(|&i| links.contains_key(&(x(i), y(i))))
+            .count();
+        assert_eq!(racers_landed, 1);
+    }
+
+    #[tokio::test]
+    async fn with_a_watched_copy_the_backend_passes_the_suite_and_sees_other_nodes_writes() {
+        let etcd = TestEtcd::start();
+        let (trigger, signal) = crate::shutdown::channel();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let prefix = "/narad-test/cached/".to_owned();
+        let cached = EtcdMetastore::with_cache(
+            client,
+            prefix.clone(),
+            CacheTiming::default(),
+            signal.clone(),
+        )
+        .await
+        .unwrap();
+        // Every read of the suite right after a write comes from the copy: read-your-write.
+        crate::metastore::conformance::run(&cached).await;
+        let other = EtcdMetastore::connect(&[etcd.endpoint()], prefix)
+            .await
+            .unwrap();
+        other
+            .create_topic(topic("from-elsewhere", 3))
+            .await
+            .unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(t) = cached.topic("from-elsewhere").await.unwrap() {
+                    return t;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("another node's write reaches the watched copy");
+        assert_eq!(seen.partitions, 3);
+        assert_eq!(
+            cached.versions().await.unwrap(),
+            other.confirm().await.unwrap().versions
+        );
+        trigger.trigger();
+    }
+
+    #[tokio::test]
+    async fn of_109_attaches_racing_from_three_nodes_108_land_and_one_is_refused() {
+        let etcd = TestEtcd::start();
+        let setup = store(&etcd, "fan-race").await;
+        setup.create_topic(topic("parent", 1)).await.unwrap();
+        for i in 0..109 {
+            setup
+                .create_topic(topic(&format!("c{i:03}"), 1))
+                .await
+                .unwrap();
+        }
+        let nodes = [
+            store(&etcd, "fan-race").await,
+            store(&etcd, "fan-race").await,
+            store(&etcd, "fan-race").await,
+        ];
+        let mut tasks = Vec::new();
+        for i in 0..109 {
+            let node = nodes[i % 3].clone();
+            tasks.push(tokio::spawn(async move {
+                node.attach_link(link("parent", &format!("c{i:03}"))).await
+            }));
+        }
+        let mut won = 0;
+        let mut refused = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(_) => won += 1,
+                Err(MetastoreError::LinkRule(LinkRuleError::TooManyChildren { .. })) => {
+                    refused += 1
+                }
+                Err(other) => panic!("unexpected refusal: {other}"),
+            }
+        }
+        assert_eq!((won, refused), (108, 1));
+        let snapshot = setup.confirm().await.unwrap();
+        assert_eq!(
+            snapshot.links.keys().filter(|(p, _)| p == "parent").count(),
+            108
+        );
+        // 1 + 109 creates, 108 attaches: each raised its domain once, racing or not.
+        assert_eq!(snapshot.versions.topics, 110);
+        assert_eq!(snapshot.versions.links, 108);
+    }
+
+    #[tokio::test]
+    async fn a_value_that_does_not_parse_is_reported_with_its_key_not_read_as_empty() {
+        let etcd = TestEtcd::start();
+        let store = store(&etcd, "bad-record").await;
+        store.create_topic(topic("orders", 2)).await.unwrap();
+        let mut kv = store.client.kv_client();
+        kv.put(store.key(TOPICS), "{not json", None).await.unwrap();
+        match store.snapshot().await {
+            Err(MetastoreError::BadRecord { key, .. }) => {
+                assert_eq!(key, "/narad-test/bad-record/meta/topics")
+            }
+            other => panic!("expected BadRecord, got {other:?}"),
+        }
+        // And a write refuses too, rather than overwriting what it could not read.
+        assert!(matches!(
+            store.create_topic(topic("audit", 1)).await,
+            Err(MetastoreError::BadRecord { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn clusters_with_different_prefixes_on_one_etcd_do_not_see_each_other() {
+        let etcd = TestEtcd::start();
+        let a = store(&etcd, "cluster-a").await;
+        let b = store(&etcd, "cluster-b").await;
+        a.create_topic(topic("orders", 2)).await.unwrap();
+        assert!(b.snapshot().await.unwrap().topics.is_empty());
+        b.create_topic(topic("orders", 5)).await.unwrap();
+        assert_eq!(a.topic("orders").await.unwrap().unwrap().partitions, 2);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_etcd_gives_an_unavailable_error_within_the_request_timeout() {
+        let etcd = TestEtcd::start();
+        let store = store(&etcd, "down").await;
+        store.create_topic(topic("orders", 1)).await.unwrap();
+        drop(etcd);
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(
+            ETCD_REQUEST_TIMEOUT * 3,
+            store.create_topic(topic("audit", 1)),
+        )
+        .await
+        .expect("a write to a dead etcd must fail, not hang");
+        assert!(
+            matches!(result, Err(MetastoreError::Unavailable { .. })),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < ETCD_REQUEST_TIMEOUT * 3);
+    }
+}
