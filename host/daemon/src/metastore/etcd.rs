@@ -26,6 +26,7 @@
 //! close a cycle, or pass 108 children). Writers on one node queue on a local lock first, so
 //! contention (and retries) is only ever between nodes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
@@ -78,6 +79,8 @@ pub struct EtcdMetastore {
     write_lock: Mutex<()>,
     /// This node's watched copy of `meta/`, when started with one: reads are served from it.
     cache: Option<PrefixCache>,
+    /// The copy decoded at one revision (see [`EtcdMetastore::cached_snapshot`]).
+    decoded: std::sync::Mutex<Option<(i64, Arc<Snapshot>)>>,
 }
 
 /// The four keys as one range read them, with the revision to compare against.
@@ -103,6 +106,7 @@ impl EtcdMetastore {
             prefix,
             write_lock: Mutex::new(()),
             cache: None,
+            decoded: std::sync::Mutex::new(None),
         }
     }
 
@@ -132,17 +136,37 @@ impl EtcdMetastore {
         self.cache.as_ref().map(PrefixCache::health)
     }
 
+    /// The watched copy, decoded: once per revision, then shared, so a caller on a hot path
+    /// (ownership per request, a cursor's link view per slab) pays a refcount, not a decode.
+    /// `None` without a watched copy. An undecodable copy is an error, never an empty snapshot.
+    pub fn cached_snapshot(&self) -> Option<Result<Arc<Snapshot>>> {
+        let cache = self.cache.as_ref()?;
+        let view = cache.view();
+        let mut memo = self
+            .decoded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((revision, snapshot)) = memo.as_ref()
+            && *revision == view.revision
+        {
+            return Some(Ok(Arc::clone(snapshot)));
+        }
+        let decoded = self.snapshot_from(
+            view.entries
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_slice())),
+        );
+        Some(decoded.map(|snapshot| {
+            let snapshot = Arc::new(snapshot);
+            *memo = Some((view.revision, Arc::clone(&snapshot)));
+            snapshot
+        }))
+    }
+
     /// The metadata from the watched copy, or from a serializable read without one.
     async fn local_snapshot(&self) -> Result<Snapshot> {
-        match &self.cache {
-            Some(cache) => {
-                let view = cache.view();
-                self.snapshot_from(
-                    view.entries
-                        .iter()
-                        .map(|(name, value)| (name.as_str(), value.as_slice())),
-                )
-            }
+        match self.cached_snapshot() {
+            Some(snapshot) => Ok((*snapshot?).clone()),
             None => Ok(self.read(true).await?.snapshot),
         }
     }

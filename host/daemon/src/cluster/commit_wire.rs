@@ -1,0 +1,344 @@
+//! The wire format of a child commit sent to the node that owns the child partition: a
+//! compact binary encoding (postcard) of one bucket, with its provenance and the ownership
+//! generation the sender saw.
+//!
+//! This is an internal format between narad nodes of one version, not a public API: the public
+//! produce API cannot carry provenance (it would let any client forge it) and has no
+//! generation to fence a stale sender with. The receiver checks the generation against its own
+//! ownership before anything is appended, and a decoded request is bounded by the slab limits
+//! whatever its bytes claim.
+
+use bytes::Bytes;
+use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord};
+use serde::{Deserialize, Serialize};
+
+/// Most records one commit carries: a bucket is at most a whole slab (engine reference:
+/// fanout.max_batch_records = 4,096).
+pub const MAX_COMMIT_RECORDS: usize = 4_096;
+
+/// Largest encoded commit request: a slab's 4 MiB of record bytes plus framing (at most a few
+/// dozen bytes of overhead per record at 4,096 records).
+pub const MAX_COMMIT_REQUEST_BYTES: usize = 4 * 1024 * 1024 + 256 * 1024;
+
+/// One bucket, addressed to the owner of `topic`/`partition`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitRequest {
+    /// The child topic.
+    pub topic: String,
+    /// The child partition.
+    pub partition: u32,
+    /// The ownership generation the sender saw for that partition.
+    pub generation: u64,
+    /// The link's attach epoch.
+    pub epoch: [u8; 8],
+    /// The parent partition the records come from.
+    pub parent_partition: u32,
+    /// First parent offset of the slab.
+    pub slab_start: u64,
+    /// The records, each with its parent offset, in slab order.
+    pub records: Vec<WireRecord>,
+}
+
+/// One record of a commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireRecord {
+    /// Offset in the parent partition.
+    pub parent_offset: u64,
+    /// Key; `None` (absent) differs from an empty key.
+    pub key: Option<Vec<u8>>,
+    /// Headers in order, names may repeat.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The value.
+    pub value: Vec<u8>,
+}
+
+/// The owner's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommitResponse {
+    /// Durable and verified (or, for `deduplicated` records, already held).
+    Committed {
+        /// Offset of the first record appended (the partition's end when all were held).
+        base_offset: u64,
+        /// Records appended.
+        appended: u32,
+        /// Records dropped because the partition already held them.
+        deduplicated: u32,
+        /// Commit time of the batch, ms since the epoch; 0 when every record was already held
+        /// (nothing was committed).
+        committed_at_ms: i64,
+    },
+    /// This node does not own the partition at that generation: the sender refreshes its view.
+    NotOwner {
+        /// Who this node believes owns it, if anyone.
+        owner: Option<String>,
+        /// The generation this node knows.
+        generation: Option<u64>,
+    },
+    /// The commit was refused (a storage error); retry later.
+    Failed {
+        /// Why, for the sender's status and logs.
+        reason: String,
+    },
+}
+
+/// Why bytes are not a commit request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// More bytes than any commit may have.
+    #[error("commit request of {bytes} bytes is over the {MAX_COMMIT_REQUEST_BYTES}-byte limit")]
+    TooLarge {
+        /// Bytes received.
+        bytes: usize,
+    },
+    /// The bytes do not decode.
+    #[error("commit request does not decode: {0}")]
+    Malformed(String),
+    /// No records, or more than a slab.
+    #[error("commit request carries {records} records; 1 to {MAX_COMMIT_RECORDS} are allowed")]
+    RecordCount {
+        /// Records carried.
+        records: usize,
+    },
+}
+
+impl CommitRequest {
+    /// The request for one bucket. `batch` must carry its origin (a child commit always does).
+    pub fn from_batch(
+        topic: &str,
+        partition: u32,
+        generation: u64,
+        batch: &AppendBatch,
+    ) -> Option<CommitRequest> {
+        let origin = batch.origin.as_ref()?;
+        let records = batch
+            .records
+            .iter()
+            .zip(&origin.parent_offsets)
+            .map(|(record, &parent_offset)| WireRecord {
+                parent_offset,
+                key: record.key.as_ref().map(|k| k.to_vec()),
+                headers: record
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.clone(), h.value.to_vec()))
+                    .collect(),
+                value: record.value.to_vec(),
+            })
+            .collect();
+        Some(CommitRequest {
+            topic: topic.to_owned(),
+            partition,
+            generation,
+            epoch: origin.epoch,
+            parent_partition: origin.parent_partition,
+            slab_start: origin.slab_start,
+            records,
+        })
+    }
+
+    /// The batch to append on the receiving side.
+    pub fn into_batch(self) -> AppendBatch {
+        let mut parent_offsets = Vec::with_capacity(self.records.len());
+        let records = self
+            .records
+            .into_iter()
+            .map(|r| {
+                parent_offsets.push(r.parent_offset);
+                NewRecord {
+                    key: r.key.map(Bytes::from),
+                    headers: r
+                        .headers
+                        .into_iter()
+                        .map(|(name, value)| Header {
+                            name,
+                            value: Bytes::from(value),
+                        })
+                        .collect(),
+                    value: Bytes::from(r.value),
+                }
+            })
+            .collect();
+        AppendBatch {
+            records,
+            origin: Some(BatchOrigin {
+                epoch: self.epoch,
+                parent_partition: self.parent_partition,
+                slab_start: self.slab_start,
+                parent_offsets,
+            }),
+        }
+    }
+
+    /// Encodes the request.
+    pub fn encode(&self) -> Vec<u8> {
+        // Encoding plain data into a Vec cannot fail.
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    /// Decodes a request, refusing anything over the size and record bounds.
+    pub fn decode(bytes: &[u8]) -> Result<CommitRequest, WireError> {
+        if bytes.len() > MAX_COMMIT_REQUEST_BYTES {
+            return Err(WireError::TooLarge { bytes: bytes.len() });
+        }
+        let request: CommitRequest =
+            postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+        if request.records.is_empty() || request.records.len() > MAX_COMMIT_RECORDS {
+            return Err(WireError::RecordCount {
+                records: request.records.len(),
+            });
+        }
+        Ok(request)
+    }
+}
+
+impl CommitResponse {
+    /// Encodes the answer.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    /// Decodes an answer.
+    pub fn decode(bytes: &[u8]) -> Result<CommitResponse, WireError> {
+        postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket() -> AppendBatch {
+        AppendBatch {
+            records: vec![
+                NewRecord {
+                    key: Some(Bytes::from_static(b"k")),
+                    headers: vec![
+                        Header {
+                            name: "h".into(),
+                            value: Bytes::from_static(b"1"),
+                        },
+                        Header {
+                            name: "h".into(),
+                            value: Bytes::from_static(b"2"),
+                        },
+                    ],
+                    value: Bytes::from_static(b"v\x00\xff"),
+                },
+                NewRecord {
+                    key: None,
+                    headers: Vec::new(),
+                    value: Bytes::new(),
+                },
+                NewRecord {
+                    key: Some(Bytes::new()),
+                    headers: Vec::new(),
+                    value: Bytes::from_static(b"x"),
+                },
+            ],
+            origin: Some(BatchOrigin {
+                epoch: [7; 8],
+                parent_partition: 3,
+                slab_start: 40,
+                parent_offsets: vec![40, 42, 47],
+            }),
+        }
+    }
+
+    #[test]
+    fn a_bucket_crosses_the_wire_unchanged_keys_absent_or_empty_headers_repeated() {
+        let request = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let decoded = CommitRequest::decode(&request.encode()).unwrap();
+        assert_eq!(
+            (
+                decoded.topic.as_str(),
+                decoded.partition,
+                decoded.generation
+            ),
+            ("audit", 2, 5)
+        );
+        assert_eq!(decoded.into_batch(), bucket());
+    }
+
+    #[test]
+    fn a_batch_without_provenance_is_not_a_child_commit() {
+        let plain = AppendBatch {
+            records: vec![NewRecord::default()],
+            origin: None,
+        };
+        assert_eq!(CommitRequest::from_batch("t", 0, 1, &plain), None);
+    }
+
+    #[test]
+    fn truncated_oversized_empty_and_over_a_slab_requests_are_refused() {
+        let encoded = CommitRequest::from_batch("audit", 2, 5, &bucket())
+            .unwrap()
+            .encode();
+        for cut in [0, 1, encoded.len() / 2, encoded.len() - 1] {
+            assert!(
+                matches!(
+                    CommitRequest::decode(&encoded[..cut]),
+                    Err(WireError::Malformed(_))
+                ),
+                "cut at {cut}"
+            );
+        }
+        let huge = vec![0u8; MAX_COMMIT_REQUEST_BYTES + 1];
+        assert!(matches!(
+            CommitRequest::decode(&huge),
+            Err(WireError::TooLarge { .. })
+        ));
+        let mut empty = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        empty.records.clear();
+        assert!(matches!(
+            CommitRequest::decode(&empty.encode()),
+            Err(WireError::RecordCount { records: 0 })
+        ));
+        let mut over = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let one = over.records[1].clone();
+        over.records = vec![one; MAX_COMMIT_RECORDS + 1];
+        assert!(matches!(
+            CommitRequest::decode(&over.encode()),
+            Err(WireError::RecordCount { .. })
+        ));
+    }
+
+    #[test]
+    fn a_length_claiming_billions_of_records_is_refused_without_allocating_them() {
+        // topic "t", partition 0, generation 1, epoch, parent partition 0, slab start 0, then a
+        // varint record count of u32::MAX with nothing after it.
+        let mut bytes = vec![1, b't', 0, 1];
+        bytes.extend([0u8; 8]);
+        bytes.extend([0, 0]);
+        bytes.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert!(matches!(
+            CommitRequest::decode(&bytes),
+            Err(WireError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn every_answer_round_trips() {
+        for answer in [
+            CommitResponse::Committed {
+                base_offset: 9,
+                appended: 2,
+                deduplicated: 1,
+                committed_at_ms: 1_700_000_000_000,
+            },
+            CommitResponse::NotOwner {
+                owner: Some("n2".into()),
+                generation: Some(4),
+            },
+            CommitResponse::NotOwner {
+                owner: None,
+                generation: None,
+            },
+            CommitResponse::Failed {
+                reason: "disk full".into(),
+            },
+        ] {
+            assert_eq!(CommitResponse::decode(&answer.encode()).unwrap(), answer);
+        }
+    }
+}

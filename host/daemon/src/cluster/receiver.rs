@@ -1,0 +1,302 @@
+//! The receiving end of a child commit, on the node that owns the child partition.
+//!
+//! For each request, in this order:
+//! 1. **Fence**: the partition must be this node's at exactly the generation the sender saw;
+//!    otherwise nothing is appended and the answer is [`CommitResponse::NotOwner`], so a sender
+//!    with a stale view (the partition moved) refreshes it instead of writing to an old copy.
+//! 2. **Dedupe**: records whose origin the partition already holds ([`OriginWindow`]) are
+//!    dropped. The window is built from the partition's tail the first time the partition is
+//!    committed to after a start, so a slab repeated across a crash of either node is absorbed.
+//! 3. **Append** the rest with the same append + `fdatasync` + verify as any produce, then, and
+//!    only then, remember their origins.
+//!
+//! Commits to one partition are serialised (a per-partition lock held across 2 and 3): a retry
+//! that overtakes its own still-running original must see the original's records.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+
+use super::commit_wire::{CommitRequest, CommitResponse};
+use super::dedupe::{OriginWindow, WINDOW_ORIGINS, without_held};
+use crate::metastore::PartitionOwner;
+
+/// Who owns a partition, with its generation, as this node's metadata says.
+pub type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
+
+/// Bytes read per step while rebuilding a window from a partition's tail.
+const REBUILD_READ_BYTES: usize = 4 * 1024 * 1024;
+
+/// Applies child commits addressed to this node.
+pub struct CommitReceiver {
+    node: String,
+    store: Arc<Store>,
+    owners: Arc<OwnerLookup>,
+    windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<OriginWindow>>>>>,
+    window_capacity: usize,
+}
+
+impl CommitReceiver {
+    /// A receiver for node `node`, appending to `store`, fencing with `owners`.
+    pub fn new(node: String, store: Arc<Store>, owners: Arc<OwnerLookup>) -> CommitReceiver {
+        CommitReceiver {
+            node,
+            store,
+            owners,
+            windows: Mutex::new(HashMap::new()),
+            window_capacity: WINDOW_ORIGINS,
+        }
+    }
+
+    /// Applies one commit (blocking: call it on the blocking pool).
+    pub fn commit(&self, request: CommitRequest) -> CommitResponse {
+        let id = PartitionId::new(request.topic.clone(), request.partition);
+        let owner = (self.owners)(&id);
+        match &owner {
+            Some(o) if o.node == self.node && o.generation == request.generation => {}
+            _ => {
+                return CommitResponse::NotOwner {
+                    owner: owner.as_ref().map(|o| o.node.clone()),
+                    generation: owner.map(|o| o.generation),
+                };
+            }
+        }
+        let slot = {
+            let mut windows = self
+                .windows
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(windows.entry(id.clone()).or_default())
+        };
+        let mut window = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if window.is_none() {
+            match self.rebuild(&id) {
+                Ok(rebuilt) => *window = Some(rebuilt),
+                Err(e) => return failed(&e),
+            }
+        }
+        let Some(window) = window.as_mut() else {
+            return CommitResponse::Failed {
+                reason: "dedupe window missing".to_owned(),
+            };
+        };
+        let batch = request.into_batch();
+        let keep = match &batch.origin {
+            Some(origin) => window.keep_mask(origin),
+            None => Vec::new(),
+        };
+        let (kept, deduplicated) = without_held(batch, &keep);
+        let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
+        let Some(kept) = kept else {
+            return match self.store.high_watermark(&id) {
+                Ok(end) => CommitResponse::Committed {
+                    base_offset: end,
+                    appended: 0,
+                    deduplicated,
+                    committed_at_ms: 0,
+                },
+                Err(e) => failed(&e),
+            };
+        };
+        let origin = kept.origin.clone();
+        match self.store.append(&id, kept) {
+            Ok(appended) => {
+                if let Some(origin) = &origin {
+                    window.remember_batch(origin);
+                }
+                CommitResponse::Committed {
+                    base_offset: appended.base_offset,
+                    appended: appended.count,
+                    deduplicated,
+                    committed_at_ms: appended.committed_at_ms,
+                }
+            }
+            Err(e) => failed(&e),
+        }
+    }
+
+    /// The window of `id`, from its last [`WINDOW_ORIGINS`] records.
+    fn rebuild(&self, id: &PartitionId) -> Result<OriginWindow, StorageError> {
+        let end = self.store.high_watermark(id)?;
+        let capacity = self.window_capacity as u64;
+        let mut offset = end.saturating_sub(capacity);
+        let mut origins = Vec::new();
+        loop {
+            let read = match self.store.read(
+                id,
+                &ReadOptions {
+                    offset,
+                    max_records: self.window_capacity,
+                    max_bytes: REBUILD_READ_BYTES,
+                    max_committed_at_ms: None,
+                },
+            ) {
+                Ok(read) => read,
+                // Aged out below the start: begin at the oldest record still stored.
+                Err(StorageError::OffsetBelowLogStart { log_start, .. }) => {
+                    offset = log_start;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            origins.extend(read.records.into_iter().filter_map(|r| r.origin));
+            if read.next_offset >= read.high_watermark || read.next_offset == offset {
+                break;
+            }
+            offset = read.next_offset;
+        }
+        Ok(OriginWindow::rebuild(self.window_capacity, &origins))
+    }
+}
+
+fn failed(e: &StorageError) -> CommitResponse {
+    CommitResponse::Failed {
+        reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use narad_storage::{AppendBatch, BatchOrigin, LogConfig, NewRecord, StoreOptions};
+
+    use super::*;
+
+    fn request(generation: u64, offsets: &[u64]) -> CommitRequest {
+        let batch = AppendBatch {
+            records: offsets
+                .iter()
+                .map(|o| NewRecord {
+                    value: Bytes::from(format!("r{o}")),
+                    ..NewRecord::default()
+                })
+                .collect(),
+            origin: Some(BatchOrigin {
+                epoch: [1; 8],
+                parent_partition: 0,
+                slab_start: offsets[0],
+                parent_offsets: offsets.to_vec(),
+            }),
+        };
+        CommitRequest::from_batch("audit", 0, generation, &batch).unwrap()
+    }
+
+    fn receiver(store: &Arc<Store>, node: &str, generation: u64) -> CommitReceiver {
+        let owners: Arc<OwnerLookup> = Arc::new(move |_id: &PartitionId| {
+            Some(PartitionOwner {
+                node: "n1".to_owned(),
+                generation,
+            })
+        });
+        CommitReceiver::new(node.to_owned(), Arc::clone(store), owners)
+    }
+
+    fn open(dir: &std::path::Path) -> Arc<Store> {
+        let store = Store::open(dir, StoreOptions::default()).unwrap();
+        store
+            .create_partition(
+                &PartitionId::new("audit".to_owned(), 0),
+                LogConfig::default(),
+            )
+            .unwrap();
+        Arc::new(store)
+    }
+
+    fn stored_values(store: &Store) -> Vec<String> {
+        let read = store
+            .read(
+                &PartitionId::new("audit".to_owned(), 0),
+                &ReadOptions {
+                    offset: 0,
+                    max_records: 1_000,
+                    max_bytes: 1 << 20,
+                    max_committed_at_ms: None,
+                },
+            )
+            .unwrap();
+        read.records
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_retried_commit_is_absorbed_and_counted_and_a_partial_retry_appends_only_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let rx = receiver(&store, "n1", 3);
+        assert!(matches!(
+            rx.commit(request(3, &[0, 1, 2])),
+            CommitResponse::Committed {
+                appended: 3,
+                deduplicated: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            rx.commit(request(3, &[0, 1, 2])),
+            CommitResponse::Committed {
+                appended: 0,
+                deduplicated: 3,
+                base_offset: 3,
+                ..
+            }
+        ));
+        assert!(matches!(
+            rx.commit(request(3, &[2, 3])),
+            CommitResponse::Committed {
+                appended: 1,
+                deduplicated: 1,
+                base_offset: 3,
+                ..
+            }
+        ));
+        assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3"]);
+    }
+
+    #[test]
+    fn after_a_restart_the_window_is_rebuilt_from_the_tail_and_the_repeated_slab_is_absorbed() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = open(dir.path());
+            receiver(&store, "n1", 1).commit(request(1, &[10, 11, 12]));
+        }
+        let store = open(dir.path());
+        let rx = receiver(&store, "n1", 1);
+        assert!(matches!(
+            rx.commit(request(1, &[10, 11, 12, 13])),
+            CommitResponse::Committed {
+                appended: 1,
+                deduplicated: 3,
+                ..
+            }
+        ));
+        assert_eq!(stored_values(&store), ["r10", "r11", "r12", "r13"]);
+    }
+
+    #[test]
+    fn a_commit_for_another_owner_or_an_old_generation_appends_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let not_mine = receiver(&store, "n2", 3);
+        assert_eq!(
+            not_mine.commit(request(3, &[0])),
+            CommitResponse::NotOwner {
+                owner: Some("n1".into()),
+                generation: Some(3)
+            }
+        );
+        let mine = receiver(&store, "n1", 3);
+        assert!(matches!(
+            mine.commit(request(2, &[0])),
+            CommitResponse::NotOwner {
+                generation: Some(3),
+                ..
+            }
+        ));
+        assert!(stored_values(&store).is_empty());
+    }
+}
