@@ -2,6 +2,8 @@
 //! CLUSTER.md). This module holds what only exists with more than one node:
 //! - [`commit_wire`]: the binary encoding of a child commit sent to the child partition's
 //!   owner, with its provenance and the ownership generation the sender saw;
+//! - [`commit_rpc`]: that commit over HTTP between nodes (`POST /internal/v1/commit`), the
+//!   handler and a fail-fast client;
 //! - [`dedupe`]: the exact window of origins a child partition holds, which absorbs a
 //!   repeated child commit;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
@@ -14,6 +16,7 @@
 //! The metadata itself lives in [`crate::metastore::etcd`], behind the same `Metastore` trait
 //! and rules as the embedded file.
 
+pub mod commit_rpc;
 pub mod commit_wire;
 pub mod dedupe;
 pub mod membership;

@@ -1,0 +1,271 @@
+//! The child-commit call between nodes: `POST /internal/v1/commit` with a [`CommitRequest`]
+//! body, answered with a [`CommitResponse`] body, both in the binary wire format.
+//!
+//! The server side ([`commit_route`]) runs the [`CommitReceiver`] on the blocking pool (it
+//! appends and syncs). The client side ([`CommitClient`]) fails fast: a refused connection or
+//! a dead address is an error within [`CONNECT_TIMEOUT`], never a hang, so the sender's bucket
+//! is held and retried by its cursor rather than blocking it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::commit_wire::{CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, WireError};
+use super::receiver::CommitReceiver;
+
+/// The route the receiver is mounted at.
+pub const COMMIT_PATH: &str = "/internal/v1/commit";
+
+/// Content type of both bodies.
+pub const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
+
+/// Longest wait for a connection to the owner: loopback and LAN answers take well under a
+/// millisecond, so a second means the owner is not there.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Longest wait for a whole commit: 4 MiB over the network plus an append and `fdatasync` on
+/// the owner's disk (tens of ms on a healthy one).
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a commit call got no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The owner could not be reached or did not answer in time.
+    #[error("commit to {url} got no answer: {source}")]
+    Unreachable {
+        /// The owner's commit URL.
+        url: String,
+        /// The client's error.
+        source: reqwest::Error,
+    },
+    /// The owner answered something that is not a commit answer.
+    #[error("commit to {url} answered {status}: {detail}")]
+    BadAnswer {
+        /// The owner's commit URL.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// The body's first bytes, or the decode error.
+        detail: String,
+    },
+}
+
+/// The axum handler of [`COMMIT_PATH`]; the state is this node's receiver.
+pub async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Bytes) -> Response {
+    let request = match CommitRequest::decode(&body) {
+        Ok(request) => request,
+        Err(e) => {
+            let status = match e {
+                WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return (status, e.to_string()).into_response();
+        }
+    };
+    let answer = crate::blocking::run(move || receiver.commit(request))
+        .await
+        .unwrap_or_else(|e| CommitResponse::Failed {
+            reason: format!("commit task failed: {e}"),
+        });
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(COMMIT_CONTENT_TYPE),
+        )],
+        answer.encode(),
+    )
+        .into_response()
+}
+
+/// Sends child commits to other nodes.
+#[derive(Clone)]
+pub struct CommitClient {
+    http: reqwest::Client,
+}
+
+impl CommitClient {
+    /// A client with this module's timeouts.
+    pub fn new() -> Result<CommitClient, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(COMMIT_TIMEOUT)
+            .build()?;
+        Ok(CommitClient { http })
+    }
+
+    /// Sends `request` to the node advertising `base_url` (e.g. `http://10.0.0.5:7070`).
+    pub async fn commit(
+        &self,
+        base_url: &str,
+        request: &CommitRequest,
+    ) -> Result<CommitResponse, CallError> {
+        let url = format!("{}{COMMIT_PATH}", base_url.trim_end_matches('/'));
+        let body = request.encode();
+        debug_assert!(body.len() <= MAX_COMMIT_REQUEST_BYTES);
+        let unreachable = |source| CallError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let response = self
+            .http
+            .post(&url)
+            .header(header::CONTENT_TYPE, COMMIT_CONTENT_TYPE)
+            .body(body)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(unreachable)?;
+        if !status.is_success() {
+            return Err(CallError::BadAnswer {
+                url,
+                status: status.as_u16(),
+                detail: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+            });
+        }
+        CommitResponse::decode(&bytes).map_err(|e| CallError::BadAnswer {
+            url,
+            status: status.as_u16(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use narad_storage::{
+        AppendBatch, BatchOrigin, LogConfig, NewRecord, PartitionId, Store, StoreOptions,
+    };
+
+    use super::*;
+    use crate::cluster::receiver::OwnerLookup;
+    use crate::metastore::PartitionOwner;
+
+    struct Owner {
+        url: String,
+        store: Arc<Store>,
+        _dir: tempfile::TempDir,
+        _server: tokio::task::JoinHandle<()>,
+    }
+
+    /// A real HTTP server on loopback running the receiver of node n1 over a real store.
+    async fn owner() -> Owner {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        store
+            .create_partition(
+                &PartitionId::new("audit".to_owned(), 0),
+                LogConfig::default(),
+            )
+            .unwrap();
+        let owners: Arc<OwnerLookup> =
+            Arc::new(|_: &PartitionId| Some(PartitionOwner::first("n1")));
+        let receiver = Arc::new(CommitReceiver::new(
+            "n1".to_owned(),
+            Arc::clone(&store),
+            owners,
+        ));
+        let app = axum::Router::new()
+            .route(COMMIT_PATH, axum::routing::post(commit_route))
+            .with_state(receiver);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Owner {
+            url,
+            store,
+            _dir: dir,
+            _server: server,
+        }
+    }
+
+    fn request(offsets: &[u64]) -> CommitRequest {
+        let batch = AppendBatch {
+            records: offsets
+                .iter()
+                .map(|o| NewRecord {
+                    value: format!("r{o}").into_bytes().into(),
+                    ..NewRecord::default()
+                })
+                .collect(),
+            origin: Some(BatchOrigin {
+                epoch: [2; 8],
+                parent_partition: 1,
+                slab_start: offsets[0],
+                parent_offsets: offsets.to_vec(),
+            }),
+        };
+        CommitRequest::from_batch("audit", 0, 1, &batch).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_commit_crosses_http_and_its_retry_is_absorbed_by_the_owner() {
+        let owner = owner().await;
+        let client = CommitClient::new().unwrap();
+        let first = client.commit(&owner.url, &request(&[5, 6])).await.unwrap();
+        assert!(matches!(
+            first,
+            CommitResponse::Committed {
+                base_offset: 0,
+                appended: 2,
+                deduplicated: 0,
+                ..
+            }
+        ));
+        // The sender lost the answer and retries: nothing is stored twice.
+        let retry = client.commit(&owner.url, &request(&[5, 6])).await.unwrap();
+        assert!(matches!(
+            retry,
+            CommitResponse::Committed {
+                appended: 0,
+                deduplicated: 2,
+                ..
+            }
+        ));
+        let id = PartitionId::new("audit".to_owned(), 0);
+        assert_eq!(owner.store.high_watermark(&id).unwrap(), 2);
+    }
+
+    #[tokio::test]
+    async fn garbage_is_refused_with_400_and_stores_nothing() {
+        let owner = owner().await;
+        let response = reqwest::Client::new()
+            .post(format!("{}{COMMIT_PATH}", owner.url))
+            .body(vec![0xff; 64])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400);
+        let id = PartitionId::new("audit".to_owned(), 0);
+        assert_eq!(owner.store.high_watermark(&id).unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_dead_owner_is_an_error_within_the_connect_timeout_not_a_hang() {
+        // A port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = CommitClient::new().unwrap();
+        let started = Instant::now();
+        let result = client
+            .commit(&format!("http://127.0.0.1:{port}"), &request(&[1]))
+            .await;
+        assert!(
+            matches!(result, Err(CallError::Unreachable { .. })),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < COMMIT_TIMEOUT);
+    }
+}
