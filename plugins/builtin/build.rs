@@ -133,25 +133,47 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// Fails with the fix when the toolchain lacks the wasm32 standard library.
+/// Makes sure the toolchain has the wasm32 standard library. rustup installs the targets that
+/// rust-toolchain.toml lists when it installs the toolchain, but not when the toolchain already
+/// exists without them (a linked or preinstalled toolchain); then this adds the target through
+/// rustup, as `rustup target add` would, and fails with the fix when it cannot.
 fn check_wasm_target(rustc: &str) -> Result<(), String> {
+    let sysroot = sysroot(rustc)?;
+    if has_wasm_std(&sysroot) {
+        return Ok(());
+    }
+    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
+        println!(
+            "cargo::warning=the {WASM_TARGET} target is missing from toolchain {toolchain}; \
+             adding it with rustup (the built-in plugins are compiled to Wasm)"
+        );
+        let added = Command::new("rustup")
+            .args(["target", "add", WASM_TARGET, "--toolchain", &toolchain])
+            .status();
+        if matches!(added, Ok(status) if status.success()) && has_wasm_std(&sysroot) {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "the {WASM_TARGET} target is not installed for this toolchain ({sysroot}); \
+         the built-in plugins are compiled to Wasm. Fix: rustup target add {WASM_TARGET}"
+    ))
+}
+
+fn sysroot(rustc: &str) -> Result<String, String> {
     let out = Command::new(rustc)
         .args(["--print", "sysroot"])
         .output()
         .map_err(|e| format!("could not run {rustc}: {e}"))?;
-    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let lib = Path::new(&sysroot)
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn has_wasm_std(sysroot: &str) -> bool {
+    Path::new(sysroot)
         .join("lib")
         .join("rustlib")
-        .join(WASM_TARGET);
-    if !lib.is_dir() {
-        return Err(format!(
-            "the {WASM_TARGET} target is not installed for this toolchain ({sysroot}); \
-             the built-in plugins are compiled to Wasm. Fix: rustup target add {WASM_TARGET} \
-             (rust-toolchain.toml lists it, so a rustup-managed toolchain installs it)"
-        ));
-    }
-    Ok(())
+        .join(WASM_TARGET)
+        .is_dir()
 }
 
 /// `<target>/wasm-plugins`, where `<target>` is the outer build's target directory, found

@@ -35,9 +35,10 @@ fn wat_string(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("\\{b:02x}")).collect()
 }
 
-/// A plugin that passes the deploy check (it answers "bad config", which the check allows for
-/// the empty config it uses) and then fails every slab the same way, logging [`LOG_LINE`] and
-/// giving a 4 KiB error message.
+/// A plugin that passes the deploy check (it answers "bad config" to the empty config the check
+/// uses, which the check allows), passes the attach check (to a non-empty config it answers a
+/// plugin error, which only a record can cause as far as the daemon knows), and then fails
+/// every slab, logging [`LOG_LINE`] and giving a 4 KiB error message.
 fn hostile_plugin() -> Vec<u8> {
     let manifest = r#"{"name":"hostile","version":"1.0.0","abi":1,"needs":["keys"],"description":"logs and fails with control characters"}"#
         .replace('"', "\\\"");
@@ -67,7 +68,14 @@ fn hostile_plugin() -> Vec<u8> {
     (i64.or (i64.shl (i64.const 4096) (i64.const 32)) (i64.const {error_len})))
   (func (export "narad_route") (param $in i32) (param $len i32) (param $out i32) (result i32)
     (call $log (i32.const 2) (i32.const 16) (i32.const {log_len}))
-    (i32.const -3))
+    ;; The context's last byte is the config's length varint (0) when the config is empty.
+    (if (result i32)
+      (i32.eqz (i32.load8_u (i32.sub
+        (i32.add (i32.add (local.get $in) (i32.load offset=8 (local.get $in)))
+                 (i32.load offset=12 (local.get $in)))
+        (i32.const 1))))
+      (then (i32.const -3))
+      (else (i32.const -1))))
   (@custom "narad.manifest" "{manifest}")
 )"#,
         log = wat_string(LOG_LINE),

@@ -32,8 +32,19 @@ pub struct Manifest {
     /// `"values"` (keys are always given, listed or not).
     #[cfg_attr(feature = "serde", serde(default))]
     pub needs: Needs,
-    /// One line saying what the plugin decides.
+    /// One line saying what the plugin decides. Optional in the JSON (an absent key is an
+    /// empty description): it is only shown in listings.
+    #[cfg_attr(feature = "serde", serde(default))]
     pub description: String,
+    /// The config the deploy check hands the plugin with its test slab, instead of empty
+    /// bytes: a config the plugin accepts, so the check exercises its routing. Optional in
+    /// the JSON (absent: empty config); a plugin that declares it must route the test slab
+    /// without any error return, `ROUTE_ERR_BAD_CONFIG` included.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub probe_config: Option<String>,
 }
 
 impl Manifest {
@@ -128,6 +139,7 @@ mod tests {
             abi: 1,
             needs: Needs::KEYS,
             description: "Kafka's default partitioner for keyed records".into(),
+            probe_config: None,
         }
     }
 
@@ -155,6 +167,21 @@ mod tests {
             validate_plugin_name("a/b"),
             Err(ManifestError::NameCharacter { found: '/' })
         );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn description_and_probe_config_are_optional_keys() {
+        let bare: Manifest =
+            serde_json::from_str(r#"{"name":"bare","version":"1","abi":1}"#).unwrap();
+        assert_eq!(bare.description, "");
+        assert_eq!(bare.probe_config, None);
+        assert_eq!(bare.validate(), Ok(()));
+        let probed: Manifest = serde_json::from_str(
+            r#"{"name":"p","version":"1","abi":1,"probe_config":"partition = 0"}"#,
+        )
+        .unwrap();
+        assert_eq!(probed.probe_config.as_deref(), Some("partition = 0"));
     }
 
     #[test]

@@ -33,6 +33,7 @@ struct Args {
     version: String,
     description: String,
     needs: Needs,
+    probe_config: Option<String>,
 }
 
 fn string_value(expr: &Expr, key: &str) -> syn::Result<String> {
@@ -84,11 +85,12 @@ fn parse_args(attr: TokenStream) -> syn::Result<Args> {
     let mut version: Option<(String, Span)> = None;
     let mut description: Option<(String, Span)> = None;
     let mut needs: Option<Needs> = None;
+    let mut probe_config: Option<String> = None;
     for meta in &metas {
         let Meta::NameValue(nv) = meta else {
             return Err(syn::Error::new(
                 meta.span(),
-                "expected `key = value` (name, version, description, needs)",
+                "expected `key = value` (name, version, description, needs, probe_config)",
             ));
         };
         let key = nv
@@ -103,16 +105,18 @@ fn parse_args(attr: TokenStream) -> syn::Result<Args> {
             "version" if version.is_some() => return Err(duplicate()),
             "description" if description.is_some() => return Err(duplicate()),
             "needs" if needs.is_some() => return Err(duplicate()),
+            "probe_config" if probe_config.is_some() => return Err(duplicate()),
             "name" => name = Some((string_value(&nv.value, "name")?, span)),
             "version" => version = Some((string_value(&nv.value, "version")?, span)),
             "description" => {
                 description = Some((string_value(&nv.value, "description")?, span));
             }
             "needs" => needs = Some(parse_needs(&nv.value)?),
+            "probe_config" => probe_config = Some(string_value(&nv.value, "probe_config")?),
             _ => {
                 return Err(syn::Error::new(
                     nv.path.span(),
-                    "unknown argument: expected name, version, description or needs",
+                    "unknown argument: expected name, version, description, needs or probe_config",
                 ));
             }
         }
@@ -142,6 +146,7 @@ fn parse_args(attr: TokenStream) -> syn::Result<Args> {
         version,
         description,
         needs: needs.unwrap_or_default(),
+        probe_config,
     };
     // The ABI crate's own rules, so the macro and the host's deploy check cannot disagree.
     if let Err(e) = narad_abi::validate_plugin_name(&args.name) {
@@ -165,6 +170,8 @@ fn manifest(args: &Args) -> Manifest {
         abi: ABI_VERSION,
         needs: args.needs,
         description: args.description.clone(),
+        // Without it the deploy check hands the router an empty config.
+        probe_config: args.probe_config.clone(),
     }
 }
 
@@ -374,6 +381,28 @@ mod tests {
         assert!(out.contains("pub static PLUGIN"));
         let json = r#"{\"name\":\"key-hash\",\"version\":\"1.2.3\",\"abi\":1,\"needs\":[\"keys\",\"values\"],\"description\":\"hashes keys\"}"#;
         assert!(out.contains(json), "{out}");
+    }
+
+    #[test]
+    fn a_probe_config_goes_into_the_manifest_for_the_deploy_check() {
+        let out = expand(
+            quote!(name = "vip", description = "vips", probe_config = "prefix = vip-"),
+            router_fn(),
+        )
+        .unwrap()
+        .to_string();
+        assert!(out.contains(r#"\"probe_config\":\"prefix = vip-\""#), "{out}");
+        let without = expand(quote!(name = "vip", description = "vips"), router_fn())
+            .unwrap()
+            .to_string();
+        assert!(!without.contains("probe_config"), "{without}");
+        assert!(
+            error_of(
+                quote!(name = "a", description = "x", probe_config = "a", probe_config = "b"),
+                router_fn()
+            )
+            .contains("given twice")
+        );
     }
 
     #[test]

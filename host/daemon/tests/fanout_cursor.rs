@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,14 +20,16 @@ use narad_host::fanout::position::{Deferred, cursor_path};
 use narad_host::fanout::route::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
 use narad_host::metastore::link::{LinkMeta, PluginRef, PluginVersion};
-use narad_host::metastore::{FileMetastore, Metastore, TopicMeta};
+use narad_host::metastore::{
+    BoxFuture, Change, FileMetastore, LinkTopics, Metastore, Outcome, Snapshot, TopicMeta, Versions,
+};
 use narad_host::shutdown;
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fault::{Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
 use narad_storage::{
-    AppendBatch, Appended, Clock, LogConfig, ManualClock, NewRecord, PartitionId, ReadOptions,
-    StorageError, Store, StoreOptions, StoredRecord,
+    AppendBatch, Appended, Clock, EncodedBatch, LogConfig, ManualClock, NewRecord, PartitionId,
+    ReadOptions, StorageError, Store, StoreOptions, StoredRecord,
 };
 
 const EPOCH: &str = "00112233445566aa";
@@ -78,7 +80,7 @@ impl ChildCommitter for GatedCommitter {
     fn commit(
         &self,
         partition: &PartitionId,
-        batch: AppendBatch,
+        batch: &mut EncodedBatch,
     ) -> Result<Appended, StorageError> {
         if self.down[partition.partition as usize].load(Ordering::SeqCst) {
             return Err(StorageError::Io {
@@ -86,7 +88,7 @@ impl ChildCommitter for GatedCommitter {
                 source: std::io::Error::other("down"),
             });
         }
-        let result = self.store.append(partition, batch);
+        let result = self.store.append_encoded(partition, batch);
         if let Err(error) = &result {
             self.store_errors
                 .lock()
@@ -236,11 +238,22 @@ fn spawn_cursor(f: &Fixture, link_meta: LinkMeta) -> Running {
 
 /// [`spawn_cursor`] with `router` as the link's router.
 fn spawn_cursor_routing(f: &Fixture, link_meta: LinkMeta, router: Box<dyn SlabRouter>) -> Running {
+    let metastore = Arc::clone(&f.metastore) as Arc<dyn Metastore>;
+    spawn_cursor_on(f, link_meta, router, metastore)
+}
+
+/// [`spawn_cursor_routing`] reading its metadata from `metastore`.
+fn spawn_cursor_on(
+    f: &Fixture,
+    link_meta: LinkMeta,
+    router: Box<dyn SlabRouter>,
+    metastore: Arc<dyn Metastore>,
+) -> Running {
     let deps = Arc::new(CursorDeps {
         store: Arc::clone(&f.store),
         fs: Arc::new(f.fault.clone()),
         committer: Arc::clone(&f.committer) as Arc<dyn ChildCommitter>,
-        metastore: Arc::clone(&f.metastore) as Arc<dyn Metastore>,
+        metastore,
         clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
         timing: TIMING,
     });
@@ -848,4 +861,76 @@ async fn a_router_that_panics_stalls_the_cursor_without_skipping_the_slab() {
     assert_eq!(report.next_offset, Some(0));
     assert!(child_values(&f.store, 0).is_empty());
     assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+/// The file metastore, counting the cursor's reads: whole snapshots and one-link views.
+struct CountingMetastore {
+    inner: Arc<FileMetastore>,
+    snapshots: AtomicU64,
+    link_views: AtomicU64,
+}
+
+impl Metastore for CountingMetastore {
+    fn snapshot(&self) -> BoxFuture<'_, narad_host::metastore::Result<Snapshot>> {
+        self.snapshots.fetch_add(1, Ordering::SeqCst);
+        self.inner.snapshot()
+    }
+
+    fn confirm(&self) -> BoxFuture<'_, narad_host::metastore::Result<Snapshot>> {
+        self.inner.confirm()
+    }
+
+    fn versions(&self) -> BoxFuture<'_, narad_host::metastore::Result<Versions>> {
+        self.inner.versions()
+    }
+
+    fn topic<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, narad_host::metastore::Result<Option<TopicMeta>>> {
+        self.inner.topic(name)
+    }
+
+    fn link_view<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, narad_host::metastore::Result<Option<LinkTopics>>> {
+        self.link_views.fetch_add(1, Ordering::SeqCst);
+        self.inner.link_view(parent, child)
+    }
+
+    fn apply(&self, change: Change) -> BoxFuture<'_, narad_host::metastore::Result<Outcome>> {
+        self.inner.apply(change)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copying_cursor_reads_only_its_link_per_slab_never_a_whole_metadata_snapshot() {
+    let f = fixture(1, 2, LogConfig::default()).await;
+    f.metastore.attach_link(link(vec![0], 0)).await.unwrap();
+    let counting = Arc::new(CountingMetastore {
+        inner: Arc::clone(&f.metastore),
+        snapshots: AtomicU64::new(0),
+        link_views: AtomicU64::new(0),
+    });
+    let metastore = Arc::clone(&counting) as Arc<dyn Metastore>;
+    let running = spawn_cursor_on(&f, link(vec![0], 0), Box::new(KeyRouter), metastore);
+    // Two waves, so at least two slabs are routed.
+    produce(&f.store, 0..30);
+    wait_for("the first wave", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    produce(&f.store, 30..60);
+    wait_for("the second wave", || {
+        running.status.report().next_offset == Some(60)
+    })
+    .await;
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+    assert_eq!(all_child_values(&f.store, 2), expected(0..60));
+    // Each routing attempt read the link and its topics, and nothing else.
+    let snapshots = counting.snapshots.load(Ordering::SeqCst);
+    assert_eq!(snapshots, 0, "whole snapshots read while copying");
+    assert!(counting.link_views.load(Ordering::SeqCst) >= 2);
 }

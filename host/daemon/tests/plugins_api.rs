@@ -1032,3 +1032,222 @@ async fn plugin_deploy_list_and_remove_commands_talk_to_the_daemon() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn an_attach_whose_config_the_plugin_can_never_accept_is_refused_with_its_message_once() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 2).await;
+    let router = serde_json::json!(["header-route", "key-hash", "round-robin"]);
+    // `us = 7` for a 2-partition child: header-route answers bad config to every slab.
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({"partitions": 2, "router": router, "config": "header = region\nus = 7\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["reason"], "bad_config", "{body}");
+    assert_eq!(body["plugin"], "header-route", "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("\"us\" maps to partition 7 but the child has 2"),
+        "{message}"
+    );
+    assert_eq!(message.matches("bad config").count(), 1, "{message}");
+    // Nothing was made: no link, and the attach did not create the child topic either.
+    let (_, children) = d.get("/v1/topics/orders/children").await;
+    assert_eq!(children["children"], serde_json::json!([]), "{children}");
+    let (status, _) = d.get("/v1/topics/by-region").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A config it accepts attaches, and reads back.
+    let good = "header = region\nus = 1\n";
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({"partitions": 2, "router": router, "config": good}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["config"], good, "{body}");
+    let (_, children) = d.get("/v1/topics/orders/children").await;
+    assert_eq!(children["children"][0]["config"], good, "{children}");
+}
+
+#[tokio::test]
+async fn a_link_s_config_alone_can_be_changed_and_is_checked_like_an_attach() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 2).await;
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({"partitions": 2, "router": ["header-route", "key-hash", "round-robin"],
+                               "config": "header = region\nus = 1\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let pinned = body["router"].clone();
+
+    // No router: the chain (pinned digests included) stays, the config changes.
+    let (status, body) = d
+        .patch(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({"config": "header = region\nus = 0\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["router"], pinned, "{body}");
+    let (_, children) = d.get("/v1/topics/orders/children").await;
+    assert_eq!(
+        children["children"][0]["config"], "header = region\nus = 0\n",
+        "{children}"
+    );
+
+    // A config the plugin can never accept is refused, and the link keeps its config.
+    let (status, body) = d
+        .patch(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({"config": "header = region\nus = 9\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["reason"], "bad_config", "{body}");
+    let (_, children) = d.get("/v1/topics/orders/children").await;
+    assert_eq!(
+        children["children"][0]["config"],
+        "header = region\nus = 0\n"
+    );
+    // Neither a router nor a config: nothing to do.
+    let (status, _) = d
+        .patch(
+            "/v1/topics/orders/children/by-region",
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_missing_manifest_and_an_unchecked_config_plugin_are_explained_at_deploy() {
+    let d = Daemon::start().await;
+    let (status, body) = deploy(&d, Some("anon"), strip_manifest(&Wat::new("anon").wasm())).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["reason"], "manifest_missing", "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(
+        message.contains("the narad manifest custom section is missing"),
+        "{message}"
+    );
+    assert!(message.contains("wasm-tools"), "{message}");
+
+    // header-route answers bad config to the deploy check's empty config: accepted, and the
+    // answer says its routing was not checked.
+    let header_route = narad_builtin_plugins::get("header-route").unwrap().to_vec();
+    let (status, body) = deploy(&d, Some("my-header-route"), header_route).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let note = body["deploy_check"].as_str().unwrap();
+    assert!(note.contains("probe_config"), "{note}");
+    // A plugin that routes the check has no such note.
+    let (status, body) = deploy(&d, Some("my-key-hash"), key_hash()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.get("deploy_check").is_none(), "{body}");
+}
+
+/// `wasm` without its custom sections (what wabt's `wat2wasm` makes of a `@custom`).
+fn strip_manifest(wasm: &[u8]) -> Vec<u8> {
+    let mut out = wasm[..8].to_vec();
+    let mut rest = &wasm[8..];
+    while let Some((&id, tail)) = rest.split_first() {
+        let (mut size, mut used, mut shift) = (0usize, 0usize, 0u32);
+        loop {
+            let byte = tail[used];
+            used += 1;
+            size |= usize::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        let end = used + size;
+        if id != 0 {
+            out.push(id);
+            out.extend_from_slice(&tail[..end]);
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn serve_help_and_the_abi_say_the_same_about_the_memory_limit() {
+    let help = narad(&["serve", "--help"], None);
+    let help = String::from_utf8(help.stdout).unwrap();
+    let line = help
+        .lines()
+        .skip_while(|l| !l.contains("--plugin-memory-bytes"))
+        .nth(1)
+        .unwrap();
+    assert!(line.contains("growing past it traps"), "{line}");
+    let abi =
+        fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/abi.md")).unwrap();
+    let row = abi
+        .lines()
+        .find(|l| l.starts_with("| linear memory |"))
+        .unwrap();
+    assert!(row.contains("traps"), "{row}");
+    assert!(!row.contains("returns -1)"), "{row}");
+}
+
+#[tokio::test]
+async fn a_plugin_s_log_flood_is_cut_by_the_rate_limit_and_counted_on_metrics() {
+    let d = Daemon::start().await;
+    // 1,000 `narad.log` lines per call against a burst of 200: most are dropped, every call.
+    let chatty = Wat {
+        import: r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#,
+        route: "(local $i i32)
+    (loop $more
+      (call $log (i32.const 3) (i32.const 0) (i32.const 4))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $more (i32.lt_u (local.get $i) (i32.const 1000))))",
+        ..Wat::new("chatty")
+    };
+    let (status, body) = deploy(&d, None, chatty.wasm()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    d.create_topic("orders", 1).await;
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/copy",
+            serde_json::json!({"partitions": 1, "router": ["chatty", "key-hash"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    d.produce("orders", serde_json::json!([{"key": "a", "value": "v"}]))
+        .await;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = reqwest::get(format!("{}/metrics", d.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let dropped: Option<f64> = text
+            .lines()
+            .find(|l| {
+                l.starts_with("narad_plugin_log_lines_dropped_total{")
+                    && l.contains("plugin=\"chatty\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok());
+        if let Some(dropped) = dropped {
+            assert!(dropped >= 700.0, "{dropped} lines dropped");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no dropped log lines counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -32,8 +32,13 @@ pub struct PluginStats {
     pub name: String,
     /// The plugin's digest.
     pub digest: Digest,
-    /// `narad_route` calls made (slabs handed to this plugin).
+    /// `narad_route` calls made to route slabs (slabs handed to this plugin); the calls of
+    /// the poison-record search are in `search_calls`, not here.
     pub calls: u64,
+    /// `narad_route` calls made by [`Chain::bisect`], the poison-record search. Their
+    /// failures are not counted in [`PluginStats::failures`]: they repeat the one failure
+    /// that started the search.
+    pub search_calls: u64,
     /// Records handed in, over all calls.
     pub records_in: u64,
     /// Records this plugin decided.
@@ -73,6 +78,7 @@ struct Member {
     instance: Instance,
     busy: Duration,
     calls: u64,
+    search_calls: u64,
     records_in: u64,
     records_decided: u64,
     failures: [u64; FailureKind::ALL.len()],
@@ -98,6 +104,10 @@ pub struct Chain {
     pending: Vec<u32>,
     /// Decision slots of one plugin call; reused across slabs.
     answers: Vec<u32>,
+    /// True while [`Chain::bisect`] runs: its calls and failures are counted apart.
+    searching: bool,
+    /// Routings of the chain the last [`Chain::bisect`] made (each with its own attempt).
+    last_search_routings: u32,
 }
 
 impl std::fmt::Debug for Chain {
@@ -117,6 +127,7 @@ impl Chain {
                 instance: Instance::new(plugin),
                 busy: Duration::ZERO,
                 calls: 0,
+                search_calls: 0,
                 records_in: 0,
                 records_decided: 0,
                 failures: [0; FailureKind::ALL.len()],
@@ -132,6 +143,8 @@ impl Chain {
             members,
             pending: Vec::new(),
             answers: Vec::new(),
+            searching: false,
+            last_search_routings: 0,
         })
     }
 
@@ -150,6 +163,7 @@ impl Chain {
                     name: m.instance.plugin().name().to_owned(),
                     digest: m.instance.plugin().digest(),
                     calls: m.calls,
+                    search_calls: m.search_calls,
                     records_in: m.records_in,
                     records_decided: m.records_decided,
                     instantiations: counters.instantiations,
@@ -252,8 +266,12 @@ impl Chain {
         records: &[R],
     ) -> Result<(), Failure> {
         let member = &mut self.members[position];
-        member.calls += 1;
-        member.records_in += self.pending.len() as u64;
+        if self.searching {
+            member.search_calls += 1;
+        } else {
+            member.calls += 1;
+            member.records_in += self.pending.len() as u64;
+        }
         let encoder = SlabEncoder::new(ctx.as_ref(), member.instance.plugin().needs())
             .map_err(|e| host(e.to_string()))?;
         let answers = &mut self.answers;
@@ -270,7 +288,9 @@ impl Chain {
 
     fn blame(&mut self, position: usize, failure: Failure) -> PluginError {
         let member = &mut self.members[position];
-        member.failures[failure.kind().index()] += 1;
+        if !self.searching {
+            member.failures[failure.kind().index()] += 1;
+        }
         // Whatever went wrong, the plugin's state is suspect: start it afresh next time.
         member.instance.reset();
         let plugin = member.instance.plugin();
@@ -289,25 +309,57 @@ impl Chain {
     }
 
     /// Finds the first record of `records` that the chain cannot route: `None` if the whole
-    /// slab routes. For use when a slab keeps failing, so the error can name the record.
+    /// slab routes, or if it fails for its config (`ROUTE_ERR_BAD_CONFIG`, see
+    /// [`Failure::is_bad_config`]), which no record can be blamed for. For use when a slab
+    /// keeps failing, so the error can name the record.
     ///
-    /// Binary search on the shortest failing prefix (about `2 * log2(n)` routing calls, each
-    /// at most one slab); plugin state (such as the round-robin counter) moves on as for any
-    /// routing call, which does not matter for a slab that is going to be retried anyway.
+    /// Binary search on the shortest failing prefix (about `log2(n) + 2` routings of the
+    /// chain, each at most one slab). Each routing is a call with its own attempt number:
+    /// `ctx.attempt + 1`, `+ 2`, ... ([`Chain::last_search_routings`] says how many were
+    /// used, so the caller's next retry can count on from there). The search's calls are
+    /// counted in [`PluginStats::search_calls`], and its failures not at all (they repeat the
+    /// failure that started it). Plugin state (such as the round-robin counter) moves on as
+    /// for any routing call, which does not matter for a slab that is going to be retried.
     pub fn bisect<R: SlabRecord>(
         &mut self,
         ctx: &RouteContext,
         records: &[R],
     ) -> Option<PoisonRecord> {
-        let mut failing = match self.route(ctx, records) {
+        self.searching = true;
+        self.last_search_routings = 0;
+        let found = self.search(ctx, records);
+        self.searching = false;
+        found
+    }
+
+    /// How many routings of the chain the last [`Chain::bisect`] made (0 before any).
+    pub fn last_search_routings(&self) -> u32 {
+        self.last_search_routings
+    }
+
+    /// One routing of the search, with the next attempt number.
+    fn search_route<R: SlabRecord>(
+        &mut self,
+        ctx: &RouteContext,
+        records: &[R],
+    ) -> Result<Vec<u32>, PluginError> {
+        self.last_search_routings += 1;
+        let mut probe = ctx.clone();
+        probe.attempt = ctx.attempt.saturating_add(self.last_search_routings);
+        self.route(&probe, records)
+    }
+
+    fn search<R: SlabRecord>(&mut self, ctx: &RouteContext, records: &[R]) -> Option<PoisonRecord> {
+        let mut failing = match self.search_route(ctx, records) {
             Ok(_) => return None,
+            Err(error) if error.failure.is_bad_config() => return None,
             Err(error) => error,
         };
         // Invariant: records[..passing] routes, records[..failing_len] does not.
         let (mut passing, mut failing_len) = (0usize, records.len());
         while failing_len - passing > 1 {
             let mid = passing + (failing_len - passing) / 2;
-            match self.route(ctx, &records[..mid]) {
+            match self.search_route(ctx, &records[..mid]) {
                 Ok(_) => passing = mid,
                 Err(error) => {
                     failing_len = mid;
@@ -317,7 +369,7 @@ impl Chain {
         }
         let index = failing_len - 1;
         let error = self
-            .route(ctx, &records[index..=index])
+            .search_route(ctx, &records[index..=index])
             .err()
             .unwrap_or(failing);
         Some(PoisonRecord {

@@ -221,8 +221,11 @@ pub enum LoadError {
         /// What the host expects (1).
         expected: i32,
     },
-    /// No `narad.manifest` custom section.
-    #[error("missing the narad.manifest custom section")]
+    /// No `narad.manifest` custom section. The message says how to add one, because the
+    /// usual cause is a tool that dropped it (wabt's `wat2wasm` ignores `@custom`).
+    #[error(
+        "the narad manifest custom section is missing: the module needs one custom section named \"narad.manifest\" holding the manifest JSON (wabt's wat2wasm drops `@custom` annotations; build WAT with `wasm-tools parse` or the `wat` crate, or see docs/abi.md#manifest)"
+    )]
     ManifestMissing,
     /// More than one `narad.manifest` custom section.
     #[error("{count} narad.manifest custom sections; exactly one is required")]
@@ -410,8 +413,10 @@ pub enum Failure {
         /// The configured limit.
         limit_bytes: u64,
     },
-    /// `narad_route` returned one of the ABI's error codes.
-    #[error("returned {code}: {}", message.as_deref().unwrap_or("(no message)"))]
+    /// `narad_route` returned one of the ABI's error codes. The guest's message is shown
+    /// once after the code: a message that already starts with the code's words (the Rust
+    /// SDK writes `bad config: ...`) is not prefixed a second time.
+    #[error("returned {code}: {}", error_message(*code, message.as_deref()))]
     ErrorReturn {
         /// Which code.
         code: ErrorCode,
@@ -449,7 +454,34 @@ pub enum Failure {
     },
 }
 
+/// The guest's message of an error return without a leading repeat of the code's words.
+fn error_message(code: ErrorCode, message: Option<&str>) -> &str {
+    let Some(message) = message else {
+        return "(no message)";
+    };
+    let label = code.to_string();
+    message
+        .strip_prefix(label.as_str())
+        .and_then(|rest| rest.strip_prefix(':'))
+        .map(str::trim_start)
+        .filter(|rest| !rest.is_empty())
+        .unwrap_or(message)
+}
+
 impl Failure {
+    /// Whether the failure is about the link's config rather than about a record: a
+    /// `ROUTE_ERR_BAD_CONFIG` return. No record of a slab can be blamed for it, so the
+    /// poison-record search is skipped, and an attach whose probe gets it is refused.
+    pub fn is_bad_config(&self) -> bool {
+        matches!(
+            self,
+            Failure::ErrorReturn {
+                code: ErrorCode::BadConfig,
+                ..
+            }
+        )
+    }
+
     /// The fieldless label of this failure.
     pub fn kind(&self) -> FailureKind {
         match self {
@@ -466,9 +498,17 @@ impl Failure {
     }
 }
 
+/// Hex digits of a digest shown in a [`PluginError`]'s message: 12, as in the metric labels
+/// and enough to tell versions apart (the full digest is in the `digest` field); the whole 64
+/// made a stalled link's error too wide for a table.
+pub const SHORT_DIGEST_HEX: usize = 12;
+
 /// A slab failed in a chain: the plugin that failed and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("plugin {name} (#{position} of the chain, {digest}) failed: {failure}")]
+#[error(
+    "plugin {name} (#{position} of the chain, sha256:{}) failed: {failure}",
+    &digest.to_hex()[..SHORT_DIGEST_HEX]
+)]
 #[non_exhaustive]
 pub struct PluginError {
     /// 0-based position of the plugin in the chain.
@@ -500,4 +540,35 @@ pub enum ChainError {
         /// The maximum.
         max: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_error_from_the_rust_sdk_says_bad_config_once() {
+        let failure = Failure::ErrorReturn {
+            code: ErrorCode::BadConfig,
+            message: Some("bad config: partition 7 but c has 2 partitions".into()),
+        };
+        assert_eq!(
+            failure.to_string(),
+            "returned bad config: partition 7 but c has 2 partitions"
+        );
+        // A message of other words is kept whole, and no message is said so.
+        let other = Failure::ErrorReturn {
+            code: ErrorCode::Plugin,
+            message: Some("bad config: not mine".into()),
+        };
+        assert_eq!(
+            other.to_string(),
+            "returned plugin error: bad config: not mine"
+        );
+        let none = Failure::ErrorReturn {
+            code: ErrorCode::BadConfig,
+            message: None,
+        };
+        assert_eq!(none.to_string(), "returned bad config: (no message)");
+    }
 }

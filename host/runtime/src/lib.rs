@@ -12,7 +12,8 @@
 //!   the built-in test slab) and gives a [`Plugin`] with its [`Digest`].
 //! - [`precheck`]: the shape check (function count and sizes, locals, segments) a module
 //!   passes before it is compiled; [`ModuleShape`].
-//! - [`testslab`]: the built-in test slab of the deploy check.
+//! - [`testslab`]: the built-in test slab of the deploy check, and [`probe_link`], the same
+//!   records routed with a link's real context at attach.
 //! - [`instance`]: [`Instance`], one store of one plugin, rebuilt after any failure; the slab
 //!   buffer in guest memory; classification of traps into [`Failure`]s.
 //! - `hostlog`: the rate-limited `narad.log` import.
@@ -62,6 +63,7 @@ pub use instance::{Instance, InstanceCounters};
 pub use limits::{FuelBudget, Limits, ModuleLimits};
 pub use plugin::{Digest, Plugin};
 pub use precheck::ModuleShape;
+pub use testslab::{DeployProbe, probe_link};
 pub use trial::{TrialError, TrialReport, run_trial};
 
 /// The ABI types a caller needs to route (re-exported so the daemon and CLI need not name

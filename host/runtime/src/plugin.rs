@@ -12,7 +12,8 @@
 //! 5. exactly one `narad.manifest` section, valid JSON, a valid name, `abi` 1;
 //! 6. `narad_abi_version()` returns 1;
 //! 7. it routes the built-in test slab under production limits without trapping, overrunning,
-//!    breaking the protocol or answering out of range.
+//!    breaking the protocol or answering out of range (with its manifest's `probe_config`, or
+//!    an empty config, to which a bad-config answer is accepted: see [`crate::testslab`]).
 //!
 //! A `Plugin` is cheap to clone, `Send + Sync`, and instantiated per link by
 //! [`crate::Instance`].
@@ -29,6 +30,7 @@ use crate::cache::CacheOutcome;
 use crate::engine::Runtime;
 use crate::error::LoadError;
 use crate::instance::{HostState, Instance};
+use crate::testslab::DeployProbe;
 use crate::{precheck, testslab};
 
 /// A sha256 content digest of a plugin's `.wasm` bytes.
@@ -80,6 +82,8 @@ struct PluginInner {
     size_bytes: usize,
     cache: CacheOutcome,
     pre: InstancePre<HostState>,
+    /// What the deploy check learnt; set once, right after the check ran.
+    probe: std::sync::OnceLock<DeployProbe>,
 }
 
 impl fmt::Debug for Plugin {
@@ -157,6 +161,7 @@ impl Plugin {
                 size_bytes: bytes.len(),
                 cache,
                 pre,
+                probe: std::sync::OnceLock::new(),
             }),
         };
         let mut instance = Instance::new(plugin.clone());
@@ -167,7 +172,9 @@ impl Plugin {
                 expected: ABI_VERSION as i32,
             });
         }
-        testslab::run(&mut instance).map_err(LoadError::TestSlab)?;
+        let probe = testslab::run(&mut instance).map_err(LoadError::TestSlab)?;
+        // Fresh: nobody else holds this plugin yet, so the cell is empty.
+        let _ = plugin.inner.probe.set(probe);
         Ok(plugin)
     }
 
@@ -199,6 +206,16 @@ impl Plugin {
     /// Whether the compiled code came from the on-disk cache.
     pub fn cache_outcome(&self) -> CacheOutcome {
         self.inner.cache
+    }
+
+    /// What the deploy check learnt of the plugin: it routed the test slab, or it answered
+    /// bad config to the empty config (see [`crate::testslab`]).
+    pub fn deploy_probe(&self) -> DeployProbe {
+        self.inner
+            .probe
+            .get()
+            .cloned()
+            .unwrap_or(DeployProbe::Routed)
     }
 
     /// The runtime this plugin was compiled for.

@@ -45,7 +45,13 @@ pub fn run_trial<R: SlabRecord>(
         match chain.route(ctx, slab) {
             Ok(d) => decisions.extend_from_slice(&d),
             Err(error) => {
-                let poison = chain.bisect(ctx, slab).map(|mut p| {
+                // A config error is about no record: there is none to search for.
+                let poison = if error.failure.is_bad_config() {
+                    None
+                } else {
+                    chain.bisect(ctx, slab)
+                };
+                let poison = poison.map(|mut p| {
                     p.index += decisions.len();
                     Box::new(p)
                 });

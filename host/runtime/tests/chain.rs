@@ -259,6 +259,47 @@ fn bisect_names_the_poison_record() {
 }
 
 #[test]
+fn the_poison_search_counts_its_calls_apart_and_gives_each_its_own_attempt() {
+    let runtime = runtime();
+    let spec = Spec::new("picky").poison(Poison::ErrorNamingAttempt);
+    let mut chain = chain_of(&runtime, &[spec]);
+    let mut keys: Vec<Option<&[u8]>> = vec![Some(b"ok"); 100];
+    keys[37] = Some(b"X");
+    let slab = Slab::new(5000, &keys);
+    let mut retry = context(4);
+    retry.attempt = 1;
+    let error = chain.route(&retry, &slab.records()).unwrap_err();
+    let message = |e: &PluginError| match &e.failure {
+        Failure::ErrorReturn { message, .. } => message.clone().unwrap(),
+        other => panic!("expected an error return, got {other:?}"),
+    };
+    assert!(message(&error).starts_with('B'), "{error}");
+
+    let poison = chain.bisect(&retry, &slab.records()).unwrap();
+    assert_eq!(poison.parent_offset, 5037);
+    let routings = chain.last_search_routings();
+    assert!(routings > 2, "{routings}");
+    // The last routing of the search carried attempt 1 + routings: every one had its own.
+    let last = char::from(b'A' + 1 + routings as u8);
+    assert!(message(&poison.error).starts_with(last), "{}", poison.error);
+    let stats = &chain.stats()[0];
+    // One routing, one failure; the search's calls are counted apart, not as failures.
+    assert_eq!(stats.calls, 1);
+    assert_eq!(stats.search_calls, u64::from(routings));
+    assert_eq!(stats.failures(FailureKind::ErrorReturn), 1);
+}
+
+#[test]
+fn the_poison_search_stops_at_a_config_error_which_no_record_causes() {
+    let runtime = runtime();
+    let spec = Spec::new("unconfigured").poison(Poison::BadConfig).always();
+    let mut chain = chain_of(&runtime, &[spec]);
+    let slab = Slab::new(0, &[Some(&b"a"[..]); 64]);
+    assert_eq!(chain.bisect(&context(4), &slab.records()), None);
+    assert_eq!(chain.last_search_routings(), 1);
+}
+
+#[test]
 fn bisect_finds_nothing_in_a_slab_that_routes() {
     let mut chain = chain_of(&runtime(), &[Spec::new("trapper").poison(Poison::Trap)]);
     assert_eq!(

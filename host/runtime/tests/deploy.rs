@@ -5,8 +5,8 @@ mod common;
 
 use common::{Poison, Spec, manifest_json, runtime};
 use narad_runtime::{
-    CacheOutcome, Digest, ErrorCode, Failure, FuelBudget, Limits, LoadError, Plugin, Runtime,
-    RuntimeConfig, Violation,
+    CacheOutcome, DeployProbe, Digest, ErrorCode, Failure, FuelBudget, Limits, LoadError, Plugin,
+    Runtime, RuntimeConfig, Violation,
 };
 
 fn load(spec: &Spec) -> Result<Plugin, LoadError> {
@@ -302,6 +302,71 @@ fn an_error_return_fails_the_test_slab_with_the_guest_message() {
     }
 }
 
+/// A manifest that declares `probe_config`.
+fn manifest_with_probe(name: &str, probe_config: &str) -> String {
+    format!(
+        r#"{{"name":"{name}","version":"1.0.0","abi":1,"description":"d","probe_config":"{probe_config}"}}"#
+    )
+}
+
+#[test]
+fn a_bad_config_answer_to_the_empty_probe_config_deploys_and_says_its_routing_was_not_checked() {
+    let plugin = load(&Spec::new("needs-config").poison(Poison::BadConfig).always()).unwrap();
+    assert!(
+        matches!(
+            plugin.deploy_probe(),
+            DeployProbe::NeedsConfig { message: Some(_) }
+        ),
+        "{:?}",
+        plugin.deploy_probe()
+    );
+    // A plugin that routes the probe says so.
+    assert_eq!(
+        load(&Spec::new("routes")).unwrap().deploy_probe(),
+        DeployProbe::Routed
+    );
+}
+
+#[test]
+fn the_deploy_probe_hands_the_plugin_its_declared_probe_config() {
+    let mut spec = Spec::new("configured")
+        .poison(Poison::NeedsConfigEndingInOne)
+        .always();
+    spec.manifests = vec![manifest_with_probe("configured", "partition = 1")];
+    assert_eq!(load(&spec).unwrap().deploy_probe(), DeployProbe::Routed);
+}
+
+#[test]
+fn a_bad_config_answer_to_a_declared_probe_config_is_refused_like_any_error_return() {
+    let mut spec = Spec::new("liar").poison(Poison::BadConfig).always();
+    spec.manifests = vec![manifest_with_probe("liar", "partition = 0")];
+    match load(&spec).unwrap_err() {
+        LoadError::TestSlab(Failure::ErrorReturn { code, .. }) => {
+            assert_eq!(code, ErrorCode::BadConfig);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_manifest_without_a_description_deploys() {
+    let mut spec = Spec::new("terse");
+    spec.manifests = vec![r#"{"name":"terse","version":"1","abi":1}"#.to_owned()];
+    assert_eq!(load(&spec).unwrap().manifest().description, "");
+}
+
+#[test]
+fn a_missing_manifest_is_named_with_how_to_add_one() {
+    let mut spec = Spec::new("anon");
+    spec.manifests.clear();
+    let message = load(&spec).unwrap_err().to_string();
+    assert!(
+        message.contains("the narad manifest custom section is missing"),
+        "{message}"
+    );
+    assert!(message.contains("wasm-tools"), "{message}");
+}
+
 #[test]
 fn a_plugin_that_leaves_records_undecided_still_deploys() {
     load(&Spec::new("skipper").undecided_by_default()).unwrap();
@@ -352,4 +417,70 @@ fn the_runtime_refuses_a_zero_deadline() {
         ..Limits::default()
     };
     assert!(Runtime::new(RuntimeConfig::default().limits(limits)).is_err());
+}
+
+/// The body of the first fenced block of `markdown` opened by `opening`.
+fn fenced(markdown: &str, opening: &str) -> String {
+    let start = markdown.find(opening).expect("the fenced block") + opening.len();
+    let end = start + markdown[start..].find("\n```").unwrap();
+    markdown[start..end].to_owned()
+}
+
+/// What a wabt user does with the ABI's WAT example: wabt drops `@custom`, so the module
+/// has no manifest; the docs' script appends it by hand, and the module deploys.
+#[test]
+fn the_abi_example_built_without_its_custom_section_gets_it_from_the_documented_script() {
+    let abi =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/abi.md")).unwrap();
+    let wat = fenced(&abi, "```wat");
+    let (kept, custom): (Vec<&str>, Vec<&str>) = {
+        let mut kept = Vec::new();
+        let mut custom = Vec::new();
+        let mut in_custom = false;
+        for line in wat.lines() {
+            in_custom |= line.trim_start().starts_with("(@custom");
+            if in_custom {
+                custom.push(line);
+                if line.trim_end().ends_with(')') {
+                    in_custom = false;
+                }
+            } else {
+                kept.push(line);
+            }
+        }
+        (kept, custom)
+    };
+    // The manifest JSON as written in the annotation, unescaped.
+    let custom = custom.join("\n");
+    let quoted = &custom[custom.find("\"{").unwrap() + 1..custom.rfind("}\"").unwrap() + 1];
+    let manifest = quoted.replace("\\\"", "\"");
+    let without = wat::parse_str(kept.join("\n")).unwrap();
+    assert!(matches!(
+        Plugin::load(&runtime(), &without).unwrap_err(),
+        LoadError::ManifestMissing
+    ));
+
+    let dir = tempfile::tempdir().unwrap();
+    let (module, json, script) = (
+        dir.path().join("m.wasm"),
+        dir.path().join("manifest.json"),
+        dir.path().join("add-manifest.py"),
+    );
+    std::fs::write(&module, &without).unwrap();
+    std::fs::write(&json, manifest).unwrap();
+    std::fs::write(&script, fenced(&abi, "```python abi-append-manifest")).unwrap();
+    let ran = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&module)
+        .arg(&json)
+        .status();
+    match ran {
+        Ok(status) => assert!(status.success(), "the script failed: {status}"),
+        Err(e) => {
+            eprintln!("python3 is not available ({e}); the script was not run");
+            return;
+        }
+    }
+    let plugin = Plugin::load(&runtime(), &std::fs::read(&module).unwrap()).unwrap();
+    assert_eq!(plugin.name(), "keyed-to-zero");
 }

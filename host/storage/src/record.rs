@@ -69,6 +69,53 @@ pub struct AppendBatch {
     pub origin: Option<BatchOrigin>,
 }
 
+/// A batch encoded once into its frame, ready for [`crate::Store::append_encoded`]. A failed
+/// append leaves it as it was, so a retry appends the same frame again (resealed with its new
+/// offset and commit time), never encoding or copying the records again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedBatch {
+    pub(crate) frame: Vec<u8>,
+    pub(crate) body_crc: u32,
+    pub(crate) count: u32,
+}
+
+impl EncodedBatch {
+    /// Encodes `records` (at least one) with their provenance: records read from a partition
+    /// ([`StoredRecord`], or references to them) encode straight from their bytes. Refuses an
+    /// empty batch, an origin without one parent offset per record, and a frame above the
+    /// frame limit, as [`crate::Store::append`] does.
+    pub fn encode<R: crate::log::format::RecordParts>(
+        records: &[R],
+        origin: Option<&BatchOrigin>,
+    ) -> crate::Result<EncodedBatch> {
+        let mut frame = Vec::new();
+        let body_crc = crate::log::format::encode_batch(records, origin, &mut frame)?;
+        // encode_batch checked the count fits in u32.
+        let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
+        Ok(EncodedBatch {
+            frame,
+            body_crc,
+            count,
+        })
+    }
+
+    /// Number of records in the batch.
+    pub fn record_count(&self) -> u32 {
+        self.count
+    }
+
+    /// Size of the encoded frame in bytes.
+    pub fn frame_len(&self) -> usize {
+        self.frame.len()
+    }
+
+    /// The encoded frame (layout in `docs/storage.md`). Its offset, commit time and CRC are
+    /// placeholders until an append seals them, so a receiver must not check the CRC.
+    pub fn frame(&self) -> &[u8] {
+        &self.frame
+    }
+}
+
 /// What a successful (durable, verified) append assigned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Appended {

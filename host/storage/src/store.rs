@@ -28,11 +28,11 @@ use crate::fs::{FileSystem, LockGuard, RealFs};
 use crate::log::recovery::{self, OpenError};
 use crate::log::retention::{self, Trimmed};
 use crate::log::start::{self, Head};
-use crate::log::{self, Log, LogError, format, hwm, segment, torn};
+use crate::log::{self, Log, LogError, hwm, segment, torn};
 use crate::name::{MAX_PARTITION_INDEX, PartitionId, validate_topic_name};
 use crate::record::{
-    AppendBatch, Appended, LogConfig, PartitionState, PartitionStats, ReadOptions, ReadResult,
-    RetentionReport,
+    AppendBatch, Appended, EncodedBatch, LogConfig, PartitionState, PartitionStats, ReadOptions,
+    ReadResult, RetentionReport,
 };
 
 /// Name of the lock file in the data directory.
@@ -477,19 +477,23 @@ impl Store {
     /// before the produce lock and raised under it to the partition's newest commit time, so
     /// it never decreases. Opens the log if closed. An empty batch is refused.
     pub fn append(&self, id: &PartitionId, batch: AppendBatch) -> Result<Appended> {
-        let mut frame = Vec::new();
-        let body_crc = format::encode_batch(&batch.records, batch.origin.as_ref(), &mut frame)?;
-        // encode_batch checked the count fits in u32.
-        let count = u32::try_from(batch.records.len()).unwrap_or(u32::MAX);
+        let mut encoded = EncodedBatch::encode(&batch.records, batch.origin.as_ref())?;
+        self.append_encoded(id, &mut encoded)
+    }
+
+    /// Appends a batch encoded by [`EncodedBatch::encode`], as [`Store::append`] does. On an
+    /// error the batch is unchanged and may be appended again (a fan-out cursor's quick
+    /// retries do), without encoding its records again.
+    pub fn append_encoded(&self, id: &PartitionId, batch: &mut EncodedBatch) -> Result<Appended> {
         let p = self.partition(id)?;
         self.stamp(&p);
         let config = p.config();
         loop {
             let log = self.open_log(&p)?;
             match log.append(
-                &mut frame,
-                body_crc,
-                count,
+                &mut batch.frame,
+                batch.body_crc,
+                batch.count,
                 self.clock.as_ref(),
                 &config,
                 |hw| p.publish_hw(hw),

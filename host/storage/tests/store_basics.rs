@@ -385,26 +385,39 @@ fn the_high_watermark_file_follows_appends_lazily_and_is_clean_only_after_close(
     use narad_storage::fs::RealFs;
     use narad_storage::log::hwm;
     let dir = tempfile::tempdir().unwrap();
-    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
     let id = pid("t", 0);
     store.create_partition(&id, LogConfig::default()).unwrap();
     store.append(&id, batch(&["a"])).unwrap();
     let pdir = dir.path().join("topics/t/p00000");
-    // The update interval is one second; after sleeping longer than that, the next append
-    // must move the boundary to its end.
-    std::thread::sleep(std::time::Duration::from_millis(1100));
-    store.append(&id, batch(&["b", "c"])).unwrap();
+    // Lazy: within the update interval (one second on the store's clock) the boundary stays
+    // where the open put it.
+    clock.advance(999);
+    store.append(&id, batch(&["b"])).unwrap();
+    assert_eq!(hwm::read(&RealFs, &pdir).unwrap().unwrap().next_offset, 0);
+    // Once the interval has passed on the store's clock, the next append moves the boundary
+    // to its end.
+    clock.advance(1);
+    store.append(&id, batch(&["c", "d"])).unwrap();
     let h = hwm::read(&RealFs, &pdir).unwrap().unwrap();
-    assert_eq!(h.next_offset, 3);
+    assert_eq!(h.next_offset, 4);
     assert!(!h.clean, "an open log's file is never marked clean");
     let seg_len = std::fs::metadata(pdir.join("00000000000000000000.log"))
         .unwrap()
         .len();
     assert_eq!(h.segment_pos, seg_len);
+    // A clock stepped backwards does not hold the boundary back until it catches up.
+    clock.advance(-3_600_000);
+    store.append(&id, batch(&["e"])).unwrap();
+    assert_eq!(hwm::read(&RealFs, &pdir).unwrap().unwrap().next_offset, 5);
     store.close().unwrap();
     let h = hwm::read(&RealFs, &pdir).unwrap().unwrap();
     assert!(h.clean);
-    assert_eq!((h.next_offset, h.segment_pos), (3, seg_len));
+    let seg_len = std::fs::metadata(pdir.join("00000000000000000000.log"))
+        .unwrap()
+        .len();
+    assert_eq!((h.next_offset, h.segment_pos), (5, seg_len));
 }
 
 #[test]

@@ -1,4 +1,12 @@
-//! Fan-out children: attach, change the router, detach, list with per-partition progress.
+//! Fan-out children: attach, change the router or config, detach, list with per-partition
+//! progress (and each link's config, so it can be read back).
+//!
+//! The attach check: an attach and a router or config change route the deploy check's test
+//! records ([`narad_runtime::testslab::records`]) through the new chain with the link's real
+//! context (its topics, the parent's and the child's partition counts, its config) before
+//! anything is recorded, and refuse with a 400 (`reason: bad_config`) when a plugin answers
+//! `ROUTE_ERR_BAD_CONFIG`: such a link would stall on its first record. Other outcomes of the
+//! check do not refuse (the test records are not the link's records).
 
 use std::sync::Arc;
 
@@ -43,11 +51,12 @@ pub struct AttachRequest {
     pub config: Option<Value>,
 }
 
-/// `PATCH /v1/topics/{parent}/children/{child}` body.
+/// `PATCH /v1/topics/{parent}/children/{child}` body: a new chain, a new config, or both.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterChange {
-    /// The new chain.
+    /// The new chain; absent (or empty), the link keeps its chain, pinned versions included.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub router: Vec<String>,
     /// A new config, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +87,9 @@ pub struct LinkInfo {
     pub router: Vec<RouterEntry>,
     /// 0 for a plain child.
     pub delay_ms: u64,
+    /// The config handed to every plugin of the chain (empty for none).
+    #[serde(default)]
+    pub config: String,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -89,6 +101,7 @@ impl From<&LinkMeta> for LinkInfo {
             attach_offsets: link.attach_offsets.clone(),
             router: router_entries(&link.router),
             delay_ms: link.delay_ms,
+            config: link.config.clone(),
         }
     }
 }
@@ -116,6 +129,9 @@ pub struct ChildInfo {
     pub delay_ms: u64,
     /// The chain.
     pub router: Vec<RouterEntry>,
+    /// The config handed to every plugin of the chain (empty for none).
+    #[serde(default)]
+    pub config: String,
     /// The attach epoch.
     pub attach_epoch: String,
     /// True when every parent partition is reported with an exact lag.
@@ -162,6 +178,61 @@ fn resolve_router(
         .collect()
 }
 
+/// The context of the attach check: what a cursor of the link will hand its chain.
+struct LinkProbe<'a> {
+    parent: &'a str,
+    parent_partitions: u32,
+    child: &'a str,
+    child_partitions: u32,
+}
+
+impl LinkProbe<'_> {
+    /// Routes the test records through a fresh chain of `router` with `config` and refuses
+    /// (400, `reason: bad_config`, the plugin's own message) when a plugin answers bad
+    /// config. A plugin that does not load is left to the link's status to report, as before
+    /// the check existed: the check is about configs, not about stored modules.
+    async fn check(
+        &self,
+        state: &AppState,
+        router: &[PluginRef],
+        config: &str,
+        done: &str,
+    ) -> Result<(), ApiError> {
+        let registry = Arc::clone(&state.plugins);
+        let digests: Vec<String> = router.iter().map(|p| p.digest.clone()).collect();
+        let ctx = narad_runtime::RouteContext {
+            parent_topic: self.parent.to_owned(),
+            parent_partition: 0,
+            parent_partition_count: self.parent_partitions,
+            child_topic: self.child.to_owned(),
+            child_partition_count: self.child_partitions,
+            attempt: 0,
+            config: config.as_bytes().to_vec(),
+        };
+        let refused = crate::blocking::run(move || {
+            let plugins: Result<Vec<_>, _> = digests.iter().map(|d| registry.load(d)).collect();
+            let mut chain = narad_runtime::Chain::new(plugins.ok()?).ok()?;
+            narad_runtime::probe_link(&mut chain, &ctx).err()
+        })
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let Some(error) = refused else {
+            return Ok(());
+        };
+        Err(ApiError::bad_request(format!(
+            "plugin {} (#{} of the chain) {} for {} -> {} ({} partitions); the link was not {done}",
+            error.name,
+            error.position,
+            error.failure,
+            self.parent,
+            self.child,
+            self.child_partitions
+        ))
+        .with("reason", "bad_config")
+        .with("plugin", error.name.clone()))
+    }
+}
+
 /// The committed high watermark of every partition of `topic`, read now. Opens closed logs
 /// whose high-watermark file holds no boundary (the only way to know their end).
 async fn read_high_watermarks(
@@ -200,7 +271,13 @@ pub async fn attach(
     };
     let parent_topic = require_topic(&state, &parent).await?;
     crate::topics::check_name(&child)?;
-    let new_child = match (state.metastore.topic(&child).await?, req.partitions) {
+    let existing = state.metastore.topic(&child).await?;
+    let child_partitions = existing
+        .as_ref()
+        .map(|t| t.partitions)
+        .or(req.partitions)
+        .unwrap_or(0);
+    let new_child = match (existing, req.partitions) {
         (Some(existing), Some(partitions)) if existing.partitions != partitions => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -228,6 +305,7 @@ pub async fn attach(
         &parent_topic.name,
         parent_topic.partitions,
         &child,
+        child_partitions,
         req,
     )
     .await?;
@@ -248,6 +326,7 @@ async fn new_link(
     parent: &str,
     parent_partitions: u32,
     child: &str,
+    child_partitions: u32,
     req: AttachRequest,
 ) -> Result<LinkMeta, ApiError> {
     let snapshot = state.metastore.snapshot().await?;
@@ -255,6 +334,14 @@ async fn new_link(
         .router
         .unwrap_or_else(|| DEFAULT_ROUTER.iter().map(|s| s.to_string()).collect());
     let router = resolve_router(state, &snapshot, &names)?;
+    let config = config_bytes(req.config);
+    let probe = LinkProbe {
+        parent,
+        parent_partitions,
+        child,
+        child_partitions,
+    };
+    probe.check(state, &router, &config, "attached").await?;
     // The attach point: read while the attach is processed, before it is recorded, so every
     // record committed from now on is at or past it. No guessing: any failure refuses.
     let attach_offsets = read_high_watermarks(&state.store, parent, parent_partitions)
@@ -272,21 +359,47 @@ async fn new_link(
         attach_offsets: Some(attach_offsets),
         delay_ms: req.delay_ms.unwrap_or(0),
         router,
-        config: config_bytes(req.config),
+        config,
         attached_at_ms: crate::topics::now_ms(),
     })
 }
 
-/// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain (and config), effective
-/// at each cursor's next slab, with no new epoch.
+/// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain, the config or both
+/// (what is not given is kept), effective at each cursor's next slab, with no new epoch. The
+/// new pair passes the attach check first (see the module doc).
 pub async fn set_router(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     ApiJson(req): ApiJson<RouterChange>,
 ) -> Result<Json<LinkInfo>, ApiError> {
     let snapshot = state.metastore.snapshot().await?;
-    let router = resolve_router(&state, &snapshot, &req.router)?;
+    let Some(current) = snapshot.links.get(&(parent.clone(), child.clone())) else {
+        return Err(ApiError::not_found(format!(
+            "{child:?} is not a child of {parent:?}"
+        )));
+    };
+    if req.router.is_empty() && req.config.is_none() {
+        return Err(ApiError::bad_request(
+            "nothing to change: give \"router\", \"config\" or both",
+        ));
+    }
+    let router = if req.router.is_empty() {
+        current.router.clone()
+    } else {
+        resolve_router(&state, &snapshot, &req.router)?
+    };
     let config = req.config.map(|c| config_bytes(Some(c)));
+    let partitions = |topic: &str| snapshot.topics.get(topic).map_or(0, |t| t.partitions);
+    let probe = LinkProbe {
+        parent: &parent,
+        parent_partitions: partitions(&parent),
+        child: &child,
+        child_partitions: partitions(&child),
+    };
+    let probed_config = config.as_deref().unwrap_or(&current.config);
+    probe
+        .check(&state, &router, probed_config, "changed")
+        .await?;
     let link = state
         .metastore
         .set_link_router(&parent, &child, router, config)
@@ -347,6 +460,7 @@ pub async fn list(
             name: link.child.clone(),
             delay_ms: link.delay_ms,
             router: router_entries(&link.router),
+            config: link.config.clone(),
             attach_epoch: link.attach_epoch.clone(),
             lag_complete,
             partitions,

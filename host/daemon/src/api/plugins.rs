@@ -68,6 +68,11 @@ pub struct PluginInfo {
     /// Why the stored module does not load, when it does not (listing only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_error: Option<String>,
+    /// Deploy answer only, when the deploy check could not check the routing: the plugin
+    /// declares no `probe_config` and answered bad config to the empty config, which is
+    /// accepted (its routing is checked when a link attaches it with a real config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy_check: Option<String>,
 }
 
 /// `GET /v1/plugins` answer.
@@ -109,13 +114,24 @@ pub async fn deploy(
         None => registry.deploy_under_manifest_name(bytes.to_vec()).await?,
     };
     let snapshot = state.metastore.snapshot().await?;
-    let mut described = describe(registry, vec![version], &snapshot.plugins).await?;
-    let info = described.pop().ok_or_else(|| {
+    let digest = version.digest.clone();
+    let mut described = describe(Arc::clone(&registry), vec![version], &snapshot.plugins).await?;
+    let mut info = described.pop().ok_or_else(|| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "deployed version vanished",
         )
     })?;
+    // Just deployed, so loaded: this reads memory, compiles nothing.
+    let probe = crate::blocking::run(move || registry.load(&digest).map(|p| p.deploy_probe()))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    if let Ok(narad_runtime::DeployProbe::NeedsConfig { message }) = probe {
+        info.deploy_check = Some(format!(
+            "accepted without a routing check: with an empty config the plugin answered bad config ({}); declare \"probe_config\" in the manifest to have deploys check the routing; attaching a link checks it with the link's config",
+            message.as_deref().unwrap_or("no message")
+        ));
+    }
     Ok(Json(info))
 }
 
@@ -192,6 +208,7 @@ fn info(v: PluginVersion, builtin: bool, latest: bool, load_error: Option<String
         builtin,
         latest,
         load_error,
+        deploy_check: None,
     }
 }
 

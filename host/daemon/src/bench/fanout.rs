@@ -656,7 +656,7 @@ fn raw_copy(
             .into_iter()
             .map(|w| {
                 w.join()
-                    .unwrap_or_else(|_| Err(BenchError::Task("a raw worker panicked".into())))
+                    .unwrap_or_else(|payload| Err(BenchError::worker_panicked(payload.as_ref())))
             })
             .collect()
     });

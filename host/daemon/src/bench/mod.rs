@@ -34,6 +34,7 @@ pub mod workdir;
 
 use narad_storage::StorageError;
 
+use crate::blocking::BlockingError;
 use crate::metastore::MetastoreError;
 use crate::plugins::RegistryError;
 
@@ -99,9 +100,24 @@ pub enum BenchError {
     /// The options make no sense (zero partitions, a batch larger than the total, ...).
     #[error("invalid bench options: {0}")]
     Options(String),
-    /// A worker thread or task panicked or was cancelled.
-    #[error("bench task failed: {0}")]
-    Task(String),
+    /// Work the bench put on the blocking pool panicked or was cancelled.
+    #[error("bench work on the blocking pool failed: {0}")]
+    Blocking(#[from] BlockingError),
+    /// A worker thread of a raw loop panicked.
+    #[error("a raw-loop worker thread panicked: {message}")]
+    WorkerPanicked {
+        /// The panic's message, when it was a string.
+        message: String,
+    },
+    /// A cursor's task panicked or was cancelled instead of stopping when told to.
+    #[error("the task of cursor {cursor} failed: {source}")]
+    CursorTask {
+        /// `parent/pNNNNN -> child`.
+        cursor: String,
+        /// How the task ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 impl BenchError {
@@ -119,18 +135,60 @@ impl BenchError {
         let context = context.into();
         move |source| BenchError::Metastore { context, source }
     }
+
+    /// A raw-loop worker whose thread panicked with `payload` (from `JoinHandle::join`).
+    fn worker_panicked(payload: &(dyn std::any::Any + Send)) -> BenchError {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        BenchError::WorkerPanicked { message }
+    }
 }
 
 /// Runs `work` on the blocking pool.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BenchError> {
-    crate::blocking::run(work)
-        .await
-        .map_err(|e| BenchError::Task(e.to_string()))
+    Ok(crate::blocking::run(work).await?)
 }
 
 /// `count` per second over `seconds`, 0 when no time passed.
 fn per_second(count: f64, seconds: f64) -> f64 {
     if seconds > 0.0 { count / seconds } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boom() -> u8 {
+        panic!("boom")
+    }
+
+    #[tokio::test]
+    async fn a_panic_on_the_blocking_pool_is_a_blocking_error_keeping_its_message() {
+        let err = blocking(boom).await.unwrap_err();
+        assert!(
+            matches!(&err, BenchError::Blocking(BlockingError::Panicked(m)) if m == "boom"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_raw_worker_that_panicked_is_reported_with_its_panic_message() {
+        let payload = std::thread::spawn(|| panic!("disk gone {}", 7))
+            .join()
+            .unwrap_err();
+        let err = BenchError::worker_panicked(payload.as_ref());
+        assert!(
+            matches!(&err, BenchError::WorkerPanicked { message } if message == "disk gone 7"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "a raw-loop worker thread panicked: disk gone 7"
+        );
+    }
 }

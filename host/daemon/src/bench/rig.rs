@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use narad_storage::{
-    AppendBatch, Appended, Clock, LogConfig, PartitionId, StorageError, Store, StoreOptions,
+    Appended, Clock, EncodedBatch, LogConfig, PartitionId, StorageError, Store, StoreOptions,
     SystemClock,
 };
 
@@ -53,7 +53,7 @@ impl ChildCommitter for CountingCommitter {
     fn commit(
         &self,
         partition: &PartitionId,
-        batch: AppendBatch,
+        batch: &mut EncodedBatch,
     ) -> Result<Appended, StorageError> {
         let start = std::time::Instant::now();
         let result = ChildCommitter::commit(&self.producer, partition, batch);
@@ -339,7 +339,12 @@ pub async fn stop_all(
                     reason: format!("{other:?}"),
                 });
             }
-            Err(join) => return Err(BenchError::Task(join.to_string())),
+            Err(source) => {
+                return Err(BenchError::CursorTask {
+                    cursor: name,
+                    source,
+                });
+            }
         }
     }
     Ok(())

@@ -8,8 +8,9 @@
 //! is what lets a cursor find where it got to from what its child holds
 //! ([`super::position::provenance`]).
 
-use bytes::Bytes;
-use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord, PartitionId, StoredRecord};
+use std::sync::Arc;
+
+use narad_storage::{BatchOrigin, EncodedBatch, PartitionId, StorageError, StoredRecord};
 
 use super::route::{RouteFailure, RouteFailureKind};
 
@@ -24,15 +25,34 @@ pub struct SlabOrigin {
     pub slab_start: u64,
 }
 
-/// The records of a slab routed to one child partition, ready to commit.
+/// The records of a slab routed to one child partition, ready to commit. It holds the slab
+/// (shared, not copied) and the indices of its records: the child frame is encoded straight
+/// from the parent records' bytes when the bucket is committed ([`Bucket::encode`]), with no
+/// record rebuilt and no refcount touched per record.
 #[derive(Clone, Debug)]
 pub struct Bucket {
     /// The child partition.
     pub target: PartitionId,
     /// Indices of its records in the slab handed to [`bucket`], in slab order.
     pub indices: Vec<usize>,
-    /// The batch to append: the records, in slab order, with their origin.
-    pub batch: AppendBatch,
+    /// The batch's origin: epoch, parent partition, slab start, and the parent offset of every
+    /// record, in slab order.
+    pub origin: BatchOrigin,
+    slab: Arc<Vec<StoredRecord>>,
+}
+
+impl Bucket {
+    /// The bucket's records, in slab order.
+    pub fn records(&self) -> impl Iterator<Item = &StoredRecord> + '_ {
+        self.indices.iter().filter_map(|&i| self.slab.get(i))
+    }
+
+    /// The child frame: the records encoded from their bytes, with the origin. Fails as an
+    /// append of the same records would (a frame above the storage limit).
+    pub fn encode(&self) -> Result<EncodedBatch, StorageError> {
+        let records: Vec<&StoredRecord> = self.records().collect();
+        EncodedBatch::encode(&records, Some(&self.origin))
+    }
 }
 
 /// Groups `records` by `decisions` (one per record, already checked by
@@ -40,7 +60,7 @@ pub struct Bucket {
 /// `child_partitions` partitions, in partition order. A decision at or past `child_partitions`
 /// is a [`RouteFailureKind::OutOfRange`] routing failure naming the record's parent offset.
 pub fn bucket(
-    records: &[StoredRecord],
+    records: &Arc<Vec<StoredRecord>>,
     decisions: &[u32],
     child: &str,
     child_partitions: u32,
@@ -61,67 +81,40 @@ pub fn bucket(
         .iter()
         .map(|(partition, indices)| {
             let indices: Vec<usize> = indices.iter().map(|&i| i as usize).collect();
-            let batch = AppendBatch {
-                records: indices
-                    .iter()
-                    .map(|&i| to_new_record(&records[i], false))
-                    .collect(),
-                origin: Some(BatchOrigin {
+            Bucket {
+                target: PartitionId::new(child, partition),
+                origin: BatchOrigin {
                     epoch: origin.epoch,
                     parent_partition: origin.parent_partition,
                     parent_offsets: indices.iter().map(|&i| records[i].offset).collect(),
                     slab_start: origin.slab_start,
-                }),
-            };
-            Bucket {
-                target: PartitionId::new(child, partition),
+                },
                 indices,
-                batch,
+                slab: Arc::clone(records),
             }
         })
         .collect())
 }
 
-/// The record to append for a parent record. With `copy`, its bytes are copied off the
-/// parent's read buffers (records held for a retry must not pin them through a long outage);
-/// without, they are shared.
-pub fn to_new_record(record: &StoredRecord, copy: bool) -> NewRecord {
-    let own = |b: &Bytes| {
-        if copy {
-            Bytes::copy_from_slice(b)
-        } else {
-            b.clone()
-        }
-    };
-    NewRecord {
-        key: record.key.as_ref().map(own),
-        headers: record
-            .headers
-            .iter()
-            .map(|h| Header {
-                name: h.name.clone(),
-                value: own(&h.value),
-            })
-            .collect(),
-        value: own(&record.value),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
-    fn records(offsets: std::ops::Range<u64>) -> Vec<StoredRecord> {
-        offsets
-            .map(|offset| StoredRecord {
-                offset,
-                committed_at_ms: 0,
-                key: None,
-                headers: Vec::new(),
-                value: Bytes::from(format!("v{offset}")),
-                origin: None,
-            })
-            .collect()
+    fn records(offsets: std::ops::Range<u64>) -> Arc<Vec<StoredRecord>> {
+        Arc::new(
+            offsets
+                .map(|offset| StoredRecord {
+                    offset,
+                    committed_at_ms: 0,
+                    key: None,
+                    headers: Vec::new(),
+                    value: Bytes::from(format!("v{offset}")),
+                    origin: None,
+                })
+                .collect(),
+        )
     }
 
     const ORIGIN: SlabOrigin = SlabOrigin {
@@ -140,14 +133,43 @@ mod tests {
         let two = &buckets[2];
         assert_eq!(two.target, PartitionId::new("child", 2));
         assert_eq!(two.indices, [0, 2, 5]);
-        let values: Vec<&[u8]> = two.batch.records.iter().map(|r| r.value.as_ref()).collect();
+        let values: Vec<&[u8]> = two.records().map(|r| r.value.as_ref()).collect();
         assert_eq!(values, [b"v100".as_slice(), b"v102", b"v105"]);
-        let origin = two.batch.origin.as_ref().unwrap();
+        let origin = &two.origin;
         assert_eq!(origin.parent_offsets, [100, 102, 105]);
         assert_eq!(
             (origin.epoch, origin.parent_partition, origin.slab_start),
             ([7; 8], 3, 100)
         );
+    }
+
+    #[test]
+    fn a_bucket_encodes_its_child_frame_from_the_parent_records_with_its_origin() {
+        use narad_storage::log::format;
+        let mut slab = (*records(100..104)).clone();
+        slab[1].key = Some(Bytes::from_static(b"k1"));
+        slab[1].headers = vec![narad_storage::Header {
+            name: "h".into(),
+            value: Bytes::from_static(b"x"),
+        }];
+        let slab = Arc::new(slab);
+        let buckets = bucket(&slab, &[1, 0, 1, 0], "child", 2, ORIGIN).unwrap();
+        let encoded = buckets[0].encode().unwrap();
+        assert_eq!(encoded.record_count(), 2);
+        let frame = Bytes::copy_from_slice(encoded.frame());
+        let header = format::parse_header(&frame).unwrap();
+        let got = format::decode_batch(&header, &frame).unwrap();
+        for (d, want) in got.iter().zip([&slab[1], &slab[3]]) {
+            assert_eq!(d.record.key, want.key);
+            assert_eq!(d.record.headers, want.headers);
+            assert_eq!(d.record.value, want.value);
+            let origin = d.record.origin.as_ref().unwrap();
+            assert_eq!(origin.parent_offset, want.offset);
+            assert_eq!(
+                (origin.epoch, origin.parent_partition, origin.slab_start),
+                ([7; 8], 3, 100)
+            );
+        }
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Step 4 of a slab, commit: every bucket appended to its child partition, durably.
 //!
-//! Up to [`COMMITS_IN_FLIGHT`] buckets are committed at once, each through the
-//! [`ChildCommitter`] (on one node: the produce path, append, `fdatasync`, verify) with quick
-//! tries [`FanoutTiming::quick_retry_pauses`] apart. [`commit`] hands out [`Acknowledged`],
+//! Up to [`COMMITS_IN_FLIGHT`] buckets are committed at once (that many lanes on the blocking
+//! pool, through [`crate::blocking::run_all`], each taking the next bucket as it finishes one),
+//! each through the [`ChildCommitter`] (on one node: the produce path, append, `fdatasync`,
+//! verify) with quick tries [`FanoutTiming::quick_retry_pauses`] apart. A bucket's child frame
+//! is encoded once, on its lane, straight from the parent records' bytes; a quick retry sends
+//! the same frame again (the store reseals it), nothing is cloned or encoded again. [`commit`] hands out [`Acknowledged`],
 //! the only thing [`super::advance`] moves the offset file past a slab with, only when every
 //! bucket it was given is acknowledged. Otherwise it says which records failed ([`Failed`]):
 //! the cursor keeps copies of just those ([`Failed::retained`]), backs off
@@ -10,14 +13,15 @@
 //! again, after checking its epoch and under the child's current partition count. Buckets
 //! that succeeded are never sent again.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use narad_storage::{AppendBatch, PartitionId, StorageError, StoredRecord};
-use tokio::task::JoinSet;
+use bytes::Bytes;
+use narad_storage::{EncodedBatch, Header, PartitionId, StorageError, StoredRecord};
 
-use super::bucket::{Bucket, to_new_record};
+use super::bucket::Bucket;
 use super::committer::ChildCommitter;
 use super::{COMMITS_IN_FLIGHT, FanoutTiming};
+use crate::blocking::BlockingError;
 
 /// Proof that every bucket of a commit was acknowledged by its child partition. Only
 /// [`commit`] makes one; advancing the offset file past a slab takes one.
@@ -37,10 +41,10 @@ pub enum CommitFailure {
         /// The last try's error.
         error: StorageError,
     },
-    /// The task committing a bucket panicked or was cancelled; which records it held is
+    /// The task committing buckets panicked or was cancelled; which records it held is
     /// lost with it, so the whole slab is retried.
     #[error("commit task failed: {0}")]
-    Task(tokio::task::JoinError),
+    Task(#[from] BlockingError),
 }
 
 /// The buckets that were not acknowledged.
@@ -69,20 +73,27 @@ impl Failed {
         self.indices
             .iter()
             .filter_map(|&i| records.get(i))
-            .map(|record| {
-                let copied = to_new_record(record, true);
-                StoredRecord {
-                    offset: record.offset,
-                    committed_at_ms: record.committed_at_ms,
-                    key: copied.key,
-                    headers: copied.headers,
-                    value: copied.value,
-                    origin: None,
-                }
+            .map(|record| StoredRecord {
+                offset: record.offset,
+                committed_at_ms: record.committed_at_ms,
+                key: record.key.as_deref().map(Bytes::copy_from_slice),
+                headers: record
+                    .headers
+                    .iter()
+                    .map(|h| Header {
+                        name: h.name.clone(),
+                        value: Bytes::copy_from_slice(&h.value),
+                    })
+                    .collect(),
+                value: Bytes::copy_from_slice(&record.value),
+                origin: None,
             })
             .collect()
     }
 }
+
+/// What one lane did with one bucket.
+type Outcome = (PartitionId, Vec<usize>, Result<(), StorageError>);
 
 /// Commits `buckets` to their child partitions, [`COMMITS_IN_FLIGHT`] at a time, each with
 /// quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
@@ -92,43 +103,50 @@ pub async fn commit(
     timing: &FanoutTiming,
 ) -> Result<Acknowledged, Failed> {
     let records: usize = buckets.iter().map(|b| b.indices.len()).sum();
-    let mut queued = buckets.into_iter();
-    let mut in_flight = JoinSet::new();
+    let lanes = buckets.len().min(COMMITS_IN_FLIGHT);
+    let queue = Arc::new(Mutex::new(buckets.into_iter()));
+    let pauses = timing.quick_retry_pauses;
+    let works = (0..lanes).map(|_| {
+        let (queue, committer) = (Arc::clone(&queue), Arc::clone(committer));
+        move || -> Vec<Outcome> {
+            let mut done = Vec::new();
+            loop {
+                // Taken under the lock, committed outside it: the lanes commit in parallel.
+                let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
+                let Some(bucket) = next else {
+                    return done;
+                };
+                let outcome = bucket.encode().and_then(|mut batch| {
+                    commit_with_quick_retries(
+                        committer.as_ref(),
+                        &bucket.target,
+                        &mut batch,
+                        &pauses,
+                    )
+                });
+                done.push((bucket.target, bucket.indices, outcome));
+            }
+        }
+    });
     let mut failed = Failed {
         indices: Vec::new(),
         errors: Vec::new(),
     };
-    loop {
-        while in_flight.len() < COMMITS_IN_FLIGHT {
-            let Some(bucket) = queued.next() else {
-                break;
-            };
-            let committer = Arc::clone(committer);
-            let pauses = timing.quick_retry_pauses;
-            in_flight.spawn_blocking(move || {
-                let outcome = commit_with_quick_retries(
-                    committer.as_ref(),
-                    &bucket.target,
-                    bucket.batch,
-                    &pauses,
-                );
-                (bucket.target, bucket.indices, outcome)
-            });
-        }
-        let Some(joined) = in_flight.join_next().await else {
-            break;
-        };
-        match joined {
-            Ok((_, _, Ok(()))) => {}
-            Ok((target, indices, Err(error))) => {
-                failed.errors.push(CommitFailure::Commit { target, error });
-                failed.indices.extend(indices);
+    for lane in crate::blocking::run_all(works).await {
+        match lane {
+            Ok(done) => {
+                for (target, indices, outcome) in done {
+                    if let Err(error) = outcome {
+                        failed.errors.push(CommitFailure::Commit { target, error });
+                        failed.indices.extend(indices);
+                    }
+                }
             }
-            Err(join) => {
-                // A panicking commit task: its records' fate is unknown, so retry them all
-                // (duplicates are allowed; gaps are not). Which records they were is lost
-                // with the task, so the whole slab is retried.
-                failed.errors.push(CommitFailure::Task(join));
+            Err(error) => {
+                // A panicking lane: the fate of the bucket it held (and which buckets it had
+                // done) is lost with it, so retry the whole slab (duplicates are allowed; gaps
+                // are not).
+                failed.errors.push(CommitFailure::Task(error));
                 failed.indices = (0..records).collect();
             }
         }
@@ -141,17 +159,18 @@ pub async fn commit(
     Err(failed)
 }
 
-/// Commits one bucket, trying again after each of `pauses` (blocking: it runs on the blocking
-/// pool, one thread per bucket in flight).
+/// Commits one bucket's frame, trying again after each of `pauses` (blocking: it runs on a
+/// lane of the blocking pool). A failed try leaves `batch` as it was, so the next try sends
+/// the same frame.
 fn commit_with_quick_retries(
     committer: &dyn ChildCommitter,
     partition: &PartitionId,
-    batch: AppendBatch,
+    batch: &mut EncodedBatch,
     pauses: &[std::time::Duration],
 ) -> Result<(), StorageError> {
     let mut tries = 0;
     loop {
-        match committer.commit(partition, batch.clone()) {
+        match committer.commit(partition, batch) {
             Ok(_) => return Ok(()),
             Err(error) => {
                 let Some(pause) = pauses.get(tries) else {
@@ -170,7 +189,6 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use bytes::Bytes;
     use narad_storage::Appended;
 
     use super::*;
@@ -201,7 +219,7 @@ mod tests {
         fn commit(
             &self,
             partition: &PartitionId,
-            batch: AppendBatch,
+            batch: &mut EncodedBatch,
         ) -> Result<Appended, StorageError> {
             self.tries.lock().unwrap().push(partition.partition);
             if self.down.contains(&partition.partition) {
@@ -209,23 +227,25 @@ mod tests {
             }
             Ok(Appended {
                 base_offset: 0,
-                count: batch.records.len() as u32,
+                count: batch.record_count(),
                 committed_at_ms: 0,
             })
         }
     }
 
-    fn slab() -> Vec<StoredRecord> {
-        (10..16)
-            .map(|offset| StoredRecord {
-                offset,
-                committed_at_ms: 0,
-                key: None,
-                headers: Vec::new(),
-                value: Bytes::from(format!("v{offset}")),
-                origin: None,
-            })
-            .collect()
+    fn slab() -> Arc<Vec<StoredRecord>> {
+        Arc::new(
+            (10..16)
+                .map(|offset| StoredRecord {
+                    offset,
+                    committed_at_ms: 0,
+                    key: None,
+                    headers: Vec::new(),
+                    value: Bytes::from(format!("v{offset}")),
+                    origin: None,
+                })
+                .collect(),
+        )
     }
 
     const ORIGIN: SlabOrigin = SlabOrigin {
@@ -263,5 +283,42 @@ mod tests {
 
         let healthy = bucket(&records, &[0, 2, 2, 0, 0, 2], "child", 3, ORIGIN).unwrap();
         assert!(commit(healthy, &committer, &timing).await.is_ok());
+    }
+
+    /// Panics on every commit to partition 2.
+    struct Panicking;
+
+    impl ChildCommitter for Panicking {
+        fn commit(
+            &self,
+            partition: &PartitionId,
+            batch: &mut EncodedBatch,
+        ) -> Result<Appended, StorageError> {
+            assert!(partition.partition != 2, "child disk on fire");
+            Ok(Appended {
+                base_offset: 0,
+                count: batch.record_count(),
+                committed_at_ms: 0,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_commit_is_reported_with_its_message_and_the_whole_slab_is_retained() {
+        let committer: Arc<dyn ChildCommitter> = Arc::new(Panicking);
+        let records = slab();
+        let buckets = bucket(&records, &[0, 1, 2, 1, 0, 1], "child", 3, ORIGIN).unwrap();
+        let failed = commit(buckets, &committer, &FanoutTiming::default())
+            .await
+            .unwrap_err();
+        assert_eq!(failed.indices, [0, 1, 2, 3, 4, 5]);
+        assert!(matches!(
+            failed.errors.as_slice(),
+            [CommitFailure::Task(BlockingError::Panicked(message))] if message == "child disk on fire"
+        ));
+        assert_eq!(
+            failed.reason(),
+            "commit task failed: blocking task panicked: child disk on fire"
+        );
     }
 }

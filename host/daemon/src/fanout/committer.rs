@@ -4,15 +4,20 @@
 //! `Store::append` (append, `fdatasync`, verify). Across nodes an implementation sends the
 //! bucket to the child partition's owner; a dead owner stalls that bucket, it never reroutes.
 
-use narad_storage::{AppendBatch, Appended, PartitionId, StorageError};
+use narad_storage::{Appended, EncodedBatch, PartitionId, StorageError};
 
 use crate::produce::Producer;
 
 /// Commits a batch to a child partition, durably, or says why not. Blocking.
 pub trait ChildCommitter: Send + Sync + 'static {
-    /// Appends `batch` to `partition` and returns once it is durable and verified.
-    fn commit(&self, partition: &PartitionId, batch: AppendBatch)
-    -> Result<Appended, StorageError>;
+    /// Appends `batch` (encoded once, from the parent records' bytes) to `partition` and
+    /// returns once it is durable and verified. On an error `batch` is left as it was, so the
+    /// caller's quick retries send the same frame again without encoding or copying it.
+    fn commit(
+        &self,
+        partition: &PartitionId,
+        batch: &mut EncodedBatch,
+    ) -> Result<Appended, StorageError>;
 }
 
 /// On one node a child commit is a produce commit: the same `Store::append` (append,
@@ -21,8 +26,8 @@ impl ChildCommitter for Producer {
     fn commit(
         &self,
         partition: &PartitionId,
-        batch: AppendBatch,
+        batch: &mut EncodedBatch,
     ) -> Result<Appended, StorageError> {
-        self.store().append(partition, batch)
+        self.store().append_encoded(partition, batch)
     }
 }

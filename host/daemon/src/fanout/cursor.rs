@@ -475,23 +475,18 @@ impl LinkView {
 
 /// Reads the link's current state from the metastore: `None` when the cursor's epoch is no
 /// longer the link's (or a topic is gone), else the partition counts and config to route with.
+/// It reads the one link and its two topics ([`Metastore::link_view`]), not a snapshot of all
+/// the metadata: this runs before every routing attempt of every cursor.
 async fn link_view(
     metastore: &dyn Metastore,
     key: &CursorKey,
 ) -> Result<Option<LinkView>, MetastoreError> {
-    let snapshot = metastore.snapshot().await?;
-    let link = snapshot
-        .links
-        .get(&(key.parent.clone(), key.child.clone()))
-        .filter(|link| link.attach_epoch == key.epoch);
-    let child = snapshot.topics.get(&key.child).map(|t| t.partitions);
-    let parent = snapshot.topics.get(&key.parent).map(|t| t.partitions);
-    Ok(match (link, child, parent) {
-        (Some(link), Some(child_partitions), Some(parent_partitions)) => Some(LinkView {
-            child_partitions,
-            parent_partitions,
-            config: link.config.clone().into_bytes(),
-        }),
-        _ => None,
-    })
+    let found = metastore.link_view(&key.parent, &key.child).await?;
+    Ok(found
+        .filter(|found| found.link.attach_epoch == key.epoch)
+        .map(|found| LinkView {
+            child_partitions: found.child.partitions,
+            parent_partitions: found.parent.partitions,
+            config: found.link.config.into_bytes(),
+        }))
 }

@@ -34,8 +34,13 @@ pub struct PluginCallSample {
     pub plugin: String,
     /// Digest, as hex.
     pub digest: String,
-    /// Calls made (1 for a plain routing; more while a failing slab is bisected).
+    /// Calls made to route the slab (1 for a plain routing); the poison-record search's are
+    /// in `search_calls`.
     pub calls: u64,
+    /// Calls made by the poison-record search of a slab that keeps failing.
+    pub search_calls: u64,
+    /// `narad.log` lines the rate limit (or a bad range) dropped.
+    pub log_lines_dropped: u64,
     /// Records handed in.
     pub records: u64,
     /// Time spent in those calls.
@@ -86,6 +91,10 @@ pub struct PluginMetrics {
     pub errors: Family<PluginErrorLabels, Counter>,
     /// `narad_plugin_call_duration_seconds`.
     pub duration: Family<PluginLabels, Histogram, fn() -> Histogram>,
+    /// `narad_plugin_search_calls_total`.
+    pub search_calls: Family<PluginLabels, Counter>,
+    /// `narad_plugin_log_lines_dropped_total`.
+    pub log_lines_dropped: Family<PluginLabels, Counter>,
 }
 
 impl Default for PluginMetrics {
@@ -95,6 +104,8 @@ impl Default for PluginMetrics {
             records: Family::default(),
             errors: Family::default(),
             duration: Family::new_with_constructor(histogram),
+            search_calls: Family::default(),
+            log_lines_dropped: Family::default(),
         }
     }
 }
@@ -104,7 +115,7 @@ impl PluginMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_plugin_calls",
-            "Calls into a routing plugin (one per slab it was handed; more while a failing slab is bisected)",
+            "Calls into a routing plugin to route a slab (one per slab it was handed; the poison-record search is counted in narad_plugin_search_calls)",
             self.calls.clone(),
         );
         registry.register(
@@ -121,6 +132,16 @@ impl PluginMetrics {
             "narad_plugin_call_duration_seconds",
             "Wall-clock duration of one routing-plugin call, input encoding included",
             self.duration.clone(),
+        );
+        registry.register(
+            "narad_plugin_search_calls",
+            "Calls into a routing plugin by the poison-record search of a slab that keeps failing (not counted as calls or errors)",
+            self.search_calls.clone(),
+        );
+        registry.register(
+            "narad_plugin_log_lines_dropped",
+            "narad.log lines of a routing plugin dropped by the per-instance rate limit (or with a bad range)",
+            self.log_lines_dropped.clone(),
         );
     }
 }
@@ -141,6 +162,16 @@ impl RouteObserver for PluginMetrics {
             for _ in 0..sample.calls {
                 histogram.observe(each);
             }
+        }
+        if sample.search_calls > 0 {
+            self.search_calls
+                .get_or_create(&labels)
+                .inc_by(sample.search_calls);
+        }
+        if sample.log_lines_dropped > 0 {
+            self.log_lines_dropped
+                .get_or_create(&labels)
+                .inc_by(sample.log_lines_dropped);
         }
         for &(kind, count) in &sample.failures {
             if count > 0 {
@@ -169,6 +200,8 @@ mod tests {
             plugin: "key-hash".into(),
             digest: "0123456789abcdef0123".into(),
             calls: 2,
+            search_calls: 5,
+            log_lines_dropped: 7,
             records: 10,
             busy: Duration::from_micros(40),
             failures: vec![(FailureKind::Trap, 1), (FailureKind::Fuel, 0)],
@@ -190,6 +223,8 @@ mod tests {
             has("narad_plugin_call_duration_seconds_count", " 2"),
             "{text}"
         );
+        assert!(has("narad_plugin_search_calls_total", " 5"), "{text}");
+        assert!(has("narad_plugin_log_lines_dropped_total", " 7"), "{text}");
         assert!(text.contains("kind=\"trap\""), "{text}");
         assert!(!text.contains("kind=\"fuel\""), "{text}");
     }

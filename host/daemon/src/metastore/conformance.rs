@@ -59,6 +59,7 @@ pub(crate) async fn run(store: &dyn Metastore) {
     links(store).await;
     plugins(store).await;
     attach_with_new_child(store).await;
+    link_views(store).await;
     owners(store).await;
     let confirmed = store.confirm().await.unwrap();
     assert_eq!(confirmed, store.snapshot().await.unwrap());
@@ -265,6 +266,40 @@ async fn attach_with_new_child(store: &dyn Metastore) {
             ..before
         }
     );
+}
+
+/// The one-link read (what a cursor checks before routing each slab) shows what the snapshot
+/// shows, follows router, config and partition changes, and is `None` without the link.
+async fn link_views(store: &dyn Metastore) {
+    let pair = ("orders".to_owned(), "fresh".to_owned());
+    let view = store.link_view("orders", "fresh").await.unwrap();
+    let snapshot = store.snapshot().await.unwrap();
+    let view = view.expect("orders -> fresh is linked");
+    assert_eq!(view.link, snapshot.links[&pair]);
+    assert_eq!(view.parent, snapshot.topics["orders"]);
+    assert_eq!(view.child, snapshot.topics["fresh"]);
+    let missing = [
+        ("fresh", "orders"),
+        ("orders", "later"),
+        ("orders", "ghost"),
+    ];
+    for (parent, child) in missing {
+        let view = store.link_view(parent, child).await.unwrap();
+        assert!(view.is_none(), "{parent} -> {child} is no link: {view:?}");
+    }
+
+    store
+        .set_link_router("orders", "fresh", vec![], Some("{\"spread\":2}".to_owned()))
+        .await
+        .unwrap();
+    store.grow_partitions("fresh", 5).await.unwrap();
+    let view = store.link_view("orders", "fresh").await.unwrap().unwrap();
+    assert_eq!(view.link.config, "{\"spread\":2}");
+    assert_eq!((view.parent.partitions, view.child.partitions), (4, 5));
+    assert_eq!(view.link.attach_epoch, snapshot.links[&pair].attach_epoch);
+
+    store.delete_topic("fresh").await.unwrap();
+    assert_eq!(store.link_view("orders", "fresh").await.unwrap(), None);
 }
 
 /// Owners (cluster mode) are stored with their topic and grow with it, in the same write.

@@ -37,8 +37,8 @@ use tokio::sync::Mutex;
 use super::cache::{CacheHealth, CacheTiming, PrefixCache};
 use super::transition;
 use super::{
-    BoxFuture, Change, LinkMeta, Metastore, MetastoreError, Outcome, PluginVersion, Result,
-    Snapshot, TopicMeta, Versions,
+    BoxFuture, Change, LinkMeta, LinkTopics, Metastore, MetastoreError, Outcome, PluginVersion,
+    Result, Snapshot, TopicMeta, Versions,
 };
 use crate::shutdown::ShutdownSignal;
 
@@ -372,6 +372,21 @@ impl Metastore for EtcdMetastore {
                 Some(entry) => self.decode(VERSIONS, entry.value()),
                 None => Ok(Versions::default()),
             }
+        })
+    }
+
+    fn link_view<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LinkTopics>>> {
+        // With the watched copy: one refcount and three lookups, whatever the metadata's size.
+        Box::pin(async move {
+            let snapshot = match self.cached_snapshot() {
+                Some(snapshot) => snapshot?,
+                None => Arc::new(self.read(true).await?.snapshot),
+            };
+            Ok(LinkTopics::find_in(&snapshot, parent, child))
         })
     }
 

@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize};
 
 use super::transition::{self, Change, Outcome};
 use super::{
-    BoxFuture, LinkMeta, Metastore, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta,
-    Versions,
+    BoxFuture, LinkMeta, LinkTopics, Metastore, MetastoreError, PluginVersion, Result, Snapshot,
+    TopicMeta, Versions,
 };
 
 /// File name of the metastore inside the data dir.
@@ -232,6 +232,11 @@ impl Inner {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
+    /// The link `parent -> child` and its two topics in the committed state, copied.
+    fn link_view(&self, parent: &str, child: &str) -> Option<LinkTopics> {
+        LinkTopics::find_in(&self.lock(), parent, child)
+    }
+
     fn update(&self, change: Change) -> Result<Outcome> {
         let _writer = self
             .writer
@@ -388,6 +393,17 @@ impl Metastore for FileMetastore {
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
         let topic = self.inner.lock().topics.get(name).cloned();
         Box::pin(async move { Ok(topic) })
+    }
+
+    fn link_view<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LinkTopics>>> {
+        // Three map lookups under the lock and a copy of what they find: what a cursor pays
+        // per slab does not grow with the rest of the metadata (a snapshot copies all of it).
+        let found = self.inner.link_view(parent, child);
+        Box::pin(async move { Ok(found) })
     }
 
     fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {

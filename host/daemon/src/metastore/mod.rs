@@ -152,6 +152,47 @@ pub struct Snapshot {
     pub plugins: Vec<PluginVersion>,
 }
 
+/// One link with its parent and child topics: what a fan-out cursor reads before routing each
+/// slab (the epoch to check, both partition counts, the router config).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LinkTopics {
+    /// The link, as [`Snapshot::links`] holds it.
+    pub link: LinkMeta,
+    /// The link's parent topic.
+    pub parent: TopicMeta,
+    /// The link's child topic.
+    pub child: TopicMeta,
+}
+
+impl LinkTopics {
+    /// Copies the link `parent -> child` and its two topics out of `snapshot`: three map
+    /// lookups, whatever else it holds. `None` when the link or either topic is missing.
+    pub fn find_in(snapshot: &Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
+        let link = snapshot.links.get(&(parent.to_owned(), child.to_owned()))?;
+        Some(LinkTopics {
+            link: link.clone(),
+            parent: snapshot.topics.get(parent)?.clone(),
+            child: snapshot.topics.get(child)?.clone(),
+        })
+    }
+
+    /// Takes the link `parent -> child` and its two topics out of `snapshot` (moved, not
+    /// cloned): `None` when the link or either topic is missing.
+    pub fn take_from(snapshot: &mut Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
+        let link = snapshot
+            .links
+            .remove(&(parent.to_owned(), child.to_owned()))?;
+        let parent = snapshot.topics.remove(parent)?;
+        let child = snapshot.topics.remove(child)?;
+        Some(LinkTopics {
+            link,
+            parent,
+            child,
+        })
+    }
+}
+
 /// Errors from metastore operations.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -278,6 +319,15 @@ pub enum MetastoreError {
     /// A background task running a blocking write was cancelled or panicked.
     #[error("metastore write task failed: {0}")]
     Task(String),
+    /// A backend answered a change with an outcome of another kind than that change has (a
+    /// topic change answered with a link, ...): a bug in the backend, not in the request.
+    #[error("a metastore change answered {got:?}, not {wanted}")]
+    OutcomeMismatch {
+        /// What the call expects (`a topic`, `a link`, `a plugin version`, `plugin versions`).
+        wanted: &'static str,
+        /// The outcome that came back instead (boxed: it can hold a whole topic or link).
+        got: Box<Outcome>,
+    },
     /// The shared store (etcd) could not be reached or did not answer in time. Nothing was
     /// changed by the failed call, or, for a write whose answer was lost, the change is either
     /// fully recorded or not at all; retry.
@@ -348,6 +398,23 @@ pub trait Metastore: Send + Sync + 'static {
 
     /// One topic, or `None` when it does not exist.
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>>;
+
+    /// The link `parent -> child` with its two topics, as [`Metastore::snapshot`] would show
+    /// them (the same strength: it may lag on a multi-node store), or `None` when the link or
+    /// either topic is missing. Every cursor calls it before routing each slab, so a backend
+    /// answers it at a cost that does not grow with the number of topics, links and plugins.
+    /// This default takes a whole snapshot: a backend whose snapshot copies everything
+    /// overrides it.
+    fn link_view<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LinkTopics>>> {
+        Box::pin(async move {
+            let mut snapshot = self.snapshot().await?;
+            Ok(LinkTopics::take_from(&mut snapshot, parent, child))
+        })
+    }
 
     /// Applies one change atomically: its rules ([`transition`]) are checked against the
     /// current metadata and the change is recorded in the same step, durably when this

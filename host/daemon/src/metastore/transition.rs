@@ -106,7 +106,7 @@ impl Outcome {
     pub fn into_topic(self) -> Result<TopicMeta> {
         match self {
             Outcome::Topic(t) => Ok(t),
-            other => Err(mismatch("a topic", &other)),
+            other => Err(mismatch("a topic", other)),
         }
     }
 
@@ -114,7 +114,7 @@ impl Outcome {
     pub fn into_link(self) -> Result<LinkMeta> {
         match self {
             Outcome::Link(l) => Ok(l),
-            other => Err(mismatch("a link", &other)),
+            other => Err(mismatch("a link", other)),
         }
     }
 
@@ -122,7 +122,7 @@ impl Outcome {
     pub fn into_plugin(self) -> Result<PluginVersion> {
         match self {
             Outcome::Plugin(p) => Ok(p),
-            other => Err(mismatch("a plugin version", &other)),
+            other => Err(mismatch("a plugin version", other)),
         }
     }
 
@@ -130,13 +130,16 @@ impl Outcome {
     pub fn into_plugins(self) -> Result<Vec<PluginVersion>> {
         match self {
             Outcome::Plugins(p) => Ok(p),
-            other => Err(mismatch("plugin versions", &other)),
+            other => Err(mismatch("plugin versions", other)),
         }
     }
 }
 
-fn mismatch(wanted: &str, got: &Outcome) -> MetastoreError {
-    MetastoreError::Task(format!("a metastore change answered {got:?}, not {wanted}"))
+fn mismatch(wanted: &'static str, got: Outcome) -> MetastoreError {
+    MetastoreError::OutcomeMismatch {
+        wanted,
+        got: Box::new(got),
+    }
 }
 
 /// Applies `change` to `state`. On success `state` holds the next metadata (versions raised
@@ -368,6 +371,23 @@ mod tests {
             created_at_ms: 0,
             owners: Vec::new(),
         }
+    }
+
+    #[test]
+    fn an_outcome_of_another_kind_than_the_call_expects_is_an_outcome_mismatch() {
+        let err = Outcome::Plugins(Vec::new()).into_topic().unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                MetastoreError::OutcomeMismatch { wanted: "a topic", got }
+                    if **got == Outcome::Plugins(Vec::new())
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "a metastore change answered Plugins([]), not a topic"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod reducer;
 pub mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use narad_storage::PartitionId;
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
 use crate::fanout::position::cursor_path;
-use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter};
+use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter, replace_router};
 use crate::fanout::status::{CursorStatus, FanoutView};
 use crate::metastore::LinkMeta;
 use crate::metastore::Snapshot;
@@ -192,14 +192,10 @@ impl Reconciler {
                 }
                 _ => match self.build_router(meta).await {
                     Ok(router) => match self.links.get(name) {
-                        // Same epoch, new chain: swap it in place; cursors pick it up at their
-                        // next slab.
+                        // Same epoch, new chain: swap it in place (clearing any poison an old
+                        // chain's panic left); cursors pick it up at their next slab.
                         Some(link) if link.runtime.meta().attach_epoch == meta.attach_epoch => {
-                            *link
-                                .runtime
-                                .router
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner) = router;
+                            replace_router(&link.runtime.router, router);
                             link.runtime.set_meta(meta.clone());
                         }
                         _ => {
@@ -351,5 +347,210 @@ impl Reconciler {
                 Err(error) => tracing::warn!(%error, "cannot remove orphan cursor file"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use narad_storage::{
+        AppendBatch, Appended, EncodedBatch, LogConfig, NewRecord, ReadOptions, StorageError,
+        Store, StoreOptions, StoredRecord,
+    };
+
+    use super::*;
+    use crate::fanout::FanoutTiming;
+    use crate::fanout::committer::ChildCommitter;
+    use crate::fanout::route::{RouteFailure, RouteInput};
+    use crate::metastore::link::{PluginRef, PluginVersion};
+    use crate::metastore::{FileMetastore, Metastore, TopicMeta};
+    use crate::ownership::SingleNode;
+
+    /// Bound on waiting for a cursor to get somewhere; generous for a busy machine.
+    const WAIT: Duration = Duration::from_secs(60);
+
+    /// The cursors' waits, shortened so a stalled cursor retries within milliseconds.
+    const TIMING: FanoutTiming = FanoutTiming {
+        slab_long_poll: Duration::from_millis(50),
+        slab_linger: Duration::from_millis(5),
+        quick_retry_pauses: [Duration::from_millis(2), Duration::from_millis(4)],
+        retry_backoff: Duration::from_millis(20),
+        delay_max_sleep: Duration::from_millis(5),
+    };
+
+    /// Commits child buckets straight to the local store.
+    struct StoreCommitter(Arc<Store>);
+
+    impl ChildCommitter for StoreCommitter {
+        fn commit(
+            &self,
+            partition: &PartitionId,
+            batch: &mut EncodedBatch,
+        ) -> Result<Appended, StorageError> {
+            self.0.append_encoded(partition, batch)
+        }
+    }
+
+    /// Panics on every slab, or (any other config) sends every record to partition 0.
+    struct NativeRouter {
+        panics: bool,
+    }
+
+    impl SlabRouter for NativeRouter {
+        fn route(
+            &mut self,
+            _input: &RouteInput,
+            records: &[StoredRecord],
+        ) -> Result<Vec<u32>, RouteFailure> {
+            assert!(!self.panics, "the router broke");
+            Ok(vec![0; records.len()])
+        }
+    }
+
+    /// Builds a [`NativeRouter`] that panics when the link's config is `panic`.
+    struct NativeFactory;
+
+    impl RouterFactory for NativeFactory {
+        fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+            Ok(Box::new(NativeRouter {
+                panics: link.config == "panic",
+            }))
+        }
+    }
+
+    fn plugin() -> PluginRef {
+        PluginRef {
+            name: "native".into(),
+            digest: "0".repeat(64),
+        }
+    }
+
+    async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_whose_router_panicked_copies_again_once_a_new_router_is_swapped_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        let metastore = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        for name in ["parent", "child"] {
+            store
+                .create_partition(&PartitionId::new(name, 0), LogConfig::default())
+                .unwrap();
+            metastore
+                .create_topic(TopicMeta {
+                    name: name.into(),
+                    partitions: 1,
+                    retention_ms: None,
+                    retention_bytes: None,
+                    created_at_ms: 0,
+                    owners: Vec::new(),
+                })
+                .await
+                .unwrap();
+        }
+        metastore
+            .add_plugin(PluginVersion {
+                name: "native".into(),
+                digest: "0".repeat(64),
+                size_bytes: 0,
+                version: "test".into(),
+                description: "routes natively".into(),
+                uploaded_at_ms: 0,
+            })
+            .await
+            .unwrap();
+        metastore
+            .attach_link(LinkMeta {
+                parent: "parent".into(),
+                child: "child".into(),
+                attach_epoch: "00112233445566aa".into(),
+                attach_offsets: Some(vec![0]),
+                delay_ms: 0,
+                router: vec![plugin()],
+                config: "panic".into(),
+                attached_at_ms: 0,
+            })
+            .await
+            .unwrap();
+        store
+            .append(
+                &PartitionId::new("parent", 0),
+                AppendBatch {
+                    records: vec![NewRecord {
+                        key: None,
+                        headers: Vec::new(),
+                        value: Bytes::from_static(b"v0"),
+                    }],
+                    origin: None,
+                },
+            )
+            .unwrap();
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer: Arc::new(StoreCommitter(Arc::clone(&store))),
+            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: TIMING,
+        });
+        let metrics = Arc::new(FanoutMetrics::default());
+        let mut reconciler = Reconciler::new(
+            deps,
+            Arc::new(SingleNode::default()),
+            Arc::new(NativeFactory),
+            Arc::clone(&metrics),
+            Arc::new(FanoutView::default()),
+        );
+        reconciler.tick().await;
+        let labels = CursorLabels {
+            parent: "parent".into(),
+            child: "child".into(),
+            partition: 0,
+        };
+        // Two failures: the second routing came after the first panic had unwound.
+        wait_for("the router to fail twice", || {
+            metrics.route_failures.get_or_create(&labels).get() >= 2
+        })
+        .await;
+
+        // A new config (the HTTP API's PATCH) makes the reconciler build and swap a new chain
+        // for the same attachment; the cursor is not restarted.
+        metastore
+            .set_link_router("parent", "child", vec![plugin()], Some("good".into()))
+            .await
+            .unwrap();
+        reconciler.tick().await;
+        let copied = || {
+            let read = store.read(
+                &PartitionId::new("child", 0),
+                &ReadOptions {
+                    offset: 0,
+                    max_records: 10,
+                    max_bytes: usize::MAX,
+                    max_committed_at_ms: None,
+                },
+            );
+            read.is_ok_and(|r| r.records.len() == 1)
+        };
+        wait_for("the new router to copy the record", copied).await;
+        // Still the first attachment's cursor: nothing was detached or attached again.
+        let key = CursorKey {
+            parent: "parent".into(),
+            partition: 0,
+            child: "child".into(),
+            epoch: "00112233445566aa".into(),
+        };
+        let keys: Vec<&CursorKey> = reconciler.cursors.keys().collect();
+        assert_eq!(keys, [&key]);
+        reconciler.stop_cursor(&key).await;
     }
 }

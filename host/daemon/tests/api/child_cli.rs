@@ -261,17 +261,19 @@ async fn log_format_json_writes_one_json_object_per_line() {
     use std::io::BufRead as _;
 
     let temp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .arg("--data-dir")
-        .arg(temp.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let pid = child.id().to_string();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .arg("--data-dir")
+            .arg(temp.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let pid = child.0.id().to_string();
     // Read stderr to its end on a thread (a daemon whose stderr is closed cannot log).
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
@@ -301,9 +303,15 @@ async fn log_format_json_writes_one_json_object_per_line() {
             .unwrap()
             .success()
     );
-    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
+    // Polled against a deadline: a daemon that ignored SIGTERM fails the test, not hangs it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "narad did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(exit.success(), "{exit:?}");
     reader.join().unwrap();
     lines.extend(rx.try_iter());
@@ -319,5 +327,16 @@ async fn log_format_json_writes_one_json_object_per_line() {
             event["level"].is_string() && event["fields"]["message"].is_string(),
             "{line}"
         );
+    }
+}
+
+/// A daemon process killed (and reaped) when dropped, so a failing test leaves none behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Errors mean it has already exited and been reaped: nothing is left to clean up.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

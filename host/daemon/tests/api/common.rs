@@ -16,6 +16,10 @@ pub struct Daemon {
     _temp: Option<tempfile::TempDir>,
 }
 
+/// Bound on a graceful shutdown in these tests: far above the few milliseconds one takes, so
+/// only a shutdown that waits for something that never ends runs into it.
+pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub fn test_config(dir: &Path) -> Config {
     let mut config = Config::new(dir);
     config.listen = "127.0.0.1:0".parse().unwrap();
@@ -53,10 +57,15 @@ impl Daemon {
         })
     }
 
-    /// Shuts down gracefully and waits for the store to close; keeps the data dir.
+    /// Shuts down gracefully and waits for the store to close; keeps the data dir. A shutdown
+    /// that does not finish within [`STOP_WAIT`] fails the test instead of hanging it.
     pub async fn stop(mut self) -> Option<tempfile::TempDir> {
         self.trigger.trigger();
-        self.server.take().unwrap().wait().await.unwrap();
+        let server = self.server.take().unwrap();
+        tokio::time::timeout(STOP_WAIT, server.wait())
+            .await
+            .expect("the daemon did not shut down")
+            .unwrap();
         self._temp.take()
     }
 

@@ -143,7 +143,11 @@ async fn shutdown_ends_a_long_poll_instead_of_waiting_it_out() {
     tokio::time::timeout(Duration::from_secs(120), d.stop())
         .await
         .expect("shutdown waited for a long-poll");
-    let status = waiter.await.unwrap().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(120), waiter)
+        .await
+        .expect("the long-poll was not answered after shutdown")
+        .unwrap()
+        .unwrap();
     assert_eq!(status, StatusCode::OK);
 }
 

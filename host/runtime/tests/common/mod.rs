@@ -21,6 +21,13 @@ pub enum Poison {
     ReturnCount,
     /// Returns -1 with a message from `narad_last_error`.
     ErrorReturn,
+    /// Returns -1 with a message whose first character is `'A' + attempt` (the context's
+    /// attempt, read at its fixed place in [`context`]'s encoding).
+    ErrorNamingAttempt,
+    /// Returns -3 (`ROUTE_ERR_BAD_CONFIG`) with a message.
+    BadConfig,
+    /// Returns -3 unless the link's config ends in `1` (the context's last byte).
+    NeedsConfigEndingInOne,
     /// Leaves the record undecided.
     Skip,
     /// Calls `narad.log` 1,000 times, then decides the record.
@@ -103,6 +110,20 @@ impl Spec {
             }
             Poison::ReturnCount => "(return (local.get $n))",
             Poison::ErrorReturn => "(return (i32.const -1))",
+            // context(): "orders", 3, 4, "analytics", count: the attempt is byte 20.
+            Poison::ErrorNamingAttempt => {
+                "(i32.store8 (i32.const 16) (i32.add (i32.const 65)
+                   (i32.load8_u offset=20 (i32.add (local.get $in) (i32.load offset=8 (local.get $in))))))
+                 (return (i32.const -1))"
+            }
+            Poison::BadConfig => "(return (i32.const -3))",
+            Poison::NeedsConfigEndingInOne => {
+                "(if (i32.ne (i32.const 49) (i32.load8_u (i32.sub
+                      (i32.add (i32.add (local.get $in) (i32.load offset=8 (local.get $in)))
+                               (i32.load offset=12 (local.get $in)))
+                      (i32.const 1))))
+                   (then (return (i32.const -3))))"
+            }
             Poison::Recurse => "(call $recurse)",
             Poison::PinZero => "(i32.store (local.get $slot) (i32.const 0))",
             Poison::Skip => "(local.set $i (i32.add (local.get $i) (i32.const 1))) (br $next)",

@@ -114,8 +114,56 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
+/// What the encoder needs of a record: its key, headers and value, borrowed. Implemented for
+/// [`NewRecord`] (produce) and [`StoredRecord`] (a fan-out cursor encodes a child frame straight
+/// from the parent records it read, without building new records or touching refcounts).
+pub trait RecordParts {
+    /// The key, `None` when absent (absent differs from empty).
+    fn key(&self) -> Option<&[u8]>;
+    /// The headers, in order.
+    fn headers(&self) -> &[Header];
+    /// The value.
+    fn value(&self) -> &[u8];
+}
+
+impl RecordParts for NewRecord {
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+    fn headers(&self) -> &[Header] {
+        &self.headers
+    }
+    fn value(&self) -> &[u8] {
+        &self.value
+    }
+}
+
+impl RecordParts for StoredRecord {
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+    fn headers(&self) -> &[Header] {
+        &self.headers
+    }
+    fn value(&self) -> &[u8] {
+        &self.value
+    }
+}
+
+impl<R: RecordParts + ?Sized> RecordParts for &R {
+    fn key(&self) -> Option<&[u8]> {
+        (**self).key()
+    }
+    fn headers(&self) -> &[Header] {
+        (**self).headers()
+    }
+    fn value(&self) -> &[u8] {
+        (**self).value()
+    }
+}
+
 /// Encoded size of one record (what `max_bytes` of a read counts).
-fn record_len(r: &NewRecord) -> usize {
+fn record_len<R: RecordParts>(r: &R) -> usize {
     fn varint_len(v: usize) -> usize {
         let mut n = 1;
         let mut v = v >> 7;
@@ -126,14 +174,14 @@ fn record_len(r: &NewRecord) -> usize {
         n
     }
     let mut n = 1;
-    if let Some(k) = &r.key {
+    if let Some(k) = r.key() {
         n += varint_len(k.len()) + k.len();
     }
-    n += varint_len(r.headers.len());
-    for h in &r.headers {
+    n += varint_len(r.headers().len());
+    for h in r.headers() {
         n += varint_len(h.name.len()) + h.name.len() + varint_len(h.value.len()) + h.value.len();
     }
-    n + varint_len(r.value.len()) + r.value.len()
+    n + varint_len(r.value().len()) + r.value().len()
 }
 
 /// Encodes a batch into `out` (cleared first) with a placeholder header; [`seal`] fills in the
@@ -141,8 +189,8 @@ fn record_len(r: &NewRecord) -> usize {
 /// and that an origin has one parent offset per record. Returns the CRC-32C of the body (bytes
 /// from [`HEADER_LEN`] on), computed record by record while the bytes are still in cache, for
 /// [`seal`] to combine with the header's.
-pub fn encode_batch(
-    records: &[NewRecord],
+pub fn encode_batch<R: RecordParts>(
+    records: &[R],
     origin: Option<&BatchOrigin>,
     out: &mut Vec<u8>,
 ) -> Result<u32, StorageError> {
@@ -196,7 +244,7 @@ pub fn encode_batch(
     let mut body_crc = crc32c::crc32c(&out[HEADER_LEN..]);
     let mut crc_done = out.len();
     for r in records {
-        match &r.key {
+        match r.key() {
             Some(k) => {
                 out.push(ATTR_KEY);
                 put_varint(out, k.len() as u64);
@@ -204,15 +252,16 @@ pub fn encode_batch(
             }
             None => out.push(0),
         }
-        put_varint(out, r.headers.len() as u64);
-        for h in &r.headers {
+        put_varint(out, r.headers().len() as u64);
+        for h in r.headers() {
             put_varint(out, h.name.len() as u64);
             out.extend_from_slice(h.name.as_bytes());
             put_varint(out, h.value.len() as u64);
             out.extend_from_slice(&h.value);
         }
-        put_varint(out, r.value.len() as u64);
-        out.extend_from_slice(&r.value);
+        let value = r.value();
+        put_varint(out, value.len() as u64);
+        out.extend_from_slice(value);
         body_crc = crc32c::crc32c_append(body_crc, &out[crc_done..]);
         crc_done = out.len();
     }
@@ -361,11 +410,97 @@ impl Cursor<'_> {
         a.copy_from_slice(&b);
         Ok(a)
     }
+
+    /// Moves past `n` bytes without taking them.
+    fn skip(&mut self, n: u64) -> Result<(), FrameError> {
+        let n = usize::try_from(n).map_err(|_| FrameError::Malformed("length overflow"))?;
+        self.pos = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.frame.len())
+            .ok_or(FrameError::Malformed("length runs past the frame"))?;
+        Ok(())
+    }
+
+    /// Checks one record's attributes, key, headers (names UTF-8) and value and moves past it,
+    /// building nothing.
+    fn check_record(&mut self) -> Result<(), FrameError> {
+        let attrs = self.byte()?;
+        if attrs & !ATTR_KEY != 0 {
+            return Err(FrameError::Malformed("unknown record attribute bits"));
+        }
+        if attrs & ATTR_KEY != 0 {
+            let n = self.varint()?;
+            self.skip(n)?;
+        }
+        for _ in 0..self.varint()? {
+            let n = self.varint()?;
+            let from = self.pos;
+            self.skip(n)?;
+            std::str::from_utf8(&self.frame[from..self.pos])
+                .map_err(|_| FrameError::Malformed("header name is not UTF-8"))?;
+            let n = self.varint()?;
+            self.skip(n)?;
+        }
+        let n = self.varint()?;
+        self.skip(n)
+    }
+
+    /// Takes one record's key, headers and value (slices of the frame, not copies).
+    fn record(&mut self) -> Result<(Option<Bytes>, Vec<Header>, Bytes), FrameError> {
+        let attrs = self.byte()?;
+        if attrs & !ATTR_KEY != 0 {
+            return Err(FrameError::Malformed("unknown record attribute bits"));
+        }
+        let key = if attrs & ATTR_KEY != 0 {
+            let n = self.varint()?;
+            Some(self.take(n)?)
+        } else {
+            None
+        };
+        let header_count = self.varint()?;
+        let mut headers = Vec::new();
+        for _ in 0..header_count {
+            let n = self.varint()?;
+            let name = self.take(n)?;
+            let name = std::str::from_utf8(&name)
+                .map_err(|_| FrameError::Malformed("header name is not UTF-8"))?
+                .to_string();
+            let n = self.varint()?;
+            headers.push(Header {
+                name,
+                value: self.take(n)?,
+            });
+        }
+        let n = self.varint()?;
+        Ok((key, headers, self.take(n)?))
+    }
 }
 
-/// Decodes a whole frame (header parsed and CRC checked by the caller) into records. Values,
-/// keys and header values are slices of `frame`, not copies.
-pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRecord>, FrameError> {
+/// The origin section of a frame, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FrameOrigin {
+    epoch: [u8; 8],
+    parent_partition: u32,
+    slab_start: u64,
+    parent_offsets: Vec<u64>,
+}
+
+/// Where each record of a checked frame starts, and its origin: what lets a read decode just
+/// the records it returns ([`FrameIndex::decode`]) instead of the whole frame. Built by
+/// [`index_frame`], which checks the whole body once, exactly as [`decode_batch`] does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameIndex {
+    /// Byte position of every record, then the frame's end (`record_count + 1` entries).
+    starts: Vec<u32>,
+    origin: Option<FrameOrigin>,
+}
+
+/// Checks the body of a frame (header parsed and CRC checked by the caller) the way
+/// [`decode_batch`] does (origin section, every record, nothing left over) without building
+/// any record, and returns where each record starts. A frame this refuses, `decode_batch`
+/// refuses with the same error.
+pub fn index_frame(header: &FrameHeader, frame: &Bytes) -> Result<FrameIndex, FrameError> {
     if frame.len() != header.frame_len as usize {
         return Err(FrameError::Malformed(
             "frame length differs from the header",
@@ -380,71 +515,108 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
         let epoch = c.fixed::<8>()?;
         let parent_partition = u32::from_le_bytes(c.fixed::<4>()?);
         let slab_start = u64::from_le_bytes(c.fixed::<8>()?);
-        let mut offsets = Vec::with_capacity(count);
+        let mut parent_offsets = Vec::with_capacity(count);
         let mut prev = u64::from_le_bytes(c.fixed::<8>()?);
-        offsets.push(prev);
+        parent_offsets.push(prev);
         for _ in 1..count {
             prev = prev.wrapping_add(unzigzag(c.varint()?) as u64);
-            offsets.push(prev);
+            parent_offsets.push(prev);
         }
-        Some((epoch, parent_partition, slab_start, offsets))
+        Some(FrameOrigin {
+            epoch,
+            parent_partition,
+            slab_start,
+            parent_offsets,
+        })
     } else {
         None
     };
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        let start = c.pos;
-        let attrs = c.byte()?;
-        if attrs & !ATTR_KEY != 0 {
-            return Err(FrameError::Malformed("unknown record attribute bits"));
+    let mut starts = Vec::with_capacity(count + 1);
+    for _ in 0..count {
+        // Fits: a frame is at most MAX_FRAME_BYTES < u32::MAX.
+        starts.push(c.pos as u32);
+        c.check_record()?;
+    }
+    if c.pos != frame.len() {
+        return Err(FrameError::Malformed("bytes left after the last record"));
+    }
+    starts.push(c.pos as u32);
+    Ok(FrameIndex { starts, origin })
+}
+
+impl FrameIndex {
+    /// Number of records in the frame.
+    pub fn len(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// True for a frame with no records (never, for a frame [`index_frame`] accepted).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Encoded size of record `i` (what `max_bytes` of a read counts), without decoding it.
+    pub fn encoded_len(&self, i: usize) -> usize {
+        match (self.starts.get(i), self.starts.get(i + 1)) {
+            (Some(&a), Some(&b)) => (b - a) as usize,
+            _ => 0,
         }
-        let key = if attrs & ATTR_KEY != 0 {
-            let n = c.varint()?;
-            Some(c.take(n)?)
-        } else {
-            None
+    }
+
+    /// Decodes record `i` of `frame` (the frame this index was built from): values, keys and
+    /// header values are slices of `frame`, not copies.
+    pub fn decode(
+        &self,
+        header: &FrameHeader,
+        frame: &Bytes,
+        i: usize,
+    ) -> Result<DecodedRecord, FrameError> {
+        let (Some(&start), Some(&end)) = (self.starts.get(i), self.starts.get(i + 1)) else {
+            return Err(FrameError::Malformed("record index past the frame"));
         };
-        let header_count = c.varint()?;
-        let mut headers = Vec::new();
-        for _ in 0..header_count {
-            let n = c.varint()?;
-            let name = c.take(n)?;
-            let name = std::str::from_utf8(&name)
-                .map_err(|_| FrameError::Malformed("header name is not UTF-8"))?
-                .to_string();
-            let n = c.varint()?;
-            headers.push(Header {
-                name,
-                value: c.take(n)?,
-            });
+        let mut c = Cursor {
+            frame,
+            pos: start as usize,
+        };
+        let (key, headers, value) = c.record()?;
+        if c.pos != end as usize {
+            return Err(FrameError::Malformed("record ends elsewhere than indexed"));
         }
-        let n = c.varint()?;
-        let value = c.take(n)?;
-        out.push(DecodedRecord {
+        Ok(DecodedRecord {
             record: StoredRecord {
                 offset: header.base_offset + i as u64,
                 committed_at_ms: header.committed_at_ms,
                 key,
                 headers,
                 value,
-                origin: origin
-                    .as_ref()
-                    .map(
-                        |(epoch, parent_partition, slab_start, offsets)| RecordOrigin {
-                            epoch: *epoch,
-                            parent_partition: *parent_partition,
-                            parent_offset: offsets[i],
-                            slab_start: *slab_start,
-                        },
-                    ),
+                origin: self.origin.as_ref().map(|o| RecordOrigin {
+                    epoch: o.epoch,
+                    parent_partition: o.parent_partition,
+                    parent_offset: o.parent_offsets[i],
+                    slab_start: o.slab_start,
+                }),
             },
-            encoded_len: c.pos - start,
-        });
+            encoded_len: (end - start) as usize,
+        })
     }
-    if c.pos != frame.len() {
-        return Err(FrameError::Malformed("bytes left after the last record"));
+
+    /// Bytes this index holds on the heap (what a read memo counts against its budget).
+    pub fn heap_bytes(&self) -> usize {
+        self.starts.capacity() * 4
+            + self
+                .origin
+                .as_ref()
+                .map_or(0, |o| o.parent_offsets.capacity() * 8)
     }
-    Ok(out)
+}
+
+/// Decodes a whole frame (header parsed and CRC checked by the caller) into records. Values,
+/// keys and header values are slices of `frame`, not copies.
+pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRecord>, FrameError> {
+    let index = index_frame(header, frame)?;
+    (0..index.len())
+        .map(|i| index.decode(header, frame, i))
+        .collect()
 }
 
 #[cfg(test)]
@@ -549,7 +721,7 @@ mod tests {
     #[test]
     fn an_empty_batch_and_an_oversized_batch_are_refused() {
         assert!(matches!(
-            encode_batch(&[], None, &mut Vec::new()),
+            encode_batch::<NewRecord>(&[], None, &mut Vec::new()),
             Err(StorageError::EmptyBatch)
         ));
         let big = rec(None, &vec![0; MAX_FRAME_BYTES], &[]);

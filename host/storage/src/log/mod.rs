@@ -29,7 +29,6 @@ pub(crate) mod writer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
 
 use crate::damage::{Damage, Failure};
 use crate::error::StorageError;
@@ -120,7 +119,8 @@ pub(crate) struct Writer {
     /// Floor for commit times: the newest the partition has committed.
     pub(crate) newest_committed_at_ms: i64,
     pub(crate) hwm_file: Option<Box<dyn File>>,
-    pub(crate) last_hwm_write: Instant,
+    /// When the high-watermark file was last written (or tried), on the store's clock.
+    pub(crate) last_hwm_write_ms: i64,
     pub(crate) scratch: Vec<u8>,
     pub(crate) closed: bool,
     /// Why the writer stopped taking appends, once it has.
@@ -140,6 +140,8 @@ pub(crate) struct Log {
     pub(crate) view: RwLock<View>,
     /// What recovery has cut off this log and kept aside, as found when it was opened.
     pub(crate) recovered_cut: Option<RecoveredCut>,
+    /// Frames reads stopped inside, checked once for the life of this open log.
+    pub(crate) frames: Mutex<reader::FrameMemo>,
 }
 
 /// Figures for `peek` of an open log.

@@ -17,7 +17,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::damage::Damage;
@@ -372,7 +371,7 @@ pub(crate) fn open(
         next_offset: expected,
         newest_committed_at_ms: newest,
         hwm_file: Some(hwm_file),
-        last_hwm_write: Instant::now(),
+        last_hwm_write_ms: clock.now_ms(),
         scratch: Vec::new(),
         closed: false,
         failed: None,
@@ -387,6 +386,7 @@ pub(crate) fn open(
             next_offset: expected,
         }),
         recovered_cut,
+        frames: Default::default(),
     })
 }
 

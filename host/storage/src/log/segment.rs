@@ -191,6 +191,12 @@ impl<'a> Scanner<'a> {
         self.pos
     }
 
+    /// Moves to `pos` (a frame boundary at or before the end), keeping what is buffered: a
+    /// reader that took a frame from elsewhere (its memo of verified frames) goes on after it.
+    pub fn seek(&mut self, pos: u64) {
+        self.pos = pos.min(self.end);
+    }
+
     /// Makes `[pos, pos+need)` available in the buffer; returns false if the range is past `end`.
     fn fill(&mut self, need: usize) -> io::Result<bool> {
         let have_from = self.pos.saturating_sub(self.buf_pos);

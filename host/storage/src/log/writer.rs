@@ -48,7 +48,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::damage::{Damage, DeviceLoss, Failure};
@@ -61,8 +61,17 @@ use crate::record::{Appended, LogConfig};
 
 /// How often the high-watermark file is rewritten while appends flow: at most once a second,
 /// so its extra `fdatasync` costs at most one per second, and a crash leaves at most about a
-/// second of log past the boundary to check with the torn-tail rules.
+/// second of log past the boundary to check with the torn-tail rules. Measured on the clock
+/// the store is given (so tests move it with a `ManualClock` instead of sleeping).
 pub const HWM_UPDATE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Whether the high-watermark file is due for a rewrite at `now_ms`, last written at
+/// `last_ms`. A wall clock stepped backwards makes it due at once: waiting for the clock to
+/// come back past the old reading could leave the boundary unmoved for as long as the step.
+fn hwm_due(last_ms: i64, now_ms: i64) -> bool {
+    let interval_ms = i64::try_from(HWM_UPDATE_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+    now_ms < last_ms || now_ms.saturating_sub(last_ms) >= interval_ms
+}
 
 /// Size of each read-back piece when verifying an append: 256 KiB fits a typical L2 cache, so
 /// the bytes copied in are still cached when they are compared.
@@ -173,7 +182,12 @@ impl Log {
             v.next_offset = w.next_offset;
         }
         on_durable(w.next_offset);
-        if w.last_hwm_write.elapsed() >= HWM_UPDATE_INTERVAL {
+        // Read again, under the lock: `stamp` was read before it, so another append's reading
+        // taken later may already be recorded, and comparing with it would look like a step back.
+        let now_ms = clock.now_ms();
+        if hwm_due(w.last_hwm_write_ms, now_ms) {
+            // Counted from the attempt, as before: a failing file is retried once an interval.
+            w.last_hwm_write_ms = now_ms;
             // The batch is already durable; a failure here only leaves the boundary older.
             if let Err(e) = self.write_hwm(w, false) {
                 tracing::warn!(dir = %self.dir.display(), error = %e, "could not update the high-watermark file");
@@ -321,7 +335,6 @@ impl Log {
 
     /// Rewrites the high-watermark file with the current durable end.
     fn write_hwm(&self, w: &mut Writer, clean: bool) -> std::io::Result<()> {
-        w.last_hwm_write = Instant::now();
         let rec = HwmRecord {
             segment_base: w.active_base,
             segment_pos: w.active_len,

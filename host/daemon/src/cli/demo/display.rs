@@ -253,6 +253,7 @@ mod tests {
                 name: "a".into(),
                 delay_ms: 0,
                 router: vec![],
+                config: String::new(),
                 attach_epoch: "e".into(),
                 lag_complete: true,
                 partitions: vec![

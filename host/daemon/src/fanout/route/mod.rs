@@ -7,11 +7,14 @@
 //! the router on the blocking pool (a slow plugin cannot stall the I/O threads) and checks it
 //! answered once per record; [`super::bucket`] checks each answer names a child partition.
 //! A failure is a [`RouteFailure`]: the slab is not committed, the cursor stalls and routes it
-//! again later, never skipping a record.
+//! again later, never skipping a record. A router that panics is such a failure too: the
+//! panic is caught inside the router's lock, so the lock is not poisoned and the next slab is
+//! routed again (by the same chain, or by the one [`replace_router`] swapped in).
 
 pub mod wasm;
 
-use std::sync::{Arc, Mutex};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use narad_runtime::{ChainError, FailureKind};
 use narad_storage::StoredRecord;
@@ -67,9 +70,12 @@ pub enum RouteFailureKind {
     /// The router sent a record to a partition at or past the child's partition count
     /// (`out_of_range`).
     OutOfRange,
-    /// The router panicked on an earlier slab, leaving its lock poisoned (`poisoned`).
+    /// The router's lock was poisoned by a panic outside a routing call (a panic inside one
+    /// is caught and is a [`RouteFailureKind::Panic`]); [`replace_router`] clears it
+    /// (`poisoned`).
     Poisoned,
-    /// The routing task panicked or was cancelled on this slab (`panic`).
+    /// The router panicked on this slab, or the routing task panicked or was cancelled
+    /// (`panic`).
     Panic,
 }
 
@@ -104,9 +110,21 @@ pub trait SlabRouter: Send {
     ) -> Result<Vec<u32>, RouteFailure>;
 }
 
-/// A router shared by the cursors of one link; swapping the inside takes effect at the next
-/// slab of every cursor.
+/// A router shared by the cursors of one link; swapping the inside ([`replace_router`]) takes
+/// effect at the next slab of every cursor.
 pub type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
+
+/// Puts `router` in place of the chain `shared` holds, whether or not its lock is poisoned,
+/// and clears the poison: a new chain owes nothing to a panic of the old one, so the link's
+/// cursors route with it from their next slab instead of stalling until the link is attached
+/// again. The old chain is dropped after the lock is released, so its drop cannot poison it.
+pub fn replace_router(shared: &SharedRouter, router: Box<dyn SlabRouter>) {
+    let mut guard = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    let old = std::mem::replace(&mut *guard, router);
+    drop(guard);
+    shared.clear_poison();
+    drop(old);
+}
 
 /// Builds the router chain of a link. The reconciler holds one and calls it whenever a link
 /// appears or its router changes; [`wasm::WasmRouterFactory`] is the daemon's.
@@ -153,11 +171,22 @@ pub async fn route(
     let router = Arc::clone(router);
     let task = crate::blocking::run(move || {
         let decisions = match router.lock() {
-            Ok(mut guard) => guard.route(&input, &records),
+            // Caught while the guard is held, so the unwinding never crosses the lock and
+            // never poisons it. The router's own state may be half-updated by the panic; that
+            // costs at most odd routing decisions for the retried slab, never a lost record.
+            Ok(mut guard) => match catch_unwind(AssertUnwindSafe(|| guard.route(&input, &records)))
+            {
+                Ok(decisions) => decisions,
+                Err(payload) => Err(RouteFailure {
+                    plugin: None,
+                    kind: RouteFailureKind::Panic,
+                    message: format!("the router panicked: {}", panic_message(payload.as_ref())),
+                }),
+            },
             Err(_) => Err(RouteFailure {
                 plugin: None,
                 kind: RouteFailureKind::Poisoned,
-                message: "the router panicked on an earlier slab".into(),
+                message: "the router's lock was poisoned by an earlier panic".into(),
             }),
         }?;
         check_decisions(&decisions, &records)?;
@@ -171,6 +200,15 @@ pub async fn route(
             message: format!("routing task failed: {error}"),
         }),
     }
+}
+
+/// The text of a panic's payload, when it was a string (as `panic!` with a message makes it).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }
 
 /// Checks a router's answer has one decision per record. That each names a child partition
@@ -218,6 +256,75 @@ mod tests {
             failure.to_string(),
             "the router returned 1 decisions for 2 records"
         );
+    }
+
+    /// Panics on its first call, then sends every record to partition 0.
+    struct PanicsOnce {
+        calls: u32,
+    }
+
+    impl SlabRouter for PanicsOnce {
+        fn route(
+            &mut self,
+            _input: &RouteInput,
+            records: &[StoredRecord],
+        ) -> Result<Vec<u32>, RouteFailure> {
+            self.calls += 1;
+            if self.calls == 1 {
+                panic!("first call");
+            }
+            Ok(vec![0; records.len()])
+        }
+    }
+
+    fn input() -> RouteInput {
+        RouteInput {
+            parent_topic: "parent".into(),
+            parent_partition: 0,
+            parent_partition_count: 1,
+            child_topic: "child".into(),
+            child_partition_count: 1,
+            attempt: 0,
+            config: Vec::new(),
+        }
+    }
+
+    fn shared(router: impl SlabRouter + 'static) -> SharedRouter {
+        Arc::new(Mutex::new(Box::new(router)))
+    }
+
+    #[tokio::test]
+    async fn a_router_panic_fails_only_its_slab_and_the_next_slab_is_routed() {
+        let router = shared(PanicsOnce { calls: 0 });
+        let records = Arc::new(records(3));
+        let failure = route(&router, input(), Arc::clone(&records))
+            .await
+            .unwrap_err();
+        assert_eq!(failure.kind, RouteFailureKind::Panic);
+        assert_eq!(failure.to_string(), "the router panicked: first call");
+        assert!(!router.is_poisoned());
+        assert_eq!(route(&router, input(), records).await.unwrap(), [0, 0, 0]);
+    }
+
+    #[tokio::test]
+    async fn replacing_the_router_of_a_poisoned_lock_clears_the_poison() {
+        let router = shared(PanicsOnce { calls: 1 });
+        let poisoner = Arc::clone(&router);
+        let _ = std::thread::spawn(move || {
+            let _guard = poisoner.lock();
+            panic!("poison the lock");
+        })
+        .join();
+        assert!(router.is_poisoned());
+        let records = Arc::new(records(2));
+        let failure = route(&router, input(), Arc::clone(&records))
+            .await
+            .unwrap_err();
+        assert_eq!(failure.kind, RouteFailureKind::Poisoned);
+
+        replace_router(&router, Box::new(PanicsOnce { calls: 1 }));
+        assert!(!router.is_poisoned());
+        assert_eq!(route(&router, input(), records).await.unwrap(), [0, 0]);
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct ChainRouter {
     observer: Option<Arc<dyn RouteObserver>>,
     /// The chain's totals when last reported, per plugin, to report only the change.
     reported: Vec<PluginStats>,
+    /// Attempt numbers the poison-record searches of the current slab used, added to the
+    /// cursor's attempt so that every call with one slab carries its own attempt.
+    attempt_shift: u32,
 }
 
 impl ChainRouter {
@@ -55,6 +58,7 @@ impl ChainRouter {
             chain,
             observer: None,
             reported: Vec::new(),
+            attempt_shift: 0,
         }
     }
 
@@ -75,6 +79,12 @@ impl ChainRouter {
         for (i, stats) in now.iter().enumerate() {
             let before = self.reported.get(i);
             let calls = stats.calls.saturating_sub(before.map_or(0, |b| b.calls));
+            let search_calls = stats
+                .search_calls
+                .saturating_sub(before.map_or(0, |b| b.search_calls));
+            let log_lines_dropped = stats
+                .log_lines_dropped
+                .saturating_sub(before.map_or(0, |b| b.log_lines_dropped));
             let failures: Vec<(FailureKind, u64)> = stats
                 .failures_by_kind()
                 .map(|(kind, n)| {
@@ -85,13 +95,15 @@ impl ChainRouter {
                 })
                 .filter(|&(_, n)| n > 0)
                 .collect();
-            if calls == 0 && failures.is_empty() {
+            if calls == 0 && search_calls == 0 && log_lines_dropped == 0 && failures.is_empty() {
                 continue;
             }
             observer.observe(&PluginCallSample {
                 plugin: stats.name.clone(),
                 digest: stats.digest.to_hex(),
                 calls,
+                search_calls,
+                log_lines_dropped,
                 records: stats
                     .records_in
                     .saturating_sub(before.map_or(0, |b| b.records_in)),
@@ -127,13 +139,18 @@ impl SlabRouter for ChainRouter {
         input: &RouteInput,
         records: &[StoredRecord],
     ) -> Result<Vec<u32>, RouteFailure> {
+        // A new slab (attempt 0) starts the numbering afresh.
+        if input.attempt == 0 {
+            self.attempt_shift = 0;
+        }
+        let attempt = input.attempt.saturating_add(self.attempt_shift);
         let ctx = RouteContext {
             parent_topic: input.parent_topic.clone(),
             parent_partition: input.parent_partition,
             parent_partition_count: input.parent_partition_count,
             child_topic: input.child_topic.clone(),
             child_partition_count: input.child_partition_count,
-            attempt: input.attempt,
+            attempt,
             config: input.config.clone(),
         };
         let views: Vec<ParentRecord<'_>> = records.iter().map(ParentRecord).collect();
@@ -155,8 +172,14 @@ impl ChainRouter {
             // First failure: report it as is. A slab that keeps failing is bisected so the
             // error names the record the chain cannot route.
             Err(error) if attempt == 0 => Err(failure(&error, None)),
+            // A config error is about no record: searching would only repeat it and blame
+            // whichever record came first.
+            Err(error) if error.failure.is_bad_config() => Err(failure(&error, None)),
             Err(error) => {
                 let poison = self.chain.bisect(ctx, views);
+                self.attempt_shift = self
+                    .attempt_shift
+                    .saturating_add(self.chain.last_search_routings());
                 Err(failure(
                     &error,
                     poison.as_ref().map(|p| (p.parent_offset, &p.error)),
@@ -344,5 +367,34 @@ mod tests {
         let samples = recorder.take();
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].failures, vec![(FailureKind::ErrorReturn, 1)]);
+    }
+
+    #[test]
+    fn a_retried_config_error_is_not_searched_for_a_poison_record() {
+        let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let mut broken = router(&runtime, &["header-route"], &recorder);
+        let slab: Vec<StoredRecord> = (0..64).map(|i| record(i, Some("k"))).collect();
+        let retry = RouteInput {
+            attempt: 3,
+            ..input()
+        };
+        let failure = broken.route(&retry, &slab).unwrap_err();
+        // One call, one error, no search, and no record blamed for the config.
+        let samples = recorder.take();
+        assert_eq!(samples.len(), 1);
+        assert_eq!((samples[0].calls, samples[0].search_calls), (1, 0));
+        assert_eq!(samples[0].failures, vec![(FailureKind::ErrorReturn, 1)]);
+        assert!(
+            !failure.message.contains("cannot route"),
+            "{}",
+            failure.message
+        );
+        assert_eq!(
+            failure.message.matches("bad config").count(),
+            1,
+            "{}",
+            failure.message
+        );
     }
 }
