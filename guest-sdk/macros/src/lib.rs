@@ -386,19 +386,31 @@ mod tests {
     #[test]
     fn a_probe_config_goes_into_the_manifest_for_the_deploy_check() {
         let out = expand(
-            quote!(name = "vip", description = "vips", probe_config = "prefix = vip-"),
+            quote!(
+                name = "vip",
+                description = "vips",
+                probe_config = "prefix = vip-"
+            ),
             router_fn(),
         )
         .unwrap()
         .to_string();
-        assert!(out.contains(r#"\"probe_config\":\"prefix = vip-\""#), "{out}");
+        assert!(
+            out.contains(r#"\"probe_config\":\"prefix = vip-\""#),
+            "{out}"
+        );
         let without = expand(quote!(name = "vip", description = "vips"), router_fn())
             .unwrap()
             .to_string();
         assert!(!without.contains("probe_config"), "{without}");
         assert!(
             error_of(
-                quote!(name = "a", description = "x", probe_config = "a", probe_config = "b"),
+                quote!(
+                    name = "a",
+                    description = "x",
+                    probe_config = "a",
+                    probe_config = "b"
+                ),
                 router_fn()
             )
             .contains("given twice")

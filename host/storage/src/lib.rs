@@ -43,14 +43,13 @@ pub mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use damage::{Damage, DeviceLoss, Failure, IoCause};
 pub use error::{Result, StorageError};
+pub use log::format::RecordParts;
 pub use name::{
     MAX_PARTITION_INDEX, MAX_TOPIC_NAME_LEN, NameError, PartitionId, validate_topic_name,
 };
 pub use record::{
     AppendBatch, Appended, BatchOrigin, DEFAULT_SEGMENT_BYTES, EncodedBatch, Header, LogConfig,
-    NewRecord,
-    NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin, RecoveredCut,
-    RetentionReport, StoredRecord,
+    NewRecord, NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin,
+    RecoveredCut, RetentionReport, StoredRecord,
 };
-pub use log::format::RecordParts;
 pub use store::{DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};
