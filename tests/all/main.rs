@@ -3,6 +3,7 @@
 //! with SIGKILL where the promise is about a crash.
 
 mod cli;
+mod cluster;
 mod crash_produce;
 mod demo;
 mod disk_damage;

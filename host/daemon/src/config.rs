@@ -19,6 +19,12 @@ use serde::Deserialize;
 
 /// Default listen address: loopback only, so a fresh daemon is not reachable from the network.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+
+/// Default cluster name (`--cluster`): keys live under `/narad/narad/`.
+pub const DEFAULT_CLUSTER: &str = "narad";
+
+/// Default lease time-to-live of a node's registration: 10 s (CLUSTER.md).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 /// Default largest record accepted by produce, in bytes (key + value + header names and values).
 /// 1 MiB, the issue's default and Kafka's `max.message.bytes` order of magnitude.
 pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1024 * 1024;
@@ -238,6 +244,20 @@ settings! {
     /// Address of the Kafka protocol listener (produce, fetch, metadata for Kafka clients;
     /// see docs/kafka.md), e.g. 127.0.0.1:9092.
     kafka_listen: String, "ADDR", OptionalSocketAddress, shown "off, no Kafka listener";
+    /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379):
+    /// turns cluster mode on, with the metadata in etcd (see docs/cluster.md).
+    etcd: String, "URLS", EtcdEndpoints, shown "off, one node with the embedded metastore";
+    /// Name of the cluster: the key prefix in etcd, so that several clusters can share one.
+    /// 1 to 64 of `a-z 0-9 - _`.
+    cluster: String, "NAME", ClusterName, default DEFAULT_CLUSTER.to_owned();
+    /// This node's id in the cluster, stable across restarts; required with --etcd. 1 to 64
+    /// of `a-z 0-9 - _`.
+    node_id: String, "ID", OptionalName, shown "none, required with --etcd";
+    /// The URL peers and clients reach this node's HTTP API at (cluster mode).
+    advertise: String, "URL", OptionalUrl, shown "http:// and the listen address";
+    /// Lease time-to-live of this node's registration in etcd, in milliseconds: a node that
+    /// stops renewing is gone for its peers this long after its last renewal.
+    lease_ttl_ms: u64, "MS", Positive, default DEFAULT_LEASE_TTL_MS;
     /// Largest record produce accepts, in bytes: key + value + header names and values.
     max_record_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_RECORD_BYTES;
     /// Largest HTTP request body, in bytes.
@@ -326,6 +346,85 @@ impl<T> Check<T> for Any {
     type Out = T;
     fn check(_key: &'static str, value: T) -> Result<T, ConfigError> {
         Ok(value)
+    }
+}
+
+/// Comma-separated `http://` or `https://` URLs, or unset: cluster mode is off.
+struct EtcdEndpoints;
+impl Check<Option<String>> for EtcdEndpoints {
+    type Out = Option<Vec<String>>;
+    fn check(key: &'static str, value: Option<String>) -> Result<Option<Vec<String>>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let endpoints: Vec<String> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ConfigError::BadValue {
+                key,
+                message: "no endpoint given: expected URLs such as http://127.0.0.1:2379".into(),
+            });
+        }
+        for endpoint in &endpoints {
+            OptionalUrl::check(key, Some(endpoint.clone()))?;
+        }
+        Ok(Some(endpoints))
+    }
+}
+
+/// A cluster or node name: what the plugin names allow, so it is safe in an etcd key and a
+/// metric label.
+struct ClusterName;
+impl Check<String> for ClusterName {
+    type Out = String;
+    fn check(key: &'static str, value: String) -> Result<String, ConfigError> {
+        let ok = (1..=64).contains(&value.len())
+            && value
+                .chars()
+                .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '-' | '_'));
+        if !ok {
+            return Err(ConfigError::BadValue {
+                key,
+                message: format!("{value:?}: expected 1 to 64 of a-z 0-9 - _"),
+            });
+        }
+        Ok(value)
+    }
+}
+
+/// A name as [`ClusterName`] checks it, or unset.
+struct OptionalName;
+impl Check<Option<String>> for OptionalName {
+    type Out = Option<String>;
+    fn check(key: &'static str, value: Option<String>) -> Result<Option<String>, ConfigError> {
+        value.map(|v| ClusterName::check(key, v)).transpose()
+    }
+}
+
+/// An `http://` or `https://` URL with a host, or unset.
+struct OptionalUrl;
+impl Check<Option<String>> for OptionalUrl {
+    type Out = Option<String>;
+    fn check(key: &'static str, value: Option<String>) -> Result<Option<String>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let rest = value
+            .strip_prefix("http://")
+            .or_else(|| value.strip_prefix("https://"));
+        match rest {
+            Some(host) if !host.is_empty() && !host.starts_with('/') => {
+                Ok(Some(value.trim_end_matches('/').to_owned()))
+            }
+            _ => Err(ConfigError::BadValue {
+                key,
+                message: format!("{value:?}: expected a URL such as http://10.0.0.5:7070"),
+            }),
+        }
     }
 }
 
@@ -538,6 +637,21 @@ impl Default for HttpLimits {
     }
 }
 
+/// Cluster mode's settings (`--etcd` and the flags that go with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// etcd endpoints.
+    pub etcd: Vec<String>,
+    /// The cluster's name, its key prefix in etcd.
+    pub name: String,
+    /// This node's id.
+    pub node_id: String,
+    /// The URL peers and clients use; `None`: `http://` and the bound listen address.
+    pub advertise: Option<String>,
+    /// Lease time-to-live of the node's registration.
+    pub lease_ttl: Duration,
+}
+
 /// The daemon's resolved configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -563,6 +677,8 @@ pub struct Config {
     pub plugin_limits: narad_runtime::Limits,
     /// Connection cap and timeouts of the HTTP server.
     pub http: HttpLimits,
+    /// Cluster mode; `None`: one node with the embedded metastore.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Config {
@@ -580,6 +696,7 @@ impl Config {
             auth_token: None,
             plugin_limits: narad_runtime::Limits::default(),
             http: HttpLimits::default(),
+            cluster: None,
         }
     }
 
@@ -606,6 +723,45 @@ impl Config {
             });
         }
         let ms = Duration::from_millis;
+        let cluster = match (s.etcd, s.node_id) {
+            (None, None) if s.advertise.is_none() => None,
+            (None, _) => {
+                return Err(ConfigError::BadValue {
+                    key: "etcd",
+                    message: "node-id and advertise only mean something in cluster mode: \
+                              give --etcd too, or leave them out"
+                        .into(),
+                });
+            }
+            (Some(_), None) => {
+                return Err(ConfigError::BadValue {
+                    key: "node-id",
+                    message: "cluster mode (--etcd) needs this node's id, stable across \
+                              restarts, e.g. --node-id n1"
+                        .into(),
+                });
+            }
+            (Some(etcd), Some(node_id)) => {
+                if s.advertise.is_none() && s.listen.ip().is_unspecified() {
+                    return Err(ConfigError::BadValue {
+                        key: "advertise",
+                        message: format!(
+                            "listening on {} gives peers no address to reach this node: \
+                             give --advertise http://HOST:{}",
+                            s.listen,
+                            s.listen.port()
+                        ),
+                    });
+                }
+                Some(ClusterConfig {
+                    etcd,
+                    name: s.cluster,
+                    node_id,
+                    advertise: s.advertise,
+                    lease_ttl: ms(s.lease_ttl_ms),
+                })
+            }
+        };
         Ok(Config {
             data_dir: s.data_dir,
             listen: s.listen,
@@ -649,6 +805,7 @@ impl Config {
                 idle_timeout: ms(s.idle_timeout_ms),
                 shutdown_grace: ms(s.shutdown_grace_ms),
             },
+            cluster,
         })
     }
 }
@@ -684,6 +841,111 @@ mod tests {
         let config = Config::merge(&args, &FileConfig::default()).unwrap();
         assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
         assert_eq!(config, Config::new("/d"));
+    }
+
+    #[test]
+    fn etcd_turns_cluster_mode_on_and_needs_a_node_id() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            etcd: Some("http://127.0.0.1:2379, http://127.0.0.1:2380".into()),
+            node_id: Some("n1".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.cluster,
+            Some(ClusterConfig {
+                etcd: vec![
+                    "http://127.0.0.1:2379".into(),
+                    "http://127.0.0.1:2380".into()
+                ],
+                name: DEFAULT_CLUSTER.into(),
+                node_id: "n1".into(),
+                advertise: None,
+                lease_ttl: Duration::from_millis(DEFAULT_LEASE_TTL_MS),
+            })
+        );
+        let without_id = ServeArgs {
+            node_id: None,
+            ..args.clone()
+        };
+        let err = Config::merge(&without_id, &FileConfig::default()).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadValue { key: "node-id", .. }),
+            "{err}"
+        );
+        let id_alone = ServeArgs {
+            etcd: None,
+            ..args.clone()
+        };
+        let err = Config::merge(&id_alone, &FileConfig::default()).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadValue { key: "etcd", .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cluster_settings_are_checked() {
+        let base = ServeArgs {
+            data_dir: Some("/d".into()),
+            etcd: Some("http://127.0.0.1:2379".into()),
+            node_id: Some("n1".into()),
+            ..ServeArgs::default()
+        };
+        for (args, key) in [
+            (
+                ServeArgs {
+                    etcd: Some("127.0.0.1:2379".into()),
+                    ..base.clone()
+                },
+                "etcd",
+            ),
+            (
+                ServeArgs {
+                    node_id: Some("Node 1".into()),
+                    ..base.clone()
+                },
+                "node-id",
+            ),
+            (
+                ServeArgs {
+                    cluster: Some(String::new()),
+                    ..base.clone()
+                },
+                "cluster",
+            ),
+            (
+                ServeArgs {
+                    advertise: Some("10.0.0.5:7070".into()),
+                    ..base.clone()
+                },
+                "advertise",
+            ),
+            (
+                ServeArgs {
+                    listen: Some("0.0.0.0:7070".into()),
+                    ..base.clone()
+                },
+                "advertise",
+            ),
+        ] {
+            let err = Config::merge(&args, &FileConfig::default()).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::BadValue { key: k, .. } if *k == key),
+                "{key}: {err}"
+            );
+        }
+        let advertised = ServeArgs {
+            listen: Some("0.0.0.0:7070".into()),
+            advertise: Some("http://10.0.0.5:7070/".into()),
+            ..base
+        };
+        let config = Config::merge(&advertised, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.cluster.unwrap().advertise.as_deref(),
+            Some("http://10.0.0.5:7070")
+        );
     }
 
     #[test]
@@ -1059,7 +1321,15 @@ mod tests {
         // Defaults that are not a value: unset means no token, and a cap derived at start.
         assert_eq!(
             described,
-            ["kafka-listen", "auth-token-file", "max-connections"]
+            [
+                "kafka-listen",
+                "etcd",
+                "cluster",
+                "node-id",
+                "advertise",
+                "auth-token-file",
+                "max-connections"
+            ]
         );
         assert!(nothing.auth_token.is_none());
         assert_eq!(nothing.http.max_connections, None);

@@ -16,7 +16,9 @@ use tokio::task::JoinHandle;
 
 use crate::api::metrics::ApiMetrics;
 use crate::api::{self, AppInner, AppState};
-use crate::config::Config;
+use crate::cluster::ClusterContext;
+use crate::cluster::membership::{Membership, MembershipError, NodeRecord};
+use crate::config::{ClusterConfig, Config};
 use crate::fanout::committer::ChildCommitter;
 use crate::fanout::cursor::CursorDeps;
 use crate::fanout::metrics::FanoutMetrics;
@@ -65,6 +67,21 @@ pub enum ServerError {
         /// Why (in use, permission, ...).
         source: std::io::Error,
     },
+    /// The node could not join its cluster (etcd unreachable, or another live process holds
+    /// this node id).
+    #[error("cannot join the cluster: {0}")]
+    Membership(#[from] MembershipError),
+    /// etcd refused a read the node needs at start.
+    #[error("{context}: {source}")]
+    Etcd {
+        /// What was being read.
+        context: String,
+        /// The client's error.
+        source: etcd_client::Error,
+    },
+    /// The HTTP client for calls between nodes could not be built (TLS set-up).
+    #[error("cannot build the client for calls between nodes: {0}")]
+    Http(String),
     /// The daemon's own task (the one [`RunningServer::wait`] waits for) panicked or was
     /// cancelled.
     #[error("daemon task failed: {0}")]
@@ -74,6 +91,14 @@ pub enum ServerError {
     #[error("daemon task failed: {0}")]
     Blocking(#[from] crate::blocking::BlockingError),
 }
+
+/// What start-up opened: the store, the metadata, who owns what, and cluster mode's parts.
+type Opened = (
+    Arc<Store>,
+    Arc<dyn Metastore>,
+    Arc<dyn PartitionOwnership>,
+    Option<Arc<ClusterContext>>,
+);
 
 /// A daemon that is serving.
 #[derive(Debug)]
@@ -114,39 +139,7 @@ pub async fn run_server(
         source,
     })?;
 
-    let (store, metastore) = {
-        let data_dir = data_dir.clone();
-        let idle_close_after = config.idle_close_after;
-        let failed_reopen_after = config.failed_reopen_after;
-        let segment_bytes = config.segment_bytes;
-        crate::blocking::run(move || {
-            open_data_dir(
-                &data_dir,
-                idle_close_after,
-                failed_reopen_after,
-                segment_bytes,
-            )
-        })
-        .await??
-    };
-    let store = Arc::new(store);
-    let metastore: Arc<dyn Metastore> = Arc::new(metastore);
-    let producer = Arc::new(Producer::new(Arc::clone(&store)));
-    let plugins = Arc::new(
-        PluginRegistry::open(
-            &data_dir,
-            Arc::clone(&metastore),
-            config.plugin_limits.clone(),
-        )
-        .await?,
-    );
-    let topics = Arc::new(TopicService::new(
-        Arc::clone(&store),
-        Arc::clone(&metastore),
-        Arc::clone(&producer),
-        config.segment_bytes,
-    ));
-
+    // Bound first: in cluster mode the node advertises the address it got (port 0 in tests).
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -157,6 +150,58 @@ pub async fn run_server(
         addr: config.listen,
         source,
     })?;
+
+    let (store, metastore, ownership, cluster): Opened = match &config.cluster {
+        None => {
+            let data_dir = data_dir.clone();
+            let idle_close_after = config.idle_close_after;
+            let failed_reopen_after = config.failed_reopen_after;
+            let segment_bytes = config.segment_bytes;
+            let (store, metastore) = crate::blocking::run(move || {
+                open_data_dir(
+                    &data_dir,
+                    idle_close_after,
+                    failed_reopen_after,
+                    segment_bytes,
+                )
+            })
+            .await??;
+            (
+                Arc::new(store),
+                Arc::new(metastore),
+                Arc::new(SingleNode::default()),
+                None,
+            )
+        }
+        Some(cluster) => {
+            let (store, context) = start_cluster(cluster, &config, local_addr, &shutdown).await?;
+            (
+                store,
+                Arc::clone(&context.metastore) as Arc<dyn Metastore>,
+                Arc::clone(&context.ownership) as Arc<dyn PartitionOwnership>,
+                Some(context),
+            )
+        }
+    };
+    let producer = Arc::new(Producer::new(Arc::clone(&store)));
+    let plugins = Arc::new(
+        PluginRegistry::open(
+            &data_dir,
+            Arc::clone(&metastore),
+            config.plugin_limits.clone(),
+        )
+        .await?,
+    );
+    let topics = TopicService::new(
+        Arc::clone(&store),
+        Arc::clone(&metastore),
+        Arc::clone(&producer),
+        config.segment_bytes,
+    );
+    let topics = Arc::new(match &cluster {
+        Some(context) => topics.with_cluster(Arc::clone(context)),
+        None => topics,
+    });
 
     // Bound now, like the HTTP listener, so a taken port stops the start.
     let kafka_listener = match config.kafka_listen {
@@ -178,15 +223,31 @@ pub async fn run_server(
     let http_metrics = Arc::new(crate::http_server::HttpMetrics::default());
     http_metrics.register(&mut registry);
     let fanout_view = Arc::new(FanoutView::default());
-    let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
     let reconciler = {
         let deps = Arc::new(CursorDeps {
             store: Arc::clone(&store),
             fs: Arc::new(narad_storage::fs::RealFs),
-            committer: Arc::clone(&producer) as Arc<dyn ChildCommitter>,
+            committer: match &cluster {
+                None => Arc::clone(&producer) as Arc<dyn ChildCommitter>,
+                Some(context) => {
+                    let ownership = Arc::clone(&context.ownership);
+                    let peers = Arc::clone(&context.peers);
+                    Arc::new(crate::fanout::remote_commit::ClusterCommitter::new(
+                        context.node_id().to_owned(),
+                        Arc::clone(&producer),
+                        Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
+                        Arc::new(move |node: &str| peers.advertise_of(node)),
+                        crate::cluster::commit_rpc::CommitClient::new()
+                            .map_err(|e| ServerError::Http(e.to_string()))?,
+                        tokio::runtime::Handle::current(),
+                        Arc::clone(&fanout_metrics),
+                    ))
+                }
+            },
             metastore: Arc::clone(&metastore),
             clock: Arc::new(narad_storage::SystemClock),
             timing: crate::fanout::FanoutTiming::default(),
+            children_may_be_remote: cluster.is_some(),
         });
         let registry_for_loader = Arc::clone(&plugins);
         let routers = Arc::new(
@@ -244,11 +305,35 @@ pub async fn run_server(
         fanout: fanout_view,
         metrics: Arc::new(registry),
         api_metrics,
+        cluster: cluster.clone(),
+        forward: match &cluster {
+            Some(context) => Some(Arc::new(
+                api::forward::Forwarder::new(context.node_id(), &config.limits)
+                    .map_err(|e| ServerError::Http(e.to_string()))?
+                    .with_revision({
+                        let metastore = Arc::clone(&context.metastore);
+                        Arc::new(move || metastore.cache_revision())
+                    }),
+            )),
+            None => None,
+        },
     });
+    let mut app = api::router(state);
+    if let Some(context) = &cluster {
+        app = app.merge(internal_router(context, Arc::clone(&store)));
+    }
     let app = match config.auth_token.clone() {
-        Some(token) => api::auth::protect(api::router(state), token),
-        None => api::router(state),
+        Some(token) => api::auth::protect(app, token),
+        None => app,
     };
+    let owned_sync = cluster.as_ref().map(|context| {
+        tokio::spawn(sync_owned(
+            Arc::clone(context),
+            Arc::clone(&store),
+            config.segment_bytes,
+            shutdown.clone(),
+        ))
+    });
 
     let retention = spawn_loop(
         "retention",
@@ -295,12 +380,220 @@ pub async fn run_server(
         let _ = reconciler.await;
         let _ = retention.await;
         let _ = idle.await;
+        if let Some(sync) = owned_sync {
+            let _ = sync.await;
+        }
+        if let Some(context) = &cluster {
+            // Peers see this node gone now rather than a lease TTL from now.
+            if let Err(e) = context.membership.leave().await {
+                tracing::warn!(error = %e, "could not leave the cluster; the lease will expire");
+            }
+        }
         let closed = crate::blocking::run(move || store.close()).await?;
         closed?;
         tracing::info!("narad stopped; store closed cleanly");
         Ok(())
     });
     Ok(RunningServer { local_addr, task })
+}
+
+/// Joins the cluster: opens the store (taking the data-dir lock first), the metadata in etcd
+/// with this node's watched copy, registers the node under its lease (refused when another
+/// live process holds the id), watches the live nodes, and registers the partitions the
+/// metadata says this node owns. Directories for anything else are left on disk and reported.
+async fn start_cluster(
+    cluster: &ClusterConfig,
+    config: &Config,
+    local_addr: SocketAddr,
+    shutdown: &ShutdownSignal,
+) -> Result<(Arc<Store>, Arc<ClusterContext>), ServerError> {
+    let store = {
+        let data_dir = config.data_dir.clone();
+        let options = StoreOptions {
+            idle_close_after: config.idle_close_after,
+            failed_reopen_after: config.failed_reopen_after,
+            ..StoreOptions::default()
+        };
+        Arc::new(crate::blocking::run(move || Store::open(&data_dir, options)).await??)
+    };
+    let client = crate::metastore::etcd::connect_client(&cluster.etcd).await?;
+    let prefix = crate::cluster::prefix(&cluster.name);
+    let metastore = Arc::new(
+        crate::metastore::EtcdMetastore::with_cache(
+            client.clone(),
+            prefix.clone(),
+            crate::metastore::cache::CacheTiming::default(),
+            shutdown.clone(),
+        )
+        .await?,
+    );
+    let record = NodeRecord {
+        id: cluster.node_id.clone(),
+        advertise: cluster
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("http://{local_addr}")),
+        joined_at_ms: crate::topics::now_ms(),
+    };
+    let membership = Arc::new(
+        Membership::join(
+            client.clone(),
+            prefix.clone(),
+            record,
+            cluster.lease_ttl,
+            &config.data_dir,
+        )
+        .await?,
+    );
+    {
+        let membership = Arc::clone(&membership);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { membership.keep_alive(shutdown).await });
+    }
+    let peers = Arc::new(
+        crate::cluster::peers::PeerDirectory::start(
+            client,
+            &prefix,
+            crate::metastore::cache::CacheTiming::default(),
+            shutdown.clone(),
+        )
+        .await
+        .map_err(|source| ServerError::Etcd {
+            context: format!("reading the live nodes under {prefix}nodes/"),
+            source,
+        })?,
+    );
+    let ownership = Arc::new(crate::cluster::ownership::ClusterOwnership::new(
+        crate::ownership::NodeId(cluster.node_id.clone()),
+        Arc::clone(&metastore),
+    ));
+    let http = crate::cluster::peer_client().map_err(|e| ServerError::Http(e.to_string()))?;
+    let context = Arc::new(ClusterContext {
+        prefix,
+        membership,
+        metastore,
+        ownership,
+        peers,
+        http,
+    });
+    let snapshot = current_snapshot(&context)?;
+    let registered = {
+        let (store, context, snapshot) = (Arc::clone(&store), Arc::clone(&context), snapshot);
+        let segment_bytes = config.segment_bytes;
+        crate::blocking::run(move || {
+            let registered = crate::topics::owned::register_owned(
+                &store,
+                &snapshot,
+                context.node_id(),
+                segment_bytes,
+            )?;
+            let unaccounted =
+                crate::topics::owned::unaccounted(store.data_dir(), &snapshot, context.node_id());
+            Ok::<_, StorageError>((registered, unaccounted))
+        })
+        .await??
+    };
+    match registered.1 {
+        Ok(dirs) if dirs.is_empty() => {}
+        Ok(dirs) => tracing::warn!(
+            count = dirs.len(),
+            first = %dirs[0],
+            "partition directories this node does not own are left on disk untouched"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not scan topics/ for unowned directories"),
+    }
+    tracing::info!(
+        node = %context.node_id(),
+        cluster = %cluster.name,
+        owned_registered = registered.0,
+        "joined the cluster"
+    );
+    Ok((store, context))
+}
+
+/// The metadata as this node's watched copy has it.
+fn current_snapshot(
+    context: &ClusterContext,
+) -> Result<Arc<crate::metastore::Snapshot>, MetastoreError> {
+    match context.metastore.cached_snapshot() {
+        Some(snapshot) => snapshot,
+        None => Err(MetastoreError::Task(
+            "the cluster metastore has no watched copy".to_owned(),
+        )),
+    }
+}
+
+/// Registers newly owned partitions whenever the watched metadata changes, until `shutdown`.
+async fn sync_owned(
+    context: Arc<ClusterContext>,
+    store: Arc<Store>,
+    segment_bytes: u64,
+    shutdown: ShutdownSignal,
+) {
+    let mut ticker = tokio::time::interval(OWNED_SYNC_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Arc<crate::metastore::Snapshot>> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => break,
+            _ = ticker.tick() => {}
+        }
+        let snapshot = match current_snapshot(&context) {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the metadata copy to register owned partitions");
+                continue;
+            }
+        };
+        if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
+            continue;
+        }
+        let (store, context2, snap) = (
+            Arc::clone(&store),
+            Arc::clone(&context),
+            Arc::clone(&snapshot),
+        );
+        let done = crate::blocking::run(move || {
+            crate::topics::owned::register_owned(&store, &snap, context2.node_id(), segment_bytes)
+        })
+        .await;
+        match done {
+            Ok(Ok(new)) => {
+                if new > 0 {
+                    tracing::info!(new, "registered newly owned partitions");
+                }
+                last = Some(snapshot);
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "registering owned partitions failed; retrying")
+            }
+            Err(e) => tracing::error!(error = %e, "registering owned partitions panicked"),
+        }
+    }
+}
+
+/// How often the owned-partition registration looks for a new metadata copy: a partition
+/// created on another node is registered here within this (plus the watch's round trip).
+const OWNED_SYNC_EVERY: Duration = Duration::from_millis(100);
+
+/// The routes only nodes call: the child commit, with its own body limit (a whole slab).
+fn internal_router(context: &Arc<ClusterContext>, store: Arc<Store>) -> axum::Router {
+    use crate::cluster::commit_rpc::{COMMIT_PATH, commit_route};
+    use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
+    let ownership = Arc::clone(&context.ownership);
+    let owners: Arc<crate::cluster::receiver::OwnerLookup> =
+        Arc::new(move |id: &PartitionId| ownership.owner_at(id));
+    let receiver = Arc::new(crate::cluster::receiver::CommitReceiver::new(
+        context.node_id().to_owned(),
+        store,
+        owners,
+    ));
+    axum::Router::new()
+        .route(COMMIT_PATH, axum::routing::post(commit_route))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_COMMIT_REQUEST_BYTES,
+        ))
+        .with_state(receiver)
 }
 
 /// Opens the store (taking the data-dir lock first, so a second daemon stops before reading

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_host::fanout::FanoutTiming;
-use narad_host::fanout::committer::ChildCommitter;
+use narad_host::fanout::committer::{ChildCommitError, ChildCommitter};
 use narad_host::fanout::cursor::{
     CursorDeps, CursorExit, CursorKey, LinkGone, LinkRuntime, run_cursor,
 };
@@ -81,12 +81,13 @@ impl ChildCommitter for GatedCommitter {
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
-    ) -> Result<Appended, StorageError> {
+    ) -> Result<Appended, ChildCommitError> {
         if self.down[partition.partition as usize].load(Ordering::SeqCst) {
             return Err(StorageError::Io {
                 context: format!("{partition} is down"),
                 source: std::io::Error::other("down"),
-            });
+            }
+            .into());
         }
         let result = self.store.append_encoded(partition, batch);
         if let Err(error) = &result {
@@ -95,7 +96,7 @@ impl ChildCommitter for GatedCommitter {
                 .unwrap()
                 .push(format!("{partition}: {error}"));
         }
-        result
+        Ok(result?)
     }
 }
 
@@ -256,6 +257,7 @@ fn spawn_cursor_on(
         metastore,
         clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
         timing: TIMING,
+        children_may_be_remote: false,
     });
     let key = CursorKey {
         parent: "parent".into(),

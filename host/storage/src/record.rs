@@ -109,6 +109,16 @@ impl EncodedBatch {
         self.frame.len()
     }
 
+    /// The records and provenance this batch was encoded from, decoded back out of its frame
+    /// (keys, values and header values are slices of one copy of the frame): what a caller
+    /// that encoded a batch for a local append uses to send it elsewhere instead, such as a
+    /// child commit to the node owning the partition. `origin` keeps one parent offset per
+    /// record. Fails only for a frame that does not decode, which an `EncodedBatch` made by
+    /// [`EncodedBatch::encode`] never is.
+    pub fn decode(&self) -> Result<AppendBatch, crate::log::format::FrameError> {
+        crate::log::format::decode_unsealed(&Bytes::copy_from_slice(&self.frame))
+    }
+
     /// The encoded frame (layout in `docs/storage.md`). Its offset, commit time and CRC are
     /// placeholders until an append seals them, so a receiver must not check the CRC.
     pub fn frame(&self) -> &[u8] {

@@ -301,6 +301,11 @@ impl Store {
         Ok(())
     }
 
+    /// Whether `id` is registered (by [`Store::create_partition`]) and not deleted.
+    pub fn has_partition(&self, id: &PartitionId) -> bool {
+        log::read(&self.partitions).contains_key(id)
+    }
+
     /// Replaces a registered partition's config (retention, segment size).
     pub fn set_config(&self, id: &PartitionId, config: LogConfig) -> Result<()> {
         *log::lock(&self.partition(id)?.config) = config;

@@ -13,7 +13,8 @@ use common::*;
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::segment;
 use narad_storage::{
-    AppendBatch, Header, ManualClock, NewRecord, ReadOptions, StorageError, Store,
+    AppendBatch, BatchOrigin, EncodedBatch, Header, ManualClock, NewRecord, ReadOptions,
+    StorageError, Store,
 };
 use proptest::prelude::*;
 
@@ -182,6 +183,57 @@ fn a_damaged_frame_is_refused_by_its_first_read_even_inside_it() {
         Err(StorageError::Quarantined { .. }) => {}
         other => panic!("expected a quarantine, got {other:?}"),
     }
+}
+
+#[test]
+fn a_slab_encoded_for_a_child_decodes_back_to_its_records_and_origins_before_and_after_an_append() {
+    // What a cross-node child commit does: a cursor encodes a bucket straight from the slab it
+    // read, and, when the child partition lives elsewhere, takes the records and their
+    // provenance back out of that frame to send them.
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with_frame(dir.path(), 600);
+    let id = pid("t", 0);
+    let read = store.read(&id, &slab(100, 300)).unwrap();
+    // Every other record, as a bucket of a keyed split would hold them.
+    let bucket: Vec<_> = read.records.iter().step_by(2).collect();
+    let origin = BatchOrigin {
+        epoch: [9; 8],
+        parent_partition: 4,
+        slab_start: 100,
+        parent_offsets: bucket.iter().map(|r| r.offset).collect(),
+    };
+    let mut encoded = EncodedBatch::encode(&bucket, Some(&origin)).unwrap();
+    let want = AppendBatch {
+        records: bucket
+            .iter()
+            .map(|r| NewRecord {
+                key: r.key.clone(),
+                headers: r.headers.clone(),
+                value: r.value.clone(),
+            })
+            .collect(),
+        origin: Some(origin),
+    };
+    assert_eq!(encoded.decode().unwrap(), want);
+
+    // Appending seals the frame (offset, commit time, CRC): it still decodes the same, so a
+    // batch whose local append failed can be sent elsewhere unchanged.
+    let child = pid("child", 0);
+    store
+        .create_partition(&child, small_segments(1 << 30))
+        .unwrap();
+    store.append_encoded(&child, &mut encoded).unwrap();
+    assert_eq!(encoded.decode().unwrap(), want);
+
+    // A produce batch has no provenance, and decodes without one.
+    let plain = EncodedBatch::encode(&[record(1), record(2)], None).unwrap();
+    assert_eq!(
+        plain.decode().unwrap(),
+        AppendBatch {
+            records: vec![record(1), record(2)],
+            origin: None,
+        }
+    );
 }
 
 proptest! {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use narad_storage::{PartitionId, Store};
+use narad_storage::PartitionId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -233,28 +233,6 @@ impl LinkProbe<'_> {
     }
 }
 
-/// The committed high watermark of every partition of `topic`, read now. Opens closed logs
-/// whose high-watermark file holds no boundary (the only way to know their end).
-async fn read_high_watermarks(
-    store: &Arc<Store>,
-    topic: &str,
-    partitions: u32,
-) -> Result<Vec<u64>, String> {
-    let store = Arc::clone(store);
-    let topic = topic.to_owned();
-    crate::blocking::run(move || {
-        (0..partitions)
-            .map(|p| {
-                store
-                    .high_watermark(&PartitionId::new(topic.clone(), p))
-                    .map_err(|e| format!("partition {p}: {e}"))
-            })
-            .collect()
-    })
-    .await
-    .map_err(|e| format!("reading high watermarks failed: {e}"))?
-}
-
 /// `PUT /v1/topics/{parent}/children/{child}`: attaches a child with a fresh epoch and the
 /// parent's current high watermarks as its attach point. 201 with the link.
 pub async fn attach(
@@ -293,6 +271,7 @@ pub async fn attach(
             partitions,
             retention_ms: None,
             retention_bytes: None,
+            placement: None,
         }),
         (None, None) => {
             return Err(ApiError::not_found(format!(
@@ -344,7 +323,7 @@ async fn new_link(
     probe.check(state, &router, &config, "attached").await?;
     // The attach point: read while the attach is processed, before it is recorded, so every
     // record committed from now on is at or past it. No guessing: any failure refuses.
-    let attach_offsets = read_high_watermarks(&state.store, parent, parent_partitions)
+    let attach_offsets = super::internal::gather_high_watermarks(state, parent, parent_partitions)
         .await
         .map_err(|reason| {
             ApiError::new(

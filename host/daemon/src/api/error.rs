@@ -156,6 +156,9 @@ impl From<TopicError> for ApiError {
             TopicError::Storage(e) => e.into(),
             TopicError::Task(e) => ApiError::internal(e.to_string()),
             TopicError::Conflict(message) => ApiError::new(StatusCode::CONFLICT, message),
+            TopicError::Unavailable(message) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+            }
             TopicError::SetAside(SetAsideError::UnknownEntry { .. }) => {
                 ApiError::not_found(err.to_string())
             }

@@ -45,6 +45,22 @@ pub struct PartitionLabels {
     pub partition: u32,
 }
 
+/// Labels of `narad_forwarded_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `produce` or `fetch`.
+    pub request: &'static str,
+    /// `ok` (the owner answered, whatever its status), `owner_down` (the owner is not alive or
+    /// refused the connection: nothing was sent) or `error` (no usable answer).
+    pub outcome: &'static str,
+}
+
+/// Every `request` of `narad_forwarded_requests_total`.
+pub const FORWARD_REQUESTS: [&str; 2] = ["produce", "fetch"];
+
+/// Every `outcome` of `narad_forwarded_requests_total`.
+pub const FORWARD_OUTCOMES: [&str; 3] = ["ok", "owner_down", "error"];
+
 /// The API's own series.
 #[derive(Debug, Default)]
 pub struct ApiMetrics {
@@ -76,6 +92,9 @@ pub struct ApiMetrics {
     /// `narad_http_body_budget_refusals_total`: requests answered 503 because the body budget
     /// was full.
     pub body_budget_refusals: Counter,
+    /// `narad_forwarded_requests_total{request, outcome}`: calls to partition owners made for
+    /// requests this node does not own (cluster mode; one per owner a produce reaches).
+    pub forwarded: Family<ForwardLabels, Counter>,
     /// `narad_set_aside_entries`: directories in the set-aside area (read at scrape time).
     pub set_aside_entries: Gauge<u64, AtomicU64>,
     /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
@@ -155,6 +174,29 @@ impl ApiMetrics {
             "Requests answered 503 with Retry-After because max-buffered-request-bytes were held",
             self.body_budget_refusals.clone(),
         );
+        // Every pair starts at 0, so the series exist (and rate() works) before the first
+        // forward, and a single node shows that it forwards nothing.
+        for request in FORWARD_REQUESTS {
+            for outcome in FORWARD_OUTCOMES {
+                drop(
+                    self.forwarded
+                        .get_or_create(&ForwardLabels { request, outcome }),
+                );
+            }
+        }
+        registry.register(
+            "narad_forwarded_requests",
+            "Calls to partition owners for produce and fetch requests this node does not own (cluster mode), by outcome",
+            self.forwarded.clone(),
+        );
+    }
+
+    /// Counts one call forwarded to a partition owner for a `request` (`produce`, `fetch`)
+    /// that ended with `outcome` (`ok`, `owner_down`, `error`).
+    pub fn forwarded(&self, request: &'static str, outcome: &'static str) {
+        self.forwarded
+            .get_or_create(&ForwardLabels { request, outcome })
+            .inc();
     }
 
     /// Counts `records` records of `bytes` bytes committed to `topic` by a produce.

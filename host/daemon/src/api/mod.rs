@@ -3,6 +3,7 @@
 //!   `POST /v1/topics/{t}/partitions`;
 //! - [`topic_config`]: `PATCH /v1/topics/{t}` (retention);
 //! - [`records`]: `POST /v1/topics/{t}/records`, `GET /v1/topics/{t}/partitions/{p}/records`;
+//!   [`forward`]: the same, forwarded one hop to the partition's owner in cluster mode;
 //! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`,
 //!   `GET /v1/topics/{parent}/children`;
@@ -22,8 +23,11 @@ pub mod body_budget;
 pub mod children;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod health;
+pub mod internal;
 pub mod metrics;
+pub mod nodes;
 pub mod plugins;
 pub mod records;
 pub mod topic_config;
@@ -77,6 +81,11 @@ pub struct AppInner {
     /// The API's own series (produce and fetch traffic, storage gauges), registered in
     /// `metrics`.
     pub api_metrics: Arc<metrics::ApiMetrics>,
+    /// Cluster mode's membership, peers and ownership; `None` on a single node.
+    pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
+    /// Forwards produce and fetch requests for partitions other nodes own (cluster mode);
+    /// `None` on a single node, where such requests answer 421.
+    pub forward: Option<Arc<forward::Forwarder>>,
 }
 
 impl AppState {
@@ -140,9 +149,18 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/set-aside/{id}", delete(admin::purge))
         .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
         .route("/metrics", get(metrics::metrics))
+        .route("/v1/nodes", get(nodes::list))
+        .route(
+            "/internal/v1/topics/{topic}/high-watermarks",
+            get(internal::high_watermarks),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            internal::wait_for_caller_revision,
+        ))
         // Outermost, so every body is counted before any extractor reads it.
         .layer(axum::middleware::from_fn_with_state(
             budget,

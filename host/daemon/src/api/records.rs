@@ -2,13 +2,17 @@
 //!
 //! Produce validates the whole request before anything is written: one bad record rejects the
 //! batch and no partition changes.
+//!
+//! In cluster mode a partition another node owns is served through [`super::forward`]: produce
+//! hands the request over once its records are placed, fetch once its partition is known.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
@@ -32,25 +36,42 @@ pub const DEFAULT_FETCH_MAX_RECORDS: u32 = 500;
 /// `POST /v1/topics/{t}/records`.
 pub async fn produce(
     State(state): State<AppState>,
+    headers: HeaderMap,
     ApiPath(topic_name): ApiPath<String>,
     ApiJson(req): ApiJson<ProduceRequest>,
-) -> Result<Json<ProduceResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let topic = require_topic(&state, &topic_name).await?;
     let mut records = decode_batch(req, topic.partitions, &topic.name, &state.limits)?;
     // Place every record now so ownership is checked for each target partition.
     let placement = state
         .producer
         .place(&topic.name, topic.partitions, &records);
-    let mut targets = std::collections::BTreeSet::new();
-    for (record, p) in records.iter_mut().zip(placement) {
+    for (record, &p) in records.iter_mut().zip(&placement) {
         record.partition = Some(p);
-        targets.insert(p);
     }
-    for p in targets {
-        let id = PartitionId::new(topic.name.clone(), p);
-        if !state.ownership.is_local(&id) {
-            return Err(not_owned(&state, &id));
+    // Cluster mode: a partition this node owns but has not registered yet (the metadata copy
+    // showed it a moment ago) is registered now, not refused.
+    let targets: std::collections::BTreeSet<u32> = placement.iter().copied().collect();
+    for &p in &targets {
+        state.topics.ensure_owned(&topic, p).await?;
+    }
+    // Every owner is checked before anything is written: 421 for a partition this node may
+    // not serve, 503 for one whose owner is down; records for other live owners are forwarded.
+    match super::forward::split_produce(&state, &headers, &topic.name, &placement) {
+        super::forward::ProduceRoute::Refused(refusal) => return Ok(refusal),
+        super::forward::ProduceRoute::Forward(split) => {
+            return Ok(split
+                .run(
+                    &state,
+                    &headers,
+                    &topic.name,
+                    topic.partitions,
+                    records,
+                    &placement,
+                )
+                .await);
         }
+        super::forward::ProduceRoute::Local => {}
     }
     let bytes: u64 = records
         .iter()
@@ -71,10 +92,12 @@ pub async fn produce(
                 offset: p.offset,
             })
             .collect(),
-    }))
+    })
+    .into_response())
 }
 
-fn not_owned(state: &AppState, id: &PartitionId) -> ApiError {
+/// The `421` for a partition this node does not serve (and may not forward to its owner).
+pub(super) fn not_owned(state: &AppState, id: &PartitionId) -> ApiError {
     let owner = state
         .ownership
         .owner(id)
@@ -220,9 +243,11 @@ pub struct FetchQuery {
 /// `GET /v1/topics/{t}/partitions/{p}/records?offset=&max=&wait_ms=`.
 pub async fn fetch(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
     ApiPath((topic_name, partition)): ApiPath<(String, u32)>,
     ApiQuery(query): ApiQuery<FetchQuery>,
-) -> Result<Json<FetchResponse>, ApiError> {
+) -> Result<Response, ApiError> {
     let topic = require_topic(&state, &topic_name).await?;
     if partition >= topic.partitions {
         return Err(ApiError::not_found(format!(
@@ -233,8 +258,11 @@ pub async fn fetch(
         )));
     }
     let id = PartitionId::new(topic.name.clone(), partition);
+    state.topics.ensure_owned(&topic, partition).await?;
     if !state.ownership.is_local(&id) {
-        return Err(not_owned(&state, &id));
+        // Forwarded to the owner in cluster mode (421 on a single node, or when the request
+        // was forwarded already).
+        return Ok(super::forward::fetch(&state, &headers, &uri, &id).await);
     }
     let max = query.max.unwrap_or(DEFAULT_FETCH_MAX_RECORDS);
     if max == 0 {
@@ -299,7 +327,8 @@ pub async fn fetch(
         next_offset: result.next_offset,
         high_watermark: result.high_watermark,
         log_start_offset: result.log_start_offset,
-    }))
+    })
+    .into_response())
 }
 
 /// Reads on the blocking pool. `from_start`: the offset was the log start a moment ago, so if

@@ -1,5 +1,6 @@
 //! Topic endpoints: create, list, describe, delete, grow.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -11,8 +12,8 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::types::{
-    CreateTopicRequest, DeleteTopicQuery, DeletedTopic, GrowPartitionsRequest, LinkEnds,
-    PartitionInfo, RecoveredCutInfo, TopicDescription, TopicInfo, TopicList,
+    CreateTopicRequest, DeleteTopicQuery, DeletedTopic, DescribeQuery, GrowPartitionsRequest,
+    LinkEnds, PartitionInfo, RecoveredCutInfo, TopicDescription, TopicInfo, TopicList,
 };
 use crate::metastore::{MetastoreError, TopicMeta};
 use crate::topics::NewTopic;
@@ -25,6 +26,7 @@ impl From<TopicMeta> for TopicInfo {
             retention_ms: t.retention_ms,
             retention_bytes: t.retention_bytes,
             created_at: t.created_at_ms,
+            owners: t.owners.into_iter().map(|o| o.node).collect(),
         }
     }
 }
@@ -41,6 +43,7 @@ pub async fn create(
             partitions: req.partitions,
             retention_ms: req.retention_ms,
             retention_bytes: req.retention_bytes,
+            placement: req.placement,
         })
         .await?;
     tracing::info!(topic = %topic.name, partitions = topic.partitions, "topic created");
@@ -64,17 +67,55 @@ pub(super) async fn require_topic(state: &AppState, name: &str) -> Result<TopicM
     })
 }
 
-/// `GET /v1/topics/{t}`: settings and per-partition state, without opening any closed log.
+/// `GET /v1/topics/{t}`: settings and per-partition state, without opening any closed log. In
+/// cluster mode each partition's figures come from its owner, asked concurrently; a partition
+/// whose owner cannot answer is listed as `unavailable` with the reason.
 pub async fn describe(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
+    ApiQuery(query): ApiQuery<DescribeQuery>,
 ) -> Result<Json<TopicDescription>, ApiError> {
     let topic = require_topic(&state, &name).await?;
+    let owner_of = |p: u32| topic.owners.get(p as usize).map(|o| o.node.clone());
+    let mut local = Vec::new();
+    let mut remote: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for p in 0..topic.partitions {
+        let id = PartitionId::new(topic.name.clone(), p);
+        match (&state.cluster, owner_of(p)) {
+            (None, _) => local.push(p),
+            (Some(_), Some(_)) if state.ownership.is_local(&id) => {
+                state.topics.ensure_owned(&topic, p).await?;
+                local.push(p);
+            }
+            (Some(_), Some(owner)) if !query.local => remote.entry(owner).or_default().push(p),
+            (Some(_), _) => {}
+        }
+    }
+    let mut stats = local_stats(&state, &topic, local).await?;
+    if let Some(cluster) = &state.cluster {
+        for info in &mut stats {
+            info.owner = owner_of(info.partition);
+        }
+        stats.extend(remote_stats(cluster, &topic.name, remote).await);
+        stats.sort_by_key(|s| s.partition);
+    }
+    Ok(Json(TopicDescription {
+        topic: topic.into(),
+        partition_stats: stats,
+    }))
+}
+
+/// The figures of `partitions` of `topic`, from this node's store.
+async fn local_stats(
+    state: &AppState,
+    topic: &TopicMeta,
+    partitions: Vec<u32>,
+) -> Result<Vec<PartitionInfo>, ApiError> {
     let store: Arc<Store> = Arc::clone(&state.store);
-    let count = topic.partitions;
     let topic_name = topic.name.clone();
     let partition_stats = crate::blocking::run(move || {
-        (0..count)
+        partitions
+            .into_iter()
             .map(|p| {
                 let stats = store.peek(&PartitionId::new(topic_name.clone(), p))?;
                 let (state, reason) = match stats.state {
@@ -102,16 +143,100 @@ pub async fn describe(
                         at_ms: c.at_ms,
                         kept_at: c.kept_at.display().to_string(),
                     }),
+                    owner: None,
                 })
             })
             .collect::<Result<Vec<_>, narad_storage::StorageError>>()
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    Ok(Json(TopicDescription {
-        topic: topic.into(),
-        partition_stats,
-    }))
+    Ok(partition_stats)
+}
+
+/// The figures of the partitions other nodes own, asked of each owner concurrently. An owner
+/// that cannot answer gets `unavailable` entries saying why, so one dead node does not hide
+/// the rest of the topic.
+async fn remote_stats(
+    cluster: &Arc<crate::cluster::ClusterContext>,
+    topic: &str,
+    by_owner: BTreeMap<String, Vec<u32>>,
+) -> Vec<PartitionInfo> {
+    let calls: Vec<_> = by_owner
+        .into_iter()
+        .map(|(node, wanted)| {
+            let (cluster, topic) = (Arc::clone(cluster), topic.to_owned());
+            tokio::spawn(async move {
+                let answer = owner_stats(&cluster, &topic, &node).await;
+                wanted
+                    .into_iter()
+                    .map(|p| match &answer {
+                        Ok(stats) => stats
+                            .iter()
+                            .find(|s| s.partition == p)
+                            .cloned()
+                            .map(|mut s| {
+                                s.owner = Some(node.clone());
+                                s
+                            })
+                            .unwrap_or_else(|| {
+                                unavailable(p, &node, format!("node {node} does not serve it"))
+                            }),
+                        Err(reason) => unavailable(p, &node, reason.clone()),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for call in calls {
+        if let Ok(part) = call.await {
+            out.extend(part);
+        }
+    }
+    out
+}
+
+async fn owner_stats(
+    cluster: &crate::cluster::ClusterContext,
+    topic: &str,
+    node: &str,
+) -> Result<Vec<PartitionInfo>, String> {
+    let base = cluster
+        .peers
+        .advertise_of(node)
+        .ok_or_else(|| format!("node {node} is not alive"))?;
+    let answer = cluster
+        .http
+        .get(format!("{base}/v1/topics/{topic}?local=true"))
+        .header(
+            super::internal::REVISION_HEADER,
+            cluster.metastore.cache_revision(),
+        )
+        .send()
+        .await
+        .map_err(|e| format!("node {node} did not answer: {e}"))?;
+    if !answer.status().is_success() {
+        return Err(format!("node {node} answered {}", answer.status()));
+    }
+    let description: TopicDescription = answer
+        .json()
+        .await
+        .map_err(|e| format!("node {node} answered something else: {e}"))?;
+    Ok(description.partition_stats)
+}
+
+fn unavailable(partition: u32, node: &str, reason: String) -> PartitionInfo {
+    PartitionInfo {
+        partition,
+        log_start_offset: 0,
+        high_watermark: None,
+        size_bytes: 0,
+        segments: 0,
+        state: "unavailable".to_owned(),
+        reason: Some(reason),
+        recovered_cut: None,
+        owner: Some(node.to_owned()),
+    }
 }
 
 /// `DELETE /v1/topics/{t}?force=`: the deleted topic's settings and the links removed with it.

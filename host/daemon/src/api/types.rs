@@ -25,6 +25,10 @@ pub struct CreateTopicRequest {
     /// Size limit per partition in bytes; absent means no cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_bytes: Option<u64>,
+    /// Cluster mode: the node id of each partition, by index; absent spreads the partitions
+    /// over the live nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Vec<String>>,
 }
 
 /// A topic's settings, as created, listed and described.
@@ -40,6 +44,33 @@ pub struct TopicInfo {
     pub retention_bytes: Option<u64>,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at: i64,
+    /// Cluster mode: the node that owns each partition, by index; absent on a single node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<String>,
+}
+
+/// `GET /v1/nodes` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeList {
+    /// `single` (one node, embedded metastore) or `cluster`.
+    pub mode: String,
+    /// The id of the node that answered.
+    pub this_node: String,
+    /// Every live node, by id.
+    pub nodes: Vec<NodeInfo>,
+}
+
+/// One live node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node id (`--node-id`).
+    pub id: String,
+    /// The URL peers and clients reach it at; absent on a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+    /// When its process joined, milliseconds since the Unix epoch; absent on a single node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_at: Option<i64>,
 }
 
 /// `GET /v1/topics` answer.
@@ -79,6 +110,19 @@ pub struct PartitionInfo {
     /// kept aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_cut: Option<RecoveredCutInfo>,
+    /// Cluster mode: the node that owns the partition (its figures come from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+/// `GET /v1/topics/{t}` query string.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescribeQuery {
+    /// Cluster mode: only the partitions the answering node owns (what nodes ask each other
+    /// when they gather a description).
+    #[serde(default)]
+    pub local: bool,
 }
 
 /// Torn tails recovery cut off a partition, while their kept-aside copies are in the

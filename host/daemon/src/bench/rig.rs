@@ -9,15 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use narad_storage::{
-    Appended, Clock, EncodedBatch, LogConfig, PartitionId, StorageError, Store, StoreOptions,
-    SystemClock,
+    Appended, Clock, EncodedBatch, LogConfig, PartitionId, Store, StoreOptions, SystemClock,
 };
 
 use super::counting_fs::CountingFs;
 use super::timed_router::{RouteTiming, TimedRouter};
 use super::{BenchError, blocking};
 use crate::api::children::DEFAULT_ROUTER;
-use crate::fanout::committer::ChildCommitter;
+use crate::fanout::committer::{ChildCommitError, ChildCommitter};
 use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
 use crate::fanout::route::wasm::WasmRouterFactory;
@@ -54,7 +53,7 @@ impl ChildCommitter for CountingCommitter {
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
-    ) -> Result<Appended, StorageError> {
+    ) -> Result<Appended, ChildCommitError> {
         let start = std::time::Instant::now();
         let result = ChildCommitter::commit(&self.producer, partition, batch);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -156,6 +155,7 @@ impl Rig {
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(SystemClock) as Arc<dyn Clock>,
             timing: crate::fanout::FanoutTiming::default(),
+            children_may_be_remote: false,
         });
         let loader = Arc::clone(&registry);
         let routers = WasmRouterFactory::new(Arc::new(move |digest: &str| {

@@ -219,6 +219,12 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/nodes`.
+    pub async fn list_nodes(&self) -> Result<crate::api::types::NodeList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/nodes", None, None)
+            .await
+    }
+
     /// `GET /v1/topics`.
     pub async fn list_topics(&self) -> Result<TopicList, ApiCallError> {
         self.call::<(), _>(Method::GET, "/v1/topics", None, None)

@@ -33,6 +33,10 @@ pub enum TopicCommand {
         /// Trim each partition to about this many bytes (default: no cap).
         #[arg(long)]
         retention_bytes: Option<u64>,
+        /// Cluster mode: the node of each partition, comma-separated, by index (default:
+        /// spread over the live nodes).
+        #[arg(long, value_delimiter = ',', value_name = "NODE,...")]
+        placement: Option<Vec<String>>,
     },
     /// List topics.
     List,
@@ -174,6 +178,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             partitions,
             retention_ms,
             retention_bytes,
+            placement,
         } => {
             let t = client
                 .create_topic(&CreateTopicRequest {
@@ -181,6 +186,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
                     partitions,
                     retention_ms,
                     retention_bytes,
+                    placement,
                 })
                 .await?;
             if json {
@@ -245,6 +251,7 @@ mod tests {
             retention_ms: None,
             retention_bytes: None,
             created_at: 1_764_460_800_123,
+            owners: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
 //! - [`ownership`]: who serves a partition, from each topic's owners in the watched metadata;
+//! - [`peers`]: the live nodes and the addresses they advertise, watched;
 //! - [`placement`]: which node a new partition goes to (pinned, spread, away from the
 //!   parent's partition).
 //!
@@ -21,6 +22,7 @@ pub mod commit_wire;
 pub mod dedupe;
 pub mod membership;
 pub mod ownership;
+pub mod peers;
 pub mod placement;
 pub mod receiver;
 
@@ -30,4 +32,51 @@ pub use membership::{Membership, MembershipError, NodeRecord};
 /// so several clusters (and test runs) can share one etcd.
 pub fn prefix(name: &str) -> String {
     format!("/narad/{name}/")
+}
+
+/// What a node in cluster mode shares with its API, cursors and background loops.
+pub struct ClusterContext {
+    /// The cluster's key prefix in etcd ([`prefix`]).
+    pub prefix: String,
+    /// This node's lease-held registration (its id and advertised address).
+    pub membership: std::sync::Arc<Membership>,
+    /// The metadata in etcd, with this node's watched copy.
+    pub metastore: std::sync::Arc<crate::metastore::EtcdMetastore>,
+    /// Who owns each partition, from the watched metadata.
+    pub ownership: std::sync::Arc<ownership::ClusterOwnership>,
+    /// The live nodes and their addresses, watched.
+    pub peers: std::sync::Arc<peers::PeerDirectory>,
+    /// The HTTP client for calls to other nodes (attach points, stats): fails fast on a dead
+    /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
+    pub http: reqwest::Client,
+}
+
+/// Longest wait for a connection to another node (see `commit_rpc::CONNECT_TIMEOUT`).
+pub const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Longest wait for a whole call to another node that is not a long-poll.
+pub const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The client [`ClusterContext::http`] holds.
+pub fn peer_client() -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(PEER_CONNECT_TIMEOUT)
+        .timeout(PEER_CALL_TIMEOUT)
+        .build()
+}
+
+impl ClusterContext {
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.membership.record().id
+    }
+}
+
+impl std::fmt::Debug for ClusterContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterContext")
+            .field("prefix", &self.prefix)
+            .field("node", self.membership.record())
+            .finish_non_exhaustive()
+    }
 }

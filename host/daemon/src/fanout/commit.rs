@@ -16,10 +16,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
-use narad_storage::{EncodedBatch, Header, PartitionId, StorageError, StoredRecord};
+use narad_storage::{EncodedBatch, Header, PartitionId, StoredRecord};
 
 use super::bucket::Bucket;
-use super::committer::ChildCommitter;
+use super::committer::{ChildCommitError, ChildCommitter};
 use super::{COMMITS_IN_FLIGHT, FanoutTiming};
 use crate::blocking::BlockingError;
 
@@ -33,18 +33,29 @@ pub struct Acknowledged(());
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommitFailure {
-    /// The append to the child partition failed all its quick tries.
-    #[error("commit to {target} failed: {error}")]
+    /// The commit to the child partition failed all its quick tries. The text names the
+    /// child partition, and for a child stored on another node the owner node the bucket
+    /// waits for ("waiting for the owner of child partition child/p00001 (node n2): ...").
+    #[error("{}", commit_text(.target, .error))]
     Commit {
         /// The child partition.
         target: PartitionId,
         /// The last try's error.
-        error: StorageError,
+        error: ChildCommitError,
     },
     /// The task committing buckets panicked or was cancelled; which records it held is
     /// lost with it, so the whole slab is retried.
     #[error("commit task failed: {0}")]
     Task(#[from] BlockingError),
+}
+
+/// The stall text of a failed bucket: the error alone when it names the child partition
+/// itself, else prefixed with it.
+fn commit_text(target: &PartitionId, error: &ChildCommitError) -> String {
+    match error.names_partition() {
+        true => error.to_string(),
+        false => format!("commit to {target} failed: {error}"),
+    }
 }
 
 /// The buckets that were not acknowledged.
@@ -93,7 +104,7 @@ impl Failed {
 }
 
 /// What one lane did with one bucket.
-type Outcome = (PartitionId, Vec<usize>, Result<(), StorageError>);
+type Outcome = (PartitionId, Vec<usize>, Result<(), ChildCommitError>);
 
 /// Commits `buckets` to their child partitions, [`COMMITS_IN_FLIGHT`] at a time, each with
 /// quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
@@ -116,14 +127,18 @@ pub async fn commit(
                 let Some(bucket) = next else {
                     return done;
                 };
-                let outcome = bucket.encode().and_then(|mut batch| {
-                    commit_with_quick_retries(
-                        committer.as_ref(),
-                        &bucket.target,
-                        &mut batch,
-                        &pauses,
-                    )
-                });
+                let outcome =
+                    bucket
+                        .encode()
+                        .map_err(ChildCommitError::from)
+                        .and_then(|mut batch| {
+                            commit_with_quick_retries(
+                                committer.as_ref(),
+                                &bucket.target,
+                                &mut batch,
+                                &pauses,
+                            )
+                        });
                 done.push((bucket.target, bucket.indices, outcome));
             }
         }
@@ -167,7 +182,7 @@ fn commit_with_quick_retries(
     partition: &PartitionId,
     batch: &mut EncodedBatch,
     pauses: &[std::time::Duration],
-) -> Result<(), StorageError> {
+) -> Result<(), ChildCommitError> {
     let mut tries = 0;
     loop {
         match committer.commit(partition, batch) {
@@ -189,7 +204,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use narad_storage::Appended;
+    use narad_storage::{Appended, StorageError};
 
     use super::*;
     use crate::fanout::bucket::{SlabOrigin, bucket};
@@ -198,7 +213,7 @@ mod tests {
     fn a_failed_bucket_commit_names_the_child_partition_in_its_stall_text() {
         let failure = CommitFailure::Commit {
             target: PartitionId::new("child", 1),
-            error: StorageError::EmptyBatch,
+            error: StorageError::EmptyBatch.into(),
         };
         assert!(
             matches!(&failure, CommitFailure::Commit { target, .. } if *target == PartitionId::new("child", 1))
@@ -220,10 +235,10 @@ mod tests {
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
-        ) -> Result<Appended, StorageError> {
+        ) -> Result<Appended, ChildCommitError> {
             self.tries.lock().unwrap().push(partition.partition);
             if self.down.contains(&partition.partition) {
-                return Err(StorageError::EmptyBatch);
+                return Err(StorageError::EmptyBatch.into());
             }
             Ok(Appended {
                 base_offset: 0,
@@ -293,7 +308,7 @@ mod tests {
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
-        ) -> Result<Appended, StorageError> {
+        ) -> Result<Appended, ChildCommitError> {
             assert!(partition.partition != 2, "child disk on fire");
             Ok(Appended {
                 base_offset: 0,

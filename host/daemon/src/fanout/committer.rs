@@ -2,10 +2,14 @@
 //!
 //! On one node every child partition is local and a commit is exactly a produce: the same
 //! `Store::append` (append, `fdatasync`, verify). Across nodes an implementation sends the
-//! bucket to the child partition's owner; a dead owner stalls that bucket, it never reroutes.
+//! bucket to the child partition's owner ([`super::remote_commit`]); a dead owner stalls that
+//! bucket, it never reroutes. [`ChildCommitError`] says which, and for a remote child which
+//! owner node the bucket waits for.
 
+use narad_storage::log::format::FrameError;
 use narad_storage::{Appended, EncodedBatch, PartitionId, StorageError};
 
+use crate::cluster::commit_rpc::CallError;
 use crate::produce::Producer;
 
 /// Commits a batch to a child partition, durably, or says why not. Blocking.
@@ -17,7 +21,141 @@ pub trait ChildCommitter: Send + Sync + 'static {
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
-    ) -> Result<Appended, StorageError>;
+    ) -> Result<Appended, ChildCommitError>;
+}
+
+/// Why a bucket is not (known to be) committed to its child partition. Every case is retried
+/// by the cursor; the text is the stall reason the children listing shows, and each remote
+/// case names the child partition and the owner node the bucket waits for.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildCommitError {
+    /// The append to a child partition stored on this node failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The metadata names no owner for the child partition (yet): nothing was sent.
+    #[error("waiting for an owner of child partition {partition}: the metadata names none")]
+    OwnerUnknown {
+        /// The child partition.
+        partition: PartitionId,
+    },
+    /// The child partition's owner is not alive (its lease is gone): nothing was sent, so a
+    /// dead owner costs no connect timeout per try.
+    #[error("waiting for the owner of child partition {partition} (node {node}): it is not alive")]
+    OwnerDown {
+        /// The child partition.
+        partition: PartitionId,
+        /// Its owner, as this node's metadata says.
+        node: String,
+    },
+    /// The node asked does not own the child partition at the generation this node saw (the
+    /// partition moved, or one of the two views is behind): nothing was appended. The next
+    /// try looks the owner up again.
+    #[error(
+        "waiting for the owner of child partition {partition}: node {node} does not own it at \
+         generation {generation} (it sees {}); looking the owner up again",
+        seen_owner(.owner, .owner_generation)
+    )]
+    NotOwner {
+        /// The child partition.
+        partition: PartitionId,
+        /// The node asked.
+        node: String,
+        /// The generation sent.
+        generation: u64,
+        /// Who that node believes owns the partition, if anyone.
+        owner: Option<String>,
+        /// The generation that node knows, if any.
+        owner_generation: Option<u64>,
+    },
+    /// The owner gave no answer (refused connection, timeout) or an answer that is not a
+    /// commit answer: the bucket may or may not be stored there; the retry is deduplicated.
+    #[error("waiting for the owner of child partition {partition} (node {node}): {source}")]
+    Unreachable {
+        /// The child partition.
+        partition: PartitionId,
+        /// The owner asked.
+        node: String,
+        /// What the call got.
+        source: CallError,
+    },
+    /// The owner answered that its append failed (a storage error on its side).
+    #[error(
+        "waiting for the owner of child partition {partition} (node {node}): its append failed: \
+         {reason}"
+    )]
+    Refused {
+        /// The child partition.
+        partition: PartitionId,
+        /// The owner.
+        node: String,
+        /// The owner's reason.
+        reason: String,
+    },
+    /// The owner's acknowledgement does not account for every record sent (stored plus
+    /// already held): it is not taken as one, and the retry is deduplicated by the owner.
+    #[error(
+        "waiting for the owner of child partition {partition} (node {node}): it acknowledged \
+         {appended} stored and {deduplicated} already held of {sent} records sent"
+    )]
+    Unaccounted {
+        /// The child partition.
+        partition: PartitionId,
+        /// The owner.
+        node: String,
+        /// Records sent.
+        sent: usize,
+        /// Records it says it stored.
+        appended: u32,
+        /// Records it says it already held.
+        deduplicated: u32,
+    },
+    /// The bucket's frame could not be decoded to be sent (a defect: a frame made by
+    /// `EncodedBatch::encode` always decodes).
+    #[error("the bucket for child partition {partition} cannot be sent: {source}")]
+    Undecodable {
+        /// The child partition.
+        partition: PartitionId,
+        /// The decoder's error.
+        source: FrameError,
+    },
+    /// The bucket carries no provenance, which a child commit between nodes needs for the
+    /// owner's dedupe (a defect: every bucket carries its origin).
+    #[error("the bucket for child partition {partition} carries no provenance; it cannot be sent")]
+    NoProvenance {
+        /// The child partition.
+        partition: PartitionId,
+    },
+}
+
+/// What the node asked believes about the owner, for [`ChildCommitError::NotOwner`]'s text.
+fn seen_owner(owner: &Option<String>, generation: &Option<u64>) -> String {
+    match (owner, generation) {
+        (Some(node), Some(generation)) => format!("node {node} at generation {generation}"),
+        (Some(node), None) => format!("node {node}"),
+        (None, _) => "no owner".to_owned(),
+    }
+}
+
+impl ChildCommitError {
+    /// The node that owns (or was asked as the owner of) the child partition, when the bucket
+    /// waits on another node; `None` for a local storage error or an unknown owner.
+    pub fn owner_node(&self) -> Option<&str> {
+        match self {
+            ChildCommitError::OwnerDown { node, .. }
+            | ChildCommitError::NotOwner { node, .. }
+            | ChildCommitError::Unreachable { node, .. }
+            | ChildCommitError::Refused { node, .. }
+            | ChildCommitError::Unaccounted { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// Whether the text already names the child partition (every case but a local storage
+    /// error), so a stall reason does not name it twice.
+    pub fn names_partition(&self) -> bool {
+        !matches!(self, ChildCommitError::Storage(_))
+    }
 }
 
 /// On one node a child commit is a produce commit: the same `Store::append` (append,
@@ -27,7 +165,7 @@ impl ChildCommitter for Producer {
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
-    ) -> Result<Appended, StorageError> {
-        self.store().append_encoded(partition, batch)
+    ) -> Result<Appended, ChildCommitError> {
+        Ok(self.store().append_encoded(partition, batch)?)
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! Each series belongs to the cursor running on the parent partition's owner: it is set while
 //! the cursor runs and removed when the cursor stops, so a sum over nodes counts every
-//! partition once.
+//! partition once. The one exception is counted by the sending node's child committer, per
+//! child, for as long as the process runs: records the owner of a child partition on another
+//! node already held ([`FanoutMetrics::commit_deduplicated`]).
 
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
@@ -34,6 +36,14 @@ pub struct StateLabels {
     pub partition: u32,
     /// One of the cursor states.
     pub state: StateLabel,
+}
+
+/// Labels of the per-child series the child committer counts (not per cursor: a commit does
+/// not know which parent its bucket came from).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChildLabels {
+    /// Child topic.
+    pub child: String,
 }
 
 /// A cursor state as a label value.
@@ -76,6 +86,11 @@ pub struct FanoutMetrics {
     pub parent_end_rewinds: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
     pub state: Family<StateLabels, Gauge>,
+    /// `narad_fanout_commit_deduplicated_records_total`: records of child commits sent to
+    /// another node that its child partition already held (a retried commit whose first try
+    /// was stored), so they were not stored again. Per child, on the sending node, never
+    /// removed.
+    pub commit_deduplicated: Family<ChildLabels, Counter>,
 }
 
 impl FanoutMetrics {
@@ -130,6 +145,11 @@ impl FanoutMetrics {
             "narad_fanout_cursor_state",
             "1 for the state each cursor is in (running, waiting, stalled), 0 for the others",
             self.state.clone(),
+        );
+        registry.register(
+            "narad_fanout_commit_deduplicated_records",
+            "Records of child commits sent to another node that the child partition's owner already held (a retry of a commit it had stored) and did not store again",
+            self.commit_deduplicated.clone(),
         );
     }
 

@@ -25,7 +25,9 @@
 //! 4. **Commit** ([`commit`]): each bucket is appended to its child partition (the produce
 //!    path: append, `fdatasync`, verify), [`COMMITS_IN_FLIGHT`] at a time, with quick retries
 //!    ([`FanoutTiming::quick_retry_pauses`]). Failed buckets only are held (copied) and, after
-//!    [`FanoutTiming::retry_backoff`], go through steps 2 to 4 again.
+//!    [`FanoutTiming::retry_backoff`], go through steps 2 to 4 again. In cluster mode the
+//!    committer is [`remote_commit::ClusterCommitter`]: a child partition of another node gets
+//!    its bucket over the internal commit call, and a dead owner stalls only its buckets.
 //! 5. **Advance** ([`advance`]): only when every bucket is acknowledged (the proof commit
 //!    hands out), the offset file (`narad_storage::cursor`) moves past the slab. A crash in
 //!    between repeats the slab: duplicates in the child, never a gap.
@@ -44,6 +46,7 @@ pub mod gate;
 pub mod metrics;
 pub mod plugin_metrics;
 pub mod position;
+pub mod remote_commit;
 pub mod route;
 pub mod slab;
 pub mod status;

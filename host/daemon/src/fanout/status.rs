@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use super::cursor::CursorKey;
-use super::metrics::{CursorLabels, FanoutMetrics, StateLabel, StateLabels};
+use super::metrics::{ChildLabels, CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
 /// What a cursor is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -134,6 +134,10 @@ impl CursorStatus {
         let _ = m.route_failures.get_or_create(&self.labels);
         let _ = m.rewinds.get_or_create(&self.labels);
         let _ = m.parent_end_rewinds.get_or_create(&self.labels);
+        // Per child, not per cursor (the committer counts it), and never removed.
+        let _ = m.commit_deduplicated.get_or_create(&ChildLabels {
+            child: self.labels.child.clone(),
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {

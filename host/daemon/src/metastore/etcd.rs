@@ -171,6 +171,21 @@ impl EtcdMetastore {
         }
     }
 
+    /// The etcd revision the watched copy reflects (0 without one): a node passes it along
+    /// with a call to another node, which waits to have seen as much ([`Self::wait_for`]).
+    pub fn cache_revision(&self) -> i64 {
+        self.cache.as_ref().map_or(0, |c| c.view().revision)
+    }
+
+    /// Waits until the watched copy reflects `revision`, for at most `limit`; returns whether
+    /// it got there (true at once without a watched copy, whose reads go to etcd).
+    pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
+        match &self.cache {
+            Some(cache) => cache.wait_for(revision, limit).await,
+            None => true,
+        }
+    }
+
     /// The key prefix this metastore reads and writes under.
     pub fn prefix(&self) -> &str {
         &self.prefix

@@ -27,8 +27,8 @@ pub(crate) mod conformance;
 pub mod etcd;
 pub mod file;
 pub mod link;
-#[cfg(test)]
-pub(crate) mod test_etcd;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_etcd;
 pub mod transition;
 
 use std::collections::BTreeMap;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One running etcd; killed (SIGKILL) and its data dir removed on drop.
-pub(crate) struct TestEtcd {
+pub struct TestEtcd {
     child: Option<Child>,
     client_port: u16,
     peer_port: u16,
@@ -26,7 +26,7 @@ fn free_port() -> u16 {
 impl TestEtcd {
     /// Starts etcd and waits until it serves; panics (failing the test) with the reason when
     /// the binary is missing or the server does not come up.
-    pub(crate) fn start() -> TestEtcd {
+    pub fn start() -> TestEtcd {
         let shm = PathBuf::from("/dev/shm");
         let base = if shm.is_dir() {
             shm
@@ -49,7 +49,7 @@ impl TestEtcd {
     }
 
     /// Starts the stopped server again on the same ports and data (its history kept).
-    pub(crate) fn start_again(&mut self) {
+    pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "etcd is already running");
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -77,7 +77,7 @@ impl TestEtcd {
     }
 
     /// Kills the server (SIGKILL), keeping its data for [`TestEtcd::start_again`].
-    pub(crate) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -85,13 +85,13 @@ impl TestEtcd {
     }
 
     /// Kills and starts the server again: every client connection and watch is cut.
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.stop();
         self.start_again();
     }
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
-    pub(crate) fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
@@ -128,7 +128,7 @@ impl Drop for TestEtcd {
 /// A TCP relay to etcd that can be frozen: while frozen it moves no bytes either way but keeps
 /// every connection open, as a half-open connection or a stuck middlebox would, so a watch
 /// through it goes silent without ending. Its threads stop when it drops.
-pub(crate) struct FreezingProxy {
+pub struct FreezingProxy {
     port: u16,
     frozen: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -136,7 +136,7 @@ pub(crate) struct FreezingProxy {
 
 impl FreezingProxy {
     /// Relays a free loopback port to `127.0.0.1:upstream_port`.
-    pub(crate) fn start(upstream_port: u16) -> FreezingProxy {
+    pub fn start(upstream_port: u16) -> FreezingProxy {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
@@ -175,14 +175,14 @@ impl FreezingProxy {
     }
 
     /// The relay's client URL.
-    pub(crate) fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// Stops (`true`) or resumes (`false`) moving bytes. A freeze returns once no relay
     /// thread can still be forwarding bytes it read before the flag flipped (each reads for at
     /// most 20 ms between looks at the flag).
-    pub(crate) fn freeze(&self, frozen: bool) {
+    pub fn freeze(&self, frozen: bool) {
         self.frozen
             .store(frozen, std::sync::atomic::Ordering::Relaxed);
         if frozen {
@@ -232,7 +232,7 @@ impl Drop for FreezingProxy {
 
 impl TestEtcd {
     /// The client port (for a relay in front of it).
-    pub(crate) fn client_port(&self) -> u16 {
+    pub fn client_port(&self) -> u16 {
         self.client_port
     }
 }

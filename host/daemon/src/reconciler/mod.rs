@@ -356,13 +356,13 @@ mod tests {
 
     use bytes::Bytes;
     use narad_storage::{
-        AppendBatch, Appended, EncodedBatch, LogConfig, NewRecord, ReadOptions, StorageError,
-        Store, StoreOptions, StoredRecord,
+        AppendBatch, Appended, EncodedBatch, LogConfig, NewRecord, ReadOptions, Store,
+        StoreOptions, StoredRecord,
     };
 
     use super::*;
     use crate::fanout::FanoutTiming;
-    use crate::fanout::committer::ChildCommitter;
+    use crate::fanout::committer::{ChildCommitError, ChildCommitter};
     use crate::fanout::route::{RouteFailure, RouteInput};
     use crate::metastore::link::{PluginRef, PluginVersion};
     use crate::metastore::{FileMetastore, Metastore, TopicMeta};
@@ -388,8 +388,8 @@ mod tests {
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
-        ) -> Result<Appended, StorageError> {
-            self.0.append_encoded(partition, batch)
+        ) -> Result<Appended, ChildCommitError> {
+            Ok(self.0.append_encoded(partition, batch)?)
         }
     }
 
@@ -501,6 +501,7 @@ mod tests {
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(narad_storage::SystemClock),
             timing: TIMING,
+            children_may_be_remote: false,
         });
         let metrics = Arc::new(FanoutMetrics::default());
         let mut reconciler = Reconciler::new(

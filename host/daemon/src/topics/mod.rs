@@ -5,6 +5,7 @@
 //! - this file: [`TopicService`], the one place that changes topics;
 //! - [`intent`]: the intent record a change leaves in the topic directory while under way;
 //! - [`startup`]: start-up accounting of `topics/` against the metastore;
+//! - [`owned`]: cluster mode's registration of the partitions this node owns;
 //! - [`set_aside`]: the area where directories nobody can account for are kept, intact;
 //! - [`rebuild`]: `narad admin rebuild-metastore`, the topic list rebuilt from disk.
 //!
@@ -17,6 +18,7 @@
 //! cannot both pass the existence check.
 
 pub mod intent;
+pub mod owned;
 pub mod rebuild;
 pub mod set_aside;
 pub mod startup;
@@ -65,6 +67,9 @@ pub enum TopicError {
     /// An adopt that cannot be carried out as asked.
     #[error("{0}")]
     Conflict(String),
+    /// Cluster mode cannot do it now (no live node to place partitions on); retry.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// What a caller asks for when creating a topic.
@@ -78,6 +83,9 @@ pub struct NewTopic {
     pub retention_ms: Option<u64>,
     /// Size limit per partition in bytes (`None`: no cap). Must be positive.
     pub retention_bytes: Option<u64>,
+    /// Cluster mode: the node of each partition, by index (`None`: spread over the live
+    /// nodes). Refused on a single node.
+    pub placement: Option<Vec<String>>,
 }
 
 /// Creates, deletes and grows topics.
@@ -87,6 +95,8 @@ pub struct TopicService {
     producer: Arc<Producer>,
     segment_bytes: u64,
     admin: tokio::sync::Mutex<()>,
+    /// Cluster mode: partitions are placed on live nodes and made by their owners.
+    cluster: Option<Arc<crate::cluster::ClusterContext>>,
 }
 
 impl std::fmt::Debug for TopicService {
@@ -112,7 +122,7 @@ pub fn check_partition_count(count: u32) -> Result<(), TopicError> {
 }
 
 /// Checks a create request and turns it into the topic to record.
-fn check_new_topic(spec: NewTopic) -> Result<TopicMeta, TopicError> {
+fn check_new_topic(spec: &NewTopic) -> Result<TopicMeta, TopicError> {
     check_name(&spec.name)?;
     check_partition_count(spec.partitions)?;
     if spec.retention_ms == Some(0) {
@@ -126,7 +136,7 @@ fn check_new_topic(spec: NewTopic) -> Result<TopicMeta, TopicError> {
         ));
     }
     Ok(TopicMeta {
-        name: spec.name,
+        name: spec.name.clone(),
         partitions: spec.partitions,
         retention_ms: spec.retention_ms,
         retention_bytes: spec.retention_bytes,
@@ -203,13 +213,89 @@ impl TopicService {
             producer,
             segment_bytes,
             admin: tokio::sync::Mutex::new(()),
+            cluster: None,
         }
+    }
+
+    /// The same service in cluster mode: new partitions are placed on the live nodes of
+    /// `cluster` and recorded with their owners; each owner makes its own directories
+    /// ([`owned::register_owned`]).
+    pub fn with_cluster(mut self, cluster: Arc<crate::cluster::ClusterContext>) -> TopicService {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// Cluster mode: registers partition `p` of `topic` with the store if the metadata says this
+    /// node owns it and it is not registered yet (a request can arrive before the watched
+    /// copy's change is applied by [`owned::register_owned`]). No-op on one node.
+    pub async fn ensure_owned(&self, topic: &TopicMeta, p: u32) -> Result<(), TopicError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        let owned = topic
+            .owners
+            .get(p as usize)
+            .is_some_and(|o| o.node == cluster.node_id());
+        let id = PartitionId::new(topic.name.clone(), p);
+        if !owned || self.store.has_partition(&id) {
+            return Ok(());
+        }
+        let store = Arc::clone(&self.store);
+        let config = log_config(topic, self.segment_bytes);
+        crate::blocking::run(move || store.create_partition(&id, config)).await??;
+        Ok(())
+    }
+
+    /// The owners of partitions `first..first + count` of `topic`, in cluster mode; empty on
+    /// one node (where a pinned placement is refused).
+    fn place(
+        &self,
+        topic: &str,
+        first: u32,
+        count: u32,
+        pinned: Option<&[String]>,
+        away_from: Option<&[crate::metastore::PartitionOwner]>,
+    ) -> Result<Vec<crate::metastore::PartitionOwner>, TopicError> {
+        let Some(cluster) = &self.cluster else {
+            if pinned.is_some() {
+                return Err(TopicError::Invalid(
+                    "placement only applies in cluster mode (narad serve --etcd ...)".to_owned(),
+                ));
+            }
+            return Ok(Vec::new());
+        };
+        let live: Vec<String> = cluster.peers.live().into_iter().map(|n| n.id).collect();
+        crate::cluster::placement::place(crate::cluster::placement::Request {
+            topic,
+            first,
+            count,
+            live: &live,
+            pinned,
+            away_from,
+        })
+        .map_err(|e| match e {
+            crate::cluster::placement::PlacementError::NoLiveNodes => {
+                TopicError::Unavailable(e.to_string())
+            }
+            other => TopicError::Invalid(other.to_string()),
+        })
     }
 
     /// Validates and creates a topic with its partition directories.
     pub async fn create(&self, spec: NewTopic) -> Result<TopicMeta, TopicError> {
-        let meta = check_new_topic(spec)?;
+        let mut meta = check_new_topic(&spec)?;
+        meta.owners = self.place(
+            &meta.name,
+            0,
+            meta.partitions,
+            spec.placement.as_deref(),
+            None,
+        )?;
         let _admin = self.admin.lock().await;
+        if self.cluster.is_some() {
+            // The metadata names the owners; each makes its own directories when it sees it.
+            return Ok(self.metastore.create_topic(meta).await?);
+        }
         self.prepare_create(&meta).await?;
         let created = self.metastore.create_topic(meta).await?;
         self.clear_intent(&created.name).await?;
@@ -224,7 +310,38 @@ impl TopicService {
         spec: NewTopic,
         link: LinkMeta,
     ) -> Result<(TopicMeta, LinkMeta), TopicError> {
-        let meta = check_new_topic(spec)?;
+        let mut meta = check_new_topic(&spec)?;
+        if self.cluster.is_some() {
+            // A child with its parent's count is placed partition by partition away from the
+            // parent's owners, so a keyless copy never shares a disk with its original.
+            let parent = self.metastore.topic(&link.parent).await?;
+            let away = parent
+                .as_ref()
+                .filter(|p| p.partitions == meta.partitions)
+                .map(|p| p.owners.as_slice());
+            meta.owners = self.place(
+                &meta.name,
+                0,
+                meta.partitions,
+                spec.placement.as_deref(),
+                away,
+            )?;
+            let _admin = self.admin.lock().await;
+            let link = self
+                .metastore
+                .attach_link_with_new_child(meta.clone(), link)
+                .await?;
+            return Ok((meta, link));
+        }
+        if spec.placement.is_some() {
+            self.place(
+                &meta.name,
+                0,
+                meta.partitions,
+                spec.placement.as_deref(),
+                None,
+            )?;
+        }
         let _admin = self.admin.lock().await;
         self.prepare_create(&meta).await?;
         match self
@@ -264,6 +381,8 @@ impl TopicService {
             }
         };
         self.producer.forget_topic(name);
+        // In cluster mode this removes this node's partitions of the topic; other owners keep
+        // theirs on disk until they are told (not yet: see docs/cluster.md).
         self.remove_topic_dirs(name).await?;
         Ok(meta)
     }
@@ -288,6 +407,25 @@ impl TopicService {
         }
         if count == current.partitions {
             return Ok(current);
+        }
+        if self.cluster.is_some() {
+            let owners = self.place(
+                name,
+                current.partitions,
+                count - current.partitions,
+                None,
+                None,
+            )?;
+            let grown = self
+                .metastore
+                .apply(crate::metastore::Change::GrowPartitions {
+                    name: name.to_owned(),
+                    count,
+                    owners,
+                })
+                .await?
+                .into_topic()?;
+            return Ok(grown);
         }
         let grown = TopicMeta {
             partitions: count,
@@ -473,7 +611,12 @@ impl TopicService {
         let (name, partitions) = (topic.name.clone(), topic.partitions);
         crate::blocking::run(move || {
             for p in 0..partitions {
-                store.set_config(&PartitionId::new(name.clone(), p), config.clone())?;
+                let id = PartitionId::new(name.clone(), p);
+                // In cluster mode only this node's partitions are here; the others' owners
+                // take the new settings from the metadata.
+                if store.has_partition(&id) {
+                    store.set_config(&id, config.clone())?;
+                }
             }
             Ok::<(), narad_storage::StorageError>(())
         })

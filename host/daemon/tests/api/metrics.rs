@@ -149,7 +149,11 @@ async fn metrics_parse_as_openmetrics_and_carry_every_documented_series() {
             .samples
             .get("narad_fanout_records_copied_total")
             .is_some_and(|s| s.iter().any(|l| l.contains("child=\"copy\"")));
-        let failed = scrape.samples.contains_key("narad_plugin_errors_total");
+        // The poison-record search runs from the failing slab's second attempt on.
+        let failed = scrape.samples.contains_key("narad_plugin_errors_total")
+            && scrape
+                .samples
+                .contains_key("narad_plugin_search_calls_total");
         if copied && failed {
             break scrape;
         }

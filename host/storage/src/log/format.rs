@@ -22,7 +22,7 @@
 use bytes::Bytes;
 
 use crate::error::StorageError;
-use crate::record::{BatchOrigin, Header, NewRecord, RecordOrigin, StoredRecord};
+use crate::record::{AppendBatch, BatchOrigin, Header, NewRecord, RecordOrigin, StoredRecord};
 
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"NRDB";
@@ -617,6 +617,32 @@ pub fn decode_batch(header: &FrameHeader, frame: &Bytes) -> Result<Vec<DecodedRe
     (0..index.len())
         .map(|i| index.decode(header, frame, i))
         .collect()
+}
+
+/// Decodes a frame as [`encode_batch`] wrote it back into the records and provenance it was
+/// encoded from: what lets a batch encoded for a local append be sent to another node instead.
+/// The CRC, base offset and commit time are not read (an unsealed frame holds placeholders
+/// there); everything else is checked as [`decode_batch`] checks it (header, origin section,
+/// every record, nothing left over). Keys, values and header values are slices of `frame`.
+pub fn decode_unsealed(frame: &Bytes) -> Result<AppendBatch, FrameError> {
+    let header = parse_header(frame)?;
+    let index = index_frame(&header, frame)?;
+    let records = (0..index.len())
+        .map(|i| {
+            index.decode(&header, frame, i).map(|d| NewRecord {
+                key: d.record.key,
+                headers: d.record.headers,
+                value: d.record.value,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let origin = index.origin.map(|o| BatchOrigin {
+        epoch: o.epoch,
+        parent_partition: o.parent_partition,
+        slab_start: o.slab_start,
+        parent_offsets: o.parent_offsets,
+    });
+    Ok(AppendBatch { records, origin })
 }
 
 #[cfg(test)]

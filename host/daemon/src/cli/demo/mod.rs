@@ -256,6 +256,7 @@ async fn scenario(
             partitions: PARENT_PARTITIONS,
             retention_ms: None,
             retention_bytes: None,
+            placement: None,
         })
         .await
         .context("creating the parent topic")?;

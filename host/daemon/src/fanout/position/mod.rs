@@ -134,8 +134,18 @@ pub async fn open(
     let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
     let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
     let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
+    let remote_ok = deps.children_may_be_remote;
     let (evidence, copies) = blocking(move || {
-        provenance::scan_child_tails_with_copies(&store, &child, child_partitions, epoch, partition)
+        // Cluster mode reads the tails this node holds; the others' are not scanned yet (see
+        // docs/cluster.md: what a restarted cursor knows about remote children).
+        let scanned: Vec<u32> = (0..child_partitions)
+            .filter(|&p| !remote_ok || store.has_partition(&PartitionId::new(child.clone(), p)))
+            .collect();
+        let (mut scan, copies) =
+            provenance::scan_child_tails_with_copies(&store, &child, &scanned, epoch, partition)?;
+        // Partitions not scanned may hold records: "never held one" cannot be claimed.
+        scan.empty &= scanned.len() == child_partitions as usize;
+        Ok::<_, StorageError>((scan, copies))
     })
     .await??;
     // The parent's end, read now (opening the log if a crash left its end unknown): nothing

@@ -73,25 +73,25 @@ pub fn scan_child_tails(
     epoch: [u8; 8],
     parent_partition: u32,
 ) -> Result<ChildScan, StorageError> {
-    scan_child_tails_with_copies(store, child, child_partitions, epoch, parent_partition)
-        .map(|(scan, _)| scan)
+    let all: Vec<u32> = (0..child_partitions).collect();
+    scan_child_tails_with_copies(store, child, &all, epoch, parent_partition).map(|(scan, _)| scan)
 }
 
-/// [`scan_child_tails`], also giving the fingerprints of the copies found, for the highest
-/// [`MAX_TAIL_COPIES`] parent offsets.
+/// [`scan_child_tails`] over the child partitions `partitions`, also giving the fingerprints
+/// of the copies found, for the highest [`MAX_TAIL_COPIES`] parent offsets.
 ///
 /// Blocking; reads the child logs.
 pub fn scan_child_tails_with_copies(
     store: &Arc<Store>,
     child: &str,
-    child_partitions: u32,
+    partitions: &[u32],
     epoch: [u8; 8],
     parent_partition: u32,
 ) -> Result<(ChildScan, TailCopies), StorageError> {
     let mut copies = TailCopies::new();
     let mut evidence: Option<ChildEvidence> = None;
     let mut empty = true;
-    for partition in 0..child_partitions {
+    for &partition in partitions {
         let id = PartitionId::new(child, partition);
         let high = store.high_watermark(&id)?;
         let log_start = store.peek(&id)?.log_start_offset;

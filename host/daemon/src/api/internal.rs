@@ -1,0 +1,205 @@
+//! Routes nodes call on each other (under `/internal/v1/`), and the calls themselves.
+//!
+//! - `GET /internal/v1/topics/{t}/high-watermarks`: the committed end of every partition of
+//!   `t` this node owns, read exactly (closed logs are opened if their end is not on record).
+//!   An attach in cluster mode gathers its attach point from every owner with it: a link is
+//!   recorded only with every partition's figure, never a guess ([`gather_high_watermarks`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::ApiPath;
+use super::topics::require_topic;
+use narad_storage::{PartitionId, Store};
+
+/// A call between nodes carries the caller's metadata revision in this header; the callee
+/// waits (at most [`REVISION_WAIT`]) until its own watched copy has seen as much, so a topic or
+/// owner the caller just wrote is known where the call lands ([`wait_for_caller_revision`]).
+pub const REVISION_HEADER: &str = "x-narad-revision";
+
+/// Longest wait for this node's metadata copy to catch up with a caller's revision.
+pub const REVISION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Middleware: holds a request that names a metadata revision until this node's copy has
+/// seen it (or [`REVISION_WAIT`] passed: the request then runs on what this node knows).
+pub async fn wait_for_caller_revision(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(cluster) = &state.cluster
+        && let Some(revision) = request
+            .headers()
+            .get(REVISION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<i64>().ok())
+        && !cluster.metastore.wait_for(revision, REVISION_WAIT).await
+    {
+        tracing::warn!(
+            revision,
+            "the metadata copy did not reach a caller's revision in time"
+        );
+    }
+    next.run(request).await
+}
+
+/// `GET /internal/v1/topics/{t}/high-watermarks` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HighWatermarks {
+    /// The node that answered.
+    pub node: String,
+    /// Partition index -> committed high watermark, for the partitions that node owns.
+    pub partitions: BTreeMap<u32, u64>,
+}
+
+/// `GET /internal/v1/topics/{t}/high-watermarks`: this node's partitions of `t`.
+pub async fn high_watermarks(
+    State(state): State<AppState>,
+    ApiPath(topic): ApiPath<String>,
+) -> Result<Json<HighWatermarks>, ApiError> {
+    let meta = require_topic(&state, &topic).await?;
+    let mine: Vec<u32> = (0..meta.partitions)
+        .filter(|&p| {
+            state
+                .ownership
+                .is_local(&PartitionId::new(meta.name.clone(), p))
+        })
+        .collect();
+    for &p in &mine {
+        state.topics.ensure_owned(&meta, p).await?;
+    }
+    let partitions = read_local(&state.store, &meta.name, mine)
+        .await
+        .map_err(|reason| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, reason))?;
+    Ok(Json(HighWatermarks {
+        node: state.ownership.local_node().to_string(),
+        partitions,
+    }))
+}
+
+async fn read_local(
+    store: &Arc<Store>,
+    topic: &str,
+    partitions: Vec<u32>,
+) -> Result<BTreeMap<u32, u64>, String> {
+    let store = Arc::clone(store);
+    let topic = topic.to_owned();
+    crate::blocking::run(move || {
+        partitions
+            .into_iter()
+            .map(|p| {
+                store
+                    .high_watermark(&PartitionId::new(topic.clone(), p))
+                    .map(|h| (p, h))
+                    .map_err(|e| format!("partition {p}: {e}"))
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| format!("reading high watermarks failed: {e}"))?
+}
+
+/// The committed high watermark of every partition of `topic` (`partitions` of them), read now
+/// from whichever node owns each: this node's from its store, the others' from their owners,
+/// concurrently. Fails, naming the node, when an owner is unknown, not alive or does not
+/// answer with every partition it owns.
+pub async fn gather_high_watermarks(
+    state: &AppState,
+    topic: &str,
+    partitions: u32,
+) -> Result<Vec<u64>, String> {
+    let Some(cluster) = &state.cluster else {
+        return read_local(&state.store, topic, (0..partitions).collect())
+            .await
+            .map(|m| m.into_values().collect());
+    };
+    let mut by_owner: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for p in 0..partitions {
+        let id = PartitionId::new(topic.to_owned(), p);
+        let owner = state
+            .ownership
+            .owner(&id)
+            .ok_or_else(|| format!("partition {p} has no owner"))?;
+        by_owner.entry(owner.0).or_default().push(p);
+    }
+    let local = cluster.node_id().to_owned();
+    if let Some(meta) = state
+        .metastore
+        .topic(topic)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        for (p, owner) in meta.owners.iter().enumerate() {
+            if owner.node == local {
+                let p = u32::try_from(p).map_err(|e| e.to_string())?;
+                state
+                    .topics
+                    .ensure_owned(&meta, p)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let calls = by_owner.into_iter().map(|(node, wanted)| {
+        let (state, cluster, topic, local) = (
+            state.clone(),
+            Arc::clone(cluster),
+            topic.to_owned(),
+            local.clone(),
+        );
+        async move {
+            if node == local {
+                return read_local(&state.store, &topic, wanted).await;
+            }
+            let base = cluster.peers.advertise_of(&node).ok_or_else(|| {
+                format!("node {node}, which owns partitions {wanted:?}, is not alive")
+            })?;
+            let url = format!("{base}/internal/v1/topics/{topic}/high-watermarks");
+            let answer = cluster
+                .http
+                .get(&url)
+                .header(REVISION_HEADER, cluster.metastore.cache_revision())
+                .send()
+                .await
+                .map_err(|e| format!("node {node} did not answer: {e}"))?;
+            if !answer.status().is_success() {
+                return Err(format!("node {node} answered {}", answer.status()));
+            }
+            let answer: HighWatermarks = answer
+                .json()
+                .await
+                .map_err(|e| format!("node {node} answered something else: {e}"))?;
+            wanted
+                .into_iter()
+                .map(|p| {
+                    answer
+                        .partitions
+                        .get(&p)
+                        .map(|&h| (p, h))
+                        .ok_or_else(|| format!("node {node} does not serve partition {p}"))
+                })
+                .collect::<Result<BTreeMap<u32, u64>, String>>()
+        }
+    });
+    let handles: Vec<_> = calls.map(tokio::spawn).collect();
+    let mut all = BTreeMap::new();
+    for handle in handles {
+        let part = handle
+            .await
+            .map_err(|e| format!("gathering high watermarks failed: {e}"))?;
+        all.extend(part?);
+    }
+    (0..partitions)
+        .map(|p| {
+            all.get(&p)
+                .copied()
+                .ok_or_else(|| format!("no answer for partition {p}"))
+        })
+        .collect()
+}

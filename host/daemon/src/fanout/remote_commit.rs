@@ -1,0 +1,572 @@
+//! The child committer of cluster mode: a bucket goes to the node that owns its child
+//! partition.
+//!
+//! For each commit, in this order:
+//! 1. **Owner**: the child partition's owner and generation, from this node's watched
+//!    metadata. None known: [`ChildCommitError::OwnerUnknown`], nothing sent.
+//! 2. **Local**: owned by this node, the bucket is appended here exactly as on one node
+//!    ([`Producer`]'s commit: append, `fdatasync`, verify), from the frame already encoded.
+//! 3. **Alive**: another node's bucket needs that node's advertised address, which exists only
+//!    while its lease does. None: [`ChildCommitError::OwnerDown`] at once, with no connect
+//!    attempt, so a dead owner costs no timeout per try and stalls only its own buckets.
+//! 4. **Send**: the records and their provenance are decoded back out of the frame (the
+//!    owner's dedupe needs every record's parent offset, and the wire format carries records,
+//!    not frames) and sent as a [`CommitRequest`] naming the generation seen in 1, over
+//!    `POST /internal/v1/commit`. The call blocks on the runtime handle captured at
+//!    construction: a commit runs on a lane of the blocking pool.
+//! 5. **Answer**: `Committed` is an acknowledgement of every record sent, stored now or
+//!    already held (counted on `narad_fanout_commit_deduplicated_records_total`); `NotOwner`
+//!    appends nothing and the next try reads the owner again; anything else is an error the
+//!    cursor retries, and a retry of a commit that was in fact stored is absorbed by the
+//!    owner's dedupe.
+//!
+//! A dead owner is waited for, never routed around: the stall text names the child partition
+//! and the node ("waiting for the owner of child partition child/p00001 (node n2): ...").
+
+use std::sync::Arc;
+
+use narad_storage::{Appended, EncodedBatch, PartitionId};
+use tokio::runtime::Handle;
+
+use super::committer::{ChildCommitError, ChildCommitter};
+use super::metrics::{ChildLabels, FanoutMetrics};
+use crate::cluster::commit_rpc::CommitClient;
+use crate::cluster::commit_wire::{CommitRequest, CommitResponse};
+use crate::cluster::receiver::OwnerLookup;
+use crate::produce::Producer;
+
+/// The address a live node advertises (e.g. `http://10.0.0.5:7070`), `None` when the node is
+/// not alive; in production `cluster::peers::PeerDirectory::advertise_of`.
+pub type AddressLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
+
+/// Commits each bucket on the node that owns its child partition: here through the produce
+/// path, elsewhere over the internal commit call. Blocking, like every [`ChildCommitter`]:
+/// call [`ChildCommitter::commit`] from the blocking pool (as the cursor's commit lanes do),
+/// never from an async task, since it blocks on the runtime for a remote call.
+pub struct ClusterCommitter {
+    node: String,
+    local: Arc<Producer>,
+    owners: Arc<OwnerLookup>,
+    addresses: Arc<AddressLookup>,
+    client: CommitClient,
+    runtime: Handle,
+    metrics: Arc<FanoutMetrics>,
+}
+
+impl std::fmt::Debug for ClusterCommitter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCommitter")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterCommitter {
+    /// The committer of node `node`: child partitions `owners` gives to `node` are appended
+    /// through `local`; the others are sent with `client` to the address `addresses` gives
+    /// for their owner, blocking on `runtime` (the daemon's runtime, whose I/O driver the
+    /// call needs). Repeats the owners absorbed are counted in `metrics`.
+    pub fn new(
+        node: String,
+        local: Arc<Producer>,
+        owners: Arc<OwnerLookup>,
+        addresses: Arc<AddressLookup>,
+        client: CommitClient,
+        runtime: Handle,
+        metrics: Arc<FanoutMetrics>,
+    ) -> ClusterCommitter {
+        ClusterCommitter {
+            node,
+            local,
+            owners,
+            addresses,
+            client,
+            runtime,
+            metrics,
+        }
+    }
+
+    /// Sends one bucket to `node`, which owns `partition` at `generation` as this node sees
+    /// it, at `base_url`.
+    fn send(
+        &self,
+        partition: &PartitionId,
+        batch: &EncodedBatch,
+        node: &str,
+        generation: u64,
+        base_url: &str,
+    ) -> Result<Appended, ChildCommitError> {
+        let decoded = batch
+            .decode()
+            .map_err(|source| ChildCommitError::Undecodable {
+                partition: partition.clone(),
+                source,
+            })?;
+        let request =
+            CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
+                .ok_or_else(|| ChildCommitError::NoProvenance {
+                    partition: partition.clone(),
+                })?;
+        // The request holds its own copy of the records: free the decoded one before the call.
+        drop(decoded);
+        let sent = request.records.len();
+        let answer = self
+            .runtime
+            .block_on(self.client.commit(base_url, &request))
+            .map_err(|source| ChildCommitError::Unreachable {
+                partition: partition.clone(),
+                node: node.to_owned(),
+                source,
+            })?;
+        match answer {
+            CommitResponse::Committed {
+                base_offset,
+                appended,
+                deduplicated,
+                committed_at_ms,
+            } => {
+                // An acknowledgement must cover every record sent, stored now or held
+                // already; one that does not is not taken as one (the retry is deduplicated).
+                let covered = u64::from(appended) + u64::from(deduplicated);
+                if covered != sent as u64 {
+                    return Err(ChildCommitError::Unaccounted {
+                        partition: partition.clone(),
+                        node: node.to_owned(),
+                        sent,
+                        appended,
+                        deduplicated,
+                    });
+                }
+                if deduplicated > 0 {
+                    self.metrics
+                        .commit_deduplicated
+                        .get_or_create(&ChildLabels {
+                            child: partition.topic.clone(),
+                        })
+                        .inc_by(u64::from(deduplicated));
+                }
+                // What was stored now: `appended` records from `base_offset` (the partition's
+                // end when every record was already held).
+                Ok(Appended {
+                    base_offset,
+                    count: appended,
+                    committed_at_ms,
+                })
+            }
+            CommitResponse::NotOwner {
+                owner,
+                generation: owner_generation,
+            } => Err(ChildCommitError::NotOwner {
+                partition: partition.clone(),
+                node: node.to_owned(),
+                generation,
+                owner,
+                owner_generation,
+            }),
+            CommitResponse::Failed { reason } => Err(ChildCommitError::Refused {
+                partition: partition.clone(),
+                node: node.to_owned(),
+                reason,
+            }),
+        }
+    }
+}
+
+impl ChildCommitter for ClusterCommitter {
+    fn commit(
+        &self,
+        partition: &PartitionId,
+        batch: &mut EncodedBatch,
+    ) -> Result<Appended, ChildCommitError> {
+        // Read on every try, so a retry after `NotOwner` or a move sees the current owner.
+        let Some(owner) = (self.owners)(partition) else {
+            return Err(ChildCommitError::OwnerUnknown {
+                partition: partition.clone(),
+            });
+        };
+        if owner.node == self.node {
+            return ChildCommitter::commit(self.local.as_ref(), partition, batch);
+        }
+        let Some(base_url) = (self.addresses)(&owner.node) else {
+            return Err(ChildCommitError::OwnerDown {
+                partition: partition.clone(),
+                node: owner.node,
+            });
+        };
+        self.send(partition, batch, &owner.node, owner.generation, &base_url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use narad_storage::{
+        BatchOrigin, LogConfig, ReadOptions, RecordOrigin, Store, StoreOptions, StoredRecord,
+    };
+
+    use super::*;
+    use crate::cluster::commit_rpc::{COMMIT_PATH, commit_route};
+    use crate::cluster::receiver::CommitReceiver;
+    use crate::fanout::FanoutTiming;
+    use crate::fanout::bucket::{SlabOrigin, bucket};
+    use crate::fanout::commit::{CommitFailure, commit};
+    use crate::metastore::PartitionOwner;
+
+    /// Bound on every wait of these tests (a commit on loopback takes milliseconds).
+    const WAIT: Duration = Duration::from_secs(30);
+
+    const EPOCH: [u8; 8] = [4; 8];
+
+    /// Who owns each child partition, as one node sees it.
+    type Owners = Arc<Mutex<HashMap<u32, PartitionOwner>>>;
+
+    fn owners_of(owners: &Owners) -> Arc<OwnerLookup> {
+        let owners = Arc::clone(owners);
+        Arc::new(move |id: &PartitionId| {
+            owners
+                .lock()
+                .unwrap()
+                .get(&id.partition)
+                .filter(|_| id.topic == "child")
+                .cloned()
+        })
+    }
+
+    fn open(dir: &std::path::Path, partitions: u32) -> Arc<Store> {
+        let store = Store::open(dir, StoreOptions::default()).unwrap();
+        for p in 0..partitions {
+            store
+                .create_partition(&PartitionId::new("child", p), LogConfig::default())
+                .unwrap();
+        }
+        Arc::new(store)
+    }
+
+    /// Two nodes on loopback: n1 sends (its committer), n2 receives (a real HTTP server
+    /// running `commit_route` with a real receiver over its own store). Child partition 0 is
+    /// n1's, 1 is n2's (generation 1 in both views), 2 has no owner.
+    struct Pair {
+        _dirs: (tempfile::TempDir, tempfile::TempDir),
+        n1_store: Arc<Store>,
+        n2_store: Arc<Store>,
+        /// n2's view of the owners (what its receiver fences with).
+        n2_owners: Owners,
+        /// Whether n2 is alive in n1's directory of peers.
+        n2_alive: Arc<AtomicBool>,
+        /// Commit calls n2's server received.
+        n2_calls: Arc<AtomicUsize>,
+        metrics: Arc<FanoutMetrics>,
+        committer: Arc<ClusterCommitter>,
+        _server: tokio::task::JoinHandle<()>,
+    }
+
+    async fn pair() -> Pair {
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (n1_store, n2_store) = (open(dirs.0.path(), 3), open(dirs.1.path(), 3));
+        let view = HashMap::from([
+            (0, PartitionOwner::first("n1")),
+            (1, PartitionOwner::first("n2")),
+        ]);
+        let n1_owners: Owners = Arc::new(Mutex::new(view.clone()));
+        let n2_owners: Owners = Arc::new(Mutex::new(view));
+
+        let receiver = Arc::new(CommitReceiver::new(
+            "n2".to_owned(),
+            Arc::clone(&n2_store),
+            owners_of(&n2_owners),
+        ));
+        let n2_calls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&n2_calls);
+        let app = axum::Router::new()
+            .route(COMMIT_PATH, axum::routing::post(commit_route))
+            .with_state(receiver)
+            .layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    next.run(request)
+                },
+            ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let n2_url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+
+        let n2_alive = Arc::new(AtomicBool::new(true));
+        let alive = Arc::clone(&n2_alive);
+        let addresses: Arc<AddressLookup> = Arc::new(move |node: &str| {
+            (node == "n2" && alive.load(Ordering::SeqCst)).then(|| n2_url.clone())
+        });
+        let metrics = Arc::new(FanoutMetrics::default());
+        let committer = Arc::new(ClusterCommitter::new(
+            "n1".to_owned(),
+            Arc::new(Producer::new(Arc::clone(&n1_store))),
+            owners_of(&n1_owners),
+            addresses,
+            CommitClient::new().unwrap(),
+            Handle::current(),
+            Arc::clone(&metrics),
+        ));
+        Pair {
+            _dirs: dirs,
+            n1_store,
+            n2_store,
+            n2_owners,
+            n2_alive,
+            n2_calls,
+            metrics,
+            committer,
+            _server: server,
+        }
+    }
+
+    /// A bucket of parent partition 7 holding the records at `parent_offsets`.
+    fn frame(parent_offsets: &[u64]) -> EncodedBatch {
+        let records: Vec<StoredRecord> = parent_offsets
+            .iter()
+            .map(|&o| StoredRecord {
+                offset: o,
+                committed_at_ms: 0,
+                key: Some(Bytes::from(format!("k{o}"))),
+                headers: Vec::new(),
+                value: Bytes::from(format!("v{o}")),
+                origin: None,
+            })
+            .collect();
+        let origin = BatchOrigin {
+            epoch: EPOCH,
+            parent_partition: 7,
+            slab_start: parent_offsets[0],
+            parent_offsets: parent_offsets.to_vec(),
+        };
+        EncodedBatch::encode(&records, Some(&origin)).unwrap()
+    }
+
+    /// Commits `batch` to child partition `partition` on a blocking-pool thread, as a
+    /// cursor's commit lane does.
+    async fn commit_one(
+        committer: &Arc<ClusterCommitter>,
+        partition: u32,
+        mut batch: EncodedBatch,
+    ) -> Result<Appended, ChildCommitError> {
+        let committer = Arc::clone(committer);
+        let work = tokio::task::spawn_blocking(move || {
+            committer.commit(&PartitionId::new("child", partition), &mut batch)
+        });
+        tokio::time::timeout(WAIT, work).await.unwrap().unwrap()
+    }
+
+    /// Values and origins stored in child partition `partition` of `store`.
+    fn stored(store: &Store, partition: u32) -> Vec<(String, Option<RecordOrigin>)> {
+        let read = store
+            .read(
+                &PartitionId::new("child", partition),
+                &ReadOptions {
+                    offset: 0,
+                    max_records: 1_000,
+                    max_bytes: 1 << 20,
+                    max_committed_at_ms: None,
+                },
+            )
+            .unwrap();
+        read.records
+            .into_iter()
+            .map(|r| (String::from_utf8_lossy(&r.value).into_owned(), r.origin))
+            .collect()
+    }
+
+    fn origin(parent_offset: u64, slab_start: u64) -> Option<RecordOrigin> {
+        Some(RecordOrigin {
+            epoch: EPOCH,
+            parent_partition: 7,
+            parent_offset,
+            slab_start,
+        })
+    }
+
+    fn deduplicated(metrics: &FanoutMetrics) -> u64 {
+        metrics
+            .commit_deduplicated
+            .get_or_create(&ChildLabels {
+                child: "child".to_owned(),
+            })
+            .get()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bucket_for_a_partition_of_another_node_lands_there_with_its_provenance() {
+        let p = pair().await;
+        let appended = commit_one(&p.committer, 1, frame(&[10, 12, 13]))
+            .await
+            .unwrap();
+        assert_eq!((appended.base_offset, appended.count), (0, 3));
+        assert!(appended.committed_at_ms > 0);
+        assert_eq!(
+            stored(&p.n2_store, 1),
+            [
+                ("v10".to_owned(), origin(10, 10)),
+                ("v12".to_owned(), origin(12, 10)),
+                ("v13".to_owned(), origin(13, 10)),
+            ]
+        );
+        assert!(stored(&p.n1_store, 1).is_empty());
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 1);
+        assert_eq!(deduplicated(&p.metrics), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_repeated_bucket_is_absorbed_by_the_owner_and_counted_and_nothing_is_lost() {
+        let p = pair().await;
+        commit_one(&p.committer, 1, frame(&[10, 11])).await.unwrap();
+        // The first answer was lost: the cursor sends the same bucket again.
+        let repeat = commit_one(&p.committer, 1, frame(&[10, 11])).await.unwrap();
+        assert_eq!(
+            (repeat.base_offset, repeat.count, repeat.committed_at_ms),
+            (2, 0, 0),
+            "all held: nothing stored, the partition's end"
+        );
+        assert_eq!(deduplicated(&p.metrics), 2);
+        // A retry overlapping the last one: only the record not held is stored.
+        let overlap = commit_one(&p.committer, 1, frame(&[11, 12])).await.unwrap();
+        assert_eq!((overlap.base_offset, overlap.count), (2, 1));
+        assert_eq!(deduplicated(&p.metrics), 3);
+        assert_eq!(
+            stored(&p.n2_store, 1),
+            [
+                ("v10".to_owned(), origin(10, 10)),
+                ("v11".to_owned(), origin(11, 10)),
+                ("v12".to_owned(), origin(12, 11)),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_that_is_not_alive_is_reported_without_any_call_and_stores_nothing() {
+        let p = pair().await;
+        p.n2_alive.store(false, Ordering::SeqCst);
+        let error = commit_one(&p.committer, 1, frame(&[1])).await.unwrap_err();
+        assert!(
+            matches!(&error, ChildCommitError::OwnerDown { partition, node }
+                if *partition == PartitionId::new("child", 1) && node == "n2"),
+            "{error:?}"
+        );
+        assert_eq!(error.owner_node(), Some("n2"));
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+        assert!(stored(&p.n2_store, 1).is_empty());
+
+        // No owner at all: the same, without looking for an address.
+        let error = commit_one(&p.committer, 2, frame(&[1])).await.unwrap_err();
+        assert!(
+            matches!(&error, ChildCommitError::OwnerUnknown { partition }
+                if *partition == PartitionId::new("child", 2)),
+            "{error:?}"
+        );
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+
+        // Back alive: the bucket the cursor held goes through.
+        p.n2_alive.store(true, Ordering::SeqCst);
+        commit_one(&p.committer, 1, frame(&[1])).await.unwrap();
+        assert_eq!(stored(&p.n2_store, 1), [("v1".to_owned(), origin(1, 1))]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_at_another_generation_answers_not_owner_and_stores_nothing() {
+        let p = pair().await;
+        // n2 took the partition again (a move back): generation 2, which n1 has not seen yet.
+        p.n2_owners.lock().unwrap().insert(
+            1,
+            PartitionOwner {
+                node: "n2".to_owned(),
+                generation: 2,
+            },
+        );
+        let error = commit_one(&p.committer, 1, frame(&[5])).await.unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                ChildCommitError::NotOwner { partition, node, generation: 1, owner, owner_generation: Some(2) }
+                    if *partition == PartitionId::new("child", 1) && node == "n2" && owner.as_deref() == Some("n2")
+            ),
+            "{error:?}"
+        );
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 1);
+        assert!(stored(&p.n2_store, 1).is_empty());
+        assert_eq!(deduplicated(&p.metrics), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bucket_for_a_partition_of_this_node_is_appended_here_without_a_call() {
+        let p = pair().await;
+        let appended = commit_one(&p.committer, 0, frame(&[3, 4])).await.unwrap();
+        assert_eq!((appended.base_offset, appended.count), (0, 2));
+        assert_eq!(
+            stored(&p.n1_store, 0),
+            [
+                ("v3".to_owned(), origin(3, 3)),
+                ("v4".to_owned(), origin(4, 3))
+            ]
+        );
+        assert!(stored(&p.n2_store, 0).is_empty());
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_slab_split_across_nodes_commits_the_healthy_buckets_and_names_the_dead_owner() {
+        let p = pair().await;
+        p.n2_alive.store(false, Ordering::SeqCst);
+        let committer: Arc<dyn ChildCommitter> = Arc::clone(&p.committer) as _;
+        let records: Arc<Vec<StoredRecord>> = Arc::new(
+            (20..24)
+                .map(|offset| StoredRecord {
+                    offset,
+                    committed_at_ms: 0,
+                    key: None,
+                    headers: Vec::new(),
+                    value: Bytes::from(format!("v{offset}")),
+                    origin: None,
+                })
+                .collect(),
+        );
+        let slab = SlabOrigin {
+            epoch: EPOCH,
+            parent_partition: 7,
+            slab_start: 20,
+        };
+        let timing = FanoutTiming {
+            quick_retry_pauses: [Duration::from_millis(1); 2],
+            ..FanoutTiming::default()
+        };
+        let buckets = bucket(&records, &[0, 1, 0, 1], "child", 2, slab).unwrap();
+        let failed = tokio::time::timeout(WAIT, commit(buckets, &committer, &timing))
+            .await
+            .unwrap()
+            .unwrap_err();
+        // The local bucket is stored; the dead owner's bucket is held, and the stall text
+        // (what the children listing shows) names the child partition and the node.
+        assert_eq!(
+            stored(&p.n1_store, 0),
+            [
+                ("v20".to_owned(), origin(20, 20)),
+                ("v22".to_owned(), origin(22, 20))
+            ]
+        );
+        assert_eq!(failed.indices, [1, 3]);
+        assert!(matches!(
+            failed.errors.as_slice(),
+            [CommitFailure::Commit {
+                error: ChildCommitError::OwnerDown { .. },
+                ..
+            }]
+        ));
+        assert_eq!(
+            failed.reason(),
+            "waiting for the owner of child partition child/p00001 (node n2): it is not alive"
+        );
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+    }
+}

@@ -1,0 +1,96 @@
+//! Cluster mode: the partitions this node serves are the ones the shared metadata says it
+//! owns, and only those are registered with the local store.
+//!
+//! A topic is created by writing its metadata (with each partition's owner) to etcd; no node
+//! makes directories for another. Each owner registers its own partitions when its watched
+//! copy shows them ([`register_owned`], run at start and after every change of the copy), so
+//! the metadata is always ahead of the disk: a crash between the two leaves a partition
+//! recorded and not yet made, which the next pass makes. Nothing here deletes: a directory the
+//! metadata no longer names is left where it is and reported ([`unaccounted`]).
+
+use std::collections::BTreeSet;
+
+use narad_storage::{PartitionId, StorageError, Store};
+
+use super::log_config;
+use crate::metastore::Snapshot;
+
+/// Registers with `store` every partition `node` owns in `snapshot` that it does not hold yet
+/// (making its directory), and updates the retention of those it holds. Returns how many were
+/// new.
+pub fn register_owned(
+    store: &Store,
+    snapshot: &Snapshot,
+    node: &str,
+    segment_bytes: u64,
+) -> Result<usize, StorageError> {
+    let mut new = 0;
+    for topic in snapshot.topics.values() {
+        let config = log_config(topic, segment_bytes);
+        for (p, owner) in topic.owners.iter().enumerate() {
+            if owner.node != node {
+                continue;
+            }
+            let Ok(p) = u32::try_from(p) else { break };
+            let id = PartitionId::new(topic.name.clone(), p);
+            if !store.has_partition(&id) {
+                new += 1;
+            }
+            store.create_partition(&id, config.clone())?;
+        }
+    }
+    Ok(new)
+}
+
+/// Partition directories under `topics/` that `node` does not own in `snapshot`: topics the
+/// metadata does not name, and partitions owned by another node. Their data stays on disk; an
+/// operator decides (they may be what is left of a move, or of a metadata prefix that was lost).
+pub fn unaccounted(
+    data_dir: &std::path::Path,
+    snapshot: &Snapshot,
+    node: &str,
+) -> std::io::Result<Vec<String>> {
+    let owned: BTreeSet<(String, String)> = snapshot
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.owners
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.node == node)
+                .filter_map(|(p, _)| u32::try_from(p).ok())
+                .map(|p| {
+                    (
+                        t.name.clone(),
+                        PartitionId::new(t.name.clone(), p).dir_name(),
+                    )
+                })
+        })
+        .collect();
+    let topics_dir = data_dir.join(narad_storage::store::TOPICS_DIR_NAME);
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(&topics_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(e) => return Err(e),
+    };
+    for topic in entries {
+        let topic = topic?;
+        if !topic.file_type()?.is_dir() {
+            continue;
+        }
+        let name = topic.file_name().to_string_lossy().into_owned();
+        for partition in std::fs::read_dir(topic.path())? {
+            let partition = partition?;
+            if !partition.file_type()?.is_dir() {
+                continue;
+            }
+            let dir = partition.file_name().to_string_lossy().into_owned();
+            if !owned.contains(&(name.clone(), dir.clone())) {
+                found.push(format!("{name}/{dir}"));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}

@@ -1,0 +1,317 @@
+//! Cluster mode end to end: three real `narad serve` processes on one real etcd (started by
+//! the test on free loopback ports, data on a RAM disk), driven over HTTP.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use narad_host::metastore::test_etcd::TestEtcd;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
+
+/// Longest wait for the cluster to converge (nodes seen, records copied).
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Short leases, so a test never waits out the 10 s default.
+const LEASE_TTL_MS: &str = "3000";
+
+/// A real etcd and three nodes `n1`, `n2`, `n3` of one cluster.
+struct Cluster {
+    nodes: Vec<Daemon>,
+    _etcd: TestEtcd,
+    _dir: tempfile::TempDir,
+}
+
+fn cluster_args<'a>(etcd: &'a str, cluster: &'a str, node: &'a str) -> Vec<&'a str> {
+    vec![
+        "--etcd",
+        etcd,
+        "--cluster",
+        cluster,
+        "--node-id",
+        node,
+        "--lease-ttl-ms",
+        LEASE_TTL_MS,
+    ]
+}
+
+impl Cluster {
+    fn start(name: &str) -> Cluster {
+        let etcd = TestEtcd::start();
+        let endpoint = etcd.endpoint();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nodes = ["n1", "n2", "n3"]
+            .iter()
+            .map(|id| Daemon::start_with(&dir.path().join(id), &cluster_args(&endpoint, name, id)))
+            .collect();
+        let cluster = Cluster {
+            nodes,
+            _etcd: etcd,
+            _dir: dir,
+        };
+        cluster.wait_for_nodes(3);
+        cluster
+    }
+
+    /// What each node says about `parent`'s children, and the end of its log: for a failure
+    /// message.
+    fn diagnostics(&self, parent: &str) -> String {
+        let client = http_client();
+        let mut text = String::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let children = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/topics/{parent}/children", node.url()),
+                None,
+            )
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_else(|e| e.to_string());
+            let log = node.log();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            text.push_str(&format!(
+                "--- n{}: children {children}\n{}\n",
+                i + 1,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        text
+    }
+
+    fn url(&self, node: usize) -> String {
+        self.nodes[node].url()
+    }
+
+    /// Waits until every node lists `count` live nodes.
+    fn wait_for_nodes(&self, count: usize) {
+        let client = http_client();
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        for node in &self.nodes {
+            loop {
+                let (status, body) = send_json(
+                    &client,
+                    Method::GET,
+                    &format!("{}/v1/nodes", node.url()),
+                    None,
+                )
+                .expect("nodes");
+                assert_eq!(status, 200, "{body}");
+                if body["nodes"].as_array().map(Vec::len) == Some(count) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "nodes never converged: {body}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn ok(status: u16, body: &Value, what: &str) {
+    assert!((200..300).contains(&status), "{what}: {status} {body}");
+}
+
+/// Every record of every partition of `topic`, read through node `base`.
+fn everything(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> BTreeMap<u32, Vec<Value>> {
+    (0..partitions)
+        .map(|p| (p, fetch_all(client, base, topic, p)))
+        .collect()
+}
+
+#[test]
+fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_order() {
+    let cluster = Cluster::start("fanout-across");
+    let client = http_client();
+
+    // /v1/nodes on any node lists all three with their addresses.
+    let (_, nodes) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/nodes", cluster.url(1)),
+        None,
+    )
+    .expect("nodes");
+    assert_eq!(nodes["mode"], "cluster", "{nodes}");
+    assert_eq!(nodes["this_node"], "n2", "{nodes}");
+    let ids: Vec<&str> = nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    assert_eq!(nodes["nodes"][0]["advertise"], cluster.url(0).as_str());
+
+    // A parent pinned one partition per node, created through n1.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+    )
+    .expect("create");
+    ok(status, &body, "create");
+    assert_eq!(body["owners"], json!(["n1", "n2", "n3"]), "{body}");
+    // A pinned node that is not alive is refused, naming it.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "typo", "partitions": 1, "placement": ["n9"]})),
+    )
+    .expect("create");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("n9"),
+        "{body}"
+    );
+
+    // A child with the parent's count, attached through n2: each child partition lands on
+    // another node than its parent partition.
+    let (status, link) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(1)),
+        Some(&json!({"partitions": 3})),
+    )
+    .expect("attach");
+    ok(status, &link, "attach");
+    let (_, copy) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/copy", cluster.url(2)),
+        None,
+    )
+    .expect("describe");
+    let child_owners: Vec<String> = copy["owners"]
+        .as_array()
+        .expect("owners")
+        .iter()
+        .map(|o| o.as_str().expect("owner").to_owned())
+        .collect();
+    assert_eq!(child_owners.len(), 3, "{copy}");
+    for (p, owner) in child_owners.iter().enumerate() {
+        assert_ne!(owner, ["n1", "n2", "n3"][p], "child partition {p}: {copy}");
+    }
+
+    // 600 keyed records, produced through n3 in batches: n3 forwards what it does not own.
+    let keys = 40;
+    let mut sent = 0;
+    for batch in 0..6 {
+        let records: Vec<Value> = (0..100)
+            .map(|i| {
+                let n = batch * 100 + i;
+                json!({"key": format!("k{}", n % keys), "value": format!("v{n}")})
+            })
+            .collect();
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", cluster.url(2)),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+        sent += 100;
+    }
+
+    // The parent, read through n1 (which forwards fetches of the others' partitions).
+    let parent = everything(&client, &cluster.url(0), "orders", 3);
+    let total: usize = parent.values().map(Vec::len).sum();
+    assert_eq!(total, sent);
+    let mut parent_partition_of_key = BTreeMap::new();
+    for (p, records) in &parent {
+        for r in records {
+            parent_partition_of_key.insert(r["key"].as_str().expect("key").to_owned(), *p);
+        }
+    }
+
+    // Every parent record reaches the child: once per (parent partition, offset), in the
+    // parent partition's index (key-hash with equal counts), in per-key order.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let child = loop {
+        let child = everything(&client, &cluster.url(0), "copy", 3);
+        let held: usize = child.values().map(Vec::len).sum();
+        if held >= sent {
+            break child;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child holds {held} of {sent}\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut origins = HashSet::new();
+    let mut last_value_of_key: BTreeMap<String, u64> = BTreeMap::new();
+    for (p, records) in &child {
+        for r in records {
+            let key = r["key"].as_str().expect("key").to_owned();
+            assert_eq!(parent_partition_of_key.get(&key), Some(p), "{r}");
+            let origin = (
+                r["origin"]["partition"].as_u64(),
+                r["origin"]["offset"].as_u64(),
+            );
+            assert!(origin.0.is_some() && origin.1.is_some(), "no origin: {r}");
+            assert!(origins.insert(origin), "a duplicate without a crash: {r}");
+            let n: u64 = r["value"].as_str().expect("value")[1..].parse().expect("n");
+            if let Some(&before) = last_value_of_key.get(&key) {
+                assert!(n > before, "{key}: v{n} after v{before}");
+            }
+            last_value_of_key.insert(key, n);
+        }
+    }
+    assert_eq!(origins.len(), sent);
+}
+
+#[test]
+fn a_second_process_with_a_live_node_id_refuses_to_start() {
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _first = Daemon::start_with(
+        &dir.path().join("a"),
+        &cluster_args(&endpoint, "one-id", "n1"),
+    );
+    let (status, stderr) = run_to_exit(
+        &dir.path().join("b"),
+        &cluster_args(&endpoint, "one-id", "n1"),
+    );
+    assert!(!status.success(), "the second process started");
+    assert!(stderr.contains("n1"), "{stderr}");
+}
+
+/// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
+/// it to exit; returns its exit status and what it wrote to stderr.
+fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let log = data_dir.with_extension("stderr");
+    let mut child = Command::new(narad_binary())
+        .args(["serve", "--data-dir"])
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("stderr file"))
+        .spawn()
+        .expect("spawn narad");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for narad") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("narad serve did not exit within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
