@@ -315,3 +315,208 @@ fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, Str
     };
     (status, std::fs::read_to_string(&log).unwrap_or_default())
 }
+
+/// Produces batches of keyed records through `base` until `stop`, returning every value whose
+/// produce was acknowledged.
+fn produce_until(
+    base: String,
+    topic: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let client = http_client();
+        let mut acknowledged = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let values: Vec<String> = (n..n + 20).map(|i| format!("v{i}")).collect();
+            let records: Vec<Value> = values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| json!({"key": format!("k{}", (n as usize + i) % 16), "value": v}))
+                .collect();
+            n += 20;
+            let answer = send_json(
+                &client,
+                Method::POST,
+                &format!("{base}/v1/topics/{topic}/records"),
+                Some(&json!({"records": records})),
+            );
+            if let Ok((200, _)) = answer {
+                acknowledged.extend(values);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        acknowledged
+    })
+}
+
+/// The values `topic` holds, read through `base`.
+fn values_in(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> HashSet<String> {
+    everything(client, base, topic, partitions)
+        .into_values()
+        .flatten()
+        .map(|r| r["value"].as_str().expect("value").to_owned())
+        .collect()
+}
+
+/// Waits until `topic` holds every value of `wanted`.
+fn wait_for_values(cluster: &Cluster, topic: &str, partitions: u32, wanted: &[String]) {
+    let client = http_client();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let held = values_in(&client, &cluster.url(0), topic, partitions);
+        let missing: Vec<&String> = wanted.iter().filter(|v| !held.contains(*v)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} misses {} of {} acknowledged records (first: {})\n{}",
+            missing.len(),
+            wanted.len(),
+            missing[0],
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_returns() {
+    let mut cluster = Cluster::start("child-owner-dies");
+    let client = http_client();
+    let create = |name: &str, placement: Value| {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    };
+    // The parent on n1 and n2; one child entirely on n3, another on n1 and n2.
+    create("orders", json!(["n1", "n2"]));
+    create("on-n3", json!(["n3", "n3"]));
+    create("beside", json!(["n2", "n1"]));
+    for child in ["on-n3", "beside"] {
+        let (status, body) = send_json(
+            &client,
+            Method::PUT,
+            &format!("{}/v1/topics/orders/children/{child}", cluster.url(0)),
+            Some(&json!({})),
+        )
+        .expect("attach");
+        ok(status, &body, "attach");
+    }
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.nodes[2].kill9();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // While n3 is down: the parent takes records and the other link keeps copying them.
+    let before = values_in(&client, &cluster.url(0), "orders", 2);
+    assert!(!before.is_empty());
+    let so_far: Vec<String> = before.into_iter().collect();
+    wait_for_values(&cluster, "beside", 2, &so_far);
+    // The link to n3 waits on n3's buckets and says so.
+    let (_, children) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", cluster.url(0)),
+        None,
+    )
+    .expect("children");
+    let on_n3 = children["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|l| l["name"] == "on-n3").cloned())
+        .expect("on-n3 listed");
+    let error = on_n3["partitions"][0]["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("n3"), "{on_n3}");
+
+    cluster.nodes[2].restart();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = producer.join().expect("producer");
+    assert!(
+        acknowledged.len() > 100,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    wait_for_values(&cluster, "on-n3", 2, &acknowledged);
+    wait_for_values(&cluster, "beside", 2, &acknowledged);
+}
+
+#[test]
+fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_restart() {
+    let mut cluster = Cluster::start("parent-owner-dies");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2", "n3"])),
+        ("copy", json!(["n2", "n3", "n1"])),
+    ] {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": name, "partitions": 3, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.nodes[2].kill9();
+
+    // n3 owned orders/2: a produce to it is refused with a retriable answer naming n3, and
+    // nothing of such a request counts as acknowledged; partition 0 (n1) keeps serving.
+    let to = |partition: u32| {
+        send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", cluster.url(1)),
+            Some(&json!({"records": [{"value": format!("direct-{partition}"), "partition": partition}]})),
+        )
+        .expect("produce")
+    };
+    let (status, body) = to(2);
+    assert!(status == 503 || status == 502, "{status} {body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("n3"),
+        "{body}"
+    );
+    let (status, body) = to(0);
+    ok(status, &body, "produce to n1's partition while n3 is down");
+
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes[2].restart();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acknowledged = producer.join().expect("producer");
+    acknowledged.push("direct-0".to_owned());
+    assert!(
+        acknowledged.len() > 50,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    // Every acknowledged record reaches the child, the ones of n3's partition included (its
+    // cursor resumed from its offset file after the restart).
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+}
