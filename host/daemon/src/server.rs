@@ -223,26 +223,41 @@ pub async fn run_server(
     let http_metrics = Arc::new(crate::http_server::HttpMetrics::default());
     http_metrics.register(&mut registry);
     let fanout_view = Arc::new(FanoutView::default());
+    // Cluster mode: this node's receiver of child commits, shared by the commits other nodes
+    // send and this node's own cursors, so each partition has one dedupe window and lock.
+    let receiver = cluster.as_ref().map(|context| {
+        let ownership = Arc::clone(&context.ownership);
+        let owners: Arc<crate::cluster::receiver::OwnerLookup> =
+            Arc::new(move |id: &PartitionId| ownership.owner_at(id));
+        Arc::new(crate::cluster::receiver::CommitReceiver::new(
+            context.node_id().to_owned(),
+            Arc::clone(&store),
+            owners,
+        ))
+    });
     let reconciler = {
         let deps = Arc::new(CursorDeps {
             store: Arc::clone(&store),
             fs: Arc::new(narad_storage::fs::RealFs),
-            committer: match &cluster {
-                None => Arc::clone(&producer) as Arc<dyn ChildCommitter>,
-                Some(context) => {
+            committer: match (&cluster, &receiver) {
+                (Some(context), Some(receiver)) => {
                     let ownership = Arc::clone(&context.ownership);
                     let peers = Arc::clone(&context.peers);
-                    Arc::new(crate::fanout::remote_commit::ClusterCommitter::new(
-                        context.node_id().to_owned(),
-                        Arc::clone(&producer),
-                        Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
-                        Arc::new(move |node: &str| peers.advertise_of(node)),
-                        crate::cluster::commit_rpc::CommitClient::new()
-                            .map_err(|e| ServerError::Http(e.to_string()))?,
-                        tokio::runtime::Handle::current(),
-                        Arc::clone(&fanout_metrics),
-                    ))
+                    Arc::new(
+                        crate::fanout::remote_commit::ClusterCommitter::new(
+                            context.node_id().to_owned(),
+                            Arc::clone(&producer),
+                            Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
+                            Arc::new(move |node: &str| peers.advertise_of(node)),
+                            crate::cluster::commit_rpc::CommitClient::new()
+                                .map_err(|e| ServerError::Http(e.to_string()))?,
+                            tokio::runtime::Handle::current(),
+                            Arc::clone(&fanout_metrics),
+                        )
+                        .with_local_receiver(Arc::clone(receiver)),
+                    )
                 }
+                _ => Arc::clone(&producer) as Arc<dyn ChildCommitter>,
             },
             metastore: Arc::clone(&metastore),
             clock: Arc::new(narad_storage::SystemClock),
@@ -319,8 +334,8 @@ pub async fn run_server(
         },
     });
     let mut app = api::router(state);
-    if let Some(context) = &cluster {
-        app = app.merge(internal_router(context, Arc::clone(&store)));
+    if let Some(receiver) = &receiver {
+        app = app.merge(internal_router(Arc::clone(receiver)));
     }
     let app = match config.auth_token.clone() {
         Some(token) => api::auth::protect(app, token),
@@ -577,17 +592,9 @@ async fn sync_owned(
 const OWNED_SYNC_EVERY: Duration = Duration::from_millis(100);
 
 /// The routes only nodes call: the child commit, with its own body limit (a whole slab).
-fn internal_router(context: &Arc<ClusterContext>, store: Arc<Store>) -> axum::Router {
+fn internal_router(receiver: Arc<crate::cluster::receiver::CommitReceiver>) -> axum::Router {
     use crate::cluster::commit_rpc::{COMMIT_PATH, commit_route};
     use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
-    let ownership = Arc::clone(&context.ownership);
-    let owners: Arc<crate::cluster::receiver::OwnerLookup> =
-        Arc::new(move |id: &PartitionId| ownership.owner_at(id));
-    let receiver = Arc::new(crate::cluster::receiver::CommitReceiver::new(
-        context.node_id().to_owned(),
-        store,
-        owners,
-    ));
     axum::Router::new()
         .route(COMMIT_PATH, axum::routing::post(commit_route))
         .layer(axum::extract::DefaultBodyLimit::max(

@@ -32,7 +32,7 @@ use super::committer::{ChildCommitError, ChildCommitter};
 use super::metrics::{ChildLabels, FanoutMetrics};
 use crate::cluster::commit_rpc::CommitClient;
 use crate::cluster::commit_wire::{CommitRequest, CommitResponse};
-use crate::cluster::receiver::OwnerLookup;
+use crate::cluster::receiver::{CommitReceiver, OwnerLookup};
 use crate::produce::Producer;
 
 /// The address a live node advertises (e.g. `http://10.0.0.5:7070`), `None` when the node is
@@ -51,6 +51,9 @@ pub struct ClusterCommitter {
     client: CommitClient,
     runtime: Handle,
     metrics: Arc<FanoutMetrics>,
+    /// This node's own receiver: with it, a local child commit is fenced and deduplicated
+    /// exactly as one from another node (one window per partition, whoever sends).
+    receiver: Option<Arc<CommitReceiver>>,
 }
 
 impl std::fmt::Debug for ClusterCommitter {
@@ -83,7 +86,34 @@ impl ClusterCommitter {
             client,
             runtime,
             metrics,
+            receiver: None,
         }
+    }
+
+    /// The same committer, applying local child commits through `receiver` (the one this
+    /// node's `/internal/v1/commit` serves), so that a slab repeated after a crash is absorbed
+    /// on the cursor's own node too, not only on remote owners.
+    pub fn with_local_receiver(mut self, receiver: Arc<CommitReceiver>) -> ClusterCommitter {
+        self.receiver = Some(receiver);
+        self
+    }
+
+    /// The request for one bucket of `partition`, owned at `generation`.
+    fn request(
+        partition: &PartitionId,
+        batch: &EncodedBatch,
+        generation: u64,
+    ) -> Result<CommitRequest, ChildCommitError> {
+        let decoded = batch
+            .decode()
+            .map_err(|source| ChildCommitError::Undecodable {
+                partition: partition.clone(),
+                source,
+            })?;
+        CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
+            .ok_or_else(|| ChildCommitError::NoProvenance {
+                partition: partition.clone(),
+            })
     }
 
     /// Sends one bucket to `node`, which owns `partition` at `generation` as this node sees
@@ -96,19 +126,7 @@ impl ClusterCommitter {
         generation: u64,
         base_url: &str,
     ) -> Result<Appended, ChildCommitError> {
-        let decoded = batch
-            .decode()
-            .map_err(|source| ChildCommitError::Undecodable {
-                partition: partition.clone(),
-                source,
-            })?;
-        let request =
-            CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
-                .ok_or_else(|| ChildCommitError::NoProvenance {
-                    partition: partition.clone(),
-                })?;
-        // The request holds its own copy of the records: free the decoded one before the call.
-        drop(decoded);
+        let request = Self::request(partition, batch, generation)?;
         let sent = request.records.len();
         let answer = self
             .runtime
@@ -118,6 +136,18 @@ impl ClusterCommitter {
                 node: node.to_owned(),
                 source,
             })?;
+        self.accept(partition, node, generation, sent, answer)
+    }
+
+    /// What an owner's `answer` to a commit of `sent` records means for the cursor.
+    fn accept(
+        &self,
+        partition: &PartitionId,
+        node: &str,
+        generation: u64,
+        sent: usize,
+        answer: CommitResponse,
+    ) -> Result<Appended, ChildCommitError> {
         match answer {
             CommitResponse::Committed {
                 base_offset,
@@ -185,7 +215,15 @@ impl ChildCommitter for ClusterCommitter {
             });
         };
         if owner.node == self.node {
-            return ChildCommitter::commit(self.local.as_ref(), partition, batch);
+            return match &self.receiver {
+                Some(receiver) => {
+                    let request = Self::request(partition, batch, owner.generation)?;
+                    let sent = request.records.len();
+                    let answer = receiver.commit(request);
+                    self.accept(partition, &owner.node, owner.generation, sent, answer)
+                }
+                None => ChildCommitter::commit(self.local.as_ref(), partition, batch),
+            };
         }
         let Some(base_url) = (self.addresses)(&owner.node) else {
             return Err(ChildCommitError::OwnerDown {
@@ -513,6 +551,48 @@ mod tests {
         );
         assert!(stored(&p.n2_store, 0).is_empty());
         assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_its_own_receiver_a_repeated_local_bucket_is_absorbed_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), 1);
+        let owners: Owners = Arc::new(Mutex::new(HashMap::from([(
+            0,
+            PartitionOwner::first("n1"),
+        )])));
+        let receiver = Arc::new(CommitReceiver::new(
+            "n1".to_owned(),
+            Arc::clone(&store),
+            owners_of(&owners),
+        ));
+        let metrics = Arc::new(FanoutMetrics::default());
+        let committer = Arc::new(
+            ClusterCommitter::new(
+                "n1".to_owned(),
+                Arc::new(Producer::new(Arc::clone(&store))),
+                owners_of(&owners),
+                Arc::new(|_: &str| None),
+                CommitClient::new().unwrap(),
+                Handle::current(),
+                Arc::clone(&metrics),
+            )
+            .with_local_receiver(receiver),
+        );
+        commit_one(&committer, 0, frame(&[3, 4])).await.unwrap();
+        // The slab again, as after a crash before the cursor advanced: nothing is stored twice.
+        let again = commit_one(&committer, 0, frame(&[3, 4])).await.unwrap();
+        assert_eq!(again.count, 0);
+        commit_one(&committer, 0, frame(&[4, 5])).await.unwrap();
+        assert_eq!(
+            stored(&store, 0),
+            [
+                ("v3".to_owned(), origin(3, 3)),
+                ("v4".to_owned(), origin(4, 3)),
+                ("v5".to_owned(), origin(5, 4))
+            ]
+        );
+        assert_eq!(deduplicated(&metrics), 3);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
