@@ -269,6 +269,25 @@ fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_or
         }
     }
     assert_eq!(origins.len(), sent);
+
+    // The children listing on any node gathers every parent partition's cursor, each naming
+    // the node that runs it (the parent partition's owner).
+    let (status, listing) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", cluster.url(2)),
+        None,
+    )
+    .expect("children");
+    ok(status, &listing, "children");
+    let copy = &listing["children"][0];
+    let nodes: Vec<&str> = copy["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["node"].as_str().expect("node"))
+        .collect();
+    assert_eq!(nodes, ["n1", "n2", "n3"], "{listing}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::topics::require_topic;
 use crate::fanout::status::CursorReport;
 use crate::metastore::Snapshot;
@@ -397,14 +397,119 @@ pub async fn detach(
     Ok(Json(LinkInfo::from(&link)))
 }
 
+/// `GET /v1/topics/{parent}/children` query string.
+#[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildListQuery {
+    /// Cluster mode: only the cursors of the answering node (what nodes ask each other when
+    /// they gather the listing).
+    #[serde(default)]
+    pub local: bool,
+}
+
 /// `GET /v1/topics/{parent}/children`: every child with per-partition progress. Never opens a
 /// closed log: a partition whose high watermark is unknown is left out and `lag_complete` is
-/// false.
+/// false. In cluster mode the cursors of the parent partitions other nodes own are asked of
+/// those nodes, concurrently, and each report names the node that runs it.
 pub async fn list(
     State(state): State<AppState>,
     ApiPath(parent): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ChildListQuery>,
 ) -> Result<Json<ChildList>, ApiError> {
-    let parent_topic = require_topic(&state, &parent).await?;
+    let mut listing = local_list(&state, &parent).await?;
+    let Some(cluster) = &state.cluster else {
+        return Ok(Json(listing));
+    };
+    let topic = require_topic(&state, &parent).await?;
+    for child in &mut listing.children {
+        for report in &mut child.partitions {
+            report.node = Some(cluster.node_id().to_owned());
+        }
+    }
+    if query.local {
+        return Ok(Json(listing));
+    }
+    let mut remote_owners: Vec<String> = topic
+        .owners
+        .iter()
+        .map(|o| o.node.clone())
+        .filter(|n| n != cluster.node_id())
+        .collect();
+    remote_owners.sort();
+    remote_owners.dedup();
+    let calls: Vec<_> = remote_owners
+        .into_iter()
+        .map(|node| {
+            let (cluster, parent) = (Arc::clone(cluster), parent.clone());
+            tokio::spawn(async move {
+                let answer = remote_list(&cluster, &parent, &node).await;
+                (node, answer)
+            })
+        })
+        .collect();
+    for call in calls {
+        let Ok((node, answer)) = call.await else {
+            continue;
+        };
+        match answer {
+            Ok(remote) => {
+                for theirs in remote.children {
+                    if let Some(ours) = listing.children.iter_mut().find(|c| c.name == theirs.name)
+                    {
+                        ours.partitions
+                            .extend(theirs.partitions.into_iter().map(|mut r| {
+                                r.node = Some(node.clone());
+                                r
+                            }));
+                    }
+                }
+            }
+            Err(reason) => {
+                tracing::debug!(%node, %reason, "a node's cursors could not be listed");
+            }
+        }
+    }
+    for child in &mut listing.children {
+        child.partitions.sort_by_key(|r| r.partition);
+        child.lag_complete = child.partitions.len() == topic.partitions as usize
+            && child.partitions.iter().all(|p| p.lag_messages.is_some());
+    }
+    Ok(Json(listing))
+}
+
+/// The children listing of node `node` for `parent`, its own cursors only.
+async fn remote_list(
+    cluster: &crate::cluster::ClusterContext,
+    parent: &str,
+    node: &str,
+) -> Result<ChildList, String> {
+    let base = cluster
+        .peers
+        .advertise_of(node)
+        .ok_or_else(|| format!("node {node} is not alive"))?;
+    let answer = cluster
+        .http
+        .get(format!("{base}/v1/topics/{parent}/children?local=true"))
+        .header(
+            super::internal::REVISION_HEADER,
+            cluster.metastore.cache_revision(),
+        )
+        .send()
+        .await
+        .map_err(|e| format!("node {node} did not answer: {e}"))?;
+    if !answer.status().is_success() {
+        return Err(format!("node {node} answered {}", answer.status()));
+    }
+    answer
+        .json()
+        .await
+        .map_err(|e| format!("node {node} answered something else: {e}"))
+}
+
+/// The listing from this node's cursors and store.
+async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiError> {
+    let parent = parent.to_owned();
+    let parent_topic = require_topic(state, &parent).await?;
     let snapshot = state.metastore.snapshot().await?;
     let store = Arc::clone(&state.store);
     let (name, count) = (parent_topic.name.clone(), parent_topic.partitions);
@@ -445,5 +550,5 @@ pub async fn list(
             partitions,
         });
     }
-    Ok(Json(ChildList { children }))
+    Ok(ChildList { children })
 }

@@ -64,6 +64,9 @@ pub struct CursorReport {
     /// When `previous_error` was last recorded (Unix ms, this node's clock).
     #[serde(default)]
     pub previous_error_at_ms: Option<i64>,
+    /// Cluster mode: the node that runs this cursor (the parent partition's owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Longest error text the status keeps, in bytes (plus a cut marker): room for a message of
@@ -296,6 +299,7 @@ impl CursorStatus {
             last_error_at_ms: inner.last_error.as_ref().map(|&(_, at)| at),
             previous_error: inner.previous_error.as_ref().map(|(text, _)| text.clone()),
             previous_error_at_ms: inner.previous_error.as_ref().map(|&(_, at)| at),
+            node: None,
         }
     }
 

@@ -236,6 +236,7 @@ mod tests {
             last_error_at_ms: None,
             previous_error: None,
             previous_error_at_ms: None,
+            node: None,
         }
     }
 
