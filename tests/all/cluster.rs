@@ -148,6 +148,23 @@ fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_or
         .collect();
     assert_eq!(ids, ["n1", "n2", "n3"]);
     assert_eq!(nodes["nodes"][0]["advertise"], cluster.url(0).as_str());
+    // And /metrics says how many it sees.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let text = client
+            .get(format!("{}/metrics", cluster.url(1)))
+            .send()
+            .and_then(|r| r.text())
+            .expect("metrics");
+        if text.lines().any(|l| l == "narad_cluster_live_nodes 3") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "live nodes never reached 3:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // A parent pinned one partition per node, created through n1.
     let (status, body) = send_json(

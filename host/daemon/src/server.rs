@@ -222,6 +222,11 @@ pub async fn run_server(
     api_metrics.register(&mut registry);
     let http_metrics = Arc::new(crate::http_server::HttpMetrics::default());
     http_metrics.register(&mut registry);
+    let cluster_metrics = Arc::new(crate::cluster::metrics::ClusterMetrics::default());
+    cluster_metrics.register(&mut registry);
+    if let Some(context) = &cluster {
+        tokio::spawn(Arc::clone(&cluster_metrics).run(Arc::clone(context), shutdown.clone()));
+    }
     let fanout_view = Arc::new(FanoutView::default());
     // Cluster mode: this node's receiver of child commits, shared by the commits other nodes
     // send and this node's own cursors, so each partition has one dedupe window and lock.

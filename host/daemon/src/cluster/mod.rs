@@ -7,6 +7,7 @@
 //! - [`dedupe`]: the exact window of origins a child partition holds, which absorbs a
 //!   repeated child commit;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
+//! - [`metrics`]: lease, live-node and watch health on `/metrics`;
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
 //! - [`ownership`]: who serves a partition, from each topic's owners in the watched metadata;
@@ -21,6 +22,7 @@ pub mod commit_rpc;
 pub mod commit_wire;
 pub mod dedupe;
 pub mod membership;
+pub mod metrics;
 pub mod ownership;
 pub mod peers;
 pub mod placement;
