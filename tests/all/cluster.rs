@@ -40,12 +40,21 @@ fn cluster_args<'a>(etcd: &'a str, cluster: &'a str, node: &'a str) -> Vec<&'a s
 
 impl Cluster {
     fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, &[])
+    }
+
+    /// [`Cluster::start`] with `extra` arguments for every node.
+    fn start_with(name: &str, extra: &[&str]) -> Cluster {
         let etcd = TestEtcd::start();
         let endpoint = etcd.endpoint();
         let dir = tempfile::tempdir().expect("tempdir");
         let nodes = ["n1", "n2", "n3"]
             .iter()
-            .map(|id| Daemon::start_with(&dir.path().join(id), &cluster_args(&endpoint, name, id)))
+            .map(|id| {
+                let mut args = cluster_args(&endpoint, name, id);
+                args.extend_from_slice(extra);
+                Daemon::start_with(&dir.path().join(id), &args)
+            })
             .collect();
         let cluster = Cluster {
             nodes,
@@ -555,4 +564,61 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
     // Every acknowledged record reaches the child, the ones of n3's partition included (its
     // cursor resumed from its offset file after the restart).
     wait_for_values(&cluster, "copy", 3, &acknowledged);
+}
+
+#[test]
+fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
+    let secret_dir = tempfile::tempdir().expect("tempdir");
+    let token_file = secret_dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").expect("token file");
+    let token_arg = token_file.to_str().expect("utf-8 path").to_owned();
+    let cluster = Cluster::start_with("with-token", &["--auth-token-file", &token_arg]);
+    let client = http_client();
+    let call = |method: Method, url: String, body: Value| {
+        let response = client
+            .request(method, url)
+            .bearer_auth("s3cret")
+            .json(&body)
+            .send()
+            .expect("call");
+        let status = response.status().as_u16();
+        let body: Value = response.json().unwrap_or(Value::Null);
+        (status, body)
+    };
+    for (name, placement) in [("orders", json!(["n1"])), ("copy", json!(["n3"]))] {
+        let (status, body) = call(
+            Method::POST,
+            format!("{}/v1/topics", cluster.url(0)),
+            json!({"name": name, "partitions": 1, "placement": placement}),
+        );
+        ok(status, &body, "create");
+    }
+    let (status, body) = call(
+        Method::PUT,
+        format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        json!({}),
+    );
+    ok(status, &body, "attach");
+    // Produced through n2 (forwarded to n1 with the client's token), copied to n3 by n1's
+    // cursor with the peer secret.
+    let (status, body) = call(
+        Method::POST,
+        format!("{}/v1/topics/orders/records", cluster.url(1)),
+        json!({"records": [{"key": "a", "value": "one"}, {"key": "b", "value": "two"}]}),
+    );
+    ok(status, &body, "produce");
+    wait_for_values(&cluster, "copy", 1, &["one".to_owned(), "two".to_owned()]);
+
+    // The internal commit route refuses a caller without the peer secret, and the client's
+    // own token is not it.
+    for token in [None, Some("s3cret")] {
+        let mut request = client
+            .post(format!("{}/internal/v1/commit", cluster.url(2)))
+            .body(vec![0u8; 8]);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let status = request.send().expect("commit call").status().as_u16();
+        assert_eq!(status, 401, "token {token:?}");
+    }
 }

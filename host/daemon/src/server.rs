@@ -254,8 +254,14 @@ pub async fn run_server(
                             Arc::clone(&producer),
                             Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
                             Arc::new(move |node: &str| peers.advertise_of(node)),
-                            crate::cluster::commit_rpc::CommitClient::new()
-                                .map_err(|e| ServerError::Http(e.to_string()))?,
+                            {
+                                let client = crate::cluster::commit_rpc::CommitClient::new()
+                                    .map_err(|e| ServerError::Http(e.to_string()))?;
+                                match &config.auth_token {
+                                    Some(token) => client.with_bearer(token.peer_secret()),
+                                    None => client,
+                                }
+                            },
                             tokio::runtime::Handle::current(),
                             Arc::clone(&fanout_metrics),
                         )
@@ -338,14 +344,18 @@ pub async fn run_server(
             None => None,
         },
     });
-    let mut app = api::router(state);
-    if let Some(receiver) = &receiver {
-        app = app.merge(internal_router(Arc::clone(receiver)));
-    }
-    let app = match config.auth_token.clone() {
-        Some(token) => api::auth::protect(app, token),
-        None => app,
+    let mut app = match config.auth_token.clone() {
+        Some(token) => api::auth::protect(api::router(state), token),
+        None => api::router(state),
     };
+    if let Some(receiver) = &receiver {
+        // Nodes present the peer secret derived from the shared token, never a client's.
+        let internal = internal_router(Arc::clone(receiver));
+        app = app.merge(match &config.auth_token {
+            Some(token) => api::auth::protect(internal, token.peer_token()),
+            None => internal,
+        });
+    }
     let owned_sync = cluster.as_ref().map(|context| {
         tokio::spawn(sync_owned(
             Arc::clone(context),

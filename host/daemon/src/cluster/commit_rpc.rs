@@ -86,6 +86,8 @@ pub async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Byt
 #[derive(Clone)]
 pub struct CommitClient {
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` when the cluster runs with a token (the peer secret).
+    bearer: Option<String>,
 }
 
 impl CommitClient {
@@ -95,7 +97,13 @@ impl CommitClient {
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(COMMIT_TIMEOUT)
             .build()?;
-        Ok(CommitClient { http })
+        Ok(CommitClient { http, bearer: None })
+    }
+
+    /// The same client, presenting `secret` (the cluster's peer secret) on every call.
+    pub fn with_bearer(mut self, secret: String) -> CommitClient {
+        self.bearer = Some(secret);
+        self
     }
 
     /// Sends `request` to the node advertising `base_url` (e.g. `http://10.0.0.5:7070`).
@@ -111,14 +119,15 @@ impl CommitClient {
             url: url.clone(),
             source,
         };
-        let response = self
+        let mut call = self
             .http
             .post(&url)
             .header(header::CONTENT_TYPE, COMMIT_CONTENT_TYPE)
-            .body(body)
-            .send()
-            .await
-            .map_err(unreachable)?;
+            .body(body);
+        if let Some(secret) = &self.bearer {
+            call = call.bearer_auth(secret);
+        }
+        let response = call.send().await.map_err(unreachable)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
