@@ -622,3 +622,73 @@ fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
         assert_eq!(status, 401, "token {token:?}");
     }
 }
+
+#[test]
+fn a_topic_deleted_through_one_node_is_set_aside_on_the_others_and_a_new_one_starts_empty() {
+    let cluster = Cluster::start("delete-across");
+    let client = http_client();
+    let create = || {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    };
+    create();
+    let records: Vec<Value> = (0..3)
+        .map(|p| json!({"value": format!("old-{p}"), "partition": p}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+
+    let (status, body) = send_json(
+        &client,
+        Method::DELETE,
+        &format!("{}/v1/topics/orders", cluster.url(0)),
+        None,
+    )
+    .expect("delete");
+    ok(status, &body, "delete");
+    // n2 and n3 set their partitions aside (never delete them) once they see the deletion.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for node in 1..3 {
+        loop {
+            let (_, list) = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/admin/set-aside", cluster.url(node)),
+                None,
+            )
+            .expect("set-aside list");
+            let found = list["entries"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|entry| entry["topic"] == "orders"));
+            if found {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "n{} never set orders aside: {list}",
+                node + 1
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // The same name again: every partition starts empty, on every node.
+    create();
+    for (p, records) in everything(&client, &cluster.url(0), "orders", 3) {
+        assert!(
+            records.is_empty(),
+            "partition {p} of the new topic holds {records:?}"
+        );
+    }
+}

@@ -202,6 +202,7 @@ pub async fn run_server(
         Some(context) => topics.with_cluster(Arc::clone(context)),
         None => topics,
     });
+    let topics_for_sync = Arc::clone(&topics);
 
     // Bound now, like the HTTP listener, so a taken port stops the start.
     let kafka_listener = match config.kafka_listen {
@@ -359,8 +360,7 @@ pub async fn run_server(
     let owned_sync = cluster.as_ref().map(|context| {
         tokio::spawn(sync_owned(
             Arc::clone(context),
-            Arc::clone(&store),
-            config.segment_bytes,
+            Arc::clone(&topics_for_sync),
             shutdown.clone(),
         ))
     });
@@ -553,11 +553,11 @@ fn current_snapshot(
     }
 }
 
-/// Registers newly owned partitions whenever the watched metadata changes, until `shutdown`.
+/// Keeps the store in line with the watched metadata whenever it changes, until `shutdown`:
+/// newly owned partitions registered, topics the metadata no longer names set aside.
 async fn sync_owned(
     context: Arc<ClusterContext>,
-    store: Arc<Store>,
-    segment_bytes: u64,
+    topics: Arc<TopicService>,
     shutdown: ShutdownSignal,
 ) {
     let mut ticker = tokio::time::interval(OWNED_SYNC_EVERY);
@@ -578,26 +578,20 @@ async fn sync_owned(
         if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &snapshot)) {
             continue;
         }
-        let (store, context2, snap) = (
-            Arc::clone(&store),
-            Arc::clone(&context),
-            Arc::clone(&snapshot),
-        );
-        let done = crate::blocking::run(move || {
-            crate::topics::owned::register_owned(&store, &snap, context2.node_id(), segment_bytes)
-        })
-        .await;
-        match done {
-            Ok(Ok(new)) => {
+        match topics.sync_owned().await {
+            Ok((moved, new)) => {
+                if !moved.is_empty() {
+                    tracing::warn!(
+                        topics = ?moved,
+                        "topics gone from the cluster metadata were set aside; see `narad admin set-aside list`"
+                    );
+                }
                 if new > 0 {
                     tracing::info!(new, "registered newly owned partitions");
                 }
                 last = Some(snapshot);
             }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "registering owned partitions failed; retrying")
-            }
-            Err(e) => tracing::error!(error = %e, "registering owned partitions panicked"),
+            Err(e) => tracing::warn!(error = %e, "syncing owned partitions failed; retrying"),
         }
     }
 }

@@ -312,11 +312,20 @@ impl Store {
         Ok(())
     }
 
-    /// Unregisters every partition of `topic` and removes `topics/{topic}`: the directory is
-    /// first renamed into the trash directory (durably), then removed, so a crash never leaves
-    /// a half-deleted topic in place. Deleting a topic with no directory is not an error.
-    pub fn delete_topic(&self, topic: &str) -> Result<()> {
-        validate_topic_name(topic)?;
+    /// The topics that have at least one registered partition, sorted.
+    pub fn registered_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = log::read(&self.partitions)
+            .keys()
+            .map(|id| id.topic.clone())
+            .collect();
+        topics.sort();
+        topics.dedup();
+        topics
+    }
+
+    /// Unregisters every partition of `topic`, closing its open logs, and leaves its directory
+    /// on disk as it is (for the caller to set aside). Unknown topics are not an error.
+    pub fn forget_topic(&self, topic: &str) {
         let victims: Vec<Arc<Partition>> = {
             let mut map = log::write(&self.partitions);
             let ids: Vec<PartitionId> = map.keys().filter(|k| k.topic == topic).cloned().collect();
@@ -330,6 +339,14 @@ impl Store {
             *slot = Slot::Deleted;
             p.signal.send_replace(Signal::Broken);
         }
+    }
+
+    /// Unregisters every partition of `topic` and removes `topics/{topic}`: the directory is
+    /// first renamed into the trash directory (durably), then removed, so a crash never leaves
+    /// a half-deleted topic in place. Deleting a topic with no directory is not an error.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        validate_topic_name(topic)?;
+        self.forget_topic(topic);
         let dir = self.topic_dir(topic);
         if !self
             .fs

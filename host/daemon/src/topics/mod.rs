@@ -97,6 +97,9 @@ pub struct TopicService {
     admin: tokio::sync::Mutex<()>,
     /// Cluster mode: partitions are placed on live nodes and made by their owners.
     cluster: Option<Arc<crate::cluster::ClusterContext>>,
+    /// Serialises registering owned partitions with setting aside topics the metadata no
+    /// longer names, so a topic registered on a fresh copy is never set aside on an older one.
+    registration: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for TopicService {
@@ -214,6 +217,7 @@ impl TopicService {
             segment_bytes,
             admin: tokio::sync::Mutex::new(()),
             cluster: None,
+            registration: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -240,10 +244,38 @@ impl TopicService {
         if !owned || self.store.has_partition(&id) {
             return Ok(());
         }
+        let _registration = self.registration.lock().await;
         let store = Arc::clone(&self.store);
         let config = log_config(topic, self.segment_bytes);
         crate::blocking::run(move || store.create_partition(&id, config)).await??;
         Ok(())
+    }
+
+    /// Cluster mode: brings the store in line with the newest metadata copy: sets aside the
+    /// topics it no longer names ([`owned::set_aside_unnamed`]) and registers the partitions
+    /// this node owns ([`owned::register_owned`]). Returns the topics set aside and how many
+    /// partitions were new. No-op on one node.
+    pub async fn sync_owned(&self) -> Result<(Vec<String>, usize), TopicError> {
+        let Some(cluster) = &self.cluster else {
+            return Ok((Vec::new(), 0));
+        };
+        let _registration = self.registration.lock().await;
+        // Read under the lock: newer than any copy a registration before it used.
+        let snapshot = match cluster.metastore.cached_snapshot() {
+            Some(snapshot) => snapshot?,
+            None => return Ok((Vec::new(), 0)),
+        };
+        let (store, node, segment_bytes) = (
+            Arc::clone(&self.store),
+            cluster.node_id().to_owned(),
+            self.segment_bytes,
+        );
+        crate::blocking::run(move || {
+            let moved = owned::set_aside_unnamed(&store, &snapshot, now_ms())?;
+            let new = owned::register_owned(&store, &snapshot, &node, segment_bytes)?;
+            Ok::<_, TopicError>((moved, new))
+        })
+        .await?
     }
 
     /// The owners of partitions `first..first + count` of `topic`, in cluster mode; empty on

@@ -42,6 +42,42 @@ pub fn register_owned(
     Ok(new)
 }
 
+/// Sets aside (never deletes) every topic this node has registered that `snapshot` no longer
+/// names: deleted through another node, or gone from the metadata some other way. Its
+/// partitions are unregistered first, so nothing reads or writes them; the directory then
+/// moves, whole, to the set-aside area, so a topic created again under the name starts empty
+/// instead of finding the old records. Returns the topics set aside.
+pub fn set_aside_unnamed(
+    store: &Store,
+    snapshot: &Snapshot,
+    now_ms: i64,
+) -> Result<Vec<String>, super::set_aside::SetAsideError> {
+    let mut moved = Vec::new();
+    for topic in store.registered_topics() {
+        if snapshot.topics.contains_key(&topic) {
+            continue;
+        }
+        store.forget_topic(&topic);
+        let dir = store
+            .data_dir()
+            .join(narad_storage::store::TOPICS_DIR_NAME)
+            .join(&topic);
+        if dir.exists() {
+            super::set_aside::set_aside(
+                store.data_dir(),
+                &dir,
+                &topic,
+                None,
+                "the cluster metadata no longer names this topic (deleted through another node?); \
+                 kept here untouched: adopt or purge it with `narad admin set-aside`",
+                now_ms,
+            )?;
+        }
+        moved.push(topic);
+    }
+    Ok(moved)
+}
+
 /// Partition directories under `topics/` that `node` does not own in `snapshot`: topics the
 /// metadata does not name, and partitions owned by another node. Their data stays on disk; an
 /// operator decides (they may be what is left of a move, or of a metadata prefix that was lost).
