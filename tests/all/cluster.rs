@@ -692,3 +692,68 @@ fn a_topic_deleted_through_one_node_is_set_aside_on_the_others_and_a_new_one_sta
         );
     }
 }
+
+#[test]
+fn a_kafka_client_bootstrapped_on_one_node_produces_to_every_owner_and_reads_back() {
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut kafka = Vec::new();
+    let nodes = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let addr = format!("127.0.0.1:{port}");
+            let mut args = cluster_args(&endpoint, "kafka-across", id);
+            args.extend_from_slice(&["--kafka-listen", &addr]);
+            let daemon = Daemon::start_with(&dir.path().join(id), &args);
+            kafka.push(addr);
+            daemon
+        })
+        .collect();
+    let cluster = Cluster {
+        nodes,
+        _etcd: etcd,
+        _dir: dir,
+    };
+    cluster.wait_for_nodes(3);
+    let client = http_client();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+    )
+    .expect("create");
+    ok(status, &body, "create");
+
+    // kafka-python, bootstrapped on n1 only, follows Metadata to each partition's owner.
+    let mut command = Command::new("python3");
+    command
+        .arg(crate::kafka::script("python_round_trip.py"))
+        .args([kafka[0].as_str(), "orders", "3", "60"]);
+    let out = crate::kafka::run(command, b"", "python3 python_round_trip.py");
+    let report: Value = serde_json::from_str(&out).expect("the script's JSON");
+    let produced = report["produced"].as_array().expect("produced");
+    let consumed = report["consumed"].as_array().expect("consumed");
+    assert_eq!(produced.len(), 60);
+    assert_eq!(consumed.len(), 60, "{report}");
+    let partitions: HashSet<u64> = produced
+        .iter()
+        .filter_map(|r| r["partition"].as_u64())
+        .collect();
+    assert_eq!(
+        partitions.len(),
+        3,
+        "keys spread over the three owners: {partitions:?}"
+    );
+    // Each partition's records are on its owner's disk, read back through any node.
+    let stored: usize = everything(&client, &cluster.url(2), "orders", 3)
+        .values()
+        .map(Vec::len)
+        .sum();
+    assert_eq!(stored, 60);
+}

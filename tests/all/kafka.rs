@@ -52,14 +52,14 @@ fn create_topic(base: &str, name: &str, partitions: u32) {
     ok(status, &body, "create topic");
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("all/kafka")
         .join(name)
 }
 
 /// Runs a client to completion with a deadline, returning its stdout.
-fn run(mut command: Command, stdin: &[u8], what: &str) -> String {
+pub(crate) fn run(mut command: Command, stdin: &[u8], what: &str) -> String {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -151,6 +151,16 @@ pub async fn run_server(
         source,
     })?;
 
+    // Bound now, like the HTTP listener, so a taken port stops the start.
+    let kafka_listener = match config.kafka_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
+    let kafka_addr = kafka_listener.as_ref().and_then(|l| l.local_addr().ok());
     let (store, metastore, ownership, cluster): Opened = match &config.cluster {
         None => {
             let data_dir = data_dir.clone();
@@ -174,7 +184,8 @@ pub async fn run_server(
             )
         }
         Some(cluster) => {
-            let (store, context) = start_cluster(cluster, &config, local_addr, &shutdown).await?;
+            let (store, context) =
+                start_cluster(cluster, &config, local_addr, kafka_addr, &shutdown).await?;
             (
                 store,
                 Arc::clone(&context.metastore) as Arc<dyn Metastore>,
@@ -203,16 +214,6 @@ pub async fn run_server(
         None => topics,
     });
     let topics_for_sync = Arc::clone(&topics);
-
-    // Bound now, like the HTTP listener, so a taken port stops the start.
-    let kafka_listener = match config.kafka_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Bind { addr, source })?,
-        ),
-        None => None,
-    };
 
     let fanout_metrics = Arc::new(FanoutMetrics::default());
     let plugin_metrics = Arc::new(PluginMetrics::default());
@@ -299,15 +300,18 @@ pub async fn run_server(
     kafka_metrics.register(&mut registry);
     let kafka = kafka_listener.map(|listener| {
         let metrics = kafka_metrics;
-        let deps = Arc::new(crate::kafka::KafkaDeps::new(
-            config.limits.clone(),
-            Arc::clone(&store),
-            Arc::clone(&metastore),
-            Arc::clone(&producer),
-            Arc::clone(&ownership),
-            shutdown.clone(),
-            metrics,
-        ));
+        let deps = Arc::new(
+            crate::kafka::KafkaDeps::new(
+                config.limits.clone(),
+                Arc::clone(&store),
+                Arc::clone(&metastore),
+                Arc::clone(&producer),
+                Arc::clone(&ownership),
+                shutdown.clone(),
+                metrics,
+            )
+            .with_cluster(cluster.clone()),
+        );
         let options = crate::kafka::connection::ListenOptions {
             max_connections: config.http.max_connections.unwrap_or_else(|| {
                 crate::fdlimit::default_max_connections(crate::fdlimit::current())
@@ -435,6 +439,7 @@ async fn start_cluster(
     cluster: &ClusterConfig,
     config: &Config,
     local_addr: SocketAddr,
+    kafka_addr: Option<SocketAddr>,
     shutdown: &ShutdownSignal,
 ) -> Result<(Arc<Store>, Arc<ClusterContext>), ServerError> {
     let store = {
@@ -457,13 +462,17 @@ async fn start_cluster(
         )
         .await?,
     );
+    let advertise = cluster
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{local_addr}"));
+    // Kafka clients reach this node at the advertised host and the Kafka listener's port.
+    let kafka = kafka_addr.map(|addr| format!("{}:{}", url_host(&advertise), addr.port()));
     let record = NodeRecord {
         id: cluster.node_id.clone(),
-        advertise: cluster
-            .advertise
-            .clone()
-            .unwrap_or_else(|| format!("http://{local_addr}")),
+        advertise,
         joined_at_ms: crate::topics::now_ms(),
+        kafka,
     };
     let membership = Arc::new(
         Membership::join(
@@ -539,6 +548,18 @@ async fn start_cluster(
         "joined the cluster"
     );
     Ok((store, context))
+}
+
+/// The host of `url` (`http://HOST:PORT/...`), without brackets for an IPv6 address.
+fn url_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    }
 }
 
 /// The metadata as this node's watched copy has it.

@@ -52,6 +52,10 @@ pub struct NodeRecord {
     pub advertise: String,
     /// When this process joined, in milliseconds since the Unix epoch.
     pub joined_at_ms: i64,
+    /// `host:port` of the node's Kafka listener, when it runs one (`--kafka-listen`): what
+    /// Kafka Metadata names as this broker's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<String>,
 }
 
 /// The lease record kept in the data dir.
@@ -433,6 +437,7 @@ mod tests {
 
     fn record(id: &str, port: u16) -> NodeRecord {
         NodeRecord {
+            kafka: None,
             id: id.to_owned(),
             advertise: format!("http://127.0.0.1:{port}"),
             joined_at_ms: 0,

@@ -1,5 +1,7 @@
-//! Metadata: the brokers are this node (id [`NODE_ID`], at the address the client reached the
-//! listener on), and it leads every partition it owns. Topics come from the metastore; an
+//! Metadata: on one node the broker is this node (id [`NODE_ID`], at the address the client
+//! reached the listener on), and it leads every partition it owns. In cluster mode the brokers
+//! are the live nodes that run a Kafka listener (ids from [`broker_id`], addresses from their
+//! node records), and each partition's leader is its owner when that node is one of them. Topics come from the metastore; an
 //! unknown topic is UNKNOWN_TOPIC_OR_PARTITION and is never created, whatever
 //! `allow_auto_topic_creation` says.
 
@@ -14,7 +16,7 @@ use kafka_protocol::messages::{BrokerId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use narad_storage::PartitionId;
 
-use super::{Advertised, CLUSTER_ID, KafkaDeps, NODE_ID};
+use super::{Advertised, CLUSTER_ID, KafkaDeps, NODE_ID, broker_id};
 use crate::metastore::TopicMeta;
 
 /// Metadata v2 is where answers carry the cluster id.
@@ -30,15 +32,22 @@ pub async fn handle(
     version: i16,
 ) -> MetadataResponse {
     let mut response = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(NODE_ID);
-    broker.host = StrBytes::from_string(advertised.host.clone());
-    broker.port = advertised.port;
-    response.brokers = vec![broker];
+    let brokers = brokers(deps, advertised);
+    response.controller_id = brokers.this;
+    response.brokers = brokers
+        .all
+        .iter()
+        .map(|(id, host, port)| {
+            let mut broker = MetadataResponseBroker::default();
+            broker.node_id = *id;
+            broker.host = StrBytes::from_string(host.clone());
+            broker.port = *port;
+            broker
+        })
+        .collect();
     if version >= FIRST_CLUSTER_ID_VERSION {
         response.cluster_id = Some(StrBytes::from_static_str(CLUSTER_ID));
     }
-    response.controller_id = BrokerId(NODE_ID);
 
     let snapshot = match deps.metastore.snapshot().await {
         Ok(snapshot) => snapshot,
@@ -64,13 +73,13 @@ pub async fn handle(
         None => snapshot
             .topics
             .values()
-            .map(|meta| describe(deps, meta, version))
+            .map(|meta| describe(deps, &brokers, meta, version))
             .collect(),
         Some(wanted) => wanted
             .into_iter()
             .map(|t| match t.name {
                 Some(name) => match snapshot.topics.get(name.0.as_str()) {
-                    Some(meta) => describe(deps, meta, version),
+                    Some(meta) => describe(deps, &brokers, meta, version),
                     None => {
                         let mut topic = MetadataResponseTopic::default();
                         topic.name = Some(name);
@@ -91,24 +100,74 @@ pub async fn handle(
     response
 }
 
-/// One topic with its partitions, led by this node where it owns them.
-fn describe(deps: &KafkaDeps, meta: &TopicMeta, version: i16) -> MetadataResponseTopic {
+/// The brokers a Metadata answer names.
+struct Brokers {
+    /// This node's broker id.
+    this: BrokerId,
+    /// Every broker: id, host, port.
+    all: Vec<(BrokerId, String, i32)>,
+}
+
+fn brokers(deps: &KafkaDeps, advertised: &Advertised) -> Brokers {
+    let Some(cluster) = &deps.cluster else {
+        return Brokers {
+            this: BrokerId(NODE_ID),
+            all: vec![(BrokerId(NODE_ID), advertised.host.clone(), advertised.port)],
+        };
+    };
+    let this = BrokerId(broker_id(cluster.node_id()));
+    let mut all: Vec<(BrokerId, String, i32)> = cluster
+        .peers
+        .live()
+        .into_iter()
+        .filter_map(|node| {
+            let (host, port) = node.kafka.as_deref()?.rsplit_once(':')?;
+            let port: i32 = port.parse().ok()?;
+            Some((BrokerId(broker_id(&node.id)), host.to_owned(), port))
+        })
+        .collect();
+    if !all.iter().any(|(id, _, _)| *id == this) {
+        // This node answers, so it is a broker even before its record shows in the copy.
+        all.push((this, advertised.host.clone(), advertised.port));
+    }
+    Brokers { this, all }
+}
+
+/// The broker that leads partition `p` of `meta`: its owner when that is a listed broker.
+fn leader(deps: &KafkaDeps, brokers: &Brokers, meta: &TopicMeta, p: u32) -> Option<BrokerId> {
+    match &deps.cluster {
+        None => deps
+            .ownership
+            .is_local(&PartitionId::new(meta.name.clone(), p))
+            .then_some(BrokerId(NODE_ID)),
+        Some(_) => {
+            let owner = meta.owners.get(p as usize)?;
+            let id = BrokerId(broker_id(&owner.node));
+            brokers.all.iter().any(|(b, _, _)| *b == id).then_some(id)
+        }
+    }
+}
+
+/// One topic with its partitions and their leaders.
+fn describe(
+    deps: &KafkaDeps,
+    brokers: &Brokers,
+    meta: &TopicMeta,
+    version: i16,
+) -> MetadataResponseTopic {
     let mut topic = MetadataResponseTopic::default();
     topic.name = Some(TopicName(StrBytes::from_string(meta.name.clone())));
     topic.partitions = (0..meta.partitions)
         .map(|p| {
             let mut partition = MetadataResponsePartition::default();
             partition.partition_index = i32::try_from(p).unwrap_or(i32::MAX);
-            let local = deps
-                .ownership
-                .is_local(&PartitionId::new(meta.name.clone(), p));
-            if local {
-                partition.leader_id = BrokerId(NODE_ID);
+            if let Some(id) = leader(deps, brokers, meta, p) {
+                partition.leader_id = id;
                 if version >= FIRST_LEADER_EPOCH_VERSION {
                     partition.leader_epoch = 0;
                 }
-                partition.replica_nodes = vec![BrokerId(NODE_ID)];
-                partition.isr_nodes = vec![BrokerId(NODE_ID)];
+                partition.replica_nodes = vec![id];
+                partition.isr_nodes = vec![id];
             } else {
                 partition.error_code = ResponseError::LeaderNotAvailable.code();
                 partition.leader_id = BrokerId(-1);

@@ -93,6 +93,8 @@ pub struct KafkaDeps {
     pub idempotence: idempotence::Idempotence,
     /// Where new producer ids come from.
     pub producer_ids: init_producer_id::ProducerIds,
+    /// Cluster mode: the live nodes are the brokers, partition owners their leaders.
+    pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
 }
 
 impl KafkaDeps {
@@ -116,8 +118,27 @@ impl KafkaDeps {
             metrics,
             idempotence: idempotence::Idempotence::new(idempotence::MAX_PRODUCER_PARTITIONS),
             producer_ids: init_producer_id::ProducerIds::from_clock(),
+            cluster: None,
         }
     }
+
+    /// The same dependencies in cluster mode (`None`: one node).
+    pub fn with_cluster(
+        mut self,
+        cluster: Option<Arc<crate::cluster::ClusterContext>>,
+    ) -> KafkaDeps {
+        self.cluster = cluster;
+        self
+    }
+}
+
+/// The Kafka broker id of cluster node `node`: the same on every node and across restarts
+/// (Kafka ids are integers, narad's are names), non-negative as Kafka requires.
+pub fn broker_id(node: &str) -> i32 {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(node.as_bytes());
+    let id = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) & 0x7fff_ffff;
+    i32::try_from(id).unwrap_or(0)
 }
 
 /// The address Metadata advertises: the one the client reached this listener on, so a
