@@ -296,6 +296,32 @@ fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_or
     }
     assert_eq!(origins.len(), sent);
 
+    // The tail scan a restarted cursor asks of a child partition's owner finds this link's
+    // newest slab of parent partition 0 there.
+    let epoch = link["attach_epoch"].as_str().expect("epoch");
+    let highest = parent[&0].last().expect("records")["offset"]
+        .as_u64()
+        .expect("offset");
+    let owner = ["n1", "n2", "n3"]
+        .iter()
+        .position(|n| *n == child_owners[0])
+        .expect("owner");
+    let (status, tail) = send_json(
+        &client,
+        Method::GET,
+        &format!(
+            "{}/internal/v1/topics/copy/partitions/0/tail?epoch={epoch}&parent_partition=0",
+            cluster.url(owner)
+        ),
+        None,
+    )
+    .expect("tail");
+    ok(status, &tail, "tail scan");
+    assert_eq!(
+        tail["scan"]["evidence"]["highest_parent_offset"], highest,
+        "{tail}"
+    );
+
     // The children listing on any node gathers every parent partition's cursor, each naming
     // the node that runs it (the parent partition's owner).
     let (status, listing) = send_json(

@@ -275,7 +275,10 @@ pub async fn run_server(
             metastore: Arc::clone(&metastore),
             clock: Arc::new(narad_storage::SystemClock),
             timing: crate::fanout::FanoutTiming::default(),
-            children_may_be_remote: cluster.is_some(),
+            remote_tails: cluster.as_ref().map(|context| {
+                Arc::new(api::internal::HttpTails::new(Arc::clone(context)))
+                    as Arc<dyn crate::fanout::position::RemoteTails>
+            }),
         });
         let registry_for_loader = Arc::clone(&plugins);
         let routers = Arc::new(

@@ -257,7 +257,7 @@ fn spawn_cursor_on(
         metastore,
         clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
         timing: TIMING,
-        children_may_be_remote: false,
+        remote_tails: None,
     });
     let key = CursorKey {
         parent: "parent".into(),

@@ -4,6 +4,8 @@
 //!   `t` this node owns, read exactly (closed logs are opened if their end is not on record).
 //!   An attach in cluster mode gathers its attach point from every owner with it: a link is
 //!   recorded only with every partition's figure, never a guess ([`gather_high_watermarks`]).
+//! - `GET /internal/v1/topics/{t}/partitions/{p}/tail`: the provenance scan of a child
+//!   partition's tail, for a cursor on another node resolving where to start ([`HttpTails`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiPath;
 use super::topics::require_topic;
+use crate::fanout::position::RemoteTails;
+use crate::fanout::position::provenance::{self, ChildScan, TailCopies};
 use narad_storage::{PartitionId, Store};
 
 /// A call between nodes carries the caller's metadata revision in this header; the callee
@@ -202,4 +206,114 @@ pub async fn gather_high_watermarks(
                 .ok_or_else(|| format!("no answer for partition {p}"))
         })
         .collect()
+}
+
+/// `GET /internal/v1/topics/{t}/partitions/{p}/tail` query string.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TailQuery {
+    /// The link's attach epoch, 16 hex digits.
+    pub epoch: String,
+    /// The parent partition whose copies are looked for.
+    pub parent_partition: u32,
+}
+
+/// `GET /internal/v1/topics/{t}/partitions/{p}/tail` answer: what the scan of that child
+/// partition's tail found.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TailScan {
+    /// The newest slab of the epoch and parent partition found, and whether the partition
+    /// never held a record.
+    pub scan: ChildScan,
+    /// Fingerprints of the copies found, by parent offset.
+    pub copies: TailCopies,
+}
+
+/// `GET /internal/v1/topics/{t}/partitions/{p}/tail?epoch=&parent_partition=`: the tail scan
+/// a cursor on another node needs at start ([`crate::fanout::position`]), of a partition this
+/// node owns (421 otherwise).
+pub async fn tail(
+    State(state): State<AppState>,
+    ApiPath((topic, partition)): ApiPath<(String, u32)>,
+    super::extract::ApiQuery(query): super::extract::ApiQuery<TailQuery>,
+) -> Result<Json<TailScan>, ApiError> {
+    let meta = require_topic(&state, &topic).await?;
+    let id = PartitionId::new(meta.name.clone(), partition);
+    if partition >= meta.partitions || !state.ownership.is_local(&id) {
+        return Err(ApiError::new(
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            format!("partition {id} is not served by this node"),
+        ));
+    }
+    state.topics.ensure_owned(&meta, partition).await?;
+    let epoch = crate::metastore::link::epoch_bytes(&query.epoch)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let store = Arc::clone(&state.store);
+    let parent_partition = query.parent_partition;
+    let (scan, copies) = crate::blocking::run(move || {
+        provenance::scan_child_tails_with_copies(
+            &store,
+            &meta.name,
+            &[partition],
+            epoch,
+            parent_partition,
+        )
+    })
+    .await
+    .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    Ok(Json(TailScan { scan, copies }))
+}
+
+/// [`RemoteTails`] over HTTP: asks each child partition's owner for its tail scan.
+pub struct HttpTails {
+    cluster: Arc<crate::cluster::ClusterContext>,
+}
+
+impl HttpTails {
+    /// Tail scans through `cluster`'s peers and client.
+    pub fn new(cluster: Arc<crate::cluster::ClusterContext>) -> HttpTails {
+        HttpTails { cluster }
+    }
+}
+
+impl RemoteTails for HttpTails {
+    fn scan<'a>(
+        &'a self,
+        child: &'a str,
+        partition: u32,
+        epoch: [u8; 8],
+        parent_partition: u32,
+    ) -> crate::metastore::BoxFuture<'a, Result<(ChildScan, TailCopies), String>> {
+        Box::pin(async move {
+            let id = PartitionId::new(child.to_owned(), partition);
+            let cluster = &self.cluster;
+            let owner = cluster
+                .ownership
+                .owner_at(&id)
+                .ok_or_else(|| format!("{id} has no owner"))?;
+            let base = cluster
+                .peers
+                .advertise_of(&owner.node)
+                .ok_or_else(|| format!("node {}, which owns {id}, is not alive", owner.node))?;
+            let url = format!(
+                "{base}/internal/v1/topics/{child}/partitions/{partition}/tail?epoch={}&parent_partition={parent_partition}",
+                hex::encode(epoch)
+            );
+            let answer = cluster
+                .http
+                .get(&url)
+                .header(REVISION_HEADER, cluster.metastore.cache_revision())
+                .send()
+                .await
+                .map_err(|e| format!("node {} did not answer: {e}", owner.node))?;
+            if !answer.status().is_success() {
+                return Err(format!("node {} answered {}", owner.node, answer.status()));
+            }
+            let scan: TailScan = answer
+                .json()
+                .await
+                .map_err(|e| format!("node {} answered something else: {e}", owner.node))?;
+            Ok((scan.scan, scan.copies))
+        })
+    }
 }

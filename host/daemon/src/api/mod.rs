@@ -154,6 +154,10 @@ pub fn router(state: AppState) -> Router {
             "/internal/v1/topics/{topic}/high-watermarks",
             get(internal::high_watermarks),
         )
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/tail",
+            get(internal::tail),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))

@@ -155,7 +155,7 @@ impl Rig {
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(SystemClock) as Arc<dyn Clock>,
             timing: crate::fanout::FanoutTiming::default(),
-            children_may_be_remote: false,
+            remote_tails: None,
         });
         let loader = Arc::clone(&registry);
         let routers = WasmRouterFactory::new(Arc::new(move |digest: &str| {

@@ -59,10 +59,10 @@ pub struct CursorDeps {
     pub clock: Arc<dyn Clock>,
     /// Every wait of the cursor (the reference constants by default).
     pub timing: FanoutTiming,
-    /// Cluster mode: child partitions may live on other nodes, so the start-up scan of the
-    /// child's tails reads only those this node holds. On one node (false) every child
-    /// partition must be here, and a missing one is an error.
-    pub children_may_be_remote: bool,
+    /// Cluster mode: how the start-up scan of the child's tails reads the child partitions
+    /// other nodes own. `None` on one node, where every child partition must be here (a
+    /// missing one is an error).
+    pub remote_tails: Option<Arc<dyn super::position::RemoteTails>>,
 }
 
 /// A link as the cursors of this node see it: its metadata, swapped when the link changes,

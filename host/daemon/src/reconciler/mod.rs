@@ -501,7 +501,7 @@ mod tests {
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(narad_storage::SystemClock),
             timing: TIMING,
-            children_may_be_remote: false,
+            remote_tails: None,
         });
         let metrics = Arc::new(FanoutMetrics::default());
         let mut reconciler = Reconciler::new(

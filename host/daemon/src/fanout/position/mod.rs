@@ -80,6 +80,32 @@ pub enum OpenError {
     /// A task on the blocking pool did not return.
     #[error(transparent)]
     Task(#[from] BlockingError),
+    /// Cluster mode: the tail of a child partition on another node could not be scanned (its
+    /// owner is down or did not answer); the cursor does not start on a guess.
+    #[error("cannot scan the tail of child partition {partition} on its owner: {reason}")]
+    RemoteTail {
+        /// `child/pNNNNN`.
+        partition: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Scans the tails of child partitions that live on other nodes (cluster mode), for
+/// [`open`]: the same scan as [`provenance::scan_child_tails_with_copies`], run by the owner.
+pub trait RemoteTails: Send + Sync {
+    /// The scan of partition `partition` of `child` for records of `parent_partition` under
+    /// `epoch`.
+    fn scan<'a>(
+        &'a self,
+        child: &'a str,
+        partition: u32,
+        epoch: [u8; 8],
+        parent_partition: u32,
+    ) -> crate::metastore::BoxFuture<
+        'a,
+        Result<(provenance::ChildScan, provenance::TailCopies), String>,
+    >;
 }
 
 /// Where resolving a cursor's start ended.
@@ -134,20 +160,29 @@ pub async fn open(
     let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
     let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
     let (store, child, partition) = (Arc::clone(&deps.store), key.child.clone(), key.partition);
-    let remote_ok = deps.children_may_be_remote;
-    let (evidence, copies) = blocking(move || {
-        // Cluster mode reads the tails this node holds; the others' are not scanned yet (see
-        // docs/cluster.md: what a restarted cursor knows about remote children).
-        let scanned: Vec<u32> = (0..child_partitions)
-            .filter(|&p| !remote_ok || store.has_partition(&PartitionId::new(child.clone(), p)))
-            .collect();
-        let (mut scan, copies) =
-            provenance::scan_child_tails_with_copies(&store, &child, &scanned, epoch, partition)?;
-        // Partitions not scanned may hold records: "never held one" cannot be claimed.
-        scan.empty &= scanned.len() == child_partitions as usize;
-        Ok::<_, StorageError>((scan, copies))
+    let remote_ok = deps.remote_tails.is_some();
+    let (mut scanned, remote) = blocking(move || {
+        // Cluster mode reads the tails this node holds here and asks the owners for the rest.
+        let (here, elsewhere): (Vec<u32>, Vec<u32>) = (0..child_partitions)
+            .partition(|&p| !remote_ok || store.has_partition(&PartitionId::new(child.clone(), p)));
+        let scan =
+            provenance::scan_child_tails_with_copies(&store, &child, &here, epoch, partition)?;
+        Ok::<_, StorageError>((scan, elsewhere))
     })
     .await??;
+    if let Some(tails) = &deps.remote_tails {
+        for p in remote {
+            let theirs = tails
+                .scan(&key.child, p, epoch, key.partition)
+                .await
+                .map_err(|reason| OpenError::RemoteTail {
+                    partition: PartitionId::new(key.child.clone(), p).to_string(),
+                    reason,
+                })?;
+            provenance::merge(&mut scanned, theirs);
+        }
+    }
+    let (evidence, copies) = scanned;
     // The parent's end, read now (opening the log if a crash left its end unknown): nothing
     // may start past it.
     let (store, high_id) = (Arc::clone(&deps.store), parent.clone());

@@ -22,7 +22,7 @@ use narad_storage::{PartitionId, ReadOptions, StorageError, Store, StoredRecord}
 use crate::fanout::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
 
 /// What the child's tails say about one (epoch, parent partition).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChildEvidence {
     /// First parent offset of the newest slab found in the child.
     pub newest_slab_start: u64,
@@ -31,7 +31,7 @@ pub struct ChildEvidence {
 }
 
 /// What a scan of the child's tails found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChildScan {
     /// The newest slab of this epoch and parent partition, if any is in the tails.
     pub evidence: Option<ChildEvidence>,
@@ -143,6 +143,27 @@ pub fn scan_child_tails_with_copies(
         }
     }
     Ok((ChildScan { evidence, empty }, copies))
+}
+
+/// Adds what a scan of other child partitions found (`other`, such as a remote owner's answer)
+/// to `into`, as one scan of all of them would have: the newest evidence, "empty" only if
+/// both are, and the copies of the highest [`MAX_TAIL_COPIES`] parent offsets.
+pub fn merge(into: &mut (ChildScan, TailCopies), other: (ChildScan, TailCopies)) {
+    let (scan, copies) = into;
+    scan.empty &= other.0.empty;
+    scan.evidence = match (scan.evidence, other.0.evidence) {
+        (Some(a), Some(b)) => Some(ChildEvidence {
+            newest_slab_start: a.newest_slab_start.max(b.newest_slab_start),
+            highest_parent_offset: a.highest_parent_offset.max(b.highest_parent_offset),
+        }),
+        (a, b) => a.or(b),
+    };
+    for (offset, mut fingerprints) in other.1 {
+        copies.entry(offset).or_default().append(&mut fingerprints);
+    }
+    while copies.len() > MAX_TAIL_COPIES {
+        copies.pop_first();
+    }
 }
 
 /// Whether the parent reused offsets below `next_offset` that the child holds copies of, and
@@ -262,6 +283,62 @@ mod tests {
         evidence: None,
         empty: true,
     };
+
+    #[test]
+    fn merged_scans_keep_the_newest_evidence_and_are_empty_only_if_both_are() {
+        let mut ours = (
+            ChildScan {
+                evidence: Some(ChildEvidence {
+                    newest_slab_start: 10,
+                    highest_parent_offset: 14,
+                }),
+                empty: false,
+            },
+            TailCopies::from([(14, vec![1])]),
+        );
+        let theirs = (
+            ChildScan {
+                evidence: Some(ChildEvidence {
+                    newest_slab_start: 20,
+                    highest_parent_offset: 21,
+                }),
+                empty: false,
+            },
+            TailCopies::from([(14, vec![2]), (21, vec![3])]),
+        );
+        merge(&mut ours, theirs);
+        assert_eq!(
+            ours.0.evidence,
+            Some(ChildEvidence {
+                newest_slab_start: 20,
+                highest_parent_offset: 21
+            })
+        );
+        assert!(!ours.0.empty);
+        assert_eq!(ours.1, TailCopies::from([(14, vec![1, 2]), (21, vec![3])]));
+        // A remote partition that never held a record does not make a non-empty child empty,
+        // and two empty ones stay empty.
+        let mut empty = (
+            ChildScan {
+                evidence: None,
+                empty: true,
+            },
+            TailCopies::new(),
+        );
+        merge(
+            &mut empty,
+            (
+                ChildScan {
+                    evidence: None,
+                    empty: true,
+                },
+                TailCopies::new(),
+            ),
+        );
+        assert!(empty.0.empty);
+        merge(&mut empty, ours);
+        assert!(!empty.0.empty);
+    }
 
     #[test]
     fn a_child_holding_the_last_record_needs_no_rewind() {
