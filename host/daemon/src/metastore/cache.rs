@@ -261,7 +261,6 @@ impl WatchLoop {
     }
 
     fn apply(&self, response: &etcd_client::WatchResponse) {
-        let header_revision = response.header().map_or(0, |h| h.revision());
         self.sender.send_if_modified(|view| {
             let mut entries: Option<BTreeMap<String, Vec<u8>>> = None;
             let mut revision = view.revision;
@@ -285,13 +284,13 @@ impl WatchLoop {
                     }
                 }
             }
-            // Only a progress report (no events, not the creation answer) says every event up
-            // to its header revision has been delivered. The header of an event batch or of
+            // The revision moves with applied events only. The header of an event batch or of
             // the creation answer is etcd's current revision, which can be ahead of what this
-            // watch has delivered so far: taking it would claim events not yet applied.
-            if response.events().is_empty() && !response.created() {
-                revision = revision.max(header_revision);
-            }
+            // watch has delivered; and before etcd 3.4.25 / 3.5.8 even a progress report could
+            // be (etcd issue 15220: progress sent by a watcher not yet synced; Debian ships
+            // 3.4.23). Taking either would claim events not yet applied, so a reader waiting
+            // for a revision could act on a copy that lacks it. Progress reports still prove
+            // the watch alive (the stall check).
             let changed = entries.is_some() || revision != view.revision;
             if let Some(map) = entries {
                 view.entries = Arc::new(map);
