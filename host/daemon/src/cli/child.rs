@@ -227,6 +227,10 @@ pub fn list_text(list: &ChildList) -> String {
         })
         .collect();
     let mut partitions = Vec::new();
+    let clustered = list
+        .children
+        .iter()
+        .any(|c| c.partitions.iter().any(|p| p.node.is_some()));
     for c in &list.children {
         for p in &c.partitions {
             partitions.push(vec![
@@ -245,26 +249,33 @@ pub fn list_text(list: &ChildList) -> String {
                     .map_or_else(|| "-".into(), human::rfc3339_utc),
                 p.last_error.clone().unwrap_or_default(),
             ]);
+            if clustered {
+                // Cluster mode: the node that runs the cursor, after the parent partition.
+                if let Some(row) = partitions.last_mut() {
+                    row.insert(2, p.node.clone().unwrap_or_else(|| "-".into()));
+                }
+            }
         }
     }
     let mut out = table::render(&["CHILD", "DELAY", "ROUTER", "EPOCH"], &children);
     out.push('\n');
-    out.push_str(&table::render(
-        &[
-            "CHILD",
-            // The parent's partition: a cursor reads one parent partition and writes to any
-            // child partition, so "PARTITION" alone reads as the child's.
-            "PARENT_P",
-            "NEXT_OFFSET",
-            "LAG",
-            "DUE_LAG_S",
-            "DROPPED",
-            "STATE",
-            "ERROR_AT",
-            "LAST_ERROR",
-        ],
-        &partitions,
-    ));
+    let mut headers = vec![
+        "CHILD",
+        // The parent's partition: a cursor reads one parent partition and writes to any
+        // child partition, so "PARTITION" alone reads as the child's.
+        "PARENT_P",
+        "NEXT_OFFSET",
+        "LAG",
+        "DUE_LAG_S",
+        "DROPPED",
+        "STATE",
+        "ERROR_AT",
+        "LAST_ERROR",
+    ];
+    if clustered {
+        headers.insert(2, "NODE");
+    }
+    out.push_str(&table::render(&headers, &partitions));
     if list.children.iter().any(|c| !c.lag_complete) {
         out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
     }
@@ -274,6 +285,30 @@ pub fn list_text(list: &ChildList) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listing(node: Option<&str>) -> ChildList {
+        serde_json::from_value(serde_json::json!({"children": [{
+            "name": "copy", "delay_ms": 0, "router": [], "attach_epoch": "00", "lag_complete": true,
+            "partitions": [{
+                "partition": 0, "next_offset": 5, "lag_messages": 0, "due_lag_seconds": 0.0,
+                "dropped_messages": 0, "state": "running", "last_error": null, "node": node
+            }]
+        }]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn in_cluster_mode_the_listing_names_the_node_that_runs_each_cursor() {
+        let text = list_text(&listing(Some("n2")));
+        let header = text.lines().find(|l| l.contains("PARENT_P")).unwrap();
+        assert!(header.contains("NODE"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("copy") && l.contains(" n2 ")),
+            "{text}"
+        );
+        assert!(!list_text(&listing(None)).contains("NODE"));
+    }
 
     #[test]
     fn an_escaped_newline_in_config_text_becomes_a_line_break() {
