@@ -483,27 +483,12 @@ async fn remote_list(
     parent: &str,
     node: &str,
 ) -> Result<ChildList, String> {
-    let base = cluster
-        .peers
-        .advertise_of(node)
-        .ok_or_else(|| format!("node {node} is not alive"))?;
-    let answer = cluster
-        .http
-        .get(format!("{base}/v1/topics/{parent}/children?local=true"))
-        .header(
-            super::internal::REVISION_HEADER,
-            cluster.metastore.cache_revision(),
-        )
-        .send()
-        .await
-        .map_err(|e| format!("node {node} did not answer: {e}"))?;
-    if !answer.status().is_success() {
-        return Err(format!("node {node} answered {}", answer.status()));
-    }
-    answer
-        .json()
-        .await
-        .map_err(|e| format!("node {node} answered something else: {e}"))
+    super::internal::peer_get(
+        cluster,
+        node,
+        &format!("/v1/topics/{parent}/children?local=true"),
+    )
+    .await
 }
 
 /// The listing from this node's cursors and store.

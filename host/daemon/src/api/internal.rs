@@ -53,6 +53,34 @@ pub async fn wait_for_caller_revision(
     next.run(request).await
 }
 
+/// `GET {node's address}{path}` with this node's metadata revision, decoded as JSON: the one
+/// way nodes read from each other. Errors name the node (not alive, no answer, an error
+/// status, an answer that does not decode).
+pub async fn peer_get<T: serde::de::DeserializeOwned>(
+    cluster: &crate::cluster::ClusterContext,
+    node: &str,
+    path: &str,
+) -> Result<T, String> {
+    let base = cluster
+        .peers
+        .advertise_of(node)
+        .ok_or_else(|| format!("node {node} is not alive"))?;
+    let answer = cluster
+        .http
+        .get(format!("{base}{path}"))
+        .header(REVISION_HEADER, cluster.metastore.cache_revision())
+        .send()
+        .await
+        .map_err(|e| format!("node {node} did not answer: {e}"))?;
+    if !answer.status().is_success() {
+        return Err(format!("node {node} answered {}", answer.status()));
+    }
+    answer
+        .json()
+        .await
+        .map_err(|e| format!("node {node} answered something else: {e}"))
+}
+
 /// `GET /internal/v1/topics/{t}/high-watermarks` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HighWatermarks {
@@ -161,24 +189,13 @@ pub async fn gather_high_watermarks(
             if node == local {
                 return read_local(&state.store, &topic, wanted).await;
             }
-            let base = cluster.peers.advertise_of(&node).ok_or_else(|| {
-                format!("node {node}, which owns partitions {wanted:?}, is not alive")
-            })?;
-            let url = format!("{base}/internal/v1/topics/{topic}/high-watermarks");
-            let answer = cluster
-                .http
-                .get(&url)
-                .header(REVISION_HEADER, cluster.metastore.cache_revision())
-                .send()
-                .await
-                .map_err(|e| format!("node {node} did not answer: {e}"))?;
-            if !answer.status().is_success() {
-                return Err(format!("node {node} answered {}", answer.status()));
-            }
-            let answer: HighWatermarks = answer
-                .json()
-                .await
-                .map_err(|e| format!("node {node} answered something else: {e}"))?;
+            let answer: HighWatermarks = peer_get(
+                &cluster,
+                &node,
+                &format!("/internal/v1/topics/{topic}/high-watermarks"),
+            )
+            .await
+            .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
             wanted
                 .into_iter()
                 .map(|p| {
@@ -291,28 +308,11 @@ impl RemoteTails for HttpTails {
                 .ownership
                 .owner_at(&id)
                 .ok_or_else(|| format!("{id} has no owner"))?;
-            let base = cluster
-                .peers
-                .advertise_of(&owner.node)
-                .ok_or_else(|| format!("node {}, which owns {id}, is not alive", owner.node))?;
-            let url = format!(
-                "{base}/internal/v1/topics/{child}/partitions/{partition}/tail?epoch={}&parent_partition={parent_partition}",
+            let path = format!(
+                "/internal/v1/topics/{child}/partitions/{partition}/tail?epoch={}&parent_partition={parent_partition}",
                 hex::encode(epoch)
             );
-            let answer = cluster
-                .http
-                .get(&url)
-                .header(REVISION_HEADER, cluster.metastore.cache_revision())
-                .send()
-                .await
-                .map_err(|e| format!("node {} did not answer: {e}", owner.node))?;
-            if !answer.status().is_success() {
-                return Err(format!("node {} answered {}", owner.node, answer.status()));
-            }
-            let scan: TailScan = answer
-                .json()
-                .await
-                .map_err(|e| format!("node {} answered something else: {e}", owner.node))?;
+            let scan: TailScan = peer_get(cluster, &owner.node, &path).await?;
             Ok((scan.scan, scan.copies))
         })
     }

@@ -201,27 +201,8 @@ async fn owner_stats(
     topic: &str,
     node: &str,
 ) -> Result<Vec<PartitionInfo>, String> {
-    let base = cluster
-        .peers
-        .advertise_of(node)
-        .ok_or_else(|| format!("node {node} is not alive"))?;
-    let answer = cluster
-        .http
-        .get(format!("{base}/v1/topics/{topic}?local=true"))
-        .header(
-            super::internal::REVISION_HEADER,
-            cluster.metastore.cache_revision(),
-        )
-        .send()
-        .await
-        .map_err(|e| format!("node {node} did not answer: {e}"))?;
-    if !answer.status().is_success() {
-        return Err(format!("node {node} answered {}", answer.status()));
-    }
-    let description: TopicDescription = answer
-        .json()
-        .await
-        .map_err(|e| format!("node {node} answered something else: {e}"))?;
+    let description: TopicDescription =
+        super::internal::peer_get(cluster, node, &format!("/v1/topics/{topic}?local=true")).await?;
     Ok(description.partition_stats)
 }
 
