@@ -783,3 +783,206 @@ fn a_kafka_client_bootstrapped_on_one_node_produces_to_every_owner_and_reads_bac
         .sum();
     assert_eq!(stored, 60);
 }
+
+/// `POST /v1/topics/{topic}/partitions/{p}/move` through `base`.
+fn move_partition(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+    body: Value,
+) -> (u16, Value) {
+    send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/partitions/{partition}/move"),
+        Some(&body),
+    )
+    .expect("move")
+}
+
+/// Every value of `topic`, with how many times each is stored.
+fn value_counts(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for record in everything(client, base, topic, partitions)
+        .into_values()
+        .flatten()
+    {
+        let value = record["value"].as_str().expect("value").to_owned();
+        *counts.entry(value).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Waits until `path` is gone (a moved partition's old copy is deleted after a confirmed
+/// read, a moment after the move answers).
+fn wait_until_gone(path: &Path, cluster: &Cluster) {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} is still there\n{}",
+            path.display(),
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_node() {
+    let cluster = Cluster::start("moves");
+    let client = http_client();
+    let root = cluster._dir.path().to_path_buf();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2"])),
+        ("copy", json!(["n2", "n3"])),
+    ] {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    // Nothing to cancel yet.
+    let (status, body) = move_partition(
+        &client,
+        &cluster.url(0),
+        "orders",
+        0,
+        json!({"cancel": true}),
+    );
+    assert_eq!(status, 409, "{body}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(2), "orders", std::sync::Arc::clone(&stop));
+    // Moves start once both cursors have copied something (so each has its offset file).
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, listing) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children", cluster.url(0)),
+            None,
+        )
+        .expect("children");
+        let advanced = listing["children"][0]["partitions"]
+            .as_array()
+            .map_or(0, |ps| {
+                ps.iter()
+                    .filter(|p| p["next_offset"].as_u64().unwrap_or(0) > 0)
+                    .count()
+            });
+        if advanced == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cursors never advanced: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A parent partition, with its cursor file, from n1 to n3, asked through n2.
+    let (status, report) =
+        move_partition(&client, &cluster.url(1), "orders", 0, json!({"to": "n3"}));
+    ok(status, &report, "move orders/0");
+    assert_eq!(
+        (
+            report["from"].as_str(),
+            report["to"].as_str(),
+            report["generation"].as_u64()
+        ),
+        (Some("n1"), Some("n3"), Some(2)),
+        "{report}"
+    );
+    assert!(report["bytes"].as_u64().unwrap_or(0) > 0, "{report}");
+    let moved_in: Vec<String> = std::fs::read_dir(root.join("n3/topics/orders/p00000"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        moved_in.iter().any(|f| f == "fanout-copy.offset"),
+        "the cursor file moved with the log: {moved_in:?}\n{}",
+        cluster.diagnostics("orders")
+    );
+    wait_until_gone(&root.join("n1/topics/orders/p00000"), &cluster);
+    // A child partition from n2 to n1, while cursors commit to it from n2 and n3.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, report) = move_partition(&client, &cluster.url(0), "copy", 0, json!({"to": "n1"}));
+    ok(status, &report, "move copy/0");
+    assert_eq!(report["from"], "n2", "{report}");
+    wait_until_gone(&root.join("n2/topics/copy/p00000"), &cluster);
+    // A partition that already lives on the target is refused.
+    let (status, body) = move_partition(&client, &cluster.url(0), "copy", 0, json!({"to": "n1"}));
+    assert_eq!(status, 409, "{body}");
+
+    // Drain n2 with the CLI while records still flow: after the move above it owns only
+    // orders/1, which goes to the least loaded other node.
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(narad_binary())
+        .args(["node", "--url", &cluster.url(0), "drain", "n2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("narad node drain");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "drain: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("[1/1] moved orders/1 from n2"), "{stdout}");
+    assert!(stdout.contains("node n2 is drained"), "{stdout}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = producer.join().expect("producer");
+    assert!(
+        acknowledged.len() > 100,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+
+    let (_, described) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics", cluster.url(1)),
+        None,
+    )
+    .expect("list");
+    for topic in described["topics"].as_array().expect("topics") {
+        let owners = topic["owners"].as_array().expect("owners");
+        assert!(!owners.iter().any(|o| o == "n2"), "n2 still owns: {topic}");
+    }
+    // No gap, no duplicate: every acknowledged record is in the parent and in the child, and
+    // no record is stored twice in either.
+    wait_for_values(&cluster, "copy", 2, &acknowledged);
+    for topic in ["orders", "copy"] {
+        let counts = value_counts(&client, &cluster.url(1), topic, 2);
+        for value in &acknowledged {
+            assert!(counts.contains_key(value), "{topic} lacks {value}");
+        }
+        let twice: Vec<(&String, &usize)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "{topic} holds records twice: {twice:?}");
+    }
+}

@@ -31,6 +31,12 @@ pub trait PartitionOwnership: Send + Sync + 'static {
     fn is_local(&self, partition: &PartitionId) -> bool {
         self.owner(partition).as_ref() == Some(self.local_node())
     }
+
+    /// Whether a planned move of `partition` to another node is under way: its owner runs no
+    /// cursors for it and takes no writes until the move ends. Never on one node.
+    fn is_moving(&self, _partition: &PartitionId) -> bool {
+        false
+    }
 }
 
 /// Ownership on a single node: this node owns every partition.

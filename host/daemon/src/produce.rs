@@ -236,6 +236,11 @@ fn check_writable(store: &Store, targets: &[PartitionId]) -> Result<(), ProduceE
                     reason: Box::new(reason),
                 }));
             }
+            PartitionState::Sealed => {
+                return Err(ProduceError::Unavailable(StorageError::Sealed {
+                    id: id.clone(),
+                }));
+            }
             // A failed partition is probed like a closed one: the read reopens it once its
             // wait is over, and reports it failed until then.
             PartitionState::Closed | PartitionState::Failed { .. } => {

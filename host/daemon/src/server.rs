@@ -327,7 +327,36 @@ pub async fn run_server(
         tokio::spawn(crate::kafka::connection::serve(listener, deps, options))
     });
 
+    let mover = cluster.as_ref().map(|context| {
+        let view = Arc::clone(&fanout_view);
+        let data_dir = store.data_dir().to_path_buf();
+        Arc::new(crate::cluster::moves::Mover::new(
+            Arc::clone(context),
+            Arc::clone(&store),
+            crate::cluster::moves::MoveHooks {
+                cursors_running: Arc::new(move |id: &PartitionId| {
+                    view.running_on(&id.topic, id.partition)
+                }),
+                set_aside: Arc::new(move |dir: &std::path::Path, id: &PartitionId| {
+                    crate::topics::set_aside::set_aside(
+                        &data_dir,
+                        dir,
+                        &id.topic,
+                        Some(id.partition),
+                        "found where a moved-in copy was to go (left by an earlier move to this \
+                         node that did not finish?); kept untouched: adopt or purge it with \
+                         `narad admin set-aside`",
+                        crate::topics::now_ms(),
+                    )
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+                }),
+            },
+            config.auth_token.as_ref().map(|t| t.peer_secret()),
+        ))
+    });
     let state = AppState::new(AppInner {
+        mover,
         limits: config.limits.clone(),
         store: Arc::clone(&store),
         metastore,
@@ -352,13 +381,14 @@ pub async fn run_server(
             None => None,
         },
     });
+    let peer_routes = api::peer_router(state.clone());
     let mut app = match config.auth_token.clone() {
         Some(token) => api::auth::protect(api::router(state), token),
         None => api::router(state),
     };
     if let Some(receiver) = &receiver {
         // Nodes present the peer secret derived from the shared token, never a client's.
-        let internal = internal_router(Arc::clone(receiver));
+        let internal = internal_router(Arc::clone(receiver)).merge(peer_routes);
         app = app.merge(match &config.auth_token {
             Some(token) => api::auth::protect(internal, token.peer_token()),
             None => internal,

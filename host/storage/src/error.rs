@@ -114,6 +114,37 @@ pub enum StorageError {
         /// The partition.
         id: PartitionId,
     },
+    /// The partition is sealed for a move to another node ([`crate::Store::seal`]): it takes
+    /// no reads or appends here until the move ends (it is then served by its new owner) or is
+    /// cancelled (and this store unseals it). Retry, after looking the owner up again.
+    #[error("partition {id} is being moved to another node; retry once the move ends")]
+    Sealed {
+        /// The partition.
+        id: PartitionId,
+    },
+    /// A move asked for a file of a partition that its files do not include, or by a name that
+    /// is not a plain file name inside the partition's directory.
+    #[error("partition {id} has no file {name:?} to move")]
+    NoSuchFile {
+        /// The partition.
+        id: PartitionId,
+        /// The name asked for.
+        name: String,
+    },
+    /// A copied file does not match what its source described: the copy is refused.
+    #[error("the copy of {name} does not match its source: {detail}")]
+    CopyMismatch {
+        /// The file, relative to the partition directory.
+        name: String,
+        /// What differs (length or CRC-32C).
+        detail: String,
+    },
+    /// A partition's directory is already present where a moved copy was to be installed.
+    #[error("{path} already exists; set it aside before installing a moved copy there")]
+    InstallTargetExists {
+        /// The directory in the way.
+        path: PathBuf,
+    },
     /// An I/O error, with what was being done.
     #[error("{context}: {source}")]
     Io {

@@ -20,6 +20,8 @@
 //! - [`fs`]: the file-system seam ([`fs::FileSystem`], [`fs::File`], [`fs::RealFs`]).
 //! - [`fault`]: [`fault::FaultFs`], an in-memory file system that injects I/O errors and
 //!   simulates power loss, for this crate's tests and the daemon's.
+//! - [`transfer`]: a sealed partition's files described, served in chunks, and received into
+//!   a staging directory, for a planned move to another node.
 //! - [`record`]: the records, options and results that cross the API.
 //! - [`name`]: [`PartitionId`] and the topic-name rule.
 //! - [`clock`]: the injectable wall clock.
@@ -39,6 +41,7 @@ pub mod log;
 pub mod name;
 pub mod record;
 pub mod store;
+pub mod transfer;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use damage::{Damage, DeviceLoss, Failure, IoCause};

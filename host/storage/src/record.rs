@@ -245,6 +245,9 @@ pub enum PartitionState {
         /// The errors that stopped it.
         reason: crate::Failure,
     },
+    /// Sealed for a move to another node: closed, and refusing reads and appends here until
+    /// the move ends or is cancelled.
+    Sealed,
 }
 
 impl StoredRecord {

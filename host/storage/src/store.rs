@@ -1,7 +1,7 @@
 //! The store: one data directory, its lock, and the partitions registered with it.
 //!
-//! Each partition has a slot that is `Closed`, `Open` (an open partition log), `Quarantined`
-//! or `Failed`. Logs open lazily on the first read or append (recovery runs then), are closed
+//! Each partition has a slot that is `Closed`, `Open` (an open partition log), `Quarantined`,
+//! `Failed` or `Sealed` (closed for a move to another node: see [`crate::transfer`]). Logs open lazily on the first read or append (recovery runs then), are closed
 //! when idle, and are described by `peek` without being opened. A `watch` channel per
 //! partition carries the high watermark so long-polls wake on appends instead of polling.
 //!
@@ -34,6 +34,7 @@ use crate::record::{
     AppendBatch, Appended, EncodedBatch, LogConfig, PartitionState, PartitionStats, ReadOptions,
     ReadResult, RetentionReport,
 };
+use crate::transfer::{self, Manifest, Staging};
 
 /// Name of the lock file in the data directory.
 pub const LOCK_FILE_NAME: &str = "LOCK";
@@ -97,7 +98,12 @@ enum Slot {
     Closed,
     Open(Arc<Log>),
     Quarantined(Damage),
-    Failed { reason: Failure, since: Instant },
+    Failed {
+        reason: Failure,
+        since: Instant,
+    },
+    /// Closed cleanly for a move to another node; refuses reads and appends.
+    Sealed,
     Deleted,
 }
 
@@ -138,6 +144,9 @@ impl Partition {
                 reason: Box::new(reason.clone()),
             }),
             Slot::Deleted => Some(StorageError::UnknownPartition {
+                id: self.id.clone(),
+            }),
+            Slot::Sealed => Some(StorageError::Sealed {
                 id: self.id.clone(),
             }),
             Slot::Closed | Slot::Open(_) => None,
@@ -323,6 +332,20 @@ impl Store {
         topics
     }
 
+    /// Unregisters partition `id`, closing its log, and leaves its directory on disk as it is
+    /// (for the caller to set aside). Unknown partitions are not an error.
+    pub fn forget_partition(&self, id: &PartitionId) {
+        let victim = log::write(&self.partitions).remove(id);
+        if let Some(p) = victim {
+            let mut slot = log::write(&p.slot);
+            if let Slot::Open(log) = &*slot {
+                log.abandon();
+            }
+            *slot = Slot::Deleted;
+            p.signal.send_replace(Signal::Broken);
+        }
+    }
+
     /// Unregisters every partition of `topic`, closing its open logs, and leaves its directory
     /// on disk as it is (for the caller to set aside). Unknown topics are not an error.
     pub fn forget_topic(&self, topic: &str) {
@@ -369,6 +392,146 @@ impl Store {
             self.dir.join(TOPICS_DIR_NAME),
             self.dir.join(TRASH_DIR_NAME),
         ] {
+            self.fs
+                .sync_dir(&d)
+                .map_err(io(format!("syncing {}", d.display())))?;
+        }
+        self.fs
+            .remove_dir_all(&trash)
+            .map_err(io(format!("removing {}", trash.display())))
+    }
+
+    /// Seals `id` for a move to another node: its log is closed cleanly (opened and recovered
+    /// first if it was closed after a crash, so the high-watermark file is exact), an append in
+    /// flight finishes first, and from then on reads and appends get
+    /// [`StorageError::Sealed`] and long-polls on it end. Idempotent. A quarantined or failed
+    /// partition cannot be sealed (it could not be copied faithfully): its error is returned.
+    pub fn seal(&self, id: &PartitionId) -> Result<()> {
+        let p = self.partition(id)?;
+        if matches!(*log::read(&p.slot), Slot::Sealed) {
+            return Ok(());
+        }
+        // Recovery runs on open: a log left by a crash gets an exact end before it is closed.
+        self.open_log(&p)?;
+        let mut slot = log::write(&p.slot);
+        match &*slot {
+            Slot::Sealed => return Ok(()),
+            Slot::Open(l) => l.close()?,
+            Slot::Closed => {}
+            other => {
+                return Err(p
+                    .broken_error(other)
+                    .unwrap_or(StorageError::LogClosed { id: id.clone() }));
+            }
+        }
+        *slot = Slot::Sealed;
+        p.signal.send_replace(Signal::Broken);
+        tracing::info!(partition = %id, "partition sealed for a move");
+        Ok(())
+    }
+
+    /// Ends a seal whose move was cancelled: the partition serves again (its log reopens on
+    /// the next use). Not sealed: nothing to do.
+    pub fn unseal(&self, id: &PartitionId) -> Result<()> {
+        let p = self.partition(id)?;
+        let mut slot = log::write(&p.slot);
+        if matches!(*slot, Slot::Sealed) {
+            *slot = Slot::Closed;
+            tracing::info!(partition = %id, "partition unsealed: its move was cancelled");
+        }
+        Ok(())
+    }
+
+    /// Whether `id` is registered and sealed.
+    pub fn is_sealed(&self, id: &PartitionId) -> bool {
+        self.partition(id)
+            .map(|p| matches!(*log::read(&p.slot), Slot::Sealed))
+            .unwrap_or(false)
+    }
+
+    /// The registered partitions that are sealed.
+    pub fn sealed_partitions(&self) -> Vec<PartitionId> {
+        let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
+        parts
+            .into_iter()
+            .filter(|p| matches!(*log::read(&p.slot), Slot::Sealed))
+            .map(|p| p.id.clone())
+            .collect()
+    }
+
+    fn sealed(&self, id: &PartitionId) -> Result<Arc<Partition>> {
+        let p = self.partition(id)?;
+        if !matches!(*log::read(&p.slot), Slot::Sealed) {
+            return Err(StorageError::NoSuchFile {
+                id: id.clone(),
+                name: "(the partition is not sealed for a move)".to_owned(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// Every file of sealed partition `id`, with its length and CRC-32C, and the log's end.
+    pub fn manifest(&self, id: &PartitionId) -> Result<Manifest> {
+        let p = self.sealed(id)?;
+        let files = transfer::describe(self.fs.as_ref(), &p.dir)?;
+        let end = hwm::read(self.fs.as_ref(), &p.dir)
+            .map_err(io(format!("reading the high-watermark file of {id}")))?
+            .filter(|h| h.clean)
+            .ok_or_else(|| StorageError::HighWatermarkUnknown { id: id.clone() })?;
+        Ok(Manifest {
+            files,
+            high_watermark: end.next_offset,
+        })
+    }
+
+    /// At most `max` bytes (capped at [`transfer::MAX_CHUNK_BYTES`]) of file `name` of sealed
+    /// partition `id`, from `offset`.
+    pub fn read_sealed_file(
+        &self,
+        id: &PartitionId,
+        name: &str,
+        offset: u64,
+        max: u64,
+    ) -> Result<Vec<u8>> {
+        let p = self.sealed(id)?;
+        transfer::read_chunk(self.fs.as_ref(), id, &p.dir, name, offset, max)
+    }
+
+    /// Starts receiving partition `id` from another node ([`Staging`]); it must not be
+    /// registered here.
+    pub fn stage(&self, id: &PartitionId) -> Result<Staging> {
+        validate_topic_name(&id.topic)?;
+        let target = self.topic_dir(&id.topic).join(id.dir_name());
+        Staging::begin(Arc::clone(&self.fs), &self.dir, id, target)
+    }
+
+    /// Unregisters partition `id` and removes its directory (through the trash, durably, as
+    /// [`Store::delete_topic`] does): for the old copy of a partition whose move has ended.
+    /// Unknown partitions are not an error.
+    pub fn remove_partition(&self, id: &PartitionId) -> Result<()> {
+        validate_topic_name(&id.topic)?;
+        self.forget_partition(id);
+        let dir = self.topic_dir(&id.topic).join(id.dir_name());
+        if !self
+            .fs
+            .exists(&dir)
+            .map_err(io(format!("checking {}", dir.display())))?
+        {
+            return Ok(());
+        }
+        let n = self.trash_counter.fetch_add(1, Ordering::Relaxed);
+        let trash = self.dir.join(TRASH_DIR_NAME).join(format!(
+            "{}.{}.{}.{n}",
+            id.topic,
+            id.dir_name(),
+            self.clock.now_ms()
+        ));
+        self.fs.rename(&dir, &trash).map_err(io(format!(
+            "moving {} to {}",
+            dir.display(),
+            trash.display()
+        )))?;
+        for d in [self.topic_dir(&id.topic), self.dir.join(TRASH_DIR_NAME)] {
             self.fs
                 .sync_dir(&d)
                 .map_err(io(format!("syncing {}", d.display())))?;
@@ -656,6 +819,7 @@ impl Store {
             Slot::Failed { reason, .. } => PartitionState::Failed {
                 reason: reason.clone(),
             },
+            Slot::Sealed => PartitionState::Sealed,
             Slot::Deleted => return Err(StorageError::UnknownPartition { id: p.id.clone() }),
         };
         // Describing a closed log reads the directory listing and the 64-byte high-watermark
@@ -692,7 +856,7 @@ impl Store {
             }
             _ => None,
         };
-        let healthy = matches!(state, PartitionState::Closed);
+        let healthy = matches!(state, PartitionState::Closed | PartitionState::Sealed);
         Ok(PartitionStats {
             log_start_offset,
             high_watermark: if healthy { high_watermark } else { None },

@@ -113,6 +113,13 @@ impl From<StorageError> for ApiError {
                 ),
             )
             .with("high_watermark", *high_watermark),
+            StorageError::Sealed { id } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "partition {id} is being moved to another node; retry in a moment (the \
+                     request then goes to its new owner)"
+                ),
+            ),
             StorageError::EmptyBatch => ApiError::bad_request("a batch needs at least one record"),
             StorageError::RecordTooLarge { .. } => ApiError::too_large(err.to_string()),
             StorageError::InvalidName(e) => ApiError::bad_request(format!("invalid topic name: {e}")),
@@ -125,7 +132,7 @@ impl From<StorageError> for ApiError {
 impl From<MetastoreError> for ApiError {
     fn from(err: MetastoreError) -> ApiError {
         match &err {
-            MetastoreError::TopicExists { .. } => {
+            MetastoreError::TopicExists { .. } | MetastoreError::OwnerChanged { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())
             }
             MetastoreError::UnknownTopic { .. } => ApiError::not_found(err.to_string()),

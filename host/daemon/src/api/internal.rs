@@ -22,10 +22,7 @@ use crate::fanout::position::RemoteTails;
 use crate::fanout::position::provenance::{self, ChildScan, TailCopies};
 use narad_storage::{PartitionId, Store};
 
-/// A call between nodes carries the caller's metadata revision in this header; the callee
-/// waits (at most [`REVISION_WAIT`]) until its own watched copy has seen as much, so a topic or
-/// owner the caller just wrote is known where the call lands ([`wait_for_caller_revision`]).
-pub const REVISION_HEADER: &str = "x-narad-revision";
+pub use crate::cluster::REVISION_HEADER;
 
 /// Longest wait for this node's metadata copy to catch up with a caller's revision.
 pub const REVISION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);

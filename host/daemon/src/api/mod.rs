@@ -7,6 +7,7 @@
 //! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`,
 //!   `GET /v1/topics/{parent}/children`;
+//! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and the internal routes of a move;
 //! - [`metrics`]: `GET /metrics`;
 //! - [`health`]: `GET /healthz`;
 //! - [`admin`]: `GET /v1/admin/set-aside`, `POST /v1/admin/set-aside/{id}/adopt`,
@@ -27,6 +28,7 @@ pub mod forward;
 pub mod health;
 pub mod internal;
 pub mod metrics;
+pub mod moves;
 pub mod nodes;
 pub mod plugins;
 pub mod records;
@@ -86,6 +88,8 @@ pub struct AppInner {
     /// Forwards produce and fetch requests for partitions other nodes own (cluster mode);
     /// `None` on a single node, where such requests answer 421.
     pub forward: Option<Arc<forward::Forwarder>>,
+    /// Runs this node's side of planned partition moves (cluster mode).
+    pub mover: Option<Arc<crate::cluster::moves::Mover>>,
 }
 
 impl AppState {
@@ -151,6 +155,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(nodes::list))
         .route(
+            "/v1/topics/{topic}/partitions/{partition}/move",
+            post(moves::move_partition),
+        )
+        .route(
             "/internal/v1/topics/{topic}/high-watermarks",
             get(internal::high_watermarks),
         )
@@ -169,6 +177,29 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             budget,
             body_budget::limit_bodies,
+        ))
+        .with_state(state)
+}
+
+/// The routes only other nodes call that change something (a move's steps): the caller
+/// merges them under the peer secret when the cluster has a token.
+pub fn peer_router(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/move-in",
+            post(moves::move_in),
+        )
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/handoff",
+            post(moves::handoff),
+        )
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/files",
+            post(moves::chunk),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            internal::wait_for_caller_revision,
         ))
         .with_state(state)
 }

@@ -121,6 +121,7 @@ async fn local_stats(
                 let (state, reason) = match stats.state {
                     PartitionState::Open => ("open", None),
                     PartitionState::Closed => ("closed", None),
+                    PartitionState::Sealed => ("moving", None),
                     PartitionState::Quarantined { reason } => {
                         ("quarantined", Some(reason.to_string()))
                     }

@@ -49,6 +49,32 @@ pub struct TopicInfo {
     pub owners: Vec<String>,
 }
 
+/// `POST /v1/topics/{t}/partitions/{p}/move` body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The node to move the partition to; absent: the least loaded live node other than its
+    /// owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Cancel the move under way instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel: bool,
+}
+
+/// The answer to a cancelled move: who owns the partition now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveCancelled {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// Its owner, which serves it again.
+    pub owner: String,
+    /// The owner record's generation (unchanged by a cancel).
+    pub generation: u64,
+}
+
 /// `GET /v1/nodes` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeList {

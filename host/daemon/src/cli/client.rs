@@ -252,6 +252,41 @@ impl Client {
         self.call::<(), _>(Method::DELETE, &path, None, None).await
     }
 
+    /// `POST /v1/topics/{t}/partitions/{p}/move` to `to` (absent: the daemon picks), waiting
+    /// for the move to finish.
+    pub async fn move_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        to: Option<String>,
+    ) -> Result<crate::cluster::moves::MoveReport, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/move"),
+            Some(&crate::api::types::MoveRequest { to, cancel: false }),
+            Some(crate::cluster::moves::MOVE_TIMEOUT),
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/partitions/{p}/move` with `cancel`.
+    pub async fn cancel_move(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<crate::api::types::MoveCancelled, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/move"),
+            Some(&crate::api::types::MoveRequest {
+                to: None,
+                cancel: true,
+            }),
+            None,
+        )
+        .await
+    }
+
     /// `POST /v1/topics/{t}/partitions`.
     pub async fn grow_partitions(
         &self,

@@ -11,6 +11,27 @@ pub fn plural(count: u64, noun: &str) -> String {
     }
 }
 
+/// A byte count in the largest binary unit it fills, one decimal: `1536` is `"1.5 KiB"`,
+/// `512` is `"512 B"`.
+pub fn bytes(n: u64) -> String {
+    for (size, unit) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
+        if n >= size {
+            return format!("{:.1} {unit}", n as f64 / size as f64);
+        }
+    }
+    format!("{n} B")
+}
+
+/// A duration in milliseconds, as seconds from one second up: `340` is `"340 ms"`, `1240` is
+/// `"1.2 s"`.
+pub fn millis(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    }
+}
+
 /// Milliseconds per day.
 const MS_PER_DAY: i64 = 86_400_000;
 
@@ -64,5 +85,15 @@ mod tests {
         assert_eq!(rfc3339_utc(951_782_400_000), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339_utc(-86_400_000), "1969-12-31T00:00:00Z");
         assert_eq!(rfc3339_utc(1_764_590_499_000), "2025-12-01T12:01:39Z");
+    }
+
+    #[test]
+    fn sizes_and_durations_read_at_a_glance() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(bytes(5 << 20), "5.0 MiB");
+        assert_eq!(bytes(3 << 30), "3.0 GiB");
+        assert_eq!(millis(340), "340 ms");
+        assert_eq!(millis(1240), "1.2 s");
     }
 }

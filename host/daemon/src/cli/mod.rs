@@ -22,6 +22,7 @@ pub mod duration;
 pub mod human;
 pub mod logging;
 pub mod node;
+pub mod partition;
 pub mod plugin;
 pub mod produce;
 pub mod serve;
@@ -75,8 +76,10 @@ pub enum Command {
     /// Repair: directories set aside at start (list, adopt, purge) and rebuilding a lost
     /// metastore from the data dir.
     Admin(admin::AdminArgs),
-    /// List the live nodes of a cluster (cluster mode: narad serve --etcd ...).
+    /// List the live nodes of a cluster, or drain one (cluster mode: narad serve --etcd ...).
     Node(node::NodeArgs),
+    /// Move a partition to another node (cluster mode).
+    Partition(partition::PartitionArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
@@ -146,6 +149,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Topic(args) => topic::run(args).await,
         Command::Node(args) => node::run(args).await,
+        Command::Partition(args) => partition::run(args).await,
         Command::Produce(args) => produce::run(args).await,
         Command::Consume(args) => consume::run(args).await,
         Command::Demo(args) => demo::run(args).await,

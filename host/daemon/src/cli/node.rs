@@ -1,4 +1,4 @@
-//! `narad node list`.
+//! `narad node list` and `narad node drain`.
 
 use clap::{Args, Subcommand};
 
@@ -22,6 +22,13 @@ pub struct NodeArgs {
 pub enum NodeCommand {
     /// List the live nodes of the cluster and the addresses they advertise.
     List,
+    /// Move every partition a node owns to the other live nodes, one at a time (each a
+    /// fenced `partition move`), showing each as it finishes. Run it again to resume after a
+    /// failure: what moved stays moved.
+    Drain {
+        /// The node to empty.
+        id: String,
+    },
 }
 
 /// Runs a node command.
@@ -36,8 +43,74 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
                 print!("{}", node_rows(&list));
             }
         }
+        NodeCommand::Drain { id } => drain(&client, &id, args.client.json).await?,
     }
     Ok(())
+}
+
+/// The partitions `node` owns, as (topic, partition), in topic order.
+fn owned_by(topics: &[crate::api::types::TopicInfo], node: &str) -> Vec<(String, u32)> {
+    let mut owned = Vec::new();
+    for topic in topics {
+        for (p, owner) in topic.owners.iter().enumerate() {
+            if owner == node
+                && let Ok(p) = u32::try_from(p)
+            {
+                owned.push((topic.name.clone(), p));
+            }
+        }
+    }
+    owned
+}
+
+async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow::Result<()> {
+    let topics = client.list_topics().await?.topics;
+    let todo = owned_by(&topics, node);
+    if todo.is_empty() {
+        if !json {
+            println!("node {node} owns no partitions: nothing to drain");
+        }
+        return Ok(());
+    }
+    let (total, mut failed, mut reports) = (todo.len(), Vec::new(), Vec::new());
+    for (i, (topic, p)) in todo.into_iter().enumerate() {
+        match client.move_partition(&topic, p, None).await {
+            Ok(report) => {
+                if !json {
+                    println!(
+                        "[{}/{total}] {}",
+                        i + 1,
+                        super::partition::move_line(&report)
+                    );
+                }
+                reports.push(report);
+            }
+            Err(e) => {
+                eprintln!("[{}/{total}] {topic}/{p}: {e}", i + 1);
+                failed.push(format!("{topic}/{p}"));
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    if failed.is_empty() {
+        if !json {
+            println!(
+                "node {node} is drained: its {} moved",
+                human::plural(total as u64, "partition")
+            );
+        }
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "{} of {total} partitions did not move ({}); run `narad node drain {node}` again to \
+             resume (a partition whose move stopped part way is sealed until its move resumes \
+             or is cancelled with `narad partition move T/P --cancel`)",
+            failed.len(),
+            failed.join(", ")
+        )
+    }
 }
 
 /// The node table: the answering node marked with `*`.

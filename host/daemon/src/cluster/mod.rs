@@ -8,6 +8,7 @@
 //!   repeated child commit;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
 //! - [`metrics`]: lease, live-node and watch health on `/metrics`;
+//! - [`moves`]: planned partition moves (mark, hand off, copy, take over at generation + 1);
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
 //! - [`ownership`]: who serves a partition, from each topic's owners in the watched metadata;
@@ -23,6 +24,7 @@ pub mod commit_wire;
 pub mod dedupe;
 pub mod membership;
 pub mod metrics;
+pub mod moves;
 pub mod ownership;
 pub mod peers;
 pub mod placement;
@@ -52,6 +54,11 @@ pub struct ClusterContext {
     /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
     pub http: reqwest::Client,
 }
+
+/// A call between nodes carries the caller's metadata revision in this header; the callee
+/// waits (at most `api::internal::REVISION_WAIT`) until its own watched copy has seen as
+/// much, so a topic or owner the caller just wrote is known where the call lands.
+pub const REVISION_HEADER: &str = "x-narad-revision";
 
 /// Longest wait for a connection to another node (see `commit_rpc::CONNECT_TIMEOUT`).
 pub const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -54,6 +54,11 @@ impl PartitionOwnership for ClusterOwnership {
     fn owner(&self, partition: &PartitionId) -> Option<NodeId> {
         self.owner_at(partition).map(|owner| NodeId(owner.node))
     }
+
+    fn is_moving(&self, partition: &PartitionId) -> bool {
+        self.owner_at(partition)
+            .is_some_and(|owner| owner.moving_to.is_some())
+    }
 }
 
 #[cfg(test)]

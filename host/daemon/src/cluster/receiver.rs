@@ -25,6 +25,9 @@ use crate::metastore::PartitionOwner;
 /// Who owns a partition, with its generation, as this node's metadata says.
 pub type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
 
+/// A partition's window, with the ownership generation it was built for.
+type GenerationWindow = (u64, OriginWindow);
+
 /// Bytes read per step while rebuilding a window from a partition's tail.
 const REBUILD_READ_BYTES: usize = 4 * 1024 * 1024;
 
@@ -33,7 +36,7 @@ pub struct CommitReceiver {
     node: String,
     store: Arc<Store>,
     owners: Arc<OwnerLookup>,
-    windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<OriginWindow>>>>>,
+    windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<GenerationWindow>>>>>,
     window_capacity: usize,
 }
 
@@ -54,7 +57,15 @@ impl CommitReceiver {
         let id = PartitionId::new(request.topic.clone(), request.partition);
         let owner = (self.owners)(&id);
         match &owner {
-            Some(o) if o.node == self.node && o.generation == request.generation => {}
+            Some(o) if o.node == self.node && o.generation == request.generation => {
+                if let Some(to) = &o.moving_to {
+                    // The partition is sealed, or about to be: the sender waits and retries,
+                    // and after the move sends to the new owner.
+                    return CommitResponse::Failed {
+                        reason: format!("child partition {id} is being moved to node {to}"),
+                    };
+                }
+            }
             _ => {
                 return CommitResponse::NotOwner {
                     owner: owner.as_ref().map(|o| o.node.clone()),
@@ -72,13 +83,15 @@ impl CommitReceiver {
         let mut window = slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if window.is_none() {
+        // A window belongs to one generation: a partition that moved away and came back holds
+        // records appended elsewhere meanwhile, so its window is built again from its tail.
+        if window.as_ref().map(|(generation, _)| *generation) != Some(request.generation) {
             match self.rebuild(&id) {
-                Ok(rebuilt) => *window = Some(rebuilt),
+                Ok(rebuilt) => *window = Some((request.generation, rebuilt)),
                 Err(e) => return failed(&e),
             }
         }
-        let Some(window) = window.as_mut() else {
+        let Some((_, window)) = window.as_mut() else {
             return CommitResponse::Failed {
                 reason: "dedupe window missing".to_owned(),
             };
@@ -189,6 +202,7 @@ mod tests {
             Some(PartitionOwner {
                 node: "n1".to_owned(),
                 generation,
+                moving_to: None,
             })
         });
         CommitReceiver::new(node.to_owned(), Arc::clone(store), owners)

@@ -521,6 +521,7 @@ mod tests {
             PartitionOwner {
                 node: "n2".to_owned(),
                 generation: 2,
+                moving_to: None,
             },
         );
         let error = commit_one(&p.committer, 1, frame(&[5])).await.unwrap_err();

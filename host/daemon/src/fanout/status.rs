@@ -331,6 +331,16 @@ impl FanoutView {
             .unwrap_or_default()
     }
 
+    /// How many cursors (of any link) read parent partition `partition` of `parent` now. A
+    /// cursor leaves the view only after its task has ended, so 0 means none is running.
+    pub fn running_on(&self, parent: &str, partition: u32) -> usize {
+        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .iter()
+            .filter(|((p, _), by_partition)| p == parent && by_partition.contains_key(&partition))
+            .count()
+    }
+
     /// Lists the cursor `key` with its `status`, replacing any status listed for the same
     /// link and parent partition.
     pub fn insert(&self, key: &CursorKey, status: Arc<CursorStatus>) {

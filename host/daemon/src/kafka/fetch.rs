@@ -273,6 +273,8 @@ fn read_one(
                     ResponseError::OffsetOutOfRange
                 }
                 StorageError::UnknownPartition { .. } => ResponseError::UnknownTopicOrPartition,
+                // Being moved: the client looks the leader up again.
+                StorageError::Sealed { .. } => ResponseError::NotLeaderOrFollower,
                 _ => {
                     tracing::warn!(partition = %id, error = %e, "kafka fetch: read failed");
                     ResponseError::KafkaStorageError

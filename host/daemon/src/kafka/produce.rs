@@ -16,7 +16,7 @@ use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::protocol::StrBytes;
-use narad_storage::{AppendBatch, PartitionId};
+use narad_storage::{AppendBatch, PartitionId, StorageError};
 use tokio::task::JoinSet;
 
 use super::KafkaDeps;
@@ -227,7 +227,23 @@ async fn commit(
             },
         )
         .await
-        .map_err(|e| (ResponseError::KafkaStorageError, e.to_string()))?;
+        .map_err(|e| {
+            // A partition being moved: the client looks the leader up again and retries there.
+            let sealed = matches!(
+                &e,
+                crate::produce::ProduceError::Unavailable(StorageError::Sealed { .. })
+                    | crate::produce::ProduceError::Append {
+                        source: StorageError::Sealed { .. },
+                        ..
+                    }
+            );
+            let code = if sealed {
+                ResponseError::NotLeaderOrFollower
+            } else {
+                ResponseError::KafkaStorageError
+            };
+            (code, e.to_string())
+        })?;
     deps.metrics.produced(&topic, u64::from(appended.count));
     Ok(Done {
         base_offset: appended.base_offset,

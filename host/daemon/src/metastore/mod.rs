@@ -81,6 +81,21 @@ pub struct PartitionOwner {
     /// Raised by one each time ownership moves; a commit sent to a node names the generation
     /// it saw, and the node refuses one that does not match.
     pub generation: u64,
+    /// Set while a planned move to this node is under way: the owner has stopped (or is
+    /// stopping) the partition's cursors and refuses its writes until the move ends (the new
+    /// node becomes the owner at `generation + 1`) or is cancelled (this is cleared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<String>,
+}
+
+impl std::fmt::Display for PartitionOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at generation {}", self.node, self.generation)?;
+        if let Some(to) = &self.moving_to {
+            write!(f, ", moving to {to}")?;
+        }
+        Ok(())
+    }
 }
 
 impl PartitionOwner {
@@ -89,6 +104,7 @@ impl PartitionOwner {
         PartitionOwner {
             node: node.into(),
             generation: 1,
+            moving_to: None,
         }
     }
 }
@@ -316,6 +332,22 @@ pub enum MetastoreError {
         /// The owners it would have.
         owners: usize,
     },
+    /// An ownership change found the partition's owner record other than the caller read it
+    /// (another move, or a cancel, got there first): nothing was changed.
+    #[error(
+        "the owner of {topic}/{partition} changed under this request (expected {expected}, \
+         found {found}); look again and retry"
+    )]
+    OwnerChanged {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The record the caller expected, described.
+        expected: String,
+        /// The record found, described.
+        found: String,
+    },
     /// A background task running a blocking write was cancelled or panicked.
     #[error("metastore write task failed: {0}")]
     Task(String),
@@ -515,6 +547,24 @@ pub trait Metastore: Send + Sync + 'static {
             config,
         };
         typed(self.apply(change), Outcome::into_link)
+    }
+
+    /// Replaces the owner record of partition `partition` of `topic` with `owner`, if it is
+    /// still `expected` (else [`MetastoreError::OwnerChanged`]): every step of a planned move.
+    fn set_owner<'a>(
+        &'a self,
+        topic: &'a str,
+        partition: u32,
+        expected: PartitionOwner,
+        owner: PartitionOwner,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let change = Change::SetOwner {
+            topic: topic.to_owned(),
+            partition,
+            expected,
+            owner,
+        };
+        typed(self.apply(change), Outcome::into_topic)
     }
 
     /// Records an uploaded plugin version (the same name and digest twice is a no-op).

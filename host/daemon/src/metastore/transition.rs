@@ -78,6 +78,18 @@ pub enum Change {
         /// The new config, or `None` to keep the current one.
         config: Option<String>,
     },
+    /// Replace one partition's owner record, if it is still the one the caller read: the
+    /// steps of a planned move (mark moving, hand over at generation + 1, cancel).
+    SetOwner {
+        /// Topic name.
+        topic: String,
+        /// Partition index.
+        partition: u32,
+        /// The record the caller read.
+        expected: PartitionOwner,
+        /// The record to write.
+        owner: PartitionOwner,
+    },
     /// Record an uploaded plugin version.
     AddPlugin(PluginVersion),
     /// Remove every version of a plugin.
@@ -266,6 +278,41 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             Ok((
                 Outcome::Link(link.clone()),
                 domains_if(changed, Domain::Links),
+            ))
+        }
+        Change::SetOwner {
+            topic,
+            partition,
+            expected,
+            owner,
+        } => {
+            let Some(meta) = s.topics.get_mut(&topic) else {
+                return Err(MetastoreError::UnknownTopic { name: topic });
+            };
+            let index = usize::try_from(partition).unwrap_or(usize::MAX);
+            let Some(current) = meta.owners.get_mut(index) else {
+                return Err(MetastoreError::OwnerChanged {
+                    topic,
+                    partition,
+                    expected: expected.to_string(),
+                    found: "no owner (the partition does not exist, or the topic is not \
+                            placed on cluster nodes)"
+                        .to_owned(),
+                });
+            };
+            if *current != expected {
+                return Err(MetastoreError::OwnerChanged {
+                    topic,
+                    partition,
+                    expected: expected.to_string(),
+                    found: current.to_string(),
+                });
+            }
+            let changed = *current != owner;
+            *current = owner;
+            Ok((
+                Outcome::Topic(meta.clone()),
+                domains_if(changed, Domain::Topics),
             ))
         }
         Change::AddPlugin(plugin) => {
@@ -515,5 +562,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_owner_record_changes_only_from_the_record_the_caller_read() {
+        let moving = |generation: u64| PartitionOwner {
+            moving_to: Some("b".into()),
+            ..PartitionOwner {
+                generation,
+                ..PartitionOwner::first("a")
+            }
+        };
+        let at = |node: &str, generation: u64| PartitionOwner {
+            generation,
+            ..PartitionOwner::first(node)
+        };
+        let set =
+            |partition: u32, expected: PartitionOwner, owner: PartitionOwner| Change::SetOwner {
+                topic: "t".into(),
+                partition,
+                expected,
+                owner,
+            };
+        // (change, accepted?)
+        let cases = [
+            // Mark moving, hand over at generation + 1, cancel.
+            (set(0, at("a", 1), moving(1)), true),
+            (set(0, moving(1), at("b", 2)), false),
+            (set(1, at("b", 1), at("c", 2)), true),
+            // A stale read (another move got there first), a wrong generation, no partition.
+            (set(0, at("a", 2), moving(2)), false),
+            (set(0, at("c", 1), moving(1)), false),
+            (set(2, at("a", 1), moving(1)), false),
+        ];
+        for (change, accepted) in cases {
+            let mut state = Snapshot::default();
+            apply(&mut state, Change::CreateTopic(owned("t", &["a", "b"]))).unwrap();
+            let before = state.clone();
+            let result = apply(&mut state, change.clone());
+            assert_eq!(result.is_ok(), accepted, "{change:?}: {result:?}");
+            if accepted {
+                let Change::SetOwner {
+                    partition, owner, ..
+                } = &change
+                else {
+                    unreachable!()
+                };
+                assert_eq!(&state.topics["t"].owners[*partition as usize], owner);
+                assert_eq!(state.versions.topics, before.versions.topics + 1);
+            } else {
+                assert!(
+                    matches!(result, Err(MetastoreError::OwnerChanged { .. })),
+                    "{result:?}"
+                );
+                assert_eq!(state, before, "{change:?} changed the state");
+            }
+        }
+        // A whole move, step by step from what each step read.
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(owned("t", &["a"]))).unwrap();
+        apply(&mut state, set(0, at("a", 1), moving(1))).unwrap();
+        apply(&mut state, set(0, moving(1), at("b", 2))).unwrap();
+        assert_eq!(state.topics["t"].owners, vec![at("b", 2)]);
     }
 }

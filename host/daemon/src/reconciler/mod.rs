@@ -160,7 +160,9 @@ impl Reconciler {
             };
             for partition in 0..parent.partitions {
                 let id = PartitionId::new(link.parent.clone(), partition);
-                if self.ownership.is_local(&id) {
+                // A partition being moved runs no cursor: its cursor files go with it, and
+                // the new owner resumes from them.
+                if self.ownership.is_local(&id) && !self.ownership.is_moving(&id) {
                     desired.insert(CursorKey {
                         parent: link.parent.clone(),
                         partition,

@@ -270,12 +270,61 @@ impl TopicService {
             cluster.node_id().to_owned(),
             self.segment_bytes,
         );
-        crate::blocking::run(move || {
-            let moved = owned::set_aside_unnamed(&store, &snapshot, now_ms())?;
-            let new = owned::register_owned(&store, &snapshot, &node, segment_bytes)?;
-            Ok::<_, TopicError>((moved, new))
+        let (moved, new, plan) = {
+            let node = node.clone();
+            crate::blocking::run(move || {
+                let moved = owned::set_aside_unnamed(&store, &snapshot, now_ms())?;
+                let new = owned::register_owned(&store, &snapshot, &node, segment_bytes)?;
+                let plan = owned::plan_sealed(&store.sealed_partitions(), &snapshot, &node);
+                Ok::<_, TopicError>((moved, new, plan))
+            })
+            .await??
+        };
+        self.settle_sealed(plan, &node).await;
+        Ok((moved, new))
+    }
+
+    /// Unseals partitions whose move was cancelled, and deletes this node's copy of those
+    /// that moved away, only after a linearizable read shows the new owner (a copy of the
+    /// metadata that is merely behind never deletes anything).
+    async fn settle_sealed(&self, plan: owned::SealedPlan, node: &str) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let mut release = plan.release;
+        if !release.is_empty() {
+            match cluster.metastore.confirm().await {
+                Ok(confirmed) => {
+                    let again = owned::plan_sealed(&release, &confirmed, node);
+                    release = again.release;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a moved partition's old copy stays until the metadata can be confirmed");
+                    release.clear();
+                }
+            }
+        }
+        let unseal = plan.unseal;
+        let done = crate::blocking::run(move || {
+            for id in &unseal {
+                if let Err(e) = store.unseal(id) {
+                    tracing::warn!(partition = %id, error = %e, "could not unseal a partition");
+                }
+            }
+            for id in &release {
+                match store.remove_partition(id) {
+                    Ok(()) => tracing::info!(partition = %id,
+                        "removed this node's copy of a partition that moved to another node"),
+                    Err(e) => tracing::warn!(partition = %id, error = %e,
+                        "could not remove the old copy of a moved partition"),
+                }
+            }
         })
-        .await?
+        .await;
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "settling sealed partitions did not finish");
+        }
     }
 
     /// The owners of partitions `first..first + count` of `topic`, in cluster mode; empty on

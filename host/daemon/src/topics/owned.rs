@@ -33,13 +33,52 @@ pub fn register_owned(
             }
             let Ok(p) = u32::try_from(p) else { break };
             let id = PartitionId::new(topic.name.clone(), p);
-            if !store.has_partition(&id) {
-                new += 1;
-            }
+            let fresh = !store.has_partition(&id);
             store.create_partition(&id, config.clone())?;
+            if fresh {
+                new += 1;
+                // Marked for a move (this node restarted part way through one): it must take
+                // no write before the move ends or is cancelled, so it starts sealed.
+                if owner.moving_to.is_some()
+                    && let Err(e) = store.seal(&id)
+                {
+                    tracing::warn!(partition = %id, error = %e,
+                        "a partition marked for a move could not be sealed");
+                }
+            }
         }
     }
     Ok(new)
+}
+
+/// What to do with the partitions this node holds sealed for a move, given the metadata.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SealedPlan {
+    /// Still owned here with no move marked (the move was cancelled): serve them again.
+    pub unseal: Vec<PartitionId>,
+    /// Owned by another node now (the move finished): delete this copy once a linearizable
+    /// read agrees.
+    pub release: Vec<PartitionId>,
+}
+
+/// Sorts `sealed` by what `snapshot` says of each (a partition still marked moving is left
+/// as it is; one whose topic is gone is left to [`set_aside_unnamed`]).
+pub fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &str) -> SealedPlan {
+    let mut plan = SealedPlan::default();
+    for id in sealed {
+        let Some(topic) = snapshot.topics.get(&id.topic) else {
+            continue;
+        };
+        let Some(owner) = topic.owners.get(id.partition as usize) else {
+            continue;
+        };
+        if owner.node != node {
+            plan.release.push(id.clone());
+        } else if owner.moving_to.is_none() {
+            plan.unseal.push(id.clone());
+        }
+    }
+    plan
 }
 
 /// Sets aside (never deletes) every topic this node has registered that `snapshot` no longer

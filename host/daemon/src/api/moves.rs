@@ -1,0 +1,186 @@
+//! Planned partition moves over HTTP (cluster mode; the steps are in [`crate::cluster::moves`]):
+//! - `POST /v1/topics/{t}/partitions/{p}/move` on any node: `{"to": "n3"}` moves the partition
+//!   to node n3 (without `to`: where a move that stopped part way was going, else the least
+//!   loaded live node other than its owner) and answers once the new owner serves it; `{"cancel": true}` cancels a move under way.
+//! - `POST /internal/v1/topics/{t}/partitions/{p}/move-in`: the node called runs the move to
+//!   itself (what the public route asks of the target).
+//! - `POST /internal/v1/topics/{t}/partitions/{p}/handoff`: the owner stops the partition's
+//!   cursors, seals it and describes its files.
+//! - `POST /internal/v1/topics/{t}/partitions/{p}/files`: a chunk of one of those files.
+//!
+//! The internal routes take the peer secret when the cluster has a token.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use narad_storage::PartitionId;
+use narad_storage::transfer::Manifest;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use super::topics::require_topic;
+use super::types::{MoveCancelled, MoveRequest};
+use crate::cluster::moves::{ChunkRequest, HandoffRequest, MoveError, MoveReport, Mover};
+
+impl From<MoveError> for ApiError {
+    fn from(err: MoveError) -> ApiError {
+        match err {
+            MoveError::Metastore(e) => e.into(),
+            MoveError::Storage(e) => e.into(),
+            MoveError::UnknownPartition { .. } => ApiError::not_found(err.to_string()),
+            MoveError::AlreadyOwner { .. }
+            | MoveError::AlreadyMoving { .. }
+            | MoveError::NotMoving { .. } => ApiError::new(StatusCode::CONFLICT, err.to_string()),
+            MoveError::CursorsRunning { .. } | MoveError::NodeDown { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
+            MoveError::Peer { status, .. } => ApiError::new(
+                status
+                    .and_then(|s| StatusCode::from_u16(s).ok())
+                    .filter(|s| !s.is_success())
+                    .unwrap_or(StatusCode::BAD_GATEWAY),
+                err.to_string(),
+            ),
+            _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+        }
+    }
+}
+
+fn mover(state: &AppState) -> Result<&Mover, ApiError> {
+    state.mover.as_deref().ok_or_else(|| {
+        ApiError::bad_request(
+            "partition moves apply in cluster mode (narad serve --etcd ...); a single node \
+             owns every partition",
+        )
+    })
+}
+
+/// The partition, checked against the topic's partition count.
+async fn partition(state: &AppState, topic: &str, partition: u32) -> Result<PartitionId, ApiError> {
+    let meta = require_topic(state, topic).await?;
+    if partition >= meta.partitions {
+        return Err(ApiError::not_found(format!(
+            "topic {topic} has {} partitions; there is no partition {partition}",
+            meta.partitions
+        )));
+    }
+    Ok(PartitionId::new(meta.name, partition))
+}
+
+/// `POST /v1/topics/{t}/partitions/{p}/move`.
+pub async fn move_partition(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+    ApiJson(request): ApiJson<MoveRequest>,
+) -> Result<Response, ApiError> {
+    let mover = mover(&state)?;
+    let id = partition(&state, &topic, index).await?;
+    if request.cancel {
+        if request.to.is_some() {
+            return Err(ApiError::bad_request(
+                "give either `to` or `cancel`, not both",
+            ));
+        }
+        let owner = mover.cancel(&id).await?;
+        return Ok(Json(MoveCancelled {
+            topic: id.topic,
+            partition: id.partition,
+            owner: owner.node,
+            generation: owner.generation,
+        })
+        .into_response());
+    }
+    let snapshot = state.metastore.snapshot().await?;
+    let record = snapshot
+        .topics
+        .get(&id.topic)
+        .and_then(|t| t.owners.get(id.partition as usize))
+        .cloned();
+    let current = record.as_ref().map(|o| o.node.clone()).unwrap_or_default();
+    let resuming = record.and_then(|o| o.moving_to);
+    let to = match (request.to, resuming) {
+        (Some(to), _) => to,
+        // A move that stopped part way resumes to where it was going.
+        (None, Some(to)) => to,
+        (None, None) => mover.pick_target(&snapshot, &current).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("no live node other than {current} to move {id} to"),
+            )
+        })?,
+    };
+    let cluster = state.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a mover without cluster mode",
+        )
+    })?;
+    if !cluster.peers.is_live(&to) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("node {to} is not alive; `narad node list` shows the live nodes"),
+        ));
+    }
+    let report = if to == cluster.node_id() {
+        run_move_in(&state, id).await?
+    } else {
+        mover.ask_move_in(&to, &id).await?
+    };
+    Ok(Json(report).into_response())
+}
+
+/// Runs the move to this node in its own task: a client that goes away does not stop a move
+/// half way (it would still be safe, but the partition would stay sealed until asked again).
+async fn run_move_in(state: &AppState, id: PartitionId) -> Result<MoveReport, ApiError> {
+    let task = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mover = mover(&state)?;
+            let report = mover.move_in(&id.topic, id.partition).await?;
+            // Serve it now rather than at the next metadata pass.
+            if let Err(e) = state.topics.sync_owned().await {
+                tracing::warn!(error = %e, "registering a moved-in partition waits for the next pass");
+            }
+            Ok::<_, ApiError>(report)
+        })
+    };
+    task.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the move task did not finish: {e}"),
+        )
+    })?
+}
+
+/// `POST /internal/v1/topics/{t}/partitions/{p}/move-in`.
+pub async fn move_in(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+) -> Result<Json<MoveReport>, ApiError> {
+    mover(&state)?;
+    let id = partition(&state, &topic, index).await?;
+    Ok(Json(run_move_in(&state, id).await?))
+}
+
+/// `POST /internal/v1/topics/{t}/partitions/{p}/handoff`.
+pub async fn handoff(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+    ApiJson(request): ApiJson<HandoffRequest>,
+) -> Result<Json<Manifest>, ApiError> {
+    let mover = mover(&state)?;
+    Ok(Json(mover.hand_off(&topic, index, &request).await?))
+}
+
+/// `POST /internal/v1/topics/{t}/partitions/{p}/files`.
+pub async fn chunk(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+    ApiJson(request): ApiJson<ChunkRequest>,
+) -> Result<Response, ApiError> {
+    let mover = mover(&state)?;
+    let bytes = mover.chunk(&topic, index, request).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}

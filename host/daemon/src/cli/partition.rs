@@ -1,0 +1,117 @@
+//! `narad partition move`.
+
+use clap::{Args, Subcommand};
+
+use super::ClientArgs;
+use super::human;
+use crate::cluster::moves::MoveReport;
+
+/// `narad partition`.
+#[derive(Debug, Args)]
+pub struct PartitionArgs {
+    /// Daemon and output options.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The partition command.
+    #[command(subcommand)]
+    pub command: PartitionCommand,
+}
+
+/// Partition commands.
+#[derive(Debug, Subcommand)]
+pub enum PartitionCommand {
+    /// Move a partition (its log and its fan-out cursor files) to another node, fenced: it
+    /// takes no writes while it moves, and nothing is lost or copied twice. Waits until the
+    /// new owner serves it. A move that stopped part way resumes when asked again.
+    Move {
+        /// The partition, as TOPIC/PARTITION (`orders/3`).
+        partition: String,
+        /// The node to move it to (default: where a stopped move was going, else the live
+        /// node owning the fewest partitions).
+        #[arg(long, conflicts_with = "cancel")]
+        to: Option<String>,
+        /// Cancel a move under way instead: the partition stays with its owner and serves
+        /// again.
+        #[arg(long)]
+        cancel: bool,
+    },
+}
+
+/// `TOPIC/PARTITION` split, with an error that shows the expected shape.
+pub fn parse_partition(text: &str) -> anyhow::Result<(String, u32)> {
+    let parsed = text
+        .rsplit_once('/')
+        .and_then(|(topic, p)| Some((topic, p.parse::<u32>().ok()?)))
+        .filter(|(topic, _)| !topic.is_empty());
+    match parsed {
+        Some((topic, p)) => Ok((topic.to_owned(), p)),
+        None => anyhow::bail!("{text:?} is not TOPIC/PARTITION (for example orders/3)"),
+    }
+}
+
+/// One line about a finished move.
+pub fn move_line(report: &MoveReport) -> String {
+    format!(
+        "moved {}/{} from {} to {} (generation {}): {} files, {}, high watermark {}, in {}",
+        report.topic,
+        report.partition,
+        report.from,
+        report.to,
+        report.generation,
+        report.files,
+        human::bytes(report.bytes),
+        report.high_watermark,
+        human::millis(report.elapsed_ms),
+    )
+}
+
+/// Runs a partition command.
+pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
+    let client = args.client.client();
+    match args.command {
+        PartitionCommand::Move {
+            partition,
+            to,
+            cancel,
+        } => {
+            let (topic, index) = parse_partition(&partition)?;
+            if cancel {
+                let answer = client.cancel_move(&topic, index).await?;
+                if args.client.json {
+                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                } else {
+                    println!(
+                        "cancelled the move of {topic}/{index}: {} owns it and serves it again",
+                        answer.owner
+                    );
+                }
+                return Ok(());
+            }
+            let report = client.move_partition(&topic, index, to).await?;
+            if args.client.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{}", move_line(&report));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_named_topic_slash_index() {
+        assert_eq!(
+            parse_partition("orders/3").unwrap(),
+            ("orders".to_owned(), 3)
+        );
+        assert_eq!(parse_partition("a.b-c/0").unwrap(), ("a.b-c".to_owned(), 0));
+        for bad in ["orders", "orders/", "/3", "orders/x", "orders/-1"] {
+            let e = parse_partition(bad).unwrap_err().to_string();
+            assert!(e.contains("TOPIC/PARTITION"), "{bad}: {e}");
+        }
+    }
+}
