@@ -19,6 +19,10 @@ impl fmt::Display for NodeId {
     }
 }
 
+/// Says why this node must not take writes now (`None`: it may): in cluster mode, a node whose
+/// lease renewals etcd has not confirmed for nearly a TTL fences itself.
+pub type WriteFence = dyn Fn() -> Option<String> + Send + Sync;
+
 /// Answers who owns a partition.
 pub trait PartitionOwnership: Send + Sync + 'static {
     /// This node's identity.

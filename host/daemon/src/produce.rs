@@ -40,7 +40,13 @@ pub enum ProduceError {
     /// The blocking task running an append panicked or was cancelled.
     #[error("append task failed: {0}")]
     Task(#[from] BlockingError),
+    /// Cluster mode: this node has lost touch with etcd for nearly its lease TTL, so peers may
+    /// soon count it dead; it takes no writes until its lease is renewed. Nothing was written.
+    #[error("{0}")]
+    Fenced(String),
 }
+
+pub use crate::ownership::WriteFence;
 
 /// One record of a produce request, already decoded and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +67,21 @@ pub struct Placed {
 }
 
 /// Places and commits records. Shared by every request (`Arc<Producer>`).
-#[derive(Debug)]
 pub struct Producer {
     store: Arc<Store>,
     /// Next round-robin position per topic, for keyless records.
     round_robin: Mutex<HashMap<String, u64>>,
+    /// Cluster mode: refuses every write while the node is fenced.
+    fence: Option<Arc<WriteFence>>,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer")
+            .field("store", &self.store)
+            .field("fenced", &self.fence.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Producer {
@@ -74,6 +90,21 @@ impl Producer {
         Producer {
             store,
             round_robin: Mutex::new(HashMap::new()),
+            fence: None,
+        }
+    }
+
+    /// This producer, refusing every write while `fence` says why not
+    /// ([`ProduceError::Fenced`]).
+    pub fn with_fence(mut self, fence: Arc<WriteFence>) -> Producer {
+        self.fence = Some(fence);
+        self
+    }
+
+    fn check_fence(&self) -> Result<(), ProduceError> {
+        match self.fence.as_ref().and_then(|fence| fence()) {
+            Some(reason) => Err(ProduceError::Fenced(reason)),
+            None => Ok(()),
         }
     }
 
@@ -132,6 +163,7 @@ impl Producer {
         partition: PartitionId,
         batch: AppendBatch,
     ) -> Result<Appended, ProduceError> {
+        self.check_fence()?;
         let store = Arc::clone(&self.store);
         let id = partition.clone();
         crate::blocking::run(move || store.append(&id, batch))
@@ -153,6 +185,7 @@ impl Producer {
         partitions: u32,
         records: Vec<ProduceRecord>,
     ) -> Result<Vec<Placed>, ProduceError> {
+        self.check_fence()?;
         let placement = self.place(topic, partitions, &records);
         let mut groups: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
         // Position of each record inside its partition's batch.

@@ -194,7 +194,15 @@ pub async fn run_server(
             )
         }
     };
-    let producer = Arc::new(Producer::new(Arc::clone(&store)));
+    let producer = Arc::new(match &cluster {
+        // Fenced (etcd silent for nearly a lease TTL): no produce takes a write here.
+        Some(context) => {
+            let membership = Arc::clone(&context.membership);
+            Producer::new(Arc::clone(&store))
+                .with_fence(Arc::new(move || membership.fence_reason()))
+        }
+        None => Producer::new(Arc::clone(&store)),
+    });
     let plugins = Arc::new(
         PluginRegistry::open(
             &data_dir,
@@ -236,11 +244,15 @@ pub async fn run_server(
         let ownership = Arc::clone(&context.ownership);
         let owners: Arc<crate::cluster::receiver::OwnerLookup> =
             Arc::new(move |id: &PartitionId| ownership.owner_at(id));
-        Arc::new(crate::cluster::receiver::CommitReceiver::new(
-            context.node_id().to_owned(),
-            Arc::clone(&store),
-            owners,
-        ))
+        let membership = Arc::clone(&context.membership);
+        Arc::new(
+            crate::cluster::receiver::CommitReceiver::new(
+                context.node_id().to_owned(),
+                Arc::clone(&store),
+                owners,
+            )
+            .with_fence(Arc::new(move || membership.fence_reason())),
+        )
     });
     let reconciler = {
         let deps = Arc::new(CursorDeps {

@@ -196,6 +196,7 @@ impl From<ProduceError> for ApiError {
                 e
             }
             ProduceError::Task(e) => ApiError::internal(e.to_string()),
+            ProduceError::Fenced(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason),
         }
     }
 }

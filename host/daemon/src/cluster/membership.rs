@@ -206,6 +206,26 @@ impl Membership {
         renewed_at.elapsed() >= self.ttl.mul_f64(FENCE_FRACTION)
     }
 
+    /// Why this node takes no writes now, when [`Membership::is_fenced`]; `None` otherwise.
+    pub fn fence_reason(&self) -> Option<String> {
+        if !self.is_fenced() {
+            return None;
+        }
+        let silent = self
+            .renewed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .elapsed();
+        Some(format!(
+            "node {} has had no lease renewal confirmed by etcd for {} ms (its lease TTL is {} \
+             ms): it takes no writes until etcd answers again, so that nothing is written here \
+             while peers may count it dead; reads go on; retry",
+            self.record().id,
+            silent.as_millis(),
+            self.ttl.as_millis()
+        ))
+    }
+
     fn lease_path(&self) -> PathBuf {
         self.lease_dir.join(LEASE_FILE)
     }

@@ -38,6 +38,7 @@ pub struct CommitReceiver {
     owners: Arc<OwnerLookup>,
     windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<GenerationWindow>>>>>,
     window_capacity: usize,
+    fence: Option<Arc<crate::ownership::WriteFence>>,
 }
 
 impl CommitReceiver {
@@ -49,12 +50,22 @@ impl CommitReceiver {
             owners,
             windows: Mutex::new(HashMap::new()),
             window_capacity: WINDOW_ORIGINS,
+            fence: None,
         }
+    }
+
+    /// This receiver, refusing every commit while `fence` says why not (the node lost etcd).
+    pub fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> CommitReceiver {
+        self.fence = Some(fence);
+        self
     }
 
     /// Applies one commit (blocking: call it on the blocking pool).
     pub fn commit(&self, request: CommitRequest) -> CommitResponse {
         let id = PartitionId::new(request.topic.clone(), request.partition);
+        if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
+            return CommitResponse::Failed { reason };
+        }
         let owner = (self.owners)(&id);
         match &owner {
             Some(o) if o.node == self.node && o.generation == request.generation => {

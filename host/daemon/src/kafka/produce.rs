@@ -228,10 +228,12 @@ async fn commit(
         )
         .await
         .map_err(|e| {
-            // A partition being moved: the client looks the leader up again and retries there.
+            // A partition being moved, or a node that lost etcd: the client looks the leader
+            // up again and retries.
             let sealed = matches!(
                 &e,
-                crate::produce::ProduceError::Unavailable(StorageError::Sealed { .. })
+                crate::produce::ProduceError::Fenced(_)
+                    | crate::produce::ProduceError::Unavailable(StorageError::Sealed { .. })
                     | crate::produce::ProduceError::Append {
                         source: StorageError::Sealed { .. },
                         ..
