@@ -986,3 +986,118 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
         assert!(twice.is_empty(), "{topic} holds records twice: {twice:?}");
     }
 }
+
+/// Produces one record with `value` to `partition` of `topic` through `base`.
+fn produce_one(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+    value: &str,
+) -> (u16, Value) {
+    send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/records"),
+        Some(&json!({"records": [{"value": value, "partition": partition}]})),
+    )
+    .expect("produce")
+}
+
+#[test]
+fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until_it_returns() {
+    let mut cluster = Cluster::start("etcd-away");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2", "n3"])),
+        ("copy", json!(["n2", "n3", "n1"])),
+    ] {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": name, "partitions": 3, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    let mut acknowledged = Vec::new();
+
+    // Away for 0.6 s, well inside the 3 s lease: produce (local and forwarded) and the copy to
+    // the child go on as if nothing happened.
+    cluster._etcd.stop();
+    let away = Instant::now();
+    let mut n = 0;
+    while away.elapsed() < Duration::from_millis(600) {
+        let value = format!("short-{n}");
+        let (status, body) = produce_one(&client, &cluster.url(0), "orders", n % 3, &value);
+        ok(status, &body, "produce while etcd is briefly away");
+        acknowledged.push(value);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster._etcd.start_again();
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+
+    // Away for longer than the lease: each node fences itself (at 80% of the TTL) and refuses
+    // writes with a retriable 503 that says why; reads go on.
+    cluster._etcd.stop();
+    std::thread::sleep(Duration::from_millis(3500));
+    let (status, body) = produce_one(&client, &cluster.url(0), "orders", 0, "refused");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("etcd"),
+        "{body}"
+    );
+    let read = fetch_all(&client, &cluster.url(0), "orders", 0);
+    assert!(!read.is_empty(), "reads go on while fenced");
+    let (_, metrics) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/metrics", cluster.url(0)),
+        None,
+    )
+    .expect("metrics");
+    assert!(
+        metrics
+            .as_str()
+            .unwrap_or("")
+            .contains("narad_cluster_fenced 1"),
+        "the fence shows on /metrics"
+    );
+
+    // etcd back: writes are taken again on every node and the link catches up.
+    cluster._etcd.start_again();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for p in 0..3 {
+        let value = format!("after-{p}");
+        loop {
+            let (status, body) =
+                produce_one(&client, &cluster.url(p as usize), "orders", p, &value);
+            if status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "writes never came back: {status} {body}\n{}",
+                cluster.diagnostics("orders")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        acknowledged.push(value);
+    }
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+    let stored = value_counts(&client, &cluster.url(1), "orders", 3);
+    assert!(
+        !stored.contains_key("refused"),
+        "a refused write was stored"
+    );
+}

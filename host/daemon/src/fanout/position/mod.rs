@@ -322,6 +322,128 @@ async fn rewind_past_reused_offsets(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metastore::{
+        BoxFuture, Change, FileMetastore, LinkMeta, Metastore, Outcome, Snapshot, TopicMeta,
+        Versions,
+    };
+
+    /// A node's copy of the metadata that stopped at `stale` (a watch that fell behind), in
+    /// front of the real metadata, which `confirm` and writes reach.
+    struct StaleCopy {
+        stale: Snapshot,
+        real: Arc<FileMetastore>,
+    }
+
+    impl Metastore for StaleCopy {
+        fn snapshot(&self) -> BoxFuture<'_, crate::metastore::Result<Snapshot>> {
+            Box::pin(async move { Ok(self.stale.clone()) })
+        }
+        fn confirm(&self) -> BoxFuture<'_, crate::metastore::Result<Snapshot>> {
+            self.real.confirm()
+        }
+        fn versions(&self) -> BoxFuture<'_, crate::metastore::Result<Versions>> {
+            Box::pin(async move { Ok(self.stale.versions) })
+        }
+        fn topic<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> BoxFuture<'a, crate::metastore::Result<Option<TopicMeta>>> {
+            Box::pin(async move { Ok(self.stale.topics.get(name).cloned()) })
+        }
+        fn apply(&self, change: Change) -> BoxFuture<'_, crate::metastore::Result<Outcome>> {
+            self.real.apply(change)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cursor_whose_metadata_copy_is_stale_never_anchors_a_detached_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            Store::open(
+                &dir.path().join("data"),
+                narad_storage::StoreOptions::default(),
+            )
+            .unwrap(),
+        );
+        let real = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        for name in ["parent", "child"] {
+            store
+                .create_partition(
+                    &PartitionId::new(name, 0),
+                    narad_storage::LogConfig::default(),
+                )
+                .unwrap();
+            real.create_topic(TopicMeta {
+                name: name.into(),
+                partitions: 1,
+                retention_ms: None,
+                retention_bytes: None,
+                created_at_ms: 0,
+                owners: Vec::new(),
+            })
+            .await
+            .unwrap();
+        }
+        let link = LinkMeta {
+            parent: "parent".into(),
+            child: "child".into(),
+            attach_epoch: "00112233445566aa".into(),
+            attach_offsets: Some(vec![0]),
+            delay_ms: 0,
+            router: Vec::new(),
+            config: String::new(),
+            attached_at_ms: 0,
+        };
+        real.attach_link(link.clone()).await.unwrap();
+        let stale = real.snapshot().await.unwrap();
+        // Detached everywhere but in this node's copy.
+        real.detach_link("parent", "child").await.unwrap();
+        struct Refuses;
+        impl crate::fanout::committer::ChildCommitter for Refuses {
+            fn commit(
+                &self,
+                partition: &PartitionId,
+                _batch: &mut narad_storage::EncodedBatch,
+            ) -> Result<narad_storage::Appended, crate::fanout::committer::ChildCommitError>
+            {
+                panic!("nothing may be committed to {partition}")
+            }
+        }
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer: Arc::new(Refuses),
+            metastore: Arc::new(StaleCopy { stale, real }),
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: crate::fanout::FanoutTiming::default(),
+            remote_tails: None,
+        });
+        let key = CursorKey {
+            parent: "parent".into(),
+            partition: 0,
+            child: "child".into(),
+            epoch: link.attach_epoch.clone(),
+        };
+        let status = CursorStatus::new(
+            crate::fanout::metrics::CursorLabels {
+                parent: "parent".into(),
+                child: "child".into(),
+                partition: 0,
+            },
+            Arc::new(crate::fanout::metrics::FanoutMetrics::default()),
+        );
+        let opened = open(&deps, &key, &link, &status).await.unwrap();
+        assert!(
+            matches!(opened, Opened::Deferred(Deferred::EpochNotConfirmed { .. })),
+            "the stale copy's link was anchored"
+        );
+        let path = cursor_path(&store, &PartitionId::new("parent", 0), "child");
+        assert!(
+            !path.exists(),
+            "an offset file was written: {}",
+            path.display()
+        );
+    }
 
     #[test]
     fn a_bad_epoch_stalls_with_the_epochs_own_reason() {
