@@ -1101,3 +1101,64 @@ fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until
         "a refused write was stored"
     );
 }
+
+#[test]
+fn a_plugin_uploaded_to_one_node_routes_on_every_node_that_runs_a_cursor_of_its_link() {
+    let cluster = Cluster::start("plugin-fetch");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n2", "n3"])),
+        ("copy", json!(["n3", "n1"])),
+    ] {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+    // Uploaded to n1 only; the cursors run on n2 and n3, which must fetch it by digest.
+    let module = crate::plugin_limits::router_with_functions(1);
+    let answer = client
+        .post(format!("{}/v1/plugins?name=custom", cluster.url(0)))
+        .body(module)
+        .send()
+        .expect("deploy");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().expect("deploy answer");
+    ok(status, &body, "deploy");
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        Some(&json!({"router": ["custom", "round-robin"]})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    let values: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    let records: Vec<Value> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"value": v, "partition": i % 2}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    wait_for_values(&cluster, "copy", 2, &values);
+    for node in [1, 2] {
+        assert!(
+            cluster.nodes[node]
+                .log()
+                .contains("fetched a plugin module from another node"),
+            "n{} ran the link without fetching the module?",
+            node + 1
+        );
+    }
+}

@@ -48,7 +48,7 @@ fn million_empty_functions() -> Vec<u8> {
 
 /// A valid router (it decides nothing, which the deploy check allows) with `extra` empty
 /// functions beside the ABI's.
-fn router_with_functions(extra: usize) -> Vec<u8> {
+pub(crate) fn router_with_functions(extra: usize) -> Vec<u8> {
     let manifest = r#"{"name":"wide","version":"1.0.0","abi":1,"needs":["keys"],"description":"a router with many functions"}"#
         .replace('"', "\\\"");
     let text = format!(

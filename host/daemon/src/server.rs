@@ -203,14 +203,31 @@ pub async fn run_server(
         }
         None => Producer::new(Arc::clone(&store)),
     });
-    let plugins = Arc::new(
-        PluginRegistry::open(
+    let plugins = Arc::new({
+        let registry = PluginRegistry::open(
             &data_dir,
             Arc::clone(&metastore),
             config.plugin_limits.clone(),
         )
-        .await?,
-    );
+        .await?;
+        match &cluster {
+            // Uploaded to one node, fetched by digest by the others when a link needs it.
+            Some(context) => {
+                let (context, bearer) = (
+                    Arc::clone(context),
+                    config.auth_token.as_ref().map(|t| t.peer_secret()),
+                );
+                registry.with_fetcher(Arc::new(move |digest: &str| {
+                    crate::cluster::modules::fetch_module_blocking(
+                        &context,
+                        bearer.as_deref(),
+                        digest,
+                    )
+                }))
+            }
+            None => registry,
+        }
+    });
     let topics = TopicService::new(
         Arc::clone(&store),
         Arc::clone(&metastore),

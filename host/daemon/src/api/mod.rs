@@ -197,6 +197,10 @@ pub fn peer_router(state: AppState) -> Router {
             "/internal/v1/topics/{topic}/partitions/{partition}/files",
             post(moves::chunk),
         )
+        .route(
+            "/internal/v1/plugins/{digest}/bytes",
+            post(plugins::module_bytes),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             internal::wait_for_caller_revision,

@@ -290,3 +290,27 @@ impl From<RegistryError> for ApiError {
         }
     }
 }
+
+/// `POST /internal/v1/plugins/{digest}/bytes`: the module's bytes, for another node that needs
+/// it; 404 when this node does not hold it.
+pub async fn module_bytes(
+    State(state): State<AppState>,
+    ApiPath(digest): ApiPath<String>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let plugins = Arc::clone(&state.plugins);
+    let wanted = digest.clone();
+    let bytes = crate::blocking::run(move || plugins.module_bytes(&wanted))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    match bytes {
+        Some(bytes) => Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/wasm")],
+            bytes,
+        )
+            .into_response()),
+        None => Err(ApiError::not_found(format!(
+            "this node holds no module with digest {digest}"
+        ))),
+    }
+}

@@ -8,6 +8,7 @@
 //!   repeated child commit;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
 //! - [`metrics`]: lease, live-node and watch health on `/metrics`;
+//! - [`modules`]: plugin modules fetched by digest from the node that holds them;
 //! - [`moves`]: planned partition moves (mark, hand off, copy, take over at generation + 1);
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
@@ -24,6 +25,7 @@ pub mod commit_wire;
 pub mod dedupe;
 pub mod membership;
 pub mod metrics;
+pub mod modules;
 pub mod moves;
 pub mod ownership;
 pub mod peers;

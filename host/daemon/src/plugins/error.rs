@@ -77,11 +77,23 @@ pub enum RegistryError {
         /// The built-in's name.
         name: String,
     },
-    /// `load` was asked for a digest that is neither loaded, built in, nor stored on disk.
-    #[error("no module with digest {digest} is stored on this node")]
+    /// `load` was asked for a digest that is neither loaded, built in, nor stored on disk (nor,
+    /// in cluster mode, held by any other live node).
+    #[error("no module with digest {digest} is stored on this node or any other live node")]
     NotStored {
         /// The digest, hex.
         digest: String,
+    },
+    /// A module this node does not hold could not be fetched from another node.
+    #[error(
+        "the module with digest {digest} is not stored on this node and fetching it from the \
+         other nodes failed: {reason}"
+    )]
+    Fetch {
+        /// The digest, hex.
+        digest: String,
+        /// Why.
+        reason: String,
     },
     /// A stored module's bytes no longer hash to its file name: the file was damaged or
     /// replaced on disk. It is never run.

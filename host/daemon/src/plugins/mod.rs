@@ -83,7 +83,14 @@ pub struct PluginRegistry {
     failures: RwLock<HashMap<String, String>>,
     /// Serializes deploys and removals (see the module doc).
     writes: tokio::sync::Mutex<()>,
+    /// Cluster mode: asks other nodes for a module this node does not hold.
+    fetcher: Option<Arc<ModuleFetcher>>,
 }
+
+/// Fetches the module bytes with a digest (hex) from wherever else they are held (in cluster
+/// mode, the other nodes): `Ok(None)` when nobody has them. Blocking: called from a load, on
+/// the blocking pool. The bytes are checked against the digest before anything uses them.
+pub type ModuleFetcher = dyn Fn(&str) -> Result<Option<Vec<u8>>, String> + Send + Sync;
 
 impl std::fmt::Debug for PluginRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -162,9 +169,28 @@ impl PluginRegistry {
             manifests: RwLock::new(HashMap::new()),
             failures: RwLock::new(HashMap::new()),
             writes: tokio::sync::Mutex::new(()),
+            fetcher: None,
         };
         registry.delete_unreferenced_files().await?;
         Ok(registry)
+    }
+
+    /// This registry, fetching a recorded module it does not hold with `fetcher` (cluster mode:
+    /// a plugin is uploaded to one node, and the others fetch it by digest when a link needs
+    /// it).
+    pub fn with_fetcher(mut self, fetcher: Arc<ModuleFetcher>) -> PluginRegistry {
+        self.fetcher = Some(fetcher);
+        self
+    }
+
+    /// The stored bytes of the module with this digest (hex), if this node holds them (for
+    /// another node fetching it). Blocking.
+    pub fn module_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+        let parsed = parse_digest(digest)?;
+        if let Some(builtin) = self.builtins.iter().find(|b| b.digest == parsed) {
+            return Ok(Some(builtin.bytes.to_vec()));
+        }
+        self.store.get(&parsed)
     }
 
     /// The runtime every plugin of this node runs on.
@@ -264,15 +290,40 @@ impl PluginRegistry {
 
     /// The module bytes of `digest`: a built-in's, or the content store's (hash-checked).
     fn stored_bytes(&self, digest: &Digest) -> Result<Vec<u8>, RegistryError> {
-        match self.builtins.iter().find(|b| b.digest == *digest) {
-            Some(builtin) => Ok(builtin.bytes.to_vec()),
-            None => self
-                .store
-                .get(digest)?
-                .ok_or_else(|| RegistryError::NotStored {
-                    digest: digest.to_hex(),
-                }),
+        if let Some(builtin) = self.builtins.iter().find(|b| b.digest == *digest) {
+            return Ok(builtin.bytes.to_vec());
         }
+        if let Some(bytes) = self.store.get(digest)? {
+            return Ok(bytes);
+        }
+        let hex = digest.to_hex();
+        let not_stored = || RegistryError::NotStored {
+            digest: digest.to_hex(),
+        };
+        let Some(fetcher) = &self.fetcher else {
+            return Err(not_stored());
+        };
+        let bytes = match fetcher(&hex) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Err(not_stored()),
+            Err(reason) => {
+                return Err(RegistryError::Fetch {
+                    digest: hex,
+                    reason,
+                });
+            }
+        };
+        // What a peer sent is used only if it is exactly the module the digest names.
+        let found = Digest::of(&bytes);
+        if found != *digest {
+            return Err(RegistryError::Fetch {
+                digest: hex,
+                reason: format!("the bytes sent hash to {}", found.to_hex()),
+            });
+        }
+        self.store.put(&bytes)?;
+        tracing::info!(digest = %hex, bytes = bytes.len(), "fetched a plugin module from another node");
+        Ok(bytes)
     }
 
     /// Validates `bytes` (every deploy check, under the runtime's limits, on the blocking pool),
