@@ -72,6 +72,9 @@ impl SlabRouter for KeyRouter {
 struct GatedCommitter {
     store: Arc<Store>,
     down: Vec<AtomicBool>,
+    /// Commits still allowed to any partition; past it every commit fails (a child that goes
+    /// down after exactly that many batches).
+    budget: std::sync::atomic::AtomicU64,
     /// Every error the store returned to a child commit.
     store_errors: std::sync::Mutex<Vec<String>>,
 }
@@ -82,7 +85,11 @@ impl ChildCommitter for GatedCommitter {
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
-        if self.down[partition.partition as usize].load(Ordering::SeqCst) {
+        let spent = self
+            .budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
+            .is_err();
+        if spent || self.down[partition.partition as usize].load(Ordering::SeqCst) {
             return Err(StorageError::Io {
                 context: format!("{partition} is down"),
                 source: std::io::Error::other("down"),
@@ -168,6 +175,7 @@ async fn fixture(
         store: Arc::clone(&store),
         // Room for a child that grows.
         down: (0..16).map(|_| AtomicBool::new(false)).collect(),
+        budget: std::sync::atomic::AtomicU64::new(u64::MAX),
         store_errors: std::sync::Mutex::new(Vec::new()),
     });
     Fixture {
@@ -409,6 +417,42 @@ async fn a_failing_bucket_holds_the_cursor_and_only_that_bucket_is_retried() {
         [0, 2].iter().map(|&p| child_values(&f.store, p)).collect();
     assert_eq!(healthy_after, healthy_before);
     assert_eq!(all_child_values(&f.store, 3), expected(0..60));
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_slab_stalls_the_pipelined_cursor_files_only_the_slab_before_it() {
+    // Three slabs of backlog, one child partition: one batch per slab.
+    let f = fixture(1, 1, LogConfig::default()).await;
+    let slab = narad_host::fanout::SLAB_MAX_RECORDS as u32;
+    produce(&f.store, 0..3 * slab);
+    // The child takes the first slab, then goes down.
+    f.committer.budget.store(1, Ordering::SeqCst);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the second slab to stall", || running.commit_retries() >= 3).await;
+    // The third slab was read ahead and the first one's position written meanwhile: the file
+    // is past the first slab exactly, never past the stalled one or the one read ahead.
+    wait_for("the first slab's position on file", || {
+        file_position(&f).map(|r| r.next_offset) == Some(u64::from(slab))
+    })
+    .await;
+    for _ in 0..3 {
+        let before = running.commit_retries();
+        wait_for("another retry", || running.commit_retries() > before).await;
+        assert_eq!(
+            file_position(&f).map(|r| r.next_offset),
+            Some(u64::from(slab)),
+            "the offset file ran ahead of the child"
+        );
+    }
+    assert_eq!(all_child_values(&f.store, 1), expected(0..slab));
+
+    f.committer.budget.store(u64::MAX, Ordering::SeqCst);
+    wait_for("every slab on file", || {
+        file_position(&f).map(|r| r.next_offset) == Some(u64::from(3 * slab))
+    })
+    .await;
+    assert_eq!(all_child_values(&f.store, 1), expected(0..3 * slab));
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 

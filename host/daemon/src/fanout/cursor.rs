@@ -162,6 +162,14 @@ pub async fn run_cursor(
     }
 }
 
+/// A slab every bucket of which is acknowledged, whose position is not on file yet.
+struct Delivered {
+    /// The proof that every bucket is committed.
+    acknowledged: Acknowledged,
+    /// One past the slab's last record: the position to write.
+    end: u64,
+}
+
 /// One running cursor: what every step is called with.
 struct Cursor {
     deps: Arc<CursorDeps>,
@@ -190,21 +198,61 @@ impl Cursor {
         self.status
             .set_position(offsets.next_offset(), offsets.next_offset());
         self.status.running();
+        let mut unsaved = None;
+        let stopped = self.copy(&offsets, epoch, &mut unsaved).await;
+        // Told to stop (a move, a shutdown) with a delivered slab not on file yet: write it,
+        // so the cursor that resumes from this file does not repeat the slab.
+        if let (Some(slab), Err(CursorExit::Stopped)) = (unsaved, &stopped)
+            && let Err(e) = offsets.past_slab(&slab.acknowledged, slab.end).await
+        {
+            tracing::warn!(parent = %self.parent, child = %self.key.child, error = %e,
+                "the last delivered slab's position was not written; it will be copied again");
+        }
+        stopped
+    }
+
+    /// Steps 1 to 5, pipelined: slab N is delivered (routed, bucketed, committed) while the
+    /// position past slab N - 1 is written and slab N + 1 is read, so the child's `fdatasync`
+    /// and the offset file's overlap. A slab that reaches the parent's end has no next slab to
+    /// read: its position is written right after it is delivered. The offset file still moves only past slabs every bucket
+    /// of which is acknowledged, in slab order: the position written in step N is the one past
+    /// slab N - 1, whose [`Acknowledged`] it holds. A cursor holds at most two slabs (the one
+    /// delivering and the one read ahead).
+    async fn copy(
+        &self,
+        offsets: &OffsetFile,
+        epoch: [u8; 8],
+        unsaved: &mut Option<Delivered>,
+    ) -> Result<Infallible, CursorExit> {
+        // Past every slab delivered so far (the file may still be one slab behind).
+        let mut next = offsets.next_offset();
+        let mut ahead = None;
         loop {
             let delay_ms = self.current_link()?.delay_ms;
-            let from = offsets.next_offset();
-            // (1) Read a slab, or learn why there is none.
-            let (records, high_watermark) = match self.read(from, delay_ms).await? {
+            let from = next;
+            // (1) Read a slab (read ahead during the last delivery), or learn why there is none.
+            let read = match ahead.take() {
+                Some(read) => read,
+                None => self.read(from, delay_ms).await?,
+            };
+            let (records, high_watermark) = match read {
                 Ok(SlabRead::Records {
                     records,
                     high_watermark,
                 }) => (records, high_watermark),
                 Ok(SlabRead::Nothing(why)) => {
-                    self.nothing_to_copy(&offsets, from, delay_ms, why).await?;
+                    // Every other move of the file comes after the delivered slabs'.
+                    self.save(offsets, unsaved.as_ref()).await?;
+                    *unsaved = None;
+                    self.nothing_to_copy(offsets, from, delay_ms, why).await?;
+                    next = offsets.next_offset();
                     continue;
                 }
                 Err(e) => {
-                    self.read_failed(&offsets, from, e).await?;
+                    self.save(offsets, unsaved.as_ref()).await?;
+                    *unsaved = None;
+                    self.read_failed(offsets, from, e).await?;
+                    next = offsets.next_offset();
                     continue;
                 }
             };
@@ -215,20 +263,63 @@ impl Cursor {
             let now_ms = self.deps.clock.now_ms();
             self.status
                 .set_due_lag(gate::due_lag_seconds(oldest, delay_ms, now_ms));
-            // (2) to (4) Route, bucket, commit, until every record is acknowledged.
             let origin = SlabOrigin {
                 epoch,
                 parent_partition: self.key.partition,
                 slab_start: from,
             };
-            let acknowledged = self.deliver(records, origin).await?;
-            // (5) Advance: only now may the position pass the slab.
-            while let Err(e) = offsets.past_slab(&acknowledged, last + 1).await {
-                self.stall(e.to_string()).await?;
+            // (2) to (4) for this slab, (5) for the one before, and (1) for the one after.
+            // At the parent's end there is nothing to read ahead (a read would only wait for
+            // new records): the position is written as soon as the slab is delivered instead,
+            // so an idle cursor's file is never a slab behind.
+            let at_end = last + 1 >= high_watermark;
+            let before = unsaved.take();
+            let (delivered, saved, read_ahead) = tokio::join!(
+                self.deliver(records, origin),
+                self.save(offsets, before.as_ref()),
+                async {
+                    match at_end {
+                        true => Ok(None),
+                        false => self.read(last + 1, delay_ms).await.map(Some),
+                    }
+                },
+            );
+            match delivered {
+                // The position past this slab covers the one before, whatever its write did.
+                Ok(acknowledged) => {
+                    *unsaved = Some(Delivered {
+                        acknowledged,
+                        end: last + 1,
+                    })
+                }
+                Err(exit) => {
+                    if saved.is_err() {
+                        *unsaved = before;
+                    }
+                    return Err(exit);
+                }
+            }
+            saved?;
+            if at_end {
+                self.save(offsets, unsaved.as_ref()).await?;
+                *unsaved = None;
             }
             self.status.slab_committed(count as u64);
             self.healthy_at(last + 1, high_watermark);
+            next = last + 1;
+            ahead = read_ahead?;
         }
+    }
+
+    /// (5) Advance: moves the offset file past a delivered slab (retrying until it can).
+    async fn save(&self, offsets: &OffsetFile, slab: Option<&Delivered>) -> Result<(), CursorExit> {
+        let Some(slab) = slab else {
+            return Ok(());
+        };
+        while let Err(e) = offsets.past_slab(&slab.acknowledged, slab.end).await {
+            self.stall(e.to_string()).await?;
+        }
+        Ok(())
     }
 
     /// Steps 2 to 4 for the records of one slab: check the epoch, route under the child's

@@ -32,6 +32,10 @@
 //!    hands out), the offset file (`narad_storage::cursor`) moves past the slab. A crash in
 //!    between repeats the slab: duplicates in the child, never a gap.
 //!
+//! The loop is pipelined one slab deep: step 5 for slab N - 1 and step 1 for slab N + 1 run
+//! while slab N goes through steps 2 to 4, so the two `fdatasync`s of a slab overlap; step 5
+//! still only ever follows an acknowledged slab, in slab order.
+//!
 //! A cursor behind the parent's log start skips the aged-out records and counts them as
 //! dropped; one past the parent's end goes back to it ([`advance`], [`status`], metrics).
 //! Every wait of the loop comes from the cursor's [`FanoutTiming`] (defaults: the reference
