@@ -82,6 +82,19 @@ pub enum ServerError {
     /// The HTTP client for calls between nodes could not be built (TLS set-up).
     #[error("cannot build the client for calls between nodes: {0}")]
     Http(String),
+    /// Another live node's id maps to the same Kafka broker id as this node's.
+    #[error(
+        "node ids {mine:?} and {theirs:?} (alive) map to the same Kafka broker id {broker_id}, \
+         so Kafka clients could not tell the two apart; start this node with another --node-id"
+    )]
+    BrokerIdTaken {
+        /// This node's id.
+        mine: String,
+        /// The live node with the same broker id.
+        theirs: String,
+        /// The broker id both map to.
+        broker_id: i32,
+    },
     /// The daemon's own task (the one [`RunningServer::wait`] waits for) panicked or was
     /// cancelled.
     #[error("daemon task failed: {0}")]
@@ -564,6 +577,22 @@ async fn start_cluster(
             source,
         })?,
     );
+    // Kafka names brokers by a 31-bit id derived from the node id: two live nodes must not
+    // share one (about 1 in 4 x 10^8 for a pair, checked rather than hoped for).
+    let live = peers.live();
+    if let Some(other) =
+        crate::kafka::broker_id_clash(&cluster.node_id, live.iter().map(|n| n.id.as_str()))
+    {
+        let (other, broker_id) = (other.to_owned(), crate::kafka::broker_id(other));
+        if let Err(e) = membership.leave().await {
+            tracing::warn!(error = %e, "could not leave the cluster after refusing to start");
+        }
+        return Err(ServerError::BrokerIdTaken {
+            mine: cluster.node_id.clone(),
+            theirs: other,
+            broker_id,
+        });
+    }
     let ownership = Arc::new(crate::cluster::ownership::ClusterOwnership::new(
         crate::ownership::NodeId(cluster.node_id.clone()),
         Arc::clone(&metastore),

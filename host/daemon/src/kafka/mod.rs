@@ -141,6 +141,15 @@ pub fn broker_id(node: &str) -> i32 {
     i32::try_from(id).unwrap_or(0)
 }
 
+/// The first of `others` (node ids other than `mine`) whose broker id is `mine`'s: a node
+/// that would be indistinguishable from it to Kafka clients.
+pub fn broker_id_clash<'a>(mine: &str, others: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let id = broker_id(mine);
+    others
+        .into_iter()
+        .find(|other| *other != mine && broker_id(other) == id)
+}
+
 /// The address Metadata advertises: the one the client reached this listener on, so a
 /// listener bound to `0.0.0.0` still names an address the client can use.
 #[derive(Debug, Clone)]
@@ -281,6 +290,23 @@ mod tests {
 
     fn name(s: &'static str) -> TopicName {
         TopicName(StrBytes::from_static_str(s))
+    }
+
+    #[test]
+    fn two_node_ids_with_one_broker_id_are_found_before_clients_meet_them() {
+        // 31-bit ids: a clash turns up within about a hundred thousand names.
+        let mut seen = std::collections::HashMap::new();
+        let (a, b) = (0..1_000_000u32)
+            .map(|i| format!("node-{i}"))
+            .find_map(|id| {
+                seen.insert(broker_id(&id), id.clone())
+                    .map(|earlier| (earlier, id))
+            })
+            .expect("a clash among a million ids");
+        assert_eq!(broker_id(&a), broker_id(&b));
+        assert_eq!(broker_id_clash(&a, ["n1", b.as_str()]), Some(b.as_str()));
+        assert_eq!(broker_id_clash(&a, ["n1", "n2", a.as_str()]), None);
+        assert!(broker_id("n1") >= 0);
     }
 
     /// Every request kind with a topic, an unknown topic and a partition past the end.
