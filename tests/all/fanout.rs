@@ -512,3 +512,100 @@ fn children_hold_every_parent_record_after_repeated_kill_9_in_key_order() {
         },
     );
 }
+
+/// Waits until every listed cursor of `parent -> child` reports `state`, with `lag` records of
+/// lag each when given; returns the link's listing entry.
+fn wait_for_state(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    parent: &str,
+    child: &str,
+    state: &str,
+    lag: Option<u64>,
+) -> Value {
+    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+    loop {
+        let (_, body) = send_json(
+            client,
+            Method::GET,
+            &format!("{base}/v1/topics/{parent}/children"),
+            None,
+        )
+        .expect("children");
+        let link = body["children"]
+            .as_array()
+            .and_then(|children| children.iter().find(|c| c["name"] == child).cloned())
+            .unwrap_or(Value::Null);
+        let partitions = link["partitions"].as_array().cloned().unwrap_or_default();
+        let done = !partitions.is_empty()
+            && partitions.iter().all(|p| {
+                p["state"] == state && lag.is_none_or(|l| p["lag_messages"].as_u64() == Some(l))
+            });
+        if done {
+            return link;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{parent} -> {child} never reached {state} (lag {lag:?}): {link}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_paused_child_stays_paused_across_a_restart_and_resumes_with_every_record_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut daemon = Daemon::start(dir.path());
+    let client = http_client();
+    let base = daemon.url();
+    create_topic(&client, &base, "orders", 1);
+    create_topic(&client, &base, "copy", 1);
+    attach(&client, &base, "orders", "copy", json!({}));
+    let batch = |from: u32, to: u32| -> Vec<Value> {
+        (from..to)
+            .map(|i| json!({"value": format!("v{i}")}))
+            .collect()
+    };
+    produce(&client, &base, "orders", batch(0, 10));
+    wait_caught_up(&client, &base, "orders", "copy");
+
+    // A pause with no body pauses every partition.
+    let answer = client
+        .post(format!("{base}/v1/topics/orders/children/copy/pause"))
+        .send()
+        .expect("pause");
+    assert_eq!(answer.status().as_u16(), 200);
+    let link: Value = answer.json().expect("pause answer");
+    assert_eq!(link["paused"], json!([0]), "{link}");
+    wait_for_state(&client, &base, "orders", "copy", "paused", Some(0));
+    produce(&client, &base, "orders", batch(10, 30));
+    let listed = wait_for_state(&client, &base, "orders", "copy", "paused", Some(20));
+    assert_eq!(listed["paused"], json!([0]), "{listed}");
+
+    // The pause lives in the metadata: a restart (records still arriving) keeps it.
+    daemon.restart();
+    let base = daemon.url();
+    produce(&client, &base, "orders", batch(30, 40));
+    wait_for_state(&client, &base, "orders", "copy", "paused", Some(30));
+    assert_eq!(values_of(&fetch_all(&client, &base, "copy", 0)).len(), 10);
+
+    // The CLI resumes it; every record arrives exactly once.
+    let out = std::process::Command::new(crate::harness::narad_binary())
+        .args(["child", "--url", &base, "resume", "orders", "copy"])
+        .output()
+        .expect("narad child resume");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("every cursor copies"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    wait_caught_up(&client, &base, "orders", "copy");
+    let copied = values_of(&fetch_all(&client, &base, "copy", 0));
+    let wanted: Vec<String> = (0..40).map(|i| format!("v{i}")).collect();
+    assert_eq!(copied, wanted);
+}

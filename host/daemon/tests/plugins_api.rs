@@ -385,6 +385,7 @@ fn link(router: Vec<PluginRef>) -> LinkMeta {
         router,
         config: String::new(),
         attached_at_ms: 0,
+        paused: Vec::new(),
     }
 }
 

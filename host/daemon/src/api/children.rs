@@ -90,6 +90,9 @@ pub struct LinkInfo {
     /// The config handed to every plugin of the chain (empty for none).
     #[serde(default)]
     pub config: String,
+    /// Parent partitions whose cursors are paused.
+    #[serde(default)]
+    pub paused: Vec<u32>,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -102,6 +105,7 @@ impl From<&LinkMeta> for LinkInfo {
             router: router_entries(&link.router),
             delay_ms: link.delay_ms,
             config: link.config.clone(),
+            paused: link.paused.clone(),
         }
     }
 }
@@ -134,6 +138,9 @@ pub struct ChildInfo {
     pub config: String,
     /// The attach epoch.
     pub attach_epoch: String,
+    /// Parent partitions whose cursors are paused (each also reports `"state": "paused"`).
+    #[serde(default)]
+    pub paused: Vec<u32>,
     /// True when every parent partition is reported with an exact lag.
     pub lag_complete: bool,
     /// Per parent partition with a running cursor and a known high watermark.
@@ -340,6 +347,7 @@ async fn new_link(
         router,
         config,
         attached_at_ms: crate::topics::now_ms(),
+        paused: Vec::new(),
     })
 }
 
@@ -394,6 +402,60 @@ pub async fn detach(
 ) -> Result<Json<LinkInfo>, ApiError> {
     let link = state.metastore.detach_link(&parent, &child).await?;
     tracing::info!(%parent, %child, epoch = %link.attach_epoch, "child detached");
+    Ok(Json(LinkInfo::from(&link)))
+}
+
+/// `POST /v1/topics/{parent}/children/{child}/pause` and `/resume` body.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// The parent partitions; absent: every one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<u32>>,
+}
+
+/// `POST /v1/topics/{parent}/children/{child}/pause`: the cursors of the partitions finish the
+/// slab they are committing, write their position and copy nothing more, across restarts,
+/// until resumed. Their lag keeps counting in the listing.
+pub async fn pause(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Json<LinkInfo>, ApiError> {
+    set_paused(&state, &parent, &child, &body, true).await
+}
+
+/// `POST /v1/topics/{parent}/children/{child}/resume`: the cursors go on exactly from their
+/// position on file.
+pub async fn resume(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    body: axum::body::Bytes,
+) -> Result<Json<LinkInfo>, ApiError> {
+    set_paused(&state, &parent, &child, &body, false).await
+}
+
+async fn set_paused(
+    state: &AppState,
+    parent: &str,
+    child: &str,
+    body: &[u8],
+    paused: bool,
+) -> Result<Json<LinkInfo>, ApiError> {
+    // No body at all means every partition, so `curl -X POST .../pause` works.
+    let request: PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        PauseRequest::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
+    };
+    let partitions = request.partitions;
+    let link = state
+        .metastore
+        .set_paused(parent, child, partitions.clone(), paused)
+        .await?;
+    let what = if paused { "paused" } else { "resumed" };
+    tracing::info!(%parent, %child, ?partitions, now_paused = ?link.paused, "fan-out cursors {what}");
     Ok(Json(LinkInfo::from(&link)))
 }
 
@@ -531,6 +593,7 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
             router: router_entries(&link.router),
             config: link.config.clone(),
             attach_epoch: link.attach_epoch.clone(),
+            paused: link.paused.clone(),
             lag_complete,
             partitions,
         });

@@ -140,6 +140,7 @@ impl From<MetastoreError> for ApiError {
             MetastoreError::LinkExists { .. } | MetastoreError::PluginInUse { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())
             }
+            MetastoreError::NoSuchPartition { .. } => ApiError::bad_request(err.to_string()),
             MetastoreError::UnknownLink { .. } | MetastoreError::UnknownPlugin { .. } => {
                 ApiError::not_found(err.to_string())
             }

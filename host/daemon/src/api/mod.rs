@@ -5,7 +5,8 @@
 //! - [`records`]: `POST /v1/topics/{t}/records`, `GET /v1/topics/{t}/partitions/{p}/records`;
 //!   [`forward`]: the same, forwarded one hop to the partition's owner in cluster mode;
 //! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
-//! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`,
+//! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`, `.../pause`,
+//!   `.../resume`,
 //!   `GET /v1/topics/{parent}/children`;
 //! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and the internal routes of a move;
 //! - [`metrics`]: `GET /metrics`;
@@ -148,6 +149,14 @@ pub fn router(state: AppState) -> Router {
             put(children::attach)
                 .patch(children::set_router)
                 .delete(children::detach),
+        )
+        .route(
+            "/v1/topics/{parent}/children/{child}/pause",
+            post(children::pause),
+        )
+        .route(
+            "/v1/topics/{parent}/children/{child}/resume",
+            post(children::resume),
         )
         .route("/v1/admin/set-aside", get(admin::list))
         .route("/v1/admin/set-aside/{id}", delete(admin::purge))

@@ -228,6 +228,7 @@ impl Rig {
                 router,
                 config: String::new(),
                 attached_at_ms: now_ms(),
+                paused: Vec::new(),
             })
             .await
             .map_err(BenchError::metastore(format!(

@@ -90,6 +90,27 @@ pub enum ChildCommand {
         /// Child topic.
         child: String,
     },
+    /// Pause the cursors of a child (all parent partitions, or --partitions): each finishes the
+    /// slab it is committing and copies nothing more, across restarts, until resumed.
+    Pause {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Only these parent partitions (comma-separated; default: every one).
+        #[arg(long, value_delimiter = ',', value_name = "P,...")]
+        partitions: Option<Vec<u32>>,
+    },
+    /// Resume paused cursors exactly where they stopped.
+    Resume {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Only these parent partitions (comma-separated; default: every one).
+        #[arg(long, value_delimiter = ',', value_name = "P,...")]
+        partitions: Option<Vec<u32>>,
+    },
     /// List a parent's children with each parent partition's progress.
     List {
         /// Parent topic.
@@ -141,6 +162,26 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             let link = client.detach_child(&parent, &child).await?;
             print_link(json, "detached", &link)?;
         }
+        ChildCommand::Pause {
+            parent,
+            child,
+            partitions,
+        } => {
+            let link = client
+                .set_child_paused(&parent, &child, partitions, true)
+                .await?;
+            print_paused(json, &link)?;
+        }
+        ChildCommand::Resume {
+            parent,
+            child,
+            partitions,
+        } => {
+            let link = client
+                .set_child_paused(&parent, &child, partitions, false)
+                .await?;
+            print_paused(json, &link)?;
+        }
         ChildCommand::List { parent } => {
             let list = client.list_children(&parent).await?;
             if json {
@@ -177,6 +218,25 @@ fn router_names(link: &LinkInfo) -> String {
         .map(|r| r.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// What a pause or resume left paused.
+fn print_paused(json: bool, link: &LinkInfo) -> anyhow::Result<()> {
+    if json {
+        return print_json(link);
+    }
+    if link.paused.is_empty() {
+        println!("{} -> {}: every cursor copies", link.parent, link.name);
+    } else {
+        let list: Vec<String> = link.paused.iter().map(u32::to_string).collect();
+        println!(
+            "{} -> {}: paused parent partitions {}",
+            link.parent,
+            link.name,
+            list.join(",")
+        );
+    }
+    Ok(())
 }
 
 fn print_link(json: bool, verb: &str, link: &LinkInfo) -> anyhow::Result<()> {

@@ -385,6 +385,24 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/topics/{parent}/children/{child}/pause` (`paused`) or `/resume`.
+    pub async fn set_child_paused(
+        &self,
+        parent: &str,
+        child: &str,
+        partitions: Option<Vec<u32>>,
+        paused: bool,
+    ) -> Result<LinkInfo, ApiCallError> {
+        let action = if paused { "pause" } else { "resume" };
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{parent}/children/{child}/{action}"),
+            Some(&crate::api::children::PauseRequest { partitions }),
+            None,
+        )
+        .await
+    }
+
     /// `GET /v1/topics/{parent}/children`: every child with per-partition progress.
     pub async fn list_children(&self, parent: &str) -> Result<ChildList, ApiCallError> {
         self.call::<(), _>(

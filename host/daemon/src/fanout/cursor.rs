@@ -162,6 +162,10 @@ pub async fn run_cursor(
     }
 }
 
+/// How often a paused cursor looks whether it was resumed (the reconciler swaps the link's
+/// metadata in at its next pass) and updates its lag.
+const PAUSED_LOOK_EVERY: Duration = Duration::from_millis(100);
+
 /// A slab every bucket of which is acknowledged, whose position is not on file yet.
 struct Delivered {
     /// The proof that every bucket is committed.
@@ -228,7 +232,15 @@ impl Cursor {
         let mut next = offsets.next_offset();
         let mut ahead = None;
         loop {
-            let delay_ms = self.current_link()?.delay_ms;
+            let link = self.current_link()?;
+            if link.paused.contains(&self.key.partition) {
+                // Paused: the slab committed last goes on file, then nothing until resumed.
+                self.save(offsets, unsaved.as_ref()).await?;
+                *unsaved = None;
+                self.while_paused(next).await?;
+                continue;
+            }
+            let delay_ms = link.delay_ms;
             let from = next;
             // (1) Read a slab (read ahead during the last delivery), or learn why there is none.
             let read = match ahead.take() {
@@ -309,6 +321,25 @@ impl Cursor {
             next = last + 1;
             ahead = read_ahead?;
         }
+    }
+
+    /// Waits while the link has this cursor's partition paused, keeping its lag current
+    /// (records keep arriving in the parent).
+    async fn while_paused(&self, next: u64) -> Result<(), CursorExit> {
+        tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor paused");
+        self.status.paused();
+        while self.current_link()?.paused.contains(&self.key.partition) {
+            let store = Arc::clone(&self.deps.store);
+            let parent = self.parent.clone();
+            if let Ok(Ok(high)) = crate::blocking::run(move || store.high_watermark(&parent)).await
+            {
+                self.status.set_position(next, high);
+            }
+            self.pause(PAUSED_LOOK_EVERY).await?;
+        }
+        tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor resumed");
+        self.status.running();
+        Ok(())
     }
 
     /// (5) Advance: moves the offset file past a delivered slab (retrying until it can).

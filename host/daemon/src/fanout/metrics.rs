@@ -56,6 +56,8 @@ pub enum StateLabel {
     waiting,
     /// Retrying after a plugin or commit failure.
     stalled,
+    /// Paused by an operator.
+    paused,
 }
 
 /// Every fan-out series.
@@ -168,6 +170,7 @@ impl FanoutMetrics {
             StateLabel::running,
             StateLabel::waiting,
             StateLabel::stalled,
+            StateLabel::paused,
         ] {
             self.state.remove(&StateLabels {
                 parent: labels.parent.clone(),

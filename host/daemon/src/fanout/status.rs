@@ -29,6 +29,9 @@ pub enum CursorState {
     /// reason is in `last_error` until the cursor is healthy again. A stalled cursor never
     /// skips a record.
     Stalled,
+    /// Paused by an operator (`POST .../pause`): its position is on file and it copies
+    /// nothing until resumed; its lag keeps counting.
+    Paused,
 }
 
 /// One cursor's figures, as the children listing reports them.
@@ -235,6 +238,11 @@ impl CursorStatus {
         self.set_state(CursorState::Waiting, None);
     }
 
+    /// Marks the cursor paused (healthy: a pause is no trouble).
+    pub fn paused(&self) {
+        self.set_state(CursorState::Paused, None);
+    }
+
     /// Marks the cursor stalled, with the reason (escaped and cut to
     /// [`MAX_ERROR_TEXT_BYTES`]).
     pub fn stalled(&self, reason: String) {
@@ -268,6 +276,7 @@ impl CursorStatus {
             (StateLabel::running, state == CursorState::Running),
             (StateLabel::waiting, state == CursorState::Waiting),
             (StateLabel::stalled, state == CursorState::Stalled),
+            (StateLabel::paused, state == CursorState::Paused),
         ] {
             self.metrics
                 .state

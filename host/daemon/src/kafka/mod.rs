@@ -143,7 +143,10 @@ pub fn broker_id(node: &str) -> i32 {
 
 /// The first of `others` (node ids other than `mine`) whose broker id is `mine`'s: a node
 /// that would be indistinguishable from it to Kafka clients.
-pub fn broker_id_clash<'a>(mine: &str, others: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn broker_id_clash<'a>(
+    mine: &str,
+    others: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     let id = broker_id(mine);
     others
         .into_iter()

@@ -28,6 +28,7 @@ fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> Lin
         router,
         config: String::new(),
         attached_at_ms: 0,
+        paused: Vec::new(),
     }
 }
 

@@ -453,6 +453,7 @@ mod tests {
             router: Vec::<PluginRef>::new(),
             config: String::new(),
             attached_at_ms: 0,
+            paused: Vec::new(),
         }
     }
 

@@ -62,6 +62,10 @@ pub struct LinkMeta {
     pub config: String,
     /// When the link was attached, ms since the Unix epoch.
     pub attached_at_ms: i64,
+    /// Parent partitions whose cursors are paused (`POST .../pause`), sorted: each finishes
+    /// the slab it is committing, writes its position and copies nothing more until resumed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paused: Vec<u32>,
 }
 
 /// One uploaded version of a plugin.
@@ -261,6 +265,7 @@ mod tests {
             router: Vec::new(),
             config: String::new(),
             attached_at_ms: 0,
+            paused: Vec::new(),
         }
     }
 

@@ -332,6 +332,16 @@ pub enum MetastoreError {
         /// The owners it would have.
         owners: usize,
     },
+    /// A change named a partition the topic does not have.
+    #[error("topic {topic:?} has {partitions} partitions; there is no partition {partition}")]
+    NoSuchPartition {
+        /// The topic.
+        topic: String,
+        /// The partition asked for.
+        partition: u32,
+        /// The topic's partition count.
+        partitions: u32,
+    },
     /// An ownership change found the partition's owner record other than the caller read it
     /// (another move, or a cancel, got there first): nothing was changed.
     #[error(
@@ -545,6 +555,24 @@ pub trait Metastore: Send + Sync + 'static {
             child: child.to_owned(),
             router,
             config,
+        };
+        typed(self.apply(change), Outcome::into_link)
+    }
+
+    /// Pauses (`paused`) or resumes the cursors of `partitions` (`None`: every partition) of
+    /// the link `parent -> child`; returns the link as recorded now.
+    fn set_paused<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+        partitions: Option<Vec<u32>>,
+        paused: bool,
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let change = Change::SetPaused {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            partitions,
+            paused,
         };
         typed(self.apply(change), Outcome::into_link)
     }

@@ -90,6 +90,17 @@ pub enum Change {
         /// The record to write.
         owner: PartitionOwner,
     },
+    /// Pause or resume the cursors of some parent partitions of a link (`None`: all of them).
+    SetPaused {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+        /// The parent partitions; `None` for every one.
+        partitions: Option<Vec<u32>>,
+        /// Pause (`true`) or resume.
+        paused: bool,
+    },
     /// Record an uploaded plugin version.
     AddPlugin(PluginVersion),
     /// Remove every version of a plugin.
@@ -275,6 +286,43 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             let changed = link.router != router || link.config != config;
             link.router = router;
             link.config = config;
+            Ok((
+                Outcome::Link(link.clone()),
+                domains_if(changed, Domain::Links),
+            ))
+        }
+        Change::SetPaused {
+            parent,
+            child,
+            partitions,
+            paused,
+        } => {
+            let count = match s.topics.get(&parent) {
+                Some(topic) => topic.partitions,
+                None => return Err(MetastoreError::UnknownTopic { name: parent }),
+            };
+            let Some(link) = s.links.get_mut(&(parent.clone(), child.clone())) else {
+                return Err(MetastoreError::UnknownLink { parent, child });
+            };
+            let chosen = partitions.unwrap_or_else(|| (0..count).collect());
+            if let Some(&bad) = chosen.iter().find(|&&p| p >= count) {
+                return Err(MetastoreError::NoSuchPartition {
+                    topic: parent,
+                    partition: bad,
+                    partitions: count,
+                });
+            }
+            let mut now: std::collections::BTreeSet<u32> = link.paused.iter().copied().collect();
+            for p in chosen {
+                if paused {
+                    now.insert(p);
+                } else {
+                    now.remove(&p);
+                }
+            }
+            let now: Vec<u32> = now.into_iter().collect();
+            let changed = now != link.paused;
+            link.paused = now;
             Ok((
                 Outcome::Link(link.clone()),
                 domains_if(changed, Domain::Links),
@@ -534,6 +582,7 @@ mod tests {
                         router: Vec::new(),
                         config: String::new(),
                         attached_at_ms: 0,
+                        paused: Vec::new(),
                     },
                 },
                 false,
@@ -624,5 +673,59 @@ mod tests {
         apply(&mut state, set(0, at("a", 1), moving(1))).unwrap();
         apply(&mut state, set(0, moving(1), at("b", 2))).unwrap();
         assert_eq!(state.topics["t"].owners, vec![at("b", 2)]);
+    }
+
+    #[test]
+    fn pausing_and_resuming_partitions_of_a_link_keeps_a_sorted_set_and_refuses_unknown_ones() {
+        let link = LinkMeta {
+            parent: "p".into(),
+            child: "c".into(),
+            attach_epoch: "00112233445566aa".into(),
+            attach_offsets: Some(vec![0; 4]),
+            delay_ms: 0,
+            router: Vec::new(),
+            config: String::new(),
+            attached_at_ms: 0,
+            paused: Vec::new(),
+        };
+        let set = |partitions: Option<Vec<u32>>, paused: bool| Change::SetPaused {
+            parent: "p".into(),
+            child: "c".into(),
+            partitions,
+            paused,
+        };
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(topic("p", 4))).unwrap();
+        apply(&mut state, Change::CreateTopic(topic("c", 4))).unwrap();
+        apply(&mut state, Change::AttachLink(link)).unwrap();
+        let paused = |s: &Snapshot| s.links[&("p".to_owned(), "c".to_owned())].paused.clone();
+        // (change, paused after it, versions moved?)
+        let steps: Vec<(Change, Vec<u32>, bool)> = vec![
+            (set(Some(vec![2, 0]), true), vec![0, 2], true),
+            (set(Some(vec![2]), true), vec![0, 2], false),
+            (set(Some(vec![0]), false), vec![2], true),
+            (set(None, true), vec![0, 1, 2, 3], true),
+            (set(None, false), vec![], true),
+        ];
+        for (change, want, moved) in steps {
+            let before = state.versions.links;
+            let (_, changed) = apply(&mut state, change.clone()).unwrap();
+            assert_eq!(paused(&state), want, "{change:?}");
+            assert_eq!(changed, moved, "{change:?}");
+            assert_eq!(state.versions.links == before, !moved, "{change:?}");
+        }
+        let before = state.clone();
+        for bad in [
+            set(Some(vec![4]), true),
+            Change::SetPaused {
+                parent: "p".into(),
+                child: "nope".into(),
+                partitions: None,
+                paused: true,
+            },
+        ] {
+            assert!(apply(&mut state, bad.clone()).is_err(), "{bad:?}");
+            assert_eq!(state, before);
+        }
     }
 }

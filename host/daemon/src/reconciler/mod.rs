@@ -480,6 +480,7 @@ mod tests {
                 router: vec![plugin()],
                 config: "panic".into(),
                 attached_at_ms: 0,
+                paused: Vec::new(),
             })
             .await
             .unwrap();

@@ -95,6 +95,7 @@ pub fn rows(
                     CursorState::Running => "running",
                     CursorState::Waiting => "waiting",
                     CursorState::Stalled => "stalled",
+                    CursorState::Paused => "paused",
                 }
                 .into();
             }
@@ -256,6 +257,7 @@ mod tests {
                 router: vec![],
                 config: String::new(),
                 attach_epoch: "e".into(),
+                paused: Vec::new(),
                 lag_complete: true,
                 partitions: vec![
                     partition(0, 15, 2, CursorState::Running),

@@ -393,6 +393,7 @@ mod tests {
             router: Vec::new(),
             config: String::new(),
             attached_at_ms: 0,
+            paused: Vec::new(),
         };
         real.attach_link(link.clone()).await.unwrap();
         let stale = real.snapshot().await.unwrap();

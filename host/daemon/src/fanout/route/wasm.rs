@@ -300,6 +300,7 @@ mod tests {
             router,
             config: String::new(),
             attached_at_ms: 0,
+            paused: Vec::new(),
         }
     }
 
