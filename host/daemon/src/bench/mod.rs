@@ -8,6 +8,8 @@
 //!   (`run_cursor`) through the default Wasm chain, against a raw read + append + `fdatasync`
 //!   loop with no routing; then every child is checked to hold every record.
 //! - [`idle`]: thousands of delay cursors whose backlog is not yet due, and the CPU they use.
+//! - [`cluster`]: real `narad serve` processes: fan-out across three nodes on etcd against one
+//!   node in the same run, over HTTP, and the cost of `confirm()` (a linearizable read).
 //! - [`rig`]: the shared set-up: store, metastore, plugin registry, topics, links, cursors.
 //! - [`fill`]: writes the parent's records; [`workdir`]: where the files go;
 //! - [`counting_fs`]: the real file system with sync and byte counters;
@@ -19,6 +21,7 @@
 //! Every figure is measured in the run that prints it; none is a goal or an estimate. Speed
 //! goals are compared in the report, never asserted in tests.
 
+pub mod cluster;
 pub mod counting_fs;
 pub mod disk;
 pub mod fanout;
@@ -108,6 +111,37 @@ pub enum BenchError {
     WorkerPanicked {
         /// The panic's message, when it was a string.
         message: String,
+    },
+    /// A `narad serve` the bench started did not start, or failed while the bench ran.
+    #[error("node {node}: {reason}{log}")]
+    Daemon {
+        /// The node's id (`single` for the single-node phase).
+        node: String,
+        /// What went wrong.
+        reason: String,
+        /// The end of its log, or why it could not be read.
+        log: String,
+    },
+    /// An HTTP call to a daemon the bench started failed or was refused.
+    #[error("{context}: {reason}")]
+    Http {
+        /// The call (`POST http://127.0.0.1:41234/v1/topics`).
+        context: String,
+        /// The transport error, or the status and the daemon's message.
+        reason: String,
+    },
+    /// The etcd given to `bench cluster` did not answer.
+    #[error(
+        "etcd at {endpoints} does not answer: {reason}. The bench does not start etcd; start one, \
+         e.g. `etcd --data-dir /dev/shm/narad-bench-etcd --listen-client-urls \
+         http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379`, and pass \
+         --etcd http://127.0.0.1:2379"
+    )]
+    EtcdUnavailable {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// What failed.
+        reason: String,
     },
     /// A cursor's task panicked or was cancelled instead of stopping when told to.
     #[error("the task of cursor {cursor} failed: {source}")]

@@ -1,6 +1,7 @@
-//! `narad bench produce|fanout`: the end-to-end benchmarks (see [`crate::bench`]). They run
-//! in this process on a fresh directory (removed afterwards) and print text, or one JSON
-//! object with `--json`. Progress goes to stderr on a terminal only.
+//! `narad bench produce|fanout|cluster`: the end-to-end benchmarks (see [`crate::bench`]).
+//! `produce` and `fanout` run in this process, `cluster` starts `narad serve` processes; all
+//! run on a fresh directory (removed afterwards) and print text, or one JSON object with
+//! `--json`. Progress goes to stderr on a terminal only.
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 
+use crate::bench::cluster::{self, ClusterOptions, run_cluster};
 use crate::bench::fanout::{self, FanoutOptions, run_fanout};
 use crate::bench::idle::{self, IdleOptions, run_idle};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
@@ -32,6 +34,12 @@ pub enum BenchCommand {
     /// and compare with a raw read + write + fdatasync loop; or, with --idle-delay-cursors,
     /// measure the CPU of delay cursors waiting in front of a backlog not yet due.
     Fanout(FanoutArgs),
+    /// Start one `narad serve`, then three on an etcd you run (`--etcd`); in each, attach two
+    /// children, produce over HTTP and time one child's copy beside the produce and the
+    /// other's copy of the whole backlog afterwards; print the 3-node figures against the
+    /// single node's and the cost of a linearizable metadata read (`confirm()`, one per
+    /// cursor anchor).
+    Cluster(ClusterArgs),
 }
 
 /// `narad bench produce`.
@@ -82,6 +90,42 @@ pub struct FanoutArgs {
     pub window_secs: u64,
     /// Directory to run in (a fresh subdirectory is created and removed); default: the
     /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `narad bench cluster`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// etcd endpoints, comma-separated (required: the bench does not start etcd; e.g. `etcd
+    /// --data-dir /dev/shm/narad-bench-etcd --listen-client-urls http://127.0.0.1:2379
+    /// --advertise-client-urls http://127.0.0.1:2379`). The bench uses keys of its own under
+    /// /narad/bench-<pid>-<ms>/ and removes them at the end.
+    #[arg(long, value_name = "URLS")]
+    pub etcd: String,
+    /// Records produced in each phase (a debug build wants far fewer, e.g. 200000).
+    #[arg(long, default_value_t = cluster::DEFAULT_RECORDS)]
+    pub records: u64,
+    /// Partitions of the parent and of the child.
+    #[arg(long, default_value_t = cluster::DEFAULT_PARTITIONS)]
+    pub partitions: u32,
+    /// Value bytes per record (keyless records).
+    #[arg(long, default_value_t = cluster::DEFAULT_VALUE_BYTES)]
+    pub value_bytes: usize,
+    /// Records per produce request.
+    #[arg(long, default_value_t = cluster::DEFAULT_BATCH_RECORDS)]
+    pub batch_records: u32,
+    /// Produce requests in flight at once.
+    #[arg(long, default_value_t = cluster::DEFAULT_PRODUCERS)]
+    pub producers: u32,
+    /// confirm() calls timed (and as many serializable and cached reads beside them).
+    #[arg(long, default_value_t = cluster::DEFAULT_CONFIRM_READS)]
+    pub confirm_reads: u32,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory. Every daemon's data directory goes there.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Print one JSON object instead of text.
@@ -168,5 +212,63 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                 print(a.json, &report, || report.to_text())
             }
         },
+        BenchCommand::Cluster(a) => {
+            let report = run_cluster(ClusterOptions {
+                etcd: a.etcd,
+                records: a.records,
+                partitions: a.partitions,
+                value_bytes: a.value_bytes,
+                batch_records: a.batch_records,
+                producers: a.producers,
+                confirm_reads: a.confirm_reads,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench cluster")?;
+            print(a.json, &report, || report.to_text())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        bench: BenchCommand,
+    }
+
+    #[test]
+    fn bench_cluster_takes_its_flags_and_defaults_the_rest() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "cluster",
+            "--etcd",
+            "http://127.0.0.1:2379",
+            "--records",
+            "5000",
+            "--json",
+        ])
+        .unwrap();
+        let BenchCommand::Cluster(a) = cli.bench else {
+            panic!("not the cluster bench: {cli:?}");
+        };
+        assert_eq!(a.etcd, "http://127.0.0.1:2379");
+        assert_eq!(a.records, 5000);
+        assert_eq!(a.partitions, cluster::DEFAULT_PARTITIONS);
+        assert_eq!(a.batch_records, cluster::DEFAULT_BATCH_RECORDS);
+        assert!(a.json);
+        assert_eq!(a.dir, None);
+    }
+
+    #[test]
+    fn bench_cluster_without_an_etcd_is_refused_naming_the_flag() {
+        let err = Cli::try_parse_from(["bench", "cluster"]).unwrap_err();
+        assert!(err.to_string().contains("--etcd"), "{err}");
     }
 }
