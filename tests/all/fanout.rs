@@ -569,6 +569,15 @@ fn a_paused_child_stays_paused_across_a_restart_and_resumes_with_every_record_on
     produce(&client, &base, "orders", batch(0, 10));
     wait_caught_up(&client, &base, "orders", "copy");
 
+    // A seek needs a paused cursor.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{base}/v1/topics/orders/children/copy/seek"),
+        Some(&json!({"partition": 0, "offset": 5})),
+    )
+    .expect("seek");
+    assert_eq!(status, 409, "{body}");
     // A pause with no body pauses every partition.
     let answer = client
         .post(format!("{base}/v1/topics/orders/children/copy/pause"))
@@ -588,6 +597,20 @@ fn a_paused_child_stays_paused_across_a_restart_and_resumes_with_every_record_on
     produce(&client, &base, "orders", batch(30, 40));
     wait_for_state(&client, &base, "orders", "copy", "paused", Some(30));
     assert_eq!(values_of(&fetch_all(&client, &base, "copy", 0)).len(), 10);
+    // The paused cursor, restarted, still takes a seek (here to where it stands).
+    let (status, done) = send_json(
+        &client,
+        Method::POST,
+        &format!("{base}/v1/topics/orders/children/copy/seek"),
+        Some(&json!({"partition": 0, "offset": 10})),
+    )
+    .expect("seek");
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        (done["from"].as_u64(), done["to"].as_u64()),
+        (Some(10), Some(10)),
+        "{done}"
+    );
 
     // The CLI resumes it; every record arrives exactly once.
     let out = std::process::Command::new(crate::harness::narad_binary())

@@ -605,6 +605,7 @@ async fn start_cluster(
         ownership,
         peers,
         http,
+        peer_bearer: config.auth_token.as_ref().map(|t| t.peer_secret()),
     });
     let snapshot = current_snapshot(&context)?;
     let registered = {

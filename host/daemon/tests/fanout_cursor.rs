@@ -505,6 +505,55 @@ async fn a_paused_cursor_copies_nothing_more_counts_its_lag_and_resumes_exactly_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_cursor_seeks_back_to_replay_and_forward_to_skip_counting_only_the_skip() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..40);
+    let meta = link(vec![0], 0);
+    let running = start(&f, meta.clone()).await;
+    wait_for("the records copied", || {
+        running.status.report().next_offset == Some(40)
+    })
+    .await;
+    // Not paused: refused, nothing moves.
+    let refused = running.status.order_seek(10).await.unwrap();
+    assert!(refused.unwrap_err().contains("not paused"));
+    running.runtime.set_meta(LinkMeta {
+        paused: vec![0],
+        ..meta.clone()
+    });
+    wait_for("the cursor to pause", || {
+        running.status.report().state == CursorState::Paused
+    })
+    .await;
+    // Outside the parent's records: refused.
+    let outside = running.status.order_seek(41).await.unwrap();
+    assert!(outside.unwrap_err().contains("outside"), "past the end");
+    // Back to 30: the last ten are copied again, nothing counted as skipped.
+    let back = running.status.order_seek(30).await.unwrap().unwrap();
+    assert_eq!((back.from, back.to, back.skipped), (40, 30, 0));
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(30));
+    // Forward past records written while paused: 50..60 skipped on purpose.
+    produce(&f.store, 40..70);
+    let forward = running.status.order_seek(60).await.unwrap().unwrap();
+    assert_eq!((forward.from, forward.to, forward.skipped), (30, 60, 30));
+    let report = running.status.report();
+    assert_eq!((report.skipped_by_seek, report.dropped_messages), (30, 0));
+
+    running.runtime.set_meta(meta);
+    wait_for("the copy to go on from the sought position", || {
+        file_position(&f).map(|r| r.next_offset) == Some(70)
+    })
+    .await;
+    let mut want = expected(0..40);
+    want.extend(expected(60..70));
+    want.sort();
+    let mut got = all_child_values(&f.store, 1);
+    got.sort();
+    assert_eq!(got, want);
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_fsync_error_short_write_or_full_disk_on_a_child_commit_loses_and_duplicates_nothing() {
     for (op, fault) in [
         (FaultOp::SyncData, Fault::Eio),

@@ -459,6 +459,162 @@ async fn set_paused(
     Ok(Json(LinkInfo::from(&link)))
 }
 
+/// `POST /v1/topics/{parent}/children/{child}/seek` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeekRequest {
+    /// The parent partition (paused).
+    pub partition: u32,
+    /// The parent offset its cursor copies next.
+    pub offset: u64,
+}
+
+/// Longest wait for a paused cursor to carry out a seek (it looks every 100 ms).
+const SEEK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `POST /v1/topics/{parent}/children/{child}/seek`: moves a paused cursor to `offset`, on the
+/// node that runs it. Back: the records from there are copied again (on purpose); forward: the
+/// records in between are skipped (on purpose) and counted apart from drop-behind.
+pub async fn seek(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    ApiJson(request): ApiJson<SeekRequest>,
+) -> Result<Json<crate::fanout::status::SeekDone>, ApiError> {
+    let view = state
+        .metastore
+        .link_view(&parent, &child)
+        .await?
+        .ok_or_else(|| {
+            ApiError::from(crate::metastore::MetastoreError::UnknownLink {
+                parent: parent.clone(),
+                child: child.clone(),
+            })
+        })?;
+    if request.partition >= view.parent.partitions {
+        return Err(ApiError::bad_request(format!(
+            "{parent} has {} partitions; there is no partition {}",
+            view.parent.partitions, request.partition
+        )));
+    }
+    if !view.link.paused.contains(&request.partition) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "the cursor of {parent} -> {child} on parent partition {} is not paused; pause it \
+                 first (narad child pause {parent} {child} --partitions {})",
+                request.partition, request.partition
+            ),
+        ));
+    }
+    let id = PartitionId::new(parent.clone(), request.partition);
+    match &state.cluster {
+        Some(cluster) if !state.ownership.is_local(&id) => {
+            let owner = state.ownership.owner(&id).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("{id} has no owner in the cluster metadata"),
+                )
+            })?;
+            seek_on(cluster, &owner.0, &parent, &child, &request)
+                .await
+                .map(Json)
+        }
+        _ => seek_here(&state, &parent, &child, &request).await.map(Json),
+    }
+}
+
+/// `POST /internal/v1/topics/{parent}/children/{child}/seek`: the seek on this node's cursor.
+pub async fn seek_local(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    ApiJson(request): ApiJson<SeekRequest>,
+) -> Result<Json<crate::fanout::status::SeekDone>, ApiError> {
+    seek_here(&state, &parent, &child, &request).await.map(Json)
+}
+
+async fn seek_here(
+    state: &AppState,
+    parent: &str,
+    child: &str,
+    request: &SeekRequest,
+) -> Result<crate::fanout::status::SeekDone, ApiError> {
+    let status = state
+        .fanout
+        .status(parent, child, request.partition)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "no cursor of {parent} -> {child} on parent partition {} runs on this node \
+                     yet; retry in a moment",
+                    request.partition
+                ),
+            )
+        })?;
+    let answer = status.order_seek(request.offset);
+    match tokio::time::timeout(SEEK_WAIT, answer).await {
+        Ok(Ok(Ok(done))) => Ok(done),
+        Ok(Ok(Err(reason))) => Err(ApiError::new(StatusCode::CONFLICT, reason)),
+        Ok(Err(_)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "another seek of the same cursor replaced this one, or the cursor stopped",
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the cursor did not take the seek within {} s; retry",
+                SEEK_WAIT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// The seek asked of `node`, which runs the cursor.
+async fn seek_on(
+    cluster: &crate::cluster::ClusterContext,
+    node: &str,
+    parent: &str,
+    child: &str,
+    request: &SeekRequest,
+) -> Result<crate::fanout::status::SeekDone, ApiError> {
+    let unavailable = |reason: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason);
+    let base = cluster
+        .peers
+        .advertise_of(node)
+        .ok_or_else(|| unavailable(format!("node {node}, which runs the cursor, is not alive")))?;
+    let mut call = cluster
+        .http
+        .post(format!(
+            "{base}/internal/v1/topics/{parent}/children/{child}/seek"
+        ))
+        .header(
+            crate::cluster::REVISION_HEADER,
+            cluster.metastore.cache_revision(),
+        )
+        .json(request);
+    if let Some(secret) = &cluster.peer_bearer {
+        call = call.bearer_auth(secret);
+    }
+    let answer = call
+        .send()
+        .await
+        .map_err(|e| unavailable(format!("node {node} did not answer: {e}")))?;
+    let status = answer.status();
+    let body: Value = answer
+        .json()
+        .await
+        .map_err(|e| unavailable(format!("node {node} answered something else: {e}")))?;
+    if status.is_success() {
+        return serde_json::from_value(body)
+            .map_err(|e| unavailable(format!("node {node} answered something else: {e}")));
+    }
+    let message = body["error"].as_str().unwrap_or("no message").to_owned();
+    Err(ApiError::new(
+        StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+        format!("node {node}: {message}"),
+    ))
+}
+
 /// `GET /v1/topics/{parent}/children` query string.
 #[derive(Debug, Clone, Copy, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

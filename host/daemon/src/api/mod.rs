@@ -6,7 +6,7 @@
 //!   [`forward`]: the same, forwarded one hop to the partition's owner in cluster mode;
 //! - [`plugins`]: `POST/GET /v1/plugins`, `DELETE /v1/plugins/{name}`;
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`, `.../pause`,
-//!   `.../resume`,
+//!   `.../resume`, `.../seek`,
 //!   `GET /v1/topics/{parent}/children`;
 //! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and the internal routes of a move;
 //! - [`metrics`]: `GET /metrics`;
@@ -158,6 +158,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{parent}/children/{child}/resume",
             post(children::resume),
         )
+        .route(
+            "/v1/topics/{parent}/children/{child}/seek",
+            post(children::seek),
+        )
         .route("/v1/admin/set-aside", get(admin::list))
         .route("/v1/admin/set-aside/{id}", delete(admin::purge))
         .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
@@ -209,6 +213,10 @@ pub fn peer_router(state: AppState) -> Router {
         .route(
             "/internal/v1/plugins/{digest}/bytes",
             post(plugins::module_bytes),
+        )
+        .route(
+            "/internal/v1/topics/{parent}/children/{child}/seek",
+            post(children::seek_local),
         )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

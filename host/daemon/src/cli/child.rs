@@ -111,6 +111,20 @@ pub enum ChildCommand {
         #[arg(long, value_delimiter = ',', value_name = "P,...")]
         partitions: Option<Vec<u32>>,
     },
+    /// Move a paused cursor: back, and the records from there are copied again; forward, and
+    /// the records in between are skipped (counted as skipped by seek, not as dropped).
+    Seek {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// The parent partition (its cursor must be paused).
+        #[arg(long)]
+        partition: u32,
+        /// The parent offset to copy next.
+        #[arg(long)]
+        offset: u64,
+    },
     /// List a parent's children with each parent partition's progress.
     List {
         /// Parent topic.
@@ -181,6 +195,32 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 .set_child_paused(&parent, &child, partitions, false)
                 .await?;
             print_paused(json, &link)?;
+        }
+        ChildCommand::Seek {
+            parent,
+            child,
+            partition,
+            offset,
+        } => {
+            let done = client
+                .seek_child(&parent, &child, partition, offset)
+                .await?;
+            if json {
+                print_json(&done)?;
+            } else if done.skipped > 0 {
+                println!(
+                    "{parent} -> {child} partition {}: moved from {} to {}, skipping {} records",
+                    done.partition, done.from, done.to, done.skipped
+                );
+            } else {
+                println!(
+                    "{parent} -> {child} partition {}: moved from {} to {}; {} records will be copied again",
+                    done.partition,
+                    done.from,
+                    done.to,
+                    done.from.saturating_sub(done.to)
+                );
+            }
         }
         ChildCommand::List { parent } => {
             let list = client.list_children(&parent).await?;

@@ -403,6 +403,23 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/topics/{parent}/children/{child}/seek`.
+    pub async fn seek_child(
+        &self,
+        parent: &str,
+        child: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<crate::fanout::status::SeekDone, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{parent}/children/{child}/seek"),
+            Some(&crate::api::children::SeekRequest { partition, offset }),
+            None,
+        )
+        .await
+    }
+
     /// `GET /v1/topics/{parent}/children`: every child with per-partition progress.
     pub async fn list_children(&self, parent: &str) -> Result<ChildList, ApiCallError> {
         self.call::<(), _>(

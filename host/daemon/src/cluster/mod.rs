@@ -55,6 +55,9 @@ pub struct ClusterContext {
     /// The HTTP client for calls to other nodes (attach points, stats): fails fast on a dead
     /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
     pub http: reqwest::Client,
+    /// The secret other nodes' internal routes require for changes, when the cluster has a
+    /// token (`--auth-token-file`).
+    pub peer_bearer: Option<String>,
 }
 
 /// A call between nodes carries the caller's metadata revision in this header; the callee

@@ -68,6 +68,12 @@ impl OffsetFile {
         self.write(high).await
     }
 
+    /// Moves the position to `next_offset`, forward or back, on an operator's order (a seek
+    /// of a paused cursor): records skipped forward are the operator's choice, not a loss.
+    pub async fn seek(&self, next_offset: u64) -> Result<(), AdvanceError> {
+        self.write(next_offset).await
+    }
+
     async fn write(&self, next_offset: u64) -> Result<(), AdvanceError> {
         let file = Arc::clone(&self.file);
         crate::blocking::run(move || lock(&file).advance(next_offset))

@@ -237,7 +237,12 @@ impl Cursor {
                 // Paused: the slab committed last goes on file, then nothing until resumed.
                 self.save(offsets, unsaved.as_ref()).await?;
                 *unsaved = None;
-                self.while_paused(next).await?;
+                let resumed_at = self.while_paused(offsets, next).await?;
+                if resumed_at != next {
+                    // Sought elsewhere: what was read ahead is not the next slab any more.
+                    ahead = None;
+                    next = resumed_at;
+                }
                 continue;
             }
             let delay_ms = link.delay_ms;
@@ -324,22 +329,67 @@ impl Cursor {
     }
 
     /// Waits while the link has this cursor's partition paused, keeping its lag current
-    /// (records keep arriving in the parent).
-    async fn while_paused(&self, next: u64) -> Result<(), CursorExit> {
+    /// (records keep arriving in the parent) and carrying out operators' seeks. Returns the
+    /// position to go on from.
+    async fn while_paused(&self, offsets: &OffsetFile, mut next: u64) -> Result<u64, CursorExit> {
         tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor paused");
         self.status.paused();
         while self.current_link()?.paused.contains(&self.key.partition) {
             let store = Arc::clone(&self.deps.store);
             let parent = self.parent.clone();
-            if let Ok(Ok(high)) = crate::blocking::run(move || store.high_watermark(&parent)).await
-            {
+            let bounds = crate::blocking::run(move || {
+                let high = store.high_watermark(&parent)?;
+                let start = store.peek(&parent)?.log_start_offset;
+                Ok::<_, StorageError>((start, high))
+            })
+            .await;
+            if let Ok(Ok((start, high))) = bounds {
                 self.status.set_position(next, high);
+                if let Some(order) = self.status.take_seek() {
+                    let done = self.seek(offsets, next, order.offset, start, high).await;
+                    if let Ok(done) = &done {
+                        next = done.to;
+                        self.status.set_position(next, high);
+                    }
+                    let _ = order.reply.send(done);
+                }
             }
             self.pause(PAUSED_LOOK_EVERY).await?;
         }
         tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor resumed");
         self.status.running();
-        Ok(())
+        Ok(next)
+    }
+
+    /// An operator's seek of this paused cursor from `from` to `to`, within the parent's
+    /// records `[start, high]`: written to the offset file before it is reported done.
+    async fn seek(
+        &self,
+        offsets: &OffsetFile,
+        from: u64,
+        to: u64,
+        start: u64,
+        high: u64,
+    ) -> Result<super::status::SeekDone, String> {
+        if to < start || to > high {
+            return Err(format!(
+                "offset {to} is outside the records {} holds: {start} to {high}",
+                self.parent
+            ));
+        }
+        offsets.seek(to).await.map_err(|e| e.to_string())?;
+        let skipped = to.saturating_sub(from);
+        if skipped > 0 {
+            self.status.add_skipped_by_seek(skipped);
+        }
+        tracing::warn!(parent = %self.parent, child = %self.key.child, from, to, skipped,
+            replayed = from.saturating_sub(to), "operator seek of a paused cursor: position moved on purpose");
+        Ok(super::status::SeekDone {
+            partition: self.key.partition,
+            from,
+            to,
+            skipped,
+        })
     }
 
     /// (5) Advance: moves the offset file past a delivered slab (retrying until it can).

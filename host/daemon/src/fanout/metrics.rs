@@ -86,6 +86,9 @@ pub struct FanoutMetrics {
     /// past the parent's high watermark (the parent lost records it had copied) and moved
     /// back to the parent's end.
     pub parent_end_rewinds: Family<CursorLabels, Counter>,
+    /// `narad_fanout_seek_skipped_records_total`: records an operator's forward seek skipped
+    /// on purpose (never counted as dropped).
+    pub seek_skipped: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
     pub state: Family<StateLabels, Gauge>,
     /// `narad_fanout_commit_deduplicated_records_total`: records of child commits sent to
@@ -144,8 +147,13 @@ impl FanoutMetrics {
             self.parent_end_rewinds.clone(),
         );
         registry.register(
+            "narad_fanout_seek_skipped_records",
+            "Records an operator's forward seek of a paused cursor skipped on purpose (not counted as dropped)",
+            self.seek_skipped.clone(),
+        );
+        registry.register(
             "narad_fanout_cursor_state",
-            "1 for the state each cursor is in (running, waiting, stalled), 0 for the others",
+            "1 for the state each cursor is in (running, waiting, stalled, paused), 0 for the others",
             self.state.clone(),
         );
         registry.register(
@@ -166,6 +174,7 @@ impl FanoutMetrics {
         self.route_failures.remove(labels);
         self.rewinds.remove(labels);
         self.parent_end_rewinds.remove(labels);
+        self.seek_skipped.remove(labels);
         for state in [
             StateLabel::running,
             StateLabel::waiting,

@@ -53,7 +53,10 @@ pub struct CursorReport {
     /// back to the parent's end, so records written again at those offsets are copied too.
     #[serde(default)]
     pub parent_end_rewinds: u64,
-    /// Running, waiting or stalled.
+    /// Records operators' forward seeks skipped on purpose (not dropped).
+    #[serde(default)]
+    pub skipped_by_seek: u64,
+    /// Running, waiting, stalled or paused.
     pub state: CursorState,
     /// Why the cursor is stalled now; `None` once it is healthy again. Escaped and cut to
     /// [`MAX_ERROR_TEXT_BYTES`].
@@ -92,6 +95,7 @@ struct Inner {
     due_lag_seconds: f64,
     dropped: u64,
     parent_end_rewinds: u64,
+    skipped_by_seek: u64,
     state: CursorState,
     /// The current error and when it was recorded.
     last_error: Option<(String, i64)>,
@@ -105,6 +109,30 @@ pub struct CursorStatus {
     labels: CursorLabels,
     metrics: Arc<FanoutMetrics>,
     inner: Mutex<Inner>,
+    /// An operator's seek waiting for the (paused) cursor to carry it out.
+    seek: Mutex<Option<SeekOrder>>,
+}
+
+/// An operator's order to move a paused cursor to `offset`, and where its answer goes.
+#[derive(Debug)]
+pub struct SeekOrder {
+    /// The parent offset the cursor is to copy next.
+    pub offset: u64,
+    /// The outcome, or why the seek was refused.
+    pub reply: tokio::sync::oneshot::Sender<Result<SeekDone, String>>,
+}
+
+/// A seek carried out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeekDone {
+    /// The parent partition.
+    pub partition: u32,
+    /// The position before.
+    pub from: u64,
+    /// The position now (on file).
+    pub to: u64,
+    /// Records skipped (a forward seek); 0 for a backward one, whose records are copied again.
+    pub skipped: u64,
 }
 
 impl CursorStatus {
@@ -113,12 +141,14 @@ impl CursorStatus {
         let status = CursorStatus {
             labels,
             metrics,
+            seek: Mutex::new(None),
             inner: Mutex::new(Inner {
                 next_offset: None,
                 high_watermark: None,
                 due_lag_seconds: 0.0,
                 dropped: 0,
                 parent_end_rewinds: 0,
+                skipped_by_seek: 0,
                 state: CursorState::Running,
                 last_error: None,
                 previous_error: None,
@@ -238,6 +268,43 @@ impl CursorStatus {
         self.set_state(CursorState::Waiting, None);
     }
 
+    /// Hands a seek to the cursor, which carries it out only while paused; answers at once
+    /// when the cursor is not paused. A second order before the first is taken replaces it
+    /// (the first one's caller gets an error).
+    pub fn order_seek(
+        &self,
+        offset: u64,
+    ) -> tokio::sync::oneshot::Receiver<Result<SeekDone, String>> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.lock().state != CursorState::Paused {
+            let _ = reply.send(Err(format!(
+                "the cursor of parent partition {} is not paused; pause it first",
+                self.labels.partition
+            )));
+            return answer;
+        }
+        *self.seek.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(SeekOrder { offset, reply });
+        answer
+    }
+
+    /// The seek waiting to be carried out, if any.
+    pub fn take_seek(&self) -> Option<SeekOrder> {
+        self.seek
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Counts records a forward seek skipped.
+    pub fn add_skipped_by_seek(&self, count: u64) {
+        self.lock().skipped_by_seek += count;
+        self.metrics
+            .seek_skipped
+            .get_or_create(&self.labels)
+            .inc_by(count);
+    }
+
     /// Marks the cursor paused (healthy: a pause is no trouble).
     pub fn paused(&self) {
         self.set_state(CursorState::Paused, None);
@@ -303,6 +370,7 @@ impl CursorStatus {
             due_lag_seconds: inner.due_lag_seconds,
             dropped_messages: inner.dropped,
             parent_end_rewinds: inner.parent_end_rewinds,
+            skipped_by_seek: inner.skipped_by_seek,
             state: inner.state,
             last_error: inner.last_error.as_ref().map(|(text, _)| text.clone()),
             last_error_at_ms: inner.last_error.as_ref().map(|&(_, at)| at),
@@ -348,6 +416,15 @@ impl FanoutView {
             .iter()
             .filter(|((p, _), by_partition)| p == parent && by_partition.contains_key(&partition))
             .count()
+    }
+
+    /// The status of the cursor of `parent -> child` on parent partition `partition`, if one
+    /// runs here.
+    pub fn status(&self, parent: &str, child: &str, partition: u32) -> Option<Arc<CursorStatus>> {
+        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .get(&(parent.to_string(), child.to_string()))
+            .and_then(|by_partition| by_partition.get(&partition).cloned())
     }
 
     /// Lists the cursor `key` with its `status`, replacing any status listed for the same

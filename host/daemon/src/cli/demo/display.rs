@@ -234,6 +234,7 @@ mod tests {
             state,
             last_error: (state == CursorState::Stalled).then(|| "plugin trapped".to_owned()),
             parent_end_rewinds: 0,
+            skipped_by_seek: 0,
             last_error_at_ms: None,
             previous_error: None,
             previous_error_at_ms: None,
