@@ -94,6 +94,30 @@ impl Cluster {
         self.nodes[node].url()
     }
 
+    /// Creates `name` through n1 with `partitions` partitions placed as `placement`.
+    fn create(&self, name: &str, partitions: u32, placement: Value) {
+        let (status, body) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{}/v1/topics", self.url(0)),
+            Some(&json!({"name": name, "partitions": partitions, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+
+    /// Attaches `child` to `parent` through n1 with the attach `body`.
+    fn attach(&self, parent: &str, child: &str, body: Value) {
+        let (status, answer) = send_json(
+            &http_client(),
+            Method::PUT,
+            &format!("{}/v1/topics/{parent}/children/{child}", self.url(0)),
+            Some(&body),
+        )
+        .expect("attach");
+        ok(status, &answer, "attach");
+    }
+
     /// Waits until every node lists `count` live nodes.
     fn wait_for_nodes(&self, count: usize) {
         let client = http_client();
@@ -462,14 +486,7 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
     let mut cluster = Cluster::start("child-owner-dies");
     let client = http_client();
     let create = |name: &str, placement: Value| {
-        let (status, body) = send_json(
-            &client,
-            Method::POST,
-            &format!("{}/v1/topics", cluster.url(0)),
-            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
-        )
-        .expect("create");
-        ok(status, &body, "create");
+        cluster.create(name, 2, placement);
     };
     // The parent on n1 and n2; one child entirely on n3, another on n1 and n2.
     create("orders", json!(["n1", "n2"]));
@@ -533,23 +550,9 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
         ("orders", json!(["n1", "n2", "n3"])),
         ("copy", json!(["n2", "n3", "n1"])),
     ] {
-        let (status, body) = send_json(
-            &client,
-            Method::POST,
-            &format!("{}/v1/topics", cluster.url(0)),
-            Some(&json!({"name": name, "partitions": 3, "placement": placement})),
-        )
-        .expect("create");
-        ok(status, &body, "create");
+        cluster.create(name, 3, placement);
     }
-    let (status, body) = send_json(
-        &client,
-        Method::PUT,
-        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
-        Some(&json!({})),
-    )
-    .expect("attach");
-    ok(status, &body, "attach");
+    cluster.attach("orders", "copy", json!({}));
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
@@ -843,23 +846,9 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
         ("orders", json!(["n1", "n2"])),
         ("copy", json!(["n2", "n3"])),
     ] {
-        let (status, body) = send_json(
-            &client,
-            Method::POST,
-            &format!("{}/v1/topics", cluster.url(0)),
-            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
-        )
-        .expect("create");
-        ok(status, &body, "create");
+        cluster.create(name, 2, placement);
     }
-    let (status, body) = send_json(
-        &client,
-        Method::PUT,
-        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
-        Some(&json!({})),
-    )
-    .expect("attach");
-    ok(status, &body, "attach");
+    cluster.attach("orders", "copy", json!({}));
     // Nothing to cancel yet.
     let (status, body) = move_partition(
         &client,
@@ -1012,23 +1001,9 @@ fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until
         ("orders", json!(["n1", "n2", "n3"])),
         ("copy", json!(["n2", "n3", "n1"])),
     ] {
-        let (status, body) = send_json(
-            &client,
-            Method::POST,
-            &format!("{}/v1/topics", cluster.url(0)),
-            Some(&json!({"name": name, "partitions": 3, "placement": placement})),
-        )
-        .expect("create");
-        ok(status, &body, "create");
+        cluster.create(name, 3, placement);
     }
-    let (status, body) = send_json(
-        &client,
-        Method::PUT,
-        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
-        Some(&json!({})),
-    )
-    .expect("attach");
-    ok(status, &body, "attach");
+    cluster.attach("orders", "copy", json!({}));
     let mut acknowledged = Vec::new();
 
     // Away for 0.6 s, well inside the 3 s lease: produce (local and forwarded) and the copy to
@@ -1110,14 +1085,7 @@ fn a_plugin_uploaded_to_one_node_routes_on_every_node_that_runs_a_cursor_of_its_
         ("orders", json!(["n2", "n3"])),
         ("copy", json!(["n3", "n1"])),
     ] {
-        let (status, body) = send_json(
-            &client,
-            Method::POST,
-            &format!("{}/v1/topics", cluster.url(0)),
-            Some(&json!({"name": name, "partitions": 2, "placement": placement})),
-        )
-        .expect("create");
-        ok(status, &body, "create");
+        cluster.create(name, 2, placement);
     }
     // Uploaded to n1 only; the cursors run on n2 and n3, which must fetch it by digest.
     let module = crate::plugin_limits::router_with_functions(1);

@@ -378,20 +378,24 @@ impl Store {
         {
             return Ok(());
         }
+        self.trash(&dir, topic, &self.dir.join(TOPICS_DIR_NAME))
+    }
+
+    /// Removes directory `dir` (whose parent is `parent`) through the trash: renamed there
+    /// under `label` durably first, so a crash never leaves it half deleted in place (the
+    /// trash is emptied at the next open), then removed.
+    fn trash(&self, dir: &Path, label: &str, parent: &Path) -> Result<()> {
         let n = self.trash_counter.fetch_add(1, Ordering::Relaxed);
         let trash = self
             .dir
             .join(TRASH_DIR_NAME)
-            .join(format!("{topic}.{}.{n}", self.clock.now_ms()));
-        self.fs.rename(&dir, &trash).map_err(io(format!(
+            .join(format!("{label}.{}.{n}", self.clock.now_ms()));
+        self.fs.rename(dir, &trash).map_err(io(format!(
             "moving {} to {}",
             dir.display(),
             trash.display()
         )))?;
-        for d in [
-            self.dir.join(TOPICS_DIR_NAME),
-            self.dir.join(TRASH_DIR_NAME),
-        ] {
+        for d in [parent.to_path_buf(), self.dir.join(TRASH_DIR_NAME)] {
             self.fs
                 .sync_dir(&d)
                 .map_err(io(format!("syncing {}", d.display())))?;
@@ -519,26 +523,8 @@ impl Store {
         {
             return Ok(());
         }
-        let n = self.trash_counter.fetch_add(1, Ordering::Relaxed);
-        let trash = self.dir.join(TRASH_DIR_NAME).join(format!(
-            "{}.{}.{}.{n}",
-            id.topic,
-            id.dir_name(),
-            self.clock.now_ms()
-        ));
-        self.fs.rename(&dir, &trash).map_err(io(format!(
-            "moving {} to {}",
-            dir.display(),
-            trash.display()
-        )))?;
-        for d in [self.topic_dir(&id.topic), self.dir.join(TRASH_DIR_NAME)] {
-            self.fs
-                .sync_dir(&d)
-                .map_err(io(format!("syncing {}", d.display())))?;
-        }
-        self.fs
-            .remove_dir_all(&trash)
-            .map_err(io(format!("removing {}", trash.display())))
+        let label = format!("{}.{}", id.topic, id.dir_name());
+        self.trash(&dir, &label, &self.topic_dir(&id.topic))
     }
 
     /// The open log of a partition, opening (and recovering) it if closed, or if it failed at

@@ -170,6 +170,7 @@ impl CursorStatus {
         let _ = m.route_failures.get_or_create(&self.labels);
         let _ = m.rewinds.get_or_create(&self.labels);
         let _ = m.parent_end_rewinds.get_or_create(&self.labels);
+        let _ = m.seek_skipped.get_or_create(&self.labels);
         // Per child, not per cursor (the committer counts it), and never removed.
         let _ = m.commit_deduplicated.get_or_create(&ChildLabels {
             child: self.labels.child.clone(),
