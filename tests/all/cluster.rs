@@ -1130,3 +1130,105 @@ fn a_plugin_uploaded_to_one_node_routes_on_every_node_that_runs_a_cursor_of_its_
         );
     }
 }
+
+#[test]
+fn a_pause_and_a_seek_asked_of_any_node_reach_the_cursor_on_its_parents_owner() {
+    let cluster = Cluster::start("cursor-control");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n2"]));
+    cluster.create("copy", 1, json!(["n3"]));
+    cluster.attach("orders", "copy", json!({}));
+    let records: Vec<Value> = (0..30).map(|i| json!({"value": format!("v{i}")})).collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    let wanted: Vec<String> = (0..30).map(|i| format!("v{i}")).collect();
+    wait_for_values(&cluster, "copy", 1, &wanted);
+
+    // Asked of n1; the cursor runs on n2, the parent partition's owner.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/copy/pause", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("pause");
+    ok(status, &body, "pause");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let done = loop {
+        let (status, done) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/children/copy/seek", cluster.url(0)),
+            Some(&json!({"partition": 0, "offset": 20})),
+        )
+        .expect("seek");
+        // 409 until n2's cursor has seen the pause.
+        if status == 200 {
+            break done;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {done}\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (done["from"].as_u64(), done["to"].as_u64()),
+        (Some(30), Some(20)),
+        "{done}"
+    );
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/copy/resume", cluster.url(2)),
+        None,
+    )
+    .expect("resume");
+    ok(status, &body, "resume");
+    // Seeking back sent v20..v29 again. In cluster mode the child's owner holds them (its
+    // origin window), so it stores them once and counts them as deduplicated on the sender.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, metrics) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/metrics", cluster.url(1)),
+            None,
+        )
+        .expect("metrics");
+        let text = metrics.as_str().unwrap_or("").to_owned();
+        let deduplicated = text
+            .lines()
+            .find(|l| {
+                l.starts_with("narad_fanout_commit_deduplicated_records_total{")
+                    && l.contains("child=\"copy\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if deduplicated >= 10.0 {
+            assert_eq!(
+                deduplicated, 10.0,
+                "only the replayed records were sent again"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replay never reached the child's owner\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let counts = value_counts(&client, &cluster.url(1), "copy", 1);
+    assert!(
+        (0..30).all(|i| counts.get(&format!("v{i}")) == Some(&1)),
+        "{counts:?}"
+    );
+}
