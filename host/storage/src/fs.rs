@@ -1,5 +1,6 @@
 //! The file-system seam: every byte the log reads or writes goes through [`FileSystem`] and
-//! [`File`], so tests can swap in [`crate::fault::FaultFs`] and fail or crash any operation.
+//! [`File`], so tests can swap in `fault::FaultFs` (feature `test-support`) and fail or crash
+//! any operation.
 //!
 //! The surface is deliberately small: positional reads and writes (the log always knows where
 //! it writes), `set_len` for truncating a torn tail, `sync_data` (`fdatasync`), the directory

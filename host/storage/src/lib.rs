@@ -18,8 +18,9 @@
 //! - [`cursor`]: fan-out cursor offset files (`fanout-{child}.offset`): the fixed 256-byte
 //!   CRC-32C record, advanced in place, replaced atomically when it must be.
 //! - [`fs`]: the file-system seam ([`fs::FileSystem`], [`fs::File`], [`fs::RealFs`]).
-//! - [`fault`]: [`fault::FaultFs`], an in-memory file system that injects I/O errors and
-//!   simulates power loss, for this crate's tests and the daemon's.
+//! - `fault` (feature `test-support`, and this crate's tests): `FaultFs`, an in-memory file
+//!   system that injects I/O errors and simulates power loss, for this crate's tests and the
+//!   daemon's.
 //! - [`transfer`]: a sealed partition's files described, served in chunks, and received into
 //!   a staging directory, for a planned move to another node.
 //! - [`record`]: the records, options and results that cross the API.
@@ -35,6 +36,7 @@ pub mod clock;
 pub mod cursor;
 pub mod damage;
 pub mod error;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fault;
 pub mod fs;
 pub mod log;
