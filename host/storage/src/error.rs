@@ -115,8 +115,9 @@ pub enum StorageError {
         id: PartitionId,
     },
     /// The partition is sealed for a move to another node ([`crate::Store::seal`]): it takes
-    /// no reads or appends here until the move ends (it is then served by its new owner) or is
-    /// cancelled (and this store unseals it). Retry, after looking the owner up again.
+    /// no appends (and no long-poll) here until the move ends (it is then served by its new
+    /// owner) or is cancelled (and this store unseals it). Retry, after looking the owner up
+    /// again.
     #[error("partition {id} is being moved to another node; retry once the move ends")]
     Sealed {
         /// The partition.

@@ -245,7 +245,7 @@ pub enum PartitionState {
         /// The errors that stopped it.
         reason: crate::Failure,
     },
-    /// Sealed for a move to another node: closed, and refusing reads and appends here until
+    /// Sealed for a move to another node: closed, refusing appends here (reads go on) until
     /// the move ends or is cancelled.
     Sealed,
 }

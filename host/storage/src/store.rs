@@ -1,7 +1,8 @@
 //! The store: one data directory, its lock, and the partitions registered with it.
 //!
 //! Each partition has a slot that is `Closed`, `Open` (an open partition log), `Quarantined`,
-//! `Failed` or `Sealed` (closed for a move to another node: see [`crate::transfer`]). Logs open lazily on the first read or append (recovery runs then), are closed
+//! `Failed` or `Sealed` (closed for a move to another node, still read: see
+//! [`crate::transfer`]). Logs open lazily on the first read or append (recovery runs then), are closed
 //! when idle, and are described by `peek` without being opened. A `watch` channel per
 //! partition carries the high watermark so long-polls wake on appends instead of polling.
 //!
@@ -102,8 +103,9 @@ enum Slot {
         reason: Failure,
         since: Instant,
     },
-    /// Closed cleanly for a move to another node; refuses reads and appends.
-    Sealed,
+    /// Closed cleanly for a move to another node: refuses appends; reads go on from the
+    /// closed log it keeps (its files no longer change).
+    Sealed(Option<Arc<Log>>),
     Deleted,
 }
 
@@ -146,7 +148,7 @@ impl Partition {
             Slot::Deleted => Some(StorageError::UnknownPartition {
                 id: self.id.clone(),
             }),
-            Slot::Sealed => Some(StorageError::Sealed {
+            Slot::Sealed(_) => Some(StorageError::Sealed {
                 id: self.id.clone(),
             }),
             Slot::Closed | Slot::Open(_) => None,
@@ -407,28 +409,32 @@ impl Store {
 
     /// Seals `id` for a move to another node: its log is closed cleanly (opened and recovered
     /// first if it was closed after a crash, so the high-watermark file is exact), an append in
-    /// flight finishes first, and from then on reads and appends get
-    /// [`StorageError::Sealed`] and long-polls on it end. Idempotent. A quarantined or failed
+    /// flight finishes first, and from then on appends get [`StorageError::Sealed`] and
+    /// long-polls on it end, while reads go on from the closed log. Idempotent. A quarantined or failed
     /// partition cannot be sealed (it could not be copied faithfully): its error is returned.
     pub fn seal(&self, id: &PartitionId) -> Result<()> {
         let p = self.partition(id)?;
-        if matches!(*log::read(&p.slot), Slot::Sealed) {
+        if matches!(*log::read(&p.slot), Slot::Sealed(_)) {
             return Ok(());
         }
         // Recovery runs on open: a log left by a crash gets an exact end before it is closed.
-        self.open_log(&p)?;
+        let opened = self.open_log(&p)?;
         let mut slot = log::write(&p.slot);
-        match &*slot {
-            Slot::Sealed => return Ok(()),
-            Slot::Open(l) => l.close()?,
-            Slot::Closed => {}
+        let kept = match &*slot {
+            Slot::Sealed(_) => return Ok(()),
+            Slot::Open(l) => {
+                l.close()?;
+                Arc::clone(l)
+            }
+            // Closed for idleness in between: that close wrote the same clean end.
+            Slot::Closed => opened,
             other => {
                 return Err(p
                     .broken_error(other)
                     .unwrap_or(StorageError::LogClosed { id: id.clone() }));
             }
-        }
-        *slot = Slot::Sealed;
+        };
+        *slot = Slot::Sealed(Some(kept));
         p.signal.send_replace(Signal::Broken);
         tracing::info!(partition = %id, "partition sealed for a move");
         Ok(())
@@ -439,7 +445,7 @@ impl Store {
     pub fn unseal(&self, id: &PartitionId) -> Result<()> {
         let p = self.partition(id)?;
         let mut slot = log::write(&p.slot);
-        if matches!(*slot, Slot::Sealed) {
+        if matches!(*slot, Slot::Sealed(_)) {
             *slot = Slot::Closed;
             tracing::info!(partition = %id, "partition unsealed: its move was cancelled");
         }
@@ -449,7 +455,7 @@ impl Store {
     /// Whether `id` is registered and sealed.
     pub fn is_sealed(&self, id: &PartitionId) -> bool {
         self.partition(id)
-            .map(|p| matches!(*log::read(&p.slot), Slot::Sealed))
+            .map(|p| matches!(*log::read(&p.slot), Slot::Sealed(_)))
             .unwrap_or(false)
     }
 
@@ -458,14 +464,14 @@ impl Store {
         let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
         parts
             .into_iter()
-            .filter(|p| matches!(*log::read(&p.slot), Slot::Sealed))
+            .filter(|p| matches!(*log::read(&p.slot), Slot::Sealed(_)))
             .map(|p| p.id.clone())
             .collect()
     }
 
     fn sealed(&self, id: &PartitionId) -> Result<Arc<Partition>> {
         let p = self.partition(id)?;
-        if !matches!(*log::read(&p.slot), Slot::Sealed) {
+        if !matches!(*log::read(&p.slot), Slot::Sealed(_)) {
             return Err(StorageError::NoSuchFile {
                 id: id.clone(),
                 name: "(the partition is not sealed for a move)".to_owned(),
@@ -688,6 +694,14 @@ impl Store {
     pub fn read(&self, id: &PartitionId, opts: &ReadOptions) -> Result<ReadResult> {
         let p = self.partition(id)?;
         self.stamp(&p);
+        // A partition sealed for a move still serves reads from its closed log.
+        let sealed = match &*log::read(&p.slot) {
+            Slot::Sealed(Some(l)) => Some(Arc::clone(l)),
+            _ => None,
+        };
+        if let Some(log) = sealed {
+            return log.read(opts).map_err(|e| self.log_error(&p, e));
+        }
         let log = self.open_log(&p)?;
         log.read(opts).map_err(|e| self.log_error(&p, e))
     }
@@ -805,7 +819,7 @@ impl Store {
             Slot::Failed { reason, .. } => PartitionState::Failed {
                 reason: reason.clone(),
             },
-            Slot::Sealed => PartitionState::Sealed,
+            Slot::Sealed(_) => PartitionState::Sealed,
             Slot::Deleted => return Err(StorageError::UnknownPartition { id: p.id.clone() }),
         };
         // Describing a closed log reads the directory listing and the 64-byte high-watermark
