@@ -226,16 +226,9 @@ pub async fn run_server(
         match &cluster {
             // Uploaded to one node, fetched by digest by the others when a link needs it.
             Some(context) => {
-                let (context, bearer) = (
-                    Arc::clone(context),
-                    config.auth_token.as_ref().map(|t| t.peer_secret()),
-                );
+                let context = Arc::clone(context);
                 registry.with_fetcher(Arc::new(move |digest: &str| {
-                    crate::cluster::modules::fetch_module_blocking(
-                        &context,
-                        bearer.as_deref(),
-                        digest,
-                    )
+                    crate::cluster::modules::fetch_module_blocking(&context, digest)
                 }))
             }
             None => registry,
@@ -394,7 +387,6 @@ pub async fn run_server(
                     .map_err(|e| e.to_string())
                 }),
             },
-            config.auth_token.as_ref().map(|t| t.peer_secret()),
         ))
     });
     let state = AppState::new(AppInner {

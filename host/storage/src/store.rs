@@ -172,6 +172,17 @@ pub struct Store {
     _lock: Box<dyn LockGuard>,
 }
 
+/// Marks an unregistered partition deleted: its open log (if any) is dropped without touching
+/// its files, and long-polls on it end.
+fn retire(p: &Partition) {
+    let mut slot = log::write(&p.slot);
+    if let Slot::Open(log) = &*slot {
+        log.abandon();
+    }
+    *slot = Slot::Deleted;
+    p.signal.send_replace(Signal::Broken);
+}
+
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StorageError {
     let context = context.into();
     move |e| StorageError::io(context, e)
@@ -339,12 +350,7 @@ impl Store {
     pub fn forget_partition(&self, id: &PartitionId) {
         let victim = log::write(&self.partitions).remove(id);
         if let Some(p) = victim {
-            let mut slot = log::write(&p.slot);
-            if let Slot::Open(log) = &*slot {
-                log.abandon();
-            }
-            *slot = Slot::Deleted;
-            p.signal.send_replace(Signal::Broken);
+            retire(&p);
         }
     }
 
@@ -357,12 +363,7 @@ impl Store {
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
         for p in victims {
-            let mut slot = log::write(&p.slot);
-            if let Slot::Open(log) = &*slot {
-                log.abandon();
-            }
-            *slot = Slot::Deleted;
-            p.signal.send_replace(Signal::Broken);
+            retire(&p);
         }
     }
 

@@ -577,42 +577,30 @@ async fn seek_on(
     child: &str,
     request: &SeekRequest,
 ) -> Result<crate::fanout::status::SeekDone, ApiError> {
-    let unavailable = |reason: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason);
-    let base = cluster
-        .peers
-        .advertise_of(node)
-        .ok_or_else(|| unavailable(format!("node {node}, which runs the cursor, is not alive")))?;
-    let mut call = cluster
-        .http
-        .post(format!(
-            "{base}/internal/v1/topics/{parent}/children/{child}/seek"
+    use crate::cluster::PeerError;
+    let failed = |e: PeerError| {
+        let status = e
+            .status
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .filter(|s| !s.is_success())
+            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        ApiError::new(status, e.to_string())
+    };
+    let path = format!("/internal/v1/topics/{parent}/children/{child}/seek");
+    let answer = cluster
+        .post_peer(node, &path, request, crate::cluster::PEER_CALL_TIMEOUT)
+        .await
+        .map_err(failed)?;
+    if !answer.status().is_success() {
+        return Err(failed(PeerError::refused(node, answer).await));
+    }
+    answer.json().await.map_err(|e| {
+        failed(PeerError::new(
+            node,
+            None,
+            format!("answered something else: {e}"),
         ))
-        .header(
-            crate::cluster::REVISION_HEADER,
-            cluster.metastore.cache_revision(),
-        )
-        .json(request);
-    if let Some(secret) = &cluster.peer_bearer {
-        call = call.bearer_auth(secret);
-    }
-    let answer = call
-        .send()
-        .await
-        .map_err(|e| unavailable(format!("node {node} did not answer: {e}")))?;
-    let status = answer.status();
-    let body: Value = answer
-        .json()
-        .await
-        .map_err(|e| unavailable(format!("node {node} answered something else: {e}")))?;
-    if status.is_success() {
-        return serde_json::from_value(body)
-            .map_err(|e| unavailable(format!("node {node} answered something else: {e}")));
-    }
-    let message = body["error"].as_str().unwrap_or("no message").to_owned();
-    Err(ApiError::new(
-        StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
-        format!("node {node}: {message}"),
-    ))
+    })
 }
 
 /// `GET /v1/topics/{parent}/children` query string.

@@ -22,6 +22,7 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::topics::require_topic;
 use super::types::{MoveCancelled, MoveRequest};
+use crate::cluster::PeerError;
 use crate::cluster::moves::{ChunkRequest, HandoffRequest, MoveError, MoveReport, Mover};
 
 impl From<MoveError> for ApiError {
@@ -36,7 +37,7 @@ impl From<MoveError> for ApiError {
             MoveError::CursorsRunning { .. } | MoveError::NodeDown { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }
-            MoveError::Peer { status, .. } => ApiError::new(
+            MoveError::Peer(PeerError { status, .. }) => ApiError::new(
                 status
                     .and_then(|s| StatusCode::from_u16(s).ok())
                     .filter(|s| !s.is_success())

@@ -84,6 +84,70 @@ impl ClusterContext {
     pub fn node_id(&self) -> &str {
         &self.membership.record().id
     }
+
+    /// `POST {node's address}{path}` with a JSON body, this node's metadata revision and the
+    /// peer secret: the one way nodes ask each other for a change (a move's steps, a seek). The
+    /// answer comes back whatever its status; read a failed one with [`PeerError::refused`].
+    pub async fn post_peer<B: serde::Serialize + ?Sized>(
+        &self,
+        node: &str,
+        path: &str,
+        body: &B,
+        timeout: std::time::Duration,
+    ) -> Result<reqwest::Response, PeerError> {
+        let base = self
+            .peers
+            .advertise_of(node)
+            .ok_or_else(|| PeerError::new(node, None, "is not alive"))?;
+        let mut call = self
+            .http
+            .post(format!("{base}{path}"))
+            .timeout(timeout)
+            .header(REVISION_HEADER, self.metastore.cache_revision())
+            .json(body);
+        if let Some(secret) = &self.peer_bearer {
+            call = call.bearer_auth(secret);
+        }
+        call.send()
+            .await
+            .map_err(|e| PeerError::new(node, None, format!("did not answer: {e}")))
+    }
+}
+
+/// A call to another node that did not give what was asked, naming the node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node} {reason}")]
+pub struct PeerError {
+    /// The node called.
+    pub node: String,
+    /// The HTTP status it answered, when it answered.
+    pub status: Option<u16>,
+    /// What went wrong, with the node's own message when it answered one.
+    pub reason: String,
+}
+
+impl PeerError {
+    /// A failed call to `node`.
+    pub fn new(node: &str, status: Option<u16>, reason: impl Into<String>) -> PeerError {
+        PeerError {
+            node: node.to_owned(),
+            status,
+            reason: reason.into(),
+        }
+    }
+
+    /// The error an answer with a failing status stands for, with the message of its JSON
+    /// error body when it has one.
+    pub async fn refused(node: &str, answer: reqwest::Response) -> PeerError {
+        let status = answer.status().as_u16();
+        let message = answer
+            .json::<serde_json::Value>()
+            .await
+            .ok()
+            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| "no message".to_owned());
+        PeerError::new(node, Some(status), format!("answered {status}: {message}"))
+    }
 }
 
 impl std::fmt::Debug for ClusterContext {

@@ -24,7 +24,6 @@ pub fn module_path(digest: &str) -> String {
 /// plugin load is blocking work that may run anywhere (the blocking pool, a test's thread).
 pub fn fetch_module_blocking(
     context: &ClusterContext,
-    bearer: Option<&str>,
     digest: &str,
 ) -> Result<Option<Vec<u8>>, String> {
     let me = context.node_id().to_owned();
@@ -35,7 +34,7 @@ pub fn fetch_module_blocking(
         .filter(|n| n.id != me)
         .map(|n| (n.id, n.advertise))
         .collect();
-    let (bearer, digest) = (bearer.map(str::to_owned), digest.to_owned());
+    let (bearer, digest) = (context.peer_bearer.clone(), digest.to_owned());
     std::thread::scope(|scope| {
         scope
             .spawn(move || {

@@ -34,7 +34,7 @@ use narad_storage::transfer::{MAX_CHUNK_BYTES, Manifest};
 use narad_storage::{LogConfig, PartitionId, StorageError, Store};
 use serde::{Deserialize, Serialize};
 
-use super::{ClusterContext, REVISION_HEADER};
+use super::{ClusterContext, PeerError};
 use crate::blocking::BlockingError;
 use crate::metastore::{Metastore, MetastoreError, PartitionOwner};
 
@@ -187,15 +187,8 @@ pub enum MoveError {
         node: String,
     },
     /// A call to another node failed.
-    #[error("node {node} {reason}")]
-    Peer {
-        /// The node called.
-        node: String,
-        /// The HTTP status it answered, when it answered.
-        status: Option<u16>,
-        /// What went wrong, with its own message when it answered one.
-        reason: String,
-    },
+    #[error(transparent)]
+    Peer(#[from] PeerError),
     /// The copy does not end where the old owner said: it was removed and the move stopped.
     #[error(
         "the copy of {partition} ends at offset {copied}, but the old owner's log ends at \
@@ -234,7 +227,6 @@ pub struct Mover {
     cluster: Arc<ClusterContext>,
     store: Arc<Store>,
     hooks: MoveHooks,
-    peer_bearer: Option<String>,
     in_flight: Mutex<HashSet<PartitionId>>,
 }
 
@@ -255,19 +247,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Mover {
-    /// A mover for this node; `peer_bearer` is the secret the internal routes of other nodes
-    /// require (when the cluster has a token).
-    pub fn new(
-        cluster: Arc<ClusterContext>,
-        store: Arc<Store>,
-        hooks: MoveHooks,
-        peer_bearer: Option<String>,
-    ) -> Mover {
+    /// A mover for this node (its calls to other nodes carry the cluster's peer secret).
+    pub fn new(cluster: Arc<ClusterContext>, store: Arc<Store>, hooks: MoveHooks) -> Mover {
         Mover {
             cluster,
             store,
             hooks,
-            peer_bearer,
             in_flight: Mutex::new(HashSet::new()),
         }
     }
@@ -387,21 +372,24 @@ impl Mover {
         loop {
             attempt += 1;
             let answer = self
-                .post(from, &handoff_path(id), &request, HANDOFF_TIMEOUT)
+                .cluster
+                .post_peer(from, &handoff_path(id), &request, HANDOFF_TIMEOUT)
                 .await?;
             match answer.status().as_u16() {
                 200 => {
-                    return answer.json().await.map_err(|e| MoveError::Peer {
-                        node: from.to_owned(),
-                        status: Some(200),
-                        reason: format!("answered a hand-off that does not decode: {e}"),
+                    return answer.json().await.map_err(|e| {
+                        MoveError::Peer(PeerError::new(
+                            from,
+                            Some(200),
+                            format!("answered a hand-off that does not decode: {e}"),
+                        ))
                     });
                 }
                 // Cursors still stopping: ask again.
                 503 if attempt < HANDOFF_ATTEMPTS => {
                     tracing::info!(partition = %id, from, attempt, "hand-off not ready; asking again");
                 }
-                status => return Err(refusal(from, status, answer).await),
+                _ => return Err(PeerError::refused(from, answer).await.into()),
             }
         }
     }
@@ -487,16 +475,18 @@ impl Mover {
                     max: MAX_CHUNK_BYTES,
                 };
                 let answer = self
-                    .post(from, &chunk_path(id), &request, CHUNK_TIMEOUT)
+                    .cluster
+                    .post_peer(from, &chunk_path(id), &request, CHUNK_TIMEOUT)
                     .await?;
                 if !answer.status().is_success() {
-                    let status = answer.status().as_u16();
-                    return Err(refusal(from, status, answer).await);
+                    return Err(PeerError::refused(from, answer).await.into());
                 }
-                let bytes = answer.bytes().await.map_err(|e| MoveError::Peer {
-                    node: from.to_owned(),
-                    status: None,
-                    reason: format!("stopped sending {}: {e}", entry.name),
+                let bytes = answer.bytes().await.map_err(|e| {
+                    MoveError::Peer(PeerError::new(
+                        from,
+                        None,
+                        format!("stopped sending {}: {e}", entry.name),
+                    ))
                 })?;
                 if bytes.is_empty() {
                     break;
@@ -589,40 +579,6 @@ impl Mover {
         })
         .await??)
     }
-
-    /// `POST {node}{path}` with a JSON body, this node's metadata revision and the peer secret.
-    async fn post<B: Serialize>(
-        &self,
-        node: &str,
-        path: &str,
-        body: &B,
-        timeout: Duration,
-    ) -> Result<reqwest::Response, MoveError> {
-        let base = self
-            .cluster
-            .peers
-            .advertise_of(node)
-            .ok_or_else(|| MoveError::Peer {
-                node: node.to_owned(),
-                status: None,
-                reason: "is not alive".to_owned(),
-            })?;
-        let mut call = self
-            .cluster
-            .http
-            .post(format!("{base}{path}"))
-            .timeout(timeout)
-            .header(REVISION_HEADER, self.cluster.metastore.cache_revision())
-            .json(body);
-        if let Some(secret) = &self.peer_bearer {
-            call = call.bearer_auth(secret);
-        }
-        call.send().await.map_err(|e| MoveError::Peer {
-            node: node.to_owned(),
-            status: None,
-            reason: format!("did not answer: {e}"),
-        })
-    }
 }
 
 /// Longest wait for a whole move asked of another node: copying a large partition takes a
@@ -633,16 +589,18 @@ impl Mover {
     /// Asks node `to` to run the move of `id` to itself, and waits for its report.
     pub async fn ask_move_in(&self, to: &str, id: &PartitionId) -> Result<MoveReport, MoveError> {
         let answer = self
-            .post(to, &move_in_path(id), &serde_json::json!({}), MOVE_TIMEOUT)
+            .cluster
+            .post_peer(to, &move_in_path(id), &serde_json::json!({}), MOVE_TIMEOUT)
             .await?;
         if !answer.status().is_success() {
-            let status = answer.status().as_u16();
-            return Err(refusal(to, status, answer).await);
+            return Err(PeerError::refused(to, answer).await.into());
         }
-        answer.json().await.map_err(|e| MoveError::Peer {
-            node: to.to_owned(),
-            status: Some(200),
-            reason: format!("answered a move report that does not decode: {e}"),
+        answer.json().await.map_err(|e| {
+            MoveError::Peer(PeerError::new(
+                to,
+                Some(200),
+                format!("answered a move report that does not decode: {e}"),
+            ))
         })
     }
 
@@ -706,21 +664,6 @@ pub fn least_loaded(
     load.into_iter()
         .min_by_key(|(id, n)| (*n, *id))
         .map(|(id, _)| id.to_owned())
-}
-
-/// A peer's error answer, with the message of its JSON error body when it has one.
-async fn refusal(node: &str, status: u16, answer: reqwest::Response) -> MoveError {
-    let message = answer
-        .json::<serde_json::Value>()
-        .await
-        .ok()
-        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
-        .unwrap_or_else(|| "no message".to_owned());
-    MoveError::Peer {
-        node: node.to_owned(),
-        status: Some(status),
-        reason: format!("answered {status}: {message}"),
-    }
 }
 
 #[cfg(test)]
