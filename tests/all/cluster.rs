@@ -1232,3 +1232,195 @@ fn a_pause_and_a_seek_asked_of_any_node_reach_the_cursor_on_its_parents_owner() 
         "{counts:?}"
     );
 }
+
+/// `POST /v1/topics/{topic}/partitions/{partition}/recreate` through `base` with `body`.
+fn recreate(base: &str, topic: &str, partition: u32, body: Value) -> (u16, Value) {
+    send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/partitions/{partition}/recreate"),
+        Some(&body),
+    )
+    .expect("recreate")
+}
+
+/// The children listing's entry for `child` of `parent`, partition 0, read through `base`.
+fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
+    let (_, children) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{base}/v1/topics/{parent}/children"),
+        None,
+    )
+    .expect("children");
+    children["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|l| l["name"] == child).cloned())
+        .map(|l| l["partitions"][0].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_dead_nodes_partition_recreated_elsewhere_starts_above_every_copy_and_counts_what_links_lost() {
+    let mut cluster = Cluster::start("recreate");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n3"]));
+    cluster.create("copy", 2, json!(["n1", "n2"]));
+    cluster.create("audit", 1, json!(["n2"]));
+    let produce = |base: &str, from: usize, to: usize| {
+        let records: Vec<Value> = (from..to)
+            .map(|i| json!({"key": format!("k{}", i % 7), "value": format!("v{i}")}))
+            .collect();
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{base}/v1/topics/orders/records"),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+    };
+    let values =
+        |from: usize, to: usize| -> Vec<String> { (from..to).map(|i| format!("v{i}")).collect() };
+    cluster.attach("orders", "copy", json!({}));
+    produce(&cluster.url(0), 0, 100);
+    // `audit` is attached at offset 100 and paused before anything reaches it.
+    cluster.attach("orders", "audit", json!({}));
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/audit/pause", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("pause");
+    ok(status, &body, "pause");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while listed_partition(&cluster.url(0), "orders", "audit")["state"] != "paused" {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    produce(&cluster.url(0), 100, 200);
+    wait_for_values(&cluster, "copy", 2, &values(0, 200));
+
+    // Refused while the owner lives, and without the explicit acceptance.
+    let (status, body) = recreate(
+        &cluster.url(0),
+        "orders",
+        0,
+        json!({"on": "n1", "accept_loss": true}),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("partition move"),
+        "{body}"
+    );
+    cluster.nodes[2].kill9();
+    let (status, body) = recreate(&cluster.url(0), "orders", 0, json!({"on": "n1"}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("accept_loss"),
+        "{body}"
+    );
+
+    // Once n3's lease is gone, asked of n2, done by n1.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let report = loop {
+        let (status, body) = recreate(
+            &cluster.url(1),
+            "orders",
+            0,
+            json!({"on": "n1", "accept_loss": true}),
+        );
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Above every offset a child holds, so no new record is taken for a copy of an old one.
+    assert_eq!(report["start_offset"], 200, "{report}");
+    assert_eq!(
+        (report["from"].as_str(), report["to"].as_str()),
+        (Some("n3"), Some("n1")),
+        "{report}"
+    );
+    let link = |child: &str| {
+        report["links"]
+            .as_array()
+            .and_then(|l| l.iter().find(|l| l["child"] == child).cloned())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(link("copy")["child_holds_up_to"], 199, "{report}");
+    assert_eq!(link("copy")["dropped_at_most"], 0, "{report}");
+    assert_eq!(link("audit")["resume_offset"], 100, "{report}");
+    assert_eq!(link("audit")["dropped_at_most"], 100, "{report}");
+
+    // The partition serves again from n1, through any node, at offsets the old log never used.
+    produce(&cluster.url(1), 200, 250);
+    let offsets_from = |base: &str, offset: u64| {
+        let (status, body) = send_json(
+            &client,
+            Method::GET,
+            &format!("{base}/v1/topics/orders/partitions/0/records?offset={offset}&max=1000"),
+            None,
+        )
+        .expect("fetch");
+        (status, body)
+    };
+    let (status, body) = offsets_from(&cluster.url(0), 0);
+    assert_eq!(status, 416, "{body}");
+    assert_eq!(body["log_start_offset"], 200, "{body}");
+    let (status, body) = offsets_from(&cluster.url(0), 200);
+    ok(status, &body, "fetch");
+    let offsets: Vec<u64> = body["records"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|r| r["offset"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(offsets, (200..250).collect::<Vec<u64>>());
+    // Every new record reaches `copy`, none dropped for a copy of an old one, none twice.
+    wait_for_values(&cluster, "copy", 2, &values(0, 250));
+    let counts = value_counts(&client, &cluster.url(0), "copy", 2);
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+
+    // `audit` resumes: the 100 records it never got are counted as dropped, the new ones
+    // arrive.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/audit/resume", cluster.url(0)),
+        None,
+    )
+    .expect("resume");
+    ok(status, &body, "resume");
+    wait_for_values(&cluster, "audit", 1, &values(200, 250));
+    let held = values_in(&client, &cluster.url(0), "audit", 1);
+    assert_eq!(held.len(), 50, "{held:?}");
+    let listed = listed_partition(&cluster.url(0), "orders", "audit");
+    assert_eq!(listed["dropped_messages"], 100, "{listed}");
+    assert_eq!(listed["node"], "n1", "{listed}");
+
+    // n3 comes back: the metadata no longer names it, so it serves nothing of its old copy;
+    // a produce through it lands on n1's log.
+    cluster.nodes[2].restart();
+    cluster.wait_for_nodes(3);
+    let (status, body) = produce_one(&client, &cluster.url(2), "orders", 0, "after-return");
+    ok(status, &body, "produce through the returned node");
+    let (status, body) = offsets_from(&cluster.url(1), 250);
+    ok(status, &body, "fetch");
+    let last = body["records"][0].clone();
+    assert_eq!(
+        (last["offset"].as_u64(), last["value"].as_str()),
+        (Some(250), Some("after-return")),
+        "{body}"
+    );
+}

@@ -302,7 +302,11 @@ pub async fn run_server(
                             tokio::runtime::Handle::current(),
                             Arc::clone(&fanout_metrics),
                         )
-                        .with_local_receiver(Arc::clone(receiver)),
+                        .with_local_receiver(Arc::clone(receiver))
+                        .with_fence({
+                            let membership = Arc::clone(&context.membership);
+                            Arc::new(move || membership.fence_reason())
+                        }),
                     )
                 }
                 _ => Arc::clone(&producer) as Arc<dyn ChildCommitter>,
@@ -389,8 +393,33 @@ pub async fn run_server(
             },
         ))
     });
+    let recreator = match (&cluster, &receiver) {
+        (Some(context), Some(receiver)) => {
+            let data_dir = store.data_dir().to_path_buf();
+            Some(Arc::new(crate::cluster::recreate::Recreator::new(
+                Arc::clone(context),
+                Arc::clone(&store),
+                Arc::clone(receiver),
+                Arc::new(move |dir: &std::path::Path, id: &PartitionId| {
+                    crate::topics::set_aside::set_aside(
+                        &data_dir,
+                        dir,
+                        &id.topic,
+                        Some(id.partition),
+                        "found where a re-created partition was to go; kept untouched: adopt or \
+                         purge it with `narad admin set-aside`",
+                        crate::topics::now_ms(),
+                    )
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+                }),
+            )))
+        }
+        _ => None,
+    };
     let state = AppState::new(AppInner {
         mover,
+        recreator,
         limits: config.limits.clone(),
         store: Arc::clone(&store),
         metastore,
@@ -711,6 +740,10 @@ fn internal_router(receiver: Arc<crate::cluster::receiver::CommitReceiver>) -> a
     use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
     axum::Router::new()
         .route(COMMIT_PATH, axum::routing::post(commit_route))
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/highest-origin",
+            axum::routing::post(crate::cluster::recreate::highest_origin_route),
+        )
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_COMMIT_REQUEST_BYTES,
         ))

@@ -345,6 +345,13 @@ impl Store {
         topics
     }
 
+    /// Every registered partition, sorted.
+    pub fn registered_partitions(&self) -> Vec<PartitionId> {
+        let mut ids: Vec<PartitionId> = log::read(&self.partitions).keys().cloned().collect();
+        ids.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        ids
+    }
+
     /// Unregisters partition `id`, closing its log, and leaves its directory on disk as it is
     /// (for the caller to set aside). Unknown partitions are not an error.
     pub fn forget_partition(&self, id: &PartitionId) {

@@ -276,6 +276,31 @@ impl Staging {
         Ok(())
     }
 
+    /// Writes file `name` with exactly `bytes`, synced: for files made here rather than
+    /// received (a re-created partition's first segment, log start and offset files).
+    pub fn write_file(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let mut file = self.create(name)?;
+        file.write(bytes)?;
+        let entry = FileEntry {
+            name: name.to_owned(),
+            len: bytes.len() as u64,
+            crc32c: crc32c::crc32c(bytes),
+        };
+        file.finish(&entry)
+    }
+
+    /// Lays out an empty log whose first record will get offset `start_offset`: an empty
+    /// first segment named for it and the log-start record vouching for it, so the log opens
+    /// with that start and high watermark (a partition re-created after its node was lost
+    /// must not hand out offsets its old log used).
+    pub fn write_empty_log(&self, start_offset: u64) -> Result<()> {
+        self.write_file(&crate::log::segment::segment_name(start_offset), &[])?;
+        self.write_file(
+            crate::log::start::LOG_START_FILE_NAME,
+            &crate::log::start::encode(start_offset),
+        )
+    }
+
     /// Removes what was received (a move that failed or was cancelled).
     pub fn abandon(self) {
         if let Err(e) = self.fs.remove_dir_all(&self.dir) {

@@ -183,3 +183,38 @@ fn removing_a_moved_away_partition_unregisters_it_and_deletes_its_directory() {
     assert!(!dir.path().join("topics/t").join(id.dir_name()).exists());
     store.remove_partition(&id).unwrap(); // unknown: fine
 }
+
+#[test]
+fn an_empty_log_laid_out_at_an_offset_opens_there_appends_there_and_keeps_it_across_a_restart() {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let dir = tempfile::tempdir().unwrap();
+    let id = pid("orders", 1);
+    {
+        let store = real_store(dir.path(), clock.clone());
+        let staging = store.stage(&id).unwrap();
+        staging.write_empty_log(1_000).unwrap();
+        staging.install().unwrap();
+        store.create_partition(&id, LogConfig::default()).unwrap();
+        assert_eq!(store.high_watermark(&id).unwrap(), 1_000);
+        assert_eq!(store.peek(&id).unwrap().log_start_offset, 1_000);
+        // Offsets the old log used are not handed out again, nor read as records.
+        assert!(matches!(
+            store.read(&id, &read_from(0)),
+            Err(StorageError::OffsetBelowLogStart {
+                log_start: 1_000,
+                ..
+            })
+        ));
+        assert_eq!(
+            store.append(&id, batch(&["a", "b"])).unwrap().base_offset,
+            1_000
+        );
+        store.close().unwrap();
+    }
+    let store = real_store(dir.path(), clock);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert_eq!(store.high_watermark(&id).unwrap(), 1_002);
+    let read = store.read(&id, &read_from(1_000)).unwrap();
+    assert_eq!(values(&read.records), ["a", "b"]);
+    assert_eq!(store.append(&id, batch(&["c"])).unwrap().base_offset, 1_002);
+}

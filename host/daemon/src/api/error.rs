@@ -102,7 +102,7 @@ impl From<StorageError> for ApiError {
             StorageError::OffsetBelowLogStart { id, requested, log_start } => ApiError::new(
                 StatusCode::RANGE_NOT_SATISFIABLE,
                 format!(
-                    "offset {requested} of {id} was deleted by retention; the oldest stored offset is {log_start}"
+                    "offset {requested} of {id} is no longer stored (deleted by retention, or the partition was re-created); the oldest stored offset is {log_start}"
                 ),
             )
             .with("log_start_offset", *log_start),

@@ -8,7 +8,8 @@
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`, `.../pause`,
 //!   `.../resume`, `.../seek`,
 //!   `GET /v1/topics/{parent}/children`;
-//! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and the internal routes of a move;
+//! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and `.../recreate`, and the internal
+//!   routes of a move;
 //! - [`metrics`]: `GET /metrics`;
 //! - [`health`]: `GET /healthz`;
 //! - [`admin`]: `GET /v1/admin/set-aside`, `POST /v1/admin/set-aside/{id}/adopt`,
@@ -91,6 +92,9 @@ pub struct AppInner {
     pub forward: Option<Arc<forward::Forwarder>>,
     /// Runs this node's side of planned partition moves (cluster mode).
     pub mover: Option<Arc<crate::cluster::moves::Mover>>,
+    /// Runs this node's side of forced re-creations of a dead node's partitions (cluster
+    /// mode).
+    pub recreator: Option<Arc<crate::cluster::recreate::Recreator>>,
 }
 
 impl AppState {
@@ -172,6 +176,10 @@ pub fn router(state: AppState) -> Router {
             post(moves::move_partition),
         )
         .route(
+            "/v1/topics/{topic}/partitions/{partition}/recreate",
+            post(moves::recreate),
+        )
+        .route(
             "/internal/v1/topics/{topic}/high-watermarks",
             get(internal::high_watermarks),
         )
@@ -201,6 +209,10 @@ pub fn peer_router(state: AppState) -> Router {
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/move-in",
             post(moves::move_in),
+        )
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/recreate-here",
+            post(moves::recreate_here),
         )
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/handoff",

@@ -2,6 +2,10 @@
 //! - `POST /v1/topics/{t}/partitions/{p}/move` on any node: `{"to": "n3"}` moves the partition
 //!   to node n3 (without `to`: where a move that stopped part way was going, else the least
 //!   loaded live node other than its owner) and answers once the new owner serves it; `{"cancel": true}` cancels a move under way.
+//! - `POST /v1/topics/{t}/partitions/{p}/recreate` on any node: `{"on": "n3", "accept_loss":
+//!   true}` re-creates a dead node's partition, empty, on n3 ([`crate::cluster::recreate`]).
+//! - `POST /internal/v1/topics/{t}/partitions/{p}/recreate-here`: the node called re-creates
+//!   the partition on itself.
 //! - `POST /internal/v1/topics/{t}/partitions/{p}/move-in`: the node called runs the move to
 //!   itself (what the public route asks of the target).
 //! - `POST /internal/v1/topics/{t}/partitions/{p}/handoff`: the owner stops the partition's
@@ -21,9 +25,12 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::topics::require_topic;
-use super::types::{MoveCancelled, MoveRequest};
+use super::types::{MoveCancelled, MoveRequest, RecreateRequest};
 use crate::cluster::PeerError;
 use crate::cluster::moves::{ChunkRequest, HandoffRequest, MoveError, MoveReport, Mover};
+use crate::cluster::recreate::{
+    RecreateError, RecreateHereRequest, RecreateReport, Recreator, recreate_here_path,
+};
 
 impl From<MoveError> for ApiError {
     fn from(err: MoveError) -> ApiError {
@@ -47,6 +54,32 @@ impl From<MoveError> for ApiError {
             _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
         }
     }
+}
+
+impl From<RecreateError> for ApiError {
+    fn from(err: RecreateError) -> ApiError {
+        match err {
+            RecreateError::Metastore(e) => e.into(),
+            RecreateError::Storage(e) => e.into(),
+            RecreateError::UnknownPartition { .. } => ApiError::not_found(err.to_string()),
+            RecreateError::OwnerAlive { .. } | RecreateError::AlreadyOwner { .. } => {
+                ApiError::new(StatusCode::CONFLICT, err.to_string())
+            }
+            RecreateError::ChildUnknown { .. } | RecreateError::Membership(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
+            }
+            _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+        }
+    }
+}
+
+fn recreator(state: &AppState) -> Result<&Recreator, ApiError> {
+    state.recreator.as_deref().ok_or_else(|| {
+        ApiError::bad_request(
+            "re-creating a partition applies in cluster mode (narad serve --etcd ...); a \
+             single node owns every partition",
+        )
+    })
 }
 
 fn mover(state: &AppState) -> Result<&Mover, ApiError> {
@@ -153,6 +186,132 @@ async fn run_move_in(state: &AppState, id: PartitionId) -> Result<MoveReport, Ap
             format!("the move task did not finish: {e}"),
         )
     })?
+}
+
+/// `POST /v1/topics/{t}/partitions/{p}/recreate`.
+pub async fn recreate(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+    ApiJson(request): ApiJson<RecreateRequest>,
+) -> Result<Json<RecreateReport>, ApiError> {
+    recreator(&state)?;
+    let id = partition(&state, &topic, index).await?;
+    if !request.accept_loss {
+        return Err(ApiError::bad_request(
+            "re-creating a partition loses every record only its dead owner held; say so with \
+             \"accept_loss\": true (`--accept-loss`), or bring the node back, or, if it is alive, \
+             use `narad partition move`",
+        ));
+    }
+    let cluster = state.cluster.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "a recreator without cluster mode",
+        )
+    })?;
+    let on = match request.on {
+        Some(on) => on,
+        None => {
+            let snapshot = state.metastore.snapshot().await?;
+            let owner = snapshot
+                .topics
+                .get(&id.topic)
+                .and_then(|t| t.owners.get(id.partition as usize))
+                .map(|o| o.node.clone())
+                .unwrap_or_default();
+            let live: Vec<String> = cluster
+                .peers
+                .live()
+                .into_iter()
+                .map(|n| n.id)
+                .filter(|n| *n != owner)
+                .collect();
+            crate::cluster::moves::least_loaded(&snapshot, &live).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("no live node to re-create {id} on"),
+                )
+            })?
+        }
+    };
+    if !cluster.peers.is_live(&on) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("node {on} is not alive; `narad node list` shows the live nodes"),
+        ));
+    }
+    let here = RecreateHereRequest {
+        start_offset: request.start_offset,
+    };
+    if on == cluster.node_id() {
+        return Ok(Json(run_recreate_here(&state, id, here).await?));
+    }
+    let answer = cluster
+        .post_peer(&on, &recreate_here_path(&id), &here, RECREATE_TIMEOUT)
+        .await
+        .map_err(peer_error)?;
+    if !answer.status().is_success() {
+        return Err(peer_error(PeerError::refused(&on, answer).await));
+    }
+    let report = answer.json::<RecreateReport>().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("node {on} answered a re-creation that does not decode: {e}"),
+        )
+    })?;
+    Ok(Json(report))
+}
+
+/// Longest wait for the target of a re-creation to answer: it asks every child partition of
+/// every link from the partition.
+const RECREATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn peer_error(e: PeerError) -> ApiError {
+    let status = e
+        .status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .filter(|s| !s.is_success())
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    ApiError::new(status, e.to_string())
+}
+
+/// Runs the re-creation in its own task (a client that goes away does not stop it half way)
+/// and registers the new partition at once.
+async fn run_recreate_here(
+    state: &AppState,
+    id: PartitionId,
+    request: RecreateHereRequest,
+) -> Result<RecreateReport, ApiError> {
+    let task = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let recreator = recreator(&state)?;
+            let report = recreator
+                .recreate_here(&id.topic, id.partition, request.start_offset)
+                .await?;
+            if let Err(e) = state.topics.sync_owned().await {
+                tracing::warn!(error = %e, "registering a re-created partition waits for the next pass");
+            }
+            Ok::<_, ApiError>(report)
+        })
+    };
+    task.await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the re-creation task did not finish: {e}"),
+        )
+    })?
+}
+
+/// `POST /internal/v1/topics/{t}/partitions/{p}/recreate-here`.
+pub async fn recreate_here(
+    State(state): State<AppState>,
+    ApiPath((topic, index)): ApiPath<(String, u32)>,
+    ApiJson(request): ApiJson<RecreateHereRequest>,
+) -> Result<Json<RecreateReport>, ApiError> {
+    recreator(&state)?;
+    let id = partition(&state, &topic, index).await?;
+    Ok(Json(run_recreate_here(&state, id, request).await?))
 }
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/move-in`.

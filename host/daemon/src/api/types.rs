@@ -62,6 +62,23 @@ pub struct MoveRequest {
     pub cancel: bool,
 }
 
+/// `POST /v1/topics/{t}/partitions/{p}/recreate` body: re-create a dead node's partition,
+/// empty, on another node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecreateRequest {
+    /// The node to re-create it on; absent: the least loaded live node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<String>,
+    /// Must be `true`: the records only the dead node held are lost.
+    #[serde(default)]
+    pub accept_loss: bool,
+    /// The lowest offset the new log may start at (say, the last high watermark seen, so
+    /// consumers of the partition never meet a reused offset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_offset: Option<u64>,
+}
+
 /// The answer to a cancelled move: who owns the partition now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MoveCancelled {

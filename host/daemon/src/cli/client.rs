@@ -269,6 +269,23 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/topics/{t}/partitions/{p}/recreate`: re-creates a dead node's partition,
+    /// empty, on `on` (absent: the daemon picks), accepting the loss.
+    pub async fn recreate_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        request: &crate::api::types::RecreateRequest,
+    ) -> Result<crate::cluster::recreate::RecreateReport, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/recreate"),
+            Some(request),
+            Some(crate::cluster::moves::MOVE_TIMEOUT),
+        )
+        .await
+    }
+
     /// `POST /v1/topics/{t}/partitions/{p}/move` with `cancel`.
     pub async fn cancel_move(
         &self,

@@ -1,10 +1,11 @@
-//! `narad partition move`.
+//! `narad partition move` and `narad partition recreate`.
 
 use clap::{Args, Subcommand};
 
 use super::ClientArgs;
 use super::human;
 use crate::cluster::moves::MoveReport;
+use crate::cluster::recreate::RecreateReport;
 
 /// `narad partition`.
 #[derive(Debug, Args)]
@@ -34,6 +35,25 @@ pub enum PartitionCommand {
         /// again.
         #[arg(long)]
         cancel: bool,
+    },
+    /// Re-create a partition whose node is dead and not coming back, empty, on another node.
+    /// Every record only that node held is lost; each link from the partition counts what it
+    /// lost on narad_fanout_child_dropped_messages. Refused while the owner is alive (use
+    /// `move`) and until every child partition of its links can say what it holds.
+    Recreate {
+        /// The partition, as TOPIC/PARTITION (`orders/3`).
+        partition: String,
+        /// The node to re-create it on (default: the live node owning the fewest partitions).
+        #[arg(long)]
+        on: Option<String>,
+        /// Required: you accept that the records only the dead node held are lost.
+        #[arg(long)]
+        accept_loss: bool,
+        /// The lowest offset the new log may start at; pass the last high watermark you saw
+        /// so consumers reading the partition never meet a reused offset (default: just above
+        /// what its children hold).
+        #[arg(long)]
+        start_offset: Option<u64>,
     },
 }
 
@@ -65,6 +85,35 @@ pub fn move_line(report: &MoveReport) -> String {
     )
 }
 
+/// What a re-creation did, for people: one line, then one per link.
+pub fn recreate_lines(report: &RecreateReport) -> Vec<String> {
+    let mut lines = vec![format!(
+        "re-created {}/{} on {} (was {}, generation {}): the new log starts at offset {}",
+        report.topic,
+        report.partition,
+        report.to,
+        report.from,
+        report.generation,
+        report.start_offset,
+    )];
+    for link in &report.links {
+        let holds = match link.child_holds_up_to {
+            Some(h) => format!("holds up to offset {h}"),
+            None => "holds none it still remembers".to_owned(),
+        };
+        lines.push(format!(
+            "  -> {}: {holds}; resumes at {}, counting at most {} dropped",
+            link.child, link.resume_offset, link.dropped_at_most
+        ));
+    }
+    for parent in &report.fed_by {
+        lines.push(format!(
+            "  <- {parent}: what the partition held of it is lost; its cursors go on from where they are"
+        ));
+    }
+    lines
+}
+
 /// Runs a partition command.
 pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
     let client = args.client.client();
@@ -92,6 +141,33 @@ pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 println!("{}", move_line(&report));
+            }
+        }
+        PartitionCommand::Recreate {
+            partition,
+            on,
+            accept_loss,
+            start_offset,
+        } => {
+            let (topic, index) = parse_partition(&partition)?;
+            if !accept_loss {
+                anyhow::bail!(
+                    "re-creating {topic}/{index} loses every record only its dead owner held; \
+                     run it again with --accept-loss if that node is not coming back"
+                );
+            }
+            let request = crate::api::types::RecreateRequest {
+                on,
+                accept_loss,
+                start_offset,
+            };
+            let report = client.recreate_partition(&topic, index, &request).await?;
+            if args.client.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for line in recreate_lines(&report) {
+                    println!("{line}");
+                }
             }
         }
     }

@@ -95,6 +95,16 @@ impl OriginWindow {
         self.held.contains(origin)
     }
 
+    /// The highest parent offset of `parent_partition` under `epoch` the window holds: every
+    /// offset a new record of that parent partition could be dropped for is at or below it.
+    pub fn highest_offset(&self, epoch: [u8; 8], parent_partition: u32) -> Option<u64> {
+        self.arrival
+            .iter()
+            .filter(|o| o.epoch == epoch && o.parent_partition == parent_partition)
+            .map(|o| o.parent_offset)
+            .max()
+    }
+
     /// Which records of a child batch to keep: `false` for each one the window already holds.
     pub fn keep_mask(&self, origin: &BatchOrigin) -> Vec<bool> {
         origin
@@ -194,6 +204,19 @@ mod tests {
                 parent_offsets: offsets.to_vec(),
             }),
         }
+    }
+
+    #[test]
+    fn the_highest_offset_held_is_per_epoch_and_parent_partition_and_forgets_what_left() {
+        let mut window = OriginWindow::with_capacity(4);
+        window.remember_batch(batch(1, 0, &[5, 9, 7]).origin.as_ref().unwrap());
+        window.remember_batch(batch(2, 0, &[40]).origin.as_ref().unwrap());
+        assert_eq!(window.highest_offset([1; 8], 0), Some(9));
+        assert_eq!(window.highest_offset([2; 8], 0), Some(40));
+        assert_eq!(window.highest_offset([1; 8], 1), None);
+        // 5 and 9 leave the window; 7 stays.
+        window.remember_batch(batch(3, 0, &[1, 2]).origin.as_ref().unwrap());
+        assert_eq!(window.highest_offset([1; 8], 0), Some(7));
     }
 
     /// Appends what the window lets through and returns what was appended.

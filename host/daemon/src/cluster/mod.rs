@@ -31,6 +31,7 @@ pub mod ownership;
 pub mod peers;
 pub mod placement;
 pub mod receiver;
+pub mod recreate;
 
 pub use membership::{Membership, MembershipError, NodeRecord};
 

@@ -142,6 +142,44 @@ impl CommitReceiver {
         }
     }
 
+    /// The highest parent offset of `parent_partition` under `epoch` that child partition `id`
+    /// remembers (its dedupe window, built from its tail if no commit built it yet): a parent
+    /// partition re-created empty must start above it, or its new records would be dropped
+    /// as copies of the old ones. Only the owner answers. Blocking.
+    pub fn highest_origin(
+        &self,
+        id: &PartitionId,
+        epoch: [u8; 8],
+        parent_partition: u32,
+    ) -> Result<Option<u64>, HighestOriginError> {
+        let owner = (self.owners)(id);
+        let generation = match &owner {
+            Some(o) if o.node == self.node => o.generation,
+            _ => {
+                return Err(HighestOriginError::NotOwner {
+                    partition: id.clone(),
+                    owner: owner.map(|o| o.node),
+                });
+            }
+        };
+        let slot = {
+            let mut windows = self
+                .windows
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(windows.entry(id.clone()).or_default())
+        };
+        let mut window = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if window.as_ref().map(|(g, _)| *g) != Some(generation) {
+            *window = Some((generation, self.rebuild(id)?));
+        }
+        Ok(window
+            .as_ref()
+            .and_then(|(_, w)| w.highest_offset(epoch, parent_partition)))
+    }
+
     /// The window of `id`, from its last [`WINDOW_ORIGINS`] records.
     fn rebuild(&self, id: &PartitionId) -> Result<OriginWindow, StorageError> {
         let end = self.store.high_watermark(id)?;
@@ -174,6 +212,23 @@ impl CommitReceiver {
         }
         Ok(OriginWindow::rebuild(self.window_capacity, &origins))
     }
+}
+
+/// Why [`CommitReceiver::highest_origin`] has no answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HighestOriginError {
+    /// This node does not own the partition (by its metadata copy).
+    #[error("this node does not own {partition} (its owner: {})", owner.as_deref().unwrap_or("none"))]
+    NotOwner {
+        /// The partition asked about.
+        partition: PartitionId,
+        /// Its owner by this node's metadata copy.
+        owner: Option<String>,
+    },
+    /// Reading the partition's tail failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 fn failed(e: &StorageError) -> CommitResponse {

@@ -39,6 +39,16 @@ pub enum ChildCommitError {
         /// The child partition.
         partition: PartitionId,
     },
+    /// This node is fenced (it could not renew its lease with etcd for nearly a TTL): it
+    /// sends no commit, so a node the cluster may already count as dead, whose parent
+    /// partitions may be re-created elsewhere, writes nothing more into children.
+    #[error("not committing to child partition {partition}: {reason}")]
+    Fenced {
+        /// The child partition.
+        partition: PartitionId,
+        /// Why this node is fenced.
+        reason: String,
+    },
     /// The child partition's owner is not alive (its lease is gone): nothing was sent, so a
     /// dead owner costs no connect timeout per try.
     #[error("waiting for the owner of child partition {partition} (node {node}): it is not alive")]

@@ -54,6 +54,8 @@ pub struct ClusterCommitter {
     /// This node's own receiver: with it, a local child commit is fenced and deduplicated
     /// exactly as one from another node (one window per partition, whoever sends).
     receiver: Option<Arc<CommitReceiver>>,
+    /// Why this node sends nothing now (it lost etcd), if it does not.
+    fence: Option<Arc<crate::ownership::WriteFence>>,
 }
 
 impl std::fmt::Debug for ClusterCommitter {
@@ -87,6 +89,7 @@ impl ClusterCommitter {
             runtime,
             metrics,
             receiver: None,
+            fence: None,
         }
     }
 
@@ -95,6 +98,13 @@ impl ClusterCommitter {
     /// on the cursor's own node too, not only on remote owners.
     pub fn with_local_receiver(mut self, receiver: Arc<CommitReceiver>) -> ClusterCommitter {
         self.receiver = Some(receiver);
+        self
+    }
+
+    /// The same committer, sending nothing while `fence` gives a reason (the node could not
+    /// renew its lease): the buckets wait in memory and are retried, as for a dead owner.
+    pub fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> ClusterCommitter {
+        self.fence = Some(fence);
         self
     }
 
@@ -208,6 +218,12 @@ impl ChildCommitter for ClusterCommitter {
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
+        if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
+            return Err(ChildCommitError::Fenced {
+                partition: partition.clone(),
+                reason,
+            });
+        }
         // Read on every try, so a retry after `NotOwner` or a move sees the current owner.
         let Some(owner) = (self.owners)(partition) else {
             return Err(ChildCommitError::OwnerUnknown {
@@ -298,6 +314,8 @@ mod tests {
         n2_alive: Arc<AtomicBool>,
         /// Commit calls n2's server received.
         n2_calls: Arc<AtomicUsize>,
+        /// Whether n1 is fenced (lost etcd).
+        n1_fenced: Arc<AtomicBool>,
         metrics: Arc<FanoutMetrics>,
         committer: Arc<ClusterCommitter>,
         _server: tokio::task::JoinHandle<()>,
@@ -341,15 +359,24 @@ mod tests {
             (node == "n2" && alive.load(Ordering::SeqCst)).then(|| n2_url.clone())
         });
         let metrics = Arc::new(FanoutMetrics::default());
-        let committer = Arc::new(ClusterCommitter::new(
-            "n1".to_owned(),
-            Arc::new(Producer::new(Arc::clone(&n1_store))),
-            owners_of(&n1_owners),
-            addresses,
-            CommitClient::new().unwrap(),
-            Handle::current(),
-            Arc::clone(&metrics),
-        ));
+        let n1_fenced = Arc::new(AtomicBool::new(false));
+        let fenced = Arc::clone(&n1_fenced);
+        let committer = Arc::new(
+            ClusterCommitter::new(
+                "n1".to_owned(),
+                Arc::new(Producer::new(Arc::clone(&n1_store))),
+                owners_of(&n1_owners),
+                addresses,
+                CommitClient::new().unwrap(),
+                Handle::current(),
+                Arc::clone(&metrics),
+            )
+            .with_fence(Arc::new(move || {
+                fenced
+                    .load(Ordering::SeqCst)
+                    .then(|| "this node lost etcd".to_owned())
+            })),
+        );
         Pair {
             _dirs: dirs,
             n1_store,
@@ -357,6 +384,7 @@ mod tests {
             n2_owners,
             n2_alive,
             n2_calls,
+            n1_fenced,
             metrics,
             committer,
             _server: server,
@@ -649,5 +677,27 @@ mod tests {
             "waiting for the owner of child partition child/p00001 (node n2): it is not alive"
         );
         assert_eq!(p.n2_calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_node_sends_no_commit_anywhere_and_commits_again_once_it_is_not() {
+        let pair = pair().await;
+        pair.n1_fenced.store(true, Ordering::SeqCst);
+        for partition in [0, 1] {
+            let error = commit_one(&pair.committer, partition, frame(&[0, 1]))
+                .await
+                .unwrap_err();
+            assert!(matches!(error, ChildCommitError::Fenced { .. }), "{error}");
+            assert!(error.to_string().contains("lost etcd"), "{error}");
+        }
+        assert_eq!(pair.n2_calls.load(Ordering::SeqCst), 0);
+        assert!(stored(&pair.n1_store, 0).is_empty());
+        assert!(stored(&pair.n2_store, 1).is_empty());
+
+        pair.n1_fenced.store(false, Ordering::SeqCst);
+        commit_one(&pair.committer, 1, frame(&[0, 1]))
+            .await
+            .unwrap();
+        assert_eq!(stored(&pair.n2_store, 1).len(), 2);
     }
 }

@@ -270,18 +270,82 @@ impl TopicService {
             cluster.node_id().to_owned(),
             self.segment_bytes,
         );
-        let (moved, new, plan) = {
+        let (moved, new, plan, disowned) = {
             let node = node.clone();
             crate::blocking::run(move || {
                 let moved = owned::set_aside_unnamed(&store, &snapshot, now_ms())?;
                 let new = owned::register_owned(&store, &snapshot, &node, segment_bytes)?;
-                let plan = owned::plan_sealed(&store.sealed_partitions(), &snapshot, &node);
-                Ok::<_, TopicError>((moved, new, plan))
+                let sealed = store.sealed_partitions();
+                let plan = owned::plan_sealed(&sealed, &snapshot, &node);
+                let disowned =
+                    owned::plan_disowned(&store.registered_partitions(), &sealed, &snapshot, &node);
+                Ok::<_, TopicError>((moved, new, plan, disowned))
             })
             .await??
         };
         self.settle_sealed(plan, &node).await;
+        if !disowned.is_empty() {
+            self.set_aside_disowned(disowned, &node).await;
+        }
         Ok((moved, new))
+    }
+
+    /// Unregisters and sets aside the partitions re-created on another node while this one
+    /// was cut off, once a linearizable read agrees they are another node's (a copy of the
+    /// metadata that is merely behind never takes a partition away).
+    async fn set_aside_disowned(&self, disowned: Vec<PartitionId>, node: &str) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        let confirmed = match cluster.metastore.confirm().await {
+            Ok(confirmed) => confirmed,
+            Err(e) => {
+                tracing::warn!(error = %e, "partitions owned elsewhere stay registered until the metadata can be confirmed");
+                return;
+            }
+        };
+        let store = Arc::clone(&self.store);
+        let node = node.to_owned();
+        let done = crate::blocking::run(move || {
+            let again =
+                owned::plan_disowned(&disowned, &store.sealed_partitions(), &confirmed, &node);
+            for id in again {
+                store.forget_partition(&id);
+                let dir = store
+                    .data_dir()
+                    .join(narad_storage::store::TOPICS_DIR_NAME)
+                    .join(&id.topic)
+                    .join(id.dir_name());
+                let owner = confirmed
+                    .topics
+                    .get(&id.topic)
+                    .and_then(|t| t.owners.get(id.partition as usize))
+                    .map(|o| o.node.clone())
+                    .unwrap_or_default();
+                let reason = format!(
+                    "this node's copy of a partition the cluster re-created on node {owner} while \
+                     this node was unreachable; kept untouched (its records are the ones counted \
+                     lost): adopt or purge it with `narad admin set-aside`"
+                );
+                match set_aside::set_aside(
+                    store.data_dir(),
+                    &dir,
+                    &id.topic,
+                    Some(id.partition),
+                    &reason,
+                    now_ms(),
+                ) {
+                    Ok(_) => tracing::warn!(partition = %id, owner = %owner,
+                        "set aside this node's copy of a partition re-created on another node"),
+                    Err(e) => tracing::warn!(partition = %id, error = %e,
+                        "could not set aside the copy of a partition re-created on another node"),
+                }
+            }
+        })
+        .await;
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "setting aside partitions owned elsewhere did not finish");
+        }
     }
 
     /// Unseals partitions whose move was cancelled, and deletes this node's copy of those

@@ -81,6 +81,30 @@ pub fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &str) -> S
     plan
 }
 
+/// Of the partitions this node has registered and not sealed (`registered`, `sealed`), those
+/// `snapshot` gives to another node with no move to this one under way: re-created elsewhere
+/// while this node was cut off (`narad partition recreate`). This node must serve nothing of
+/// them; their directories are set aside, never deleted.
+pub fn plan_disowned(
+    registered: &[PartitionId],
+    sealed: &[PartitionId],
+    snapshot: &Snapshot,
+    node: &str,
+) -> Vec<PartitionId> {
+    registered
+        .iter()
+        .filter(|id| !sealed.contains(id))
+        .filter(|id| {
+            snapshot
+                .topics
+                .get(&id.topic)
+                .and_then(|t| t.owners.get(id.partition as usize))
+                .is_some_and(|o| o.node != node && o.moving_to.as_deref() != Some(node))
+        })
+        .cloned()
+        .collect()
+}
+
 /// Sets aside (never deletes) every topic this node has registered that `snapshot` no longer
 /// names: deleted through another node, or gone from the metadata some other way. Its
 /// partitions are unregistered first, so nothing reads or writes them; the directory then
@@ -168,4 +192,46 @@ pub fn unaccounted(
     }
     found.sort();
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metastore::{PartitionOwner, TopicMeta};
+
+    fn snapshot(owners: Vec<PartitionOwner>) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        let topic = TopicMeta {
+            name: "orders".to_owned(),
+            partitions: u32::try_from(owners.len()).unwrap(),
+            retention_ms: None,
+            retention_bytes: None,
+            created_at_ms: 0,
+            owners,
+        };
+        snapshot.topics.insert("orders".to_owned(), topic);
+        snapshot
+    }
+
+    #[test]
+    fn only_unsealed_partitions_given_to_another_node_with_no_move_here_are_disowned() {
+        let moving_here = PartitionOwner {
+            moving_to: Some("n1".to_owned()),
+            ..PartitionOwner::first("n2")
+        };
+        let snapshot = snapshot(vec![
+            PartitionOwner::first("n1"),
+            PartitionOwner::first("n2"),
+            moving_here,
+            PartitionOwner::first("n3"),
+        ]);
+        let ids: Vec<PartitionId> = (0..5).map(|p| PartitionId::new("orders", p)).collect();
+        let sealed = vec![ids[3].clone()];
+        // 0 is ours; 1 was re-created on n2; 2 is moving here; 3 is sealed for a finished
+        // move (released elsewhere); 4 is not in the metadata (left to the topic pass).
+        assert_eq!(
+            plan_disowned(&ids, &sealed, &snapshot, "n1"),
+            vec![ids[1].clone()]
+        );
+    }
 }
