@@ -963,6 +963,76 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
         let owners = topic["owners"].as_array().expect("owners");
         assert!(!owners.iter().any(|o| o == "n2"), "n2 still owns: {topic}");
     }
+    // The drain cordoned n2: a topic spread over the live nodes skips it (a pin may still
+    // name it), until it is uncordoned.
+    let (_, nodes) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/nodes", cluster.url(2)),
+        None,
+    )
+    .expect("nodes");
+    let n2 = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["id"] == "n2").cloned())
+        .unwrap_or(Value::Null);
+    assert_eq!(n2["cordoned"], true, "{nodes}");
+    let owners_of = |name: &str| -> Vec<String> {
+        let (_, topic) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/{name}", cluster.url(0)),
+            None,
+        )
+        .expect("describe");
+        topic["owners"]
+            .as_array()
+            .map(|o| {
+                o.iter()
+                    .filter_map(|o| o.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "while-cordoned", "partitions": 6})),
+    )
+    .expect("create");
+    ok(status, &body, "create while n2 is cordoned");
+    let owners = owners_of("while-cordoned");
+    assert_eq!(owners.len(), 6, "{owners:?}");
+    assert!(!owners.iter().any(|o| o == "n2"), "{owners:?}");
+    let (status, body) = send_json(
+        &client,
+        Method::DELETE,
+        &format!("{}/v1/nodes/n2/cordon", cluster.url(1)),
+        None,
+    )
+    .expect("uncordon");
+    ok(status, &body, "uncordon");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, nodes) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/nodes", cluster.url(0)),
+            None,
+        )
+        .expect("nodes");
+        if nodes["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().all(|n| n["cordoned"].is_null()))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{nodes}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.create("after-uncordon", 6, json!(null));
+    assert!(owners_of("after-uncordon").iter().any(|o| o == "n2"));
     // No gap, no duplicate: every acknowledged record is in the parent and in the child, and
     // no record is stored twice in either.
     wait_for_values(&cluster, "copy", 2, &acknowledged);

@@ -172,6 +172,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(nodes::list))
         .route(
+            "/v1/nodes/{id}/cordon",
+            post(nodes::cordon).delete(nodes::uncordon),
+        )
+        .route(
             "/v1/topics/{topic}/partitions/{partition}/move",
             post(moves::move_partition),
         )

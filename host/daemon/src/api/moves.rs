@@ -221,9 +221,8 @@ pub async fn recreate(
                 .unwrap_or_default();
             let live: Vec<String> = cluster
                 .peers
-                .live()
+                .placeable()
                 .into_iter()
-                .map(|n| n.id)
                 .filter(|n| *n != owner)
                 .collect();
             crate::cluster::moves::least_loaded(&snapshot, &live).ok_or_else(|| {

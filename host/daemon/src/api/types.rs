@@ -114,6 +114,18 @@ pub struct NodeInfo {
     /// When its process joined, milliseconds since the Unix epoch; absent on a single node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joined_at: Option<i64>,
+    /// Cordoned (being drained): it gets no new partitions unless pinned there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordoned: bool,
+}
+
+/// The answer to a cordon or uncordon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cordon {
+    /// The node.
+    pub node: String,
+    /// Whether it is cordoned now.
+    pub cordoned: bool,
 }
 
 /// `GET /v1/topics` answer.

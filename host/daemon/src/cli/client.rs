@@ -225,6 +225,17 @@ impl Client {
             .await
     }
 
+    /// `POST` (`on`) or `DELETE /v1/nodes/{id}/cordon`.
+    pub async fn cordon(
+        &self,
+        node: &str,
+        on: bool,
+    ) -> Result<crate::api::types::Cordon, ApiCallError> {
+        let method = if on { Method::POST } else { Method::DELETE };
+        self.call::<(), _>(method, &format!("/v1/nodes/{node}/cordon"), None, None)
+            .await
+    }
+
     /// `GET /v1/topics`.
     pub async fn list_topics(&self) -> Result<TopicList, ApiCallError> {
         self.call::<(), _>(Method::GET, "/v1/topics", None, None)

@@ -1,4 +1,4 @@
-//! `narad node list` and `narad node drain`.
+//! `narad node list`, `narad node drain`, `narad node cordon` and `narad node uncordon`.
 
 use clap::{Args, Subcommand};
 
@@ -23,10 +23,22 @@ pub enum NodeCommand {
     /// List the live nodes of the cluster and the addresses they advertise.
     List,
     /// Move every partition a node owns to the other live nodes, one at a time (each a
-    /// fenced `partition move`), showing each as it finishes. Run it again to resume after a
-    /// failure: what moved stays moved.
+    /// fenced `partition move`), showing each as it finishes. Cordons the node first, so no
+    /// new partition lands there meanwhile. Run it again to resume after a failure: what
+    /// moved stays moved.
     Drain {
         /// The node to empty.
+        id: String,
+    },
+    /// Stop giving a node new partitions (spread placements, and moves or re-creations
+    /// without a named target skip it); what it owns it keeps serving.
+    Cordon {
+        /// The node.
+        id: String,
+    },
+    /// Give a cordoned node new partitions again (after a drain, or a cordon, is done with).
+    Uncordon {
+        /// The node.
         id: String,
     },
 }
@@ -44,6 +56,24 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             }
         }
         NodeCommand::Drain { id } => drain(&client, &id, args.client.json).await?,
+        NodeCommand::Cordon { id } => {
+            let answer = client.cordon(&id, true).await?;
+            if args.client.json {
+                println!("{}", serde_json::to_string_pretty(&answer)?);
+            } else {
+                println!(
+                    "node {id} is cordoned: it gets no new partitions (`narad node uncordon {id}` to undo)"
+                );
+            }
+        }
+        NodeCommand::Uncordon { id } => {
+            let answer = client.cordon(&id, false).await?;
+            if args.client.json {
+                println!("{}", serde_json::to_string_pretty(&answer)?);
+            } else {
+                println!("node {id} may be given new partitions again");
+            }
+        }
     }
     Ok(())
 }
@@ -64,6 +94,13 @@ fn owned_by(topics: &[crate::api::types::TopicInfo], node: &str) -> Vec<(String,
 }
 
 async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow::Result<()> {
+    // First, so a topic created while the drain runs does not put partitions back on it.
+    client.cordon(node, true).await?;
+    if !json {
+        println!(
+            "node {node} is cordoned: it gets no new partitions (`narad node uncordon {node}` to undo)"
+        );
+    }
     let topics = client.list_topics().await?.topics;
     let todo = owned_by(&topics, node);
     if todo.is_empty() {
@@ -125,10 +162,11 @@ fn node_rows(list: &NodeList) -> String {
                 n.advertise.clone().unwrap_or_else(|| "-".to_owned()),
                 n.joined_at
                     .map_or_else(|| "-".to_owned(), human::rfc3339_utc),
+                if n.cordoned { "cordoned" } else { "-" }.to_owned(),
             ]
         })
         .collect();
-    let mut text = table::render(&["NODE", "ADDRESS", "JOINED"], &rows);
+    let mut text = table::render(&["NODE", "ADDRESS", "JOINED", "CORDON"], &rows);
     if list.mode == "single" {
         text.push_str("(single node: no --etcd)\n");
     }
@@ -150,11 +188,13 @@ mod tests {
                     id: "n1".into(),
                     advertise: Some("http://127.0.0.1:7001".into()),
                     joined_at: Some(0),
+                    cordoned: true,
                 },
                 NodeInfo {
                     id: "n2".into(),
                     advertise: Some("http://127.0.0.1:7002".into()),
                     joined_at: Some(0),
+                    cordoned: false,
                 },
             ],
         };
@@ -162,6 +202,8 @@ mod tests {
         assert!(text.contains("n2*"), "{text}");
         assert!(!text.contains("n1*"), "{text}");
         assert!(text.contains("http://127.0.0.1:7001"), "{text}");
+        let n1 = text.lines().find(|l| l.starts_with("n1")).unwrap_or("");
+        assert!(n1.contains("cordoned"), "{text}");
         let single = NodeList {
             mode: "single".into(),
             this_node: "local".into(),
@@ -169,6 +211,7 @@ mod tests {
                 id: "local".into(),
                 advertise: None,
                 joined_at: None,
+                cordoned: false,
             }],
         };
         assert!(node_rows(&single).contains("single node"));

@@ -628,8 +628,8 @@ impl Mover {
         Ok(owner)
     }
 
-    /// The live node other than `exclude` that owns the fewest partitions (ties: the smaller
-    /// id): where a move without a named target goes.
+    /// The live, uncordoned node other than `exclude` that owns the fewest partitions (ties:
+    /// the smaller id): where a move without a named target goes.
     pub fn pick_target(
         &self,
         snapshot: &crate::metastore::Snapshot,
@@ -638,9 +638,8 @@ impl Mover {
         let live: Vec<String> = self
             .cluster
             .peers
-            .live()
+            .placeable()
             .into_iter()
-            .map(|n| n.id)
             .filter(|id| id != exclude)
             .collect();
         least_loaded(snapshot, &live)

@@ -1,6 +1,10 @@
 //! The live nodes of the cluster and the addresses they advertise, from a watched copy of the
 //! lease-held node keys (`{prefix}nodes/{id}`).
 //!
+//! Beside them, the **cordons** (`{prefix}cordoned/{id}`, not lease-held): a node an operator is
+//! draining gets no new partitions from a spread placement, nor from a move or a re-creation
+//! that picks its own target, until it is uncordoned; what it owns it keeps serving.
+//!
 //! A node key exists exactly while its node's lease does, so "in the directory" means "alive
 //! as far as etcd knows": a node that died disappears when its lease runs out (at most one
 //! TTL), one that left cleanly at once. Callers use it to find where to send a child commit
@@ -9,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::Client;
+use etcd_client::{Client, PutOptions};
 
 use super::membership::NodeRecord;
 use crate::metastore::cache::{CacheTiming, PrefixCache};
@@ -18,12 +22,16 @@ use crate::shutdown::ShutdownSignal;
 /// The watched directory of live nodes.
 pub struct PeerDirectory {
     cache: PrefixCache,
+    cordons: PrefixCache,
+    client: Client,
+    prefix: String,
 }
 
 impl std::fmt::Debug for PeerDirectory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PeerDirectory")
             .field("live", &self.live())
+            .field("cordoned", &self.cordoned())
             .finish()
     }
 }
@@ -37,8 +45,82 @@ impl PeerDirectory {
         timing: CacheTiming,
         shutdown: ShutdownSignal,
     ) -> Result<PeerDirectory, etcd_client::Error> {
-        let cache = PrefixCache::start(client, format!("{prefix}nodes/"), timing, shutdown).await?;
-        Ok(PeerDirectory { cache })
+        let cache = PrefixCache::start(
+            client.clone(),
+            format!("{prefix}nodes/"),
+            timing,
+            shutdown.clone(),
+        )
+        .await?;
+        let cordons = PrefixCache::start(
+            client.clone(),
+            format!("{prefix}cordoned/"),
+            timing,
+            shutdown,
+        )
+        .await?;
+        Ok(PeerDirectory {
+            cache,
+            cordons,
+            client,
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The cordoned nodes, sorted (alive or not).
+    pub fn cordoned(&self) -> Vec<String> {
+        self.cordons.view().entries.keys().cloned().collect()
+    }
+
+    /// Whether node `id` is cordoned.
+    pub fn is_cordoned(&self, id: &str) -> bool {
+        self.cordons.view().entries.contains_key(id)
+    }
+
+    /// The live nodes that may be given new partitions: alive and not cordoned, sorted.
+    pub fn placeable(&self) -> Vec<String> {
+        let cordons = self.cordons.view();
+        self.live()
+            .into_iter()
+            .map(|n| n.id)
+            .filter(|id| !cordons.entries.contains_key(id))
+            .collect()
+    }
+
+    /// Cordons node `id` (idempotent) and waits, briefly, until this node's copy shows it.
+    pub async fn cordon(&self, id: &str, now_ms: i64) -> Result<(), etcd_client::Error> {
+        let value = serde_json::json!({ "cordoned_at_ms": now_ms }).to_string();
+        let put = self
+            .client
+            .kv_client()
+            .put(
+                format!("{}cordoned/{id}", self.prefix),
+                value,
+                None::<PutOptions>,
+            )
+            .await?;
+        self.see(put.header().map(|h| h.revision())).await;
+        Ok(())
+    }
+
+    /// Lifts the cordon of node `id` (idempotent) and waits, briefly, until this node's copy
+    /// shows it.
+    pub async fn uncordon(&self, id: &str) -> Result<(), etcd_client::Error> {
+        let deleted = self
+            .client
+            .kv_client()
+            .delete(format!("{}cordoned/{id}", self.prefix), None)
+            .await?;
+        self.see(deleted.header().map(|h| h.revision())).await;
+        Ok(())
+    }
+
+    async fn see(&self, revision: Option<i64>) {
+        if let Some(revision) = revision {
+            self.cordons
+                .wait_for(revision, std::time::Duration::from_secs(5))
+                .await;
+        }
     }
 
     /// Every live node, by id. A key whose value does not parse is skipped (and logged): a

@@ -2,7 +2,8 @@
 //!
 //! - **Pinned**: the operator (or a test) names the node of each new partition; every named
 //!   node must be live, so a typo does not create a partition nobody serves.
-//! - **Spread**: otherwise partitions go round the live nodes in id order, starting at a node
+//! - **Spread**: otherwise partitions go round the live nodes that are not cordoned (being
+//!   drained) in id order, starting at a node
 //!   picked from the topic's name, so many small topics do not all start on the first node.
 //! - **Away from the parent**: for a child with its parent's partition count, child partition
 //!   `p` is placed on another node than parent partition `p` whenever there are two live nodes:
@@ -19,6 +20,16 @@ pub enum PlacementError {
     /// No node is live to take the partitions.
     #[error("no live node to place partitions on; is any `narad serve` of this cluster running?")]
     NoLiveNodes,
+    /// Every live node is cordoned (being drained): a spread placement has nowhere to go.
+    #[error(
+        "every live node is cordoned ({}); uncordon one with `narad node uncordon ID`, or pin \
+         the placement",
+        cordoned.join(", ")
+    )]
+    AllCordoned {
+        /// The cordoned live nodes.
+        cordoned: Vec<String>,
+    },
     /// A pinned placement names a node that is not live.
     #[error("placement names node {node:?}, which is not live (live: {})", live.join(", "))]
     UnknownNode {
@@ -48,6 +59,8 @@ pub struct Request<'a> {
     pub count: u32,
     /// The nodes that may take them.
     pub live: &'a [String],
+    /// Nodes being drained: a pinned placement may name them, a spread one skips them.
+    pub cordoned: &'a [String],
     /// The operator's choice, one node per new partition.
     pub pinned: Option<&'a [String]>,
     /// The owners of the parent's partitions, for a child with the parent's partition count.
@@ -82,6 +95,13 @@ pub fn place(request: Request<'_>) -> Result<Vec<PartitionOwner>, PlacementError
     }
     if live.is_empty() {
         return Err(PlacementError::NoLiveNodes);
+    }
+    let before = live.clone();
+    live.retain(|n| !request.cordoned.contains(n));
+    if live.is_empty() {
+        return Err(PlacementError::AllCordoned {
+            cordoned: before.into_iter().cloned().collect(),
+        });
     }
     let n = live.len();
     let start = seed(request.topic) % n;
@@ -125,6 +145,7 @@ mod tests {
             first: 0,
             count,
             live,
+            cordoned: &[],
             pinned: None,
             away_from: None,
         }
@@ -221,6 +242,37 @@ mod tests {
         assert_eq!(
             place(request("t", 1, &[])),
             Err(PlacementError::NoLiveNodes)
+        );
+    }
+
+    #[test]
+    fn a_spread_skips_cordoned_nodes_but_a_pin_may_name_them() {
+        let live = nodes(&["n1", "n2", "n3"]);
+        let cordoned = nodes(&["n2"]);
+        let owners = place(Request {
+            cordoned: &cordoned,
+            ..request("orders", 6, &live)
+        })
+        .unwrap();
+        assert!(!on(&owners).contains(&"n2"), "{owners:?}");
+        assert!(on(&owners).contains(&"n1") && on(&owners).contains(&"n3"));
+        let pinned = nodes(&["n2"]);
+        let owners = place(Request {
+            cordoned: &cordoned,
+            pinned: Some(&pinned),
+            ..request("orders", 1, &live)
+        })
+        .unwrap();
+        assert_eq!(on(&owners), ["n2"]);
+        let all = nodes(&["n1", "n2", "n3"]);
+        let error = place(Request {
+            cordoned: &all,
+            ..request("orders", 1, &live)
+        })
+        .unwrap_err();
+        assert!(
+            matches!(error, PlacementError::AllCordoned { .. }),
+            "{error}"
         );
     }
 }

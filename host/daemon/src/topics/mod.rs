@@ -410,16 +410,19 @@ impl TopicService {
             return Ok(Vec::new());
         };
         let live: Vec<String> = cluster.peers.live().into_iter().map(|n| n.id).collect();
+        let cordoned = cluster.peers.cordoned();
         crate::cluster::placement::place(crate::cluster::placement::Request {
             topic,
             first,
             count,
             live: &live,
+            cordoned: &cordoned,
             pinned,
             away_from,
         })
         .map_err(|e| match e {
-            crate::cluster::placement::PlacementError::NoLiveNodes => {
+            crate::cluster::placement::PlacementError::NoLiveNodes
+            | crate::cluster::placement::PlacementError::AllCordoned { .. } => {
                 TopicError::Unavailable(e.to_string())
             }
             other => TopicError::Invalid(other.to_string()),
