@@ -26,8 +26,8 @@
 //!   uncounted: nothing alive knows how many there were. A partition that was itself a
 //!   child loses what it held; the cursors feeding it go on from where they are.
 //! - **Fenced like a move.** The new log is laid out in the staging area, installed, and only
-//!   then does a compare-and-swap of the owner record make this node the owner at generation
-//!   + 1; a lost race removes the (empty) copy. If the dead node comes back, the metadata no
+//!   then does a compare-and-swap of the owner record make this node the owner, one generation
+//!   up; a lost race removes the (empty) copy. If the dead node comes back, the metadata no
 //!   longer names it, so it serves nothing of its old copy, which stays on its disk untouched
 //!   (listed as unaccounted, or set aside if it was still registered).
 
