@@ -16,4 +16,5 @@ mod kafka;
 mod metastore_loss;
 mod plugin_limits;
 mod plugin_text;
+mod shadow;
 mod torn_tail;

@@ -202,6 +202,7 @@ fn link(attach_offsets: Vec<u64>, delay_ms: u64) -> LinkMeta {
         config: String::new(),
         attached_at_ms: 0,
         paused: Vec::new(),
+        shadow: None,
     }
 }
 

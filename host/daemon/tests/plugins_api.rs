@@ -386,6 +386,7 @@ fn link(router: Vec<PluginRef>) -> LinkMeta {
         config: String::new(),
         attached_at_ms: 0,
         paused: Vec::new(),
+        shadow: None,
     }
 }
 

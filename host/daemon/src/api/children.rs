@@ -348,6 +348,7 @@ async fn new_link(
         config,
         attached_at_ms: crate::topics::now_ms(),
         paused: Vec::new(),
+        shadow: None,
     })
 }
 

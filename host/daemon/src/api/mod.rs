@@ -8,6 +8,8 @@
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`, `.../pause`,
 //!   `.../resume`, `.../seek`,
 //!   `GET /v1/topics/{parent}/children`;
+//! - [`shadow`]: `PUT/GET/DELETE /v1/topics/{parent}/children/{child}/shadow` (a candidate
+//!   chain routing a copy of the link's slabs, compared, never committed);
 //! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and `.../recreate`, and the internal
 //!   routes of a move;
 //! - [`metrics`]: `GET /metrics`;
@@ -34,6 +36,7 @@ pub mod moves;
 pub mod nodes;
 pub mod plugins;
 pub mod records;
+pub mod shadow;
 pub mod topic_config;
 pub mod topics;
 pub mod types;
@@ -165,6 +168,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/topics/{parent}/children/{child}/seek",
             post(children::seek),
+        )
+        .route(
+            "/v1/topics/{parent}/children/{child}/shadow",
+            put(shadow::set).get(shadow::show).delete(shadow::clear),
         )
         .route("/v1/admin/set-aside", get(admin::list))
         .route("/v1/admin/set-aside/{id}", delete(admin::purge))

@@ -565,3 +565,54 @@ mod tests {
         assert_eq!(empty["key"], "");
     }
 }
+
+/// `PUT /v1/topics/{parent}/children/{child}/shadow` body: the candidate chain to run beside
+/// the link's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowRequest {
+    /// The candidate chain: plugin names (`name`: newest version; `name@digest`: exactly that).
+    pub router: Vec<String>,
+    /// Configuration handed to every plugin of the candidate: a string as is, anything else as
+    /// its JSON text; absent, the candidate gets the link's own config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
+}
+
+/// The answer to setting or clearing a shadow: the shadow as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowInfo {
+    /// Parent topic.
+    pub parent: String,
+    /// Child topic.
+    pub child: String,
+    /// The candidate chain, pinned to digests.
+    pub router: Vec<crate::metastore::PluginRef>,
+    /// The candidate's config.
+    pub config: String,
+    /// When it was set, ms since the Unix epoch.
+    pub set_at_ms: i64,
+}
+
+/// `GET /v1/topics/{parent}/children/{child}/shadow` answer: the shadow and its report, summed
+/// over the nodes that run the link's cursors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowStatus {
+    /// The shadow as recorded.
+    pub shadow: ShadowInfo,
+    /// The link's own chain, the one the candidate is compared with.
+    pub current_router: Vec<crate::metastore::PluginRef>,
+    /// True when the shadow runs on at least one node that runs cursors of the link (on one
+    /// node: this one). False for up to a second after it is set, until the reconcilers' next
+    /// pass.
+    pub running: bool,
+    /// Cluster mode: the nodes whose reports are summed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// Cluster mode: owners of parent partitions whose report could not be read, so the sum
+    /// leaves their slabs out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes_unreachable: Vec<String>,
+    /// The comparison so far.
+    pub report: crate::fanout::shadow::ShadowReport,
+}

@@ -8,6 +8,8 @@
 //!   (`run_cursor`) through the default Wasm chain, against a raw read + append + `fdatasync`
 //!   loop with no routing; then every child is checked to hold every record.
 //! - [`idle`]: thousands of delay cursors whose backlog is not yet due, and the CPU they use.
+//! - [`metadata`]: topic creation as the metadata grows, and the reconciler's tick over
+//!   thousands of topics.
 //! - [`cluster`]: real `narad serve` processes: fan-out across three nodes on etcd against one
 //!   node in the same run, over HTTP, and the cost of `confirm()` (a linearizable read).
 //! - [`rig`]: the shared set-up: store, metastore, plugin registry, topics, links, cursors.
@@ -27,6 +29,7 @@ pub mod disk;
 pub mod fanout;
 pub mod fill;
 pub mod idle;
+pub mod metadata;
 pub mod produce;
 pub mod progress;
 pub mod rig;

@@ -229,6 +229,7 @@ impl Rig {
                 config: String::new(),
                 attached_at_ms: now_ms(),
                 paused: Vec::new(),
+                shadow: None,
             })
             .await
             .map_err(BenchError::metastore(format!(

@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use crate::bench::cluster::{self, ClusterOptions, run_cluster};
 use crate::bench::fanout::{self, FanoutOptions, run_fanout};
 use crate::bench::idle::{self, IdleOptions, run_idle};
+use crate::bench::metadata::{self, MetadataOptions, run_metadata};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
 use crate::bench::size::ByteSize;
 
@@ -40,6 +41,27 @@ pub enum BenchCommand {
     /// single node's and the cost of a linearizable metadata read (`confirm()`, one per
     /// cursor anchor).
     Cluster(ClusterArgs),
+    /// Create thousands of topics one by one in the file metastore, timing each, then time
+    /// the reconciler's tick over them (skipped, full pass, orphan sweep).
+    Metadata(MetadataArgs),
+}
+
+/// `narad bench metadata`.
+#[derive(Debug, Args)]
+pub struct MetadataArgs {
+    /// Topics to create.
+    #[arg(long, default_value_t = metadata::DEFAULT_TOPICS)]
+    pub topics: u32,
+    /// Partitions per topic.
+    #[arg(long, default_value_t = metadata::DEFAULT_PARTITIONS)]
+    pub partitions: u32,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `narad bench produce`.
@@ -226,6 +248,17 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             })
             .await
             .context("bench cluster")?;
+            print(a.json, &report, || report.to_text())
+        }
+        BenchCommand::Metadata(a) => {
+            let report = run_metadata(MetadataOptions {
+                topics: a.topics,
+                partitions: a.partitions,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench metadata")?;
             print(a.json, &report, || report.to_text())
         }
     }

@@ -1,5 +1,5 @@
-//! `narad child attach|detach|list|set-router`: the children API
-//! (`/v1/topics/{parent}/children`).
+//! `narad child attach|detach|list|set-router|pause|resume|seek|shadow`: the children API
+//! (`/v1/topics/{parent}/children`); `shadow` is [`super::shadow`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,7 +37,8 @@ pub struct ConfigSource {
 }
 
 impl ConfigSource {
-    fn read(&self) -> anyhow::Result<Option<serde_json::Value>> {
+    /// The config given, as the API takes it (a JSON string), or `None` when neither was.
+    pub fn read(&self) -> anyhow::Result<Option<serde_json::Value>> {
         Ok(match (&self.config, &self.config_text) {
             (Some(path), _) => {
                 let text = std::fs::read_to_string(path)
@@ -143,6 +144,10 @@ pub enum ChildCommand {
         #[command(flatten)]
         config: ConfigSource,
     },
+    /// Try a candidate chain on a child's live slabs without committing anything it decides:
+    /// set it, show how it compares with the current chain, clear it.
+    #[command(subcommand)]
+    Shadow(super::shadow::ShadowCommand),
 }
 
 /// Runs a child command.
@@ -243,6 +248,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             let link = client.set_child_router(&parent, &child, &req).await?;
             print_link(json, "changed the router of", &link)?;
         }
+        ChildCommand::Shadow(command) => super::shadow::run(&client, json, command).await?,
     }
     Ok(())
 }

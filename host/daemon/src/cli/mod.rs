@@ -26,6 +26,7 @@ pub mod partition;
 pub mod plugin;
 pub mod produce;
 pub mod serve;
+pub mod shadow;
 pub mod table;
 pub mod topic;
 

@@ -20,7 +20,8 @@ use super::bucket::{SlabOrigin, bucket};
 use super::commit::{Acknowledged, commit};
 use super::committer::ChildCommitter;
 use super::position::{self, Deferred, Opened};
-use super::route::{RouteFailure, RouteInput, SharedRouter, route};
+use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
+use super::shadow::{Shadow, ShadowSlab};
 use super::slab::{NoRecords, SlabError, SlabRead, read_slab};
 use super::status::CursorStatus;
 use super::{FanoutTiming, gate};
@@ -71,14 +72,34 @@ pub struct LinkRuntime {
     meta: RwLock<Arc<LinkMeta>>,
     /// The router chain; replacing what it holds takes effect at every cursor's next slab.
     pub router: SharedRouter,
+    /// The link's shadow on this node, if one is set: offered every slab once it is routed.
+    shadow: RwLock<Option<Arc<Shadow>>>,
 }
 
 impl LinkRuntime {
-    /// A link runtime for `meta` routing through `router`.
+    /// A link runtime for `meta` routing through `router`, with no shadow.
     pub fn new(meta: LinkMeta, router: SharedRouter) -> LinkRuntime {
         LinkRuntime {
             meta: RwLock::new(Arc::new(meta)),
             router,
+            shadow: RwLock::new(None),
+        }
+    }
+
+    /// The link's shadow, if one runs.
+    pub fn shadow(&self) -> Option<Arc<Shadow>> {
+        match self.shadow.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the link's shadow (`None`: no shadow); cursors offer their next routed slab
+    /// to the new one. The link's own chain is not touched.
+    pub fn set_shadow(&self, shadow: Option<Arc<Shadow>>) {
+        match self.shadow.write() {
+            Ok(mut guard) => *guard = shadow,
+            Err(poisoned) => *poisoned.into_inner() = shadow,
         }
     }
 
@@ -412,6 +433,9 @@ impl Cursor {
         origin: SlabOrigin,
     ) -> Result<Acknowledged, CursorExit> {
         let (mut pending, mut attempt) = (Arc::new(records), 0u32);
+        // The shadow sees the slab once, whole: at its first successful routing, not at the
+        // re-routings of failed buckets.
+        let mut offered = false;
         loop {
             self.check_stop()?;
             let view = match link_view(self.deps.metastore.as_ref(), &self.key).await {
@@ -423,11 +447,31 @@ impl Cursor {
                 }
             };
             let input = view.route_input(&self.key, attempt);
-            let decisions = route(&self.link.router, input, Arc::clone(&pending)).await;
+            let shadow = if offered { None } else { self.link.shadow() };
+            let (mode, shadow_input) = match &shadow {
+                Some(_) => (Mode::RouteAndFuel, Some(input.clone())),
+                None => (Mode::Route, None),
+            };
+            let (decisions, cost) =
+                route_measured(&self.link.router, input, Arc::clone(&pending), mode).await;
             let (child, partitions) = (&self.key.child, view.child_partitions);
-            let buckets = decisions.and_then(|d| bucket(&pending, &d, child, partitions, origin));
+            let buckets = decisions.and_then(|d| {
+                bucket(&pending, &d, child, partitions, origin).map(|buckets| (buckets, d))
+            });
             let buckets = match buckets {
-                Ok(buckets) => buckets,
+                Ok((buckets, decisions)) => {
+                    if let (Some(shadow), Some(input)) = (shadow, shadow_input) {
+                        // Never waits: a busy shadow counts the slab as skipped.
+                        shadow.offer(ShadowSlab {
+                            input,
+                            records: Arc::clone(&pending),
+                            decisions,
+                            cost,
+                        });
+                        offered = true;
+                    }
+                    buckets
+                }
                 Err(failure) => {
                     attempt = attempt.saturating_add(1);
                     self.route_failed(&failure).await?;

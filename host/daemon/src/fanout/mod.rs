@@ -32,6 +32,10 @@
 //!    hands out), the offset file (`narad_storage::cursor`) moves past the slab. A crash in
 //!    between repeats the slab: duplicates in the child, never a gap.
 //!
+//! A link with a shadow ([`shadow`]) also offers each slab, once step 2 routed it, to a
+//! candidate chain that runs beside the loop: the offer never waits, and nothing the candidate
+//! decides is committed.
+//!
 //! The loop is pipelined one slab deep: step 5 for slab N - 1 and step 1 for slab N + 1 run
 //! while slab N goes through steps 2 to 4, so the two `fdatasync`s of a slab overlap; step 5
 //! still only ever follows an acknowledged slab, in slab order.
@@ -52,6 +56,7 @@ pub mod plugin_metrics;
 pub mod position;
 pub mod remote_commit;
 pub mod route;
+pub mod shadow;
 pub mod slab;
 pub mod status;
 

@@ -397,9 +397,15 @@ type LinkCursors = BTreeMap<u32, Arc<CursorStatus>>;
 #[derive(Default)]
 pub struct FanoutView {
     cursors: Mutex<BTreeMap<(String, String), LinkCursors>>,
+    shadows: super::shadow::ShadowBoard,
 }
 
 impl FanoutView {
+    /// The shadows running on this node (the reconciler lists them, the API reads reports).
+    pub fn shadows(&self) -> &super::shadow::ShadowBoard {
+        &self.shadows
+    }
+
     /// Reports of the cursors running for `parent -> child`, by parent partition.
     pub fn reports(&self, parent: &str, child: &str) -> Vec<CursorReport> {
         let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);

@@ -29,6 +29,7 @@ fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> Lin
         config: String::new(),
         attached_at_ms: 0,
         paused: Vec::new(),
+        shadow: None,
     }
 }
 
@@ -298,6 +299,60 @@ async fn link_views(store: &dyn Metastore) {
     assert_eq!(view.link.config, "{\"spread\":2}");
     assert_eq!((view.parent.partitions, view.child.partitions), (4, 5));
     assert_eq!(view.link.attach_epoch, snapshot.links[&pair].attach_epoch);
+
+    // The reconciler's read: every link and plugin, and exactly the topics links name.
+    let full = store.snapshot().await.unwrap();
+    let linked = store.links_snapshot().await.unwrap();
+    assert_eq!(
+        (&linked.links, &linked.plugins),
+        (&full.links, &full.plugins)
+    );
+    assert_eq!(linked.versions, full.versions);
+    let named: std::collections::BTreeSet<&String> =
+        full.links.keys().flat_map(|(p, c)| [p, c]).collect();
+    assert!(
+        full.topics.keys().any(|t| !named.contains(t)),
+        "the suite has unlinked topics"
+    );
+    for (name, topic) in &full.topics {
+        assert_eq!(
+            linked.topics.get(name),
+            named.contains(name).then_some(topic),
+            "{name}"
+        );
+    }
+
+    // A shadow is stored with its link and read back whole; only the links' version moves.
+    let candidate = plugin("shadowed", 'e');
+    store.add_plugin(candidate.clone()).await.unwrap();
+    let before = store.versions().await.unwrap();
+    let shadow = super::ShadowSpec {
+        router: vec![pinned(&candidate)],
+        config: "candidate config".to_owned(),
+        set_at_ms: 1_700_000_000_123,
+    };
+    let link = store
+        .set_shadow("orders", "fresh", Some(shadow.clone()))
+        .await
+        .unwrap();
+    assert_eq!(link.shadow.as_ref(), Some(&shadow));
+    let view = store.link_view("orders", "fresh").await.unwrap().unwrap();
+    assert_eq!(view.link.shadow, Some(shadow));
+    assert_eq!(view.link.config, "{\"spread\":2}");
+    assert_eq!(
+        store.versions().await.unwrap(),
+        Versions {
+            links: before.links + 1,
+            ..before
+        }
+    );
+    assert!(matches!(
+        store.remove_plugin("shadowed").await,
+        Err(MetastoreError::PluginInUse { .. })
+    ));
+    let cleared = store.set_shadow("orders", "fresh", None).await.unwrap();
+    assert_eq!(cleared.shadow, None);
+    store.remove_plugin("shadowed").await.unwrap();
 
     store.delete_topic("fresh").await.unwrap();
     assert_eq!(store.link_view("orders", "fresh").await.unwrap(), None);

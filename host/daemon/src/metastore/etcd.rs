@@ -454,6 +454,7 @@ mod tests {
             config: String::new(),
             attached_at_ms: 0,
             paused: Vec::new(),
+            shadow: None,
         }
     }
 

@@ -379,6 +379,11 @@ impl Metastore for FileMetastore {
         Box::pin(async move { Ok(snap) })
     }
 
+    fn links_snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        let snap = self.inner.lock().linked_copy();
+        Box::pin(async move { Ok(snap) })
+    }
+
     fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
         // One node, one writer: the in-memory state is swapped in, after the write is durable
         // and before the write returns, so it already reflects every acknowledged write.

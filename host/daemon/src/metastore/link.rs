@@ -66,6 +66,26 @@ pub struct LinkMeta {
     /// the slab it is committing, writes its position and copies nothing more until resumed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paused: Vec<u32>,
+    /// A candidate chain run beside the real one (`PUT .../shadow`): it routes a copy of every
+    /// slab it keeps up with, its decisions are compared and never committed. Absent in
+    /// records written before shadows existed, and when none is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowSpec>,
+}
+
+/// A link's shadow: the candidate chain and config the link's slabs are also routed by, for
+/// comparison only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowSpec {
+    /// The candidate chain, 1..=8 recorded plugin versions, applied in order.
+    pub router: Vec<PluginRef>,
+    /// Bytes handed to every plugin of the candidate chain as its configuration.
+    #[serde(default)]
+    pub config: String,
+    /// When the shadow was set, ms since the Unix epoch: setting it again (even the same
+    /// chain) is a new shadow with a fresh report.
+    pub set_at_ms: i64,
 }
 
 /// One uploaded version of a plugin.
@@ -132,6 +152,14 @@ pub enum LinkRuleError {
         delay_ms: u64,
         /// The least retention the parent needs.
         needed_ms: u64,
+    },
+    /// A chain (a shadow's candidate) has no plugin, or more than a chain may hold.
+    #[error("a router is a chain of 1 to {max} plugins; got {len}")]
+    ChainLength {
+        /// Plugins asked for.
+        len: usize,
+        /// The limit ([`narad_runtime::MAX_CHAIN_LEN`]).
+        max: usize,
     },
 }
 
@@ -266,6 +294,7 @@ mod tests {
             config: String::new(),
             attached_at_ms: 0,
             paused: Vec::new(),
+            shadow: None,
         }
     }
 

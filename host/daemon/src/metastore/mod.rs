@@ -31,7 +31,7 @@ pub mod link;
 pub mod test_etcd;
 pub mod transition;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use etcd::EtcdMetastore;
 pub use file::FileMetastore;
-pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion};
+pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, ShadowSpec};
 pub use transition::{Change, Outcome};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
@@ -179,6 +179,37 @@ pub struct LinkTopics {
     pub parent: TopicMeta,
     /// The link's child topic.
     pub child: TopicMeta,
+}
+
+impl Snapshot {
+    /// Drops every topic no link names as its parent or child.
+    pub fn keep_linked_topics(&mut self) {
+        let named: BTreeSet<&str> = self
+            .links
+            .keys()
+            .flat_map(|(parent, child)| [parent.as_str(), child.as_str()])
+            .collect();
+        self.topics.retain(|name, _| named.contains(name.as_str()));
+    }
+
+    /// A copy holding only the topics some link names (see [`Snapshot::keep_linked_topics`]),
+    /// built without copying the others.
+    pub fn linked_copy(&self) -> Snapshot {
+        let mut topics = BTreeMap::new();
+        for (parent, child) in self.links.keys() {
+            for name in [parent, child] {
+                if let Some(topic) = self.topics.get(name) {
+                    topics.insert(name.clone(), topic.clone());
+                }
+            }
+        }
+        Snapshot {
+            versions: self.versions,
+            topics,
+            links: self.links.clone(),
+            plugins: self.plugins.clone(),
+        }
+    }
 }
 
 impl LinkTopics {
@@ -431,6 +462,17 @@ pub trait Metastore: Send + Sync + 'static {
     /// The metadata as this node currently knows it (may lag on a multi-node store).
     fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>>;
 
+    /// [`Metastore::snapshot`] with only the topics some link names (as parent or child):
+    /// what the reconciler's full pass compares, at a cost that follows the links rather than
+    /// every topic. Every link and plugin is in it.
+    fn links_snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        Box::pin(async move {
+            let mut snapshot = self.snapshot().await?;
+            snapshot.keep_linked_topics();
+            Ok(snapshot)
+        })
+    }
+
     /// A linearizable read: the answer reflects every write acknowledged before this call
     /// began, on any node. Use it to check that an epoch is still current before acting on it.
     fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>>;
@@ -573,6 +615,22 @@ pub trait Metastore: Send + Sync + 'static {
             child: child.to_owned(),
             partitions,
             paused,
+        };
+        typed(self.apply(change), Outcome::into_link)
+    }
+
+    /// Sets (`Some`) or clears (`None`) the shadow of the link `parent -> child`; returns the
+    /// link as recorded now. Nothing else of the link changes.
+    fn set_shadow<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+        shadow: Option<ShadowSpec>,
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let change = Change::SetShadow {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            shadow,
         };
         typed(self.apply(change), Outcome::into_link)
     }

@@ -10,13 +10,14 @@
 //! - links: both topics exist, a pair is linked once, plus [`super::link::check_attach`] (no
 //!   self link, no cycle, at most 108 children, delay at most a year, the retention floor), and
 //!   a router names only recorded plugin versions;
-//! - plugins: the same name and digest twice is a no-op; a plugin a link's router names cannot
-//!   be removed.
+//! - shadows: the link exists, the candidate chain holds 1 to 8 recorded plugin versions;
+//! - plugins: the same name and digest twice is a no-op; a plugin a link's router (or its
+//!   shadow's candidate) names cannot be removed.
 //!
 //! Versions: every applied change raises the counter of each domain it changed by one and no
 //! other; a refused change or a no-op changes nothing.
 
-use super::link::{check_attach, check_retention};
+use super::link::{LinkRuleError, ShadowSpec, check_attach, check_retention};
 use super::{
     Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
     TopicMeta,
@@ -100,6 +101,17 @@ pub enum Change {
         partitions: Option<Vec<u32>>,
         /// Pause (`true`) or resume.
         paused: bool,
+    },
+    /// Set (`Some`) or clear (`None`) a link's shadow: a candidate chain its slabs are also
+    /// routed by, for comparison only. Only the link's `shadow` changes: its own chain,
+    /// config, epoch and paused set stay as they are.
+    SetShadow {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+        /// The shadow, or `None` to clear it.
+        shadow: Option<ShadowSpec>,
     },
     /// Record an uploaded plugin version.
     AddPlugin(PluginVersion),
@@ -363,6 +375,25 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 domains_if(changed, Domain::Topics),
             ))
         }
+        Change::SetShadow {
+            parent,
+            child,
+            shadow,
+        } => {
+            if let Some(shadow) = &shadow {
+                check_chain_length(&shadow.router)?;
+                check_plugins_exist(s, &shadow.router)?;
+            }
+            let Some(link) = s.links.get_mut(&(parent.clone(), child.clone())) else {
+                return Err(MetastoreError::UnknownLink { parent, child });
+            };
+            let changed = link.shadow != shadow;
+            link.shadow = shadow;
+            Ok((
+                Outcome::Link(link.clone()),
+                domains_if(changed, Domain::Links),
+            ))
+        }
         Change::AddPlugin(plugin) => {
             if let Some(existing) = s
                 .plugins
@@ -375,12 +406,24 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             Ok((Outcome::Plugin(plugin), vec![Domain::Plugins]))
         }
         Change::RemovePlugin { name } => {
-            let users: Vec<String> = s
+            let mut users: Vec<String> = s
                 .links
                 .values()
                 .filter(|l| l.router.iter().any(|p| p.name == name))
                 .map(|l| format!("{} -> {}", l.parent, l.child))
                 .collect();
+            // A shadow names recorded versions too: removing one under it would leave a
+            // candidate that can never be built again.
+            users.extend(
+                s.links
+                    .values()
+                    .filter(|l| {
+                        l.shadow
+                            .as_ref()
+                            .is_some_and(|sh| sh.router.iter().any(|p| p.name == name))
+                    })
+                    .map(|l| format!("the shadow of {} -> {}", l.parent, l.child)),
+            );
             if !users.is_empty() {
                 return Err(MetastoreError::PluginInUse { name, links: users });
             }
@@ -433,6 +476,20 @@ fn attach(s: &mut Snapshot, link: LinkMeta) -> Result<()> {
     check_attach(&s.topics, &links, &link)?;
     check_plugins_exist(s, &link.router)?;
     s.links.insert(key, link);
+    Ok(())
+}
+
+/// A candidate chain holds 1 to [`narad_runtime::MAX_CHAIN_LEN`] plugins, as a link's does (a
+/// link's own chain is checked by the API before it gets here).
+fn check_chain_length(router: &[PluginRef]) -> Result<()> {
+    let max = narad_runtime::MAX_CHAIN_LEN;
+    if router.is_empty() || router.len() > max {
+        return Err(LinkRuleError::ChainLength {
+            len: router.len(),
+            max,
+        }
+        .into());
+    }
     Ok(())
 }
 
@@ -583,6 +640,7 @@ mod tests {
                         config: String::new(),
                         attached_at_ms: 0,
                         paused: Vec::new(),
+                        shadow: None,
                     },
                 },
                 false,
@@ -687,6 +745,7 @@ mod tests {
             config: String::new(),
             attached_at_ms: 0,
             paused: Vec::new(),
+            shadow: None,
         };
         let set = |partitions: Option<Vec<u32>>, paused: bool| Change::SetPaused {
             parent: "p".into(),
@@ -727,5 +786,130 @@ mod tests {
             assert!(apply(&mut state, bad.clone()).is_err(), "{bad:?}");
             assert_eq!(state, before);
         }
+    }
+
+    #[test]
+    fn a_shadow_names_only_recorded_plugins_in_a_chain_of_one_to_eight_and_leaves_the_link_alone() {
+        let recorded = PluginVersion {
+            name: "candidate".into(),
+            digest: "c".repeat(64),
+            size_bytes: 1,
+            version: "1".into(),
+            description: String::new(),
+            uploaded_at_ms: 0,
+        };
+        let pinned = PluginRef {
+            name: "candidate".into(),
+            digest: "c".repeat(64),
+        };
+        let unrecorded = PluginRef {
+            name: "candidate".into(),
+            digest: "d".repeat(64),
+        };
+        let spec = |router: Vec<PluginRef>| ShadowSpec {
+            router,
+            config: "k = v".into(),
+            set_at_ms: 7,
+        };
+        let set = |child: &str, shadow: Option<ShadowSpec>| Change::SetShadow {
+            parent: "p".into(),
+            child: child.into(),
+            shadow,
+        };
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(topic("p", 2))).unwrap();
+        apply(&mut state, Change::CreateTopic(topic("c", 2))).unwrap();
+        apply(&mut state, Change::AddPlugin(recorded)).unwrap();
+        let link = LinkMeta {
+            parent: "p".into(),
+            child: "c".into(),
+            attach_epoch: "00112233445566aa".into(),
+            attach_offsets: Some(vec![0; 2]),
+            delay_ms: 0,
+            router: vec![pinned.clone()],
+            config: "real".into(),
+            attached_at_ms: 0,
+            paused: vec![1],
+            shadow: None,
+        };
+        apply(&mut state, Change::AttachLink(link.clone())).unwrap();
+
+        // (change, accepted?, what the refusal says)
+        let cases: Vec<(Change, bool, &str)> = vec![
+            (set("c", Some(spec(vec![unrecorded]))), false, "no plugin"),
+            (
+                set("c", Some(spec(Vec::new()))),
+                false,
+                "1 to 8 plugins; got 0",
+            ),
+            (
+                set("c", Some(spec(vec![pinned.clone(); 9]))),
+                false,
+                "1 to 8 plugins; got 9",
+            ),
+            (
+                set("nope", Some(spec(vec![pinned.clone()]))),
+                false,
+                "not a child",
+            ),
+            (set("nope", None), false, "not a child"),
+            (set("c", Some(spec(vec![pinned.clone(); 8]))), true, ""),
+            (set("c", Some(spec(vec![pinned.clone()]))), true, ""),
+        ];
+        for (change, accepted, says) in cases {
+            let before = state.clone();
+            match apply(&mut state, change.clone()) {
+                Ok((outcome, changed)) => {
+                    assert!(accepted, "{change:?} was accepted");
+                    assert!(changed);
+                    assert_eq!(state.versions.links, before.versions.links + 1);
+                    let now = outcome.into_link().unwrap();
+                    // Only the shadow moved: chain, config, epoch and pauses are the link's.
+                    assert_eq!(
+                        LinkMeta {
+                            shadow: None,
+                            ..now.clone()
+                        },
+                        link
+                    );
+                    let Change::SetShadow { shadow, .. } = change else {
+                        unreachable!()
+                    };
+                    assert_eq!(now.shadow, shadow);
+                }
+                Err(e) => {
+                    assert!(!accepted, "{change:?} was refused: {e}");
+                    assert!(e.to_string().contains(says), "{e}");
+                    assert_eq!(state, before, "{change:?} changed the state");
+                }
+            }
+        }
+
+        // The same shadow again is a no-op; a plugin it names cannot be removed; clearing it
+        // frees the plugin (the link's own chain still holds it here, so that refusal stays).
+        let again = apply(&mut state, set("c", Some(spec(vec![pinned.clone()])))).unwrap();
+        assert!(!again.1);
+        let refused = apply(
+            &mut state,
+            Change::RemovePlugin {
+                name: "candidate".into(),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            refused.to_string().contains("the shadow of p -> c"),
+            "{refused}"
+        );
+        let (_, changed) = apply(&mut state, set("c", None)).unwrap();
+        assert!(changed);
+        assert_eq!(state.links[&("p".to_owned(), "c".to_owned())], link);
+        let refused = apply(
+            &mut state,
+            Change::RemovePlugin {
+                name: "candidate".into(),
+            },
+        )
+        .unwrap_err();
+        assert!(!refused.to_string().contains("shadow"), "{refused}");
     }
 }

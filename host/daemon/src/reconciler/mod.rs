@@ -4,7 +4,8 @@
 //! comparison lives in [`reducer`], the decision whether a tick needs a full pass in
 //! [`schedule`]; this module carries the actions out: it starts and stops cursor tasks, keeps
 //! one router chain per link (shared by the link's cursors), swaps a link's chain when its
-//! router changes, and sweeps offset files that no link explains.
+//! router changes, starts and stops each link's shadow (a candidate chain beside the real one)
+//! without touching the real chain, and sweeps offset files that no link explains.
 //!
 //! The words it works in belong to the fan-out, below it: a cursor's identity
 //! ([`CursorKey`]), the [`RouterFactory`] it builds chains with, and the [`FanoutView`] it fills
@@ -26,9 +27,10 @@ use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
 use crate::fanout::position::cursor_path;
 use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter, replace_router};
+use crate::fanout::shadow::Shadow;
 use crate::fanout::status::{CursorStatus, FanoutView};
-use crate::metastore::LinkMeta;
 use crate::metastore::Snapshot;
+use crate::metastore::{LinkMeta, ShadowSpec};
 use crate::ownership::PartitionOwnership;
 use crate::shutdown::{self, ShutdownSignal, ShutdownTrigger};
 use reducer::Action;
@@ -36,6 +38,11 @@ use schedule::Schedule;
 
 /// How often the reconciler ticks (engine reference: reconcile interval 1 s).
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Most partition directories one orphan sweep lists for offset files. A node owning 60,000
+/// partitions visits all of them in 30 sweeps (15 minutes at one sweep every 30 ticks), and
+/// each sweep costs a few milliseconds of directory listing instead of most of a second.
+pub const SWEEP_DIRS_PER_PASS: usize = 2_048;
 
 struct RunningCursor {
     stop: ShutdownTrigger,
@@ -57,6 +64,8 @@ pub struct Reconciler {
     schedule: Schedule,
     cursors: HashMap<CursorKey, RunningCursor>,
     links: HashMap<(String, String), RunningLink>,
+    /// Where the next orphan sweep starts in the list of local partitions.
+    sweep_from: usize,
 }
 
 impl Reconciler {
@@ -77,6 +86,7 @@ impl Reconciler {
             schedule: Schedule::new(),
             cursors: HashMap::new(),
             links: HashMap::new(),
+            sweep_from: 0,
         }
     }
 
@@ -113,7 +123,15 @@ impl Reconciler {
         if !plan.full_pass {
             return;
         }
-        let clean = match self.deps.metastore.snapshot().await {
+        // A full pass compares links with running cursors: it needs the topics links name,
+        // not the thousands no link touches. The orphan sweep walks local partitions of every
+        // topic, so its ticks read everything.
+        let read = if plan.sweep_orphans {
+            self.deps.metastore.snapshot().await
+        } else {
+            self.deps.metastore.links_snapshot().await
+        };
+        let clean = match read {
             Ok(snapshot) => {
                 let clean = self.full_pass(&snapshot).await;
                 if plan.sweep_orphans {
@@ -216,6 +234,8 @@ impl Reconciler {
             }
         }
 
+        self.sync_shadows(snapshot).await;
+
         let desired = self.desired(snapshot);
         let running: BTreeSet<CursorKey> = self.cursors.keys().cloned().collect();
         for action in reducer::reconcile(&desired, &running) {
@@ -229,6 +249,73 @@ impl Reconciler {
             }
         }
         clean
+    }
+
+    /// Starts, replaces or stops each link's shadow to match the metadata. A shadow is never
+    /// a reason to touch the link's own chain (its change alone only swaps the link's
+    /// metadata above), and a candidate that cannot be built is the shadow report's to say,
+    /// not a failure of the pass: it is tried again at every full pass.
+    async fn sync_shadows(&self, snapshot: &Snapshot) {
+        let board = self.view.shadows();
+        for (parent, child) in board.links() {
+            let wanted = snapshot
+                .links
+                .get(&(parent.clone(), child.clone()))
+                .is_some_and(|l| l.shadow.is_some());
+            if !wanted {
+                board.remove(&parent, &child);
+            }
+        }
+        for (name, meta) in &snapshot.links {
+            // A link whose chain is not built yet has no runtime: its shadow waits for it.
+            let Some(link) = self.links.get(name) else {
+                continue;
+            };
+            let running = link.runtime.shadow();
+            match (&meta.shadow, running) {
+                (None, None) => {}
+                (None, Some(_)) => {
+                    link.runtime.set_shadow(None);
+                    board.remove(&meta.parent, &meta.child);
+                    tracing::info!(parent = %meta.parent, child = %meta.child, "shadow cleared");
+                }
+                (Some(spec), Some(running)) if running.spec() == spec => {
+                    if running.needs_build() {
+                        match self.build_candidate(meta, spec).await {
+                            Ok(candidate) => running.install(candidate),
+                            Err(error) => running.build_failed(error.to_string()),
+                        }
+                    }
+                }
+                (Some(spec), _) => {
+                    let built = self.build_candidate(meta, spec).await;
+                    if let Err(error) = &built {
+                        tracing::warn!(parent = %meta.parent, child = %meta.child, %error, "cannot build the shadow's candidate chain");
+                    }
+                    let shadow = Shadow::start(spec.clone(), built.map_err(|e| e.to_string()));
+                    link.runtime.set_shadow(Some(Arc::clone(&shadow)));
+                    board.insert(&meta.parent, &meta.child, shadow);
+                    tracing::info!(parent = %meta.parent, child = %meta.child, "shadow started");
+                }
+            }
+        }
+    }
+
+    /// Builds a shadow's candidate chain on the blocking pool, from the link with the
+    /// candidate's router and config in place of its own.
+    async fn build_candidate(
+        &self,
+        meta: &LinkMeta,
+        spec: &ShadowSpec,
+    ) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+        let routers = Arc::clone(&self.routers);
+        let candidate = LinkMeta {
+            router: spec.router.clone(),
+            config: spec.config.clone(),
+            shadow: None,
+            ..meta.clone()
+        };
+        crate::blocking::run(move || routers.build_candidate(&candidate)).await?
     }
 
     /// Builds a link's chain on the blocking pool: a cold plugin load reads and compiles a
@@ -287,7 +374,7 @@ impl Reconciler {
 
     /// Deletes offset files of links that no longer exist, after a linearizable read confirms
     /// that the link is really gone.
-    async fn sweep_orphans(&self, snapshot: &Snapshot) {
+    async fn sweep_orphans(&mut self, snapshot: &Snapshot) {
         let mut links: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (parent, child) in snapshot.links.keys() {
             links
@@ -295,32 +382,58 @@ impl Reconciler {
                 .or_default()
                 .insert(child.clone());
         }
-        let mut files: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
-        for topic in snapshot.topics.values() {
-            for partition in 0..topic.partitions {
-                let id = PartitionId::new(topic.name.clone(), partition);
-                if !self.ownership.is_local(&id) {
-                    continue;
-                }
+        // At most SWEEP_DIRS_PER_PASS partition directories per sweep, taking up where the
+        // last sweep stopped (wrapping round), so a node with tens of thousands of partitions
+        // pays a bounded cost per sweep and still visits every directory in turn.
+        let local: Vec<(String, u32)> = snapshot
+            .topics
+            .values()
+            .flat_map(|topic| (0..topic.partitions).map(move |p| (topic.name.clone(), p)))
+            .filter(|(topic, p)| {
+                self.ownership
+                    .is_local(&PartitionId::new(topic.clone(), *p))
+            })
+            .collect();
+        let (slice, next) = sweep_slice(&local, self.sweep_from, SWEEP_DIRS_PER_PASS);
+        self.sweep_from = next;
+        let dirs: Vec<((String, u32), std::path::PathBuf)> = slice
+            .into_iter()
+            .map(|(topic, partition)| {
+                let id = PartitionId::new(topic.clone(), partition);
                 let dir = self
                     .deps
                     .store
                     .data_dir()
                     .join("topics")
-                    .join(&topic.name)
+                    .join(&topic)
                     .join(id.dir_name());
-                match cursor_file::list_cursor_children(self.deps.fs.as_ref(), &dir) {
+                ((topic, partition), dir)
+            })
+            .collect();
+        // One directory listing per local partition: thousands on a busy node, so on the
+        // blocking pool, never on the runtime's threads.
+        let fs = Arc::clone(&self.deps.fs);
+        let listed = crate::blocking::run(move || {
+            let mut files: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
+            for (key, dir) in dirs {
+                match cursor_file::list_cursor_children(fs.as_ref(), &dir) {
                     Ok(children) if !children.is_empty() => {
-                        files.insert(
-                            (topic.name.clone(), partition),
-                            children.into_iter().collect(),
-                        );
+                        files.insert(key, children.into_iter().collect());
                     }
                     Ok(_) => {}
                     Err(error) => tracing::warn!(%error, "cannot list cursor files"),
                 }
             }
-        }
+            files
+        })
+        .await;
+        let files = match listed {
+            Ok(files) => files,
+            Err(error) => {
+                tracing::warn!(%error, "orphan sweep skipped: listing cursor files did not finish");
+                return;
+            }
+        };
         let orphans = reducer::orphan_cursor_files(&links, &files);
         if orphans.is_empty() {
             return;
@@ -352,6 +465,24 @@ impl Reconciler {
     }
 }
 
+/// At most `max` of `items`, starting at `from` (wrapping round), and where the next slice
+/// starts: successive slices visit every item in turn, whatever `from` was left at.
+fn sweep_slice<T: Clone>(items: &[T], from: usize, max: usize) -> (Vec<T>, usize) {
+    if items.is_empty() {
+        return (Vec::new(), 0);
+    }
+    let start = from % items.len();
+    let take = items.len().min(max);
+    let slice = items
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(take)
+        .cloned()
+        .collect();
+    (slice, (start + take) % items.len())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -369,6 +500,7 @@ mod tests {
     use crate::metastore::link::{PluginRef, PluginVersion};
     use crate::metastore::{FileMetastore, Metastore, TopicMeta};
     use crate::ownership::SingleNode;
+    use crate::reconciler::schedule::ORPHAN_SWEEP_EVERY_TICKS;
 
     /// Bound on waiting for a cursor to get somewhere; generous for a busy machine.
     const WAIT: Duration = Duration::from_secs(60);
@@ -437,6 +569,121 @@ mod tests {
         }
     }
 
+    #[test]
+    fn successive_sweep_slices_visit_every_partition_in_turn() {
+        let items: Vec<u32> = (0..10).collect();
+        let (mut seen, mut from) = (Vec::new(), 7);
+        for _ in 0..3 {
+            let (slice, next) = sweep_slice(&items, from, 4);
+            assert!(slice.len() <= 4);
+            seen.extend(slice);
+            from = next;
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, items, "12 visits of 10 partitions miss none");
+        // Fewer partitions than the bound: all of them, once each.
+        assert_eq!(sweep_slice(&items, 3, 100).0.len(), 10);
+        // The list shrank below where the last sweep stopped: it starts again inside it.
+        assert_eq!(sweep_slice(&items[..2], 9, 4).0, vec![1, 0]);
+        assert_eq!(sweep_slice::<u32>(&[], 5, 4), (Vec::new(), 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_orphan_sweep_removes_offset_files_no_link_explains_and_keeps_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        let metastore = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        for name in ["parent", "child"] {
+            store
+                .create_partition(&PartitionId::new(name, 0), LogConfig::default())
+                .unwrap();
+            metastore
+                .create_topic(TopicMeta {
+                    name: name.into(),
+                    partitions: 1,
+                    retention_ms: None,
+                    retention_bytes: None,
+                    created_at_ms: 0,
+                    owners: Vec::new(),
+                })
+                .await
+                .unwrap();
+        }
+        metastore
+            .add_plugin(PluginVersion {
+                name: "native".into(),
+                digest: "0".repeat(64),
+                size_bytes: 0,
+                version: "test".into(),
+                description: "routes natively".into(),
+                uploaded_at_ms: 0,
+            })
+            .await
+            .unwrap();
+        metastore
+            .attach_link(LinkMeta {
+                parent: "parent".into(),
+                child: "child".into(),
+                attach_epoch: "00112233445566aa".into(),
+                attach_offsets: Some(vec![0]),
+                delay_ms: 0,
+                router: vec![plugin()],
+                config: String::new(),
+                attached_at_ms: 0,
+                paused: Vec::new(),
+                shadow: None,
+            })
+            .await
+            .unwrap();
+        let fs: Arc<dyn narad_storage::fs::FileSystem> = Arc::new(narad_storage::fs::RealFs);
+        let parent = PartitionId::new("parent", 0);
+        // An offset file left by a link detached while this node was down.
+        let orphan = cursor_path(&store, &parent, "gone");
+        cursor_file::CursorFile::anchor(
+            Arc::clone(&fs),
+            &orphan,
+            cursor_file::CursorRecord {
+                epoch: "0011223344556677".into(),
+                next_offset: 3,
+            },
+        )
+        .unwrap();
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs,
+            committer: Arc::new(StoreCommitter(Arc::clone(&store))),
+            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: TIMING,
+            remote_tails: None,
+        });
+        let mut reconciler = Reconciler::new(
+            deps,
+            Arc::new(SingleNode::default()),
+            Arc::new(NativeFactory),
+            Arc::new(FanoutMetrics::default()),
+            Arc::new(FanoutView::default()),
+        );
+        let live = cursor_path(&store, &parent, "child");
+        // The first tick starts the link's cursor, which anchors its own offset file.
+        reconciler.tick().await;
+        wait_for("the live cursor's offset file", || live.exists()).await;
+        assert!(orphan.exists(), "removed before any sweep");
+        for _ in 1..ORPHAN_SWEEP_EVERY_TICKS {
+            reconciler.tick().await;
+        }
+        assert!(
+            !orphan.exists(),
+            "the orphan sweep left the file of a detached link"
+        );
+        assert!(
+            live.exists(),
+            "the sweep removed the offset file of a live link"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_link_whose_router_panicked_copies_again_once_a_new_router_is_swapped_in() {
         let dir = tempfile::tempdir().unwrap();
@@ -481,6 +728,7 @@ mod tests {
                 config: "panic".into(),
                 attached_at_ms: 0,
                 paused: Vec::new(),
+                shadow: None,
             })
             .await
             .unwrap();
@@ -553,6 +801,162 @@ mod tests {
             child: "child".into(),
             epoch: "00112233445566aa".into(),
         };
+        let keys: Vec<&CursorKey> = reconciler.cursors.keys().collect();
+        assert_eq!(keys, [&key]);
+        reconciler.stop_cursor(&key).await;
+    }
+
+    /// Counts the chains it builds: the links' own and the shadows' candidates.
+    #[derive(Default)]
+    struct CountingFactory {
+        real: std::sync::atomic::AtomicUsize,
+        candidates: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RouterFactory for Arc<CountingFactory> {
+        fn build(&self, _link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+            self.real.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Box::new(NativeRouter { panics: false }))
+        }
+
+        fn build_candidate(
+            &self,
+            link: &LinkMeta,
+        ) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+            assert_eq!(link.config, "candidate config");
+            self.candidates
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Box::new(NativeRouter { panics: false }))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn setting_and_clearing_a_shadow_never_rebuilds_the_link_s_chain_or_restarts_its_cursor()
+    {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
+        let metastore = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        for name in ["parent", "child"] {
+            store
+                .create_partition(&PartitionId::new(name, 0), LogConfig::default())
+                .unwrap();
+            metastore
+                .create_topic(TopicMeta {
+                    name: name.into(),
+                    partitions: 1,
+                    retention_ms: None,
+                    retention_bytes: None,
+                    created_at_ms: 0,
+                    owners: Vec::new(),
+                })
+                .await
+                .unwrap();
+        }
+        metastore
+            .add_plugin(PluginVersion {
+                name: "native".into(),
+                digest: "0".repeat(64),
+                size_bytes: 0,
+                version: "test".into(),
+                description: "routes natively".into(),
+                uploaded_at_ms: 0,
+            })
+            .await
+            .unwrap();
+        metastore
+            .attach_link(LinkMeta {
+                parent: "parent".into(),
+                child: "child".into(),
+                attach_epoch: "00112233445566aa".into(),
+                attach_offsets: Some(vec![0]),
+                delay_ms: 0,
+                router: vec![plugin()],
+                config: "real config".into(),
+                attached_at_ms: 0,
+                paused: Vec::new(),
+                shadow: None,
+            })
+            .await
+            .unwrap();
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer: Arc::new(StoreCommitter(Arc::clone(&store))),
+            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: TIMING,
+            remote_tails: None,
+        });
+        let factory = Arc::new(CountingFactory::default());
+        let view = Arc::new(FanoutView::default());
+        let mut reconciler = Reconciler::new(
+            deps,
+            Arc::new(SingleNode::default()),
+            Arc::new(Arc::clone(&factory)),
+            Arc::new(FanoutMetrics::default()),
+            Arc::clone(&view),
+        );
+        reconciler.tick().await;
+        assert_eq!(factory.real.load(SeqCst), 1);
+        let key = CursorKey {
+            parent: "parent".into(),
+            partition: 0,
+            child: "child".into(),
+            epoch: "00112233445566aa".into(),
+        };
+        let runtime = |r: &Reconciler| {
+            Arc::clone(&r.links[&("parent".to_owned(), "child".to_owned())].runtime)
+        };
+        let (first_runtime, first_router) = {
+            let rt = runtime(&reconciler);
+            let router = Arc::clone(&rt.router);
+            (rt, router)
+        };
+
+        let spec = ShadowSpec {
+            router: vec![plugin()],
+            config: "candidate config".into(),
+            set_at_ms: 1,
+        };
+        metastore
+            .set_shadow("parent", "child", Some(spec.clone()))
+            .await
+            .unwrap();
+        reconciler.tick().await;
+        assert_eq!(factory.real.load(SeqCst), 1, "the link's chain was rebuilt");
+        assert_eq!(factory.candidates.load(SeqCst), 1);
+        let shadow = view
+            .shadows()
+            .get("parent", "child")
+            .expect("the shadow runs");
+        assert_eq!(shadow.spec(), &spec);
+        let rt = runtime(&reconciler);
+        assert!(Arc::ptr_eq(&rt, &first_runtime));
+        assert!(Arc::ptr_eq(&rt.router, &first_router));
+        assert!(rt.shadow().is_some_and(|s| Arc::ptr_eq(&s, &shadow)));
+        assert_eq!(rt.meta().config, "real config");
+
+        // Set again (a fresh report): a new candidate, still the same chain and cursor.
+        let again = ShadowSpec {
+            set_at_ms: 2,
+            ..spec
+        };
+        metastore
+            .set_shadow("parent", "child", Some(again.clone()))
+            .await
+            .unwrap();
+        reconciler.tick().await;
+        assert_eq!(factory.candidates.load(SeqCst), 2);
+        let replaced = view.shadows().get("parent", "child").unwrap();
+        assert_eq!(replaced.spec(), &again);
+
+        metastore.set_shadow("parent", "child", None).await.unwrap();
+        reconciler.tick().await;
+        assert!(view.shadows().get("parent", "child").is_none());
+        assert!(runtime(&reconciler).shadow().is_none());
+        assert_eq!(factory.real.load(SeqCst), 1);
         let keys: Vec<&CursorKey> = reconciler.cursors.keys().collect();
         assert_eq!(keys, [&key]);
         reconciler.stop_cursor(&key).await;

@@ -10,5 +10,6 @@ mod common;
 mod fetch;
 mod metrics;
 mod produce;
+mod shadow;
 mod startup;
 mod topics;

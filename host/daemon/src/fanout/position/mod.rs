@@ -394,6 +394,7 @@ mod tests {
             config: String::new(),
             attached_at_ms: 0,
             paused: Vec::new(),
+            shadow: None,
         };
         real.attach_link(link.clone()).await.unwrap();
         let stale = real.snapshot().await.unwrap();

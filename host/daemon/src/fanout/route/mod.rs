@@ -108,6 +108,38 @@ pub trait SlabRouter: Send {
         input: &RouteInput,
         records: &[StoredRecord],
     ) -> Result<Vec<u32>, RouteFailure>;
+
+    /// Routes as a shadow's candidate ([`super::shadow`]): like [`SlabRouter::route`], except
+    /// that a record the router leaves undecided is answered [`narad_runtime::UNDECIDED`]
+    /// instead of failing the slab, so the comparison counts exactly those records. An answer
+    /// at or past the child's partition count is returned as it is, for the same reason; a
+    /// router that cannot do that fails the slab as [`SlabRouter::route`] does. By default
+    /// it is [`SlabRouter::route`].
+    fn route_candidate(
+        &mut self,
+        input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        self.route(input, records)
+    }
+
+    /// The fuel this router's plugins spent in successful calls so far, summed over its
+    /// chain, or `None` for a router that burns no fuel (a native one). A running total: the
+    /// difference over one routing is what that routing cost.
+    fn fuel_spent(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// What one routing cost, measured inside the router's lock (waiting for the lock is not in
+/// it), for the shadow's comparison of chains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCost {
+    /// Wall-clock time of the router's call.
+    pub elapsed: std::time::Duration,
+    /// Fuel its plugins spent ([`SlabRouter::fuel_spent`] before and after); `None` when the
+    /// router burns none, or the routing failed (failed calls do not report their fuel).
+    pub fuel: Option<u64>,
 }
 
 /// A router shared by the cursors of one link; swapping the inside ([`replace_router`]) takes
@@ -131,6 +163,14 @@ pub fn replace_router(shared: &SharedRouter, router: Box<dyn SlabRouter>) {
 pub trait RouterFactory: Send + Sync + 'static {
     /// A fresh chain (fresh plugin instances) for `link`, or why it cannot be built.
     fn build(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError>;
+
+    /// A fresh chain for a shadow's candidate: `link` carries the candidate's router and
+    /// config. It must not report to the series of the link's real routing (a candidate's
+    /// failures stall nothing, and must not look as if they did). By default it is
+    /// [`RouterFactory::build`].
+    fn build_candidate(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+        self.build(link)
+    }
 }
 
 /// Why a plugin could not be loaded for a chain, as the loader reports it (the registry's own
@@ -168,37 +208,87 @@ pub async fn route(
     input: RouteInput,
     records: Arc<Vec<StoredRecord>>,
 ) -> Result<Vec<u32>, RouteFailure> {
+    route_measured(router, input, records, Mode::Route).await.0
+}
+
+/// How [`route_measured`] calls the router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// [`SlabRouter::route`], the link's own routing.
+    Route,
+    /// [`SlabRouter::route`], and the fuel it spent read too (the cursor of a link with a
+    /// shadow, so the report compares both chains over the same slabs).
+    RouteAndFuel,
+    /// [`SlabRouter::route_candidate`] with its fuel: a shadow's candidate. Its answers are
+    /// not checked against the child's partition count (the comparison counts them).
+    Candidate,
+}
+
+/// [`route`], also returning what the routing cost ([`RouteCost`]; fuel only when `mode`
+/// asks for it). The same guarantees: the records stay the caller's, a panic or a cancelled
+/// task is a failure of this slab, and the decisions are one per record.
+pub async fn route_measured(
+    router: &SharedRouter,
+    input: RouteInput,
+    records: Arc<Vec<StoredRecord>>,
+    mode: Mode,
+) -> (Result<Vec<u32>, RouteFailure>, RouteCost) {
     let router = Arc::clone(router);
     let task = crate::blocking::run(move || {
+        let mut cost = RouteCost::default();
         let decisions = match router.lock() {
             // Caught while the guard is held, so the unwinding never crosses the lock and
             // never poisons it. The router's own state may be half-updated by the panic; that
             // costs at most odd routing decisions for the retried slab, never a lost record.
-            Ok(mut guard) => match catch_unwind(AssertUnwindSafe(|| guard.route(&input, &records)))
-            {
-                Ok(decisions) => decisions,
-                Err(payload) => Err(RouteFailure {
-                    plugin: None,
-                    kind: RouteFailureKind::Panic,
-                    message: format!("the router panicked: {}", panic_message(payload.as_ref())),
-                }),
-            },
+            Ok(mut guard) => {
+                let fuel_before = match mode {
+                    Mode::Route => None,
+                    Mode::RouteAndFuel | Mode::Candidate => guard.fuel_spent(),
+                };
+                let started = std::time::Instant::now();
+                let routed = catch_unwind(AssertUnwindSafe(|| match mode {
+                    Mode::Route | Mode::RouteAndFuel => guard.route(&input, &records),
+                    Mode::Candidate => guard.route_candidate(&input, &records),
+                }));
+                cost.elapsed = started.elapsed();
+                match routed {
+                    Ok(decisions) => {
+                        if decisions.is_ok()
+                            && let (Some(before), Some(after)) = (fuel_before, guard.fuel_spent())
+                        {
+                            cost.fuel = Some(after.saturating_sub(before));
+                        }
+                        decisions
+                    }
+                    Err(payload) => Err(RouteFailure {
+                        plugin: None,
+                        kind: RouteFailureKind::Panic,
+                        message: format!(
+                            "the router panicked: {}",
+                            panic_message(payload.as_ref())
+                        ),
+                    }),
+                }
+            }
             Err(_) => Err(RouteFailure {
                 plugin: None,
                 kind: RouteFailureKind::Poisoned,
                 message: "the router's lock was poisoned by an earlier panic".into(),
             }),
-        }?;
-        check_decisions(&decisions, &records)?;
-        Ok(decisions)
+        };
+        let checked = decisions.and_then(|d| check_decisions(&d, &records).map(|()| d));
+        (checked, cost)
     });
     match task.await {
         Ok(routed) => routed,
-        Err(error) => Err(RouteFailure {
-            plugin: None,
-            kind: RouteFailureKind::Panic,
-            message: format!("routing task failed: {error}"),
-        }),
+        Err(error) => (
+            Err(RouteFailure {
+                plugin: None,
+                kind: RouteFailureKind::Panic,
+                message: format!("routing task failed: {error}"),
+            }),
+            RouteCost::default(),
+        ),
     }
 }
 

@@ -158,6 +158,39 @@ impl SlabRouter for ChainRouter {
         self.report();
         routed
     }
+
+    fn route_candidate(
+        &mut self,
+        input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        // Always a first attempt: a candidate's failing slab is counted, never searched for
+        // its poison record (the search would cost calls the comparison does not need).
+        let ctx = RouteContext {
+            parent_topic: input.parent_topic.clone(),
+            parent_partition: input.parent_partition,
+            parent_partition_count: input.parent_partition_count,
+            child_topic: input.child_topic.clone(),
+            child_partition_count: input.child_partition_count,
+            attempt: 0,
+            config: input.config.clone(),
+        };
+        let views: Vec<ParentRecord<'_>> = records.iter().map(ParentRecord).collect();
+        let mut decisions = vec![narad_runtime::UNDECIDED; views.len()];
+        let routed = match self.chain.route_into(&ctx, &views, &mut decisions) {
+            Ok(()) => Ok(decisions),
+            // The chain fills every decision it made before it names the first record left
+            // undecided, and leaves the others UNDECIDED: exactly what the comparison counts.
+            Err(error) if error.kind() == FailureKind::Undecided => Ok(decisions),
+            Err(error) => Err(failure(&error, None)),
+        };
+        self.report();
+        routed
+    }
+
+    fn fuel_spent(&self) -> Option<u64> {
+        Some(self.chain.stats().iter().map(|s| s.fuel_consumed).sum())
+    }
 }
 
 impl ChainRouter {
@@ -233,6 +266,12 @@ impl RouterFactory for WasmRouterFactory {
             None => router,
         }))
     }
+
+    fn build_candidate(&self, link: &LinkMeta) -> Result<Box<dyn SlabRouter>, RouterBuildError> {
+        // The same chain without the observer: a candidate's calls and failures are the
+        // shadow report's, not the plugin series operators alert on.
+        WasmRouterFactory::new(Arc::clone(&self.load)).build(link)
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +340,7 @@ mod tests {
             config: String::new(),
             attached_at_ms: 0,
             paused: Vec::new(),
+            shadow: None,
         }
     }
 
