@@ -479,7 +479,7 @@ fn with_closed_stdout(url: &str, args: &[&str]) -> Output {
 }
 
 #[test]
-fn a_closed_pipe_ends_completions_and_consume_quietly() {
+fn a_closed_pipe_ends_completions_consume_and_the_table_commands_quietly() {
     let out = with_closed_stdout("http://127.0.0.1:9", &["completions", "bash"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stderr(&out), "");
@@ -491,7 +491,15 @@ fn a_closed_pipe_ends_completions_and_consume_quietly() {
         .map(|i| json!({"value": format!("v{i}")}))
         .collect();
     produce(&url, "t", Value::Array(records));
-    for args in [&["consume", "t"][..], &["consume", "t", "--json"]] {
+    // The table and JSON commands too: a reader gone before the first line is no panic.
+    for args in [
+        &["consume", "t"][..],
+        &["consume", "t", "--json"],
+        &["topic", "list"],
+        &["topic", "list", "--json"],
+        &["topic", "describe", "t"],
+        &["node", "list"],
+    ] {
         let out = with_closed_stdout(&url, args);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
         assert_eq!(stderr(&out), "", "{args:?}");

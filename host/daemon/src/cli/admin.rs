@@ -170,9 +170,9 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                     format!("cannot rebuild the metastore of {}", data_dir.display())
                 })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?)?;
             } else {
-                print!("{}", rebuild_text(&report));
+                out!("{}", rebuild_text(&report))?;
             }
         }
         AdminCommand::SetAside(command) => {
@@ -181,35 +181,35 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 SetAsideCommand::List => {
                     let list = client.list_set_aside().await?;
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&list)?);
+                        outln!("{}", serde_json::to_string_pretty(&list)?)?;
                     } else if list.entries.is_empty() {
-                        println!("nothing is set aside");
+                        outln!("nothing is set aside")?;
                     } else {
-                        print!("{}", entry_rows(&list.entries));
+                        out!("{}", entry_rows(&list.entries))?;
                     }
                 }
                 SetAsideCommand::Adopt { id } => {
                     let topic = client.adopt_set_aside(&id).await?;
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&topic)?);
+                        outln!("{}", serde_json::to_string_pretty(&topic)?)?;
                     } else {
-                        println!(
+                        outln!(
                             "adopted {id}: topic {} now has {} (no retention limits: set them again if it had any)",
                             topic.name,
                             human::plural(u64::from(topic.partitions), "partition")
-                        );
+                        )?;
                     }
                 }
                 SetAsideCommand::Purge { id } => {
                     let entry = client.purge_set_aside(&id).await?;
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&entry)?);
+                        outln!("{}", serde_json::to_string_pretty(&entry)?)?;
                     } else {
-                        println!(
+                        outln!(
                             "purged {id}: {} of segments of {} removed",
                             human::plural(entry.segment_bytes, "byte"),
                             entry.topic
-                        );
+                        )?;
                     }
                 }
             }

@@ -161,12 +161,12 @@ fn print<T: serde::Serialize>(
     text: impl FnOnce() -> String,
 ) -> anyhow::Result<()> {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(report).context("encoding the report")?
-        );
+        )?;
     } else {
-        println!("{}", text());
+        outln!("{}", text())?;
     }
     Ok(())
 }

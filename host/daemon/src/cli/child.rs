@@ -213,18 +213,18 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&done)?;
             } else if done.skipped > 0 {
-                println!(
+                outln!(
                     "{parent} -> {child} partition {}: moved from {} to {}, skipping {} records",
                     done.partition, done.from, done.to, done.skipped
-                );
+                )?;
             } else {
-                println!(
+                outln!(
                     "{parent} -> {child} partition {}: moved from {} to {}; {} records will be copied again",
                     done.partition,
                     done.from,
                     done.to,
                     done.from.saturating_sub(done.to)
-                );
+                )?;
             }
         }
         ChildCommand::List { parent } => {
@@ -232,7 +232,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&list)?;
             } else {
-                print!("{}", list_text(&list));
+                out!("{}", list_text(&list))?;
             }
         }
         ChildCommand::SetRouter {
@@ -254,7 +254,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
@@ -272,15 +272,15 @@ fn print_paused(json: bool, link: &LinkInfo) -> anyhow::Result<()> {
         return print_json(link);
     }
     if link.paused.is_empty() {
-        println!("{} -> {}: every cursor copies", link.parent, link.name);
+        outln!("{} -> {}: every cursor copies", link.parent, link.name)?;
     } else {
         let list: Vec<String> = link.paused.iter().map(u32::to_string).collect();
-        println!(
+        outln!(
             "{} -> {}: paused parent partitions {}",
             link.parent,
             link.name,
             list.join(",")
-        );
+        )?;
     }
     Ok(())
 }
@@ -297,13 +297,13 @@ fn print_link(json: bool, verb: &str, link: &LinkInfo) -> anyhow::Result<()> {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "{verb} {} -> {} (epoch {}, router {}{delay})",
         link.parent,
         link.name,
         link.attach_epoch,
         router_names(link)
-    );
+    )?;
     Ok(())
 }
 

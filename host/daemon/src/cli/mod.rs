@@ -11,6 +11,24 @@
 //! - [`bench`]: `narad bench produce|fanout`, the end-to-end benchmarks.
 //! - [`admin`]: `narad admin set-aside ...` and `narad admin rebuild-metastore`.
 
+/// `println!` for a command's output that gives back the write's error instead of panicking:
+/// with `?`, a reader that went away (`narad topic list | head -1`) ends the command quietly
+/// ([`run`] treats a broken pipe as success), as it would end `cat`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+    }};
+}
+
+/// `print!` for a command's output, like [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)
+    }};
+}
+
 pub mod admin;
 pub mod bench;
 pub mod child;

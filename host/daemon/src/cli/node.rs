@@ -50,28 +50,28 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
         NodeCommand::List => {
             let list = client.list_nodes().await?;
             if args.client.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
-                print!("{}", node_rows(&list));
+                out!("{}", node_rows(&list))?;
             }
         }
         NodeCommand::Drain { id } => drain(&client, &id, args.client.json).await?,
         NodeCommand::Cordon { id } => {
             let answer = client.cordon(&id, true).await?;
             if args.client.json {
-                println!("{}", serde_json::to_string_pretty(&answer)?);
+                outln!("{}", serde_json::to_string_pretty(&answer)?)?;
             } else {
-                println!(
+                outln!(
                     "node {id} is cordoned: it gets no new partitions (`narad node uncordon {id}` to undo)"
-                );
+                )?;
             }
         }
         NodeCommand::Uncordon { id } => {
             let answer = client.cordon(&id, false).await?;
             if args.client.json {
-                println!("{}", serde_json::to_string_pretty(&answer)?);
+                outln!("{}", serde_json::to_string_pretty(&answer)?)?;
             } else {
-                println!("node {id} may be given new partitions again");
+                outln!("node {id} may be given new partitions again")?;
             }
         }
     }
@@ -97,15 +97,15 @@ async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow
     // First, so a topic created while the drain runs does not put partitions back on it.
     client.cordon(node, true).await?;
     if !json {
-        println!(
+        outln!(
             "node {node} is cordoned: it gets no new partitions (`narad node uncordon {node}` to undo)"
-        );
+        )?;
     }
     let topics = client.list_topics().await?.topics;
     let todo = owned_by(&topics, node);
     if todo.is_empty() {
         if !json {
-            println!("node {node} owns no partitions: nothing to drain");
+            outln!("node {node} owns no partitions: nothing to drain")?;
         }
         return Ok(());
     }
@@ -114,11 +114,11 @@ async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow
         match client.move_partition(&topic, p, None).await {
             Ok(report) => {
                 if !json {
-                    println!(
+                    outln!(
                         "[{}/{total}] {}",
                         i + 1,
                         super::partition::move_line(&report)
-                    );
+                    )?;
                 }
                 reports.push(report);
             }
@@ -129,14 +129,14 @@ async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&reports)?);
+        outln!("{}", serde_json::to_string_pretty(&reports)?)?;
     }
     if failed.is_empty() {
         if !json {
-            println!(
+            outln!(
                 "node {node} is drained: its {} moved",
                 human::plural(total as u64, "partition")
-            );
+            )?;
         }
         Ok(())
     } else {

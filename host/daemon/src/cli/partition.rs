@@ -127,20 +127,20 @@ pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
             if cancel {
                 let answer = client.cancel_move(&topic, index).await?;
                 if args.client.json {
-                    println!("{}", serde_json::to_string_pretty(&answer)?);
+                    outln!("{}", serde_json::to_string_pretty(&answer)?)?;
                 } else {
-                    println!(
+                    outln!(
                         "cancelled the move of {topic}/{index}: {} owns it and serves it again",
                         answer.owner
-                    );
+                    )?;
                 }
                 return Ok(());
             }
             let report = client.move_partition(&topic, index, to).await?;
             if args.client.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?)?;
             } else {
-                println!("{}", move_line(&report));
+                outln!("{}", move_line(&report))?;
             }
         }
         PartitionCommand::Recreate {
@@ -163,10 +163,10 @@ pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
             };
             let report = client.recreate_partition(&topic, index, &request).await?;
             if args.client.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                outln!("{}", serde_json::to_string_pretty(&report)?)?;
             } else {
                 for line in recreate_lines(&report) {
-                    println!("{line}");
+                    outln!("{line}")?;
                 }
             }
         }

@@ -241,14 +241,14 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&info)?;
             } else {
-                println!(
+                outln!(
                     "deployed {} version {} ({}, {} bytes, needs {})",
                     info.name,
                     info.version,
                     info.digest,
                     info.size_bytes,
                     info.needs.as_deref().unwrap_or_default().join(", ")
-                );
+                )?;
             }
         }
         PluginCommand::List => {
@@ -258,7 +258,7 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&list)?;
             } else {
-                print!("{}", list_table(&list.plugins));
+                out!("{}", list_table(&list.plugins))?;
             }
         }
         PluginCommand::Remove { name } => {
@@ -268,11 +268,11 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&removed)?;
             } else {
-                println!(
+                outln!(
                     "removed plugin {} ({})",
                     removed.name,
                     human::plural(removed.removed.len() as u64, "version")
-                );
+                )?;
             }
         }
         PluginCommand::Test(test) => {
@@ -282,7 +282,7 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&output)?;
             } else {
-                print!("{}", trial_text(&output));
+                out!("{}", trial_text(&output))?;
             }
         }
     }
@@ -609,6 +609,6 @@ fn list_table(plugins: &[PluginInfo]) -> String {
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }

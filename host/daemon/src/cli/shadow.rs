@@ -89,7 +89,7 @@ pub async fn run(client: &Client, json: bool, command: ShadowCommand) -> anyhow:
             if json {
                 print_json(&status)?;
             } else {
-                print!("{}", status_text(&status));
+                out!("{}", status_text(&status))?;
             }
         }
         ShadowCommand::Clear { parent, child } => {
@@ -101,7 +101,7 @@ pub async fn run(client: &Client, json: bool, command: ShadowCommand) -> anyhow:
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
@@ -117,12 +117,12 @@ fn print_info(json: bool, verb: &str, info: &ShadowInfo) -> anyhow::Result<()> {
     if json {
         return print_json(info);
     }
-    println!(
+    outln!(
         "{verb} {} -> {} with {}",
         info.parent,
         info.child,
         names(&info.router)
-    );
+    )?;
     Ok(())
 }
 

@@ -164,7 +164,7 @@ fn deleted_text(d: &DeletedTopic) -> String {
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }
 
@@ -192,11 +192,11 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&t)?;
             } else {
-                println!(
+                outln!(
                     "created topic {} with {}",
                     t.name,
                     human::plural(u64::from(t.partitions), "partition")
-                );
+                )?;
             }
         }
         TopicCommand::List => {
@@ -204,7 +204,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&list)?;
             } else {
-                print!("{}", topic_rows(&list.topics));
+                out!("{}", topic_rows(&list.topics))?;
             }
         }
         TopicCommand::Describe { name } => {
@@ -212,7 +212,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&d)?;
             } else {
-                print!("{}", describe_text(&d));
+                out!("{}", describe_text(&d))?;
             }
         }
         TopicCommand::Grow { name, partitions } => {
@@ -220,11 +220,11 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&t)?;
             } else {
-                println!(
+                outln!(
                     "topic {} now has {}",
                     t.name,
                     human::plural(u64::from(t.partitions), "partition")
-                );
+                )?;
             }
         }
         TopicCommand::Delete { name, force } => {
@@ -232,7 +232,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
             if json {
                 print_json(&deleted)?;
             } else {
-                print!("{}", deleted_text(&deleted));
+                out!("{}", deleted_text(&deleted))?;
             }
         }
     }

@@ -171,7 +171,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.json {
         eprintln!("{intro}");
     } else {
-        println!("{intro}");
+        outln!("{intro}")?;
     }
 
     // First Ctrl-C: stop producing, then check. Second: quit.
@@ -189,9 +189,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     server.wait().await.context("stopping the demo daemon")?;
     let verdict = outcome?;
     if args.json {
-        println!("{}", serde_json::to_string(&verdict.report)?);
+        outln!("{}", serde_json::to_string(&verdict.report)?)?;
     } else {
-        println!("{}", verdict.line);
+        outln!("{}", verdict.line)?;
     }
     if verdict.ok {
         Ok(())
@@ -275,12 +275,12 @@ async fn scenario(
     }
     let order: Vec<String> = demo_children.iter().map(|c| c.name.to_owned()).collect();
     if !args.json {
-        println!(
+        outln!(
             "created {PARENT} ({PARENT_PARTITIONS} partitions) and attached {}; producing {} records/s for {}",
             order.join(", "),
             args.rate,
             format_duration(args.duration)
-        );
+        )?;
     }
 
     let mut screen = if args.json {
