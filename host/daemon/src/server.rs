@@ -461,6 +461,7 @@ pub async fn run_server(
         tokio::spawn(sync_owned(
             Arc::clone(context),
             Arc::clone(&topics_for_sync),
+            receiver.clone(),
             shutdown.clone(),
         ))
     });
@@ -688,10 +689,12 @@ fn current_snapshot(
 }
 
 /// Keeps the store in line with the watched metadata whenever it changes, until `shutdown`:
-/// newly owned partitions registered, topics the metadata no longer names set aside.
+/// newly owned partitions registered, topics the metadata no longer names set aside, the
+/// dedupe windows of partitions owned elsewhere dropped.
 async fn sync_owned(
     context: Arc<ClusterContext>,
     topics: Arc<TopicService>,
+    receiver: Option<Arc<crate::cluster::receiver::CommitReceiver>>,
     shutdown: ShutdownSignal,
 ) {
     let mut ticker = tokio::time::interval(OWNED_SYNC_EVERY);
@@ -722,6 +725,15 @@ async fn sync_owned(
                 }
                 if new > 0 {
                     tracing::info!(new, "registered newly owned partitions");
+                }
+                if let Some(receiver) = &receiver {
+                    let forgotten = receiver.forget_unowned();
+                    if forgotten > 0 {
+                        tracing::debug!(
+                            forgotten,
+                            "dropped the dedupe windows of partitions owned elsewhere"
+                        );
+                    }
                 }
                 last = Some(snapshot);
             }

@@ -142,6 +142,19 @@ impl CommitReceiver {
         }
     }
 
+    /// Forgets the windows of partitions this node no longer owns (moved away, re-created
+    /// elsewhere, deleted), so their memory (up to a few MiB each) goes with them; a window
+    /// is rebuilt from the tail if the partition comes back. Returns how many were dropped.
+    pub fn forget_unowned(&self) -> usize {
+        let mut windows = self
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = windows.len();
+        windows.retain(|id, _| (self.owners)(id).is_some_and(|o| o.node == self.node));
+        before - windows.len()
+    }
+
     /// The highest parent offset of `parent_partition` under `epoch` that child partition `id`
     /// remembers (its dedupe window, built from its tail if no commit built it yet): a parent
     /// partition re-created empty must start above it, or its new records would be dropped
@@ -301,6 +314,39 @@ mod tests {
             .iter()
             .map(|r| String::from_utf8_lossy(&r.value).into_owned())
             .collect()
+    }
+
+    #[test]
+    fn the_windows_of_partitions_owned_elsewhere_are_forgotten_and_rebuilt_if_they_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let owner = Arc::new(std::sync::Mutex::new("n1".to_owned()));
+        let lookup = Arc::clone(&owner);
+        let owners: Arc<OwnerLookup> = Arc::new(move |_id: &PartitionId| {
+            Some(PartitionOwner {
+                node: lookup.lock().unwrap().clone(),
+                generation: 3,
+                moving_to: None,
+            })
+        });
+        let rx = CommitReceiver::new("n1".to_owned(), Arc::clone(&store), owners);
+        assert!(matches!(
+            rx.commit(request(3, &[0, 1])),
+            CommitResponse::Committed { appended: 2, .. }
+        ));
+        assert_eq!(rx.forget_unowned(), 0, "still ours");
+        *owner.lock().unwrap() = "n2".to_owned();
+        assert_eq!(rx.forget_unowned(), 1);
+        // Back here: the window is rebuilt from the tail, so the repeat is still absorbed.
+        *owner.lock().unwrap() = "n1".to_owned();
+        assert!(matches!(
+            rx.commit(request(3, &[0, 1])),
+            CommitResponse::Committed {
+                appended: 0,
+                deduplicated: 2,
+                ..
+            }
+        ));
     }
 
     #[test]
