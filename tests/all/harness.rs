@@ -133,8 +133,14 @@ impl Daemon {
     }
 
     fn spawn(&mut self) {
+        self.spawn_on(None);
+    }
+
+    /// Starts the process, on `fixed` when given (retrying while the port is still taken),
+    /// else on a fresh free port.
+    fn spawn_on(&mut self, fixed: Option<SocketAddr>) {
         for _attempt in 0..5 {
-            self.addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            self.addr = fixed.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], free_port())));
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -206,6 +212,14 @@ impl Daemon {
     pub fn restart(&mut self) {
         self.kill9();
         self.spawn();
+    }
+
+    /// Like [`Daemon::restart`], on the same address: for a daemon other processes were told
+    /// the address of (a remote child's target).
+    pub fn restart_same_port(&mut self) {
+        self.kill9();
+        let addr = self.addr;
+        self.spawn_on(Some(addr));
     }
 
     /// Everything the daemon processes wrote to stdout and stderr so far.

@@ -16,5 +16,6 @@ mod kafka;
 mod metastore_loss;
 mod plugin_limits;
 mod plugin_text;
+mod remote;
 mod shadow;
 mod torn_tail;

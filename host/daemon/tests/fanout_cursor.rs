@@ -203,6 +203,7 @@ fn link(attach_offsets: Vec<u64>, delay_ms: u64) -> LinkMeta {
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        remote: None,
     }
 }
 

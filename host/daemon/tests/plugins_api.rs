@@ -387,6 +387,7 @@ fn link(router: Vec<PluginRef>) -> LinkMeta {
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        remote: None,
     }
 }
 

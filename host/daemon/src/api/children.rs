@@ -49,6 +49,36 @@ pub struct AttachRequest {
     /// Configuration handed to every plugin: a string as is, anything else as its JSON text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Value>,
+    /// Make it a remote child: the records go to a topic of another narad.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteAttach>,
+}
+
+/// Where a remote child's records go, as an attach names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteAttach {
+    /// The other narad's base URL (`http://host:port`).
+    pub url: String,
+    /// The topic there; it must exist.
+    pub topic: String,
+    /// A file holding the bearer token the target wants, read by the sender (never stored
+    /// in the metadata, never shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+}
+
+/// A remote child's target, as a link shows it (no token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteInfo {
+    /// The other narad's base URL.
+    pub url: String,
+    /// The topic there.
+    pub topic: String,
+    /// Its partition count at the attach.
+    pub partitions: u32,
+    /// Whether a token file is named.
+    pub token_file: bool,
 }
 
 /// `PATCH /v1/topics/{parent}/children/{child}` body: a new chain, a new config, or both.
@@ -93,6 +123,9 @@ pub struct LinkInfo {
     /// Parent partitions whose cursors are paused.
     #[serde(default)]
     pub paused: Vec<u32>,
+    /// For a remote child, where its records go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteInfo>,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -106,6 +139,12 @@ impl From<&LinkMeta> for LinkInfo {
             delay_ms: link.delay_ms,
             config: link.config.clone(),
             paused: link.paused.clone(),
+            remote: link.remote.as_ref().map(|r| RemoteInfo {
+                url: r.url.clone(),
+                topic: r.topic.clone(),
+                partitions: r.partitions,
+                token_file: r.token_file.is_some(),
+            }),
         }
     }
 }
@@ -143,8 +182,14 @@ pub struct ChildInfo {
     pub paused: Vec<u32>,
     /// True when every parent partition is reported with an exact lag.
     pub lag_complete: bool,
-    /// Per parent partition with a running cursor and a known high watermark.
+    /// Per parent partition with a running cursor and a known high watermark. For a remote
+    /// child, `next_offset` is the recovery point (where a restart resumes), and a stalled
+    /// cursor's `last_error` starts with `retrying:` (the target is away or overloaded) or
+    /// `failed:` (it refuses: token, topic gone, a record it will not take).
     pub partitions: Vec<CursorReport>,
+    /// For a remote child, where its records go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteInfo>,
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
@@ -256,6 +301,9 @@ pub async fn attach(
     };
     let parent_topic = require_topic(&state, &parent).await?;
     crate::topics::check_name(&child)?;
+    if req.remote.is_some() {
+        return attach_remote(&state, &parent_topic, &child, req).await;
+    }
     let existing = state.metastore.topic(&child).await?;
     let child_partitions = existing
         .as_ref()
@@ -305,6 +353,114 @@ pub async fn attach(
     Ok((StatusCode::CREATED, Json(LinkInfo::from(&link))))
 }
 
+/// Longest wait for the target of a remote child to describe its topic at the attach.
+const REMOTE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The attach of a remote child: the target topic must exist and answer (its partition count
+/// is recorded: the router places records among those partitions); anything else refuses
+/// and records nothing.
+async fn attach_remote(
+    state: &AppState,
+    parent: &crate::metastore::TopicMeta,
+    child: &str,
+    mut req: AttachRequest,
+) -> Result<(StatusCode, Json<LinkInfo>), ApiError> {
+    let Some(remote) = req.remote.take() else {
+        return Err(ApiError::bad_request("no remote target given"));
+    };
+    if req.partitions.is_some() {
+        return Err(ApiError::bad_request(
+            "a remote child has the target topic's partitions; leave out \"partitions\"",
+        ));
+    }
+    if state.metastore.topic(child).await?.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("{child:?} is a local topic; give the remote child another name"),
+        ));
+    }
+    let url = remote.url.trim_end_matches('/').to_owned();
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ApiError::bad_request(format!(
+            "remote url {url:?} must start with http:// or https://"
+        )));
+    }
+    crate::topics::check_name(&remote.topic)?;
+    let token = match &remote.token_file {
+        Some(file) => Some(
+            std::fs::read_to_string(file)
+                .map(|t| t.trim().to_owned())
+                .map_err(|e| {
+                    ApiError::bad_request(format!("cannot read the token file {file}: {e}"))
+                })?,
+        ),
+        None => None,
+    };
+    let client = reqwest::Client::builder()
+        .timeout(REMOTE_CHECK_TIMEOUT)
+        .connect_timeout(REMOTE_CHECK_TIMEOUT)
+        .build()
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let described = format!("{url}/v1/topics/{}", remote.topic);
+    let mut call = client.get(&described);
+    if let Some(token) = &token {
+        call = call.bearer_auth(token);
+    }
+    let unavailable = |why: String| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "cannot check the remote child's target {described}: {why}; no link was created"
+            ),
+        )
+    };
+    let answer = call.send().await.map_err(|e| unavailable(e.to_string()))?;
+    let status = answer.status();
+    let body: Value = answer.json().await.unwrap_or(Value::Null);
+    let partitions = match status.as_u16() {
+        200 => body["partitions"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| unavailable("its answer names no partition count".to_owned()))?,
+        404 => {
+            return Err(ApiError::not_found(format!(
+                "the remote child's target topic {} does not exist at {url}; create it there first",
+                remote.topic
+            )));
+        }
+        401 | 403 => {
+            return Err(ApiError::bad_request(format!(
+                "the remote child's target {described} refused the token ({status}); name the right --remote-token-file"
+            )));
+        }
+        _ => return Err(unavailable(format!("it answered {status}: {body}"))),
+    };
+    let mut link = new_link(
+        state,
+        &parent.name,
+        parent.partitions,
+        child,
+        partitions,
+        req,
+    )
+    .await?;
+    link.remote = Some(crate::metastore::RemoteTarget {
+        url,
+        topic: remote.topic,
+        partitions,
+        token_file: remote.token_file,
+        source: match &state.cluster {
+            Some(cluster) => format!("cluster:{}", cluster.prefix.trim_matches('/')),
+            None => format!("node:{}", state.ownership.local_node()),
+        },
+    });
+    let link = state.metastore.attach_link(link).await?;
+    tracing::info!(parent = %parent.name, %child, epoch = %link.attach_epoch,
+        target = %described, "remote child attached");
+    Ok((StatusCode::CREATED, Json(LinkInfo::from(&link))))
+}
+
 /// The link an attach records: its router resolved to pinned versions, a fresh epoch and the
 /// parent's attach point, read now.
 async fn new_link(
@@ -349,6 +505,7 @@ async fn new_link(
         attached_at_ms: crate::topics::now_ms(),
         paused: Vec::new(),
         shadow: None,
+        remote: None,
     })
 }
 
@@ -741,6 +898,7 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
             paused: link.paused.clone(),
             lag_complete,
             partitions,
+            remote: LinkInfo::from(link).remote,
         });
     }
     Ok(ChildList { children })

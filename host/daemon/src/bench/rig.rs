@@ -230,6 +230,7 @@ impl Rig {
                 attached_at_ms: now_ms(),
                 paused: Vec::new(),
                 shadow: None,
+                remote: None,
             })
             .await
             .map_err(BenchError::metastore(format!(

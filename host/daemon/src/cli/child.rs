@@ -83,6 +83,21 @@ pub enum ChildCommand {
         /// The plugins' config.
         #[command(flatten)]
         config: ConfigSource,
+        /// Make it a remote child: its records go to topic --remote-topic of the narad at
+        /// this URL (which must have the topic), through its batch produce.
+        #[arg(
+            long,
+            value_name = "URL",
+            requires = "remote_topic",
+            conflicts_with = "partitions"
+        )]
+        remote_url: Option<String>,
+        /// The topic of the remote child's target.
+        #[arg(long, value_name = "TOPIC", requires = "remote_url")]
+        remote_topic: Option<String>,
+        /// A file holding the bearer token the target wants (read by the sender; never stored).
+        #[arg(long, value_name = "FILE", requires = "remote_url")]
+        remote_token_file: Option<String>,
     },
     /// Detach a child: copying stops; the child topic and its records stay.
     Detach {
@@ -163,16 +178,28 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             delay_ms,
             router,
             config,
+            remote_url,
+            remote_topic,
+            remote_token_file,
         } => {
             let delay_ms = match (delay, delay_ms) {
                 (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 (None, ms) => ms,
+            };
+            let remote = match (remote_url, remote_topic) {
+                (Some(url), Some(topic)) => Some(crate::api::children::RemoteAttach {
+                    url,
+                    topic,
+                    token_file: remote_token_file,
+                }),
+                _ => None,
             };
             let req = AttachRequest {
                 partitions,
                 delay_ms,
                 router,
                 config: config.read()?,
+                remote,
             };
             let link = client.attach_child(&parent, &child, &req).await?;
             print_link(json, "attached", &link)?;
@@ -215,7 +242,10 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             } else if done.skipped > 0 {
                 outln!(
                     "{parent} -> {child} partition {}: moved from {} to {}, skipping {} records",
-                    done.partition, done.from, done.to, done.skipped
+                    done.partition,
+                    done.from,
+                    done.to,
+                    done.skipped
                 )?;
             } else {
                 outln!(

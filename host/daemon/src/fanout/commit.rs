@@ -187,6 +187,12 @@ fn commit_with_quick_retries(
     loop {
         match committer.commit(partition, batch) {
             Ok(_) => return Ok(()),
+            // A refusal only the target's operator can lift is not tried again at once.
+            Err(
+                error @ ChildCommitError::Remote {
+                    permanent: true, ..
+                },
+            ) => return Err(error),
             Err(error) => {
                 let Some(pause) = pauses.get(tries) else {
                     return Err(error);

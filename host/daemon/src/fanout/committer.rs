@@ -39,6 +39,23 @@ pub enum ChildCommitError {
         /// The child partition.
         partition: PartitionId,
     },
+    /// A remote child's target did not take the bucket. `permanent` when retrying alone will
+    /// not help (the target refused the token, the topic is gone, a record is refused): the
+    /// cursor still waits and retries, slowly, and never skips; the listing says `failed`.
+    #[error(
+        "{} remote child partition {partition} at {target}: {reason}",
+        if *.permanent { "failed: cannot send to" } else { "retrying: waiting for" }
+    )]
+    Remote {
+        /// The child partition (the target's partition of the same index).
+        partition: PartitionId,
+        /// The target topic's URL.
+        target: String,
+        /// What the target said, or why it did not answer.
+        reason: String,
+        /// Whether only a change on the target (or of the link) can make it succeed.
+        permanent: bool,
+    },
     /// This node is fenced (it could not renew its lease with etcd for nearly a TTL): it
     /// sends no commit, so a node the cluster may already count as dead, whose parent
     /// partitions may be re-created elsewhere, writes nothing more into children.

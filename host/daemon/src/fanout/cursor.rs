@@ -169,6 +169,19 @@ pub async fn run_cursor(
     stop: ShutdownSignal,
 ) -> CursorExit {
     let parent = PartitionId::new(key.parent.clone(), key.partition);
+    // A remote child's buckets go to the target's batch produce; a local one's to the
+    // node's committer. Fixed for the cursor's life: a new target is a new attach.
+    let committer = match link.meta().remote.clone() {
+        Some(target) => {
+            let source = target.source.clone();
+            Arc::new(super::remote_child::RemoteSender::new(
+                target,
+                source,
+                tokio::runtime::Handle::current(),
+            )) as Arc<dyn ChildCommitter>
+        }
+        None => Arc::clone(&deps.committer),
+    };
     let cursor = Cursor {
         deps,
         key,
@@ -176,6 +189,7 @@ pub async fn run_cursor(
         link,
         status,
         stop,
+        committer,
     };
     match cursor.run().await {
         Err(exit) => exit,
@@ -203,6 +217,8 @@ struct Cursor {
     link: Arc<LinkRuntime>,
     status: Arc<CursorStatus>,
     stop: ShutdownSignal,
+    /// Where this cursor's buckets are committed.
+    committer: Arc<dyn ChildCommitter>,
 }
 
 impl Cursor {
@@ -478,7 +494,7 @@ impl Cursor {
                     continue;
                 }
             };
-            let failed = match commit(buckets, &self.deps.committer, &self.deps.timing).await {
+            let failed = match commit(buckets, &self.committer, &self.deps.timing).await {
                 Ok(acknowledged) => return Ok(acknowledged),
                 Err(failed) => failed,
             };

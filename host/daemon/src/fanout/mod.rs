@@ -54,6 +54,7 @@ pub mod gate;
 pub mod metrics;
 pub mod plugin_metrics;
 pub mod position;
+pub mod remote_child;
 pub mod remote_commit;
 pub mod route;
 pub mod shadow;

@@ -30,6 +30,7 @@ fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> Lin
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        remote: None,
     }
 }
 

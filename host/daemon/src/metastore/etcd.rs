@@ -455,6 +455,7 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            remote: None,
         }
     }
 

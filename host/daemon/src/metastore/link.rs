@@ -71,6 +71,32 @@ pub struct LinkMeta {
     /// records written before shadows existed, and when none is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowSpec>,
+    /// Set for a remote child: the child is a topic of another narad (cluster or node), not a
+    /// local topic, and the cursors send their slabs through its batch produce. Absent for a
+    /// local child and in records written before remote children existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteTarget>,
+}
+
+/// Where a remote child's records go: a topic of another narad, reached over its public API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteTarget {
+    /// The target's base URL (`http://host:port`).
+    pub url: String,
+    /// The topic there.
+    pub topic: String,
+    /// Its partition count when the link was attached: the router places records among
+    /// these, and each lane goes to one of them.
+    pub partitions: u32,
+    /// A file holding the bearer token for the target, read when the sender starts and again
+    /// after a 401 or 403. The token itself is never stored here nor shown by the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// Names this side in each copy's origin header (the cluster name, or `node:{id}` on one
+    /// node), recorded at the attach.
+    #[serde(default)]
+    pub source: String,
 }
 
 /// A link's shadow: the candidate chain and config the link's slabs are also routed by, for
@@ -153,6 +179,12 @@ pub enum LinkRuleError {
         /// The least retention the parent needs.
         needed_ms: u64,
     },
+    /// A remote child's name is the name of a local topic (or a topic is to be created under
+    /// the name of a remote child).
+    #[error(
+        "{0:?} is both a local topic and a remote child's name; give the remote child another name"
+    )]
+    RemoteChildIsATopic(String),
     /// A chain (a shadow's candidate) has no plugin, or more than a chain may hold.
     #[error("a router is a chain of 1 to {max} plugins; got {len}")]
     ChainLength {
@@ -295,6 +327,7 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            remote: None,
         }
     }
 

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use etcd::EtcdMetastore;
 pub use file::FileMetastore;
-pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, ShadowSpec};
+pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, RemoteTarget, ShadowSpec};
 pub use transition::{Change, Outcome};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
@@ -181,6 +181,19 @@ pub struct LinkTopics {
     pub child: TopicMeta,
 }
 
+/// What a cursor sees as a remote child's topic: it has no local one; its partitions are the
+/// target's, as recorded at the attach.
+fn remote_child_topic(name: &str, remote: &RemoteTarget, attached_at_ms: i64) -> TopicMeta {
+    TopicMeta {
+        name: name.to_owned(),
+        partitions: remote.partitions,
+        retention_ms: None,
+        retention_bytes: None,
+        created_at_ms: attached_at_ms,
+        owners: Vec::new(),
+    }
+}
+
 impl Snapshot {
     /// Drops every topic no link names as its parent or child.
     pub fn keep_linked_topics(&mut self) {
@@ -220,7 +233,10 @@ impl LinkTopics {
         Some(LinkTopics {
             link: link.clone(),
             parent: snapshot.topics.get(parent)?.clone(),
-            child: snapshot.topics.get(child)?.clone(),
+            child: match &link.remote {
+                Some(remote) => remote_child_topic(child, remote, link.attached_at_ms),
+                None => snapshot.topics.get(child)?.clone(),
+            },
         })
     }
 
@@ -231,7 +247,10 @@ impl LinkTopics {
             .links
             .remove(&(parent.to_owned(), child.to_owned()))?;
         let parent = snapshot.topics.remove(parent)?;
-        let child = snapshot.topics.remove(child)?;
+        let child = match &link.remote {
+            Some(remote) => remote_child_topic(child, remote, link.attached_at_ms),
+            None => snapshot.topics.remove(child)?,
+        };
         Some(LinkTopics {
             link,
             parent,

@@ -125,6 +125,9 @@ pub enum Change {
 /// What an applied change answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+// One outcome per metadata change, moved straight to its caller: boxing the link would buy
+// nothing measurable.
+#[allow(clippy::large_enum_variant)]
 pub enum Outcome {
     /// The topic as recorded now (or as it was, for a delete).
     Topic(TopicMeta),
@@ -200,6 +203,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if s.topics.contains_key(&topic.name) {
                 return Err(MetastoreError::TopicExists { name: topic.name });
             }
+            check_not_remote_child(s, &topic.name)?;
             check_owners(&topic)?;
             s.topics.insert(topic.name.clone(), topic.clone());
             Ok((Outcome::Topic(topic), vec![Domain::Topics]))
@@ -209,7 +213,9 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 return Err(MetastoreError::UnknownTopic { name });
             };
             let before = s.links.len();
-            s.links.retain(|(p, c), _| *p != name && *c != name);
+            // A remote child of the same name is another thing: its link stays.
+            s.links
+                .retain(|(p, c), l| *p != name && (*c != name || l.remote.is_some()));
             let mut domains = vec![Domain::Topics];
             if s.links.len() != before {
                 domains.push(Domain::Links);
@@ -273,6 +279,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if s.topics.contains_key(&child.name) {
                 return Err(MetastoreError::TopicExists { name: child.name });
             }
+            check_not_remote_child(s, &child.name)?;
             check_owners(&child)?;
             s.topics.insert(child.name.clone(), child);
             attach(s, link.clone())?;
@@ -458,10 +465,20 @@ fn domains_if(changed: bool, domain: Domain) -> Vec<Domain> {
 /// Adds `link` after checking that both topics exist, the pair is not linked yet, the link
 /// rules hold and every plugin of its router is recorded.
 fn attach(s: &mut Snapshot, link: LinkMeta) -> Result<()> {
-    for topic in [&link.parent, &link.child] {
-        if !s.topics.contains_key(topic) {
+    // A remote child names no local topic, and must not shadow one: the name would stand for
+    // two different things in the link list.
+    let local_ends: &[&String] = if link.remote.is_some() {
+        if s.topics.contains_key(&link.child) {
+            return Err(LinkRuleError::RemoteChildIsATopic(link.child.clone()).into());
+        }
+        &[&link.parent]
+    } else {
+        &[&link.parent, &link.child]
+    };
+    for topic in local_ends {
+        if !s.topics.contains_key(*topic) {
             return Err(MetastoreError::UnknownTopic {
-                name: topic.clone(),
+                name: (*topic).clone(),
             });
         }
     }
@@ -476,6 +493,17 @@ fn attach(s: &mut Snapshot, link: LinkMeta) -> Result<()> {
     check_attach(&s.topics, &links, &link)?;
     check_plugins_exist(s, &link.router)?;
     s.links.insert(key, link);
+    Ok(())
+}
+
+/// Refuses a new topic named like a remote child (see [`attach`]).
+fn check_not_remote_child(s: &Snapshot, name: &str) -> Result<()> {
+    if s.links
+        .values()
+        .any(|l| l.child == name && l.remote.is_some())
+    {
+        return Err(LinkRuleError::RemoteChildIsATopic(name.to_owned()).into());
+    }
     Ok(())
 }
 
@@ -540,6 +568,50 @@ mod tests {
             err.to_string(),
             "a metastore change answered Plugins([]), not a topic"
         );
+    }
+
+    #[test]
+    fn a_remote_child_names_no_local_topic_and_no_topic_may_take_its_name() {
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(topic("orders", 2))).unwrap();
+        apply(&mut state, Change::CreateTopic(topic("local", 1))).unwrap();
+        let remote = |child: &str| LinkMeta {
+            parent: "orders".into(),
+            child: child.into(),
+            attach_epoch: "00112233445566aa".into(),
+            attach_offsets: Some(vec![0; 2]),
+            delay_ms: 0,
+            router: Vec::new(),
+            config: String::new(),
+            attached_at_ms: 0,
+            paused: Vec::new(),
+            shadow: None,
+            remote: Some(crate::metastore::RemoteTarget {
+                url: "http://127.0.0.1:7070".into(),
+                topic: "copy".into(),
+                partitions: 3,
+                token_file: None,
+                source: "node:n1".into(),
+            }),
+        };
+        // No local topic is needed for it, and none may share its name.
+        apply(&mut state, Change::AttachLink(remote("away"))).unwrap();
+        let err = apply(&mut state, Change::AttachLink(remote("local"))).unwrap_err();
+        assert!(err.to_string().contains("remote child"), "{err}");
+        let err = apply(&mut state, Change::CreateTopic(topic("away", 1))).unwrap_err();
+        assert!(err.to_string().contains("remote child"), "{err}");
+        // The view a cursor reads gives it the target's partition count.
+        let view = crate::metastore::LinkTopics::find_in(&state, "orders", "away").unwrap();
+        assert_eq!(view.child.partitions, 3);
+        // Deleting the parent takes the link with it.
+        apply(
+            &mut state,
+            Change::DeleteTopic {
+                name: "orders".into(),
+            },
+        )
+        .unwrap();
+        assert!(state.links.is_empty());
     }
 
     #[test]
@@ -641,6 +713,7 @@ mod tests {
                         attached_at_ms: 0,
                         paused: Vec::new(),
                         shadow: None,
+                        remote: None,
                     },
                 },
                 false,
@@ -746,6 +819,7 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            remote: None,
         };
         let set = |partitions: Option<Vec<u32>>, paused: bool| Change::SetPaused {
             parent: "p".into(),
@@ -831,6 +905,7 @@ mod tests {
             attached_at_ms: 0,
             paused: vec![1],
             shadow: None,
+            remote: None,
         };
         apply(&mut state, Change::AttachLink(link.clone())).unwrap();
 

@@ -170,12 +170,13 @@ impl Reconciler {
     fn desired(&self, snapshot: &Snapshot) -> BTreeSet<CursorKey> {
         let mut desired = BTreeSet::new();
         for link in snapshot.links.values() {
-            let (Some(parent), Some(_child)) = (
-                snapshot.topics.get(&link.parent),
-                snapshot.topics.get(&link.child),
-            ) else {
+            let Some(parent) = snapshot.topics.get(&link.parent) else {
                 continue;
             };
+            // A remote child has no local topic; a local one must exist.
+            if link.remote.is_none() && !snapshot.topics.contains_key(&link.child) {
+                continue;
+            }
             for partition in 0..parent.partitions {
                 let id = PartitionId::new(link.parent.clone(), partition);
                 // A partition being moved runs no cursor: its cursor files go with it, and
@@ -634,6 +635,7 @@ mod tests {
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
+                remote: None,
             })
             .await
             .unwrap();
@@ -729,6 +731,7 @@ mod tests {
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
+                remote: None,
             })
             .await
             .unwrap();
@@ -877,6 +880,7 @@ mod tests {
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
+                remote: None,
             })
             .await
             .unwrap();

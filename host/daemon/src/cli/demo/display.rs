@@ -264,6 +264,7 @@ mod tests {
                     partition(0, 15, 2, CursorState::Running),
                     partition(1, 30, 3, CursorState::Stalled),
                 ],
+                remote: None,
             }],
         };
         let attach = BTreeMap::from([("a".to_owned(), vec![5, 10])]);

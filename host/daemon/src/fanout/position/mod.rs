@@ -151,11 +151,17 @@ pub async fn open(
     let parent = PartitionId::new(key.parent.clone(), key.partition);
     let path = cursor_path(&deps.store, &parent, &key.child);
     let epoch = epoch_bytes(&key.epoch)?;
-    let child_partitions = deps
-        .metastore
-        .topic(&key.child)
-        .await?
-        .map_or(0, |t| t.partitions);
+    // A remote child's partitions live in another narad: nothing here can be scanned, so
+    // the offset file or the attach point decides (never "the child is empty": that would
+    // rewind a remote child to its attach point at every start).
+    let child_partitions = if link.remote.is_some() {
+        0
+    } else {
+        deps.metastore
+            .topic(&key.child)
+            .await?
+            .map_or(0, |t| t.partitions)
+    };
 
     let (fs, load_path) = (Arc::clone(&deps.fs), path.clone());
     let loaded = blocking(move || cursor_file::load(fs.as_ref(), &load_path)).await??;
@@ -181,6 +187,9 @@ pub async fn open(
                 })?;
             provenance::merge(&mut scanned, theirs);
         }
+    }
+    if link.remote.is_some() {
+        scanned.0.empty = false;
     }
     let (evidence, copies) = scanned;
     // The parent's end, read now (opening the log if a crash left its end unknown): nothing
@@ -395,6 +404,7 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            remote: None,
         };
         real.attach_link(link.clone()).await.unwrap();
         let stale = real.snapshot().await.unwrap();

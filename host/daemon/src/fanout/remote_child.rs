@@ -1,0 +1,490 @@
+//! The commit of a remote child: a bucket goes to a topic of another narad through its public
+//! batch produce (`POST {url}/v1/topics/{topic}/records`).
+//!
+//! The cursor is the one every child has (placed, epoched, anchored and advanced the same
+//! way); only this step differs. The router places each record among the target's
+//! partitions, so a bucket is a **lane**: every record of one key is in one lane, and a lane
+//! is sent in slab order, one request after another, each record naming its partition. Lanes
+//! go concurrently (the cursor's commit lanes), and the cursor advances only when the target
+//! has acknowledged every record of the slab, so per-key order holds on the target and a
+//! failure repeats at most the slab: duplicates there, never a gap.
+//!
+//! Each copy carries its origin as a header, `narad-origin: {source}/{epoch}/{parent
+//! partition}/{parent offset}`, so the target's consumers can drop the duplicates a repeated
+//! slab leaves (the same origin seen twice is the same record).
+//!
+//! Failures, as the cursor sees them ([`ChildCommitError::Remote`]): no answer, a 5xx or a 429
+//! is retried; a 401 or 403 (after reading the token file again), a 404 (the target topic is
+//! gone), a 400 or a 413 (a record the target refuses, too large for instance) are
+//! **permanent**: the cursor stalls on them with the target's reason and retries slowly, so an
+//! operator can fix the target, and it never skips a record.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use base64::Engine as _;
+use narad_storage::{Appended, EncodedBatch, PartitionId};
+use serde::Serialize;
+use tokio::runtime::Handle;
+
+use super::committer::{ChildCommitError, ChildCommitter};
+use crate::metastore::RemoteTarget;
+
+/// The header every copy carries its origin in.
+pub const ORIGIN_HEADER: &str = "narad-origin";
+
+/// Most records per request to the target (its default limit is 10,000).
+pub const MAX_RECORDS_PER_REQUEST: usize = 1_000;
+
+/// Most key, value and header bytes per request, before base64 (its default request limit is
+/// 64 MiB).
+pub const MAX_BYTES_PER_REQUEST: usize = 4 * 1024 * 1024;
+
+/// Longest wait for one request's answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest wait for a connection to the target.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Sends a remote child's buckets to its target. Blocking, like every [`ChildCommitter`]:
+/// called on the blocking pool by the cursor's commit lanes.
+pub struct RemoteSender {
+    target: RemoteTarget,
+    /// Names where the copies come from in their origin header.
+    source: String,
+    client: reqwest::Client,
+    runtime: Handle,
+    /// The token read from the target's token file; read again after a 401 or 403.
+    token: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for RemoteSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSender")
+            .field("url", &self.target.url)
+            .field("topic", &self.target.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Serialize)]
+struct WireHeader {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_b64: Option<String>,
+}
+
+/// One record as the target's `POST .../records` takes it (the public produce format).
+#[derive(Serialize)]
+struct WireRecord {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_b64: Option<String>,
+    value_b64: String,
+    headers: Vec<WireHeader>,
+    partition: u32,
+}
+
+#[derive(Serialize)]
+struct WireRequest<'a> {
+    records: &'a [WireRecord],
+}
+
+impl RemoteSender {
+    /// A sender to `target`, naming `source` in each copy's origin header, blocking on
+    /// `runtime` for its calls.
+    pub fn new(target: RemoteTarget, source: String, runtime: Handle) -> RemoteSender {
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        let token = read_token(target.token_file.as_deref()).ok().flatten();
+        RemoteSender {
+            target,
+            source,
+            client,
+            runtime,
+            token: Mutex::new(token),
+        }
+    }
+
+    fn error(&self, partition: &PartitionId, reason: String, permanent: bool) -> ChildCommitError {
+        ChildCommitError::Remote {
+            partition: partition.clone(),
+            target: format!("{}/v1/topics/{}", self.target.url, self.target.topic),
+            reason,
+            permanent,
+        }
+    }
+
+    /// The bucket's records in the target's format, in order.
+    fn wire_records(
+        &self,
+        partition: &PartitionId,
+        batch: &EncodedBatch,
+    ) -> Result<Vec<(WireRecord, usize)>, ChildCommitError> {
+        let decoded = batch
+            .decode()
+            .map_err(|source| ChildCommitError::Undecodable {
+                partition: partition.clone(),
+                source,
+            })?;
+        let origin = decoded
+            .origin
+            .as_ref()
+            .ok_or_else(|| ChildCommitError::NoProvenance {
+                partition: partition.clone(),
+            })?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let epoch: String = origin.epoch.iter().map(|b| format!("{b:02x}")).collect();
+        let mut out = Vec::with_capacity(decoded.records.len());
+        for (record, parent_offset) in decoded.records.iter().zip(&origin.parent_offsets) {
+            let mut headers: Vec<WireHeader> = record
+                .headers
+                .iter()
+                .map(|h| WireHeader {
+                    name: h.name.clone(),
+                    value: None,
+                    value_b64: Some(b64.encode(&h.value)),
+                })
+                .collect();
+            headers.push(WireHeader {
+                name: ORIGIN_HEADER.to_owned(),
+                value: Some(format!(
+                    "{}/{epoch}/{}/{parent_offset}",
+                    self.source, origin.parent_partition
+                )),
+                value_b64: None,
+            });
+            let size = record.key.as_ref().map_or(0, |k| k.len())
+                + record.value.len()
+                + record
+                    .headers
+                    .iter()
+                    .map(|h| h.name.len() + h.value.len())
+                    .sum::<usize>();
+            out.push((
+                WireRecord {
+                    key_b64: record.key.as_ref().map(|k| b64.encode(k)),
+                    value_b64: b64.encode(&record.value),
+                    headers,
+                    partition: partition.partition,
+                },
+                size,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Sends one request of `records`; `Ok` when the target acknowledged every one.
+    fn send(
+        &self,
+        partition: &PartitionId,
+        records: &[WireRecord],
+    ) -> Result<(), ChildCommitError> {
+        let url = format!(
+            "{}/v1/topics/{}/records",
+            self.target.url, self.target.topic
+        );
+        for attempt in 0..2 {
+            let token = self
+                .token
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let mut call = self.client.post(&url).json(&WireRequest { records });
+            if let Some(token) = &token {
+                call = call.bearer_auth(token);
+            }
+            let answer = self.runtime.block_on(async {
+                let response = call.send().await?;
+                let status = response.status();
+                let body = response.text().await.unwrap_or_default();
+                Ok::<_, reqwest::Error>((status, body))
+            });
+            let (status, body) = match answer {
+                Ok(answer) => answer,
+                Err(e) => {
+                    return Err(self.error(partition, format!("no answer: {e}"), false));
+                }
+            };
+            let reason = || {
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| body.chars().take(300).collect());
+                format!("{status}: {message}")
+            };
+            match status.as_u16() {
+                200..=299 => return self.check_acknowledged(partition, records.len(), &body),
+                // The token may have been rotated: read the file once more before giving up.
+                401 | 403 if attempt == 0 && self.target.token_file.is_some() => {
+                    let fresh = read_token(self.target.token_file.as_deref())
+                        .map_err(|e| self.error(partition, e, true))?;
+                    *self.token.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+                }
+                429 | 500..=599 => return Err(self.error(partition, reason(), false)),
+                _ => return Err(self.error(partition, reason(), true)),
+            }
+        }
+        Err(self.error(
+            partition,
+            "the target refused the token, read again from its file".to_owned(),
+            true,
+        ))
+    }
+
+    /// An answer counts as an acknowledgement only if it places every record sent.
+    fn check_acknowledged(
+        &self,
+        partition: &PartitionId,
+        sent: usize,
+        body: &str,
+    ) -> Result<(), ChildCommitError> {
+        let placed = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v["offsets"].as_array().map(Vec::len));
+        match placed {
+            Some(n) if n == sent => Ok(()),
+            other => Err(self.error(
+                partition,
+                format!(
+                    "the target answered for {} of {sent} records; not taken as an acknowledgement",
+                    other.map_or_else(|| "none".to_owned(), |n| n.to_string())
+                ),
+                false,
+            )),
+        }
+    }
+}
+
+impl ChildCommitter for RemoteSender {
+    fn commit(
+        &self,
+        partition: &PartitionId,
+        batch: &mut EncodedBatch,
+    ) -> Result<Appended, ChildCommitError> {
+        let records = self.wire_records(partition, batch)?;
+        let count = records.len();
+        // In order, one request after another: a lane never has two requests in flight, so
+        // the target stores its records in slab order.
+        let mut chunk: Vec<WireRecord> = Vec::new();
+        let mut bytes = 0usize;
+        for (record, size) in records {
+            if !chunk.is_empty()
+                && (chunk.len() >= MAX_RECORDS_PER_REQUEST || bytes + size > MAX_BYTES_PER_REQUEST)
+            {
+                self.send(partition, &chunk)?;
+                chunk.clear();
+                bytes = 0;
+            }
+            bytes += size;
+            chunk.push(record);
+        }
+        if !chunk.is_empty() {
+            self.send(partition, &chunk)?;
+        }
+        Ok(Appended {
+            base_offset: 0,
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            committed_at_ms: 0,
+        })
+    }
+}
+
+/// The token in `file` (trimmed), `None` without a file.
+fn read_token(file: Option<&str>) -> Result<Option<String>, String> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    std::fs::read_to_string(file)
+        .map(|t| Some(t.trim().to_owned()))
+        .map_err(|e| format!("cannot read the token file {file}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU16, Ordering};
+
+    use bytes::Bytes;
+    use narad_storage::{BatchOrigin, StoredRecord};
+
+    use super::*;
+
+    /// A target that answers every produce with `status` (and, for a success, `placed`
+    /// offsets), and remembers the last body it got.
+    struct Target {
+        url: String,
+        status: Arc<AtomicU16>,
+        placed: Arc<AtomicU16>,
+        last_body: Arc<Mutex<String>>,
+        _server: tokio::task::JoinHandle<()>,
+    }
+
+    async fn target() -> Target {
+        let status = Arc::new(AtomicU16::new(200));
+        let placed = Arc::new(AtomicU16::new(u16::MAX));
+        let last_body = Arc::new(Mutex::new(String::new()));
+        let (s, p, b) = (
+            Arc::clone(&status),
+            Arc::clone(&placed),
+            Arc::clone(&last_body),
+        );
+        let app = axum::Router::new().route(
+            "/v1/topics/{topic}/records",
+            axum::routing::post(move |body: String| {
+                let (s, p, b) = (Arc::clone(&s), Arc::clone(&p), Arc::clone(&b));
+                async move {
+                    let sent = serde_json::from_str::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["records"].as_array().map(Vec::len))
+                        .unwrap_or(0);
+                    *b.lock().unwrap() = body;
+                    let code = s.load(Ordering::SeqCst);
+                    let n = match p.load(Ordering::SeqCst) {
+                        u16::MAX => sent,
+                        n => usize::from(n),
+                    };
+                    let offsets: Vec<serde_json::Value> = (0..n)
+                        .map(|i| serde_json::json!({"partition": 0, "offset": i}))
+                        .collect();
+                    (
+                        axum::http::StatusCode::from_u16(code).unwrap(),
+                        axum::Json(
+                            serde_json::json!({"offsets": offsets, "error": "refused here"}),
+                        ),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Target {
+            url,
+            status,
+            placed,
+            last_body,
+            _server: server,
+        }
+    }
+
+    fn bucket() -> EncodedBatch {
+        let records: Vec<StoredRecord> = (0..3)
+            .map(|o| StoredRecord {
+                offset: o,
+                committed_at_ms: 0,
+                key: Some(Bytes::from(format!("k{o}"))),
+                headers: Vec::new(),
+                value: Bytes::from(format!("v{o}")),
+                origin: None,
+            })
+            .collect();
+        let origin = BatchOrigin {
+            epoch: [0xab; 8],
+            parent_partition: 1,
+            slab_start: 40,
+            parent_offsets: vec![40, 41, 42],
+        };
+        EncodedBatch::encode(&records, Some(&origin)).unwrap()
+    }
+
+    async fn send(target: &Target) -> Result<Appended, ChildCommitError> {
+        let sender = Arc::new(RemoteSender::new(
+            RemoteTarget {
+                url: target.url.clone(),
+                topic: "copy".into(),
+                partitions: 3,
+                token_file: None,
+                source: "node:n1".into(),
+            },
+            "node:n1".into(),
+            Handle::current(),
+        ));
+        tokio::task::spawn_blocking(move || {
+            sender.commit(&PartitionId::new("to-b", 2), &mut bucket())
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bucket_is_acknowledged_only_for_every_record_and_refusals_are_told_apart() {
+        let target = target().await;
+        let appended = send(&target).await.unwrap();
+        assert_eq!(appended.count, 3);
+        // Sent to the lane's partition, each with its origin.
+        let body: serde_json::Value =
+            serde_json::from_str(&target.last_body.lock().unwrap()).unwrap();
+        let first = &body["records"][0];
+        assert_eq!(first["partition"], 2, "{body}");
+        let origin = first["headers"]
+            .as_array()
+            .and_then(|h| h.iter().find(|h| h["name"] == ORIGIN_HEADER))
+            .and_then(|h| h["value"].as_str())
+            .unwrap_or("");
+        assert_eq!(origin, "node:n1/abababababababab/1/40");
+
+        // An answer for fewer records than sent is not an acknowledgement.
+        target.placed.store(2, Ordering::SeqCst);
+        let err = send(&target).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ChildCommitError::Remote {
+                    permanent: false,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        target.placed.store(u16::MAX, Ordering::SeqCst);
+
+        for (status, permanent) in [
+            (503, false),
+            (429, false),
+            (500, false),
+            (404, true),
+            (413, true),
+            (400, true),
+            (401, true),
+        ] {
+            target.status.store(status, Ordering::SeqCst);
+            let err = send(&target).await.unwrap_err();
+            match &err {
+                ChildCommitError::Remote {
+                    permanent: p,
+                    reason,
+                    ..
+                } => {
+                    assert_eq!(*p, permanent, "{status}: {err}");
+                    assert!(reason.contains(&status.to_string()), "{err}");
+                }
+                other => panic!("{status}: {other}"),
+            }
+            let label = if permanent { "failed:" } else { "retrying:" };
+            assert!(err.to_string().starts_with(label), "{err}");
+        }
+        // No answer at all is retried.
+        let gone = Target {
+            url: "http://127.0.0.1:9".into(),
+            ..target
+        };
+        let err = send(&gone).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ChildCommitError::Remote {
+                    permanent: false,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
