@@ -218,4 +218,19 @@ fn a_remote_child_gets_every_record_in_key_order_through_crashes_of_its_target_a
     }
     let link = listing(&a.url());
     assert_eq!(link["remote"]["topic"], "orders-copy", "{link}");
+    let (_, metrics) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{}/metrics", a.url()),
+        None,
+    )
+    .expect("metrics");
+    let sent: f64 = metrics
+        .as_str()
+        .unwrap_or("")
+        .lines()
+        .filter(|l| l.starts_with("narad_fanout_remote_sent_bytes_total{") && l.contains("to-b"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(sent > 0.0, "no bytes counted as sent:\n{metrics}");
 }

@@ -174,10 +174,12 @@ pub async fn run_cursor(
     let committer = match link.meta().remote.clone() {
         Some(target) => {
             let source = target.source.clone();
-            Arc::new(super::remote_child::RemoteSender::new(
+            let counted = Arc::clone(&status);
+            Arc::new(super::remote_child::RemoteSender::with_hook(
                 target,
                 source,
                 tokio::runtime::Handle::current(),
+                Box::new(move |bytes| counted.remote_sent(bytes)),
             )) as Arc<dyn ChildCommitter>
         }
         None => Arc::clone(&deps.committer),

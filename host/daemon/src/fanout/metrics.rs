@@ -89,6 +89,12 @@ pub struct FanoutMetrics {
     /// `narad_fanout_seek_skipped_records_total`: records an operator's forward seek skipped
     /// on purpose (never counted as dropped).
     pub seek_skipped: Family<CursorLabels, Counter>,
+    /// `narad_fanout_remote_sent_bytes_total`: key, value and header bytes a remote child's
+    /// target acknowledged (repeats after a failed slab included).
+    pub remote_sent_bytes: Family<CursorLabels, Counter>,
+    /// `narad_fanout_remote_send_failures_total`: requests to a remote child's target that
+    /// were not acknowledged (no answer, or a refusal).
+    pub remote_send_failures: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
     pub state: Family<StateLabels, Gauge>,
     /// `narad_fanout_commit_deduplicated_records_total`: records of child commits sent to
@@ -152,6 +158,16 @@ impl FanoutMetrics {
             self.seek_skipped.clone(),
         );
         registry.register(
+            "narad_fanout_remote_sent_bytes",
+            "Key, value and header bytes a remote child's target acknowledged (repeats included)",
+            self.remote_sent_bytes.clone(),
+        );
+        registry.register(
+            "narad_fanout_remote_send_failures",
+            "Requests to a remote child's target that were not acknowledged (no answer, or a refusal); the cursor retries",
+            self.remote_send_failures.clone(),
+        );
+        registry.register(
             "narad_fanout_cursor_state",
             "1 for the state each cursor is in (running, waiting, stalled, paused), 0 for the others",
             self.state.clone(),
@@ -175,6 +191,8 @@ impl FanoutMetrics {
         self.rewinds.remove(labels);
         self.parent_end_rewinds.remove(labels);
         self.seek_skipped.remove(labels);
+        self.remote_sent_bytes.remove(labels);
+        self.remote_send_failures.remove(labels);
         for state in [
             StateLabel::running,
             StateLabel::waiting,

@@ -56,7 +56,13 @@ pub struct RemoteSender {
     runtime: Handle,
     /// The token read from the target's token file; read again after a 401 or 403.
     token: Mutex<Option<String>>,
+    /// Told the bytes of each acknowledged request, or `None` for one that was not.
+    on_sent: Box<SentHook>,
 }
+
+/// What a [`RemoteSender`] tells about each request: the bytes the target acknowledged, or
+/// `None` when it did not acknowledge it.
+pub type SentHook = dyn Fn(Option<u64>) + Send + Sync;
 
 impl std::fmt::Debug for RemoteSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,6 +101,16 @@ impl RemoteSender {
     /// A sender to `target`, naming `source` in each copy's origin header, blocking on
     /// `runtime` for its calls.
     pub fn new(target: RemoteTarget, source: String, runtime: Handle) -> RemoteSender {
+        RemoteSender::with_hook(target, source, runtime, Box::new(|_| {}))
+    }
+
+    /// [`RemoteSender::new`], telling `on_sent` about every request (the cursor's metrics).
+    pub fn with_hook(
+        target: RemoteTarget,
+        source: String,
+        runtime: Handle,
+        on_sent: Box<SentHook>,
+    ) -> RemoteSender {
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
@@ -107,6 +123,7 @@ impl RemoteSender {
             client,
             runtime,
             token: Mutex::new(token),
+            on_sent,
         }
     }
 
@@ -176,6 +193,18 @@ impl RemoteSender {
             ));
         }
         Ok(out)
+    }
+
+    /// [`RemoteSender::send`], telling the hook what it came to.
+    fn send_counted(
+        &self,
+        partition: &PartitionId,
+        records: &[WireRecord],
+        bytes: usize,
+    ) -> Result<(), ChildCommitError> {
+        let sent = self.send(partition, records);
+        (self.on_sent)(sent.is_ok().then_some(bytes as u64));
+        sent
     }
 
     /// Sends one request of `records`; `Ok` when the target acknowledged every one.
@@ -276,7 +305,7 @@ impl ChildCommitter for RemoteSender {
             if !chunk.is_empty()
                 && (chunk.len() >= MAX_RECORDS_PER_REQUEST || bytes + size > MAX_BYTES_PER_REQUEST)
             {
-                self.send(partition, &chunk)?;
+                self.send_counted(partition, &chunk, bytes)?;
                 chunk.clear();
                 bytes = 0;
             }
@@ -284,7 +313,7 @@ impl ChildCommitter for RemoteSender {
             chunk.push(record);
         }
         if !chunk.is_empty() {
-            self.send(partition, &chunk)?;
+            self.send_counted(partition, &chunk, bytes)?;
         }
         Ok(Appended {
             base_offset: 0,
@@ -470,6 +499,33 @@ mod tests {
             let label = if permanent { "failed:" } else { "retrying:" };
             assert!(err.to_string().starts_with(label), "{err}");
         }
+        // The hook hears the bytes of an acknowledged request and of nothing else.
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let hook = Arc::clone(&heard);
+        let sender = Arc::new(RemoteSender::with_hook(
+            RemoteTarget {
+                url: target.url.clone(),
+                topic: "copy".into(),
+                partitions: 3,
+                token_file: None,
+                source: "node:n1".into(),
+            },
+            "node:n1".into(),
+            Handle::current(),
+            Box::new(move |bytes| hook.lock().unwrap().push(bytes)),
+        ));
+        for status in [200, 503] {
+            target.status.store(status, Ordering::SeqCst);
+            let sender = Arc::clone(&sender);
+            let _ = tokio::task::spawn_blocking(move || {
+                sender.commit(&PartitionId::new("to-b", 2), &mut bucket())
+            })
+            .await
+            .unwrap();
+        }
+        // Three records of a 2-byte key and a 2-byte value each.
+        assert_eq!(*heard.lock().unwrap(), vec![Some(12), None]);
+
         // No answer at all is retried.
         let gone = Target {
             url: "http://127.0.0.1:9".into(),

@@ -171,6 +171,9 @@ impl CursorStatus {
         let _ = m.rewinds.get_or_create(&self.labels);
         let _ = m.parent_end_rewinds.get_or_create(&self.labels);
         let _ = m.seek_skipped.get_or_create(&self.labels);
+        // Zero for a local child, so every cursor has the same series.
+        let _ = m.remote_sent_bytes.get_or_create(&self.labels);
+        let _ = m.remote_send_failures.get_or_create(&self.labels);
         // Per child, not per cursor (the committer counts it), and never removed.
         let _ = m.commit_deduplicated.get_or_create(&ChildLabels {
             child: self.labels.child.clone(),
@@ -304,6 +307,25 @@ impl CursorStatus {
             .seek_skipped
             .get_or_create(&self.labels)
             .inc_by(count);
+    }
+
+    /// Counts what a remote child's target acknowledged (`bytes`), or one request it did not
+    /// (`bytes` is `None`).
+    pub fn remote_sent(&self, bytes: Option<u64>) {
+        match bytes {
+            Some(bytes) => {
+                self.metrics
+                    .remote_sent_bytes
+                    .get_or_create(&self.labels)
+                    .inc_by(bytes);
+            }
+            None => {
+                self.metrics
+                    .remote_send_failures
+                    .get_or_create(&self.labels)
+                    .inc();
+            }
+        }
     }
 
     /// Marks the cursor paused (healthy: a pause is no trouble).
