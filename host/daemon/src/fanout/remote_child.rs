@@ -423,23 +423,35 @@ mod tests {
         EncodedBatch::encode(&records, Some(&origin)).unwrap()
     }
 
-    async fn send(target: &Target) -> Result<Appended, ChildCommitError> {
-        let sender = Arc::new(RemoteSender::new(
-            RemoteTarget {
-                url: target.url.clone(),
-                topic: "copy".into(),
-                partitions: 3,
-                token_file: None,
-                source: "node:n1".into(),
-            },
+    /// A sender to `target`'s topic `copy` (3 partitions), telling `hook` what it sent.
+    fn sender(target: &Target, hook: Box<SentHook>) -> Arc<RemoteSender> {
+        let to = RemoteTarget {
+            url: target.url.clone(),
+            topic: "copy".into(),
+            partitions: 3,
+            token_file: None,
+            source: "node:n1".into(),
+        };
+        Arc::new(RemoteSender::with_hook(
+            to,
             "node:n1".into(),
             Handle::current(),
-        ));
+            hook,
+        ))
+    }
+
+    /// Commits [`bucket`] as lane 2 through `sender`, on the blocking pool.
+    async fn commit_with(sender: &Arc<RemoteSender>) -> Result<Appended, ChildCommitError> {
+        let sender = Arc::clone(sender);
         tokio::task::spawn_blocking(move || {
             sender.commit(&PartitionId::new("to-b", 2), &mut bucket())
         })
         .await
         .unwrap()
+    }
+
+    async fn send(target: &Target) -> Result<Appended, ChildCommitError> {
+        commit_with(&sender(target, Box::new(|_| {}))).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -502,26 +514,13 @@ mod tests {
         // The hook hears the bytes of an acknowledged request and of nothing else.
         let heard = Arc::new(Mutex::new(Vec::new()));
         let hook = Arc::clone(&heard);
-        let sender = Arc::new(RemoteSender::with_hook(
-            RemoteTarget {
-                url: target.url.clone(),
-                topic: "copy".into(),
-                partitions: 3,
-                token_file: None,
-                source: "node:n1".into(),
-            },
-            "node:n1".into(),
-            Handle::current(),
+        let sender = sender(
+            &target,
             Box::new(move |bytes| hook.lock().unwrap().push(bytes)),
-        ));
+        );
         for status in [200, 503] {
             target.status.store(status, Ordering::SeqCst);
-            let sender = Arc::clone(&sender);
-            let _ = tokio::task::spawn_blocking(move || {
-                sender.commit(&PartitionId::new("to-b", 2), &mut bucket())
-            })
-            .await
-            .unwrap();
+            let _ = commit_with(&sender).await;
         }
         // Three records of a 2-byte key and a 2-byte value each.
         assert_eq!(*heard.lock().unwrap(), vec![Some(12), None]);

@@ -562,36 +562,10 @@ mod tests {
         }
     }
 
-    async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-        let deadline = Instant::now() + WAIT;
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    #[test]
-    fn successive_sweep_slices_visit_every_partition_in_turn() {
-        let items: Vec<u32> = (0..10).collect();
-        let (mut seen, mut from) = (Vec::new(), 7);
-        for _ in 0..3 {
-            let (slice, next) = sweep_slice(&items, from, 4);
-            assert!(slice.len() <= 4);
-            seen.extend(slice);
-            from = next;
-        }
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen, items, "12 visits of 10 partitions miss none");
-        // Fewer partitions than the bound: all of them, once each.
-        assert_eq!(sweep_slice(&items, 3, 100).0.len(), 10);
-        // The list shrank below where the last sweep stopped: it starts again inside it.
-        assert_eq!(sweep_slice(&items[..2], 9, 4).0, vec![1, 0]);
-        assert_eq!(sweep_slice::<u32>(&[], 5, 4), (Vec::new(), 0));
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_orphan_sweep_removes_offset_files_no_link_explains_and_keeps_the_others() {
+    /// A store and a file metastore in a fresh directory with topics `parent` and `child` (one
+    /// partition each), the native plugin, and the link `parent -> child` routing with
+    /// `config`.
+    async fn one_link(config: &str) -> (tempfile::TempDir, Arc<Store>, Arc<FileMetastore>) {
         let dir = tempfile::tempdir().unwrap();
         let store =
             Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
@@ -631,7 +605,7 @@ mod tests {
                 attach_offsets: Some(vec![0]),
                 delay_ms: 0,
                 router: vec![plugin()],
-                config: String::new(),
+                config: config.into(),
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
@@ -639,6 +613,40 @@ mod tests {
             })
             .await
             .unwrap();
+        (dir, store, metastore)
+    }
+
+    async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + WAIT;
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn successive_sweep_slices_visit_every_partition_in_turn() {
+        let items: Vec<u32> = (0..10).collect();
+        let (mut seen, mut from) = (Vec::new(), 7);
+        for _ in 0..3 {
+            let (slice, next) = sweep_slice(&items, from, 4);
+            assert!(slice.len() <= 4);
+            seen.extend(slice);
+            from = next;
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, items, "12 visits of 10 partitions miss none");
+        // Fewer partitions than the bound: all of them, once each.
+        assert_eq!(sweep_slice(&items, 3, 100).0.len(), 10);
+        // The list shrank below where the last sweep stopped: it starts again inside it.
+        assert_eq!(sweep_slice(&items[..2], 9, 4).0, vec![1, 0]);
+        assert_eq!(sweep_slice::<u32>(&[], 5, 4), (Vec::new(), 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_orphan_sweep_removes_offset_files_no_link_explains_and_keeps_the_others() {
+        let (_dir, store, metastore) = one_link("").await;
         let fs: Arc<dyn narad_storage::fs::FileSystem> = Arc::new(narad_storage::fs::RealFs);
         let parent = PartitionId::new("parent", 0);
         // An offset file left by a link detached while this node was down.
@@ -688,53 +696,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_link_whose_router_panicked_copies_again_once_a_new_router_is_swapped_in() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
-        let metastore = Arc::new(FileMetastore::open(dir.path()).unwrap());
-        for name in ["parent", "child"] {
-            store
-                .create_partition(&PartitionId::new(name, 0), LogConfig::default())
-                .unwrap();
-            metastore
-                .create_topic(TopicMeta {
-                    name: name.into(),
-                    partitions: 1,
-                    retention_ms: None,
-                    retention_bytes: None,
-                    created_at_ms: 0,
-                    owners: Vec::new(),
-                })
-                .await
-                .unwrap();
-        }
-        metastore
-            .add_plugin(PluginVersion {
-                name: "native".into(),
-                digest: "0".repeat(64),
-                size_bytes: 0,
-                version: "test".into(),
-                description: "routes natively".into(),
-                uploaded_at_ms: 0,
-            })
-            .await
-            .unwrap();
-        metastore
-            .attach_link(LinkMeta {
-                parent: "parent".into(),
-                child: "child".into(),
-                attach_epoch: "00112233445566aa".into(),
-                attach_offsets: Some(vec![0]),
-                delay_ms: 0,
-                router: vec![plugin()],
-                config: "panic".into(),
-                attached_at_ms: 0,
-                paused: Vec::new(),
-                shadow: None,
-                remote: None,
-            })
-            .await
-            .unwrap();
+        let (_dir, store, metastore) = one_link("panic").await;
         store
             .append(
                 &PartitionId::new("parent", 0),
