@@ -149,9 +149,14 @@ fn a_remote_child_gets_every_record_in_key_order_through_crashes_of_its_target_a
             .as_array()
             .map(|p| p.iter().filter_map(|p| p["last_error"].as_str()).collect())
             .unwrap_or_default();
-        if errors
-            .iter()
-            .any(|e| e.contains("retrying") && e.contains("orders-copy"))
+        let retrying = link["partitions"].as_array().is_some_and(|p| {
+            p.iter()
+                .any(|p| p["remote_state"] == "retrying" && p["recovery_point"].is_u64())
+        });
+        if retrying
+            && errors
+                .iter()
+                .any(|e| e.contains("retrying") && e.contains("orders-copy"))
         {
             break;
         }
@@ -218,6 +223,14 @@ fn a_remote_child_gets_every_record_in_key_order_through_crashes_of_its_target_a
     }
     let link = listing(&a.url());
     assert_eq!(link["remote"]["topic"], "orders-copy", "{link}");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while !listing(&a.url())["partitions"]
+        .as_array()
+        .is_some_and(|p| p.len() == 2 && p.iter().all(|p| p["remote_state"] == "running"))
+    {
+        assert!(Instant::now() < deadline, "{}", listing(&a.url()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let (_, metrics) = send_json(
         &http_client(),
         Method::GET,

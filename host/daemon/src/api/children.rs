@@ -183,9 +183,9 @@ pub struct ChildInfo {
     /// True when every parent partition is reported with an exact lag.
     pub lag_complete: bool,
     /// Per parent partition with a running cursor and a known high watermark. For a remote
-    /// child, `next_offset` is the recovery point (where a restart resumes), and a stalled
-    /// cursor's `last_error` starts with `retrying:` (the target is away or overloaded) or
-    /// `failed:` (it refuses: token, topic gone, a record it will not take).
+    /// child each also has `remote_state` (`running`, `retrying`, `failed`) and
+    /// `recovery_point` (where a restart resumes), and a stalled cursor's `last_error` says
+    /// why.
     pub partitions: Vec<CursorReport>,
     /// For a remote child, where its records go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -885,6 +885,9 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
             };
             // Lag against the parent's high watermark now, not the cursor's last look at it.
             report.lag_messages = report.next_offset.map(|next| high.saturating_sub(next));
+            if link.remote.is_some() {
+                report.mark_remote();
+            }
             partitions.push(report);
         }
         let lag_complete = partitions.len() == count as usize

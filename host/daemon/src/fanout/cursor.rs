@@ -18,7 +18,7 @@ use narad_storage::{Clock, PartitionId, StorageError, Store, StoredRecord};
 use super::advance::OffsetFile;
 use super::bucket::{SlabOrigin, bucket};
 use super::commit::{Acknowledged, commit};
-use super::committer::ChildCommitter;
+use super::committer::{ChildCommitError, ChildCommitter};
 use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
 use super::shadow::{Shadow, ShadowSlab};
@@ -501,12 +501,29 @@ impl Cursor {
                 Err(failed) => failed,
             };
             self.status.commit_retried(failed.errors.len() as u64);
+            let refused = failed.errors.iter().any(|e| {
+                matches!(
+                    e,
+                    super::commit::CommitFailure::Commit {
+                        error: ChildCommitError::Remote {
+                            permanent: true,
+                            ..
+                        },
+                        ..
+                    }
+                )
+            });
             let reason = failed.reason();
             tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
                 failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
             pending = Arc::new(failed.retained(&pending));
             attempt = attempt.saturating_add(1);
-            self.stall(reason).await?;
+            if refused {
+                self.status.stalled_refused(reason);
+                self.pause(self.deps.timing.retry_backoff).await?;
+            } else {
+                self.stall(reason).await?;
+            }
         }
     }
 

@@ -34,6 +34,32 @@ pub enum CursorState {
     Paused,
 }
 
+/// How a remote child's cursor is doing, as its listing names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteState {
+    /// Delivering, idle at the tail, waiting for a delayed record, or paused.
+    Running,
+    /// Stalled on a target that does not answer, fails (5xx) or sheds load (429): retried.
+    Retrying,
+    /// Stalled on a refusal (401/403, the topic gone, a record refused): retried every
+    /// back-off, never skipped, until the target's side is fixed.
+    Failed,
+}
+
+impl CursorReport {
+    /// Fills the remote child's fields ([`CursorReport::remote_state`],
+    /// [`CursorReport::recovery_point`]) from the cursor's state.
+    pub fn mark_remote(&mut self) {
+        self.remote_state = Some(match (self.state, self.refused) {
+            (CursorState::Stalled, true) => RemoteState::Failed,
+            (CursorState::Stalled, false) => RemoteState::Retrying,
+            _ => RemoteState::Running,
+        });
+        self.recovery_point = self.next_offset;
+    }
+}
+
 /// One cursor's figures, as the children listing reports them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CursorReport {
@@ -73,6 +99,17 @@ pub struct CursorReport {
     /// Cluster mode: the node that runs this cursor (the parent partition's owner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The stall is a refusal by a remote child's target (its token, its topic gone, a record
+    /// it will not take) that only a change there, or of the link, can lift.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
+    /// A remote child: `running`, `retrying` (stalled, the target away or overloaded) or
+    /// `failed` (stalled on a refusal); absent for a local child.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_state: Option<RemoteState>,
+    /// A remote child: the offset a restart would resume from (the offset file's position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_point: Option<u64>,
 }
 
 /// Longest error text the status keeps, in bytes (plus a cut marker): room for a message of
@@ -97,6 +134,8 @@ struct Inner {
     parent_end_rewinds: u64,
     skipped_by_seek: u64,
     state: CursorState,
+    /// The current stall is a remote target's refusal.
+    refused: bool,
     /// The current error and when it was recorded.
     last_error: Option<(String, i64)>,
     /// The last error of the previous trouble and when it was recorded.
@@ -150,6 +189,7 @@ impl CursorStatus {
                 parent_end_rewinds: 0,
                 skipped_by_seek: 0,
                 state: CursorState::Running,
+                refused: false,
                 last_error: None,
                 previous_error: None,
             }),
@@ -336,6 +376,15 @@ impl CursorStatus {
     /// Marks the cursor stalled, with the reason (escaped and cut to
     /// [`MAX_ERROR_TEXT_BYTES`]).
     pub fn stalled(&self, reason: String) {
+        self.lock().refused = false;
+        self.set_state(CursorState::Stalled, Some(reason));
+    }
+
+    /// [`CursorStatus::stalled`] on a remote target's refusal (see
+    /// [`CursorReport::refused`]); cleared by the next stall for another reason, or once the
+    /// cursor is healthy.
+    pub fn stalled_refused(&self, reason: String) {
+        self.lock().refused = true;
         self.set_state(CursorState::Stalled, Some(reason));
     }
 
@@ -350,6 +399,7 @@ impl CursorStatus {
             }
             None => {
                 // Healthy again: the trouble is over, its error is history.
+                inner.refused = false;
                 if let Some(ended) = inner.last_error.take() {
                     inner.previous_error = Some(ended);
                 }
@@ -400,6 +450,9 @@ impl CursorStatus {
             previous_error: inner.previous_error.as_ref().map(|(text, _)| text.clone()),
             previous_error_at_ms: inner.previous_error.as_ref().map(|&(_, at)| at),
             node: None,
+            refused: inner.refused,
+            remote_state: None,
+            recovery_point: None,
         }
     }
 
@@ -482,6 +535,34 @@ impl FanoutView {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_remote_child_is_failed_only_while_stalled_on_a_refusal_and_resumes_where_its_file_says() {
+        let status = CursorStatus::new(
+            CursorLabels {
+                parent: "orders".into(),
+                child: "to-b".into(),
+                partition: 0,
+            },
+            Arc::new(FanoutMetrics::default()),
+        );
+        status.set_position(40, 90);
+        let state = |status: &CursorStatus| {
+            let mut report = status.report();
+            report.mark_remote();
+            (report.remote_state, report.recovery_point)
+        };
+        assert_eq!(state(&status), (Some(RemoteState::Running), Some(40)));
+        status.stalled("retrying: no answer".into());
+        assert_eq!(state(&status).0, Some(RemoteState::Retrying));
+        status.stalled_refused("failed: 404".into());
+        assert_eq!(state(&status).0, Some(RemoteState::Failed));
+        // Healthy again: the refusal is over.
+        status.running();
+        assert_eq!(state(&status).0, Some(RemoteState::Running));
+        status.stalled("retrying: 503".into());
+        assert_eq!(state(&status).0, Some(RemoteState::Retrying));
+    }
     use super::*;
 
     fn status() -> CursorStatus {

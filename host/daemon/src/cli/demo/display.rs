@@ -239,6 +239,9 @@ mod tests {
             previous_error: None,
             previous_error_at_ms: None,
             node: None,
+            refused: false,
+            remote_state: None,
+            recovery_point: None,
         }
     }
 
