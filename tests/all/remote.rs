@@ -247,3 +247,95 @@ fn a_remote_child_gets_every_record_in_key_order_through_crashes_of_its_target_a
         .sum();
     assert!(sent > 0.0, "no bytes counted as sent:\n{metrics}");
 }
+
+#[test]
+fn a_remote_child_whose_target_topic_is_gone_fails_without_skipping_and_resumes_once_it_is_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = Daemon::start(&dir.path().join("a"));
+    let b = Daemon::start(&dir.path().join("b"));
+    create(&a.url(), "orders", 2);
+    create(&b.url(), "orders-copy", 3);
+    let (status, link) = attach(
+        &a.url(),
+        &json!({"remote": {"url": b.url(), "topic": "orders-copy"}}),
+    );
+    ok(status, &link, "attach");
+    let produce = |from: u64, to: u64| {
+        let records: Vec<Value> = (from..to)
+            .map(|i| json!({"key": format!("k{}", i % KEYS), "value": format!("v{i}")}))
+            .collect();
+        let (status, body) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", a.url()),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+    };
+    let wait_for_target = |wanted: std::ops::Range<u64>| {
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        loop {
+            let held: HashSet<u64> = target_records(&b.url()).iter().map(|r| r.2).collect();
+            if wanted.clone().all(|n| held.contains(&n)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the target misses some of {wanted:?}: {}",
+                listing(&a.url())
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    produce(0, 40);
+    wait_for_target(0..40);
+
+    // The target topic goes away: the link is `failed`, names the refusal, and stays put.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::DELETE,
+        &format!("{}/v1/topics/orders-copy", b.url()),
+        None,
+    )
+    .expect("delete");
+    ok(status, &body, "delete the target topic");
+    produce(40, 80);
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let failed = loop {
+        let link = listing(&a.url());
+        let failed: Vec<Value> = link["partitions"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .filter(|p| p["remote_state"] == "failed")
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !failed.is_empty() {
+            break failed;
+        }
+        assert!(Instant::now() < deadline, "never failed: {link}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for p in &failed {
+        let error = p["last_error"].as_str().unwrap_or("");
+        assert!(error.starts_with("failed:") && error.contains("404"), "{p}");
+        // Nothing past the undelivered records: the recovery point holds below them.
+        assert!(p["recovery_point"].as_u64().is_some(), "{p}");
+        assert!(p["lag_messages"].as_u64().unwrap_or(0) > 0, "{p}");
+    }
+
+    // Back: the held records go through, none skipped.
+    create(&b.url(), "orders-copy", 3);
+    wait_for_target(40..80);
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while !listing(&a.url())["partitions"]
+        .as_array()
+        .is_some_and(|p| p.iter().all(|p| p["remote_state"] == "running"))
+    {
+        assert!(Instant::now() < deadline, "{}", listing(&a.url()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
