@@ -175,7 +175,7 @@ pub async fn run_cursor(
         Some(target) => {
             let source = target.source.clone();
             let counted = Arc::clone(&status);
-            Arc::new(super::remote_child::RemoteSender::with_hook(
+            Arc::new(super::remote_child::RemoteSender::new(
                 target,
                 source,
                 tokio::runtime::Handle::current(),

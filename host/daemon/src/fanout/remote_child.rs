@@ -99,13 +99,8 @@ struct WireRequest<'a> {
 
 impl RemoteSender {
     /// A sender to `target`, naming `source` in each copy's origin header, blocking on
-    /// `runtime` for its calls.
-    pub fn new(target: RemoteTarget, source: String, runtime: Handle) -> RemoteSender {
-        RemoteSender::with_hook(target, source, runtime, Box::new(|_| {}))
-    }
-
-    /// [`RemoteSender::new`], telling `on_sent` about every request (the cursor's metrics).
-    pub fn with_hook(
+    /// `runtime` for its calls, telling `on_sent` about every request (the cursor's metrics).
+    pub fn new(
         target: RemoteTarget,
         source: String,
         runtime: Handle,
@@ -432,7 +427,7 @@ mod tests {
             token_file: None,
             source: "node:n1".into(),
         };
-        Arc::new(RemoteSender::with_hook(
+        Arc::new(RemoteSender::new(
             to,
             "node:n1".into(),
             Handle::current(),

@@ -799,53 +799,7 @@ mod tests {
     async fn setting_and_clearing_a_shadow_never_rebuilds_the_link_s_chain_or_restarts_its_cursor()
     {
         use std::sync::atomic::Ordering::SeqCst;
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Arc::new(Store::open(&dir.path().join("data"), StoreOptions::default()).unwrap());
-        let metastore = Arc::new(FileMetastore::open(dir.path()).unwrap());
-        for name in ["parent", "child"] {
-            store
-                .create_partition(&PartitionId::new(name, 0), LogConfig::default())
-                .unwrap();
-            metastore
-                .create_topic(TopicMeta {
-                    name: name.into(),
-                    partitions: 1,
-                    retention_ms: None,
-                    retention_bytes: None,
-                    created_at_ms: 0,
-                    owners: Vec::new(),
-                })
-                .await
-                .unwrap();
-        }
-        metastore
-            .add_plugin(PluginVersion {
-                name: "native".into(),
-                digest: "0".repeat(64),
-                size_bytes: 0,
-                version: "test".into(),
-                description: "routes natively".into(),
-                uploaded_at_ms: 0,
-            })
-            .await
-            .unwrap();
-        metastore
-            .attach_link(LinkMeta {
-                parent: "parent".into(),
-                child: "child".into(),
-                attach_epoch: "00112233445566aa".into(),
-                attach_offsets: Some(vec![0]),
-                delay_ms: 0,
-                router: vec![plugin()],
-                config: "real config".into(),
-                attached_at_ms: 0,
-                paused: Vec::new(),
-                shadow: None,
-                remote: None,
-            })
-            .await
-            .unwrap();
+        let (_dir, store, metastore) = one_link("real config").await;
         let deps = Arc::new(CursorDeps {
             store: Arc::clone(&store),
             fs: Arc::new(narad_storage::fs::RealFs),
