@@ -1494,3 +1494,172 @@ fn a_dead_nodes_partition_recreated_elsewhere_starts_above_every_copy_and_counts
         "{body}"
     );
 }
+
+/// The remote child's copies on `target`'s `orders-copy` (3 partitions): (partition, key,
+/// value, origin header).
+fn remote_copies(base: &str) -> Vec<(u32, String, String, String)> {
+    let client = http_client();
+    let mut out = Vec::new();
+    for (partition, records) in everything(&client, base, "orders-copy", 3) {
+        for r in records {
+            let origin = r["headers"]
+                .as_array()
+                .and_then(|h| h.iter().find(|h| h["name"] == "narad-origin"))
+                .and_then(|h| h["value"].as_str())
+                .unwrap_or("")
+                .to_owned();
+            out.push((
+                partition,
+                r["key"].as_str().unwrap_or("").to_owned(),
+                r["value"].as_str().expect("value").to_owned(),
+                origin,
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_remote_child_of_a_cluster_is_fed_by_every_parent_owner_from_the_oldest_record_through_crashes()
+{
+    let mut cluster = Cluster::start("remote-child");
+    let client = http_client();
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    let mut target = Daemon::start(&target_dir.path().join("target"));
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", target.url()),
+        Some(&json!({"name": "orders-copy", "partitions": 3})),
+    )
+    .expect("create on the target");
+    ok(status, &body, "create on the target");
+    cluster.create("orders", 3, json!(["n1", "n2", "n3"]));
+
+    // History from before the attach, produced through n2 to every owner.
+    let history: Vec<String> = (0..60).map(|i| format!("h{i}")).collect();
+    let records: Vec<Value> = history
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"key": format!("k{}", i % 16), "value": v}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(1)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce history");
+    ok(status, &body, "produce history");
+
+    // Attached through n1 from the parent's oldest record: the start is read from each
+    // partition's owner.
+    let (status, link) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/to-target", cluster.url(0)),
+        Some(&json!({
+            "remote": {"url": target.url(), "topic": "orders-copy"},
+            "start": "earliest",
+        })),
+    )
+    .expect("attach");
+    ok(status, &link, "attach");
+    assert_eq!(link["attach_offsets"], json!([0, 0, 0]), "{link}");
+    assert_eq!(link["remote"]["partitions"], 3, "{link}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    // A parent owner dies mid-stream (its cursor resumes from its offset file), then the
+    // target (every owner's cursor waits on it).
+    cluster.nodes[2].kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes[2].restart_same_port();
+    target.kill9();
+    std::thread::sleep(Duration::from_millis(1500));
+    target.restart_same_port();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut wanted = producer.join().expect("producer");
+    assert!(wanted.len() > 100, "{} acknowledged", wanted.len());
+    wanted.extend(history);
+
+    // Every acknowledged record and the whole history reach the target.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let copies = loop {
+        let copies = remote_copies(&target.url());
+        let held: HashSet<&str> = copies.iter().map(|c| c.2.as_str()).collect();
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|v| !held.contains(v.as_str()))
+            .collect();
+        if missing.is_empty() {
+            break copies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the target misses {} of {} records (first {})\n{}",
+            missing.len(),
+            wanted.len(),
+            missing[0],
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // Each copy names the cluster it came from; each key is on one partition, its first
+    // copies in production order (history first).
+    let order = |v: &str| -> (u8, u64) {
+        let (kind, n) = v.split_at(1);
+        (u8::from(kind == "v"), n.parse().expect("h{n} or v{n}"))
+    };
+    // Per key: the partitions it was found on, and its values in the order they were found.
+    type Placement = (HashSet<u32>, Vec<(u8, u64)>);
+    let mut by_key: BTreeMap<String, Placement> = BTreeMap::new();
+    for (partition, key, value, origin) in &copies {
+        assert!(origin.starts_with("cluster:"), "origin header {origin:?}");
+        let entry = by_key.entry(key.clone()).or_default();
+        entry.0.insert(*partition);
+        entry.1.push(order(value));
+    }
+    assert_eq!(by_key.len(), 16);
+    for (key, (partitions, values)) in by_key {
+        assert_eq!(partitions.len(), 1, "{key} on partitions {partitions:?}");
+        let mut seen = HashSet::new();
+        let firsts: Vec<(u8, u64)> = values.into_iter().filter(|v| seen.insert(*v)).collect();
+        assert!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{key} out of order on the target: {firsts:?}"
+        );
+    }
+
+    // Listed the same from any node: every parent partition running, nothing dropped.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for node in 0..3 {
+        loop {
+            let (_, children) = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/topics/orders/children", cluster.url(node)),
+                None,
+            )
+            .expect("children");
+            let partitions = children["children"]
+                .as_array()
+                .and_then(|c| c.iter().find(|l| l["name"] == "to-target").cloned())
+                .map(|l| l["partitions"].clone())
+                .unwrap_or(Value::Null);
+            let all = partitions.as_array().cloned().unwrap_or_default();
+            if all.len() == 3
+                && all
+                    .iter()
+                    .all(|p| p["remote_state"] == "running" && p["dropped_messages"] == 0)
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "n{}: {partitions}", node + 1);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

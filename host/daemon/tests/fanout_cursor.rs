@@ -44,6 +44,7 @@ const TIMING: FanoutTiming = FanoutTiming {
     quick_retry_pauses: [Duration::from_millis(2), Duration::from_millis(4)],
     retry_backoff: Duration::from_millis(20),
     delay_max_sleep: Duration::from_millis(5),
+    remote_backoff_max: Duration::from_millis(50),
 };
 
 /// Routes keyed records by Kafka's partitioner and keyless ones to partition 0.

@@ -52,6 +52,23 @@ pub struct AttachRequest {
     /// Make it a remote child: the records go to a topic of another narad.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteAttach>,
+    /// Where the cursors begin: at the attach point (the default) or at the parent's oldest
+    /// record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<AttachStart>,
+}
+
+/// Where a new link's cursors begin in each parent partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachStart {
+    /// At the parent's high watermark as the attach is processed: every record committed
+    /// from then on, none from before.
+    #[default]
+    Attach,
+    /// At the parent's oldest stored record: its whole retained history, then everything
+    /// after. Records retention removes before a cursor reaches them count as dropped.
+    Earliest,
 }
 
 /// Where a remote child's records go, as an attach names it.
@@ -111,7 +128,8 @@ pub struct LinkInfo {
     pub parent: String,
     /// The attach epoch.
     pub attach_epoch: String,
-    /// The parent's high watermark per partition when the link was attached.
+    /// Where each parent partition's cursor began (index = partition): the parent's high
+    /// watermark when the link was attached, or its log start then for `start: earliest`.
     pub attach_offsets: Option<Vec<u64>>,
     /// The chain, pinned to digests.
     pub router: Vec<RouterEntry>,
@@ -486,14 +504,31 @@ async fn new_link(
     probe.check(state, &router, &config, "attached").await?;
     // The attach point: read while the attach is processed, before it is recorded, so every
     // record committed from now on is at or past it. No guessing: any failure refuses.
-    let attach_offsets = super::internal::gather_high_watermarks(state, parent, parent_partitions)
+    let unreadable = |reason: String| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "cannot read the attach point of {parent} ({reason}); no link was created, try again"
+            ),
+        )
+    };
+    let bounds = super::internal::gather_bounds(state, parent, parent_partitions)
         .await
-        .map_err(|reason| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("cannot read the attach point of {parent} ({reason}); no link was created, try again"),
-            )
-        })?;
+        .map_err(unreadable)?;
+    let attach_offsets = match req.start.unwrap_or_default() {
+        AttachStart::Attach => bounds.iter().map(|b| b.high_watermark).collect(),
+        AttachStart::Earliest => bounds
+            .iter()
+            .enumerate()
+            .map(|(p, b)| {
+                b.log_start.ok_or_else(|| {
+                    unreadable(format!(
+                        "the owner of partition {p} does not report its log start; upgrade it"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<u64>, ApiError>>()?,
+    };
     Ok(LinkMeta {
         parent: parent.to_owned(),
         child: child.to_owned(),

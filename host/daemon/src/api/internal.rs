@@ -1,9 +1,10 @@
 //! Routes nodes call on each other (under `/internal/v1/`), and the calls themselves.
 //!
 //! - `GET /internal/v1/topics/{t}/high-watermarks`: the committed end of every partition of
-//!   `t` this node owns, read exactly (closed logs are opened if their end is not on record).
-//!   An attach in cluster mode gathers its attach point from every owner with it: a link is
-//!   recorded only with every partition's figure, never a guess ([`gather_high_watermarks`]).
+//!   `t` this node owns, read exactly (closed logs are opened if their end is not on record),
+//!   and its log start. An attach in cluster mode gathers its attach point from every owner
+//!   with it: a link is recorded only with every partition's figure, never a guess
+//!   ([`gather_bounds`]).
 //! - `GET /internal/v1/topics/{t}/partitions/{p}/tail`: the provenance scan of a child
 //!   partition's tail, for a cursor on another node resolving where to start ([`HttpTails`]).
 
@@ -85,6 +86,20 @@ pub struct HighWatermarks {
     pub node: String,
     /// Partition index -> committed high watermark, for the partitions that node owns.
     pub partitions: BTreeMap<u32, u64>,
+    /// Partition index -> oldest offset still stored, for the same partitions (absent from a
+    /// node of a version before it was reported).
+    #[serde(default)]
+    pub log_starts: BTreeMap<u32, u64>,
+}
+
+/// Where a partition's records begin and end, read at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionBounds {
+    /// The oldest offset still stored; `None` when the owner did not report it (an older
+    /// version).
+    pub log_start: Option<u64>,
+    /// The committed high watermark.
+    pub high_watermark: u64,
 }
 
 /// `GET /internal/v1/topics/{t}/high-watermarks`: this node's partitions of `t`.
@@ -103,12 +118,16 @@ pub async fn high_watermarks(
     for &p in &mine {
         state.topics.ensure_owned(&meta, p).await?;
     }
-    let partitions = read_local(&state.store, &meta.name, mine)
+    let bounds = read_local(&state.store, &meta.name, mine)
         .await
         .map_err(|reason| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, reason))?;
     Ok(Json(HighWatermarks {
         node: state.ownership.local_node().to_string(),
-        partitions,
+        partitions: bounds.iter().map(|(&p, b)| (p, b.high_watermark)).collect(),
+        log_starts: bounds
+            .iter()
+            .filter_map(|(&p, b)| b.log_start.map(|s| (p, s)))
+            .collect(),
     }))
 }
 
@@ -116,17 +135,26 @@ async fn read_local(
     store: &Arc<Store>,
     topic: &str,
     partitions: Vec<u32>,
-) -> Result<BTreeMap<u32, u64>, String> {
+) -> Result<BTreeMap<u32, PartitionBounds>, String> {
     let store = Arc::clone(store);
     let topic = topic.to_owned();
     crate::blocking::run(move || {
         partitions
             .into_iter()
             .map(|p| {
-                store
-                    .high_watermark(&PartitionId::new(topic.clone(), p))
-                    .map(|h| (p, h))
-                    .map_err(|e| format!("partition {p}: {e}"))
+                let id = PartitionId::new(topic.clone(), p);
+                let failed = |e: narad_storage::StorageError| format!("partition {p}: {e}");
+                // The end first: reading it opens a log whose end is not on record, which
+                // makes the start exact too.
+                let high_watermark = store.high_watermark(&id).map_err(failed)?;
+                let log_start = store.peek(&id).map_err(failed)?.log_start_offset;
+                Ok((
+                    p,
+                    PartitionBounds {
+                        log_start: Some(log_start),
+                        high_watermark,
+                    },
+                ))
             })
             .collect()
     })
@@ -134,15 +162,15 @@ async fn read_local(
     .map_err(|e| format!("reading high watermarks failed: {e}"))?
 }
 
-/// The committed high watermark of every partition of `topic` (`partitions` of them), read now
-/// from whichever node owns each: this node's from its store, the others' from their owners,
+/// Where every partition of `topic` (`partitions` of them) begins and ends, read now from
+/// whichever node owns each: this node's from its store, the others' from their owners,
 /// concurrently. Fails, naming the node, when an owner is unknown, not alive or does not
 /// answer with every partition it owns.
-pub async fn gather_high_watermarks(
+pub async fn gather_bounds(
     state: &AppState,
     topic: &str,
     partitions: u32,
-) -> Result<Vec<u64>, String> {
+) -> Result<Vec<PartitionBounds>, String> {
     let Some(cluster) = &state.cluster else {
         return read_local(&state.store, topic, (0..partitions).collect())
             .await
@@ -196,13 +224,16 @@ pub async fn gather_high_watermarks(
             wanted
                 .into_iter()
                 .map(|p| {
-                    answer
-                        .partitions
-                        .get(&p)
-                        .map(|&h| (p, h))
-                        .ok_or_else(|| format!("node {node} does not serve partition {p}"))
+                    let bounds = PartitionBounds {
+                        log_start: answer.log_starts.get(&p).copied(),
+                        high_watermark: *answer
+                            .partitions
+                            .get(&p)
+                            .ok_or_else(|| format!("node {node} does not serve partition {p}"))?,
+                    };
+                    Ok((p, bounds))
                 })
-                .collect::<Result<BTreeMap<u32, u64>, String>>()
+                .collect::<Result<BTreeMap<u32, PartitionBounds>, String>>()
         }
     });
     let handles: Vec<_> = calls.map(tokio::spawn).collect();

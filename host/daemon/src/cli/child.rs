@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::ClientArgs;
 use super::duration::{format_duration, parse_duration};
 use super::{human, table};
-use crate::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
+use crate::api::children::{AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange};
 
 /// `narad child`.
 #[derive(Debug, Args)]
@@ -98,6 +98,10 @@ pub enum ChildCommand {
         /// A file holding the bearer token the target wants (read by the sender; never stored).
         #[arg(long, value_name = "FILE", requires = "remote_url")]
         remote_token_file: Option<String>,
+        /// Where copying begins: `attach` (records committed from now on) or `earliest` (the
+        /// parent's whole retained history, then everything after).
+        #[arg(long, value_name = "FROM", value_parser = parse_start, default_value = "attach")]
+        start: AttachStart,
     },
     /// Detach a child: copying stops; the child topic and its records stay.
     Detach {
@@ -181,6 +185,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             remote_url,
             remote_topic,
             remote_token_file,
+            start,
         } => {
             let delay_ms = match (delay, delay_ms) {
                 (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -200,6 +205,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 router,
                 config: config.read()?,
                 remote,
+                start: (start != AttachStart::Attach).then_some(start),
             };
             let link = client.attach_child(&parent, &child, &req).await?;
             print_link(json, "attached", &link)?;
@@ -416,6 +422,17 @@ pub fn list_text(list: &ChildList) -> String {
         out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
     }
     out
+}
+
+/// Parses `--start`: `attach` or `earliest` (also `beginning`, `oldest`).
+fn parse_start(text: &str) -> Result<AttachStart, String> {
+    match text {
+        "attach" | "now" => Ok(AttachStart::Attach),
+        "earliest" | "beginning" | "oldest" => Ok(AttachStart::Earliest),
+        other => Err(format!(
+            "{other:?} is not a start point: give attach (from now on) or earliest (the parent's oldest record)"
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -451,6 +451,8 @@ impl Cursor {
         origin: SlabOrigin,
     ) -> Result<Acknowledged, CursorExit> {
         let (mut pending, mut attempt) = (Arc::new(records), 0u32);
+        // Failed tries of this slab at a remote target, for the doubling back-off.
+        let mut remote_failures = 0u32;
         // The shadow sees the slab once, whole: at its first successful routing, not at the
         // re-routings of failed buckets.
         let mut offered = false;
@@ -501,18 +503,16 @@ impl Cursor {
                 Err(failed) => failed,
             };
             self.status.commit_retried(failed.errors.len() as u64);
-            let refused = failed.errors.iter().any(|e| {
-                matches!(
-                    e,
+            let remote = |permanent_only: bool| {
+                failed.errors.iter().any(|e| match e {
                     super::commit::CommitFailure::Commit {
-                        error: ChildCommitError::Remote {
-                            permanent: true,
-                            ..
-                        },
+                        error: ChildCommitError::Remote { permanent, .. },
                         ..
-                    }
-                )
-            });
+                    } => *permanent || !permanent_only,
+                    _ => false,
+                })
+            };
+            let (refused, remote) = (remote(true), remote(false));
             let reason = failed.reason();
             tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
                 failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
@@ -520,10 +520,19 @@ impl Cursor {
             attempt = attempt.saturating_add(1);
             if refused {
                 self.status.stalled_refused(reason);
-                self.pause(self.deps.timing.retry_backoff).await?;
             } else {
-                self.stall(reason).await?;
+                self.status.stalled(reason);
             }
+            // A remote target that is down or refusing is asked less and less often; a local
+            // child partition keeps the reference's steady back-off.
+            let backoff = match remote {
+                true => {
+                    remote_failures = remote_failures.saturating_add(1);
+                    self.deps.timing.remote_backoff(remote_failures)
+                }
+                false => self.deps.timing.retry_backoff,
+            };
+            self.pause(backoff).await?;
         }
     }
 

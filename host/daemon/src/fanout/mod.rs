@@ -92,6 +92,12 @@ pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// view of the metadata stay fresh (engine reference: defaultFanoutDueWakeCap = 30 s).
 pub const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
 
+/// Longest back-off of a cursor whose remote child's target keeps failing: the wait starts at
+/// [`RETRY_BACKOFF`] and doubles with each failed try of the same slab, up to this, so a target
+/// that is down or refusing is not asked every second by every cursor (ours; the reference
+/// retries remote sends with back-off and names no cap).
+pub const REMOTE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
 /// Every wait of a cursor, carried to it with its clock (`CursorDeps`). [`Default`] gives the
 /// reference constants above; tests shorten them instead of sleeping for seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +114,21 @@ pub struct FanoutTiming {
     pub retry_backoff: Duration,
     /// Longest sleep of a delay cursor waiting for a record to come due ([`DELAY_MAX_SLEEP`]).
     pub delay_max_sleep: Duration,
+    /// Longest back-off between tries of a slab a remote child's target did not take
+    /// ([`REMOTE_BACKOFF_MAX`]).
+    pub remote_backoff_max: Duration,
+}
+
+impl FanoutTiming {
+    /// The back-off after the `failures`-th failed try in a row of one slab at a remote
+    /// target: [`FanoutTiming::retry_backoff`], doubled per failure after the first, at most
+    /// [`FanoutTiming::remote_backoff_max`].
+    pub fn remote_backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(16);
+        self.retry_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.remote_backoff_max)
+    }
 }
 
 impl Default for FanoutTiming {
@@ -118,6 +139,7 @@ impl Default for FanoutTiming {
             quick_retry_pauses: QUICK_RETRY_PAUSES,
             retry_backoff: RETRY_BACKOFF,
             delay_max_sleep: DELAY_MAX_SLEEP,
+            remote_backoff_max: REMOTE_BACKOFF_MAX,
         }
     }
 }
@@ -137,5 +159,15 @@ mod tests {
         );
         assert_eq!(timing.retry_backoff, Duration::from_secs(1));
         assert_eq!(timing.delay_max_sleep, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_failing_remote_target_is_tried_again_after_doubling_waits_up_to_the_cap() {
+        let timing = FanoutTiming::default();
+        let waits: Vec<u64> = (1..=7)
+            .map(|n| timing.remote_backoff(n).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(timing.remote_backoff(u32::MAX), REMOTE_BACKOFF_MAX);
     }
 }

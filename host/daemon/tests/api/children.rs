@@ -217,3 +217,174 @@ async fn a_router_change_keeps_the_epoch_and_a_detach_stops_the_copy() {
     let (status, _) = d.get("/v1/topics/copy").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn an_attach_from_earliest_copies_the_parents_retained_history_and_drops_nothing() {
+    let d = Daemon::start_with(|c| {
+        c.segment_bytes = 1024;
+        c.retention_check_interval = Duration::from_millis(50);
+    })
+    .await;
+    let (status, body) = d
+        .post(
+            "/v1/topics",
+            json!({"name": "orders", "partitions": 1, "retention_bytes": 2048}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    for n in 0..20 {
+        d.produce("orders", json!([{"value": format!("{n:0>300}")}]))
+            .await;
+    }
+    // Retention runs in the background: wait until it has moved the log start and stopped.
+    let (mut log_start, mut steady) = (0, 0);
+    for _ in 0..600 {
+        let (_, desc) = d.get("/v1/topics/orders").await;
+        let now = desc["partition_stats"][0]["log_start_offset"]
+            .as_u64()
+            .unwrap();
+        steady = if now == log_start && now > 0 {
+            steady + 1
+        } else {
+            0
+        };
+        log_start = now;
+        if steady == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log_start > 0, "retention never advanced the log start");
+
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/late",
+            json!({"partitions": 1, "start": "yesterday"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/history",
+            json!({"partitions": 1, "start": "earliest"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["attach_offsets"], json!([log_start]));
+    // The default still starts at the end.
+    let (status, body) = d
+        .put("/v1/topics/orders/children/fresh", json!({"partitions": 1}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["attach_offsets"], json!([20]));
+
+    let wanted: Vec<String> = (log_start..20).map(|n| format!("{n:0>300}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held: Vec<String> = d
+            .fetch_all("history", 0)
+            .await
+            .iter()
+            .map(|r| r["value"].as_str().unwrap().to_owned())
+            .collect();
+        if held == wanted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "history holds {held:?}, not the parent's retained records"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, list) = d.get("/v1/topics/orders/children").await;
+    let history = list["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "history"))
+        .cloned()
+        .unwrap();
+    assert_eq!(history["partitions"][0]["dropped_messages"], 0, "{history}");
+    assert!(d.fetch_all("fresh", 0).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_remote_child_behind_retention_counts_what_it_missed_and_sends_the_rest() {
+    let target = Daemon::start().await;
+    target.create_topic("copy", 1).await;
+    let d = Daemon::start_with(|c| {
+        c.segment_bytes = 1024;
+        c.retention_check_interval = Duration::from_millis(50);
+    })
+    .await;
+    let (status, body) = d
+        .post(
+            "/v1/topics",
+            json!({"name": "orders", "partitions": 1, "retention_bytes": 2048}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = d
+        .put(
+            "/v1/topics/orders/children/away",
+            json!({"remote": {"url": target.url, "topic": "copy"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["attach_offsets"], json!([0]));
+    let (status, body) = d
+        .post("/v1/topics/orders/children/away/pause", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for n in 0..20 {
+        d.produce("orders", json!([{"value": format!("{n:0>300}")}]))
+            .await;
+    }
+    let (mut log_start, mut steady) = (0, 0);
+    for _ in 0..600 {
+        let (_, desc) = d.get("/v1/topics/orders").await;
+        let now = desc["partition_stats"][0]["log_start_offset"]
+            .as_u64()
+            .unwrap();
+        steady = if now == log_start && now > 0 {
+            steady + 1
+        } else {
+            0
+        };
+        log_start = now;
+        if steady == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log_start > 0, "retention never advanced the log start");
+    assert!(
+        target.fetch_all("copy", 0).await.is_empty(),
+        "a paused link sent records"
+    );
+
+    let (status, body) = d
+        .post("/v1/topics/orders/children/away/resume", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let wanted: Vec<String> = (log_start..20).map(|n| format!("{n:0>300}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held: Vec<String> = target
+            .fetch_all("copy", 0)
+            .await
+            .iter()
+            .map(|r| r["value"].as_str().unwrap().to_owned())
+            .collect();
+        let (_, list) = d.get("/v1/topics/orders/children").await;
+        let away = &list["children"][0]["partitions"][0];
+        if held == wanted && away["dropped_messages"] == log_start {
+            assert_eq!(away["remote_state"], "running", "{away}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the target holds {} records, the link lists {away}",
+            held.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
