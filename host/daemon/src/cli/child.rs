@@ -12,6 +12,7 @@ use super::ClientArgs;
 use super::duration::{format_duration, parse_duration};
 use super::{human, table};
 use crate::api::children::{AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange};
+use crate::fanout::status::{CursorReport, CursorState};
 
 /// `narad child`.
 #[derive(Debug, Args)]
@@ -348,7 +349,7 @@ pub fn list_text(list: &ChildList) -> String {
     if list.children.is_empty() {
         return "no children\n".to_owned();
     }
-    let children: Vec<Vec<String>> = list
+    let mut children: Vec<Vec<String>> = list
         .children
         .iter()
         .map(|c| {
@@ -365,6 +366,9 @@ pub fn list_text(list: &ChildList) -> String {
                     .collect::<Vec<_>>()
                     .join(","),
                 c.attach_epoch.clone(),
+                c.remote
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |r| format!("{} at {}", r.topic, r.url)),
             ]
         })
         .collect();
@@ -382,10 +386,7 @@ pub fn list_text(list: &ChildList) -> String {
                 p.lag_messages.map_or_else(|| "?".into(), |l| l.to_string()),
                 format!("{:.1}", p.due_lag_seconds),
                 p.dropped_messages.to_string(),
-                serde_json::to_value(p.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
+                state_text(p),
                 p.last_error_at_ms
                     .filter(|_| p.last_error.is_some())
                     .map_or_else(|| "-".into(), human::rfc3339_utc),
@@ -399,7 +400,15 @@ pub fn list_text(list: &ChildList) -> String {
             }
         }
     }
-    let mut out = table::render(&["CHILD", "DELAY", "ROUTER", "EPOCH"], &children);
+    let mut header = vec!["CHILD", "DELAY", "ROUTER", "EPOCH"];
+    if list.children.iter().any(|c| c.remote.is_some()) {
+        header.push("REMOTE");
+    } else {
+        children.iter_mut().for_each(|row| {
+            row.pop();
+        });
+    }
+    let mut out = table::render(&header, &children);
     out.push('\n');
     let mut headers = vec![
         "CHILD",
@@ -422,6 +431,20 @@ pub fn list_text(list: &ChildList) -> String {
         out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
     }
     out
+}
+
+/// A cursor's state as the table shows it: a stalled remote child's says whether it waits for
+/// its target (`retrying`) or was refused by it (`failed`).
+fn state_text(p: &CursorReport) -> String {
+    let text = |v: Result<serde_json::Value, serde_json::Error>| {
+        v.ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    match (p.state, p.remote_state) {
+        (CursorState::Stalled, Some(remote)) => text(serde_json::to_value(remote)),
+        (state, _) => text(serde_json::to_value(state)),
+    }
 }
 
 /// Parses `--start`: `attach` or `earliest` (also `beginning`, `oldest`).
@@ -461,6 +484,30 @@ mod tests {
             "{text}"
         );
         assert!(!list_text(&listing(None)).contains("NODE"));
+    }
+
+    #[test]
+    fn a_stalled_remote_child_shows_whether_its_target_is_away_or_refuses() {
+        let mut list = listing(None);
+        list.children[0].remote = Some(crate::api::children::RemoteInfo {
+            url: "http://dc2:7070".into(),
+            topic: "orders-copy".into(),
+            partitions: 3,
+            token_file: false,
+        });
+        let cursor = &mut list.children[0].partitions[0];
+        cursor.state = CursorState::Stalled;
+        cursor.remote_state = Some(crate::fanout::status::RemoteState::Failed);
+        let text = list_text(&list);
+        assert!(text.contains("orders-copy at http://dc2:7070"), "{text}");
+        let row = text
+            .lines()
+            .filter(|l| l.starts_with("copy"))
+            .nth(1)
+            .unwrap_or("");
+        assert!(row.contains(" failed "), "{text}");
+        assert!(!row.contains("stalled"), "{text}");
+        assert!(!list_text(&listing(None)).contains("REMOTE"));
     }
 
     #[test]
