@@ -3,9 +3,8 @@
 //! custom plugins compose with the built-ins.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
 
-use common::{Poison, Slab, Spec, context, runtime};
+use crate::common::{Poison, Slab, Spec, context, runtime};
 use narad_abi::partition_for_key;
 use narad_runtime::limits::FUEL_PER_RECORD;
 use narad_runtime::{

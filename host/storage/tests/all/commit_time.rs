@@ -1,12 +1,11 @@
 //! Commit times never decrease along a partition, whatever the clock does.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use common::*;
+use crate::common::*;
 use narad_storage::{Clock, LogConfig, Store};
 
 /// A clock that steps backwards by 7 ms on most reads and forwards by 10 ms on every third,

@@ -1,12 +1,11 @@
 //! The long-poll wakes on appends and times out otherwise, without polling.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use narad_storage::{LogConfig, ManualClock, StorageError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

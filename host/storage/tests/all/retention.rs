@@ -1,11 +1,10 @@
 //! Retention by age and by size, the log start offset, and reads below it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use narad_storage::{LogConfig, ManualClock, StorageError};
 
 const HOUR_MS: i64 = 3_600_000;

@@ -5,12 +5,11 @@
 //! LEB128-prefixed vectors), so a module of a million functions costs milliseconds to build.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod common;
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::{Spec, runtime};
+use crate::common::{Spec, runtime};
 use narad_runtime::limits::{
     DEFAULT_MAX_CODE_BYTES, DEFAULT_MAX_FUNCTION_BODY_BYTES, DEFAULT_MAX_FUNCTIONS,
     DEFAULT_MAX_LOCALS_PER_FUNCTION, DEFAULT_MAX_MODULE_ITEMS, DEFAULT_MEMORY_BYTES,

@@ -3,12 +3,11 @@
 //! a torn tail cut by recovery is kept aside and counted instead of vanishing.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use narad_storage::fault::{CrashMode, FaultFs};
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::segment;

@@ -3,13 +3,12 @@
 //! checked once while its log is open, and damage is still found after a reopen.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::*;
+use crate::common::*;
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::segment;
 use narad_storage::{

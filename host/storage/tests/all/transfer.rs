@@ -1,11 +1,10 @@
 //! A planned move's storage half: seal, describe, copy in chunks, install, and the refusals.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use narad_storage::transfer::MAX_CHUNK_BYTES;
 use narad_storage::{LogConfig, ManualClock, PartitionState, StorageError, Store};
 

@@ -1,12 +1,11 @@
 //! Appends, reads, limits, the delay gate, peek, idle close, the lock file, names, deletion.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::*;
+use crate::common::*;
 use narad_storage::{
     AppendBatch, BatchOrigin, LogConfig, ManualClock, NewRecord, PartitionState, ReadOptions,
     RecordOrigin, StorageError, Store,

@@ -3,14 +3,13 @@
 //! acknowledged record, exactly once and in order.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
 use narad_storage::log::segment;

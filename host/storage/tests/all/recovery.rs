@@ -2,12 +2,11 @@
 //! partition, and acknowledged records are never lost or altered.
 #![allow(clippy::unwrap_used)]
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::format::FrameError;
 use narad_storage::log::hwm;
