@@ -72,6 +72,7 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
         records,
         children: 2,
         partitions: 4,
+        child_partitions: 4,
         key_bytes: 16,
         value_bytes: 100,
         dir: Some(dir.path().to_path_buf()),

@@ -6,7 +6,10 @@
 //!   a raw `write` + `fdatasync` loop of the same frames, interleaved batch by batch.
 //! - [`fanout`]: a pre-filled parent copied into K children by the real cursors
 //!   (`run_cursor`) through the default Wasm chain, against a raw read + append + `fdatasync`
-//!   loop with no routing; then every child is checked to hold every record.
+//!   loop with no routing; then every child is checked to hold every record. With a child of
+//!   another partition count, the raw loop is [`raw_buckets`]: the same bucket split and one
+//!   `fdatasync` per bucket, without the engine.
+//! - [`latency`]: produce acknowledged to copy fetchable in a child, at steady produce rates.
 //! - [`idle`]: thousands of delay cursors whose backlog is not yet due, and the CPU they use.
 //! - [`metadata`]: topic creation as the metadata grows, and the reconciler's tick over
 //!   thousands of topics.
@@ -29,9 +32,11 @@ pub mod disk;
 pub mod fanout;
 pub mod fill;
 pub mod idle;
+pub mod latency;
 pub mod metadata;
 pub mod produce;
 pub mod progress;
+pub mod raw_buckets;
 pub mod rig;
 pub mod size;
 pub mod sys;
@@ -74,6 +79,15 @@ pub enum BenchError {
         /// The error.
         #[source]
         source: MetastoreError,
+    },
+    /// A produce through the produce path failed.
+    #[error("{context}: {source}")]
+    Produce {
+        /// What the bench was doing.
+        context: String,
+        /// The error (boxed: it is much larger than the other variants).
+        #[source]
+        source: Box<crate::produce::ProduceError>,
     },
     /// The plugin registry could not open or resolve the default chain.
     #[error("plugin registry: {0}")]

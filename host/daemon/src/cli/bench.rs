@@ -1,5 +1,5 @@
-//! `narad bench produce|fanout|cluster`: the end-to-end benchmarks (see [`crate::bench`]).
-//! `produce` and `fanout` run in this process, `cluster` starts `narad serve` processes; all
+//! `narad bench produce|fanout|latency|cluster|metadata`: the end-to-end benchmarks (see
+//! [`crate::bench`]). `produce`, `fanout`, `latency` and `metadata` run in this process, `cluster` starts `narad serve` processes; all
 //! run on a fresh directory (removed afterwards) and print text, or one JSON object with
 //! `--json`. Progress goes to stderr on a terminal only.
 
@@ -13,6 +13,7 @@ use clap::{Args, Subcommand};
 use crate::bench::cluster::{self, ClusterOptions, run_cluster};
 use crate::bench::fanout::{self, FanoutOptions, run_fanout};
 use crate::bench::idle::{self, IdleOptions, run_idle};
+use crate::bench::latency::{self, LatencyOptions, run_latency};
 use crate::bench::metadata::{self, MetadataOptions, run_metadata};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
 use crate::bench::size::ByteSize;
@@ -35,6 +36,10 @@ pub enum BenchCommand {
     /// and compare with a raw read + write + fdatasync loop; or, with --idle-delay-cursors,
     /// measure the CPU of delay cursors waiting in front of a backlog not yet due.
     Fanout(FanoutArgs),
+    /// Produce at steady rates (paced by the wall clock) into a parent with one child attached
+    /// and time each record from its produce's acknowledgement to its copy being fetchable in
+    /// the child; print p50, p99 and max per rate against the goal (p99 <= 50 ms).
+    Latency(LatencyArgs),
     /// Start one `narad serve`, then three on an etcd you run (`--etcd`); in each, attach two
     /// children, produce over HTTP and time one child's copy beside the produce and the
     /// other's copy of the whole backlog afterwards; print the 3-node figures against the
@@ -94,9 +99,13 @@ pub struct FanoutArgs {
     /// Children to copy into.
     #[arg(long, default_value_t = 1)]
     pub children: u32,
-    /// Partitions of the parent and of each child.
+    /// Partitions of the parent (and of each child, unless --child-partitions).
     #[arg(long, default_value_t = fanout::DEFAULT_PARTITIONS)]
     pub partitions: u32,
+    /// Partitions of each child (default: as many as the parent). Another count splits every
+    /// slab into several buckets, and the raw loop then writes the same buckets.
+    #[arg(long)]
+    pub child_partitions: Option<u32>,
     /// Key bytes per record (0: keyless records).
     #[arg(long, default_value_t = fanout::DEFAULT_KEY_BYTES)]
     pub key_bytes: usize,
@@ -110,6 +119,30 @@ pub struct FanoutArgs {
     /// With --idle-delay-cursors: seconds to measure.
     #[arg(long, default_value_t = idle::DEFAULT_WINDOW.as_secs())]
     pub window_secs: u64,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `narad bench latency`.
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    /// Produce rates, records per second, comma-separated; each runs on its own.
+    #[arg(long, value_delimiter = ',', default_values_t = latency::DEFAULT_RATES)]
+    pub rates: Vec<u64>,
+    /// Seconds of produce per rate.
+    #[arg(long, default_value_t = latency::DEFAULT_SECONDS)]
+    pub seconds: u64,
+    /// Partitions of the parent and of the child.
+    #[arg(long, default_value_t = latency::DEFAULT_PARTITIONS)]
+    pub partitions: u32,
+    /// Value bytes per record (keyless records).
+    #[arg(long, default_value_t = latency::DEFAULT_VALUE_BYTES)]
+    pub value_bytes: usize,
     /// Directory to run in (a fresh subdirectory is created and removed); default: the
     /// current directory.
     #[arg(long)]
@@ -224,6 +257,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                     records: a.records,
                     children: a.children,
                     partitions: a.partitions,
+                    child_partitions: a.child_partitions.unwrap_or(a.partitions),
                     key_bytes: a.key_bytes,
                     value_bytes: a.value_bytes,
                     dir: a.dir,
@@ -234,6 +268,19 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                 print(a.json, &report, || report.to_text())
             }
         },
+        BenchCommand::Latency(a) => {
+            let report = run_latency(LatencyOptions {
+                rates: a.rates,
+                seconds: a.seconds,
+                partitions: a.partitions,
+                value_bytes: a.value_bytes,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench latency")?;
+            print(a.json, &report, || report.to_text())
+        }
         BenchCommand::Cluster(a) => {
             let report = run_cluster(ClusterOptions {
                 etcd: a.etcd,
@@ -297,6 +344,38 @@ mod tests {
         assert_eq!(a.batch_records, cluster::DEFAULT_BATCH_RECORDS);
         assert!(a.json);
         assert_eq!(a.dir, None);
+    }
+
+    #[test]
+    fn bench_latency_takes_a_comma_separated_list_of_rates_and_defaults_to_the_issues_two() {
+        let cli =
+            Cli::try_parse_from(["bench", "latency", "--rates", "500,2000", "--seconds", "3"])
+                .unwrap();
+        let BenchCommand::Latency(a) = cli.bench else {
+            panic!("not the latency bench: {cli:?}");
+        };
+        assert_eq!(a.rates, [500, 2000]);
+        assert_eq!(a.seconds, 3);
+        assert_eq!(a.partitions, latency::DEFAULT_PARTITIONS);
+        let cli = Cli::try_parse_from(["bench", "latency"]).unwrap();
+        let BenchCommand::Latency(a) = cli.bench else {
+            panic!("not the latency bench: {cli:?}");
+        };
+        assert_eq!(a.rates, latency::DEFAULT_RATES);
+    }
+
+    #[test]
+    fn bench_fanout_child_partitions_default_to_none_meaning_the_parents_count() {
+        let cli = Cli::try_parse_from(["bench", "fanout", "--child-partitions", "12"]).unwrap();
+        let BenchCommand::Fanout(a) = cli.bench else {
+            panic!("not the fanout bench: {cli:?}");
+        };
+        assert_eq!(a.child_partitions, Some(12));
+        let cli = Cli::try_parse_from(["bench", "fanout"]).unwrap();
+        let BenchCommand::Fanout(a) = cli.bench else {
+            panic!("not the fanout bench: {cli:?}");
+        };
+        assert_eq!(a.child_partitions, None);
     }
 
     #[test]
