@@ -107,7 +107,7 @@ pub const DEFAULT_MAX_DATA_BYTES: u64 = 8 * 1024 * 1024;
 /// [`Limits::table_elements`], and at most one memory and [`MAX_TABLES`] tables are allowed.
 ///
 /// Measured cost at the defaults (the test `a_module_right_at_the_default_limits_compiles`
-/// in `tests/limits.rs`): a module with every limit reached at once (10,000 functions filling
+/// in `tests/all/limits.rs`): a module with every limit reached at once (10,000 functions filling
 /// 4 MiB of code with loads and adds, one of them a 128 KiB body with 2,000 locals) compiles in
 /// 11.8 s with a peak RSS of 107 MiB for the whole test process, single-threaded, in a debug
 /// build (dependencies at opt-level 1) on a shared 2-core machine; that one largest function

@@ -1,0 +1,342 @@
+//! `narad child ...` and `narad completions` against an in-process daemon: tables, `--json`,
+//! the server's message and a non-zero exit on errors.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::api::common::Daemon;
+
+/// Runs the binary off the async runtime (the daemon it talks to runs on that runtime).
+async fn narad(url: &str, args: &[&str]) -> Output {
+    let url = url.to_owned();
+    let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(&args)
+            .env("NARAD_URL", &url)
+            .env_remove("NARAD_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn json_out(o: &Output) -> Value {
+    assert!(o.status.success(), "{o:?}");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {o:?}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn router_names(link: &Value) -> Vec<String> {
+    link["router"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_list_set_router_and_detach_round_trip_with_json() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 2).await;
+
+    let out = narad(
+        &d.url,
+        &[
+            "child",
+            "attach",
+            "orders",
+            "audit",
+            "--partitions",
+            "2",
+            "--json",
+        ],
+    )
+    .await;
+    let link = json_out(&out);
+    assert_eq!(link["name"], "audit");
+    assert_eq!(link["parent"], "orders");
+    assert_eq!(link["attach_epoch"].as_str().unwrap().len(), 16);
+    assert_eq!(
+        router_names(&link),
+        ["key-hash", "keyless-index", "round-robin"]
+    );
+
+    let out = narad(
+        &d.url,
+        &[
+            "child",
+            "attach",
+            "orders",
+            "later",
+            "-p",
+            "1",
+            "--delay",
+            "2m",
+            "--router",
+            "round-robin",
+            "--json",
+        ],
+    )
+    .await;
+    let delayed = json_out(&out);
+    assert_eq!(delayed["delay_ms"], 120_000);
+    assert_eq!(router_names(&delayed), ["round-robin"]);
+
+    // Records produced after the attach reach the child; the listing shows the cursors.
+    d.produce(
+        "orders",
+        json!([{"key": "a", "value": "1"}, {"value": "2"}]),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let audit = loop {
+        let list = json_out(&narad(&d.url, &["child", "list", "orders", "--json"]).await);
+        let audit = list["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "audit")
+            .cloned()
+            .unwrap();
+        let partitions = audit["partitions"].as_array().unwrap();
+        if partitions.len() == 2 && partitions.iter().all(|p| p["lag_messages"] == 0) {
+            break audit;
+        }
+        assert!(Instant::now() < deadline, "audit never caught up: {audit}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(audit["lag_complete"].as_bool().unwrap());
+    assert_eq!(audit["partitions"][0]["state"], "running");
+
+    let out = narad(&d.url, &["child", "list", "orders"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let table = text(&out.stdout);
+    assert!(table.starts_with("CHILD"), "{table}");
+    assert!(table.contains("later") && table.contains("2m"), "{table}");
+    assert!(table.contains("NEXT_OFFSET"), "{table}");
+
+    let out = narad(
+        &d.url,
+        &[
+            "child",
+            "set-router",
+            "orders",
+            "audit",
+            "--router",
+            "key-hash,round-robin",
+            "--json",
+        ],
+    )
+    .await;
+    let changed = json_out(&out);
+    assert_eq!(router_names(&changed), ["key-hash", "round-robin"]);
+    assert_eq!(changed["attach_epoch"], link["attach_epoch"]);
+
+    let out = narad(&d.url, &["child", "detach", "orders", "audit"]).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).starts_with("detached orders -> audit"));
+    let list = json_out(&narad(&d.url, &["child", "list", "orders", "--json"]).await);
+    let names: Vec<&str> = list["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["later"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_prints_the_servers_message_and_exits_non_zero() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 1).await;
+
+    let out = narad(&d.url, &["child", "attach", "nowhere", "c", "-p", "1"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("nowhere") && err.contains("HTTP 404"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // The child topic must exist when no partition count is given.
+    let out = narad(&d.url, &["child", "attach", "orders", "missing"]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("create it first"), "{out:?}");
+
+    let out = narad(&d.url, &["child", "detach", "orders", "never-attached"]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("HTTP 404"), "{out:?}");
+
+    let out = narad(
+        &d.url,
+        &[
+            "child",
+            "attach",
+            "orders",
+            "c",
+            "-p",
+            "1",
+            "--router",
+            "no-such-plugin",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no-such-plugin"), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_route_child_takes_its_config_from_the_command_line() {
+    let d = Daemon::start().await;
+    d.create_topic("orders", 1).await;
+    let out = narad(
+        &d.url,
+        &[
+            "child",
+            "attach",
+            "orders",
+            "by-region",
+            "-p",
+            "2",
+            "--router",
+            "header-route,round-robin",
+            "--config-text",
+            "header = region\\nus = 0\\neu = 1",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    d.produce(
+        "orders",
+        json!([
+            {"value": "a", "headers": {"region": "eu"}},
+            {"value": "b", "headers": {"region": "us"}},
+            {"value": "c", "headers": {"region": "eu"}},
+        ]),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let eu = d.fetch_all("by-region", 1).await;
+        if eu.len() >= 2 {
+            let values: Vec<&str> = eu.iter().map(|r| r["value"].as_str().unwrap()).collect();
+            assert_eq!(values, ["a", "c"]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the eu records never arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(d.fetch_all("by-region", 0).await[0]["value"], "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_are_generated_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "_narad()"),
+        ("zsh", "#compdef narad"),
+        ("fish", "complete -c narad"),
+    ] {
+        let out = narad("http://127.0.0.1:9", &["completions", shell]).await;
+        assert!(out.status.success(), "{out:?}");
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        assert!(
+            script.contains("set-router"),
+            "{shell} script lacks the child commands"
+        );
+    }
+    let out = narad("http://127.0.0.1:9", &["completions", "tcsh"]).await;
+    assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_format_json_writes_one_json_object_per_line() {
+    use std::io::BufRead as _;
+
+    let temp = tempfile::tempdir().unwrap();
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .arg("--data-dir")
+            .arg(temp.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let pid = child.0.id().to_string();
+    // Read stderr to its end on a thread (a daemon whose stderr is closed cannot log).
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let mut lines = Vec::new();
+    let waited = tokio::task::spawn_blocking(move || {
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+            let listening = line.starts_with("narad listening on ");
+            lines.push(line);
+            if listening {
+                return (lines, Some(rx));
+            }
+        }
+        (lines, None)
+    })
+    .await
+    .unwrap();
+    let (mut lines, rx) = waited;
+    let rx = rx.unwrap_or_else(|| panic!("narad never listened: {lines:?}"));
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Polled against a deadline: a daemon that ignored SIGTERM fails the test, not hangs it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "narad did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    reader.join().unwrap();
+    lines.extend(rx.try_iter());
+    let logs: Vec<&String> = lines
+        .iter()
+        .filter(|l| !l.starts_with("narad listening on "))
+        .collect();
+    assert!(logs.len() >= 2, "expected start and stop lines: {lines:?}");
+    for line in logs {
+        let event: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+        assert!(
+            event["level"].is_string() && event["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+}
+
+/// A daemon process killed (and reaped) when dropped, so a failing test leaves none behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Errors mean it has already exited and been reaped: nothing is left to clean up.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,1665 @@
+//! Cluster mode end to end: three real `narad serve` processes on one real etcd (started by
+//! the test on free loopback ports, data on a RAM disk), driven over HTTP.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use narad_host::metastore::test_etcd::TestEtcd;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
+
+/// Longest wait for the cluster to converge (nodes seen, records copied).
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Short leases, so a test never waits out the 10 s default.
+const LEASE_TTL_MS: &str = "3000";
+
+/// A real etcd and three nodes `n1`, `n2`, `n3` of one cluster.
+struct Cluster {
+    nodes: Vec<Daemon>,
+    _etcd: TestEtcd,
+    _dir: tempfile::TempDir,
+}
+
+fn cluster_args<'a>(etcd: &'a str, cluster: &'a str, node: &'a str) -> Vec<&'a str> {
+    vec![
+        "--etcd",
+        etcd,
+        "--cluster",
+        cluster,
+        "--node-id",
+        node,
+        "--lease-ttl-ms",
+        LEASE_TTL_MS,
+    ]
+}
+
+impl Cluster {
+    fn start(name: &str) -> Cluster {
+        Cluster::start_with(name, &[])
+    }
+
+    /// [`Cluster::start`] with `extra` arguments for every node.
+    fn start_with(name: &str, extra: &[&str]) -> Cluster {
+        let etcd = TestEtcd::start();
+        let endpoint = etcd.endpoint();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let nodes = ["n1", "n2", "n3"]
+            .iter()
+            .map(|id| {
+                let mut args = cluster_args(&endpoint, name, id);
+                args.extend_from_slice(extra);
+                Daemon::start_with(&dir.path().join(id), &args)
+            })
+            .collect();
+        let cluster = Cluster {
+            nodes,
+            _etcd: etcd,
+            _dir: dir,
+        };
+        cluster.wait_for_nodes(3);
+        cluster
+    }
+
+    /// What each node says about `parent`'s children, and the end of its log: for a failure
+    /// message.
+    fn diagnostics(&self, parent: &str) -> String {
+        let client = http_client();
+        let mut text = String::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let children = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/topics/{parent}/children", node.url()),
+                None,
+            )
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_else(|e| e.to_string());
+            let log = node.log();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            text.push_str(&format!(
+                "--- n{}: children {children}\n{}\n",
+                i + 1,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        text
+    }
+
+    fn url(&self, node: usize) -> String {
+        self.nodes[node].url()
+    }
+
+    /// Creates `name` through n1 with `partitions` partitions placed as `placement`.
+    fn create(&self, name: &str, partitions: u32, placement: Value) {
+        let (status, body) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{}/v1/topics", self.url(0)),
+            Some(&json!({"name": name, "partitions": partitions, "placement": placement})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    }
+
+    /// Attaches `child` to `parent` through n1 with the attach `body`.
+    fn attach(&self, parent: &str, child: &str, body: Value) {
+        let (status, answer) = send_json(
+            &http_client(),
+            Method::PUT,
+            &format!("{}/v1/topics/{parent}/children/{child}", self.url(0)),
+            Some(&body),
+        )
+        .expect("attach");
+        ok(status, &answer, "attach");
+    }
+
+    /// Waits until every node lists `count` live nodes.
+    fn wait_for_nodes(&self, count: usize) {
+        let client = http_client();
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        for node in &self.nodes {
+            loop {
+                let (status, body) = send_json(
+                    &client,
+                    Method::GET,
+                    &format!("{}/v1/nodes", node.url()),
+                    None,
+                )
+                .expect("nodes");
+                assert_eq!(status, 200, "{body}");
+                if body["nodes"].as_array().map(Vec::len) == Some(count) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "nodes never converged: {body}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn ok(status: u16, body: &Value, what: &str) {
+    assert!((200..300).contains(&status), "{what}: {status} {body}");
+}
+
+/// Every record of every partition of `topic`, read through node `base`.
+fn everything(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> BTreeMap<u32, Vec<Value>> {
+    (0..partitions)
+        .map(|p| (p, fetch_all(client, base, topic, p)))
+        .collect()
+}
+
+#[test]
+fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_order() {
+    let cluster = Cluster::start("fanout-across");
+    let client = http_client();
+
+    // /v1/nodes on any node lists all three with their addresses.
+    let (_, nodes) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/nodes", cluster.url(1)),
+        None,
+    )
+    .expect("nodes");
+    assert_eq!(nodes["mode"], "cluster", "{nodes}");
+    assert_eq!(nodes["this_node"], "n2", "{nodes}");
+    let ids: Vec<&str> = nodes["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    assert_eq!(nodes["nodes"][0]["advertise"], cluster.url(0).as_str());
+    // And /metrics says how many it sees.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let text = client
+            .get(format!("{}/metrics", cluster.url(1)))
+            .send()
+            .and_then(|r| r.text())
+            .expect("metrics");
+        if text.lines().any(|l| l == "narad_cluster_live_nodes 3") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "live nodes never reached 3:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A parent pinned one partition per node, created through n1.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+    )
+    .expect("create");
+    ok(status, &body, "create");
+    assert_eq!(body["owners"], json!(["n1", "n2", "n3"]), "{body}");
+    // A pinned node that is not alive is refused, naming it.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "typo", "partitions": 1, "placement": ["n9"]})),
+    )
+    .expect("create");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("n9"),
+        "{body}"
+    );
+
+    // A child with the parent's count, attached through n2: each child partition lands on
+    // another node than its parent partition.
+    let (status, link) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(1)),
+        Some(&json!({"partitions": 3})),
+    )
+    .expect("attach");
+    ok(status, &link, "attach");
+    let (_, copy) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/copy", cluster.url(2)),
+        None,
+    )
+    .expect("describe");
+    let child_owners: Vec<String> = copy["owners"]
+        .as_array()
+        .expect("owners")
+        .iter()
+        .map(|o| o.as_str().expect("owner").to_owned())
+        .collect();
+    assert_eq!(child_owners.len(), 3, "{copy}");
+    for (p, owner) in child_owners.iter().enumerate() {
+        assert_ne!(owner, ["n1", "n2", "n3"][p], "child partition {p}: {copy}");
+    }
+
+    // 600 keyed records, produced through n3 in batches: n3 forwards what it does not own.
+    let keys = 40;
+    let mut sent = 0;
+    for batch in 0..6 {
+        let records: Vec<Value> = (0..100)
+            .map(|i| {
+                let n = batch * 100 + i;
+                json!({"key": format!("k{}", n % keys), "value": format!("v{n}")})
+            })
+            .collect();
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", cluster.url(2)),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+        sent += 100;
+    }
+
+    // The parent, read through n1 (which forwards fetches of the others' partitions).
+    let parent = everything(&client, &cluster.url(0), "orders", 3);
+    let total: usize = parent.values().map(Vec::len).sum();
+    assert_eq!(total, sent);
+    let mut parent_partition_of_key = BTreeMap::new();
+    for (p, records) in &parent {
+        for r in records {
+            parent_partition_of_key.insert(r["key"].as_str().expect("key").to_owned(), *p);
+        }
+    }
+
+    // Every parent record reaches the child: once per (parent partition, offset), in the
+    // parent partition's index (key-hash with equal counts), in per-key order.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let child = loop {
+        let child = everything(&client, &cluster.url(0), "copy", 3);
+        let held: usize = child.values().map(Vec::len).sum();
+        if held >= sent {
+            break child;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child holds {held} of {sent}\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut origins = HashSet::new();
+    let mut last_value_of_key: BTreeMap<String, u64> = BTreeMap::new();
+    for (p, records) in &child {
+        for r in records {
+            let key = r["key"].as_str().expect("key").to_owned();
+            assert_eq!(parent_partition_of_key.get(&key), Some(p), "{r}");
+            let origin = (
+                r["origin"]["partition"].as_u64(),
+                r["origin"]["offset"].as_u64(),
+            );
+            assert!(origin.0.is_some() && origin.1.is_some(), "no origin: {r}");
+            assert!(origins.insert(origin), "a duplicate without a crash: {r}");
+            let n: u64 = r["value"].as_str().expect("value")[1..].parse().expect("n");
+            if let Some(&before) = last_value_of_key.get(&key) {
+                assert!(n > before, "{key}: v{n} after v{before}");
+            }
+            last_value_of_key.insert(key, n);
+        }
+    }
+    assert_eq!(origins.len(), sent);
+
+    // The tail scan a restarted cursor asks of a child partition's owner finds this link's
+    // newest slab of parent partition 0 there.
+    let epoch = link["attach_epoch"].as_str().expect("epoch");
+    let highest = parent[&0].last().expect("records")["offset"]
+        .as_u64()
+        .expect("offset");
+    let owner = ["n1", "n2", "n3"]
+        .iter()
+        .position(|n| *n == child_owners[0])
+        .expect("owner");
+    let (status, tail) = send_json(
+        &client,
+        Method::GET,
+        &format!(
+            "{}/internal/v1/topics/copy/partitions/0/tail?epoch={epoch}&parent_partition=0",
+            cluster.url(owner)
+        ),
+        None,
+    )
+    .expect("tail");
+    ok(status, &tail, "tail scan");
+    assert_eq!(
+        tail["scan"]["evidence"]["highest_parent_offset"], highest,
+        "{tail}"
+    );
+
+    // The children listing on any node gathers every parent partition's cursor, each naming
+    // the node that runs it (the parent partition's owner).
+    let (status, listing) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", cluster.url(2)),
+        None,
+    )
+    .expect("children");
+    ok(status, &listing, "children");
+    let copy = &listing["children"][0];
+    let nodes: Vec<&str> = copy["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["node"].as_str().expect("node"))
+        .collect();
+    assert_eq!(nodes, ["n1", "n2", "n3"], "{listing}");
+}
+
+#[test]
+fn a_second_process_with_a_live_node_id_refuses_to_start() {
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _first = Daemon::start_with(
+        &dir.path().join("a"),
+        &cluster_args(&endpoint, "one-id", "n1"),
+    );
+    let (status, stderr) = run_to_exit(
+        &dir.path().join("b"),
+        &cluster_args(&endpoint, "one-id", "n1"),
+    );
+    assert!(!status.success(), "the second process started");
+    assert!(stderr.contains("n1"), "{stderr}");
+}
+
+/// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
+/// it to exit; returns its exit status and what it wrote to stderr.
+fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let log = data_dir.with_extension("stderr");
+    let mut child = Command::new(narad_binary())
+        .args(["serve", "--data-dir"])
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("stderr file"))
+        .spawn()
+        .expect("spawn narad");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for narad") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("narad serve did not exit within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// Produces batches of keyed records through `base` until `stop`, returning every value whose
+/// produce was acknowledged.
+fn produce_until(
+    base: String,
+    topic: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        let client = http_client();
+        let mut acknowledged = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let values: Vec<String> = (n..n + 20).map(|i| format!("v{i}")).collect();
+            let records: Vec<Value> = values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| json!({"key": format!("k{}", (n as usize + i) % 16), "value": v}))
+                .collect();
+            n += 20;
+            let answer = send_json(
+                &client,
+                Method::POST,
+                &format!("{base}/v1/topics/{topic}/records"),
+                Some(&json!({"records": records})),
+            );
+            if let Ok((200, _)) = answer {
+                acknowledged.extend(values);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        acknowledged
+    })
+}
+
+/// The values `topic` holds, read through `base`.
+fn values_in(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> HashSet<String> {
+    everything(client, base, topic, partitions)
+        .into_values()
+        .flatten()
+        .map(|r| r["value"].as_str().expect("value").to_owned())
+        .collect()
+}
+
+/// Waits until `topic` holds every value of `wanted`.
+fn wait_for_values(cluster: &Cluster, topic: &str, partitions: u32, wanted: &[String]) {
+    let client = http_client();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let held = values_in(&client, &cluster.url(0), topic, partitions);
+        let missing: Vec<&String> = wanted.iter().filter(|v| !held.contains(*v)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{topic} misses {} of {} acknowledged records (first: {})\n{}",
+            missing.len(),
+            wanted.len(),
+            missing[0],
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_returns() {
+    let mut cluster = Cluster::start("child-owner-dies");
+    let client = http_client();
+    let create = |name: &str, placement: Value| {
+        cluster.create(name, 2, placement);
+    };
+    // The parent on n1 and n2; one child entirely on n3, another on n1 and n2.
+    create("orders", json!(["n1", "n2"]));
+    create("on-n3", json!(["n3", "n3"]));
+    create("beside", json!(["n2", "n1"]));
+    for child in ["on-n3", "beside"] {
+        let (status, body) = send_json(
+            &client,
+            Method::PUT,
+            &format!("{}/v1/topics/orders/children/{child}", cluster.url(0)),
+            Some(&json!({})),
+        )
+        .expect("attach");
+        ok(status, &body, "attach");
+    }
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.nodes[2].kill9();
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // While n3 is down: the parent takes records and the other link keeps copying them.
+    let before = values_in(&client, &cluster.url(0), "orders", 2);
+    assert!(!before.is_empty());
+    let so_far: Vec<String> = before.into_iter().collect();
+    wait_for_values(&cluster, "beside", 2, &so_far);
+    // The link to n3 waits on n3's buckets and says so.
+    let (_, children) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", cluster.url(0)),
+        None,
+    )
+    .expect("children");
+    let on_n3 = children["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|l| l["name"] == "on-n3").cloned())
+        .expect("on-n3 listed");
+    let error = on_n3["partitions"][0]["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("n3"), "{on_n3}");
+
+    cluster.nodes[2].restart();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = producer.join().expect("producer");
+    assert!(
+        acknowledged.len() > 100,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    wait_for_values(&cluster, "on-n3", 2, &acknowledged);
+    wait_for_values(&cluster, "beside", 2, &acknowledged);
+}
+
+#[test]
+fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_restart() {
+    let mut cluster = Cluster::start("parent-owner-dies");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2", "n3"])),
+        ("copy", json!(["n2", "n3", "n1"])),
+    ] {
+        cluster.create(name, 3, placement);
+    }
+    cluster.attach("orders", "copy", json!({}));
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.nodes[2].kill9();
+
+    // n3 owned orders/2: a produce to it is refused with a retriable answer naming n3, and
+    // nothing of such a request counts as acknowledged; partition 0 (n1) keeps serving.
+    let to = |partition: u32| {
+        send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", cluster.url(1)),
+            Some(&json!({"records": [{"value": format!("direct-{partition}"), "partition": partition}]})),
+        )
+        .expect("produce")
+    };
+    let (status, body) = to(2);
+    assert!(status == 503 || status == 502, "{status} {body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("n3"),
+        "{body}"
+    );
+    let (status, body) = to(0);
+    ok(status, &body, "produce to n1's partition while n3 is down");
+
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes[2].restart();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acknowledged = producer.join().expect("producer");
+    acknowledged.push("direct-0".to_owned());
+    assert!(
+        acknowledged.len() > 50,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+    // Every acknowledged record reaches the child, the ones of n3's partition included (its
+    // cursor resumed from its offset file after the restart).
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+}
+
+#[test]
+fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
+    let secret_dir = tempfile::tempdir().expect("tempdir");
+    let token_file = secret_dir.path().join("token");
+    std::fs::write(&token_file, "s3cret\n").expect("token file");
+    let token_arg = token_file.to_str().expect("utf-8 path").to_owned();
+    let cluster = Cluster::start_with("with-token", &["--auth-token-file", &token_arg]);
+    let client = http_client();
+    let call = |method: Method, url: String, body: Value| {
+        let response = client
+            .request(method, url)
+            .bearer_auth("s3cret")
+            .json(&body)
+            .send()
+            .expect("call");
+        let status = response.status().as_u16();
+        let body: Value = response.json().unwrap_or(Value::Null);
+        (status, body)
+    };
+    for (name, placement) in [("orders", json!(["n1"])), ("copy", json!(["n3"]))] {
+        let (status, body) = call(
+            Method::POST,
+            format!("{}/v1/topics", cluster.url(0)),
+            json!({"name": name, "partitions": 1, "placement": placement}),
+        );
+        ok(status, &body, "create");
+    }
+    let (status, body) = call(
+        Method::PUT,
+        format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        json!({}),
+    );
+    ok(status, &body, "attach");
+    // Produced through n2 (forwarded to n1 with the client's token), copied to n3 by n1's
+    // cursor with the peer secret.
+    let (status, body) = call(
+        Method::POST,
+        format!("{}/v1/topics/orders/records", cluster.url(1)),
+        json!({"records": [{"key": "a", "value": "one"}, {"key": "b", "value": "two"}]}),
+    );
+    ok(status, &body, "produce");
+    wait_for_values(&cluster, "copy", 1, &["one".to_owned(), "two".to_owned()]);
+
+    // The internal commit route refuses a caller without the peer secret, and the client's
+    // own token is not it.
+    for token in [None, Some("s3cret")] {
+        let mut request = client
+            .post(format!("{}/internal/v1/commit", cluster.url(2)))
+            .body(vec![0u8; 8]);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let status = request.send().expect("commit call").status().as_u16();
+        assert_eq!(status, 401, "token {token:?}");
+    }
+}
+
+#[test]
+fn a_topic_deleted_through_one_node_is_set_aside_on_the_others_and_a_new_one_starts_empty() {
+    let cluster = Cluster::start("delete-across");
+    let client = http_client();
+    let create = || {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", cluster.url(0)),
+            Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+        )
+        .expect("create");
+        ok(status, &body, "create");
+    };
+    create();
+    let records: Vec<Value> = (0..3)
+        .map(|p| json!({"value": format!("old-{p}"), "partition": p}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+
+    let (status, body) = send_json(
+        &client,
+        Method::DELETE,
+        &format!("{}/v1/topics/orders", cluster.url(0)),
+        None,
+    )
+    .expect("delete");
+    ok(status, &body, "delete");
+    // n2 and n3 set their partitions aside (never delete them) once they see the deletion.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for node in 1..3 {
+        loop {
+            let (_, list) = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/admin/set-aside", cluster.url(node)),
+                None,
+            )
+            .expect("set-aside list");
+            let found = list["entries"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|entry| entry["topic"] == "orders"));
+            if found {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "n{} never set orders aside: {list}",
+                node + 1
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // The same name again: every partition starts empty, on every node.
+    create();
+    for (p, records) in everything(&client, &cluster.url(0), "orders", 3) {
+        assert!(
+            records.is_empty(),
+            "partition {p} of the new topic holds {records:?}"
+        );
+    }
+}
+
+#[test]
+fn a_kafka_client_bootstrapped_on_one_node_produces_to_every_owner_and_reads_back() {
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut kafka = Vec::new();
+    let nodes = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let addr = format!("127.0.0.1:{port}");
+            let mut args = cluster_args(&endpoint, "kafka-across", id);
+            args.extend_from_slice(&["--kafka-listen", &addr]);
+            let daemon = Daemon::start_with(&dir.path().join(id), &args);
+            kafka.push(addr);
+            daemon
+        })
+        .collect();
+    let cluster = Cluster {
+        nodes,
+        _etcd: etcd,
+        _dir: dir,
+    };
+    cluster.wait_for_nodes(3);
+    let client = http_client();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "orders", "partitions": 3, "placement": ["n1", "n2", "n3"]})),
+    )
+    .expect("create");
+    ok(status, &body, "create");
+
+    // kafka-python, bootstrapped on n1 only, follows Metadata to each partition's owner.
+    let mut command = Command::new("python3");
+    command
+        .arg(crate::e2e::kafka::script("python_round_trip.py"))
+        .args([kafka[0].as_str(), "orders", "3", "60"]);
+    let out = crate::e2e::kafka::run(command, b"", "python3 python_round_trip.py");
+    let report: Value = serde_json::from_str(&out).expect("the script's JSON");
+    let produced = report["produced"].as_array().expect("produced");
+    let consumed = report["consumed"].as_array().expect("consumed");
+    assert_eq!(produced.len(), 60);
+    assert_eq!(consumed.len(), 60, "{report}");
+    let partitions: HashSet<u64> = produced
+        .iter()
+        .filter_map(|r| r["partition"].as_u64())
+        .collect();
+    assert_eq!(
+        partitions.len(),
+        3,
+        "keys spread over the three owners: {partitions:?}"
+    );
+    // Each partition's records are on its owner's disk, read back through any node.
+    let stored: usize = everything(&client, &cluster.url(2), "orders", 3)
+        .values()
+        .map(Vec::len)
+        .sum();
+    assert_eq!(stored, 60);
+}
+
+/// `POST /v1/topics/{topic}/partitions/{p}/move` through `base`.
+fn move_partition(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+    body: Value,
+) -> (u16, Value) {
+    send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/partitions/{partition}/move"),
+        Some(&body),
+    )
+    .expect("move")
+}
+
+/// Every value of `topic`, with how many times each is stored.
+fn value_counts(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partitions: u32,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for record in everything(client, base, topic, partitions)
+        .into_values()
+        .flatten()
+    {
+        let value = record["value"].as_str().expect("value").to_owned();
+        *counts.entry(value).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Waits until `path` is gone (a moved partition's old copy is deleted after a confirmed
+/// read, a moment after the move answers).
+fn wait_until_gone(path: &Path, cluster: &Cluster) {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} is still there\n{}",
+            path.display(),
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_node() {
+    let cluster = Cluster::start("moves");
+    let client = http_client();
+    let root = cluster._dir.path().to_path_buf();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2"])),
+        ("copy", json!(["n2", "n3"])),
+    ] {
+        cluster.create(name, 2, placement);
+    }
+    cluster.attach("orders", "copy", json!({}));
+    // Nothing to cancel yet.
+    let (status, body) = move_partition(
+        &client,
+        &cluster.url(0),
+        "orders",
+        0,
+        json!({"cancel": true}),
+    );
+    assert_eq!(status, 409, "{body}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(2), "orders", std::sync::Arc::clone(&stop));
+    // Moves start once both cursors have copied something (so each has its offset file).
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, listing) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children", cluster.url(0)),
+            None,
+        )
+        .expect("children");
+        let advanced = listing["children"][0]["partitions"]
+            .as_array()
+            .map_or(0, |ps| {
+                ps.iter()
+                    .filter(|p| p["next_offset"].as_u64().unwrap_or(0) > 0)
+                    .count()
+            });
+        if advanced == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cursors never advanced: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A parent partition, with its cursor file, from n1 to n3, asked through n2.
+    let (status, report) =
+        move_partition(&client, &cluster.url(1), "orders", 0, json!({"to": "n3"}));
+    ok(status, &report, "move orders/0");
+    assert_eq!(
+        (
+            report["from"].as_str(),
+            report["to"].as_str(),
+            report["generation"].as_u64()
+        ),
+        (Some("n1"), Some("n3"), Some(2)),
+        "{report}"
+    );
+    assert!(report["bytes"].as_u64().unwrap_or(0) > 0, "{report}");
+    let moved_in: Vec<String> = std::fs::read_dir(root.join("n3/topics/orders/p00000"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        moved_in.iter().any(|f| f == "fanout-copy.offset"),
+        "the cursor file moved with the log: {moved_in:?}\n{}",
+        cluster.diagnostics("orders")
+    );
+    wait_until_gone(&root.join("n1/topics/orders/p00000"), &cluster);
+    // A child partition from n2 to n1, while cursors commit to it from n2 and n3.
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, report) = move_partition(&client, &cluster.url(0), "copy", 0, json!({"to": "n1"}));
+    ok(status, &report, "move copy/0");
+    assert_eq!(report["from"], "n2", "{report}");
+    wait_until_gone(&root.join("n2/topics/copy/p00000"), &cluster);
+    // A partition that already lives on the target is refused.
+    let (status, body) = move_partition(&client, &cluster.url(0), "copy", 0, json!({"to": "n1"}));
+    assert_eq!(status, 409, "{body}");
+
+    // Drain n2 with the CLI while records still flow: after the move above it owns only
+    // orders/1, which goes to the least loaded other node.
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new(narad_binary())
+        .args(["node", "--url", &cluster.url(0), "drain", "n2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("narad node drain");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "drain: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("[1/1] moved orders/1 from n2"), "{stdout}");
+    assert!(stdout.contains("node n2 is drained"), "{stdout}");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = producer.join().expect("producer");
+    assert!(
+        acknowledged.len() > 100,
+        "{} acknowledged",
+        acknowledged.len()
+    );
+
+    let (_, described) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics", cluster.url(1)),
+        None,
+    )
+    .expect("list");
+    for topic in described["topics"].as_array().expect("topics") {
+        let owners = topic["owners"].as_array().expect("owners");
+        assert!(!owners.iter().any(|o| o == "n2"), "n2 still owns: {topic}");
+    }
+    // The drain cordoned n2: a topic spread over the live nodes skips it (a pin may still
+    // name it), until it is uncordoned.
+    let (_, nodes) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/nodes", cluster.url(2)),
+        None,
+    )
+    .expect("nodes");
+    let n2 = nodes["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["id"] == "n2").cloned())
+        .unwrap_or(Value::Null);
+    assert_eq!(n2["cordoned"], true, "{nodes}");
+    let owners_of = |name: &str| -> Vec<String> {
+        let (_, topic) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/{name}", cluster.url(0)),
+            None,
+        )
+        .expect("describe");
+        topic["owners"]
+            .as_array()
+            .map(|o| {
+                o.iter()
+                    .filter_map(|o| o.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", cluster.url(0)),
+        Some(&json!({"name": "while-cordoned", "partitions": 6})),
+    )
+    .expect("create");
+    ok(status, &body, "create while n2 is cordoned");
+    let owners = owners_of("while-cordoned");
+    assert_eq!(owners.len(), 6, "{owners:?}");
+    assert!(!owners.iter().any(|o| o == "n2"), "{owners:?}");
+    let (status, body) = send_json(
+        &client,
+        Method::DELETE,
+        &format!("{}/v1/nodes/n2/cordon", cluster.url(1)),
+        None,
+    )
+    .expect("uncordon");
+    ok(status, &body, "uncordon");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, nodes) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/nodes", cluster.url(0)),
+            None,
+        )
+        .expect("nodes");
+        if nodes["nodes"]
+            .as_array()
+            .is_some_and(|n| n.iter().all(|n| n["cordoned"].is_null()))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{nodes}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.create("after-uncordon", 6, json!(null));
+    assert!(owners_of("after-uncordon").iter().any(|o| o == "n2"));
+    // No gap, no duplicate: every acknowledged record is in the parent and in the child, and
+    // no record is stored twice in either.
+    wait_for_values(&cluster, "copy", 2, &acknowledged);
+    for topic in ["orders", "copy"] {
+        let counts = value_counts(&client, &cluster.url(1), topic, 2);
+        for value in &acknowledged {
+            assert!(counts.contains_key(value), "{topic} lacks {value}");
+        }
+        let twice: Vec<(&String, &usize)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "{topic} holds records twice: {twice:?}");
+    }
+}
+
+/// Produces one record with `value` to `partition` of `topic` through `base`.
+fn produce_one(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+    value: &str,
+) -> (u16, Value) {
+    send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/records"),
+        Some(&json!({"records": [{"value": value, "partition": partition}]})),
+    )
+    .expect("produce")
+}
+
+#[test]
+fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until_it_returns() {
+    let mut cluster = Cluster::start("etcd-away");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2", "n3"])),
+        ("copy", json!(["n2", "n3", "n1"])),
+    ] {
+        cluster.create(name, 3, placement);
+    }
+    cluster.attach("orders", "copy", json!({}));
+    let mut acknowledged = Vec::new();
+
+    // Away for 0.6 s, well inside the 3 s lease: produce (local and forwarded) and the copy to
+    // the child go on as if nothing happened.
+    cluster._etcd.stop();
+    let away = Instant::now();
+    let mut n = 0;
+    while away.elapsed() < Duration::from_millis(600) {
+        let value = format!("short-{n}");
+        let (status, body) = produce_one(&client, &cluster.url(0), "orders", n % 3, &value);
+        ok(status, &body, "produce while etcd is briefly away");
+        acknowledged.push(value);
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster._etcd.start_again();
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+
+    // Away for longer than the lease: each node fences itself (at 80% of the TTL) and refuses
+    // writes with a retriable 503 that says why; reads go on.
+    cluster._etcd.stop();
+    std::thread::sleep(Duration::from_millis(3500));
+    let (status, body) = produce_one(&client, &cluster.url(0), "orders", 0, "refused");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("etcd"),
+        "{body}"
+    );
+    let read = fetch_all(&client, &cluster.url(0), "orders", 0);
+    assert!(!read.is_empty(), "reads go on while fenced");
+    let (_, metrics) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/metrics", cluster.url(0)),
+        None,
+    )
+    .expect("metrics");
+    assert!(
+        metrics
+            .as_str()
+            .unwrap_or("")
+            .contains("narad_cluster_fenced 1"),
+        "the fence shows on /metrics"
+    );
+
+    // etcd back: writes are taken again on every node and the link catches up.
+    cluster._etcd.start_again();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for p in 0..3 {
+        let value = format!("after-{p}");
+        loop {
+            let (status, body) =
+                produce_one(&client, &cluster.url(p as usize), "orders", p, &value);
+            if status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "writes never came back: {status} {body}\n{}",
+                cluster.diagnostics("orders")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        acknowledged.push(value);
+    }
+    wait_for_values(&cluster, "copy", 3, &acknowledged);
+    let stored = value_counts(&client, &cluster.url(1), "orders", 3);
+    assert!(
+        !stored.contains_key("refused"),
+        "a refused write was stored"
+    );
+}
+
+#[test]
+fn a_plugin_uploaded_to_one_node_routes_on_every_node_that_runs_a_cursor_of_its_link() {
+    let cluster = Cluster::start("plugin-fetch");
+    let client = http_client();
+    for (name, placement) in [
+        ("orders", json!(["n2", "n3"])),
+        ("copy", json!(["n3", "n1"])),
+    ] {
+        cluster.create(name, 2, placement);
+    }
+    // Uploaded to n1 only; the cursors run on n2 and n3, which must fetch it by digest.
+    let module = crate::e2e::plugin_limits::router_with_functions(1);
+    let answer = client
+        .post(format!("{}/v1/plugins?name=custom", cluster.url(0)))
+        .body(module)
+        .send()
+        .expect("deploy");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().expect("deploy answer");
+    ok(status, &body, "deploy");
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", cluster.url(0)),
+        Some(&json!({"router": ["custom", "round-robin"]})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    let values: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    let records: Vec<Value> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"value": v, "partition": i % 2}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    wait_for_values(&cluster, "copy", 2, &values);
+    for node in [1, 2] {
+        assert!(
+            cluster.nodes[node]
+                .log()
+                .contains("fetched a plugin module from another node"),
+            "n{} ran the link without fetching the module?",
+            node + 1
+        );
+    }
+}
+
+#[test]
+fn a_pause_and_a_seek_asked_of_any_node_reach_the_cursor_on_its_parents_owner() {
+    let cluster = Cluster::start("cursor-control");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n2"]));
+    cluster.create("copy", 1, json!(["n3"]));
+    cluster.attach("orders", "copy", json!({}));
+    let records: Vec<Value> = (0..30).map(|i| json!({"value": format!("v{i}")})).collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    let wanted: Vec<String> = (0..30).map(|i| format!("v{i}")).collect();
+    wait_for_values(&cluster, "copy", 1, &wanted);
+
+    // Asked of n1; the cursor runs on n2, the parent partition's owner.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/copy/pause", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("pause");
+    ok(status, &body, "pause");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let done = loop {
+        let (status, done) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/children/copy/seek", cluster.url(0)),
+            Some(&json!({"partition": 0, "offset": 20})),
+        )
+        .expect("seek");
+        // 409 until n2's cursor has seen the pause.
+        if status == 200 {
+            break done;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {done}\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        (done["from"].as_u64(), done["to"].as_u64()),
+        (Some(30), Some(20)),
+        "{done}"
+    );
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/copy/resume", cluster.url(2)),
+        None,
+    )
+    .expect("resume");
+    ok(status, &body, "resume");
+    // Seeking back sent v20..v29 again. In cluster mode the child's owner holds them (its
+    // origin window), so it stores them once and counts them as deduplicated on the sender.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, metrics) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/metrics", cluster.url(1)),
+            None,
+        )
+        .expect("metrics");
+        let text = metrics.as_str().unwrap_or("").to_owned();
+        let deduplicated = text
+            .lines()
+            .find(|l| {
+                l.starts_with("narad_fanout_commit_deduplicated_records_total{")
+                    && l.contains("child=\"copy\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if deduplicated >= 10.0 {
+            assert_eq!(
+                deduplicated, 10.0,
+                "only the replayed records were sent again"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replay never reached the child's owner\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let counts = value_counts(&client, &cluster.url(1), "copy", 1);
+    assert!(
+        (0..30).all(|i| counts.get(&format!("v{i}")) == Some(&1)),
+        "{counts:?}"
+    );
+}
+
+/// `POST /v1/topics/{topic}/partitions/{partition}/recreate` through `base` with `body`.
+fn recreate(base: &str, topic: &str, partition: u32, body: Value) -> (u16, Value) {
+    send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/partitions/{partition}/recreate"),
+        Some(&body),
+    )
+    .expect("recreate")
+}
+
+/// The children listing's entry for `child` of `parent`, partition 0, read through `base`.
+fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
+    let (_, children) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{base}/v1/topics/{parent}/children"),
+        None,
+    )
+    .expect("children");
+    children["children"]
+        .as_array()
+        .and_then(|c| c.iter().find(|l| l["name"] == child).cloned())
+        .map(|l| l["partitions"][0].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_dead_nodes_partition_recreated_elsewhere_starts_above_every_copy_and_counts_what_links_lost() {
+    let mut cluster = Cluster::start("recreate");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n3"]));
+    cluster.create("copy", 2, json!(["n1", "n2"]));
+    cluster.create("audit", 1, json!(["n2"]));
+    let produce = |base: &str, from: usize, to: usize| {
+        let records: Vec<Value> = (from..to)
+            .map(|i| json!({"key": format!("k{}", i % 7), "value": format!("v{i}")}))
+            .collect();
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{base}/v1/topics/orders/records"),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+    };
+    let values =
+        |from: usize, to: usize| -> Vec<String> { (from..to).map(|i| format!("v{i}")).collect() };
+    cluster.attach("orders", "copy", json!({}));
+    produce(&cluster.url(0), 0, 100);
+    // `audit` is attached at offset 100 and paused before anything reaches it.
+    cluster.attach("orders", "audit", json!({}));
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/audit/pause", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("pause");
+    ok(status, &body, "pause");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while listed_partition(&cluster.url(0), "orders", "audit")["state"] != "paused" {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    produce(&cluster.url(0), 100, 200);
+    wait_for_values(&cluster, "copy", 2, &values(0, 200));
+
+    // Refused while the owner lives, and without the explicit acceptance.
+    let (status, body) = recreate(
+        &cluster.url(0),
+        "orders",
+        0,
+        json!({"on": "n1", "accept_loss": true}),
+    );
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("partition move"),
+        "{body}"
+    );
+    cluster.nodes[2].kill9();
+    let (status, body) = recreate(&cluster.url(0), "orders", 0, json!({"on": "n1"}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("accept_loss"),
+        "{body}"
+    );
+
+    // Once n3's lease is gone, asked of n2, done by n1.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let report = loop {
+        let (status, body) = recreate(
+            &cluster.url(1),
+            "orders",
+            0,
+            json!({"on": "n1", "accept_loss": true}),
+        );
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Above every offset a child holds, so no new record is taken for a copy of an old one.
+    assert_eq!(report["start_offset"], 200, "{report}");
+    assert_eq!(
+        (report["from"].as_str(), report["to"].as_str()),
+        (Some("n3"), Some("n1")),
+        "{report}"
+    );
+    let link = |child: &str| {
+        report["links"]
+            .as_array()
+            .and_then(|l| l.iter().find(|l| l["child"] == child).cloned())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(link("copy")["child_holds_up_to"], 199, "{report}");
+    assert_eq!(link("copy")["dropped_at_most"], 0, "{report}");
+    assert_eq!(link("audit")["resume_offset"], 100, "{report}");
+    assert_eq!(link("audit")["dropped_at_most"], 100, "{report}");
+
+    // The partition serves again from n1, through any node, at offsets the old log never used.
+    produce(&cluster.url(1), 200, 250);
+    let offsets_from = |base: &str, offset: u64| {
+        let (status, body) = send_json(
+            &client,
+            Method::GET,
+            &format!("{base}/v1/topics/orders/partitions/0/records?offset={offset}&max=1000"),
+            None,
+        )
+        .expect("fetch");
+        (status, body)
+    };
+    let (status, body) = offsets_from(&cluster.url(0), 0);
+    assert_eq!(status, 416, "{body}");
+    assert_eq!(body["log_start_offset"], 200, "{body}");
+    let (status, body) = offsets_from(&cluster.url(0), 200);
+    ok(status, &body, "fetch");
+    let offsets: Vec<u64> = body["records"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|r| r["offset"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(offsets, (200..250).collect::<Vec<u64>>());
+    // Every new record reaches `copy`, none dropped for a copy of an old one, none twice.
+    wait_for_values(&cluster, "copy", 2, &values(0, 250));
+    let counts = value_counts(&client, &cluster.url(0), "copy", 2);
+    assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+
+    // `audit` resumes: the 100 records it never got are counted as dropped, the new ones
+    // arrive.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/children/audit/resume", cluster.url(0)),
+        None,
+    )
+    .expect("resume");
+    ok(status, &body, "resume");
+    wait_for_values(&cluster, "audit", 1, &values(200, 250));
+    let held = values_in(&client, &cluster.url(0), "audit", 1);
+    assert_eq!(held.len(), 50, "{held:?}");
+    let listed = listed_partition(&cluster.url(0), "orders", "audit");
+    assert_eq!(listed["dropped_messages"], 100, "{listed}");
+    assert_eq!(listed["node"], "n1", "{listed}");
+
+    // n3 comes back: the metadata no longer names it, so it serves nothing of its old copy;
+    // a produce through it lands on n1's log.
+    cluster.nodes[2].restart();
+    cluster.wait_for_nodes(3);
+    let (status, body) = produce_one(&client, &cluster.url(2), "orders", 0, "after-return");
+    ok(status, &body, "produce through the returned node");
+    let (status, body) = offsets_from(&cluster.url(1), 250);
+    ok(status, &body, "fetch");
+    let last = body["records"][0].clone();
+    assert_eq!(
+        (last["offset"].as_u64(), last["value"].as_str()),
+        (Some(250), Some("after-return")),
+        "{body}"
+    );
+}
+
+/// The remote child's copies on `target`'s `orders-copy` (3 partitions): (partition, key,
+/// value, origin header).
+fn remote_copies(base: &str) -> Vec<(u32, String, String, String)> {
+    let client = http_client();
+    let mut out = Vec::new();
+    for (partition, records) in everything(&client, base, "orders-copy", 3) {
+        for r in records {
+            let origin = r["headers"]
+                .as_array()
+                .and_then(|h| h.iter().find(|h| h["name"] == "narad-origin"))
+                .and_then(|h| h["value"].as_str())
+                .unwrap_or("")
+                .to_owned();
+            out.push((
+                partition,
+                r["key"].as_str().unwrap_or("").to_owned(),
+                r["value"].as_str().expect("value").to_owned(),
+                origin,
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_remote_child_of_a_cluster_is_fed_by_every_parent_owner_from_the_oldest_record_through_crashes()
+{
+    let mut cluster = Cluster::start("remote-child");
+    let client = http_client();
+    let target_dir = tempfile::tempdir().expect("tempdir");
+    let mut target = Daemon::start(&target_dir.path().join("target"));
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", target.url()),
+        Some(&json!({"name": "orders-copy", "partitions": 3})),
+    )
+    .expect("create on the target");
+    ok(status, &body, "create on the target");
+    cluster.create("orders", 3, json!(["n1", "n2", "n3"]));
+
+    // History from before the attach, produced through n2 to every owner.
+    let history: Vec<String> = (0..60).map(|i| format!("h{i}")).collect();
+    let records: Vec<Value> = history
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({"key": format!("k{}", i % 16), "value": v}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(1)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce history");
+    ok(status, &body, "produce history");
+
+    // Attached through n1 from the parent's oldest record: the start is read from each
+    // partition's owner.
+    let (status, link) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/to-target", cluster.url(0)),
+        Some(&json!({
+            "remote": {"url": target.url(), "topic": "orders-copy"},
+            "start": "earliest",
+        })),
+    )
+    .expect("attach");
+    ok(status, &link, "attach");
+    assert_eq!(link["attach_offsets"], json!([0, 0, 0]), "{link}");
+    assert_eq!(link["remote"]["partitions"], 3, "{link}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    // A parent owner dies mid-stream (its cursor resumes from its offset file), then the
+    // target (every owner's cursor waits on it).
+    cluster.nodes[2].kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes[2].restart_same_port();
+    target.kill9();
+    std::thread::sleep(Duration::from_millis(1500));
+    target.restart_same_port();
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut wanted = producer.join().expect("producer");
+    assert!(wanted.len() > 100, "{} acknowledged", wanted.len());
+    wanted.extend(history);
+
+    // Every acknowledged record and the whole history reach the target.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let copies = loop {
+        let copies = remote_copies(&target.url());
+        let held: HashSet<&str> = copies.iter().map(|c| c.2.as_str()).collect();
+        let missing: Vec<&String> = wanted
+            .iter()
+            .filter(|v| !held.contains(v.as_str()))
+            .collect();
+        if missing.is_empty() {
+            break copies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the target misses {} of {} records (first {})\n{}",
+            missing.len(),
+            wanted.len(),
+            missing[0],
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+
+    // Each copy names the cluster it came from; each key is on one partition, its first
+    // copies in production order (history first).
+    let order = |v: &str| -> (u8, u64) {
+        let (kind, n) = v.split_at(1);
+        (u8::from(kind == "v"), n.parse().expect("h{n} or v{n}"))
+    };
+    // Per key: the partitions it was found on, and its values in the order they were found.
+    type Placement = (HashSet<u32>, Vec<(u8, u64)>);
+    let mut by_key: BTreeMap<String, Placement> = BTreeMap::new();
+    for (partition, key, value, origin) in &copies {
+        assert!(origin.starts_with("cluster:"), "origin header {origin:?}");
+        let entry = by_key.entry(key.clone()).or_default();
+        entry.0.insert(*partition);
+        entry.1.push(order(value));
+    }
+    assert_eq!(by_key.len(), 16);
+    for (key, (partitions, values)) in by_key {
+        assert_eq!(partitions.len(), 1, "{key} on partitions {partitions:?}");
+        let mut seen = HashSet::new();
+        let firsts: Vec<(u8, u64)> = values.into_iter().filter(|v| seen.insert(*v)).collect();
+        assert!(
+            firsts.windows(2).all(|w| w[0] < w[1]),
+            "{key} out of order on the target: {firsts:?}"
+        );
+    }
+
+    // Listed the same from any node: every parent partition running, nothing dropped.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for node in 0..3 {
+        loop {
+            let (_, children) = send_json(
+                &client,
+                Method::GET,
+                &format!("{}/v1/topics/orders/children", cluster.url(node)),
+                None,
+            )
+            .expect("children");
+            let partitions = children["children"]
+                .as_array()
+                .and_then(|c| c.iter().find(|l| l["name"] == "to-target").cloned())
+                .map(|l| l["partitions"].clone())
+                .unwrap_or(Value::Null);
+            let all = partitions.as_array().cloned().unwrap_or_default();
+            if all.len() == 3
+                && all
+                    .iter()
+                    .all(|p| p["remote_state"] == "running" && p["dropped_messages"] == 0)
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "n{}: {partitions}", node + 1);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Damage to a partition's files between two runs, seen from outside: a removed oldest segment
+//! is reported as lost offsets (quarantine), never as retention, and a torn tail cut without
+//! its high-watermark file is shown in the describe, the metrics and the log, with the cut
+//! bytes kept aside.
+
+use std::path::{Path, PathBuf};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::e2e::harness::{Daemon, http_client, send_json};
+
+fn ok(status: u16, body: &Value, what: &str) {
+    assert!((200..300).contains(&status), "{what}: {status} {body}");
+}
+
+fn create_topic(client: &reqwest::blocking::Client, base: &str, name: &str) {
+    let (status, body) = send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&json!({"name": name, "partitions": 1})),
+    )
+    .expect("create topic");
+    ok(status, &body, "create topic");
+}
+
+/// Produces one record per request; returns the offsets assigned.
+fn produce(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    values: impl IntoIterator<Item = String>,
+) -> Vec<u64> {
+    values
+        .into_iter()
+        .map(|value| {
+            let (status, body) = send_json(
+                client,
+                Method::POST,
+                &format!("{base}/v1/topics/{topic}/records"),
+                Some(&json!({"records": [{"value": value}]})),
+            )
+            .expect("produce");
+            ok(status, &body, "produce");
+            body["offsets"][0]["offset"].as_u64().expect("offset")
+        })
+        .collect()
+}
+
+fn describe_partition0(client: &reqwest::blocking::Client, base: &str, topic: &str) -> Value {
+    let (status, body) = send_json(
+        client,
+        Method::GET,
+        &format!("{base}/v1/topics/{topic}"),
+        None,
+    )
+    .expect("describe");
+    ok(status, &body, "describe");
+    body["partition_stats"][0].clone()
+}
+
+/// The daemon's log without terminal colour codes, so fields read as `key=value`.
+fn plain_log(daemon: &Daemon) -> String {
+    let raw = daemon.log();
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // Skip the escape sequence up to and including its final letter.
+            for e in chars.by_ref() {
+                if e.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn partition_dir(data: &Path, topic: &str) -> PathBuf {
+    data.join("topics").join(topic).join("p00000")
+}
+
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("list partition")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segs.sort();
+    segs
+}
+
+#[test]
+fn a_removed_oldest_segment_is_reported_as_lost_offsets_not_as_retention() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    // Small segments so the 16 records span several files, as a long-lived partition would.
+    let mut daemon = Daemon::start_with(&data, &["--segment-bytes", "300"]);
+    let client = http_client();
+    create_topic(&client, &daemon.url(), "orders");
+    let offsets = produce(
+        &client,
+        &daemon.url(),
+        "orders",
+        (0..16).map(|i| format!("order-{i:02}-{}", "x".repeat(40))),
+    );
+    assert_eq!(offsets, (0..16).collect::<Vec<u64>>());
+    daemon.kill9();
+
+    let dir = partition_dir(&data, "orders");
+    let segs = segment_files(&dir);
+    assert!(
+        segs.len() >= 3,
+        "the records span several segments: {segs:?}"
+    );
+    assert!(segs[0].ends_with("00000000000000000000.log"));
+    let second_base: u64 = segs[1]
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .expect("segment name");
+    std::fs::remove_file(&segs[0]).expect("remove the oldest segment");
+
+    daemon.restart();
+    let (status, body) = send_json(
+        &client,
+        Method::GET,
+        &format!(
+            "{}/v1/topics/orders/partitions/0/records?offset=0&max=100",
+            daemon.url()
+        ),
+        None,
+    )
+    .expect("fetch");
+    let missing = format!("offsets 0 to {} are missing", second_base - 1);
+    assert_ne!(status, 416, "not passed off as retention: {body}");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.to_string().contains(&missing), "{body}");
+
+    let p0 = describe_partition0(&client, &daemon.url(), "orders");
+    assert_eq!(p0["state"], "quarantined", "{p0}");
+    assert_eq!(p0["log_start_offset"], 0, "{p0}");
+    assert!(
+        p0["reason"].as_str().unwrap_or("").contains(&missing),
+        "{p0}"
+    );
+    let log = plain_log(&daemon);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("partition quarantined") && l.contains(&missing)),
+        "the daemon log names the lost offsets:\n{log}"
+    );
+}
+
+fn sample(metrics: &str, name: &str, topic: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !rest.starts_with('{') || !rest.contains(&format!("topic=\"{topic}\"")) {
+            return None;
+        }
+        rest.rsplit(' ').next()?.parse().ok()
+    })
+}
+
+#[test]
+fn a_torn_tail_cut_without_its_high_watermark_file_is_shown_and_kept_aside() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data);
+    let client = http_client();
+    create_topic(&client, &daemon.url(), "events");
+    // Each record's frame is well over 100 bytes, so cutting 100 bytes tears only the last.
+    let offsets = produce(
+        &client,
+        &daemon.url(),
+        "events",
+        (0..30).map(|i| format!("event-{i:02}-{}", "y".repeat(200))),
+    );
+    assert_eq!(offsets.last(), Some(&29));
+    daemon.kill9();
+
+    let dir = partition_dir(&data, "events");
+    // Without this file recovery cannot know offset 29 was acknowledged.
+    std::fs::remove_file(dir.join("high-watermark")).expect("remove high-watermark");
+    let last = segment_files(&dir).pop().expect("a segment");
+    let before = std::fs::read(&last).expect("read segment");
+    let left = &before[..before.len() - 100];
+    std::fs::write(&last, left).expect("cut the last 100 bytes");
+
+    daemon.restart();
+    let again = produce(
+        &client,
+        &daemon.url(),
+        "events",
+        (0..3).map(|i| format!("late-{i}")),
+    );
+    assert_eq!(again, [29, 30, 31], "the cut offset is reused");
+
+    let p0 = describe_partition0(&client, &daemon.url(), "events");
+    let cut = &p0["recovered_cut"];
+    assert_eq!(cut["records"], 1, "{p0}");
+    assert_eq!(cut["records_exact"], true, "{p0}");
+    assert_eq!(cut["from_offset"], 29, "{p0}");
+    let kept_at = PathBuf::from(cut["kept_at"].as_str().expect("kept_at"));
+    let kept = std::fs::read(&kept_at).expect("the kept-aside file exists");
+    assert_eq!(cut["bytes"], kept.len() as u64, "{p0}");
+    assert!(
+        !kept.is_empty() && left.ends_with(&kept),
+        "the kept-aside bytes are the bytes recovery cut"
+    );
+    assert!(
+        kept_at.starts_with(dir.join("torn")),
+        "{}",
+        kept_at.display()
+    );
+
+    let metrics = client
+        .get(format!("{}/metrics", daemon.url()))
+        .send()
+        .and_then(|r| r.text())
+        .expect("scrape /metrics");
+    assert_eq!(
+        sample(&metrics, "narad_partition_recovered_cut_records", "events"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "narad_partition_recovered_cut_bytes", "events"),
+        Some(kept.len() as f64)
+    );
+    let log = plain_log(&daemon);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("truncating a torn tail") && l.contains("from_offset=29")),
+        "the daemon log names the cut offsets:\n{log}"
+    );
+
+    // Still shown after another restart, until the operator removes the kept-aside files.
+    daemon.restart();
+    let p0 = describe_partition0(&client, &daemon.url(), "events");
+    assert_eq!(p0["recovered_cut"]["from_offset"], 29, "{p0}");
+}

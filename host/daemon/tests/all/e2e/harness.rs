@@ -1,0 +1,259 @@
+//! Starting, killing and talking to a real `narad serve` process.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a daemon may take to answer `/healthz` after start, recovery included. Generous
+/// because CI machines are busy; a healthy start takes milliseconds.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Path of the `narad` binary: the one cargo built for these tests, from this package.
+pub fn narad_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_narad"))
+}
+
+/// A free loopback port. The listener is dropped before the daemon binds it, so another
+/// process could take it in between; `Daemon::start` retries on a failed bind.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A running `narad serve` process; killed (SIGKILL) when dropped.
+pub struct Daemon {
+    child: Option<Child>,
+    data_dir: PathBuf,
+    addr: SocketAddr,
+    log_path: PathBuf,
+    extra_args: Vec<String>,
+    /// A command the daemon is started under (e.g. `prlimit --nofile=256:4096`); empty: none.
+    launcher: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts `narad serve` on `data_dir` and waits until `/healthz` answers.
+    pub fn start(data_dir: &Path) -> Daemon {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// Like [`Daemon::start`], with extra command-line arguments for `narad serve`.
+    pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Daemon {
+        let mut daemon = Daemon {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path: data_dir.with_extension("log"),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            launcher: Vec::new(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// Like [`Daemon::start_with`], with `narad serve` run by `launcher` (a program and its
+    /// arguments that execs the command after it, such as `prlimit --nofile=256:4096`).
+    pub fn start_under(data_dir: &Path, launcher: &[&str], extra_args: &[&str]) -> Daemon {
+        let mut daemon = Daemon {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path: data_dir.with_extension("log"),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            launcher: launcher.iter().map(|s| s.to_string()).collect(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The listen address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sends SIGTERM and waits up to `within` for the process to exit. Returns its exit status,
+    /// or `None` when it was still running at the deadline (it is then left to `Drop`).
+    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill -TERM");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn spawn(&mut self) {
+        self.spawn_on(None);
+    }
+
+    /// Starts the process, on `fixed` when given (retrying while the port is still taken),
+    /// else on a fresh free port.
+    fn spawn_on(&mut self, fixed: Option<SocketAddr>) {
+        for _attempt in 0..5 {
+            self.addr = fixed.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], free_port())));
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log_path)
+                .expect("open daemon log");
+            let mut command = match self.launcher.split_first() {
+                Some((program, args)) => {
+                    let mut c = Command::new(program);
+                    c.args(args).arg(narad_binary());
+                    c
+                }
+                None => Command::new(narad_binary()),
+            };
+            let child = command
+                .arg("serve")
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .arg("--listen")
+                .arg(self.addr.to_string())
+                .args(&self.extra_args)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("clone log handle"))
+                .stderr(log)
+                .spawn()
+                .expect("spawn narad serve");
+            self.child = Some(child);
+            if self.wait_healthy() {
+                return;
+            }
+            self.kill9();
+        }
+        panic!("narad serve did not become healthy; log:\n{}", self.log());
+    }
+
+    fn wait_healthy(&mut self) -> bool {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let client = http_client();
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_status)) = child.try_wait()
+            {
+                return false;
+            }
+            if let Ok(resp) = client.get(format!("{}/healthz", self.url())).send()
+                && resp.status().is_success()
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills the process with SIGKILL (no shutdown hook runs) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same data directory (after [`Daemon::kill9`]).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Like [`Daemon::restart`], on the same address: for a daemon other processes were told
+    /// the address of (a remote child's target).
+    pub fn restart_same_port(&mut self) {
+        self.kill9();
+        let addr = self.addr;
+        self.spawn_on(Some(addr));
+    }
+
+    /// Everything the daemon processes wrote to stdout and stderr so far.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = std::fs::File::open(&self.log_path) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A blocking HTTP client with timeouts suited to tests.
+pub fn http_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// Sends `body` as JSON and returns the status and the parsed JSON answer.
+pub fn send_json(
+    client: &reqwest::blocking::Client,
+    method: reqwest::Method,
+    url: &str,
+    body: Option<&Value>,
+) -> reqwest::Result<(u16, Value)> {
+    let mut request = client.request(method, url);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send()?;
+    let status = response.status().as_u16();
+    let text = response.text()?;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, value))
+}
+
+/// Reads every record of a partition from its log start to its high watermark.
+pub fn fetch_all(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    partition: u32,
+) -> Vec<Value> {
+    let mut records = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let url = format!(
+            "{base}/v1/topics/{topic}/partitions/{partition}/records?offset={offset}&max=1000"
+        );
+        let (status, body) = send_json(client, reqwest::Method::GET, &url, None).expect("fetch");
+        assert_eq!(status, 200, "fetch {url}: {body}");
+        let batch = body["records"].as_array().cloned().unwrap_or_default();
+        let next = body["next_offset"].as_u64().expect("next_offset");
+        let high = body["high_watermark"].as_u64().expect("high_watermark");
+        records.extend(batch);
+        if next >= high {
+            return records;
+        }
+        offset = next;
+    }
+}

@@ -1,1 +1,0 @@
-//! End-to-end tests for the `narad` binary live in `tests/all/`.
