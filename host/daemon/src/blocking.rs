@@ -37,7 +37,7 @@ impl From<tokio::task::JoinError> for BlockingError {
 }
 
 /// Runs `work` on the blocking pool and returns what it returned, or why it returned nothing.
-pub(crate) async fn run<T: Send + 'static>(
+pub async fn run<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, BlockingError> {
     Ok(tokio::task::spawn_blocking(work).await?)

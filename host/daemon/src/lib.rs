@@ -1,4 +1,5 @@
-//! The Narad fan-out host: the daemon library behind the `narad` binary.
+//! The Narad fan-out host: the daemon library behind the `narad` binary (whose command line
+//! is the `narad` crate in `host/cli`; nothing here depends on it).
 //!
 //! Layout:
 //! - [`config`]: `narad serve` flags, environment and TOML config file, merged into [`Config`];
@@ -24,9 +25,6 @@
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`http_server`]: the HTTP accept loop: connection cap, header and idle timeouts, a
 //!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start.
-//! - [`bench`]: `narad bench`, end-to-end measurements of produce and fan-out against raw
-//!   write + `fdatasync` loops.
-//! - [`cli`]: the `narad` command line (serve, topic, produce, consume, demo).
 //!
 //! Data flows one way: API -> topics/produce -> `narad_storage::Store`; the metastore is the
 //! source of truth for which topics and partitions exist.
@@ -42,16 +40,14 @@
 //!    (`FanoutView`);
 //! 6. `reconciler`: starts and stops cursors and fills the `FanoutView`;
 //! 7. `api` and `kafka` (side by side, neither imports the other), then `http_server`,
-//!    `server`, `bench`, `cli`.
+//!    `server`.
 
 // Tests may unwrap: a panic there is a test failure with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
 pub mod auth;
-pub mod bench;
 pub mod blocking;
-pub mod cli;
 pub mod cluster;
 pub mod config;
 mod durable;

@@ -1,19 +1,8 @@
-//! The daemon's integration tests, one binary:
-//!
-//! - [`bench_smoke`]: `narad bench` at tiny sizes (it runs, it reports, nothing is lost);
-//! - [`api`]: the daemon in this process on 127.0.0.1:0, driven over real HTTP and the CLI;
-//! - [`e2e`]: real `narad serve` processes (the binary cargo built for these tests), killed
-//!   with SIGKILL where the promise is about a crash, with a real etcd and real Kafka clients;
-//! - [`fanout_cursor`]: one cursor on a fault-injecting file system;
-//! - [`plugins_api`]: the plugin registry, its HTTP API and CLI.
-//!
-//! Run a part with a filter: `cargo test -p narad-host --test all e2e::cluster::`.
+//! The daemon library's integration tests, one binary: [`fanout_cursor`], one cursor against a
+//! real store on a fault-injecting file system. The tests that drive the daemon over HTTP, the
+//! CLI and the real binary are the command line's (`host/cli/tests/all`).
 
 // Tests may unwrap: a panic is how they fail.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod api;
-mod bench_smoke;
-mod e2e;
 mod fanout_cursor;
-mod plugins_api;

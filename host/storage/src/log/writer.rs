@@ -22,7 +22,7 @@
 //!   cache holds the frame. The verify read the cache (writer.rs:43, `read_exact_at` after the
 //!   sync) and passed, so the batch was acknowledged; after a remount the scan hit the zeros
 //!   below the durable boundary and quarantined the partition (a store-level reproduction:
-//!   every partition, 3 runs of 3; `host/daemon/tests/all/e2e/disk_full.rs`: the parent). Verifying against
+//!   every partition, 3 runs of 3; `host/cli/tests/all/e2e/disk_full.rs`: the parent). Verifying against
 //!   the device alone makes those runs lose nothing; the device-side recovery alone does not
 //!   (acknowledged records were then cut as a torn tail, or quarantined).
 //! - The hole the fault model shows: Linux reports a writeback error once per file

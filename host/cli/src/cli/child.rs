@@ -1,0 +1,520 @@
+//! `narad child attach|detach|list|set-router|pause|resume|seek|shadow`: the children API
+//! (`/v1/topics/{parent}/children`); `shadow` is [`super::shadow`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::ClientArgs;
+use super::duration::{format_duration, parse_duration};
+use super::{human, table};
+use narad_host::api::children::{AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange};
+use narad_host::fanout::status::{CursorReport, CursorState};
+
+/// `narad child`.
+#[derive(Debug, Args)]
+pub struct ChildArgs {
+    /// Daemon and output options.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The child command.
+    #[command(subcommand)]
+    pub command: ChildCommand,
+}
+
+/// The plugin config of a link: a file's bytes or text on the command line.
+#[derive(Debug, Clone, Default, Args)]
+#[group(multiple = false)]
+pub struct ConfigSource {
+    /// File whose contents are handed to every plugin of the chain as its config.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The plugin config as text (e.g. "header = region\nus = 0").
+    #[arg(long, value_name = "TEXT")]
+    pub config_text: Option<String>,
+}
+
+impl ConfigSource {
+    /// The config given, as the API takes it (a JSON string), or `None` when neither was.
+    pub fn read(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        Ok(match (&self.config, &self.config_text) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading plugin config {}", path.display()))?;
+                Some(serde_json::Value::String(text))
+            }
+            (None, Some(text)) => Some(serde_json::Value::String(unescape_newlines(text))),
+            (None, None) => None,
+        })
+    }
+}
+
+/// Turns the two characters `\n` into a line break, so a multi-line config fits on one
+/// command line.
+fn unescape_newlines(text: &str) -> String {
+    text.replace("\\n", "\n")
+}
+
+/// Child commands.
+#[derive(Debug, Subcommand)]
+pub enum ChildCommand {
+    /// Attach a child to a parent: from now on every record committed to the parent is copied
+    /// to the child. Creates the child topic with --partitions, else it must exist.
+    Attach {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Create the child topic with this many partitions.
+        #[arg(long, short = 'p', value_name = "N")]
+        partitions: Option<u32>,
+        /// Make it a delay child: a record is copied once it is this old (e.g. 10s, 5m, 1h).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "delay_ms")]
+        delay: Option<Duration>,
+        /// The delay in milliseconds.
+        #[arg(long, value_name = "MS")]
+        delay_ms: Option<u64>,
+        /// The router chain, comma-separated plugin names (`name` or `name@digest`).
+        /// [default: key-hash,keyless-index,round-robin]
+        #[arg(long, value_delimiter = ',', value_name = "PLUGINS")]
+        router: Option<Vec<String>>,
+        /// The plugins' config.
+        #[command(flatten)]
+        config: ConfigSource,
+        /// Make it a remote child: its records go to topic --remote-topic of the narad at
+        /// this URL (which must have the topic), through its batch produce.
+        #[arg(
+            long,
+            value_name = "URL",
+            requires = "remote_topic",
+            conflicts_with = "partitions"
+        )]
+        remote_url: Option<String>,
+        /// The topic of the remote child's target.
+        #[arg(long, value_name = "TOPIC", requires = "remote_url")]
+        remote_topic: Option<String>,
+        /// A file holding the bearer token the target wants (read by the sender; never stored).
+        #[arg(long, value_name = "FILE", requires = "remote_url")]
+        remote_token_file: Option<String>,
+        /// Where copying begins: `attach` (records committed from now on) or `earliest` (the
+        /// parent's whole retained history, then everything after).
+        #[arg(long, value_name = "FROM", value_parser = parse_start, default_value = "attach")]
+        start: AttachStart,
+    },
+    /// Detach a child: copying stops; the child topic and its records stay.
+    Detach {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
+    /// Pause the cursors of a child (all parent partitions, or --partitions): each finishes the
+    /// slab it is committing and copies nothing more, across restarts, until resumed.
+    Pause {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Only these parent partitions (comma-separated; default: every one).
+        #[arg(long, value_delimiter = ',', value_name = "P,...")]
+        partitions: Option<Vec<u32>>,
+    },
+    /// Resume paused cursors exactly where they stopped.
+    Resume {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// Only these parent partitions (comma-separated; default: every one).
+        #[arg(long, value_delimiter = ',', value_name = "P,...")]
+        partitions: Option<Vec<u32>>,
+    },
+    /// Move a paused cursor: back, and the records from there are copied again; forward, and
+    /// the records in between are skipped (counted as skipped by seek, not as dropped).
+    Seek {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// The parent partition (its cursor must be paused).
+        #[arg(long)]
+        partition: u32,
+        /// The parent offset to copy next.
+        #[arg(long)]
+        offset: u64,
+    },
+    /// List a parent's children with each parent partition's progress.
+    List {
+        /// Parent topic.
+        parent: String,
+    },
+    /// Swap a child's router chain (and config), effective at each cursor's next slab.
+    SetRouter {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// The new chain, comma-separated plugin names.
+        #[arg(long, value_delimiter = ',', required = true, value_name = "PLUGINS")]
+        router: Vec<String>,
+        /// A new config (the current one stays when neither is given).
+        #[command(flatten)]
+        config: ConfigSource,
+    },
+    /// Try a candidate chain on a child's live slabs without committing anything it decides:
+    /// set it, show how it compares with the current chain, clear it.
+    #[command(subcommand)]
+    Shadow(super::shadow::ShadowCommand),
+}
+
+/// Runs a child command.
+pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
+    let client = args.client.client();
+    let json = args.client.json;
+    match args.command {
+        ChildCommand::Attach {
+            parent,
+            child,
+            partitions,
+            delay,
+            delay_ms,
+            router,
+            config,
+            remote_url,
+            remote_topic,
+            remote_token_file,
+            start,
+        } => {
+            let delay_ms = match (delay, delay_ms) {
+                (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                (None, ms) => ms,
+            };
+            let remote = match (remote_url, remote_topic) {
+                (Some(url), Some(topic)) => Some(narad_host::api::children::RemoteAttach {
+                    url,
+                    topic,
+                    token_file: remote_token_file,
+                }),
+                _ => None,
+            };
+            let req = AttachRequest {
+                partitions,
+                delay_ms,
+                router,
+                config: config.read()?,
+                remote,
+                start: (start != AttachStart::Attach).then_some(start),
+            };
+            let link = client.attach_child(&parent, &child, &req).await?;
+            print_link(json, "attached", &link)?;
+        }
+        ChildCommand::Detach { parent, child } => {
+            let link = client.detach_child(&parent, &child).await?;
+            print_link(json, "detached", &link)?;
+        }
+        ChildCommand::Pause {
+            parent,
+            child,
+            partitions,
+        } => {
+            let link = client
+                .set_child_paused(&parent, &child, partitions, true)
+                .await?;
+            print_paused(json, &link)?;
+        }
+        ChildCommand::Resume {
+            parent,
+            child,
+            partitions,
+        } => {
+            let link = client
+                .set_child_paused(&parent, &child, partitions, false)
+                .await?;
+            print_paused(json, &link)?;
+        }
+        ChildCommand::Seek {
+            parent,
+            child,
+            partition,
+            offset,
+        } => {
+            let done = client
+                .seek_child(&parent, &child, partition, offset)
+                .await?;
+            if json {
+                print_json(&done)?;
+            } else if done.skipped > 0 {
+                outln!(
+                    "{parent} -> {child} partition {}: moved from {} to {}, skipping {} records",
+                    done.partition,
+                    done.from,
+                    done.to,
+                    done.skipped
+                )?;
+            } else {
+                outln!(
+                    "{parent} -> {child} partition {}: moved from {} to {}; {} records will be copied again",
+                    done.partition,
+                    done.from,
+                    done.to,
+                    done.from.saturating_sub(done.to)
+                )?;
+            }
+        }
+        ChildCommand::List { parent } => {
+            let list = client.list_children(&parent).await?;
+            if json {
+                print_json(&list)?;
+            } else {
+                out!("{}", list_text(&list))?;
+            }
+        }
+        ChildCommand::SetRouter {
+            parent,
+            child,
+            router,
+            config,
+        } => {
+            let req = RouterChange {
+                router,
+                config: config.read()?,
+            };
+            let link = client.set_child_router(&parent, &child, &req).await?;
+            print_link(json, "changed the router of", &link)?;
+        }
+        ChildCommand::Shadow(command) => super::shadow::run(&client, json, command).await?,
+    }
+    Ok(())
+}
+
+fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
+fn router_names(link: &LinkInfo) -> String {
+    link.router
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What a pause or resume left paused.
+fn print_paused(json: bool, link: &LinkInfo) -> anyhow::Result<()> {
+    if json {
+        return print_json(link);
+    }
+    if link.paused.is_empty() {
+        outln!("{} -> {}: every cursor copies", link.parent, link.name)?;
+    } else {
+        let list: Vec<String> = link.paused.iter().map(u32::to_string).collect();
+        outln!(
+            "{} -> {}: paused parent partitions {}",
+            link.parent,
+            link.name,
+            list.join(",")
+        )?;
+    }
+    Ok(())
+}
+
+fn print_link(json: bool, verb: &str, link: &LinkInfo) -> anyhow::Result<()> {
+    if json {
+        return print_json(link);
+    }
+    let delay = if link.delay_ms > 0 {
+        format!(
+            ", delay {}",
+            format_duration(Duration::from_millis(link.delay_ms))
+        )
+    } else {
+        String::new()
+    };
+    outln!(
+        "{verb} {} -> {} (epoch {}, router {}{delay})",
+        link.parent,
+        link.name,
+        link.attach_epoch,
+        router_names(link)
+    )?;
+    Ok(())
+}
+
+/// The human form of a children listing: one table of children, one of their partitions.
+pub fn list_text(list: &ChildList) -> String {
+    if list.children.is_empty() {
+        return "no children\n".to_owned();
+    }
+    let mut children: Vec<Vec<String>> = list
+        .children
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                if c.delay_ms > 0 {
+                    format_duration(Duration::from_millis(c.delay_ms))
+                } else {
+                    "-".into()
+                },
+                c.router
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                c.attach_epoch.clone(),
+                c.remote
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |r| format!("{} at {}", r.topic, r.url)),
+            ]
+        })
+        .collect();
+    let mut partitions = Vec::new();
+    let clustered = list
+        .children
+        .iter()
+        .any(|c| c.partitions.iter().any(|p| p.node.is_some()));
+    for c in &list.children {
+        for p in &c.partitions {
+            partitions.push(vec![
+                c.name.clone(),
+                p.partition.to_string(),
+                p.next_offset.map_or_else(|| "-".into(), |o| o.to_string()),
+                p.lag_messages.map_or_else(|| "?".into(), |l| l.to_string()),
+                format!("{:.1}", p.due_lag_seconds),
+                p.dropped_messages.to_string(),
+                state_text(p),
+                p.last_error_at_ms
+                    .filter(|_| p.last_error.is_some())
+                    .map_or_else(|| "-".into(), human::rfc3339_utc),
+                p.last_error.clone().unwrap_or_default(),
+            ]);
+            if clustered {
+                // Cluster mode: the node that runs the cursor, after the parent partition.
+                if let Some(row) = partitions.last_mut() {
+                    row.insert(2, p.node.clone().unwrap_or_else(|| "-".into()));
+                }
+            }
+        }
+    }
+    let mut header = vec!["CHILD", "DELAY", "ROUTER", "EPOCH"];
+    if list.children.iter().any(|c| c.remote.is_some()) {
+        header.push("REMOTE");
+    } else {
+        children.iter_mut().for_each(|row| {
+            row.pop();
+        });
+    }
+    let mut out = table::render(&header, &children);
+    out.push('\n');
+    let mut headers = vec![
+        "CHILD",
+        // The parent's partition: a cursor reads one parent partition and writes to any
+        // child partition, so "PARTITION" alone reads as the child's.
+        "PARENT_P",
+        "NEXT_OFFSET",
+        "LAG",
+        "DUE_LAG_S",
+        "DROPPED",
+        "STATE",
+        "ERROR_AT",
+        "LAST_ERROR",
+    ];
+    if clustered {
+        headers.insert(2, "NODE");
+    }
+    out.push_str(&table::render(&headers, &partitions));
+    if list.children.iter().any(|c| !c.lag_complete) {
+        out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
+    }
+    out
+}
+
+/// A cursor's state as the table shows it: a stalled remote child's says whether it waits for
+/// its target (`retrying`) or was refused by it (`failed`).
+fn state_text(p: &CursorReport) -> String {
+    let text = |v: Result<serde_json::Value, serde_json::Error>| {
+        v.ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    match (p.state, p.remote_state) {
+        (CursorState::Stalled, Some(remote)) => text(serde_json::to_value(remote)),
+        (state, _) => text(serde_json::to_value(state)),
+    }
+}
+
+/// Parses `--start`: `attach` or `earliest` (also `beginning`, `oldest`).
+fn parse_start(text: &str) -> Result<AttachStart, String> {
+    match text {
+        "attach" | "now" => Ok(AttachStart::Attach),
+        "earliest" | "beginning" | "oldest" => Ok(AttachStart::Earliest),
+        other => Err(format!(
+            "{other:?} is not a start point: give attach (from now on) or earliest (the parent's oldest record)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(node: Option<&str>) -> ChildList {
+        serde_json::from_value(serde_json::json!({"children": [{
+            "name": "copy", "delay_ms": 0, "router": [], "attach_epoch": "00", "lag_complete": true,
+            "partitions": [{
+                "partition": 0, "next_offset": 5, "lag_messages": 0, "due_lag_seconds": 0.0,
+                "dropped_messages": 0, "state": "running", "last_error": null, "node": node
+            }]
+        }]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn in_cluster_mode_the_listing_names_the_node_that_runs_each_cursor() {
+        let text = list_text(&listing(Some("n2")));
+        let header = text.lines().find(|l| l.contains("PARENT_P")).unwrap();
+        assert!(header.contains("NODE"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("copy") && l.contains(" n2 ")),
+            "{text}"
+        );
+        assert!(!list_text(&listing(None)).contains("NODE"));
+    }
+
+    #[test]
+    fn a_stalled_remote_child_shows_whether_its_target_is_away_or_refuses() {
+        let mut list = listing(None);
+        list.children[0].remote = Some(narad_host::api::children::RemoteInfo {
+            url: "http://dc2:7070".into(),
+            topic: "orders-copy".into(),
+            partitions: 3,
+            token_file: false,
+        });
+        let cursor = &mut list.children[0].partitions[0];
+        cursor.state = CursorState::Stalled;
+        cursor.remote_state = Some(narad_host::fanout::status::RemoteState::Failed);
+        let text = list_text(&list);
+        assert!(text.contains("orders-copy at http://dc2:7070"), "{text}");
+        let row = text
+            .lines()
+            .filter(|l| l.starts_with("copy"))
+            .nth(1)
+            .unwrap_or("");
+        assert!(row.contains(" failed "), "{text}");
+        assert!(!row.contains("stalled"), "{text}");
+        assert!(!list_text(&listing(None)).contains("REMOTE"));
+    }
+
+    #[test]
+    fn an_escaped_newline_in_config_text_becomes_a_line_break() {
+        assert_eq!(
+            unescape_newlines("header = region\\nus = 0"),
+            "header = region\nus = 0"
+        );
+    }
+}

@@ -1,0 +1,468 @@
+//! A small HTTP client for the daemon's API, used by the CLI commands and `narad demo`.
+//!
+//! A non-2xx answer becomes an [`ApiCallError`] carrying the server's `error` message, so the
+//! CLI prints what the server said.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use narad_host::api::children::{AttachRequest, ChildList, LinkInfo, RouterChange};
+use narad_host::api::types::{
+    CreateTopicRequest, DeletedTopic, ErrorBody, FetchResponse, GrowPartitionsRequest,
+    ProduceRecordJson, ProduceRequest, ProduceResponse, SetAsideList, TopicDescription, TopicInfo,
+    TopicList,
+};
+use narad_host::topics::set_aside::SetAsideEntry;
+
+/// Default daemon URL.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
+
+/// A failed API call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiCallError {
+    /// The daemon answered with an error status.
+    #[error("{message} (HTTP {status})")]
+    Status {
+        /// The status.
+        status: StatusCode,
+        /// The server's `error` message (or the raw body when it is not our JSON).
+        message: String,
+    },
+    /// Nothing accepted a connection at the daemon's address: most often no `narad serve`
+    /// runs there, or `--url` points elsewhere.
+    #[error("cannot reach narad at {base}: is `narad serve` running? (--url / NARAD_URL)")]
+    Unreachable {
+        /// The daemon's base URL.
+        base: String,
+    },
+    /// The call was sent but failed on the way (a timeout, a reset connection, a cut answer).
+    #[error("the call to {url} failed")]
+    Transport {
+        /// The URL called.
+        url: String,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The answer was not the JSON expected.
+    #[error("unexpected answer from {url}: {message}")]
+    Decode {
+        /// The URL called.
+        url: String,
+        /// What did not parse.
+        message: String,
+    },
+}
+
+impl ApiCallError {
+    /// The HTTP status, when the daemon answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ApiCallError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client for one daemon.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    // Never print the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client for the daemon at `base` (e.g. `http://127.0.0.1:7070`).
+    pub fn new(base: &str) -> Client {
+        Client {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::new(),
+            token: None,
+        }
+    }
+
+    /// The same client, sending `Authorization: Bearer <token>` on every call when `token` is
+    /// set (the daemon requires it on mutating calls when it runs with `--auth-token-file`).
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Option<Duration>,
+    ) -> Result<T, ApiCallError> {
+        let mut req = self.request(method, path);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        self.send(req, path).await
+    }
+
+    /// A call whose body is raw bytes of `content_type` (a plugin upload), with query
+    /// parameters.
+    pub async fn call_raw<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<(Vec<u8>, &str)>,
+    ) -> Result<T, ApiCallError> {
+        let mut req = self.request(method, path).query(query);
+        if let Some((bytes, content_type)) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes);
+        }
+        self.send(req, path).await
+    }
+
+    /// A request to `path`, with the token when one is set.
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, format!("{}{}", self.base, path));
+        match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        }
+    }
+
+    /// Sends `req`; a non-2xx answer becomes [`ApiCallError::Status`] with the server's
+    /// message, a 2xx body is decoded as `T`.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        path: &str,
+    ) -> Result<T, ApiCallError> {
+        let url = format!("{}{}", self.base, path);
+        let transport = |source: reqwest::Error| {
+            if source.is_connect() {
+                ApiCallError::Unreachable {
+                    base: self.base.clone(),
+                }
+            } else {
+                ApiCallError::Transport {
+                    url: url.clone(),
+                    source,
+                }
+            }
+        };
+        let resp = req.send().await.map_err(transport)?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(transport)?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            return Err(ApiCallError::Status { status, message });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| ApiCallError::Decode {
+            url,
+            message: e.to_string(),
+        })
+    }
+
+    /// `POST /v1/topics`.
+    pub async fn create_topic(&self, req: &CreateTopicRequest) -> Result<TopicInfo, ApiCallError> {
+        self.call(Method::POST, "/v1/topics", Some(req), None).await
+    }
+
+    /// `GET /v1/admin/set-aside`.
+    pub async fn list_set_aside(&self) -> Result<SetAsideList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/admin/set-aside", None, None)
+            .await
+    }
+
+    /// `POST /v1/admin/set-aside/{id}/adopt`.
+    pub async fn adopt_set_aside(&self, id: &str) -> Result<TopicInfo, ApiCallError> {
+        self.call::<(), _>(
+            Method::POST,
+            &format!("/v1/admin/set-aside/{id}/adopt"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `DELETE /v1/admin/set-aside/{id}`.
+    pub async fn purge_set_aside(&self, id: &str) -> Result<SetAsideEntry, ApiCallError> {
+        self.call::<(), _>(
+            Method::DELETE,
+            &format!("/v1/admin/set-aside/{id}"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/nodes`.
+    pub async fn list_nodes(&self) -> Result<narad_host::api::types::NodeList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/nodes", None, None)
+            .await
+    }
+
+    /// `POST` (`on`) or `DELETE /v1/nodes/{id}/cordon`.
+    pub async fn cordon(
+        &self,
+        node: &str,
+        on: bool,
+    ) -> Result<narad_host::api::types::Cordon, ApiCallError> {
+        let method = if on { Method::POST } else { Method::DELETE };
+        self.call::<(), _>(method, &format!("/v1/nodes/{node}/cordon"), None, None)
+            .await
+    }
+
+    /// `GET /v1/topics`.
+    pub async fn list_topics(&self) -> Result<TopicList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/topics", None, None)
+            .await
+    }
+
+    /// `GET /v1/topics/{t}`.
+    pub async fn describe_topic(&self, topic: &str) -> Result<TopicDescription, ApiCallError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/topics/{topic}"), None, None)
+            .await
+    }
+
+    /// `DELETE /v1/topics/{t}`; `force` deletes a topic that has children or is a child
+    /// (refused with 409 otherwise), removing those links.
+    pub async fn delete_topic(
+        &self,
+        topic: &str,
+        force: bool,
+    ) -> Result<DeletedTopic, ApiCallError> {
+        let path = if force {
+            format!("/v1/topics/{topic}?force=true")
+        } else {
+            format!("/v1/topics/{topic}")
+        };
+        self.call::<(), _>(Method::DELETE, &path, None, None).await
+    }
+
+    /// `POST /v1/topics/{t}/partitions/{p}/move` to `to` (absent: the daemon picks), waiting
+    /// for the move to finish.
+    pub async fn move_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        to: Option<String>,
+    ) -> Result<narad_host::cluster::moves::MoveReport, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/move"),
+            Some(&narad_host::api::types::MoveRequest { to, cancel: false }),
+            Some(narad_host::cluster::moves::MOVE_TIMEOUT),
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/partitions/{p}/recreate`: re-creates a dead node's partition,
+    /// empty, on `on` (absent: the daemon picks), accepting the loss.
+    pub async fn recreate_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        request: &narad_host::api::types::RecreateRequest,
+    ) -> Result<narad_host::cluster::recreate::RecreateReport, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/recreate"),
+            Some(request),
+            Some(narad_host::cluster::moves::MOVE_TIMEOUT),
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/partitions/{p}/move` with `cancel`.
+    pub async fn cancel_move(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<narad_host::api::types::MoveCancelled, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions/{partition}/move"),
+            Some(&narad_host::api::types::MoveRequest {
+                to: None,
+                cancel: true,
+            }),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/partitions`.
+    pub async fn grow_partitions(
+        &self,
+        topic: &str,
+        count: u32,
+    ) -> Result<TopicInfo, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/partitions"),
+            Some(&GrowPartitionsRequest { count }),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{t}/records`.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        records: Vec<ProduceRecordJson>,
+    ) -> Result<ProduceResponse, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{topic}/records"),
+            Some(&ProduceRequest { records }),
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/topics/{t}/partitions/{p}/records`.
+    pub async fn fetch(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: Option<u64>,
+        max: Option<u32>,
+        wait_ms: Option<u64>,
+    ) -> Result<FetchResponse, ApiCallError> {
+        let mut path = format!("/v1/topics/{topic}/partitions/{partition}/records?");
+        if let Some(o) = offset {
+            path.push_str(&format!("offset={o}&"));
+        }
+        if let Some(m) = max {
+            path.push_str(&format!("max={m}&"));
+        }
+        if let Some(w) = wait_ms {
+            path.push_str(&format!("wait_ms={w}&"));
+        }
+        let path = path.trim_end_matches(['&', '?']).to_owned();
+        // A long-poll holds the request open: give it the wait plus a margin.
+        let timeout = wait_ms.map(|w| Duration::from_millis(w) + Duration::from_secs(30));
+        self.call::<(), _>(Method::GET, &path, None, timeout).await
+    }
+
+    /// `PUT /v1/topics/{parent}/children/{child}`: attaches a child.
+    pub async fn attach_child(
+        &self,
+        parent: &str,
+        child: &str,
+        req: &AttachRequest,
+    ) -> Result<LinkInfo, ApiCallError> {
+        self.call(
+            Method::PUT,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            Some(req),
+            None,
+        )
+        .await
+    }
+
+    /// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain (and config).
+    pub async fn set_child_router(
+        &self,
+        parent: &str,
+        child: &str,
+        req: &RouterChange,
+    ) -> Result<LinkInfo, ApiCallError> {
+        self.call(
+            Method::PATCH,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            Some(req),
+            None,
+        )
+        .await
+    }
+
+    /// `DELETE /v1/topics/{parent}/children/{child}`: detaches a child (the topic stays).
+    pub async fn detach_child(&self, parent: &str, child: &str) -> Result<LinkInfo, ApiCallError> {
+        self.call::<(), _>(
+            Method::DELETE,
+            &format!("/v1/topics/{parent}/children/{child}"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{parent}/children/{child}/pause` (`paused`) or `/resume`.
+    pub async fn set_child_paused(
+        &self,
+        parent: &str,
+        child: &str,
+        partitions: Option<Vec<u32>>,
+        paused: bool,
+    ) -> Result<LinkInfo, ApiCallError> {
+        let action = if paused { "pause" } else { "resume" };
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{parent}/children/{child}/{action}"),
+            Some(&narad_host::api::children::PauseRequest { partitions }),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/topics/{parent}/children/{child}/seek`.
+    pub async fn seek_child(
+        &self,
+        parent: &str,
+        child: &str,
+        partition: u32,
+        offset: u64,
+    ) -> Result<narad_host::fanout::status::SeekDone, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/topics/{parent}/children/{child}/seek"),
+            Some(&narad_host::api::children::SeekRequest { partition, offset }),
+            None,
+        )
+        .await
+    }
+
+    /// `GET /v1/topics/{parent}/children`: every child with per-partition progress.
+    pub async fn list_children(&self, parent: &str) -> Result<ChildList, ApiCallError> {
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/v1/topics/{parent}/children"),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// `GET /healthz`: Ok when the daemon answers.
+    pub async fn health(&self) -> Result<(), ApiCallError> {
+        self.call::<(), serde_json::Value>(Method::GET, "/healthz", None, None)
+            .await
+            .map(|_| ())
+    }
+}

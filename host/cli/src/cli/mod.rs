@@ -1,0 +1,208 @@
+//! The `narad` command line: `serve` runs the daemon; the other commands are a thin client
+//! over the HTTP API (`--url` / `NARAD_URL`), with human tables by default and `--json` for
+//! scripts. A server error prints the server's message and exits non-zero.
+//!
+//! - [`client`]: the HTTP client; [`table`]: text tables; [`duration`]: `10s`-style flags;
+//!   [`human`]: plurals and RFC 3339 times for the tables;
+//! - [`topic`], [`produce`], [`consume`], [`child`]: the client commands; [`demo`]: `narad demo`;
+//! - [`completions`]: shell completion scripts; [`logging`]: `RUST_LOG` and `--log-format`;
+//! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
+//! - [`serve`]: `narad serve`.
+//! - [`bench`]: `narad bench produce|fanout`, the end-to-end benchmarks.
+//! - [`admin`]: `narad admin set-aside ...` and `narad admin rebuild-metastore`.
+
+/// `println!` for a command's output that gives back the write's error instead of panicking:
+/// with `?`, a reader that went away (`narad topic list | head -1`) ends the command quietly
+/// ([`run`] treats a broken pipe as success), as it would end `cat`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+    }};
+}
+
+/// `print!` for a command's output, like [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)
+    }};
+}
+
+pub mod admin;
+pub mod bench;
+pub mod child;
+pub mod client;
+pub mod completions;
+pub mod consume;
+pub mod demo;
+pub mod duration;
+pub mod human;
+pub mod logging;
+pub mod node;
+pub mod partition;
+pub mod plugin;
+pub mod produce;
+pub mod serve;
+pub mod shadow;
+pub mod table;
+pub mod topic;
+
+use clap::{Args, Parser, Subcommand};
+
+use narad_host::config::ServeArgs;
+
+/// Narad: a fan-out host. Run the daemon with `narad serve`, then manage topics and move
+/// records with the other commands.
+#[derive(Debug, Parser)]
+#[command(
+    name = "narad",
+    version,
+    after_help = "Run `narad serve --help` for the daemon's flags, their environment variables and defaults,\nand `narad <COMMAND> --help` for any other command."
+)]
+pub struct Cli {
+    /// Log line format (logs go to stderr; `RUST_LOG` sets the level, e.g. `RUST_LOG=debug`).
+    #[arg(long, env = "NARAD_LOG_FORMAT", value_enum, default_value_t = logging::LogFormat::Text, global = true)]
+    pub log_format: logging::LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the flags of `serve` costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+pub enum Command {
+    /// Run the daemon: HTTP API, partition logs, metastore.
+    Serve(ServeArgs),
+    /// Create, list, describe, grow and delete topics.
+    Topic(topic::TopicArgs),
+    /// Produce records from stdin to a topic: one per line, the line is the value (`-K DELIM`
+    /// for key<DELIM>value, `--json` for JSON records).
+    Produce(produce::ProduceArgs),
+    /// Print a topic's records, every partition by default: values one per line, `--format`
+    /// for kcat-style output, `--json` for JSON records that `produce --json` takes back.
+    Consume(consume::ConsumeArgs),
+    /// The main job end to end: an in-process daemon, a parent with three children (default
+    /// chain, delay, header-route), a steady stream of records, a live table, and a check of
+    /// every child against the parent.
+    Demo(demo::DemoArgs),
+    /// Deploy, list and remove routing plugins; try a chain locally with `plugin test`.
+    Plugin(plugin::PluginArgs),
+    /// Attach, detach, list and re-route fan-out children of a topic.
+    Child(child::ChildArgs),
+    /// Repair: directories set aside at start (list, adopt, purge) and rebuilding a lost
+    /// metastore from the data dir.
+    Admin(admin::AdminArgs),
+    /// List the live nodes of a cluster, or drain one (cluster mode: narad serve --etcd ...).
+    Node(node::NodeArgs),
+    /// Move a partition to another node (cluster mode).
+    Partition(partition::PartitionArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(completions::CompletionsArgs),
+    /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
+    /// on a scratch directory; no daemon needed).
+    Bench(bench::BenchArgs),
+}
+
+/// Where the daemon is and how to print answers; shared by the client commands.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// Base URL of the daemon.
+    #[arg(long, env = "NARAD_URL", default_value = client::DEFAULT_URL, global = true)]
+    pub url: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Bearer token sent with every call (needed for changes when the daemon runs with
+    /// --auth-token-file).
+    #[arg(long, env = "NARAD_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ClientArgs {
+    /// A client for the daemon at `--url`, sending `--token` when given.
+    pub fn client(&self) -> client::Client {
+        client::Client::new(&self.url).with_token(self.token.clone())
+    }
+}
+
+/// Runs a parsed command line.
+///
+/// A client command whose stdout was closed by its reader (`narad consume t | head`) stops
+/// quietly with success, as `cat` would; a daemon that cannot be reached is reported in one
+/// line, without the callers' context or the transport's chain of causes.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let serve = matches!(cli.command, Command::Serve(_));
+    let result = run_command(cli).await;
+    match result {
+        Err(e) if !serve && is_broken_pipe(&e) => Ok(()),
+        Err(e) if !serve => Err(unreachable_alone(e)),
+        other => other,
+    }
+}
+
+/// True when `e` comes from writing to a pipe whose reader has gone.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The "cannot reach narad" error on its own when `e` is one, else `e` unchanged.
+fn unreachable_alone(e: anyhow::Error) -> anyhow::Error {
+    let alone = e.chain().find_map(|cause| match cause.downcast_ref() {
+        Some(unreachable @ client::ApiCallError::Unreachable { .. }) => {
+            Some(anyhow::anyhow!("{unreachable}"))
+        }
+        _ => None,
+    });
+    alone.unwrap_or(e)
+}
+
+async fn run_command(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Topic(args) => topic::run(args).await,
+        Command::Node(args) => node::run(args).await,
+        Command::Partition(args) => partition::run(args).await,
+        Command::Produce(args) => produce::run(args).await,
+        Command::Consume(args) => consume::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
+        Command::Plugin(args) => plugin::run(args).await,
+        Command::Child(args) => child::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+        Command::Admin(args) => admin::run(args).await,
+        Command::Completions(args) => completions::run(&args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context as _;
+
+    #[test]
+    fn a_closed_pipe_is_found_under_any_context() {
+        let e = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .context("writing records");
+        assert!(is_broken_pipe(&e));
+        assert!(!is_broken_pipe(&anyhow::anyhow!("broken pipe")));
+    }
+
+    #[test]
+    fn an_unreachable_daemon_is_reported_without_the_callers_context() {
+        let e: anyhow::Error = Err::<(), _>(client::ApiCallError::Unreachable {
+            base: "http://127.0.0.1:9".into(),
+        })
+        .context("fetching t partition 0")
+        .unwrap_err();
+        assert_eq!(
+            format!("{:#}", unreachable_alone(e)),
+            "cannot reach narad at http://127.0.0.1:9: is `narad serve` running? (--url / NARAD_URL)"
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! `narad serve`: resolve the configuration, start the daemon, stop on SIGINT/SIGTERM.
+
+use std::io::Write as _;
+
+use anyhow::Context as _;
+
+use narad_host::config::{Config, ServeArgs};
+use narad_host::server::run_server;
+use narad_host::shutdown;
+
+/// Runs the daemon until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::resolve(&args).context("invalid configuration")?;
+    // Before anything opens files: connections, segments and cursor files share this limit,
+    // and the default connection cap is derived from it.
+    narad_host::fdlimit::raise_to_hard();
+    let (trigger, signal) = shutdown::channel();
+    let server = run_server(config.clone(), signal).await.with_context(|| {
+        format!(
+            "cannot start narad on data dir {}",
+            config.data_dir.display()
+        )
+    })?;
+    // Not eprintln!: a closed stderr (`narad serve 2>&1 | head`) must not stop the daemon.
+    let _ = writeln!(
+        std::io::stderr(),
+        "narad listening on http://{}",
+        server.local_addr()
+    );
+    tokio::spawn(async move {
+        match shutdown::os_signal().await {
+            Ok(name) => tracing::info!(signal = name, "shutting down"),
+            Err(e) => tracing::error!(error = %e, "cannot listen for signals; shutting down"),
+        }
+        trigger.trigger();
+    });
+    server.wait().await.context("narad stopped with an error")
+}

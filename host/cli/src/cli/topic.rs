@@ -1,0 +1,285 @@
+//! `narad topic create|list|describe|grow|delete`.
+
+use clap::{Args, Subcommand};
+
+use super::ClientArgs;
+use super::{human, table};
+use narad_host::api::types::{CreateTopicRequest, DeletedTopic, TopicDescription, TopicInfo};
+
+/// `narad topic`.
+#[derive(Debug, Args)]
+pub struct TopicArgs {
+    /// Daemon and output options.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// The topic command.
+    #[command(subcommand)]
+    pub command: TopicCommand,
+}
+
+/// Topic commands.
+#[derive(Debug, Subcommand)]
+pub enum TopicCommand {
+    /// Create a topic.
+    Create {
+        /// Name: 1 to 249 characters of A-Z a-z 0-9 . _ -
+        name: String,
+        /// Partition count (1 to 1024).
+        #[arg(long, short = 'p', default_value_t = 1)]
+        partitions: u32,
+        /// Delete records older than this many milliseconds (default: keep forever).
+        #[arg(long)]
+        retention_ms: Option<u64>,
+        /// Trim each partition to about this many bytes (default: no cap).
+        #[arg(long)]
+        retention_bytes: Option<u64>,
+        /// Cluster mode: the node of each partition, comma-separated, by index (default:
+        /// spread over the live nodes).
+        #[arg(long, value_delimiter = ',', value_name = "NODE,...")]
+        placement: Option<Vec<String>>,
+    },
+    /// List topics.
+    List,
+    /// Show a topic's settings and each partition's offsets, size and state.
+    Describe {
+        /// Topic name.
+        name: String,
+    },
+    /// Raise a topic's partition count (it can never shrink).
+    Grow {
+        /// Topic name.
+        name: String,
+        /// The new partition count.
+        #[arg(long)]
+        partitions: u32,
+    },
+    /// Delete a topic and all its records. A topic that has children or is a child is
+    /// deleted only with --force, which removes those links too (and says which).
+    Delete {
+        /// Topic name.
+        name: String,
+        /// Delete it even though it has fan-out children or is one, removing those links.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn topic_rows(topics: &[TopicInfo]) -> String {
+    let rows: Vec<Vec<String>> = topics
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.partitions.to_string(),
+                t.retention_ms
+                    .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                t.retention_bytes
+                    .map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                human::rfc3339_utc(t.created_at),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "NAME",
+            "PARTITIONS",
+            "RETENTION_MS",
+            "RETENTION_BYTES",
+            "CREATED",
+        ],
+        &rows,
+    )
+}
+
+fn describe_text(d: &TopicDescription) -> String {
+    let mut out = topic_rows(std::slice::from_ref(&d.topic));
+    out.push('\n');
+    let rows: Vec<Vec<String>> = d
+        .partition_stats
+        .iter()
+        .map(|p| {
+            vec![
+                p.partition.to_string(),
+                p.log_start_offset.to_string(),
+                p.high_watermark
+                    .map_or_else(|| "?".to_owned(), |v| v.to_string()),
+                p.size_bytes.to_string(),
+                p.segments.to_string(),
+                match &p.reason {
+                    Some(r) => format!("{}: {r}", p.state),
+                    None => p.state.clone(),
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&table::render(
+        &[
+            "PARTITION",
+            "LOG_START",
+            "HIGH_WATERMARK",
+            "BYTES",
+            "SEGMENTS",
+            "STATE",
+        ],
+        &rows,
+    ));
+    // Records recovery cut off a torn tail are shown under the table: they may have been
+    // acknowledged, and the operator has to decide about the kept-aside bytes.
+    for p in &d.partition_stats {
+        if let Some(c) = &p.recovered_cut {
+            let at_least = if c.records_exact { "" } else { "at least " };
+            out.push_str(&format!(
+                "partition {}: recovery cut {at_least}{}, {}, from offset {} ({}, the latest at {}); kept at {}\n",
+                p.partition,
+                human::plural(c.records, "record"),
+                human::plural(c.bytes, "byte"),
+                c.from_offset,
+                human::plural(u64::from(c.cuts), "cut"),
+                human::rfc3339_utc(c.at_ms),
+                c.kept_at
+            ));
+        }
+    }
+    out
+}
+
+/// What `topic delete` prints: the topic, and each link that went with it.
+fn deleted_text(d: &DeletedTopic) -> String {
+    let mut out = format!("deleted topic {}", d.topic.name);
+    if d.removed_links.is_empty() {
+        out.push('\n');
+        return out;
+    }
+    let links: Vec<String> = d
+        .removed_links
+        .iter()
+        .map(|l| format!("{} -> {}", l.parent, l.child))
+        .collect();
+    out.push_str(&format!(
+        " and its {}: {}\n",
+        human::plural(links.len() as u64, "link"),
+        links.join(", ")
+    ));
+    out
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
+    Ok(())
+}
+
+/// Runs a topic command.
+pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
+    let client = args.client.client();
+    let json = args.client.json;
+    match args.command {
+        TopicCommand::Create {
+            name,
+            partitions,
+            retention_ms,
+            retention_bytes,
+            placement,
+        } => {
+            let t = client
+                .create_topic(&CreateTopicRequest {
+                    name,
+                    partitions,
+                    retention_ms,
+                    retention_bytes,
+                    placement,
+                })
+                .await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                outln!(
+                    "created topic {} with {}",
+                    t.name,
+                    human::plural(u64::from(t.partitions), "partition")
+                )?;
+            }
+        }
+        TopicCommand::List => {
+            let list = client.list_topics().await?;
+            if json {
+                print_json(&list)?;
+            } else {
+                out!("{}", topic_rows(&list.topics))?;
+            }
+        }
+        TopicCommand::Describe { name } => {
+            let d = client.describe_topic(&name).await?;
+            if json {
+                print_json(&d)?;
+            } else {
+                out!("{}", describe_text(&d))?;
+            }
+        }
+        TopicCommand::Grow { name, partitions } => {
+            let t = client.grow_partitions(&name, partitions).await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                outln!(
+                    "topic {} now has {}",
+                    t.name,
+                    human::plural(u64::from(t.partitions), "partition")
+                )?;
+            }
+        }
+        TopicCommand::Delete { name, force } => {
+            let deleted = client.delete_topic(&name, force).await?;
+            if json {
+                print_json(&deleted)?;
+            } else {
+                out!("{}", deleted_text(&deleted))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_host::api::types::LinkEnds;
+
+    fn topic(name: &str) -> TopicInfo {
+        TopicInfo {
+            name: name.to_owned(),
+            partitions: 1,
+            retention_ms: None,
+            retention_bytes: None,
+            created_at: 1_764_460_800_123,
+            owners: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_forced_delete_names_every_link_that_went() {
+        let text = deleted_text(&DeletedTopic {
+            topic: topic("orders"),
+            removed_links: vec![
+                LinkEnds {
+                    parent: "orders".into(),
+                    child: "audit".into(),
+                },
+                LinkEnds {
+                    parent: "raw".into(),
+                    child: "orders".into(),
+                },
+            ],
+        });
+        assert_eq!(
+            text,
+            "deleted topic orders and its 2 links: orders -> audit, raw -> orders\n"
+        );
+    }
+
+    #[test]
+    fn the_topic_table_shows_the_creation_time_in_utc() {
+        let text = topic_rows(&[topic("orders")]);
+        assert!(text.contains("2025-11-30T00:00:00Z"), "{text}");
+        assert!(!text.contains("1764460800123"), "{text}");
+    }
+}
