@@ -325,8 +325,8 @@ mod tests {
     use narad_runtime::{Chain, Plugin, Runtime, RuntimeConfig};
 
     use super::*;
-    use narad_host::api::children::DEFAULT_ROUTER;
     use crate::bench::fill::key_of;
+    use narad_host::api::children::DEFAULT_ROUTER;
     use narad_host::fanout::route::wasm::ChainRouter;
     use narad_host::fanout::route::{RouteInput, SlabRouter as _};
 

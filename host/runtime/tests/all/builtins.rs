@@ -3,7 +3,6 @@
 //! custom plugins compose with the built-ins.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-
 use crate::common::{Poison, Slab, Spec, context, runtime};
 use narad_abi::partition_for_key;
 use narad_runtime::limits::FUEL_PER_RECORD;

@@ -2,7 +2,6 @@
 //! the failed store is discarded, and the next slab routes on a rebuilt instance.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-
 use crate::common::{Poison, Slab, Spec, context, runtime};
 use narad_runtime::{
     Chain, ChainError, ErrorCode, Failure, FailureKind, FuelBudget, Limits, Plugin, PluginError,

@@ -1,7 +1,6 @@
 //! Deploy-time validation: every way a module can be wrong gets its own typed error.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-
 use crate::common::{Poison, Spec, manifest_json, runtime};
 use narad_runtime::{
     CacheOutcome, DeployProbe, Digest, ErrorCode, Failure, FuelBudget, Limits, LoadError, Plugin,

@@ -5,7 +5,6 @@
 //! LEB128-prefixed vectors), so a module of a million functions costs milliseconds to build.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 

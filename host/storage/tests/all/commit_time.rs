@@ -1,7 +1,6 @@
 //! Commit times never decrease along a partition, whatever the clock does.
 #![allow(clippy::unwrap_used)]
 
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 

@@ -3,7 +3,6 @@
 //! a torn tail cut by recovery is kept aside and counted instead of vanishing.
 #![allow(clippy::unwrap_used)]
 
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

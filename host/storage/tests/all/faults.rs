@@ -3,7 +3,6 @@
 //! acknowledged record, exactly once and in order.
 #![allow(clippy::unwrap_used)]
 
-
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;

@@ -1,7 +1,6 @@
 //! The long-poll wakes on appends and times out otherwise, without polling.
 #![allow(clippy::unwrap_used)]
 
-
 use std::sync::Arc;
 use std::time::Duration;
 

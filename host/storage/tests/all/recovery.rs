@@ -2,7 +2,6 @@
 //! partition, and acknowledged records are never lost or altered.
 #![allow(clippy::unwrap_used)]
 
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -1,7 +1,6 @@
 //! Retention by age and by size, the log start offset, and reads below it.
 #![allow(clippy::unwrap_used)]
 
-
 use std::sync::Arc;
 
 use crate::common::*;

@@ -3,12 +3,11 @@
 //! checked once while its log is open, and damage is still found after a reopen.
 #![allow(clippy::unwrap_used)]
 
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use crate::common::*;
+use bytes::Bytes;
 use narad_storage::fs::{FileSystem, OpenMode, RealFs};
 use narad_storage::log::segment;
 use narad_storage::{

@@ -1,11 +1,10 @@
 //! Appends, reads, limits, the delay gate, peek, idle close, the lock file, names, deletion.
 #![allow(clippy::unwrap_used)]
 
-
 use std::sync::Arc;
 
-use bytes::Bytes;
 use crate::common::*;
+use bytes::Bytes;
 use narad_storage::{
     AppendBatch, BatchOrigin, LogConfig, ManualClock, NewRecord, PartitionState, ReadOptions,
     RecordOrigin, StorageError, Store,

@@ -1,7 +1,6 @@
 //! A planned move's storage half: seal, describe, copy in chunks, install, and the refusals.
 #![allow(clippy::unwrap_used)]
 
-
 use std::sync::Arc;
 
 use crate::common::*;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use narad_host::api::children::ChildList;
 use crate::cli::table;
+use narad_host::api::children::ChildList;
 use narad_host::fanout::status::CursorState;
 
 /// Widest line drawn on a terminal: a wrapped line would throw the in-place redraw off, so

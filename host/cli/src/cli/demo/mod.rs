@@ -32,12 +32,12 @@ use clap::Args;
 
 use super::client::Client;
 use super::duration::{format_duration, parse_duration};
+use display::{ChildRow, Screen};
 use narad_host::api::children::{AttachRequest, ChildList};
 use narad_host::api::types::CreateTopicRequest;
 use narad_host::config::Config;
 use narad_host::server::run_server;
 use narad_host::shutdown::{self, ShutdownSignal, ShutdownTrigger};
-use display::{ChildRow, Screen};
 use verify::{ChildVerdict, Expectation, Record, RegionMap};
 
 /// The parent topic.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use super::verify::{Acked, REGION_HEADER, VALUE_PREFIX};
-use narad_host::api::types::{HeadersJson, ProduceRecordJson};
 use crate::cli::client::Client;
+use narad_host::api::types::{HeadersJson, ProduceRecordJson};
 use narad_host::shutdown::ShutdownSignal;
 
 /// How often the producer sends a batch; at the default rate of 2,000 records/s a batch holds
