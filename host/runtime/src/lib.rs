@@ -22,6 +22,8 @@
 //! - [`bucket`]: the stable counting sort from decisions to per-partition buckets.
 //! - [`trial`]: [`run_trial`], a chain run locally on given records (`narad plugin test`).
 //! - [`error`]: the typed errors.
+//! - `testkit` (feature `test-support`, and this crate's tests): `WatRouter`, routing plugins
+//!   written in WAT for tests.
 //! - [`text`]: [`text::sanitize`], escaping and capping text a plugin controls before it is
 //!   logged or shown by the API.
 //!
@@ -45,6 +47,8 @@ pub mod instance;
 pub mod limits;
 pub mod plugin;
 pub mod precheck;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testkit;
 pub mod testslab;
 pub mod text;
 pub mod ticker;

@@ -21,91 +21,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::api::common::{Daemon, test_config};
-
-/// A routing plugin written in WAT: a valid ABI v1 module unless told otherwise.
-#[derive(Clone, Debug)]
-struct Wat {
-    name: &'static str,
-    version: &'static str,
-    abi_version: i32,
-    import: &'static str,
-    omit_export: Option<&'static str>,
-    /// Body of `narad_route` before it returns 0 (locals: `$in`, `$len`, `$out`).
-    route: &'static str,
-    memory_pages: u32,
-    /// Empty functions added beyond the ABI's, to make the module bigger.
-    extra_functions: usize,
-}
-
-impl Wat {
-    fn new(name: &'static str) -> Wat {
-        Wat {
-            name,
-            version: "1.0.0",
-            abi_version: 1,
-            import: "",
-            omit_export: None,
-            route: "",
-            memory_pages: 2,
-            extra_functions: 0,
-        }
-    }
-
-    fn wasm(&self) -> Vec<u8> {
-        let export = |name: &str| {
-            if self.omit_export == Some(name) {
-                String::new()
-            } else {
-                format!(r#"(export "{name}" (func ${name}))"#)
-            }
-        };
-        let manifest = format!(
-            r#"{{"name":"{}","version":"{}","abi":1,"needs":["keys"],"description":"a WAT test plugin"}}"#,
-            self.name, self.version
-        )
-        .replace('"', "\\\"");
-        let text = format!(
-            r#"(module
-  {import}
-  (memory (export "memory") {pages})
-  (global $bump (mut i32) (i32.const 1024))
-  (func $narad_abi_version (result i32) (i32.const {abi}))
-  (func $narad_alloc (param $size i32) (result i32)
-    (local $p i32) (local $end i32) (local $have i32)
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.const 7)) (i32.const -8)))
-    (local.set $end (i32.add (local.get $p) (local.get $size)))
-    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
-    (if (i32.gt_u (local.get $end) (local.get $have))
-      (then
-        (if (i32.lt_s
-              (memory.grow (i32.add (i32.shr_u (i32.sub (local.get $end) (local.get $have)) (i32.const 16)) (i32.const 1)))
-              (i32.const 0))
-          (then (return (i32.const 0))))))
-    (global.set $bump (local.get $end))
-    (local.get $p))
-  (func $narad_dealloc (param i32 i32))
-  (func $narad_last_error (result i64) (i64.const 0))
-  (func $narad_route (param $in i32) (param $len i32) (param $out i32) (result i32)
-    {route}
-    (i32.const 0))
-  {e1} {e2} {e3} {e4} {e5}
-  {extra}
-  (@custom "narad.manifest" "{manifest}")
-)"#,
-            extra = "(func)".repeat(self.extra_functions),
-            import = self.import,
-            pages = self.memory_pages,
-            abi = self.abi_version,
-            route = self.route,
-            e1 = export("narad_abi_version"),
-            e2 = export("narad_alloc"),
-            e3 = export("narad_dealloc"),
-            e4 = export("narad_last_error"),
-            e5 = export("narad_route"),
-        );
-        wat::parse_str(text).unwrap()
-    }
-}
+use narad_runtime::testkit::WatRouter;
 
 fn key_hash() -> Vec<u8> {
     narad_builtin_plugins::get("key-hash").unwrap().to_vec()
@@ -156,7 +72,7 @@ async fn a_built_in_module_deployed_under_a_new_name_is_listed_with_its_manifest
 #[tokio::test]
 async fn without_a_name_the_upload_takes_the_manifest_name() {
     let d = Daemon::start().await;
-    let (status, body) = deploy(&d, None, Wat::new("wat-router").wasm()).await;
+    let (status, body) = deploy(&d, None, WatRouter::new("wat-router").wasm()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["name"], "wat-router");
     assert_eq!(body["version"], "1.0.0");
@@ -182,10 +98,7 @@ async fn hostile_modules_are_refused_with_a_400_naming_the_problem() {
         "not a WebAssembly module",
     )
     .await;
-    let wasi = Wat {
-        import: r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))"#,
-        ..Wat::new("hostile")
-    };
+    let wasi = WatRouter::new("hostile").imports(r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))"#);
     assert_refused(
         &d,
         wasi.wasm(),
@@ -193,10 +106,7 @@ async fn hostile_modules_are_refused_with_a_400_naming_the_problem() {
         "wasi_snapshot_preview1.fd_write",
     )
     .await;
-    let no_route = Wat {
-        omit_export: Some("narad_route"),
-        ..Wat::new("hostile")
-    };
+    let no_route = WatRouter::new("hostile").omit_export("narad_route");
     assert_refused(
         &d,
         no_route.wasm(),
@@ -204,21 +114,12 @@ async fn hostile_modules_are_refused_with_a_400_naming_the_problem() {
         "missing export narad_route",
     )
     .await;
-    let abi_2 = Wat {
-        abi_version: 2,
-        ..Wat::new("hostile")
-    };
+    let abi_2 = WatRouter::new("hostile").abi_version(2);
     assert_refused(&d, abi_2.wasm(), "abi_version", "ABI version 2").await;
-    let trap = Wat {
-        route: "unreachable",
-        ..Wat::new("hostile")
-    };
+    let trap = WatRouter::new("hostile").route("", "unreachable");
     assert_refused(&d, trap.wasm(), "test_slab_trap", "trapped").await;
     // A tight loop burns its fuel budget (deterministic) long before the deadline.
-    let spin = Wat {
-        route: "(loop $spin (br $spin))",
-        ..Wat::new("hostile")
-    };
+    let spin = WatRouter::new("hostile").route("", "(loop $spin (br $spin))");
     assert_refused(&d, spin.wasm(), "test_slab_fuel", "ran out of fuel").await;
     // Nothing was recorded or stored, and the daemon still serves.
     assert!(!listed(&d).await.iter().any(|p| p["name"] == "hostile"));
@@ -245,10 +146,7 @@ async fn a_plugin_stopped_by_the_deadline_is_refused_with_a_400_naming_it() {
     let registry = PluginRegistry::open(dir.path(), metastore, limits)
         .await
         .unwrap();
-    let spin = Wat {
-        route: "(loop $spin (br $spin))",
-        ..Wat::new("spin")
-    };
+    let spin = WatRouter::new("spin").route("", "(loop $spin (br $spin))");
     let err = registry.deploy("spin", spin.wasm()).await.unwrap_err();
     assert!(
         matches!(
@@ -294,7 +192,7 @@ async fn an_upload_over_max_plugin_bytes_is_a_413_and_one_under_it_deploys() {
         body["error"].as_str().unwrap().contains("max-plugin-bytes"),
         "{body}"
     );
-    let small = Wat::new("small").wasm();
+    let small = WatRouter::new("small").wasm();
     assert!(small.len() <= 4096);
     let (status, body) = deploy(&d, Some("small"), small).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -325,7 +223,7 @@ async fn built_ins_are_listed_and_cannot_be_removed_or_replaced() {
         body["error"].as_str().unwrap().contains("built-in"),
         "{body}"
     );
-    let (status, body) = deploy(&d, Some("key-hash"), Wat::new("key-hash").wasm()).await;
+    let (status, body) = deploy(&d, Some("key-hash"), WatRouter::new("key-hash").wasm()).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     // Its own bytes under its own name change nothing.
     let (status, body) = deploy(&d, Some("key-hash"), key_hash()).await;
@@ -337,14 +235,11 @@ async fn built_ins_are_listed_and_cannot_be_removed_or_replaced() {
 #[tokio::test]
 async fn removing_a_plugin_deletes_its_versions_and_files() {
     let d = Daemon::start().await;
-    let (_, v1) = deploy(&d, Some("gone"), Wat::new("gone").wasm()).await;
-    let second = Wat {
-        version: "2.0.0",
-        ..Wat::new("gone")
-    };
+    let (_, v1) = deploy(&d, Some("gone"), WatRouter::new("gone").wasm()).await;
+    let second = WatRouter::new("gone").version("2.0.0");
     let (_, v2) = deploy(&d, Some("gone"), second.wasm()).await;
     // The same bytes under another name keep their file when "gone" is removed.
-    let (_, shared) = deploy(&d, Some("kept"), Wat::new("gone").wasm()).await;
+    let (_, shared) = deploy(&d, Some("kept"), WatRouter::new("gone").wasm()).await;
     assert_eq!(shared["digest"], v1["digest"]);
 
     let (status, body) = d.delete("/v1/plugins/gone").await;
@@ -451,7 +346,7 @@ async fn a_name_resolves_to_its_newest_version_and_a_digest_pins_one() {
             .unwrap();
     }
     let v1 = registry
-        .deploy("router", Wat::new("router").wasm())
+        .deploy("router", WatRouter::new("router").wasm())
         .await
         .unwrap();
     let snapshot = metastore.snapshot().await.unwrap();
@@ -462,10 +357,7 @@ async fn a_name_resolves_to_its_newest_version_and_a_digest_pins_one() {
         .await
         .unwrap();
 
-    let second = Wat {
-        version: "2.0.0",
-        ..Wat::new("router")
-    };
+    let second = WatRouter::new("router").version("2.0.0");
     let v2 = registry.deploy("router", second.wasm()).await.unwrap();
     assert_ne!(v1.digest, v2.digest);
     let snapshot = metastore.snapshot().await.unwrap();
@@ -523,12 +415,12 @@ async fn a_reopened_registry_loads_stored_plugins_from_the_compiled_cache() {
     let dir = tempfile::tempdir().unwrap();
     let (_, registry) = open_registry(dir.path()).await;
     let version = registry
-        .deploy("cached", Wat::new("cached").wasm())
+        .deploy("cached", WatRouter::new("cached").wasm())
         .await
         .unwrap();
     drop(registry);
     // A module stored by a deploy that crashed before recording its version.
-    let orphan = Wat::new("orphan").wasm();
+    let orphan = WatRouter::new("orphan").wasm();
     let orphan_path = stored_file(dir.path(), &Digest::of(&orphan).to_hex());
     fs::write(&orphan_path, &orphan).unwrap();
 
@@ -553,13 +445,13 @@ async fn a_stored_module_altered_on_disk_is_never_loaded() {
     let dir = tempfile::tempdir().unwrap();
     let (_, registry) = open_registry(dir.path()).await;
     let version = registry
-        .deploy("tampered", Wat::new("tampered").wasm())
+        .deploy("tampered", WatRouter::new("tampered").wasm())
         .await
         .unwrap();
     drop(registry);
     fs::write(
         stored_file(dir.path(), &version.digest),
-        Wat::new("evil").wasm(),
+        WatRouter::new("evil").wasm(),
     )
     .unwrap();
     let (_, registry) = open_registry(dir.path()).await;
@@ -645,10 +537,7 @@ async fn a_compile_bomb_is_refused_with_a_400_naming_the_limit_and_the_flag_that
 
 #[tokio::test]
 async fn raising_the_function_limit_lets_a_bigger_plugin_deploy() {
-    let big = Wat {
-        extra_functions: 200,
-        ..Wat::new("big")
-    };
+    let big = WatRouter::new("big").extra_functions(200);
     let d = Daemon::start_with(|config| config.plugin_limits.module.max_functions = 150).await;
     let (status, body) = deploy(&d, None, big.wasm()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -664,7 +553,7 @@ async fn listing_with_an_emptied_compiled_cache_compiles_nothing() {
     let d = Daemon::start().await;
     let mut digests = Vec::new();
     for name in ["listed-a", "listed-b"] {
-        let (status, body) = deploy(&d, None, Wat::new(name).wasm()).await;
+        let (status, body) = deploy(&d, None, WatRouter::new(name).wasm()).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         digests.push(body["digest"].as_str().unwrap().to_owned());
     }
@@ -701,7 +590,7 @@ async fn concurrent_loads_of_one_stored_module_compile_it_once() {
     let dir = tempfile::tempdir().unwrap();
     let (_, registry) = open_registry(dir.path()).await;
     let version = registry
-        .deploy("shared", Wat::new("shared").wasm())
+        .deploy("shared", WatRouter::new("shared").wasm())
         .await
         .unwrap();
     drop(registry);
@@ -726,10 +615,7 @@ async fn concurrent_loads_of_one_stored_module_compile_it_once() {
 async fn a_stored_module_over_todays_limits_fails_its_load_and_stays_stored() {
     let dir = tempfile::tempdir().unwrap();
     let (_, registry) = open_registry(dir.path()).await;
-    let big = Wat {
-        extra_functions: 200,
-        ..Wat::new("stored-big")
-    };
+    let big = WatRouter::new("stored-big").extra_functions(200);
     let version = registry.deploy("stored-big", big.wasm()).await.unwrap();
     drop(registry);
     // An upgrade (or an operator) lowered the limit below what the stored module has; the
@@ -900,7 +786,7 @@ fn plugin_test_runs_a_chain_of_files_and_built_ins_and_reports_failures() {
     // A do-nothing plugin from a file, then the default chain: keyless records keep their
     // parent partition when the counts match.
     let passthrough = dir.path().join("passthrough.wasm");
-    fs::write(&passthrough, Wat::new("passthrough").wasm()).unwrap();
+    fs::write(&passthrough, WatRouter::new("passthrough").wasm()).unwrap();
     let out = narad(
         &[
             "plugin",
@@ -982,7 +868,7 @@ async fn plugin_deploy_list_and_remove_commands_talk_to_the_daemon() {
     let d = Daemon::start().await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cli.wasm");
-    fs::write(&file, Wat::new("cli-router").wasm()).unwrap();
+    fs::write(&file, WatRouter::new("cli-router").wasm()).unwrap();
     let file = file.to_str().unwrap();
 
     let out = narad_async(&["plugin", "deploy", file], &d.url).await;
@@ -1129,7 +1015,12 @@ async fn a_link_s_config_alone_can_be_changed_and_is_checked_like_an_attach() {
 #[tokio::test]
 async fn a_missing_manifest_and_an_unchecked_config_plugin_are_explained_at_deploy() {
     let d = Daemon::start().await;
-    let (status, body) = deploy(&d, Some("anon"), strip_manifest(&Wat::new("anon").wasm())).await;
+    let (status, body) = deploy(
+        &d,
+        Some("anon"),
+        strip_manifest(&WatRouter::new("anon").wasm()),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["reason"], "manifest_missing", "{body}");
     let message = body["error"].as_str().unwrap();
@@ -1201,15 +1092,16 @@ fn serve_help_and_the_abi_say_the_same_about_the_memory_limit() {
 async fn a_plugin_s_log_flood_is_cut_by_the_rate_limit_and_counted_on_metrics() {
     let d = Daemon::start().await;
     // 1,000 `narad.log` lines per call against a burst of 200: most are dropped, every call.
-    let chatty = Wat {
-        import: r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#,
-        route: "(local $i i32)
+    let chatty = WatRouter::new("chatty")
+        .imports(r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#)
+        .route(
+            "",
+            "(local $i i32)
     (loop $more
       (call $log (i32.const 3) (i32.const 0) (i32.const 4))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br_if $more (i32.lt_u (local.get $i) (i32.const 1000))))",
-        ..Wat::new("chatty")
-    };
+        );
     let (status, body) = deploy(&d, None, chatty.wasm()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     d.create_topic("orders", 1).await;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::api::common::Daemon;
+use narad_runtime::testkit::WatRouter;
 
 /// Bound on waiting for the reconciler and the cursors; generous for a busy machine.
 const WAIT: Duration = Duration::from_secs(60);
@@ -18,39 +19,13 @@ const WAIT: Duration = Duration::from_secs(60);
 /// A routing plugin in WAT whose `narad_route` body is `route` (locals: `$in`, `$len`, `$out`,
 /// `$n`, `$i`; it returns 0 after the body). Every record it does not decide stays undecided.
 fn wat_plugin(name: &str, route: &str) -> Vec<u8> {
-    let manifest = format!(
-        r#"{{"name":"{name}","version":"1.0.0","abi":1,"needs":["keys"],"description":"a WAT shadow test plugin"}}"#
-    )
-    .replace('"', "\\\"");
-    let text = format!(
-        r#"(module
-  (memory (export "memory") 2)
-  (global $bump (mut i32) (i32.const 1024))
-  (func (export "narad_abi_version") (result i32) (i32.const 1))
-  (func (export "narad_alloc") (param $size i32) (result i32)
-    (local $p i32) (local $end i32) (local $have i32)
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.const 7)) (i32.const -8)))
-    (local.set $end (i32.add (local.get $p) (local.get $size)))
-    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
-    (if (i32.gt_u (local.get $end) (local.get $have))
-      (then
-        (if (i32.lt_s
-              (memory.grow (i32.add (i32.shr_u (i32.sub (local.get $end) (local.get $have)) (i32.const 16)) (i32.const 1)))
-              (i32.const 0))
-          (then (return (i32.const 0))))))
-    (global.set $bump (local.get $end))
-    (local.get $p))
-  (func (export "narad_dealloc") (param i32 i32))
-  (func (export "narad_last_error") (result i64) (i64.const 0))
-  (func (export "narad_route") (param $in i32) (param $len i32) (param $out i32) (result i32)
-    (local $n i32) (local $i i32)
-    (local.set $n (i32.load offset=4 (local.get $in)))
-    {route}
-    (i32.const 0))
-  (@custom "narad.manifest" "{manifest}")
-)"#
-    );
-    wat::parse_str(text).unwrap()
+    WatRouter::new(name)
+        .description("a WAT shadow test plugin")
+        .route(
+            "(local $n i32) (local $i i32)",
+            &format!("(local.set $n (i32.load offset=4 (local.get $in))) {route}"),
+        )
+        .wasm()
 }
 
 /// Sends every record to child partition 0.

@@ -6,6 +6,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use crate::e2e::harness::{Daemon, http_client, send_json};
+use narad_runtime::testkit::WatRouter;
 
 /// Most resident memory the daemon may reach while refusing the bomb. A compile of it took
 /// 5.7 GB; the daemon itself (with the built-ins compiled) stays under 100 MiB; 1 GiB is far
@@ -49,30 +50,10 @@ fn million_empty_functions() -> Vec<u8> {
 /// A valid router (it decides nothing, which the deploy check allows) with `extra` empty
 /// functions beside the ABI's.
 pub(crate) fn router_with_functions(extra: usize) -> Vec<u8> {
-    let manifest = r#"{"name":"wide","version":"1.0.0","abi":1,"needs":["keys"],"description":"a router with many functions"}"#
-        .replace('"', "\\\"");
-    let text = format!(
-        r#"(module
-  (memory (export "memory") 2)
-  (global $bump (mut i32) (i32.const 1024))
-  (func (export "narad_abi_version") (result i32) (i32.const 1))
-  (func (export "narad_alloc") (param $size i32) (result i32)
-    (local $p i32)
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.const 7)) (i32.const -8)))
-    (if (i32.gt_u (i32.add (local.get $p) (local.get $size)) (i32.mul (memory.size) (i32.const 65536)))
-      (then (if (i32.lt_s (memory.grow (i32.add (i32.shr_u (local.get $size) (i32.const 16)) (i32.const 1))) (i32.const 0))
-        (then (return (i32.const 0))))))
-    (global.set $bump (i32.add (local.get $p) (local.get $size)))
-    (local.get $p))
-  (func (export "narad_dealloc") (param i32 i32))
-  (func (export "narad_last_error") (result i64) (i64.const 0))
-  (func (export "narad_route") (param i32 i32 i32) (result i32) (i32.const 0))
-  {extra}
-  (@custom "narad.manifest" "{manifest}")
-)"#,
-        extra = "(func)".repeat(extra),
-    );
-    wat::parse_str(text).expect("valid WAT")
+    WatRouter::new("wide")
+        .description("a router with many functions")
+        .extra_functions(extra)
+        .wasm()
 }
 
 fn deploy(daemon: &Daemon, bytes: Vec<u8>) -> (u16, Value) {

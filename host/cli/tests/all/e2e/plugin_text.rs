@@ -7,6 +7,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::e2e::harness::{Daemon, http_client, send_json};
+use narad_runtime::testkit::{WatRouter, wat_string};
 
 /// How long a cursor may take to stall on, or recover from, a plugin error. Generous for a
 /// busy CI machine; a healthy daemon needs a second or two (one retry backoff).
@@ -30,60 +31,39 @@ fn error_message() -> Vec<u8> {
     message
 }
 
-/// `bytes` as a WAT string body, every byte hex-escaped.
-fn wat_string(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("\\{b:02x}")).collect()
-}
-
 /// A plugin that passes the deploy check (it answers "bad config" to the empty config the check
 /// uses, which the check allows), passes the attach check (to a non-empty config it answers a
 /// plugin error, which only a record can cause as far as the daemon knows), and then fails
 /// every slab, logging [`LOG_LINE`] and giving a 4 KiB error message.
 fn hostile_plugin() -> Vec<u8> {
-    let manifest = r#"{"name":"hostile","version":"1.0.0","abi":1,"needs":["keys"],"description":"logs and fails with control characters"}"#
-        .replace('"', "\\\"");
-    let text = format!(
-        r#"(module
-  (import "narad" "log" (func $log (param i32 i32 i32)))
-  (memory (export "memory") 2)
-  (global $bump (mut i32) (i32.const 8192))
-  (data (i32.const 16) "{log}")
-  (data (i32.const 4096) "{error}")
-  (func (export "narad_abi_version") (result i32) (i32.const 1))
-  (func (export "narad_alloc") (param $size i32) (result i32)
-    (local $p i32) (local $end i32) (local $have i32)
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.const 7)) (i32.const -8)))
-    (local.set $end (i32.add (local.get $p) (local.get $size)))
-    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
-    (if (i32.gt_u (local.get $end) (local.get $have))
-      (then
-        (if (i32.lt_s
-              (memory.grow (i32.add (i32.shr_u (i32.sub (local.get $end) (local.get $have)) (i32.const 16)) (i32.const 1)))
-              (i32.const 0))
-          (then (return (i32.const 0))))))
-    (global.set $bump (local.get $end))
-    (local.get $p))
-  (func (export "narad_dealloc") (param i32 i32))
-  (func (export "narad_last_error") (result i64)
-    (i64.or (i64.shl (i64.const 4096) (i64.const 32)) (i64.const {error_len})))
-  (func (export "narad_route") (param $in i32) (param $len i32) (param $out i32) (result i32)
-    (call $log (i32.const 2) (i32.const 16) (i32.const {log_len}))
+    WatRouter::new("hostile")
+        .description("logs and fails with control characters")
+        .imports(r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#)
+        .heap_base(8192)
+        .items(&format!(
+            r#"(data (i32.const 16) "{}") (data (i32.const 4096) "{}")"#,
+            wat_string(LOG_LINE),
+            wat_string(&error_message())
+        ))
+        .last_error(&format!(
+            "(i64.or (i64.shl (i64.const 4096) (i64.const 32)) (i64.const {ERROR_BYTES}))"
+        ))
+        .route(
+            "",
+            &format!(
+                "(call $log (i32.const 2) (i32.const 16) (i32.const {log_len}))
     ;; The context's last byte is the config's length varint (0) when the config is empty.
-    (if (result i32)
+    (return (if (result i32)
       (i32.eqz (i32.load8_u (i32.sub
         (i32.add (i32.add (local.get $in) (i32.load offset=8 (local.get $in)))
                  (i32.load offset=12 (local.get $in)))
         (i32.const 1))))
       (then (i32.const -3))
-      (else (i32.const -1))))
-  (@custom "narad.manifest" "{manifest}")
-)"#,
-        log = wat_string(LOG_LINE),
-        log_len = LOG_LINE.len(),
-        error = wat_string(&error_message()),
-        error_len = ERROR_BYTES,
-    );
-    wat::parse_str(text).expect("the hostile plugin's WAT compiles")
+      (else (i32.const -1))))",
+                log_len = LOG_LINE.len()
+            ),
+        )
+        .wasm()
 }
 
 fn request(

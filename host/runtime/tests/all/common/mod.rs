@@ -1,6 +1,7 @@
 //! Plugins written in WAT for the runtime's tests, and helpers to build slabs.
 #![allow(dead_code)]
 
+use narad_runtime::testkit::WatRouter;
 use narad_runtime::{RecordInput, RouteContext, Runtime, RuntimeConfig};
 
 /// What a generated plugin does with a record whose key starts with `X` (the poison marker),
@@ -154,46 +155,17 @@ impl Spec {
         } else {
             ""
         };
-        let export = |name: &str| {
-            if self.omit_export == Some(name) {
-                String::new()
-            } else {
-                format!(r#"(export "{name}" (func ${name}))"#)
-            }
-        };
-        let manifests: String = self
-            .manifests
-            .iter()
-            .map(|m| format!(r#"(@custom "narad.manifest" "{}")"#, m.replace('"', "\\\"")))
-            .collect();
-        format!(
-            r#"(module
-  {log_import}
-  {imports}
-  (memory (export "memory") 2)
-  (data (i32.const 16) "no route for this record")
-  (global $bump (mut i32) (i32.const 1024))
-  (func $narad_abi_version (result i32) (i32.const {abi}))
-  (func $narad_alloc (param $size i32) (result i32)
-    (local $p i32) (local $end i32) (local $have i32)
-    (local.set $p (i32.and (i32.add (global.get $bump) (i32.const 7)) (i32.const -8)))
-    (local.set $end (i32.add (local.get $p) (local.get $size)))
-    (local.set $have (i32.mul (memory.size) (i32.const 65536)))
-    (if (i32.gt_u (local.get $end) (local.get $have))
-      (then
-        (if (i32.lt_s
-              (memory.grow (i32.add (i32.shr_u (i32.sub (local.get $end) (local.get $have)) (i32.const 16)) (i32.const 1)))
-              (i32.const 0))
-          (then (return (i32.const 0))))))
-    (global.set $bump (local.get $end))
-    (local.get $p))
-  (func $narad_dealloc (param i32 i32))
-  (func $recurse (call $recurse))
-  (func $narad_last_error (result i64) (i64.const 0x1000000018))
-  (func $narad_route (param $in i32) (param $len i32) (param $out i32) (result i32)
-    (local $n i32) (local $i i32) (local $table i32) (local $arena i32) (local $e i32)
-    (local $klen i32) (local $b i32) (local $slot i32) (local $k i32)
-    (local.set $n (i32.load offset=4 (local.get $in)))
+        let mut router = WatRouter::new(self.name)
+            .abi_version(self.abi_version)
+            .imports(&format!("{log_import} {}", self.imports))
+            .items(r#"(data (i32.const 16) "no route for this record") (func $recurse (call $recurse))"#)
+            .last_error("(i64.const 0x1000000018)")
+            .manifests(self.manifests.clone())
+            .route(
+                "(local $n i32) (local $i i32) (local $table i32) (local $arena i32) (local $e i32)
+                 (local $klen i32) (local $b i32) (local $slot i32) (local $k i32)",
+                &format!(
+                    r#"(local.set $n (i32.load offset=4 (local.get $in)))
     (local.set $table (i32.add (local.get $in) (i32.load offset=16 (local.get $in))))
     (local.set $arena (i32.add (local.get $in) (i32.load offset=20 (local.get $in))))
     (block $done
@@ -208,19 +180,13 @@ impl Spec {
         (if {condition} (then {poison}))
         {decide}
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $next)))
-    (i32.const 0))
-  {e1} {e2} {e3} {e4} {e5}
-  {manifests}
-)"#,
-            imports = self.imports,
-            abi = self.abi_version,
-            e1 = export("narad_abi_version"),
-            e2 = export("narad_alloc"),
-            e3 = export("narad_dealloc"),
-            e4 = export("narad_last_error"),
-            e5 = export("narad_route"),
-        )
+        (br $next)))"#
+                ),
+            );
+        if let Some(export) = self.omit_export {
+            router = router.omit_export(export);
+        }
+        router.wat()
     }
 }
 
