@@ -14,7 +14,7 @@ use sha2::{Digest as _, Sha256};
 
 /// Longest token file read, in bytes: a token is a short secret, and a bigger file is
 /// certainly the wrong one.
-pub const MAX_TOKEN_FILE_BYTES: u64 = 4_096;
+pub(crate) const MAX_TOKEN_FILE_BYTES: u64 = 4_096;
 
 /// The secret a mutating request must present. Its `Debug` never shows it.
 #[derive(Clone)]
@@ -101,7 +101,7 @@ impl AuthToken {
     /// The secret nodes of one cluster present to each other's internal routes, derived from
     /// this token, so every node started with the same token file knows it and no client
     /// token is ever sent between nodes. Hex, 64 characters.
-    pub fn peer_secret(&self) -> String {
+    pub(crate) fn peer_secret(&self) -> String {
         let mut hasher = Sha256::new();
         hasher.update(b"narad-peer-v1:");
         hasher.update(self.digest);
@@ -109,7 +109,7 @@ impl AuthToken {
     }
 
     /// The token the internal routes require: [`AuthToken::peer_secret`] as a token.
-    pub fn peer_token(&self) -> AuthToken {
+    pub(crate) fn peer_token(&self) -> AuthToken {
         AuthToken {
             digest: Sha256::digest(self.peer_secret().as_bytes()).into(),
         }

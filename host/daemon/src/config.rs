@@ -18,86 +18,86 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// Default listen address: loopback only, so a fresh daemon is not reachable from the network.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 
 /// Default cluster name (`--cluster`): keys live under `/narad/narad/`.
-pub const DEFAULT_CLUSTER: &str = "narad";
+pub(crate) const DEFAULT_CLUSTER: &str = "narad";
 
 /// Default lease time-to-live of a node's registration: 10 s (CLUSTER.md).
-pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+pub(crate) const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 /// Default largest record accepted by produce, in bytes (key + value + header names and values).
 /// 1 MiB, the default and Kafka's `max.message.bytes` order of magnitude.
-pub const DEFAULT_MAX_RECORD_BYTES: u64 = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RECORD_BYTES: u64 = 1024 * 1024;
 /// Default largest HTTP request body, in bytes. 64 MiB leaves room for a batch of many records
 /// (JSON and base64 inflate them) while bounding what one request can make the daemon buffer.
-pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: u64 = 64 * 1024 * 1024;
 /// Default largest plugin upload (`POST /v1/plugins`), in bytes: 16 MiB, the default.
 /// Routers built with the SDK are tens of KiB; the cap bounds what one upload makes the daemon
 /// buffer and compile.
-pub const DEFAULT_MAX_PLUGIN_BYTES: u64 = 16 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_PLUGIN_BYTES: u64 = 16 * 1024 * 1024;
 /// Default wall-clock deadline of one plugin call, in milliseconds: 100 ms, the routing
 /// runtime's backstop behind the fuel budget.
-pub const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 100;
+pub(crate) const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 100;
 /// Default linear-memory limit of one plugin instance, in bytes: 64 MiB.
-pub const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 /// Default fuel per record of a plugin call: the routing runtime's own
 /// (`FuelBudget::DEFAULT`).
-pub const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 = narad_runtime::FuelBudget::DEFAULT.per_record;
+pub(crate) const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 = narad_runtime::FuelBudget::DEFAULT.per_record;
 /// Default fuel per input byte of a plugin call: the routing runtime's own
 /// (`FuelBudget::DEFAULT`).
-pub const DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE: u64 =
+pub(crate) const DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE: u64 =
     narad_runtime::FuelBudget::DEFAULT.per_input_byte;
 /// Default most functions a plugin module may define: the routing runtime's own (10,000;
 /// the built-ins define 82 to 127). Checked before compiling, like the five below.
-pub const DEFAULT_PLUGIN_MAX_FUNCTIONS: u32 = narad_runtime::limits::DEFAULT_MAX_FUNCTIONS;
+pub(crate) const DEFAULT_PLUGIN_MAX_FUNCTIONS: u32 = narad_runtime::limits::DEFAULT_MAX_FUNCTIONS;
 /// Default largest plugin function body, in bytes: the runtime's own (128 KiB).
-pub const DEFAULT_PLUGIN_MAX_FUNCTION_BYTES: u32 =
+pub(crate) const DEFAULT_PLUGIN_MAX_FUNCTION_BYTES: u32 =
     narad_runtime::limits::DEFAULT_MAX_FUNCTION_BODY_BYTES;
 /// Default largest plugin code section, in bytes: the runtime's own (4 MiB).
-pub const DEFAULT_PLUGIN_MAX_CODE_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_CODE_BYTES;
+pub(crate) const DEFAULT_PLUGIN_MAX_CODE_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_CODE_BYTES;
 /// Default most locals one plugin function may declare: the runtime's own (2,000).
-pub const DEFAULT_PLUGIN_MAX_LOCALS: u32 = narad_runtime::limits::DEFAULT_MAX_LOCALS_PER_FUNCTION;
+pub(crate) const DEFAULT_PLUGIN_MAX_LOCALS: u32 = narad_runtime::limits::DEFAULT_MAX_LOCALS_PER_FUNCTION;
 /// Default most types, imports, exports, globals, data and element segments and element items
 /// (each) of a plugin module: the runtime's own (10,000).
-pub const DEFAULT_PLUGIN_MAX_MODULE_ITEMS: u32 = narad_runtime::limits::DEFAULT_MAX_MODULE_ITEMS;
+pub(crate) const DEFAULT_PLUGIN_MAX_MODULE_ITEMS: u32 = narad_runtime::limits::DEFAULT_MAX_MODULE_ITEMS;
 /// Default most bytes of a plugin module's data segments: the runtime's own (8 MiB).
-pub const DEFAULT_PLUGIN_MAX_DATA_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_DATA_BYTES;
+pub(crate) const DEFAULT_PLUGIN_MAX_DATA_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_DATA_BYTES;
 /// Default most records in one produce request.
-pub const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
+pub(crate) const DEFAULT_MAX_BATCH_RECORDS: u32 = 10_000;
 /// Default most records one fetch returns (a request's `max` is capped to this).
-pub const DEFAULT_MAX_FETCH_RECORDS: u32 = 10_000;
+pub(crate) const DEFAULT_MAX_FETCH_RECORDS: u32 = 10_000;
 /// Default most record bytes one fetch gathers, in bytes: 4 MiB, the engine's slab byte cap.
-pub const DEFAULT_MAX_FETCH_BYTES: u64 = 4 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_FETCH_BYTES: u64 = 4 * 1024 * 1024;
 /// Default longest long-poll a fetch may ask for with `wait_ms`, in milliseconds (30 s, the
 /// engine's longest metadata-bound sleep; a longer ask is capped, not rejected).
-pub const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
+pub(crate) const DEFAULT_MAX_WAIT_MS: u64 = 30_000;
 /// Default interval between retention passes, in milliseconds (30 s).
-pub const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 30_000;
+pub(crate) const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 30_000;
 /// Default idle time after which a partition log is closed, in milliseconds (5 min, the
 /// storage crate's default).
-pub const DEFAULT_IDLE_CLOSE_AFTER_MS: u64 = 5 * 60 * 1000;
+pub(crate) const DEFAULT_IDLE_CLOSE_AFTER_MS: u64 = 5 * 60 * 1000;
 /// Default wait before a failed partition is reopened on its next use, in milliseconds (10 s,
 /// the storage crate's `DEFAULT_FAILED_REOPEN_AFTER`).
-pub const DEFAULT_FAILED_REOPEN_AFTER_MS: u64 = 10 * 1000;
+pub(crate) const DEFAULT_FAILED_REOPEN_AFTER_MS: u64 = 10 * 1000;
 /// Default segment size at which a log rolls to a new segment file, in bytes (128 MiB, the
 /// storage crate's default).
-pub const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
+pub(crate) const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// Default most request-body bytes buffered across all requests at once, in bytes: 256 MiB,
 /// four bodies of the default max-request-bytes (64 MiB), so a few large produces run side by
 /// side while the daemon's memory stays bounded whatever the number of clients.
-pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
 /// Default time a client has to send a complete request head, in milliseconds: 10 s, far
 /// above what any client on a working network needs, short enough that slow-header
 /// (slowloris) connections do not pile up.
-pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+pub(crate) const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// Default time a keep-alive connection may sit without a request in progress and without a
 /// byte moving, in milliseconds: 5 s (Apache's `KeepAliveTimeout`); clients that come back
 /// later open a new connection.
-pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 5_000;
+pub(crate) const DEFAULT_IDLE_TIMEOUT_MS: u64 = 5_000;
 /// Default longest wait, after SIGTERM, for HTTP requests still in progress, in milliseconds:
 /// 5 s. Long-polls end at once on shutdown, so only slow uploads and slow readers are cut;
 /// far below systemd's 90 s stop timeout, which leaves room to close the store.
-pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5_000;
+pub(crate) const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5_000;
 
 /// Errors turning flags, environment and config file into a [`Config`].
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +210,7 @@ macro_rules! settings {
         /// all optional.
         #[derive(Debug, Clone, Default, Deserialize)]
         #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-        pub struct FileConfig {
+        pub(crate) struct FileConfig {
             $($(#[doc = $doc])+ pub $field: Option<$ty>,)+
         }
 
@@ -589,13 +589,13 @@ pub struct Limits {
     /// Most records per produce request.
     pub max_batch_records: u32,
     /// Most records per fetch.
-    pub max_fetch_records: u32,
+    pub(crate) max_fetch_records: u32,
     /// Most record bytes per fetch.
-    pub max_fetch_bytes: u64,
+    pub(crate) max_fetch_bytes: u64,
     /// Longest long-poll.
     pub max_wait: Duration,
     /// Most request-body bytes buffered across all requests at once.
-    pub max_buffered_request_bytes: u64,
+    pub(crate) max_buffered_request_bytes: u64,
 }
 
 impl Default for Limits {
@@ -617,13 +617,13 @@ impl Default for Limits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpLimits {
     /// Most connections open at once; `None`: derived from the descriptor limit at start.
-    pub max_connections: Option<u32>,
+    pub(crate) max_connections: Option<u32>,
     /// Time to receive a complete request head.
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// Time a connection may sit with nothing in progress and no byte moving.
     pub idle_timeout: Duration,
     /// Longest wait for requests in progress at shutdown.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 }
 
 impl Default for HttpLimits {
@@ -645,11 +645,11 @@ pub struct ClusterConfig {
     /// The cluster's name, its key prefix in etcd.
     pub name: String,
     /// This node's id.
-    pub node_id: String,
+    pub(crate) node_id: String,
     /// The URL peers and clients use; `None`: `http://` and the bound listen address.
     pub advertise: Option<String>,
     /// Lease time-to-live of the node's registration.
-    pub lease_ttl: Duration,
+    pub(crate) lease_ttl: Duration,
 }
 
 /// The daemon's resolved configuration.
@@ -660,7 +660,7 @@ pub struct Config {
     /// HTTP listen address; port 0 picks a free port (tests).
     pub listen: SocketAddr,
     /// Kafka protocol listen address; `None`: no Kafka listener.
-    pub kafka_listen: Option<SocketAddr>,
+    pub(crate) kafka_listen: Option<SocketAddr>,
     /// API limits.
     pub limits: Limits,
     /// Interval between retention passes.
@@ -668,7 +668,7 @@ pub struct Config {
     /// Idle time after which a partition log is closed.
     pub idle_close_after: Duration,
     /// Wait before a failed partition is reopened on its next use.
-    pub failed_reopen_after: Duration,
+    pub(crate) failed_reopen_after: Duration,
     /// Segment roll size in bytes.
     pub segment_bytes: u64,
     /// The bearer token mutating requests must carry; `None`: no token required.
@@ -711,7 +711,7 @@ impl Config {
     }
 
     /// Merges `args` over `file` over the defaults and validates the result.
-    pub fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigError> {
+    pub(crate) fn merge(args: &ServeArgs, file: &FileConfig) -> Result<Config, ConfigError> {
         let s = Settings::resolve(args, file)?;
         if s.max_record_bytes > s.max_request_bytes {
             return Err(ConfigError::BadValue {

@@ -24,16 +24,16 @@ const UNLIMITED_TARGET_FDS: u64 = 1_048_576;
 /// data-dir lock, the metastore, logs, plugin module files, the blocking pool's transient
 /// files and a margin. 1024 is also the usual soft limit, so a daemon that could not raise its
 /// limit still gets the smallest cap ([`MIN_CONNECTIONS`]).
-pub const FD_RESERVE: u64 = 1024;
+pub(crate) const FD_RESERVE: u64 = 1024;
 
 /// The smallest default connection cap: enough for a handful of producers and consumers and
 /// their CLI even on a machine with a tiny descriptor limit.
-pub const MIN_CONNECTIONS: u32 = 64;
+pub(crate) const MIN_CONNECTIONS: u32 = 64;
 
 /// The largest default connection cap: 16384 connections of hyper's 8 KiB starting read
 /// buffer are 128 MiB, about what the default request-body budget allows; more clients than
 /// that should be spread over more nodes (or the cap raised by hand).
-pub const MAX_DEFAULT_CONNECTIONS: u32 = 16_384;
+pub(crate) const MAX_DEFAULT_CONNECTIONS: u32 = 16_384;
 
 /// Reads the current limits.
 pub fn current() -> FdLimit {
@@ -78,7 +78,7 @@ pub fn raise_to_hard() -> FdLimit {
 /// The connection cap when none is configured: half of what the soft limit leaves after
 /// [`FD_RESERVE`] (the other half stays for partition segments and cursor files), clamped to
 /// [`MIN_CONNECTIONS`]..=[`MAX_DEFAULT_CONNECTIONS`].
-pub fn default_max_connections(limit: FdLimit) -> u32 {
+pub(crate) fn default_max_connections(limit: FdLimit) -> u32 {
     let soft = limit.soft.unwrap_or(UNLIMITED_TARGET_FDS);
     let share = soft.saturating_sub(FD_RESERVE) / 2;
     let capped = share.clamp(

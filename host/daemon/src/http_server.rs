@@ -55,19 +55,19 @@ const ACCEPT_ERROR_LOG_EVERY_SECS: u64 = 10;
 
 /// Seconds a client refused for the connection cap is asked to wait (`Retry-After`):
 /// connections come and go within seconds (the idle timeout is 5 s by default).
-pub const REFUSAL_RETRY_AFTER_SECS: u64 = 1;
+pub(crate) const REFUSAL_RETRY_AFTER_SECS: u64 = 1;
 
 /// The connection cap, timeouts and shutdown bound of [`serve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeOptions {
     /// Most connections served at once; more are answered 503 and closed.
-    pub max_connections: u32,
+    pub(crate) max_connections: u32,
     /// Time to receive a complete request head.
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
     /// Time a connection may sit with no request in progress and no byte moving.
     pub idle_timeout: Duration,
     /// Longest wait for open connections after shutdown is asked for.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 }
 
 /// Why the daemon closed a connection on its own (label of
@@ -95,7 +95,7 @@ pub struct HttpMetrics {
 
 impl HttpMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_http_connections",
             "HTTP connections being served now",

@@ -51,7 +51,7 @@ pub struct SingleNode {
 
 impl SingleNode {
     /// The name the single node goes by.
-    pub const DEFAULT_NODE_ID: &'static str = "local";
+    pub(crate) const DEFAULT_NODE_ID: &'static str = "local";
 
     /// A single node named `node`.
     pub fn new(node: NodeId) -> SingleNode {

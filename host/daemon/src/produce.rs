@@ -96,7 +96,7 @@ impl Producer {
 
     /// This producer, refusing every write while `fence` says why not
     /// ([`ProduceError::Fenced`]).
-    pub fn with_fence(mut self, fence: Arc<WriteFence>) -> Producer {
+    pub(crate) fn with_fence(mut self, fence: Arc<WriteFence>) -> Producer {
         self.fence = Some(fence);
         self
     }
@@ -148,7 +148,7 @@ impl Producer {
     }
 
     /// Forgets per-topic state (the round-robin position) after a topic is deleted.
-    pub fn forget_topic(&self, topic: &str) {
+    pub(crate) fn forget_topic(&self, topic: &str) {
         self.round_robin
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

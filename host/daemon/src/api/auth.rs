@@ -19,12 +19,12 @@ use super::error::ApiError;
 use crate::auth::AuthToken;
 
 /// Whether `method` can change anything (and so needs the token).
-pub fn is_mutating(method: &Method) -> bool {
+pub(crate) fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
 /// `router` with the token required on every mutating request.
-pub fn protect(router: Router, token: AuthToken) -> Router {
+pub(crate) fn protect(router: Router, token: AuthToken) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
         Arc::new(token),
         require_token,

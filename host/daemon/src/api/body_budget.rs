@@ -39,7 +39,7 @@ use super::error::ApiError;
 
 /// Seconds a client refused for the body budget is asked to wait (`Retry-After`): the budget
 /// frees as soon as the requests holding it are answered, typically well within a second.
-pub const RETRY_AFTER_SECS: u64 = 1;
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 
 /// The shared budget.
 #[derive(Debug)]
@@ -193,7 +193,7 @@ impl http_body::Body for Charged {
 }
 
 /// Middleware: counts every request body against the shared budget (see the module doc).
-pub async fn limit_bodies(
+pub(crate) async fn limit_bodies(
     State(budget): State<Arc<BodyBudget>>,
     req: Request,
     next: Next,

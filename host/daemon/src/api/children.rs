@@ -31,7 +31,7 @@ use crate::topics::NewTopic;
 pub const DEFAULT_ROUTER: [&str; 3] = ["key-hash", "keyless-index", "round-robin"];
 
 /// Most plugins in one chain.
-pub const MAX_ROUTER_LEN: usize = 8;
+pub(crate) const MAX_ROUTER_LEN: usize = 8;
 
 /// `PUT /v1/topics/{parent}/children/{child}` body.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -547,7 +547,7 @@ async fn new_link(
 /// `PATCH /v1/topics/{parent}/children/{child}`: swaps the router chain, the config or both
 /// (what is not given is kept), effective at each cursor's next slab, with no new epoch. The
 /// new pair passes the attach check first (see the module doc).
-pub async fn set_router(
+pub(crate) async fn set_router(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     ApiJson(req): ApiJson<RouterChange>,
@@ -717,7 +717,7 @@ pub async fn seek(
 }
 
 /// `POST /internal/v1/topics/{parent}/children/{child}/seek`: the seek on this node's cursor.
-pub async fn seek_local(
+pub(crate) async fn seek_local(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<SeekRequest>,

@@ -32,17 +32,17 @@ impl ApiError {
     }
 
     /// 400: the request is malformed or asks for something invalid.
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
     /// 404: the topic or partition does not exist.
-    pub fn not_found(message: impl Into<String>) -> ApiError {
+    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, message)
     }
 
     /// 413: a record or the body is over its size limit.
-    pub fn too_large(message: impl Into<String>) -> ApiError {
+    pub(crate) fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
 

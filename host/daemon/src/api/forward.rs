@@ -48,19 +48,19 @@ use crate::produce::{ProduceError, ProduceRecord};
 
 /// The header that marks a forwarded request; its value is the forwarding node's id. A node
 /// never forwards a request that carries it.
-pub const FORWARDED_HEADER: HeaderName = HeaderName::from_static("x-narad-forwarded");
+pub(crate) const FORWARDED_HEADER: HeaderName = HeaderName::from_static("x-narad-forwarded");
 
 /// Longest wait for a connection to an owner: loopback and LAN connects take well under a
 /// millisecond, so a second means the owner is not there.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Time a forwarded request may take beyond the longest long-poll (`max-wait-ms`): the owner's
 /// append and `fdatasync`, or the transfer of a full fetch answer.
-pub const ANSWER_SLACK: Duration = Duration::from_secs(10);
+pub(crate) const ANSWER_SLACK: Duration = Duration::from_secs(10);
 
 /// `Retry-After` (seconds) when the owner of a partition is not reachable: an owner that
 /// restarts is back within seconds, and a client retrying sooner only gets the same answer.
-pub const OWNER_DOWN_RETRY_AFTER_SECS: u64 = 1;
+pub(crate) const OWNER_DOWN_RETRY_AFTER_SECS: u64 = 1;
 
 /// Idle pooled connections are dropped after this: below the daemon's default idle timeout
 /// (5 s), so the forwarder rarely picks a connection the owner is just closing.
@@ -184,7 +184,7 @@ pub struct OwnerAnswer {
     /// The owner's `Content-Type`.
     pub content_type: Option<HeaderValue>,
     /// The owner's `Retry-After`.
-    pub retry_after: Option<HeaderValue>,
+    pub(crate) retry_after: Option<HeaderValue>,
     /// The owner's body (at most the fetch-answer cap).
     pub body: Bytes,
 }
@@ -250,7 +250,7 @@ impl Forwarder {
     }
 
     /// The same forwarder, sending `revision()` with every call.
-    pub fn with_revision(
+    pub(crate) fn with_revision(
         mut self,
         revision: std::sync::Arc<dyn Fn() -> i64 + Send + Sync>,
     ) -> Forwarder {
@@ -357,7 +357,7 @@ impl Forwarder {
 /// shows a byte as at most 6 (`\u0001`), and a record's fixed fields (offset, time, origin)
 /// take under 256 bytes. Above this, the answer cannot come from a healthy owner with the same
 /// limits, and the forwarder answers 502 rather than hold more.
-pub fn fetch_answer_cap(limits: &Limits) -> usize {
+pub(crate) fn fetch_answer_cap(limits: &Limits) -> usize {
     let record_bytes = limits
         .max_fetch_bytes
         .saturating_add(limits.max_record_bytes)
@@ -444,7 +444,7 @@ pub enum Route {
 
 /// A produce request's records split by owner. Indices are positions in the request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The records this node commits, in request order.
     pub local: Vec<usize>,
     /// One group per remote owner, by node id.
@@ -453,7 +453,7 @@ pub struct Plan {
 
 /// The records of a produce request one remote owner commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteGroup {
+pub(crate) struct RemoteGroup {
     /// The owner's id.
     pub node: String,
     /// Its advertised URL.
@@ -466,7 +466,7 @@ pub struct RemoteGroup {
 
 /// Why [`plan`] refused a request: the first unroutable partition, by index.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PlanRefusal {
+pub(crate) enum PlanRefusal {
     /// [`Route::NotOwned`].
     NotOwned {
         /// The partition.
@@ -484,7 +484,7 @@ pub enum PlanRefusal {
 /// Splits records placed on `placement` (one partition per record, in request order) by the
 /// route of each partition (`route` is asked once per distinct partition). Refuses the whole
 /// request when any partition cannot be served, so nothing is committed.
-pub fn plan(placement: &[u32], mut route: impl FnMut(u32) -> Route) -> Result<Plan, PlanRefusal> {
+pub(crate) fn plan(placement: &[u32], mut route: impl FnMut(u32) -> Route) -> Result<Plan, PlanRefusal> {
     let partitions: BTreeSet<u32> = placement.iter().copied().collect();
     // None: this node; Some(i): the i-th remote group.
     let mut target: BTreeMap<u32, Option<usize>> = BTreeMap::new();
@@ -529,7 +529,7 @@ pub fn plan(placement: &[u32], mut route: impl FnMut(u32) -> Route) -> Result<Pl
 /// The body forwarded for the records at `indices`: each with its explicit partition (which
 /// the caller has set) and its exact bytes, as text when they are UTF-8 and base64 otherwise;
 /// headers in the list form, which keeps their stored order and repeated names.
-pub fn encode_records(records: &[ProduceRecord], indices: &[usize]) -> ProduceRequest {
+pub(crate) fn encode_records(records: &[ProduceRecord], indices: &[usize]) -> ProduceRequest {
     ProduceRequest {
         records: indices
             .iter()
@@ -581,7 +581,7 @@ fn encode_record(r: &ProduceRecord) -> ProduceRecordJson {
 
 /// Checks an owner's answer for the records at `indices`: one offset per record, each on the
 /// record's partition in `placement`.
-pub fn check_answer(
+pub(crate) fn check_answer(
     indices: &[usize],
     placement: &[u32],
     offsets: &[OffsetJson],
@@ -609,7 +609,7 @@ pub fn check_answer(
 /// Merges the offsets of each part (positions in the request, their offsets in the same
 /// order) into one list in request order; every one of the `total` records must get exactly
 /// one offset.
-pub fn merge(
+pub(crate) fn merge(
     total: usize,
     parts: Vec<(Vec<usize>, Vec<OffsetJson>)>,
 ) -> Result<Vec<OffsetJson>, String> {
@@ -743,7 +743,7 @@ fn produce_failure(
 /// The answer when any remote group of `plan` failed (`results` in the order of
 /// `plan.remote`): the first failure, with the partitions the other groups committed or may
 /// have committed. `None` when every group committed.
-pub fn remote_failure(
+pub(crate) fn remote_failure(
     topic: &str,
     plan: &Plan,
     results: &[Result<Vec<OffsetJson>, HopError>],
@@ -802,7 +802,7 @@ fn local_failure(err: ProduceError, remote_committed: &[u32]) -> Response {
 /// Sends each remote group's records to its owner, all at once, and returns each group's
 /// offsets (checked against `placement`) in the order of `groups`. The calls run as tasks, so
 /// a client that goes away does not cut a forwarded produce in the middle.
-pub async fn send_groups(
+pub(crate) async fn send_groups(
     forwarder: &Arc<Forwarder>,
     topic: &str,
     records: &[ProduceRecord],
@@ -853,7 +853,7 @@ pub struct Split {
 
 /// What [`split_produce`] decided for a produce.
 #[derive(Debug)]
-pub enum ProduceRoute {
+pub(crate) enum ProduceRoute {
     /// Every partition is this node's: the produce runs locally, as on a single node.
     Local,
     /// Some records go to other owners: run the [`Split`].
@@ -866,7 +866,7 @@ pub enum ProduceRoute {
 /// `421` for a partition no node owns, or another node owns while this request may not be
 /// forwarded (single node, or already forwarded once); `503` when a partition's owner is not
 /// alive.
-pub fn split_produce(
+pub(crate) fn split_produce(
     state: &AppState,
     headers: &HeaderMap,
     topic: &str,

@@ -26,11 +26,11 @@ use narad_storage::{PartitionId, Store};
 pub use crate::cluster::REVISION_HEADER;
 
 /// Longest wait for this node's metadata copy to catch up with a caller's revision.
-pub const REVISION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const REVISION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Middleware: holds a request that names a metadata revision until this node's copy has
 /// seen it (or [`REVISION_WAIT`] passed: the request then runs on what this node knows).
-pub async fn wait_for_caller_revision(
+pub(crate) async fn wait_for_caller_revision(
     State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -54,7 +54,7 @@ pub async fn wait_for_caller_revision(
 /// `GET {node's address}{path}` with this node's metadata revision, decoded as JSON: the one
 /// way nodes read from each other. Errors name the node (not alive, no answer, an error
 /// status, an answer that does not decode).
-pub async fn peer_get<T: serde::de::DeserializeOwned>(
+pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
     cluster: &crate::cluster::ClusterContext,
     node: &str,
     path: &str,
@@ -89,12 +89,12 @@ pub struct HighWatermarks {
     /// Partition index -> oldest offset still stored, for the same partitions (absent from a
     /// node of a version before it was reported).
     #[serde(default)]
-    pub log_starts: BTreeMap<u32, u64>,
+    pub(crate) log_starts: BTreeMap<u32, u64>,
 }
 
 /// Where a partition's records begin and end, read at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionBounds {
+pub(crate) struct PartitionBounds {
     /// The oldest offset still stored; `None` when the owner did not report it (an older
     /// version).
     pub log_start: Option<u64>,
@@ -166,7 +166,7 @@ async fn read_local(
 /// whichever node owns each: this node's from its store, the others' from their owners,
 /// concurrently. Fails, naming the node, when an owner is unknown, not alive or does not
 /// answer with every partition it owns.
-pub async fn gather_bounds(
+pub(crate) async fn gather_bounds(
     state: &AppState,
     topic: &str,
     partitions: u32,
@@ -310,7 +310,7 @@ pub async fn tail(
 }
 
 /// [`RemoteTails`] over HTTP: asks each child partition's owner for its tail scan.
-pub struct HttpTails {
+pub(crate) struct HttpTails {
     cluster: Arc<crate::cluster::ClusterContext>,
 }
 

@@ -31,14 +31,14 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 /// Labels of the per-topic traffic series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TopicLabels {
+pub(crate) struct TopicLabels {
     /// Topic name.
     pub topic: String,
 }
 
 /// Labels of the per-partition storage series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PartitionLabels {
+pub(crate) struct PartitionLabels {
     /// Topic name.
     pub topic: String,
     /// Partition index.
@@ -47,7 +47,7 @@ pub struct PartitionLabels {
 
 /// Labels of `narad_forwarded_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ForwardLabels {
+pub(crate) struct ForwardLabels {
     /// `produce` or `fetch`.
     pub request: &'static str,
     /// `ok` (the owner answered, whatever its status), `owner_down` (the owner is not alive or
@@ -56,22 +56,22 @@ pub struct ForwardLabels {
 }
 
 /// Every `request` of `narad_forwarded_requests_total`.
-pub const FORWARD_REQUESTS: [&str; 2] = ["produce", "fetch"];
+pub(crate) const FORWARD_REQUESTS: [&str; 2] = ["produce", "fetch"];
 
 /// Every `outcome` of `narad_forwarded_requests_total`.
-pub const FORWARD_OUTCOMES: [&str; 3] = ["ok", "owner_down", "error"];
+pub(crate) const FORWARD_OUTCOMES: [&str; 3] = ["ok", "owner_down", "error"];
 
 /// The API's own series.
 #[derive(Debug, Default)]
-pub struct ApiMetrics {
+pub(crate) struct ApiMetrics {
     /// `narad_produce_records_total`: records committed by produce requests.
-    pub produce_records: Family<TopicLabels, Counter>,
+    pub(crate) produce_records: Family<TopicLabels, Counter>,
     /// `narad_produce_bytes_total`: key + value + header bytes of those records.
-    pub produce_bytes: Family<TopicLabels, Counter>,
+    pub(crate) produce_bytes: Family<TopicLabels, Counter>,
     /// `narad_fetch_records_total`: records returned by fetch requests.
-    pub fetch_records: Family<TopicLabels, Counter>,
+    pub(crate) fetch_records: Family<TopicLabels, Counter>,
     /// `narad_fetch_bytes_total`: key + value + header bytes of those records.
-    pub fetch_bytes: Family<TopicLabels, Counter>,
+    pub(crate) fetch_bytes: Family<TopicLabels, Counter>,
     /// `narad_partition_size_bytes`: bytes of segment files.
     pub size_bytes: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
     /// `narad_partition_segments`: segment files.
@@ -84,26 +84,26 @@ pub struct ApiMetrics {
     pub unavailable: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
     /// `narad_partition_recovered_cut_records`: records in the torn tails recovery cut off and
     /// kept aside (a lower bound when some cut bytes had no readable header).
-    pub recovered_cut_records: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    pub(crate) recovered_cut_records: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
     /// `narad_partition_recovered_cut_bytes`: bytes of those torn tails.
-    pub recovered_cut_bytes: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
+    pub(crate) recovered_cut_bytes: Family<PartitionLabels, Gauge<u64, AtomicU64>>,
     /// `narad_http_buffered_request_bytes`: request-body bytes counted against the budget now.
-    pub buffered_request_bytes: Gauge<u64, AtomicU64>,
+    pub(crate) buffered_request_bytes: Gauge<u64, AtomicU64>,
     /// `narad_http_body_budget_refusals_total`: requests answered 503 because the body budget
     /// was full.
-    pub body_budget_refusals: Counter,
+    pub(crate) body_budget_refusals: Counter,
     /// `narad_forwarded_requests_total{request, outcome}`: calls to partition owners made for
     /// requests this node does not own (cluster mode; one per owner a produce reaches).
     pub forwarded: Family<ForwardLabels, Counter>,
     /// `narad_set_aside_entries`: directories in the set-aside area (read at scrape time).
-    pub set_aside_entries: Gauge<u64, AtomicU64>,
+    pub(crate) set_aside_entries: Gauge<u64, AtomicU64>,
     /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
     refresh: tokio::sync::Mutex<()>,
 }
 
 impl ApiMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_produce_records",
             "Records committed by produce requests (durable when counted)",
@@ -221,7 +221,7 @@ impl ApiMetrics {
     }
 
     /// Forgets a deleted topic's traffic series.
-    pub fn forget_topic(&self, topic: &str) {
+    pub(crate) fn forget_topic(&self, topic: &str) {
         let labels = TopicLabels {
             topic: topic.to_owned(),
         };

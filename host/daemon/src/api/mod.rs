@@ -87,17 +87,17 @@ pub struct AppInner {
     pub metrics: Arc<prometheus_client::registry::Registry>,
     /// The API's own series (produce and fetch traffic, storage gauges), registered in
     /// `metrics`.
-    pub api_metrics: Arc<metrics::ApiMetrics>,
+    pub(crate) api_metrics: Arc<metrics::ApiMetrics>,
     /// Cluster mode's membership, peers and ownership; `None` on a single node.
     pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
     /// Forwards produce and fetch requests for partitions other nodes own (cluster mode);
     /// `None` on a single node, where such requests answer 421.
     pub forward: Option<Arc<forward::Forwarder>>,
     /// Runs this node's side of planned partition moves (cluster mode).
-    pub mover: Option<Arc<crate::cluster::moves::Mover>>,
+    pub(crate) mover: Option<Arc<crate::cluster::moves::Mover>>,
     /// Runs this node's side of forced re-creations of a dead node's partitions (cluster
     /// mode).
-    pub recreator: Option<Arc<crate::cluster::recreate::Recreator>>,
+    pub(crate) recreator: Option<Arc<crate::cluster::recreate::Recreator>>,
 }
 
 impl AppState {
@@ -215,7 +215,7 @@ pub fn router(state: AppState) -> Router {
 
 /// The routes only other nodes call that change something (a move's steps): the caller
 /// merges them under the peer secret when the cluster has a token.
-pub fn peer_router(state: AppState) -> Router {
+pub(crate) fn peer_router(state: AppState) -> Router {
     Router::new()
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/move-in",

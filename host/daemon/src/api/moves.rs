@@ -303,7 +303,7 @@ async fn run_recreate_here(
 }
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/recreate-here`.
-pub async fn recreate_here(
+pub(crate) async fn recreate_here(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<RecreateHereRequest>,
@@ -314,7 +314,7 @@ pub async fn recreate_here(
 }
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/move-in`.
-pub async fn move_in(
+pub(crate) async fn move_in(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
 ) -> Result<Json<MoveReport>, ApiError> {
@@ -324,7 +324,7 @@ pub async fn move_in(
 }
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/handoff`.
-pub async fn handoff(
+pub(crate) async fn handoff(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<HandoffRequest>,

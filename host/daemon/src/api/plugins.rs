@@ -225,7 +225,7 @@ fn needs(needs: narad_abi::Needs) -> Vec<String> {
 }
 
 /// The machine-readable `reason` of a refused module: which check failed.
-pub fn refusal_reason(error: &narad_runtime::LoadError) -> String {
+pub(crate) fn refusal_reason(error: &narad_runtime::LoadError) -> String {
     use narad_runtime::LoadError as E;
     match error {
         E::NotWasm => "not_wasm".to_owned(),
@@ -293,7 +293,7 @@ impl From<RegistryError> for ApiError {
 
 /// `POST /internal/v1/plugins/{digest}/bytes`: the module's bytes, for another node that needs
 /// it; 404 when this node does not hold it.
-pub async fn module_bytes(
+pub(crate) async fn module_bytes(
     State(state): State<AppState>,
     ApiPath(digest): ApiPath<String>,
 ) -> Result<axum::response::Response, ApiError> {

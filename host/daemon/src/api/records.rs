@@ -31,7 +31,7 @@ use crate::config::Limits;
 use crate::produce::ProduceRecord;
 
 /// Records a fetch returns when the request gives no `max`.
-pub const DEFAULT_FETCH_MAX_RECORDS: u32 = 500;
+pub(crate) const DEFAULT_FETCH_MAX_RECORDS: u32 = 500;
 
 /// `POST /v1/topics/{t}/records`.
 pub async fn produce(
@@ -109,7 +109,7 @@ pub(super) fn not_owned(state: &AppState, id: &PartitionId) -> ApiError {
 }
 
 /// Validates and decodes a whole produce request.
-pub fn decode_batch(
+pub(crate) fn decode_batch(
     req: ProduceRequest,
     partitions: u32,
     topic: &str,

@@ -468,7 +468,7 @@ impl RecordJson {
     }
 
     /// The same record with its fan-out provenance.
-    pub fn with_origin(mut self, origin: Option<OriginJson>) -> RecordJson {
+    pub(crate) fn with_origin(mut self, origin: Option<OriginJson>) -> RecordJson {
         self.origin = origin;
         self
     }

@@ -18,18 +18,18 @@ use super::commit_wire::{CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES
 use super::receiver::CommitReceiver;
 
 /// The route the receiver is mounted at.
-pub const COMMIT_PATH: &str = "/internal/v1/commit";
+pub(crate) const COMMIT_PATH: &str = "/internal/v1/commit";
 
 /// Content type of both bodies.
-pub const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
+pub(crate) const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
 
 /// Longest wait for a connection to the owner: loopback and LAN answers take well under a
 /// millisecond, so a second means the owner is not there.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Longest wait for a whole commit: 4 MiB over the network plus an append and `fdatasync` on
 /// the owner's disk (tens of ms on a healthy one).
-pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a commit call got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ pub enum CallError {
 }
 
 /// The axum handler of [`COMMIT_PATH`]; the state is this node's receiver.
-pub async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Bytes) -> Response {
+pub(crate) async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Bytes) -> Response {
     let request = match CommitRequest::decode(&body) {
         Ok(request) => request,
         Err(e) => {
@@ -84,7 +84,7 @@ pub async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Byt
 
 /// Sends child commits to other nodes.
 #[derive(Clone)]
-pub struct CommitClient {
+pub(crate) struct CommitClient {
     http: reqwest::Client,
     /// Sent as `Authorization: Bearer` when the cluster runs with a token (the peer secret).
     bearer: Option<String>,
@@ -101,7 +101,7 @@ impl CommitClient {
     }
 
     /// The same client, presenting `secret` (the cluster's peer secret) on every call.
-    pub fn with_bearer(mut self, secret: String) -> CommitClient {
+    pub(crate) fn with_bearer(mut self, secret: String) -> CommitClient {
         self.bearer = Some(secret);
         self
     }

@@ -14,15 +14,15 @@ use serde::{Deserialize, Serialize};
 
 /// Most records one commit carries: a bucket is at most a whole slab (engine reference:
 /// fanout.max_batch_records = 4,096).
-pub const MAX_COMMIT_RECORDS: usize = 4_096;
+pub(crate) const MAX_COMMIT_RECORDS: usize = 4_096;
 
 /// Largest encoded commit request: a slab's 4 MiB of record bytes plus framing (at most a few
 /// dozen bytes of overhead per record at 4,096 records).
-pub const MAX_COMMIT_REQUEST_BYTES: usize = 4 * 1024 * 1024 + 256 * 1024;
+pub(crate) const MAX_COMMIT_REQUEST_BYTES: usize = 4 * 1024 * 1024 + 256 * 1024;
 
 /// One bucket, addressed to the owner of `topic`/`partition`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CommitRequest {
+pub(crate) struct CommitRequest {
     /// The child topic.
     pub topic: String,
     /// The child partition.
@@ -41,7 +41,7 @@ pub struct CommitRequest {
 
 /// One record of a commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireRecord {
+pub(crate) struct WireRecord {
     /// Offset in the parent partition.
     pub parent_offset: u64,
     /// Key; `None` (absent) differs from an empty key.
@@ -54,7 +54,7 @@ pub struct WireRecord {
 
 /// The owner's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CommitResponse {
+pub(crate) enum CommitResponse {
     /// Durable and verified (or, for `deduplicated` records, already held).
     Committed {
         /// Offset of the first record appended (the partition's end when all were held).
@@ -84,7 +84,7 @@ pub enum CommitResponse {
 /// Why bytes are not a commit request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum WireError {
+pub(crate) enum WireError {
     /// More bytes than any commit may have.
     #[error("commit request of {bytes} bytes is over the {MAX_COMMIT_REQUEST_BYTES}-byte limit")]
     TooLarge {
@@ -104,7 +104,7 @@ pub enum WireError {
 
 impl CommitRequest {
     /// The request for one bucket. `batch` must carry its origin (a child commit always does).
-    pub fn from_batch(
+    pub(crate) fn from_batch(
         topic: &str,
         partition: u32,
         generation: u64,
@@ -138,7 +138,7 @@ impl CommitRequest {
     }
 
     /// The batch to append on the receiving side.
-    pub fn into_batch(self) -> AppendBatch {
+    pub(crate) fn into_batch(self) -> AppendBatch {
         let mut parent_offsets = Vec::with_capacity(self.records.len());
         let records = self
             .records

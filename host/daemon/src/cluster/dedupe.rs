@@ -21,7 +21,7 @@ use narad_storage::{AppendBatch, BatchOrigin, RecordOrigin};
 /// Origins remembered per child partition: 16 full slabs (4,096 records each), enough for
 /// every cursor feeding the partition to repeat its last slab, at about 40 bytes each
 /// (~2.6 MiB per partition at the cap, reached only by partitions that see that much traffic).
-pub const WINDOW_ORIGINS: usize = 16 * 4_096;
+pub(crate) const WINDOW_ORIGINS: usize = 16 * 4_096;
 
 /// One record's origin, the unit of membership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ impl OriginWindow {
 
     /// The highest parent offset of `parent_partition` under `epoch` the window holds: every
     /// offset a new record of that parent partition could be dropped for is at or below it.
-    pub fn highest_offset(&self, epoch: [u8; 8], parent_partition: u32) -> Option<u64> {
+    pub(crate) fn highest_offset(&self, epoch: [u8; 8], parent_partition: u32) -> Option<u64> {
         self.arrival
             .iter()
             .filter(|o| o.epoch == epoch && o.parent_partition == parent_partition)
@@ -106,7 +106,7 @@ impl OriginWindow {
     }
 
     /// Which records of a child batch to keep: `false` for each one the window already holds.
-    pub fn keep_mask(&self, origin: &BatchOrigin) -> Vec<bool> {
+    pub(crate) fn keep_mask(&self, origin: &BatchOrigin) -> Vec<bool> {
         origin
             .parent_offsets
             .iter()
@@ -121,7 +121,7 @@ impl OriginWindow {
     }
 
     /// Records the origins of a batch that is now durable in the partition.
-    pub fn remember_batch(&mut self, origin: &BatchOrigin) {
+    pub(crate) fn remember_batch(&mut self, origin: &BatchOrigin) {
         for &parent_offset in &origin.parent_offsets {
             self.remember(Origin {
                 epoch: origin.epoch,
@@ -147,7 +147,7 @@ impl OriginWindow {
 
 /// The batch without the records `keep` marks `false` (their parent offsets go with them), and
 /// how many were dropped. `None` when nothing is left to append.
-pub fn without_held(batch: AppendBatch, keep: &[bool]) -> (Option<AppendBatch>, usize) {
+pub(crate) fn without_held(batch: AppendBatch, keep: &[bool]) -> (Option<AppendBatch>, usize) {
     let Some(origin) = batch.origin else {
         return (Some(batch), 0);
     };

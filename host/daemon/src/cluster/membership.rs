@@ -32,15 +32,15 @@ use crate::shutdown::ShutdownSignal;
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(crate::config::DEFAULT_LEASE_TTL_MS);
 
 /// Renewals per TTL: at 3, two renewals in a row can be lost before the node fences itself.
-pub const RENEWALS_PER_TTL: u32 = 3;
+pub(crate) const RENEWALS_PER_TTL: u32 = 3;
 
 /// Fraction of the TTL without a confirmed renewal after which the node fences itself (stops
 /// taking writes): "nearly a TTL", leaving a fifth of it as margin for clock rate and the
 /// renewal's own round trip.
-pub const FENCE_FRACTION: f64 = 0.8;
+pub(crate) const FENCE_FRACTION: f64 = 0.8;
 
 /// Name of the file in `{data_dir}/cluster/` recording the lease this node last held.
-pub const LEASE_FILE: &str = "lease.json";
+pub(crate) const LEASE_FILE: &str = "lease.json";
 
 /// What a node publishes about itself under `nodes/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,7 +51,7 @@ pub struct NodeRecord {
     /// The HTTP address peers and clients use (`--advertise`), e.g. `http://10.0.0.5:7070`.
     pub advertise: String,
     /// When this process joined, in milliseconds since the Unix epoch.
-    pub joined_at_ms: i64,
+    pub(crate) joined_at_ms: i64,
     /// `host:port` of the node's Kafka listener, when it runs one (`--kafka-listen`): what
     /// Kafka Metadata names as this broker's address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -178,17 +178,17 @@ impl Membership {
     }
 
     /// The etcd lease currently holding the node key.
-    pub fn lease_id(&self) -> i64 {
+    pub(crate) fn lease_id(&self) -> i64 {
         self.lease_id.load(Ordering::Acquire)
     }
 
     /// Renewals confirmed since start.
-    pub fn renewals(&self) -> u64 {
+    pub(crate) fn renewals(&self) -> u64 {
         self.renewals.load(Ordering::Relaxed)
     }
 
     /// Renewals that failed since start.
-    pub fn renewal_failures(&self) -> u64 {
+    pub(crate) fn renewal_failures(&self) -> u64 {
         self.renewal_failures.load(Ordering::Relaxed)
     }
 
@@ -198,7 +198,7 @@ impl Membership {
 
     /// True when no renewal has been confirmed for [`FENCE_FRACTION`] of the TTL: the node must
     /// not take writes (its peers may soon count it dead).
-    pub fn is_fenced(&self) -> bool {
+    pub(crate) fn is_fenced(&self) -> bool {
         let renewed_at = *self
             .renewed_at
             .lock()
@@ -207,7 +207,7 @@ impl Membership {
     }
 
     /// Why this node takes no writes now, when [`Membership::is_fenced`]; `None` otherwise.
-    pub fn fence_reason(&self) -> Option<String> {
+    pub(crate) fn fence_reason(&self) -> Option<String> {
         if !self.is_fenced() {
             return None;
         }
@@ -364,7 +364,7 @@ impl Membership {
     /// Renews the lease [`RENEWALS_PER_TTL`] times per TTL until `shutdown`, registering
     /// again when etcd reports the lease gone. Never returns an error: failures are logged,
     /// counted and retried; [`Membership::is_fenced`] tells the rest of the node.
-    pub async fn keep_alive(&self, shutdown: ShutdownSignal) {
+    pub(crate) async fn keep_alive(&self, shutdown: ShutdownSignal) {
         let every = self.ttl / RENEWALS_PER_TTL;
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -410,7 +410,7 @@ impl Membership {
     }
 
     /// Every live node, by id.
-    pub async fn live_nodes(&self) -> Result<Vec<NodeRecord>> {
+    pub(crate) async fn live_nodes(&self) -> Result<Vec<NodeRecord>> {
         live_nodes(&self.client, &self.prefix).await
     }
 }
@@ -428,7 +428,7 @@ fn is_lease_not_found(error: &etcd_client::Error) -> bool {
 }
 
 /// Every live node of the cluster under `prefix`, by id.
-pub async fn live_nodes(client: &Client, prefix: &str) -> Result<Vec<NodeRecord>> {
+pub(crate) async fn live_nodes(client: &Client, prefix: &str) -> Result<Vec<NodeRecord>> {
     let mut kv = client.kv_client();
     let response = kv
         .get(

@@ -14,32 +14,32 @@ use super::ClusterContext;
 use crate::shutdown::ShutdownSignal;
 
 /// How often the series are brought up to date.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 /// Every cluster series.
 #[derive(Debug, Default)]
-pub struct ClusterMetrics {
+pub(crate) struct ClusterMetrics {
     /// `narad_cluster_live_nodes`.
-    pub live_nodes: Gauge,
+    pub(crate) live_nodes: Gauge,
     /// `narad_cluster_fenced`.
     pub fenced: Gauge,
     /// `narad_cluster_lease_renewals_total`.
-    pub lease_renewals: Counter,
+    pub(crate) lease_renewals: Counter,
     /// `narad_cluster_lease_renewal_failures_total`.
-    pub lease_renewal_failures: Counter,
+    pub(crate) lease_renewal_failures: Counter,
     /// `narad_cluster_watch_full_reads_total`.
-    pub watch_full_reads: Counter,
+    pub(crate) watch_full_reads: Counter,
     /// `narad_cluster_watch_resumes_total`.
-    pub watch_resumes: Counter,
+    pub(crate) watch_resumes: Counter,
     /// `narad_cluster_watch_stalls_total`.
-    pub watch_stalls: Counter,
+    pub(crate) watch_stalls: Counter,
     /// `narad_cluster_watch_compactions_total`.
-    pub watch_compactions: Counter,
+    pub(crate) watch_compactions: Counter,
 }
 
 impl ClusterMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_cluster_live_nodes",
             "Nodes of the cluster whose lease is alive, as this node's watched copy sees them (0 on a single node)",

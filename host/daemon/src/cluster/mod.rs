@@ -46,19 +46,19 @@ pub struct ClusterContext {
     /// The cluster's key prefix in etcd ([`prefix`]).
     pub prefix: String,
     /// This node's lease-held registration (its id and advertised address).
-    pub membership: std::sync::Arc<Membership>,
+    pub(crate) membership: std::sync::Arc<Membership>,
     /// The metadata in etcd, with this node's watched copy.
     pub metastore: std::sync::Arc<crate::metastore::EtcdMetastore>,
     /// Who owns each partition, from the watched metadata.
     pub ownership: std::sync::Arc<ownership::ClusterOwnership>,
     /// The live nodes and their addresses, watched.
-    pub peers: std::sync::Arc<peers::PeerDirectory>,
+    pub(crate) peers: std::sync::Arc<peers::PeerDirectory>,
     /// The HTTP client for calls to other nodes (attach points, stats): fails fast on a dead
     /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
     pub http: reqwest::Client,
     /// The secret other nodes' internal routes require for changes, when the cluster has a
     /// token (`--auth-token-file`).
-    pub peer_bearer: Option<String>,
+    pub(crate) peer_bearer: Option<String>,
 }
 
 /// A call between nodes carries the caller's metadata revision in this header; the callee
@@ -67,13 +67,13 @@ pub struct ClusterContext {
 pub const REVISION_HEADER: &str = "x-narad-revision";
 
 /// Longest wait for a connection to another node (see `commit_rpc::CONNECT_TIMEOUT`).
-pub const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Longest wait for a whole call to another node that is not a long-poll.
-pub const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The client [`ClusterContext::http`] holds.
-pub fn peer_client() -> Result<reqwest::Client, reqwest::Error> {
+pub(crate) fn peer_client() -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .connect_timeout(PEER_CONNECT_TIMEOUT)
         .timeout(PEER_CALL_TIMEOUT)
@@ -82,14 +82,14 @@ pub fn peer_client() -> Result<reqwest::Client, reqwest::Error> {
 
 impl ClusterContext {
     /// This node's id.
-    pub fn node_id(&self) -> &str {
+    pub(crate) fn node_id(&self) -> &str {
         &self.membership.record().id
     }
 
     /// `POST {node's address}{path}` with a JSON body, this node's metadata revision and the
     /// peer secret: the one way nodes ask each other for a change (a move's steps, a seek). The
     /// answer comes back whatever its status; read a failed one with [`PeerError::refused`].
-    pub async fn post_peer<B: serde::Serialize + ?Sized>(
+    pub(crate) async fn post_peer<B: serde::Serialize + ?Sized>(
         &self,
         node: &str,
         path: &str,
@@ -118,7 +118,7 @@ impl ClusterContext {
 /// A call to another node that did not give what was asked, naming the node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("node {node} {reason}")]
-pub struct PeerError {
+pub(crate) struct PeerError {
     /// The node called.
     pub node: String,
     /// The HTTP status it answered, when it answered.

@@ -9,10 +9,10 @@ use std::time::Duration;
 use super::ClusterContext;
 
 /// Longest wait for one node's answer to a module fetch.
-pub const MODULE_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const MODULE_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The internal route that answers a module's bytes, or 404 when the node does not hold it.
-pub fn module_path(digest: &str) -> String {
+pub(crate) fn module_path(digest: &str) -> String {
     format!("/internal/v1/plugins/{digest}/bytes")
 }
 
@@ -22,7 +22,7 @@ pub fn module_path(digest: &str) -> String {
 ///
 /// Blocking: it runs its calls on a runtime of its own, on a thread of its own, because a
 /// plugin load is blocking work that may run anywhere (the blocking pool, a test's thread).
-pub fn fetch_module_blocking(
+pub(crate) fn fetch_module_blocking(
     context: &ClusterContext,
     digest: &str,
 ) -> Result<Option<Vec<u8>>, String> {

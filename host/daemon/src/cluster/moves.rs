@@ -40,19 +40,19 @@ use crate::metastore::{Metastore, MetastoreError, PartitionOwner};
 
 /// Longest wait, on the old owner, for the partition's cursors to stop before a hand-off is
 /// answered with "try again" ([`MoveError::CursorsRunning`]).
-pub const CURSOR_STOP_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const CURSOR_STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// How many times the new owner asks for the hand-off while cursors are still stopping.
-pub const HANDOFF_ATTEMPTS: u32 = 6;
+pub(crate) const HANDOFF_ATTEMPTS: u32 = 6;
 
 /// Longest wait for a hand-off answer: it checksums every file of the partition.
-pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const HANDOFF_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Longest wait for one chunk of a file.
-pub const CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const CHUNK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The internal route of a hand-off (`POST`, [`HandoffRequest`] -> [`Manifest`]).
-pub fn handoff_path(id: &PartitionId) -> String {
+pub(crate) fn handoff_path(id: &PartitionId) -> String {
     format!(
         "/internal/v1/topics/{}/partitions/{}/handoff",
         id.topic, id.partition
@@ -60,7 +60,7 @@ pub fn handoff_path(id: &PartitionId) -> String {
 }
 
 /// The internal route of a chunk of a sealed file (`POST`, [`ChunkRequest`] -> bytes).
-pub fn chunk_path(id: &PartitionId) -> String {
+pub(crate) fn chunk_path(id: &PartitionId) -> String {
     format!(
         "/internal/v1/topics/{}/partitions/{}/files",
         id.topic, id.partition
@@ -69,7 +69,7 @@ pub fn chunk_path(id: &PartitionId) -> String {
 
 /// The internal route that makes the node called run a move of the partition to itself
 /// (`POST`, no body -> [`MoveReport`]).
-pub fn move_in_path(id: &PartitionId) -> String {
+pub(crate) fn move_in_path(id: &PartitionId) -> String {
     format!(
         "/internal/v1/topics/{}/partitions/{}/move-in",
         id.topic, id.partition
@@ -79,7 +79,7 @@ pub fn move_in_path(id: &PartitionId) -> String {
 /// Asks the owner to hand the partition over to `to`, at the generation `to` marked.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HandoffRequest {
+pub(crate) struct HandoffRequest {
     /// The node the partition moves to.
     pub to: String,
     /// The generation of the owner record it marked.
@@ -124,7 +124,7 @@ pub struct MoveReport {
 /// Why a move, or one of its steps, did not happen.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum MoveError {
+pub(crate) enum MoveError {
     /// The metadata could not be read or written, or the owner record changed under the move.
     #[error(transparent)]
     Metastore(#[from] MetastoreError),
@@ -209,21 +209,21 @@ pub enum MoveError {
 pub type SetAside = dyn Fn(&Path, &PartitionId) -> Result<(), String> + Send + Sync;
 
 /// How many cursors of a parent partition run on this node now.
-pub type CursorsRunning = dyn Fn(&PartitionId) -> usize + Send + Sync;
+pub(crate) type CursorsRunning = dyn Fn(&PartitionId) -> usize + Send + Sync;
 
 /// What the mover needs from the parts it must not import (cursors and the set-aside area
 /// belong to layers above the cluster module).
 #[derive(Clone)]
-pub struct MoveHooks {
+pub(crate) struct MoveHooks {
     /// How many cursors of a parent partition run on this node now.
-    pub cursors_running: Arc<CursorsRunning>,
+    pub(crate) cursors_running: Arc<CursorsRunning>,
     /// Sets a partition directory aside, intact (a copy left by an earlier move that did not
     /// finish, found where a new copy is to go).
     pub set_aside: Arc<SetAside>,
 }
 
 /// Runs this node's side of planned moves.
-pub struct Mover {
+pub(crate) struct Mover {
     cluster: Arc<ClusterContext>,
     store: Arc<Store>,
     hooks: MoveHooks,
@@ -275,7 +275,7 @@ impl Mover {
 
     /// Moves partition `partition` of `topic` to this node (the steps in the module doc);
     /// resumes a move to this node that stopped part way.
-    pub async fn move_in(&self, topic: &str, partition: u32) -> Result<MoveReport, MoveError> {
+    pub(crate) async fn move_in(&self, topic: &str, partition: u32) -> Result<MoveReport, MoveError> {
         let id = PartitionId::new(topic.to_owned(), partition);
         if !lock(&self.in_flight).insert(id.clone()) {
             return Err(MoveError::AlreadyMoving {
@@ -524,7 +524,7 @@ impl Mover {
     /// The old owner's side: checks that the metadata shows `request.to` receiving the
     /// partition from this node, waits for its cursors to stop, seals it and describes its
     /// files.
-    pub async fn hand_off(
+    pub(crate) async fn hand_off(
         &self,
         topic: &str,
         partition: u32,
@@ -587,7 +587,7 @@ pub const MOVE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Mover {
     /// Asks node `to` to run the move of `id` to itself, and waits for its report.
-    pub async fn ask_move_in(&self, to: &str, id: &PartitionId) -> Result<MoveReport, MoveError> {
+    pub(crate) async fn ask_move_in(&self, to: &str, id: &PartitionId) -> Result<MoveReport, MoveError> {
         let answer = self
             .cluster
             .post_peer(to, &move_in_path(id), &serde_json::json!({}), MOVE_TIMEOUT)
@@ -630,7 +630,7 @@ impl Mover {
 
     /// The live, uncordoned node other than `exclude` that owns the fewest partitions (ties:
     /// the smaller id): where a move without a named target goes.
-    pub fn pick_target(
+    pub(crate) fn pick_target(
         &self,
         snapshot: &crate::metastore::Snapshot,
         exclude: &str,
@@ -647,7 +647,7 @@ impl Mover {
 }
 
 /// Of `candidates`, the node owning the fewest partitions in `snapshot` (ties: the smaller id).
-pub fn least_loaded(
+pub(crate) fn least_loaded(
     snapshot: &crate::metastore::Snapshot,
     candidates: &[String],
 ) -> Option<String> {

@@ -33,7 +33,7 @@ impl ClusterOwnership {
 
 impl ClusterOwnership {
     /// The owner of `partition` with its generation (what a commit receiver fences on).
-    pub fn owner_at(&self, partition: &PartitionId) -> Option<PartitionOwner> {
+    pub(crate) fn owner_at(&self, partition: &PartitionId) -> Option<PartitionOwner> {
         let snapshot = match self.metastore.cached_snapshot()? {
             Ok(snapshot) => snapshot,
             Err(e) => {

@@ -78,7 +78,7 @@ impl PeerDirectory {
     }
 
     /// The live nodes that may be given new partitions: alive and not cordoned, sorted.
-    pub fn placeable(&self) -> Vec<String> {
+    pub(crate) fn placeable(&self) -> Vec<String> {
         let cordons = self.cordons.view();
         self.live()
             .into_iter()
@@ -130,7 +130,7 @@ impl PeerDirectory {
     }
 
     /// The address node `id` advertises, if it is alive.
-    pub fn advertise_of(&self, id: &str) -> Option<String> {
+    pub(crate) fn advertise_of(&self, id: &str) -> Option<String> {
         let view = self.cache.view();
         let bytes = view.entries.get(id)?;
         match serde_json::from_slice::<NodeRecord>(bytes) {
@@ -143,7 +143,7 @@ impl PeerDirectory {
     }
 
     /// Whether node `id` is alive.
-    pub fn is_live(&self, id: &str) -> bool {
+    pub(crate) fn is_live(&self, id: &str) -> bool {
         self.cache.view().entries.contains_key(id)
     }
 

@@ -64,7 +64,7 @@ pub struct Request<'a> {
     /// The operator's choice, one node per new partition.
     pub pinned: Option<&'a [String]>,
     /// The owners of the parent's partitions, for a child with the parent's partition count.
-    pub away_from: Option<&'a [PartitionOwner]>,
+    pub(crate) away_from: Option<&'a [PartitionOwner]>,
 }
 
 /// The owners of the new partitions, in order.

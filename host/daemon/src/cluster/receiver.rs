@@ -23,7 +23,7 @@ use super::dedupe::{OriginWindow, WINDOW_ORIGINS, without_held};
 use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
-pub type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
+pub(crate) type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
 
 /// A partition's window, with the ownership generation it was built for.
 type GenerationWindow = (u64, OriginWindow);
@@ -32,7 +32,7 @@ type GenerationWindow = (u64, OriginWindow);
 const REBUILD_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// Applies child commits addressed to this node.
-pub struct CommitReceiver {
+pub(crate) struct CommitReceiver {
     node: String,
     store: Arc<Store>,
     owners: Arc<OwnerLookup>,
@@ -55,7 +55,7 @@ impl CommitReceiver {
     }
 
     /// This receiver, refusing every commit while `fence` says why not (the node lost etcd).
-    pub fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> CommitReceiver {
+    pub(crate) fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> CommitReceiver {
         self.fence = Some(fence);
         self
     }
@@ -145,7 +145,7 @@ impl CommitReceiver {
     /// Forgets the windows of partitions this node no longer owns (moved away, re-created
     /// elsewhere, deleted), so their memory (up to a few MiB each) goes with them; a window
     /// is rebuilt from the tail if the partition comes back. Returns how many were dropped.
-    pub fn forget_unowned(&self) -> usize {
+    pub(crate) fn forget_unowned(&self) -> usize {
         let mut windows = self
             .windows
             .lock()
@@ -159,7 +159,7 @@ impl CommitReceiver {
     /// remembers (its dedupe window, built from its tail if no commit built it yet): a parent
     /// partition re-created empty must start above it, or its new records would be dropped
     /// as copies of the old ones. Only the owner answers. Blocking.
-    pub fn highest_origin(
+    pub(crate) fn highest_origin(
         &self,
         id: &PartitionId,
         epoch: [u8; 8],
@@ -230,7 +230,7 @@ impl CommitReceiver {
 /// Why [`CommitReceiver::highest_origin`] has no answer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum HighestOriginError {
+pub(crate) enum HighestOriginError {
     /// This node does not own the partition (by its metadata copy).
     #[error("this node does not own {partition} (its owner: {})", owner.as_deref().unwrap_or("none"))]
     NotOwner {

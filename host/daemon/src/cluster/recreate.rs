@@ -47,7 +47,7 @@ use crate::metastore::{LinkMeta, Metastore, MetastoreError, PartitionOwner, Snap
 const ASKED_AT_ONCE: usize = 16;
 
 /// The internal route a child partition's owner answers [`HighestOriginRequest`] on.
-pub fn highest_origin_path(child: &PartitionId) -> String {
+pub(crate) fn highest_origin_path(child: &PartitionId) -> String {
     format!(
         "/internal/v1/topics/{}/partitions/{}/highest-origin",
         child.topic, child.partition
@@ -55,7 +55,7 @@ pub fn highest_origin_path(child: &PartitionId) -> String {
 }
 
 /// The internal route that makes the node called re-create the partition on itself.
-pub fn recreate_here_path(id: &PartitionId) -> String {
+pub(crate) fn recreate_here_path(id: &PartitionId) -> String {
     format!(
         "/internal/v1/topics/{}/partitions/{}/recreate-here",
         id.topic, id.partition
@@ -66,7 +66,7 @@ pub fn recreate_here_path(id: &PartitionId) -> String {
 /// partition under one attach epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct HighestOriginRequest {
+pub(crate) struct HighestOriginRequest {
     /// The link's attach epoch (16 hex digits).
     pub epoch: String,
     /// The parent partition.
@@ -75,7 +75,7 @@ pub struct HighestOriginRequest {
 
 /// The answer to a [`HighestOriginRequest`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HighestOrigin {
+pub(crate) struct HighestOrigin {
     /// The highest parent offset held, if any record of that origin is remembered.
     pub highest: Option<u64>,
 }
@@ -83,7 +83,7 @@ pub struct HighestOrigin {
 /// What the node asked to re-create a partition on itself is told.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RecreateHereRequest {
+pub(crate) struct RecreateHereRequest {
     /// The lowest offset the new log may start at (it starts higher if a child remembers a
     /// higher one).
     #[serde(default)]
@@ -129,7 +129,7 @@ pub struct RecreateReport {
 /// Why a re-creation did not happen.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RecreateError {
+pub(crate) enum RecreateError {
     /// The metadata could not be read or written, or the owner record changed under us.
     #[error(transparent)]
     Metastore(#[from] MetastoreError),
@@ -207,7 +207,7 @@ pub enum RecreateError {
 pub type SetAside = super::moves::SetAside;
 
 /// Runs this node's side of forced re-creations.
-pub struct Recreator {
+pub(crate) struct Recreator {
     cluster: Arc<ClusterContext>,
     store: Arc<Store>,
     receiver: Arc<CommitReceiver>,
@@ -237,7 +237,7 @@ impl Recreator {
 
     /// Re-creates partition `partition` of `topic`, empty, on this node (the rules in the
     /// module doc); `start_offset` is the lowest offset the new log may start at.
-    pub async fn recreate_here(
+    pub(crate) async fn recreate_here(
         &self,
         topic: &str,
         partition: u32,
@@ -521,7 +521,7 @@ fn attach_point(link: &LinkMeta, partition: u32) -> Option<u64> {
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/highest-origin`, served by the child
 /// partition's owner from its dedupe window.
-pub async fn highest_origin_route(
+pub(crate) async fn highest_origin_route(
     axum::extract::State(receiver): axum::extract::State<Arc<CommitReceiver>>,
     axum::extract::Path((topic, partition)): axum::extract::Path<(String, u32)>,
     axum::Json(request): axum::Json<HighestOriginRequest>,

@@ -48,7 +48,7 @@ impl OffsetFile {
 
     /// Moves the position past a slab every bucket of which is acknowledged, to `next_offset`
     /// (one past the slab's last record).
-    pub async fn past_slab(
+    pub(crate) async fn past_slab(
         &self,
         _every_bucket: &Acknowledged,
         next_offset: u64,
@@ -58,13 +58,13 @@ impl OffsetFile {
 
     /// Moves the position up to the parent's log start `log_start`: the records before it
     /// aged out before the cursor copied them.
-    pub async fn past_aged_out(&self, log_start: u64) -> Result<(), AdvanceError> {
+    pub(crate) async fn past_aged_out(&self, log_start: u64) -> Result<(), AdvanceError> {
         self.write(log_start).await
     }
 
     /// Moves the position back to the parent's high watermark `high`: the parent lost records
     /// the cursor had copied, and the offsets it reuses for new records must be copied too.
-    pub async fn back_to_parent_end(&self, high: u64) -> Result<(), AdvanceError> {
+    pub(crate) async fn back_to_parent_end(&self, high: u64) -> Result<(), AdvanceError> {
         self.write(high).await
     }
 

@@ -180,7 +180,7 @@ impl ChildCommitError {
 
     /// Whether the text already names the child partition (every case but a local storage
     /// error), so a stall reason does not name it twice.
-    pub fn names_partition(&self) -> bool {
+    pub(crate) fn names_partition(&self) -> bool {
         !matches!(self, ChildCommitError::Storage(_))
     }
 }

@@ -96,7 +96,7 @@ impl LinkRuntime {
 
     /// Replaces the link's shadow (`None`: no shadow); cursors offer their next routed slab
     /// to the new one. The link's own chain is not touched.
-    pub fn set_shadow(&self, shadow: Option<Arc<Shadow>>) {
+    pub(crate) fn set_shadow(&self, shadow: Option<Arc<Shadow>>) {
         match self.shadow.write() {
             Ok(mut guard) => *guard = shadow,
             Err(poisoned) => *poisoned.into_inner() = shadow,

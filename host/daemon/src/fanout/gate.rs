@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// The newest commit time a delay child may copy at `now_ms`: `now - delay`. `None` for a
 /// child without delay (every record is due).
-pub fn max_committed_at(now_ms: i64, delay_ms: u64) -> Option<i64> {
+pub(crate) fn max_committed_at(now_ms: i64, delay_ms: u64) -> Option<i64> {
     if delay_ms == 0 {
         return None;
     }
@@ -19,7 +19,7 @@ pub fn max_committed_at(now_ms: i64, delay_ms: u64) -> Option<i64> {
 /// The record is due when `now - delay >= committed_at`, i.e. at `committed_at + delay`. The
 /// caller re-checks the gate after waking, so a clock that stepped back while it slept makes it
 /// sleep again rather than deliver early.
-pub fn sleep_until_due(
+pub(crate) fn sleep_until_due(
     committed_at_ms: i64,
     delay_ms: u64,
     now_ms: i64,

@@ -41,7 +41,7 @@ pub struct StateLabels {
 /// Labels of the per-child series the child committer counts (not per cursor: a commit does
 /// not know which parent its bucket came from).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ChildLabels {
+pub(crate) struct ChildLabels {
     /// Child topic.
     pub child: String,
 }
@@ -72,7 +72,7 @@ pub struct FanoutMetrics {
     /// name (Prometheus counters get a `_total` suffix); it only grows while the cursor runs.
     pub dropped_messages: Family<CursorLabels, Gauge<i64, AtomicI64>>,
     /// `narad_fanout_records_copied_total`: records committed to the child.
-    pub records_copied: Family<CursorLabels, Counter>,
+    pub(crate) records_copied: Family<CursorLabels, Counter>,
     /// `narad_fanout_slabs_total`: slabs fully committed (the offset file advanced).
     pub slabs: Family<CursorLabels, Counter>,
     /// `narad_fanout_commit_retries_total`: bucket commits that failed and were retried.
@@ -81,32 +81,32 @@ pub struct FanoutMetrics {
     pub route_failures: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_rewinds_total`: start-ups that found the cursor ahead of what its
     /// child holds and moved it back.
-    pub rewinds: Family<CursorLabels, Counter>,
+    pub(crate) rewinds: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_parent_end_rewinds_total`: times the cursor found its position
     /// past the parent's high watermark (the parent lost records it had copied) and moved
     /// back to the parent's end.
     pub parent_end_rewinds: Family<CursorLabels, Counter>,
     /// `narad_fanout_seek_skipped_records_total`: records an operator's forward seek skipped
     /// on purpose (never counted as dropped).
-    pub seek_skipped: Family<CursorLabels, Counter>,
+    pub(crate) seek_skipped: Family<CursorLabels, Counter>,
     /// `narad_fanout_remote_sent_bytes_total`: key, value and header bytes a remote child's
     /// target acknowledged (repeats after a failed slab included).
-    pub remote_sent_bytes: Family<CursorLabels, Counter>,
+    pub(crate) remote_sent_bytes: Family<CursorLabels, Counter>,
     /// `narad_fanout_remote_send_failures_total`: requests to a remote child's target that
     /// were not acknowledged (no answer, or a refusal).
-    pub remote_send_failures: Family<CursorLabels, Counter>,
+    pub(crate) remote_send_failures: Family<CursorLabels, Counter>,
     /// `narad_fanout_cursor_state`: 1 for the state the cursor is in, 0 for the others.
     pub state: Family<StateLabels, Gauge>,
     /// `narad_fanout_commit_deduplicated_records_total`: records of child commits sent to
     /// another node that its child partition already held (a retried commit whose first try
     /// was stored), so they were not stored again. Per child, on the sending node, never
     /// removed.
-    pub commit_deduplicated: Family<ChildLabels, Counter>,
+    pub(crate) commit_deduplicated: Family<ChildLabels, Counter>,
 }
 
 impl FanoutMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_fanout_lag_messages",
             "Parent high watermark minus the cursor's next offset: records not yet copied to the child",
@@ -180,7 +180,7 @@ impl FanoutMetrics {
     }
 
     /// Removes every series of one cursor (it stopped, or its partition moved away).
-    pub fn remove_cursor(&self, labels: &CursorLabels) {
+    pub(crate) fn remove_cursor(&self, labels: &CursorLabels) {
         self.lag_messages.remove(labels);
         self.due_lag_seconds.remove(labels);
         self.dropped_messages.remove(labels);

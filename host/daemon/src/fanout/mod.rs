@@ -65,7 +65,7 @@ use std::time::Duration;
 
 /// Long-poll on the parent before a slab read gives up and reports no data (engine
 /// reference: slab long-poll 1 s).
-pub const SLAB_LONG_POLL: Duration = Duration::from_secs(1);
+pub(crate) const SLAB_LONG_POLL: Duration = Duration::from_secs(1);
 
 /// Most records in one slab (engine reference: fanout.max_batch_records = 4,096).
 pub const SLAB_MAX_RECORDS: usize = 4_096;
@@ -74,29 +74,29 @@ pub const SLAB_MAX_RECORDS: usize = 4_096;
 pub const SLAB_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 /// How long a partial slab waits for more records before it ships (engine reference: 25 ms).
-pub const SLAB_LINGER: Duration = Duration::from_millis(25);
+pub(crate) const SLAB_LINGER: Duration = Duration::from_millis(25);
 
 /// Child-partition commits in flight per slab (engine reference: 16, from v3.1.0).
 pub const COMMITS_IN_FLIGHT: usize = 16;
 
 /// Pauses between the quick tries of a failed bucket commit: 3 tries, 100 ms then 200 ms
 /// apart (engine reference).
-pub const QUICK_RETRY_PAUSES: [Duration; 2] =
+pub(crate) const QUICK_RETRY_PAUSES: [Duration; 2] =
     [Duration::from_millis(100), Duration::from_millis(200)];
 
 /// Back-off before retrying buckets that failed their quick tries, and between routing
 /// attempts of a slab a plugin failed (engine reference: retry backoff 1 s).
-pub const RETRY_BACKOFF: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Longest sleep of a delay cursor waiting for its next record to come due, so its gauges and
 /// view of the metadata stay fresh (engine reference: defaultFanoutDueWakeCap = 30 s).
-pub const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
+pub(crate) const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
 
 /// Longest back-off of a cursor whose remote child's target keeps failing: the wait starts at
 /// [`RETRY_BACKOFF`] and doubles with each failed try of the same slab, up to this, so a target
 /// that is down or refusing is not asked every second by every cursor (ours; the reference
 /// retries remote sends with back-off and names no cap).
-pub const REMOTE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const REMOTE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Every wait of a cursor, carried to it with its clock (`CursorDeps`). [`Default`] gives the
 /// reference constants above; tests shorten them instead of sleeping for seconds.
@@ -123,7 +123,7 @@ impl FanoutTiming {
     /// The back-off after the `failures`-th failed try in a row of one slab at a remote
     /// target: [`FanoutTiming::retry_backoff`], doubled per failure after the first, at most
     /// [`FanoutTiming::remote_backoff_max`].
-    pub fn remote_backoff(&self, failures: u32) -> Duration {
+    pub(crate) fn remote_backoff(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(16);
         self.retry_backoff
             .saturating_mul(1u32 << doublings)

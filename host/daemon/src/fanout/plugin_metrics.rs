@@ -17,19 +17,19 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Hex digits of the digest kept in the `digest` label.
-pub const DIGEST_LABEL_HEX: usize = 12;
+pub(crate) const DIGEST_LABEL_HEX: usize = 12;
 
 /// Upper bounds of the call-duration histogram, in seconds: 10 us to 1 s. A built-in router
 /// takes tens of microseconds for a 4,096-record slab; the runtime's deadline stops a call
 /// long before the last bucket.
-pub const CALL_DURATION_BUCKETS_SECONDS: [f64; 12] = [
+pub(crate) const CALL_DURATION_BUCKETS_SECONDS: [f64; 12] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.1,
     1.0,
 ];
 
 /// What changed for one plugin of a chain over one routing of a slab.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PluginCallSample {
+pub(crate) struct PluginCallSample {
     /// Manifest name.
     pub plugin: String,
     /// Digest, as hex.
@@ -38,9 +38,9 @@ pub struct PluginCallSample {
     /// in `search_calls`.
     pub calls: u64,
     /// Calls made by the poison-record search of a slab that keeps failing.
-    pub search_calls: u64,
+    pub(crate) search_calls: u64,
     /// `narad.log` lines the rate limit (or a bad range) dropped.
-    pub log_lines_dropped: u64,
+    pub(crate) log_lines_dropped: u64,
     /// Records handed in.
     pub records: u64,
     /// Time spent in those calls.
@@ -50,14 +50,14 @@ pub struct PluginCallSample {
 }
 
 /// Receives what each slab's routing cost, per plugin.
-pub trait RouteObserver: Send + Sync {
+pub(crate) trait RouteObserver: Send + Sync {
     /// Called after a slab was routed (or failed to), once per plugin that was called.
     fn observe(&self, sample: &PluginCallSample);
 }
 
 /// Labels of the per-plugin series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PluginLabels {
+pub(crate) struct PluginLabels {
     /// Plugin name.
     pub plugin: String,
     /// First [`DIGEST_LABEL_HEX`] hex digits of its digest.
@@ -66,7 +66,7 @@ pub struct PluginLabels {
 
 /// Labels of the failure series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PluginErrorLabels {
+pub(crate) struct PluginErrorLabels {
     /// Plugin name.
     pub plugin: String,
     /// Short digest.
@@ -82,7 +82,7 @@ fn histogram() -> Histogram {
 
 /// Every plugin series.
 #[derive(Debug)]
-pub struct PluginMetrics {
+pub(crate) struct PluginMetrics {
     /// `narad_plugin_calls_total`.
     pub calls: Family<PluginLabels, Counter>,
     /// `narad_plugin_records_total`.
@@ -92,9 +92,9 @@ pub struct PluginMetrics {
     /// `narad_plugin_call_duration_seconds`.
     pub duration: Family<PluginLabels, Histogram, fn() -> Histogram>,
     /// `narad_plugin_search_calls_total`.
-    pub search_calls: Family<PluginLabels, Counter>,
+    pub(crate) search_calls: Family<PluginLabels, Counter>,
     /// `narad_plugin_log_lines_dropped_total`.
-    pub log_lines_dropped: Family<PluginLabels, Counter>,
+    pub(crate) log_lines_dropped: Family<PluginLabels, Counter>,
 }
 
 impl Default for PluginMetrics {
@@ -112,7 +112,7 @@ impl Default for PluginMetrics {
 
 impl PluginMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_plugin_calls",
             "Calls into a routing plugin to route a slab (one per slab it was handed; the poison-record search is counted in narad_plugin_search_calls)",

@@ -31,24 +31,24 @@ use super::committer::{ChildCommitError, ChildCommitter};
 use crate::metastore::RemoteTarget;
 
 /// The header every copy carries its origin in.
-pub const ORIGIN_HEADER: &str = "narad-origin";
+pub(crate) const ORIGIN_HEADER: &str = "narad-origin";
 
 /// Most records per request to the target (its default limit is 10,000).
-pub const MAX_RECORDS_PER_REQUEST: usize = 1_000;
+pub(crate) const MAX_RECORDS_PER_REQUEST: usize = 1_000;
 
 /// Most key, value and header bytes per request, before base64 (its default request limit is
 /// 64 MiB).
-pub const MAX_BYTES_PER_REQUEST: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_BYTES_PER_REQUEST: usize = 4 * 1024 * 1024;
 
 /// Longest wait for one request's answer.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest wait for a connection to the target.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Sends a remote child's buckets to its target. Blocking, like every [`ChildCommitter`]:
 /// called on the blocking pool by the cursor's commit lanes.
-pub struct RemoteSender {
+pub(crate) struct RemoteSender {
     target: RemoteTarget,
     /// Names where the copies come from in their origin header.
     source: String,
@@ -62,7 +62,7 @@ pub struct RemoteSender {
 
 /// What a [`RemoteSender`] tells about each request: the bytes the target acknowledged, or
 /// `None` when it did not acknowledge it.
-pub type SentHook = dyn Fn(Option<u64>) + Send + Sync;
+pub(crate) type SentHook = dyn Fn(Option<u64>) + Send + Sync;
 
 impl std::fmt::Debug for RemoteSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

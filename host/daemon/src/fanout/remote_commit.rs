@@ -37,13 +37,13 @@ use crate::produce::Producer;
 
 /// The address a live node advertises (e.g. `http://10.0.0.5:7070`), `None` when the node is
 /// not alive; in production `cluster::peers::PeerDirectory::advertise_of`.
-pub type AddressLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
+pub(crate) type AddressLookup = dyn Fn(&str) -> Option<String> + Send + Sync;
 
 /// Commits each bucket on the node that owns its child partition: here through the produce
 /// path, elsewhere over the internal commit call. Blocking, like every [`ChildCommitter`]:
 /// call [`ChildCommitter::commit`] from the blocking pool (as the cursor's commit lanes do),
 /// never from an async task, since it blocks on the runtime for a remote call.
-pub struct ClusterCommitter {
+pub(crate) struct ClusterCommitter {
     node: String,
     local: Arc<Producer>,
     owners: Arc<OwnerLookup>,
@@ -96,14 +96,14 @@ impl ClusterCommitter {
     /// The same committer, applying local child commits through `receiver` (the one this
     /// node's `/internal/v1/commit` serves), so that a slab repeated after a crash is absorbed
     /// on the cursor's own node too, not only on remote owners.
-    pub fn with_local_receiver(mut self, receiver: Arc<CommitReceiver>) -> ClusterCommitter {
+    pub(crate) fn with_local_receiver(mut self, receiver: Arc<CommitReceiver>) -> ClusterCommitter {
         self.receiver = Some(receiver);
         self
     }
 
     /// The same committer, sending nothing while `fence` gives a reason (the node could not
     /// renew its lease): the buckets wait in memory and are retried, as for a dead owner.
-    pub fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> ClusterCommitter {
+    pub(crate) fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> ClusterCommitter {
         self.fence = Some(fence);
         self
     }

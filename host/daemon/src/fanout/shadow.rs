@@ -33,16 +33,16 @@ use crate::metastore::link::ShadowSpec;
 /// Slabs waiting for a shadow's candidate, per link; an offer beyond them is skipped. Each
 /// holds its records (shared with the cursor while it commits them), so this bounds what a
 /// shadow keeps alive: the slab being routed plus this many, at most 4 MiB each.
-pub const SHADOW_QUEUE_DEPTH: usize = 2;
+pub(crate) const SHADOW_QUEUE_DEPTH: usize = 2;
 
 /// Most distinct (real partition, candidate partition) pairs a report lists; records moved
 /// between further pairs are counted in [`ShadowReport::moved_other_records`], so a child with
 /// many partitions cannot grow the report without bound.
-pub const MAX_MOVED_PAIRS: usize = 256;
+pub(crate) const MAX_MOVED_PAIRS: usize = 256;
 
 /// One slab offered to a shadow: what the real routing saw and decided.
 #[derive(Clone, Debug)]
-pub struct ShadowSlab {
+pub(crate) struct ShadowSlab {
     /// The real routing's input (the candidate gets its own config and attempt 0).
     pub input: RouteInput,
     /// The slab's records, shared with the cursor.
@@ -160,7 +160,7 @@ pub struct ShadowReport {
 impl ShadowReport {
     /// Adds `other` (another node's report of the same shadow) to this one: counts summed,
     /// partition pairs merged under the same [`MAX_MOVED_PAIRS`] cap, errors summed by kind.
-    pub fn merge(&mut self, other: &ShadowReport) {
+    pub(crate) fn merge(&mut self, other: &ShadowReport) {
         self.slabs_seen += other.slabs_seen;
         self.records_seen += other.records_seen;
         self.slabs_skipped += other.slabs_skipped;
@@ -353,13 +353,13 @@ impl Shadow {
     }
 
     /// True while the candidate chain has not been built (the reconciler tries again).
-    pub fn needs_build(&self) -> bool {
+    pub(crate) fn needs_build(&self) -> bool {
         self.inner.candidate().is_none()
     }
 
     /// Puts in the candidate chain that could not be built when the shadow started; the
     /// report keeps what it counted (the skipped slabs) and forgets the build error.
-    pub fn install(&self, candidate: Box<dyn SlabRouter>) {
+    pub(crate) fn install(&self, candidate: Box<dyn SlabRouter>) {
         *self
             .inner
             .candidate
@@ -369,13 +369,13 @@ impl Shadow {
     }
 
     /// Records why the candidate chain still cannot be built.
-    pub fn build_failed(&self, why: String) {
+    pub(crate) fn build_failed(&self, why: String) {
         self.inner.tally().report.build_error = Some(why);
     }
 
     /// Offers a routed slab to the candidate, without waiting: when the queue is full, or the
     /// candidate is not built, the slab is counted as skipped instead.
-    pub fn offer(&self, slab: ShadowSlab) {
+    pub(crate) fn offer(&self, slab: ShadowSlab) {
         if self.needs_build() {
             self.inner.tally().skipped(slab.records.len());
             return;

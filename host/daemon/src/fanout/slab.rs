@@ -17,7 +17,7 @@ use crate::blocking::BlockingError;
 /// Why a slab read failed; the cursor stalls with this text and reads again later.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SlabError {
+pub(crate) enum SlabError {
     /// The parent partition could not be read (or waited on).
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -28,7 +28,7 @@ pub enum SlabError {
 
 /// The outcome of one slab read.
 #[derive(Debug)]
-pub enum SlabRead {
+pub(crate) enum SlabRead {
     /// Records to copy, in offset order starting at the requested offset.
     Records {
         /// The records.
@@ -42,7 +42,7 @@ pub enum SlabRead {
 
 /// Why a slab read brought no records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRecords {
+pub(crate) enum NoRecords {
     /// Nothing new arrived within the long-poll.
     Idle {
         /// The parent's high watermark.
@@ -74,7 +74,7 @@ async fn read_blocking(
 /// Reads the next slab at `from`: long-polls up to `timing.slab_long_poll` for a first record,
 /// then tops up to [`SLAB_MAX_RECORDS`] / [`SLAB_MAX_BYTES`] or until `timing.slab_linger`
 /// passes. `gate` gives the delay gate (`now - delay`) at each read, `None` for a plain child.
-pub async fn read_slab(
+pub(crate) async fn read_slab(
     store: &Arc<Store>,
     id: &PartitionId,
     from: u64,

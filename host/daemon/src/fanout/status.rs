@@ -50,7 +50,7 @@ pub enum RemoteState {
 impl CursorReport {
     /// Fills the remote child's fields ([`CursorReport::remote_state`],
     /// [`CursorReport::recovery_point`]) from the cursor's state.
-    pub fn mark_remote(&mut self) {
+    pub(crate) fn mark_remote(&mut self) {
         self.remote_state = Some(match (self.state, self.refused) {
             (CursorState::Stalled, true) => RemoteState::Failed,
             (CursorState::Stalled, false) => RemoteState::Retrying,
@@ -116,7 +116,7 @@ pub struct CursorReport {
 /// the daemon's own around two pieces of plugin text of
 /// [`narad_runtime::text::MAX_PLUGIN_TEXT_BYTES`] each (a routing failure names the failure of
 /// the slab and that of its poison record).
-pub const MAX_ERROR_TEXT_BYTES: usize = 2048;
+pub(crate) const MAX_ERROR_TEXT_BYTES: usize = 2048;
 
 /// Milliseconds since the Unix epoch on this node's clock (0 if it is before 1970).
 fn wall_clock_ms() -> i64 {
@@ -154,11 +154,11 @@ pub struct CursorStatus {
 
 /// An operator's order to move a paused cursor to `offset`, and where its answer goes.
 #[derive(Debug)]
-pub struct SeekOrder {
+pub(crate) struct SeekOrder {
     /// The parent offset the cursor is to copy next.
     pub offset: u64,
     /// The outcome, or why the seek was refused.
-    pub reply: tokio::sync::oneshot::Sender<Result<SeekDone, String>>,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<SeekDone, String>>,
 }
 
 /// A seek carried out.
@@ -231,7 +231,7 @@ impl CursorStatus {
     }
 
     /// Records the cursor's durable position and the parent's high watermark.
-    pub fn set_position(&self, next_offset: u64, high_watermark: u64) {
+    pub(crate) fn set_position(&self, next_offset: u64, high_watermark: u64) {
         let mut inner = self.lock();
         inner.next_offset = Some(next_offset);
         inner.high_watermark = Some(high_watermark.max(next_offset));
@@ -243,7 +243,7 @@ impl CursorStatus {
     }
 
     /// Records how far behind the due frontier the cursor is.
-    pub fn set_due_lag(&self, seconds: f64) {
+    pub(crate) fn set_due_lag(&self, seconds: f64) {
         self.lock().due_lag_seconds = seconds;
         self.metrics
             .due_lag_seconds
@@ -252,7 +252,7 @@ impl CursorStatus {
     }
 
     /// Counts `count` records skipped by drop-behind.
-    pub fn add_dropped(&self, count: u64) {
+    pub(crate) fn add_dropped(&self, count: u64) {
         let mut inner = self.lock();
         inner.dropped += count;
         self.metrics
@@ -262,7 +262,7 @@ impl CursorStatus {
     }
 
     /// Counts a fully committed slab of `records` records.
-    pub fn slab_committed(&self, records: u64) {
+    pub(crate) fn slab_committed(&self, records: u64) {
         self.metrics
             .records_copied
             .get_or_create(&self.labels)
@@ -271,7 +271,7 @@ impl CursorStatus {
     }
 
     /// Counts failed bucket commits that will be retried.
-    pub fn commit_retried(&self, buckets: u64) {
+    pub(crate) fn commit_retried(&self, buckets: u64) {
         self.metrics
             .commit_retries
             .get_or_create(&self.labels)
@@ -279,7 +279,7 @@ impl CursorStatus {
     }
 
     /// Counts a slab the router could not route.
-    pub fn route_failed(&self) {
+    pub(crate) fn route_failed(&self) {
         self.metrics
             .route_failures
             .get_or_create(&self.labels)
@@ -287,13 +287,13 @@ impl CursorStatus {
     }
 
     /// Counts a start-up rewind (the cursor was ahead of its child).
-    pub fn rewound(&self) {
+    pub(crate) fn rewound(&self) {
         self.metrics.rewinds.get_or_create(&self.labels).inc();
     }
 
     /// Counts a rewind to the parent's end (the cursor's position was past the parent's high
     /// watermark).
-    pub fn rewound_to_parent_end(&self) {
+    pub(crate) fn rewound_to_parent_end(&self) {
         self.lock().parent_end_rewinds += 1;
         self.metrics
             .parent_end_rewinds
@@ -333,7 +333,7 @@ impl CursorStatus {
     }
 
     /// The seek waiting to be carried out, if any.
-    pub fn take_seek(&self) -> Option<SeekOrder> {
+    pub(crate) fn take_seek(&self) -> Option<SeekOrder> {
         self.seek
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -341,7 +341,7 @@ impl CursorStatus {
     }
 
     /// Counts records a forward seek skipped.
-    pub fn add_skipped_by_seek(&self, count: u64) {
+    pub(crate) fn add_skipped_by_seek(&self, count: u64) {
         self.lock().skipped_by_seek += count;
         self.metrics
             .seek_skipped
@@ -351,7 +351,7 @@ impl CursorStatus {
 
     /// Counts what a remote child's target acknowledged (`bytes`), or one request it did not
     /// (`bytes` is `None`).
-    pub fn remote_sent(&self, bytes: Option<u64>) {
+    pub(crate) fn remote_sent(&self, bytes: Option<u64>) {
         match bytes {
             Some(bytes) => {
                 self.metrics
@@ -383,7 +383,7 @@ impl CursorStatus {
     /// [`CursorStatus::stalled`] on a remote target's refusal (see
     /// [`CursorReport::refused`]); cleared by the next stall for another reason, or once the
     /// cursor is healthy.
-    pub fn stalled_refused(&self, reason: String) {
+    pub(crate) fn stalled_refused(&self, reason: String) {
         self.lock().refused = true;
         self.set_state(CursorState::Stalled, Some(reason));
     }
@@ -457,7 +457,7 @@ impl CursorStatus {
     }
 
     /// Removes the cursor's series (it stopped).
-    pub fn retire(&self) {
+    pub(crate) fn retire(&self) {
         self.metrics.remove_cursor(&self.labels);
     }
 }
@@ -492,7 +492,7 @@ impl FanoutView {
 
     /// How many cursors (of any link) read parent partition `partition` of `parent` now. A
     /// cursor leaves the view only after its task has ended, so 0 means none is running.
-    pub fn running_on(&self, parent: &str, partition: u32) -> usize {
+    pub(crate) fn running_on(&self, parent: &str, partition: u32) -> usize {
         let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
         cursors
             .iter()

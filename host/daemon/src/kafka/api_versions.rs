@@ -10,7 +10,7 @@ use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 
 /// Every API handled, with its lowest and highest version.
-pub const OFFERED: &[(ApiKey, i16, i16)] = &[
+pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),
     (ApiKey::Fetch, 4, 12),
     (ApiKey::ListOffsets, 1, 7),

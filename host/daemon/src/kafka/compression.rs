@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 /// Compression of a record batch: the low three bits of its attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Codec {
+pub(crate) enum Codec {
     /// Not compressed.
     None,
     /// gzip (one or more members).
@@ -25,7 +25,7 @@ pub enum Codec {
 
 impl Codec {
     /// The codec of batch attributes, `None` for an unknown one (5, 6, 7).
-    pub fn from_attributes(attributes: i16) -> Option<Codec> {
+    pub(crate) fn from_attributes(attributes: i16) -> Option<Codec> {
         match attributes & 0x7 {
             0 => Some(Codec::None),
             1 => Some(Codec::Gzip),
@@ -40,7 +40,7 @@ impl Codec {
 /// Why a batch's records could not be decompressed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum DecompressError {
+pub(crate) enum DecompressError {
     /// The decompressed records would exceed the cap.
     #[error("decompressed records exceed {cap} bytes")]
     TooLarge {
@@ -65,7 +65,7 @@ const XERIAL_HEADER_BYTES: usize = 16;
 
 /// Decompresses `data` (a batch's records section) written with `codec`, refusing output
 /// larger than `cap` bytes.
-pub fn decompress(codec: Codec, data: Bytes, cap: usize) -> Result<Bytes, DecompressError> {
+pub(crate) fn decompress(codec: Codec, data: Bytes, cap: usize) -> Result<Bytes, DecompressError> {
     match codec {
         Codec::None => {
             if data.len() > cap {

@@ -38,9 +38,9 @@ const MIN_FRAME_BYTES: usize = 8;
 #[derive(Debug, Clone)]
 pub struct ListenOptions {
     /// Most connections open at once.
-    pub max_connections: u32,
+    pub(crate) max_connections: u32,
     /// Longest wait for connections still busy at shutdown before they are dropped.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 }
 
 /// Serves Kafka clients on `listener` until the shutdown signal fires, then waits up to the

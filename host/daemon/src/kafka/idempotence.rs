@@ -20,11 +20,11 @@ use narad_storage::PartitionId;
 
 /// Batches remembered per producer and partition: 5, Kafka's own (a producer has at most
 /// `max.in.flight.requests.per.connection` = 5 batches unanswered when idempotent).
-pub const CACHED_BATCHES: usize = 5;
+pub(crate) const CACHED_BATCHES: usize = 5;
 
 /// Most (producer, partition) entries kept: 65,536, a few tens of bytes each plus five
 /// cached batches, so about 20 MiB at most.
-pub const MAX_PRODUCER_PARTITIONS: usize = 65_536;
+pub(crate) const MAX_PRODUCER_PARTITIONS: usize = 65_536;
 
 /// A batch as remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct CachedBatch {
     /// Sequence of its first record.
     pub first_sequence: i32,
     /// Sequence of its last record.
-    pub last_sequence: i32,
+    pub(crate) last_sequence: i32,
     /// Offset its first record was given.
     pub base_offset: u64,
     /// Its commit time, ms since the epoch.
@@ -68,7 +68,7 @@ pub struct ProducerPartition {
 
 /// Sequence of the last record of a batch of `count` records starting at `first`: sequences
 /// wrap from `i32::MAX` to 0, as Kafka's do.
-pub fn last_sequence(first: i32, count: usize) -> i32 {
+pub(crate) fn last_sequence(first: i32, count: usize) -> i32 {
     let span = (count.saturating_sub(1) % (i32::MAX as usize + 1)) as i64;
     ((i64::from(first) + span) % (i64::from(i32::MAX) + 1)) as i32
 }
@@ -177,7 +177,7 @@ impl Idempotence {
     }
 
     /// Forgets every partition's state of `producer_id` (its epoch was bumped or it is gone).
-    pub fn forget_producer(&self, producer_id: i64) {
+    pub(crate) fn forget_producer(&self, producer_id: i64) {
         self.entries
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

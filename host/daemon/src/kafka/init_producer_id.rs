@@ -21,13 +21,13 @@ const ID_BITS_PER_MS: u32 = 20;
 
 /// The next producer id.
 #[derive(Debug)]
-pub struct ProducerIds {
+pub(crate) struct ProducerIds {
     next: AtomicI64,
 }
 
 impl ProducerIds {
     /// Ids starting above those of any earlier run (see the module doc).
-    pub fn from_clock() -> ProducerIds {
+    pub(crate) fn from_clock() -> ProducerIds {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(0));
@@ -35,7 +35,7 @@ impl ProducerIds {
     }
 
     /// Ids starting at `first`.
-    pub fn starting_at(first: i64) -> ProducerIds {
+    pub(crate) fn starting_at(first: i64) -> ProducerIds {
         ProducerIds {
             next: AtomicI64::new(first.max(0)),
         }

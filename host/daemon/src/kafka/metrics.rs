@@ -32,7 +32,7 @@ pub enum CloseReason {
 
 impl CloseReason {
     /// Every reason, for the series that start at 0.
-    pub const ALL: [CloseReason; 8] = [
+    pub(crate) const ALL: [CloseReason; 8] = [
         CloseReason::ClientClosed,
         CloseReason::IdleTimeout,
         CloseReason::ReadTimeout,
@@ -67,7 +67,7 @@ pub struct ApiLabels {
 
 /// Labels of the per-topic record counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TopicLabels {
+pub(crate) struct TopicLabels {
     /// Topic name.
     pub topic: String,
 }
@@ -87,21 +87,21 @@ pub struct KafkaMetrics {
     /// `narad_kafka_connections_refused_total`: connections closed at accept, at the cap.
     pub refused: Counter,
     /// `narad_kafka_connections_closed_total{reason}`: connections ended, by reason.
-    pub closed_by: Family<CloseLabels, Counter>,
+    pub(crate) closed_by: Family<CloseLabels, Counter>,
     /// `narad_kafka_requests_total{api}`: requests handled, per API.
     pub requests: Family<ApiLabels, Counter>,
     /// `narad_kafka_unsupported_requests_total`: requests for an API or version not offered.
-    pub unsupported: Counter,
+    pub(crate) unsupported: Counter,
     /// `narad_kafka_produce_records_total{topic}`: records committed by Kafka produces
     /// (counted once durable; duplicates answered from the idempotence cache are not).
-    pub produce_records: Family<TopicLabels, Counter>,
+    pub(crate) produce_records: Family<TopicLabels, Counter>,
     /// `narad_kafka_fetch_records_total{topic}`: records returned by Kafka fetches.
-    pub fetch_records: Family<TopicLabels, Counter>,
+    pub(crate) fetch_records: Family<TopicLabels, Counter>,
 }
 
 impl KafkaMetrics {
     /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "narad_kafka_connections",
             "Kafka protocol connections open now",

@@ -53,24 +53,24 @@ use crate::produce::Producer;
 use crate::shutdown::ShutdownSignal;
 
 /// The broker id this node answers with in Metadata (one node: always 0).
-pub const NODE_ID: i32 = 0;
+pub(crate) const NODE_ID: i32 = 0;
 
 /// The cluster id Metadata reports. Kafka clients only compare it between answers.
-pub const CLUSTER_ID: &str = "narad";
+pub(crate) const CLUSTER_ID: &str = "narad";
 
 /// Header under which a child record carries its provenance, `EPOCH:PARTITION:OFFSET` (the
 /// attach epoch in 16 hex digits, the parent partition and the parent offset): the key a
 /// consumer remembers to drop the duplicates at-least-once fan-out allows.
-pub const ORIGIN_HEADER: &str = "narad.origin";
+pub(crate) const ORIGIN_HEADER: &str = "narad.origin";
 
 /// A connection with no request in flight and no byte arriving for this long is closed:
 /// 10 min, Kafka's own broker default (`connections.max.idle.ms`); clients reconnect.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Time a client has to send the rest of a request once its size prefix arrived, and to
 /// take a whole response: 30 s, Kafka clients' default `request.timeout.ms`, so a client
 /// this slow has already given up on the request.
-pub const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the listener serves from and how it is bounded. Shared by every connection.
 pub struct KafkaDeps {
@@ -90,9 +90,9 @@ pub struct KafkaDeps {
     /// The listener's series.
     pub metrics: Arc<metrics::KafkaMetrics>,
     /// Sequence state of idempotent producers (memory only).
-    pub idempotence: idempotence::Idempotence,
+    pub(crate) idempotence: idempotence::Idempotence,
     /// Where new producer ids come from.
-    pub producer_ids: init_producer_id::ProducerIds,
+    pub(crate) producer_ids: init_producer_id::ProducerIds,
     /// Cluster mode: the live nodes are the brokers, partition owners their leaders.
     pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
 }
@@ -123,7 +123,7 @@ impl KafkaDeps {
     }
 
     /// The same dependencies in cluster mode (`None`: one node).
-    pub fn with_cluster(
+    pub(crate) fn with_cluster(
         mut self,
         cluster: Option<Arc<crate::cluster::ClusterContext>>,
     ) -> KafkaDeps {
@@ -134,7 +134,7 @@ impl KafkaDeps {
 
 /// The Kafka broker id of cluster node `node`: the same on every node and across restarts
 /// (Kafka ids are integers, narad's are names), non-negative as Kafka requires.
-pub fn broker_id(node: &str) -> i32 {
+pub(crate) fn broker_id(node: &str) -> i32 {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(node.as_bytes());
     let id = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]) & 0x7fff_ffff;
@@ -143,7 +143,7 @@ pub fn broker_id(node: &str) -> i32 {
 
 /// The first of `others` (node ids other than `mine`) whose broker id is `mine`'s: a node
 /// that would be indistinguishable from it to Kafka clients.
-pub fn broker_id_clash<'a>(
+pub(crate) fn broker_id_clash<'a>(
     mine: &str,
     others: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {

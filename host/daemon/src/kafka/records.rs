@@ -34,32 +34,32 @@ const LOG_APPEND_TIME_BIT: i16 = 1 << 3;
 
 /// A produced batch, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducedBatch {
+pub(crate) struct ProducedBatch {
     /// The idempotent producer's id, -1 for a plain producer.
     pub producer_id: i64,
     /// Its epoch.
     pub producer_epoch: i16,
     /// Sequence of the first record, -1 for a plain producer.
-    pub base_sequence: i32,
+    pub(crate) base_sequence: i32,
     /// The records, in batch order.
     pub records: Vec<NewRecord>,
 }
 
 /// Bounds a produced batch must keep.
 #[derive(Debug, Clone, Copy)]
-pub struct BatchLimits {
+pub(crate) struct BatchLimits {
     /// Most records (`max-batch-records`).
     pub max_records: usize,
     /// Largest record, key + value + headers (`max-record-bytes`).
     pub max_record_bytes: usize,
     /// Most bytes the records section may decompress to (`max-request-bytes`).
-    pub max_decompressed_bytes: usize,
+    pub(crate) max_decompressed_bytes: usize,
 }
 
 /// Why a produced batch was refused, each with the Kafka error it answers.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum BatchError {
+pub(crate) enum BatchError {
     /// Bytes that are not a well-formed batch (CORRUPT_MESSAGE).
     #[error("corrupt record batch: {0}")]
     Corrupt(String),
@@ -98,7 +98,7 @@ impl BatchError {
 }
 
 /// Decodes the one batch a produce carries for a partition (Produce 3+ allows exactly one).
-pub fn decode_produced(data: Bytes, limits: &BatchLimits) -> Result<ProducedBatch, BatchError> {
+pub(crate) fn decode_produced(data: Bytes, limits: &BatchLimits) -> Result<ProducedBatch, BatchError> {
     let corrupt = |what: &str| BatchError::Corrupt(what.to_owned());
     if data.len() < BATCH_HEADER_BYTES {
         return Err(corrupt("shorter than a batch header"));
@@ -240,7 +240,7 @@ fn decode_record(buf: &mut Bytes) -> Result<NewRecord, RecordError> {
 
 /// Appends `records` (consecutive offsets of one partition) to `out` as v2 batches, one per
 /// run of equal commit times.
-pub fn encode_fetched(records: &[StoredRecord], out: &mut BytesMut) {
+pub(crate) fn encode_fetched(records: &[StoredRecord], out: &mut BytesMut) {
     let mut start = 0;
     while start < records.len() {
         let at = records[start].committed_at_ms;

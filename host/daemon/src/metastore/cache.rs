@@ -35,11 +35,11 @@ use crate::shutdown::ShutdownSignal;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheTiming {
     /// Interval between progress requests on a quiet watch.
-    pub progress_every: Duration,
+    pub(crate) progress_every: Duration,
     /// No message (event or progress) for this long: the watch is declared stalled.
-    pub stall_after: Duration,
+    pub(crate) stall_after: Duration,
     /// Pause before retrying a failed range read or watch creation.
-    pub retry_pause: Duration,
+    pub(crate) retry_pause: Duration,
 }
 
 impl Default for CacheTiming {
@@ -56,29 +56,29 @@ impl Default for CacheTiming {
 
 /// The copy at one revision.
 #[derive(Debug, Clone, Default)]
-pub struct CacheView {
+pub(crate) struct CacheView {
     /// The etcd revision the copy reflects (every event up to it is applied); 0 before the
     /// first read.
-    pub revision: i64,
+    pub(crate) revision: i64,
     /// Every key under the prefix (the prefix stripped), with its value.
     pub entries: Arc<BTreeMap<String, Vec<u8>>>,
 }
 
 /// Counters of the loop, for metrics and tests.
 #[derive(Debug, Default)]
-pub struct CacheHealth {
+pub(crate) struct CacheHealth {
     /// Full range reads (the first one, and one per compaction or failed resume).
-    pub full_reads: AtomicU64,
+    pub(crate) full_reads: AtomicU64,
     /// Watches re-created after they ended or failed.
     pub resumes: AtomicU64,
     /// Watches dropped because they went silent.
-    pub stalls: AtomicU64,
+    pub(crate) stalls: AtomicU64,
     /// Watches that found their revision compacted.
-    pub compactions: AtomicU64,
+    pub(crate) compactions: AtomicU64,
 }
 
 /// A watched copy of one prefix.
-pub struct PrefixCache {
+pub(crate) struct PrefixCache {
     view: watch::Receiver<CacheView>,
     health: Arc<CacheHealth>,
 }

@@ -45,19 +45,19 @@ use crate::shutdown::ShutdownSignal;
 /// Largest value this backend writes for one domain: etcd refuses requests over 1.5 MiB by
 /// default (`--max-request-bytes`), and a transaction carries up to three domains plus the
 /// versions, so each stays well under a third of it.
-pub const MAX_DOMAIN_BYTES: usize = 480 * 1024;
+pub(crate) const MAX_DOMAIN_BYTES: usize = 480 * 1024;
 
 /// How long one etcd request may take before it fails (a dead or partitioned etcd answers with
 /// an error, not a hang). Metadata requests are small; 5 s covers an election.
-pub const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long connecting to an etcd endpoint may take.
-pub const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Most compare-and-swap rounds one write makes before giving up with
 /// [`MetastoreError::Contended`]. Writers on one node queue locally, so only other nodes'
 /// writes can make a round fail; each failed round means another write landed.
-pub const MAX_WRITE_ROUNDS: u32 = 64;
+pub(crate) const MAX_WRITE_ROUNDS: u32 = 64;
 
 /// The metadata keys live under `{prefix}meta/`.
 const META: &str = "meta/";
@@ -68,7 +68,7 @@ const PLUGINS: &str = "plugins";
 
 /// How long a write waits for this node's watched copy to show it, so that a read right
 /// after a write sees the write (past it, the read goes to etcd).
-pub const READ_YOUR_WRITE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const READ_YOUR_WRITE_WAIT: Duration = Duration::from_secs(2);
 
 /// The metastore of one cluster, on etcd. Cheap to share (`Arc`); every method is safe to call
 /// concurrently from any number of nodes.
@@ -132,14 +132,14 @@ impl EtcdMetastore {
     }
 
     /// The watched copy's counters, when this metastore has one.
-    pub fn cache_health(&self) -> Option<&CacheHealth> {
+    pub(crate) fn cache_health(&self) -> Option<&CacheHealth> {
         self.cache.as_ref().map(PrefixCache::health)
     }
 
     /// The watched copy, decoded: once per revision, then shared, so a caller on a hot path
     /// (ownership per request, a cursor's link view per slab) pays a refcount, not a decode.
     /// `None` without a watched copy. An undecodable copy is an error, never an empty snapshot.
-    pub fn cached_snapshot(&self) -> Option<Result<Arc<Snapshot>>> {
+    pub(crate) fn cached_snapshot(&self) -> Option<Result<Arc<Snapshot>>> {
         let cache = self.cache.as_ref()?;
         let view = cache.view();
         let mut memo = self
@@ -173,7 +173,7 @@ impl EtcdMetastore {
 
     /// The etcd revision the watched copy reflects (0 without one): a node passes it along
     /// with a call to another node, which waits to have seen as much ([`Self::wait_for`]).
-    pub fn cache_revision(&self) -> i64 {
+    pub(crate) fn cache_revision(&self) -> i64 {
         self.cache.as_ref().map_or(0, |c| c.view().revision)
     }
 

@@ -44,13 +44,13 @@ use super::{
 };
 
 /// File name of the metastore inside the data dir.
-pub const FILE_NAME: &str = "metastore.json";
+pub(crate) const FILE_NAME: &str = "metastore.json";
 /// File name of the previous good version, kept for recovery.
-pub const BACKUP_FILE_NAME: &str = "metastore.json.prev";
+pub(crate) const BACKUP_FILE_NAME: &str = "metastore.json.prev";
 /// File name of an in-progress write.
-pub const TEMP_FILE_NAME: &str = "metastore.json.tmp";
+pub(crate) const TEMP_FILE_NAME: &str = "metastore.json.tmp";
 /// Highest state format this binary reads and the one it writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 1;
 
 const PREFIX_START: &[u8] = b"{\"crc32c\":\"";
 const PREFIX_END: &[u8] = b"\",\"state\":";
@@ -130,7 +130,7 @@ impl FileMetastore {
 
     /// [`FileMetastore::open`] on the file system `fs` (the real one, or a fault-injecting one
     /// in tests); `dir` is a path on `fs`.
-    pub fn open_on(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<FileMetastore> {
+    pub(crate) fn open_on(fs: Arc<dyn FileSystem>, dir: &Path) -> Result<FileMetastore> {
         let path = dir.join(FILE_NAME);
         let backup = dir.join(BACKUP_FILE_NAME);
         let temp = dir.join(TEMP_FILE_NAME);
@@ -197,7 +197,7 @@ impl FileMetastore {
 
     /// True when the data dir had no metastore file (and no backup) at open: a new data dir,
     /// or one whose metastore was lost. Start-up tells the two apart by what `topics/` holds.
-    pub fn started_empty(&self) -> bool {
+    pub(crate) fn started_empty(&self) -> bool {
         self.inner.started_empty
     }
 
@@ -207,7 +207,7 @@ impl FileMetastore {
     }
 
     /// The committed state, synchronously (start-up wiring uses it before the runtime serves).
-    pub fn snapshot_now(&self) -> Snapshot {
+    pub(crate) fn snapshot_now(&self) -> Snapshot {
         self.inner.lock().clone()
     }
 

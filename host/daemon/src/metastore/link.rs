@@ -16,11 +16,11 @@ use super::TopicMeta;
 pub const MAX_CHILDREN_PER_PARENT: usize = 108;
 
 /// Longest delay a delay child may have: one year of 365 days (engine reference: 1 year).
-pub const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+pub(crate) const MAX_DELAY_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// How much longer than its delay a delay child's parent must retain records (engine
 /// reference: topic.MinRetentionMs = delay + 1 h), so a healthy delay child never drops behind.
-pub const DELAY_RETENTION_MARGIN_MS: u64 = 60 * 60 * 1000;
+pub(crate) const DELAY_RETENTION_MARGIN_MS: u64 = 60 * 60 * 1000;
 
 /// A plugin of a link's router chain, resolved to the exact module bytes it runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,7 +196,7 @@ pub enum LinkRuleError {
 }
 
 /// Checks the rules for attaching `link`, given the topics and the links that exist.
-pub fn check_attach(
+pub(crate) fn check_attach(
     topics: &BTreeMap<String, TopicMeta>,
     links: &[LinkMeta],
     link: &LinkMeta,
@@ -255,7 +255,7 @@ pub fn check_attach(
 
 /// Checks that a parent keeping records for `retention_ms` (`None` = forever) can feed a
 /// child delayed by `delay_ms`: it must keep them for at least the delay plus one hour.
-pub fn check_retention(
+pub(crate) fn check_retention(
     parent: &str,
     retention_ms: Option<u64>,
     delay_ms: u64,
@@ -287,7 +287,7 @@ pub fn new_epoch() -> String {
 }
 
 /// The 8 bytes of an epoch, as provenance stores them.
-pub fn epoch_bytes(epoch: &str) -> Result<[u8; 8], BadEpoch> {
+pub(crate) fn epoch_bytes(epoch: &str) -> Result<[u8; 8], BadEpoch> {
     let mut out = [0u8; 8];
     if epoch.len() != 16
         || !epoch

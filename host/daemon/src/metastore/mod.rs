@@ -85,7 +85,7 @@ pub struct PartitionOwner {
     /// stopping) the partition's cursors and refuses its writes until the move ends (the new
     /// node becomes the owner at `generation + 1`) or is cancelled (this is cleared).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub moving_to: Option<String>,
+    pub(crate) moving_to: Option<String>,
 }
 
 impl std::fmt::Display for PartitionOwner {
@@ -145,7 +145,7 @@ impl Versions {
     }
 
     /// Raises the counter of `domain` by one.
-    pub fn bump(&mut self, domain: Domain) {
+    pub(crate) fn bump(&mut self, domain: Domain) {
         match domain {
             Domain::Topics => self.topics += 1,
             Domain::Links => self.links += 1,
@@ -196,7 +196,7 @@ fn remote_child_topic(name: &str, remote: &RemoteTarget, attached_at_ms: i64) ->
 
 impl Snapshot {
     /// Drops every topic no link names as its parent or child.
-    pub fn keep_linked_topics(&mut self) {
+    pub(crate) fn keep_linked_topics(&mut self) {
         let named: BTreeSet<&str> = self
             .links
             .keys()
@@ -207,7 +207,7 @@ impl Snapshot {
 
     /// A copy holding only the topics some link names (see [`Snapshot::keep_linked_topics`]),
     /// built without copying the others.
-    pub fn linked_copy(&self) -> Snapshot {
+    pub(crate) fn linked_copy(&self) -> Snapshot {
         let mut topics = BTreeMap::new();
         for (parent, child) in self.links.keys() {
             for name in [parent, child] {
@@ -228,7 +228,7 @@ impl Snapshot {
 impl LinkTopics {
     /// Copies the link `parent -> child` and its two topics out of `snapshot`: three map
     /// lookups, whatever else it holds. `None` when the link or either topic is missing.
-    pub fn find_in(snapshot: &Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
+    pub(crate) fn find_in(snapshot: &Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
         let link = snapshot.links.get(&(parent.to_owned(), child.to_owned()))?;
         Some(LinkTopics {
             link: link.clone(),
@@ -242,7 +242,7 @@ impl LinkTopics {
 
     /// Takes the link `parent -> child` and its two topics out of `snapshot` (moved, not
     /// cloned): `None` when the link or either topic is missing.
-    pub fn take_from(snapshot: &mut Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
+    pub(crate) fn take_from(snapshot: &mut Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
         let link = snapshot
             .links
             .remove(&(parent.to_owned(), child.to_owned()))?;

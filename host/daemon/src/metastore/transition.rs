@@ -141,7 +141,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// The topic of a topic change.
-    pub fn into_topic(self) -> Result<TopicMeta> {
+    pub(crate) fn into_topic(self) -> Result<TopicMeta> {
         match self {
             Outcome::Topic(t) => Ok(t),
             other => Err(mismatch("a topic", other)),
@@ -149,7 +149,7 @@ impl Outcome {
     }
 
     /// The link of a link change.
-    pub fn into_link(self) -> Result<LinkMeta> {
+    pub(crate) fn into_link(self) -> Result<LinkMeta> {
         match self {
             Outcome::Link(l) => Ok(l),
             other => Err(mismatch("a link", other)),
@@ -157,7 +157,7 @@ impl Outcome {
     }
 
     /// The version of a plugin upload.
-    pub fn into_plugin(self) -> Result<PluginVersion> {
+    pub(crate) fn into_plugin(self) -> Result<PluginVersion> {
         match self {
             Outcome::Plugin(p) => Ok(p),
             other => Err(mismatch("a plugin version", other)),
@@ -165,7 +165,7 @@ impl Outcome {
     }
 
     /// The versions of a plugin removal.
-    pub fn into_plugins(self) -> Result<Vec<PluginVersion>> {
+    pub(crate) fn into_plugins(self) -> Result<Vec<PluginVersion>> {
         match self {
             Outcome::Plugins(p) => Ok(p),
             other => Err(mismatch("plugin versions", other)),

@@ -90,7 +90,7 @@ pub struct PluginRegistry {
 /// Fetches the module bytes with a digest (hex) from wherever else they are held (in cluster
 /// mode, the other nodes): `Ok(None)` when nobody has them. Blocking: called from a load, on
 /// the blocking pool. The bytes are checked against the digest before anything uses them.
-pub type ModuleFetcher = dyn Fn(&str) -> Result<Option<Vec<u8>>, String> + Send + Sync;
+pub(crate) type ModuleFetcher = dyn Fn(&str) -> Result<Option<Vec<u8>>, String> + Send + Sync;
 
 impl std::fmt::Debug for PluginRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,14 +178,14 @@ impl PluginRegistry {
     /// This registry, fetching a recorded module it does not hold with `fetcher` (cluster mode:
     /// a plugin is uploaded to one node, and the others fetch it by digest when a link needs
     /// it).
-    pub fn with_fetcher(mut self, fetcher: Arc<ModuleFetcher>) -> PluginRegistry {
+    pub(crate) fn with_fetcher(mut self, fetcher: Arc<ModuleFetcher>) -> PluginRegistry {
         self.fetcher = Some(fetcher);
         self
     }
 
     /// The stored bytes of the module with this digest (hex), if this node holds them (for
     /// another node fetching it). Blocking.
-    pub fn module_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
+    pub(crate) fn module_bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, RegistryError> {
         let parsed = parse_digest(digest)?;
         if let Some(builtin) = self.builtins.iter().find(|b| b.digest == parsed) {
             return Ok(Some(builtin.bytes.to_vec()));
@@ -199,12 +199,12 @@ impl PluginRegistry {
     }
 
     /// The names of the built-in plugins.
-    pub fn builtin_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+    pub(crate) fn builtin_names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.builtins.iter().map(|b| b.name)
     }
 
     /// Whether `name` is a built-in's name.
-    pub fn is_builtin(&self, name: &str) -> bool {
+    pub(crate) fn is_builtin(&self, name: &str) -> bool {
         self.builtins.iter().any(|b| b.name == name)
     }
 
@@ -336,7 +336,7 @@ impl PluginRegistry {
     }
 
     /// [`PluginRegistry::deploy`] under the name in the module's manifest.
-    pub async fn deploy_under_manifest_name(
+    pub(crate) async fn deploy_under_manifest_name(
         &self,
         bytes: Vec<u8>,
     ) -> Result<PluginVersion, RegistryError> {

@@ -33,7 +33,7 @@ const TEMP_SUFFIX: &str = narad_storage::fs::REPLACE_TEMP_SUFFIX;
 
 /// The directory of stored modules, on a file system.
 #[derive(Debug, Clone)]
-pub struct ContentStore {
+pub(crate) struct ContentStore {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
 }
@@ -47,7 +47,7 @@ impl ContentStore {
 
     /// [`ContentStore::open`] on the file system `fs` (the real one, or a fault-injecting one
     /// in tests); `plugins_dir` is a path on `fs`.
-    pub fn open_on(
+    pub(crate) fn open_on(
         fs: Arc<dyn FileSystem>,
         plugins_dir: &Path,
     ) -> Result<ContentStore, RegistryError> {
@@ -79,7 +79,7 @@ impl ContentStore {
     }
 
     /// Where the module with `digest` is (or would be) stored.
-    pub fn path_for(&self, digest: &Digest) -> PathBuf {
+    pub(crate) fn path_for(&self, digest: &Digest) -> PathBuf {
         self.dir.join(file_name(digest))
     }
 

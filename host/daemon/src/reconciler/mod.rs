@@ -37,12 +37,12 @@ use reducer::Action;
 use schedule::Schedule;
 
 /// How often the reconciler ticks (engine reference: reconcile interval 1 s).
-pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Most partition directories one orphan sweep lists for offset files. A node owning 60,000
 /// partitions visits all of them in 30 sweeps (15 minutes at one sweep every 30 ticks), and
 /// each sweep costs a few milliseconds of directory listing instead of most of a second.
-pub const SWEEP_DIRS_PER_PASS: usize = 2_048;
+pub(crate) const SWEEP_DIRS_PER_PASS: usize = 2_048;
 
 struct RunningCursor {
     stop: ShutdownTrigger,

@@ -9,7 +9,7 @@ use crate::fanout::cursor::CursorKey;
 
 /// One action the reconciler must carry out, in the order returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Stop a running cursor that is no longer desired (detach, topic delete, ownership
     /// moved, or an epoch that changed).
     Stop(CursorKey),
@@ -21,7 +21,7 @@ pub enum Action {
 ///
 /// Stops come before starts so that a re-attach never has the old and the new epoch's cursor
 /// writing the same offset file at once.
-pub fn reconcile(desired: &BTreeSet<CursorKey>, running: &BTreeSet<CursorKey>) -> Vec<Action> {
+pub(crate) fn reconcile(desired: &BTreeSet<CursorKey>, running: &BTreeSet<CursorKey>) -> Vec<Action> {
     let stops = running.difference(desired).cloned().map(Action::Stop);
     let starts = desired.difference(running).cloned().map(Action::Start);
     stops.chain(starts).collect()
@@ -32,7 +32,7 @@ pub fn reconcile(desired: &BTreeSet<CursorKey>, running: &BTreeSet<CursorKey>) -
 /// `links` maps a parent topic to its current children; `files` lists, per parent partition
 /// directory, the child names that have an offset file there. A file is an orphan when its
 /// parent has no link to that child.
-pub fn orphan_cursor_files(
+pub(crate) fn orphan_cursor_files(
     links: &BTreeMap<String, BTreeSet<String>>,
     files: &BTreeMap<(String, u32), BTreeSet<String>>,
 ) -> Vec<(String, u32, String)> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// Longest time between two full passes, even when no version moved (engine reference:
 /// reconcileForcedPassEvery = 30 s).
-pub const FORCED_PASS_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const FORCED_PASS_EVERY: Duration = Duration::from_secs(30);
 
 /// Every how many ticks (skipped ticks included) the orphan cursor-file sweep runs (engine
 /// reference: every 30th tick). A sweep tick always runs a full pass.
@@ -16,16 +16,16 @@ pub const ORPHAN_SWEEP_EVERY_TICKS: u64 = 30;
 
 /// What one tick must do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TickPlan {
+pub(crate) struct TickPlan {
     /// Run the full comparison of desired against running cursors.
-    pub full_pass: bool,
+    pub(crate) full_pass: bool,
     /// Also delete offset files that no link explains.
-    pub sweep_orphans: bool,
+    pub(crate) sweep_orphans: bool,
 }
 
 /// The reconciler's memory between ticks.
 #[derive(Debug)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     last_versions: Option<Vec<u64>>,
     last_full_pass: Option<Instant>,
     must_run: bool,
@@ -50,7 +50,7 @@ impl Schedule {
     }
 
     /// Plans the tick at `now`, given the metastore's domain versions.
-    pub fn plan(&mut self, versions: &[u64], now: Instant) -> TickPlan {
+    pub(crate) fn plan(&mut self, versions: &[u64], now: Instant) -> TickPlan {
         self.ticks += 1;
         let sweep_orphans = self.ticks.is_multiple_of(ORPHAN_SWEEP_EVERY_TICKS);
         let moved = self.last_versions.as_deref() != Some(versions);
@@ -67,14 +67,14 @@ impl Schedule {
     /// Records the outcome of a full pass that observed `versions`. `clean` is false when the
     /// pass failed or left work behind (a cursor still draining, ownership it could not read):
     /// the next tick then runs a full pass again.
-    pub fn full_pass_done(&mut self, versions: &[u64], now: Instant, clean: bool) {
+    pub(crate) fn full_pass_done(&mut self, versions: &[u64], now: Instant, clean: bool) {
         self.last_versions = Some(versions.to_vec());
         self.last_full_pass = Some(now);
         self.must_run = !clean;
     }
 
     /// Forces a full pass on the next tick (a cursor exited).
-    pub fn cursor_exited(&mut self) {
+    pub(crate) fn cursor_exited(&mut self) {
         self.must_run = true;
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::durable::{replace_file, sync_dir};
 
 /// File name of the intent record inside `topics/{topic}/`.
-pub const INTENT_FILE_NAME: &str = "INTENT";
+pub(crate) const INTENT_FILE_NAME: &str = "INTENT";
 
 /// A topic change in progress. Persisted as JSON: do not rename variants or fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

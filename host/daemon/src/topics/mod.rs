@@ -35,7 +35,7 @@ use intent::Intent;
 
 /// Most partitions a topic may have: far below the five-digit directory limit, and enough for
 /// any one-node deployment (Kafka clusters rarely exceed a few hundred per topic).
-pub const MAX_PARTITIONS: u32 = 1024;
+pub(crate) const MAX_PARTITIONS: u32 = 1024;
 
 /// Errors from topic administration.
 #[derive(Debug, thiserror::Error)]
@@ -109,13 +109,13 @@ impl std::fmt::Debug for TopicService {
 }
 
 /// Checks a topic name, with a message that says what to fix.
-pub fn check_name(name: &str) -> Result<(), TopicError> {
+pub(crate) fn check_name(name: &str) -> Result<(), TopicError> {
     validate_topic_name(name)
         .map_err(|e| TopicError::Invalid(format!("invalid topic name {name:?}: {e}")))
 }
 
 /// Checks a partition count against `1..=MAX_PARTITIONS`.
-pub fn check_partition_count(count: u32) -> Result<(), TopicError> {
+pub(crate) fn check_partition_count(count: u32) -> Result<(), TopicError> {
     if count == 0 || count > MAX_PARTITIONS {
         return Err(TopicError::Invalid(format!(
             "partition count {count} is out of range: use 1 to {MAX_PARTITIONS}"
@@ -150,7 +150,7 @@ fn check_new_topic(spec: &NewTopic) -> Result<TopicMeta, TopicError> {
 
 /// The partition count of a topic directory: its partition directories must be `p00000` up to
 /// some `pN` without a gap.
-pub fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String> {
+pub(crate) fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String> {
     let mut indexes = Vec::new();
     let entries = std::fs::read_dir(topic_dir)
         .map_err(|e| format!("cannot list {}: {e}", topic_dir.display()))?;
@@ -186,7 +186,7 @@ pub fn contiguous_partitions(topic_dir: &std::path::Path) -> Result<u32, String>
 }
 
 /// The log configuration of `topic`'s partitions.
-pub fn log_config(topic: &TopicMeta, segment_bytes: u64) -> LogConfig {
+pub(crate) fn log_config(topic: &TopicMeta, segment_bytes: u64) -> LogConfig {
     LogConfig {
         segment_bytes,
         retention_ms: topic.retention_ms,
@@ -224,7 +224,7 @@ impl TopicService {
     /// The same service in cluster mode: new partitions are placed on the live nodes of
     /// `cluster` and recorded with their owners; each owner makes its own directories
     /// ([`owned::register_owned`]).
-    pub fn with_cluster(mut self, cluster: Arc<crate::cluster::ClusterContext>) -> TopicService {
+    pub(crate) fn with_cluster(mut self, cluster: Arc<crate::cluster::ClusterContext>) -> TopicService {
         self.cluster = Some(cluster);
         self
     }
@@ -232,7 +232,7 @@ impl TopicService {
     /// Cluster mode: registers partition `p` of `topic` with the store if the metadata says this
     /// node owns it and it is not registered yet (a request can arrive before the watched
     /// copy's change is applied by [`owned::register_owned`]). No-op on one node.
-    pub async fn ensure_owned(&self, topic: &TopicMeta, p: u32) -> Result<(), TopicError> {
+    pub(crate) async fn ensure_owned(&self, topic: &TopicMeta, p: u32) -> Result<(), TopicError> {
         let Some(cluster) = &self.cluster else {
             return Ok(());
         };
@@ -255,7 +255,7 @@ impl TopicService {
     /// topics it no longer names ([`owned::set_aside_unnamed`]) and registers the partitions
     /// this node owns ([`owned::register_owned`]). Returns the topics set aside and how many
     /// partitions were new. No-op on one node.
-    pub async fn sync_owned(&self) -> Result<(Vec<String>, usize), TopicError> {
+    pub(crate) async fn sync_owned(&self) -> Result<(Vec<String>, usize), TopicError> {
         let Some(cluster) = &self.cluster else {
             return Ok((Vec::new(), 0));
         };
@@ -453,7 +453,7 @@ impl TopicService {
     /// Creates the child topic of an attach and records it together with its link in one
     /// metastore write, so a crash leaves either both or neither. When the write is refused
     /// (a link rule), the child's new directories are removed again.
-    pub async fn create_with_link(
+    pub(crate) async fn create_with_link(
         &self,
         spec: NewTopic,
         link: LinkMeta,

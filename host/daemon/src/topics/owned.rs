@@ -18,7 +18,7 @@ use crate::metastore::Snapshot;
 /// Registers with `store` every partition `node` owns in `snapshot` that it does not hold yet
 /// (making its directory), and updates the retention of those it holds. Returns how many were
 /// new.
-pub fn register_owned(
+pub(crate) fn register_owned(
     store: &Store,
     snapshot: &Snapshot,
     node: &str,
@@ -53,9 +53,9 @@ pub fn register_owned(
 
 /// What to do with the partitions this node holds sealed for a move, given the metadata.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct SealedPlan {
+pub(crate) struct SealedPlan {
     /// Still owned here with no move marked (the move was cancelled): serve them again.
-    pub unseal: Vec<PartitionId>,
+    pub(crate) unseal: Vec<PartitionId>,
     /// Owned by another node now (the move finished): delete this copy once a linearizable
     /// read agrees.
     pub release: Vec<PartitionId>,
@@ -63,7 +63,7 @@ pub struct SealedPlan {
 
 /// Sorts `sealed` by what `snapshot` says of each (a partition still marked moving is left
 /// as it is; one whose topic is gone is left to [`set_aside_unnamed`]).
-pub fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &str) -> SealedPlan {
+pub(crate) fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &str) -> SealedPlan {
     let mut plan = SealedPlan::default();
     for id in sealed {
         let Some(topic) = snapshot.topics.get(&id.topic) else {
@@ -85,7 +85,7 @@ pub fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &str) -> S
 /// `snapshot` gives to another node with no move to this one under way: re-created elsewhere
 /// while this node was cut off (`narad partition recreate`). This node must serve nothing of
 /// them; their directories are set aside, never deleted.
-pub fn plan_disowned(
+pub(crate) fn plan_disowned(
     registered: &[PartitionId],
     sealed: &[PartitionId],
     snapshot: &Snapshot,
@@ -110,7 +110,7 @@ pub fn plan_disowned(
 /// partitions are unregistered first, so nothing reads or writes them; the directory then
 /// moves, whole, to the set-aside area, so a topic created again under the name starts empty
 /// instead of finding the old records. Returns the topics set aside.
-pub fn set_aside_unnamed(
+pub(crate) fn set_aside_unnamed(
     store: &Store,
     snapshot: &Snapshot,
     now_ms: i64,
@@ -144,7 +144,7 @@ pub fn set_aside_unnamed(
 /// Partition directories under `topics/` that `node` does not own in `snapshot`: topics the
 /// metadata does not name, and partitions owned by another node. Their data stays on disk; an
 /// operator decides (they may be what is left of a move, or of a metadata prefix that was lost).
-pub fn unaccounted(
+pub(crate) fn unaccounted(
     data_dir: &std::path::Path,
     snapshot: &Snapshot,
     node: &str,

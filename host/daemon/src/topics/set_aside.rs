@@ -28,10 +28,10 @@ use serde::{Deserialize, Serialize};
 use crate::durable::sync_dir;
 
 /// Directory under the data directory that holds the set-aside entries.
-pub const SET_ASIDE_DIR_NAME: &str = "set-aside";
+pub(crate) const SET_ASIDE_DIR_NAME: &str = "set-aside";
 /// Directory under the set-aside area for plugin modules no recorded version names (not an
 /// entry: a set-aside topic's id always ends in `.{unix_ms}`).
-pub const PLUGINS_SUBDIR: &str = "plugins";
+pub(crate) const PLUGINS_SUBDIR: &str = "plugins";
 const DESCRIPTION_SUFFIX: &str = ".json";
 
 /// One set-aside directory, as its description file records it.
@@ -87,12 +87,12 @@ pub fn dir(data_dir: &Path) -> PathBuf {
 }
 
 /// Where plugin modules no recorded version names are kept (`set-aside/plugins/`).
-pub fn plugins_dir(data_dir: &Path) -> PathBuf {
+pub(crate) fn plugins_dir(data_dir: &Path) -> PathBuf {
     dir(data_dir).join(PLUGINS_SUBDIR)
 }
 
 /// Total size of the segment files (`*.log`) directly in `partition_dir`: its record data.
-pub fn partition_segment_bytes(partition_dir: &Path) -> std::io::Result<u64> {
+pub(crate) fn partition_segment_bytes(partition_dir: &Path) -> std::io::Result<u64> {
     let mut total = 0;
     let entries = match fs::read_dir(partition_dir) {
         Ok(entries) => entries,
@@ -265,7 +265,7 @@ pub fn get(data_dir: &Path, id: &str) -> Result<SetAsideEntry, SetAsideError> {
 
 /// Moves the entry `id` back to `destination` (which must not exist) and drops its
 /// description. The caller records it in the metastore.
-pub fn take_back(data_dir: &Path, id: &str, destination: &Path) -> Result<(), SetAsideError> {
+pub(crate) fn take_back(data_dir: &Path, id: &str, destination: &Path) -> Result<(), SetAsideError> {
     check_id(id)?;
     let area = dir(data_dir);
     let source = area.join(id);

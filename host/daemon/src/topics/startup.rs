@@ -48,7 +48,7 @@ impl TopicDir {
 
 /// One step start-up takes for a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Remove the intent record: the change it describes is settled.
     ClearIntent {
         /// Topic.
@@ -91,7 +91,7 @@ pub enum Action {
 
 /// What start-up did with `topics/`.
 #[derive(Debug, Default, Clone)]
-pub struct StartupReport {
+pub(crate) struct StartupReport {
     /// The entries set aside by this start.
     pub set_aside: Vec<SetAsideEntry>,
     /// Interrupted changes finished or undone, as `topic: what`.
@@ -139,7 +139,7 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> StartupError {
 }
 
 /// The partition index of a partition directory name (`p` and five digits).
-pub fn parse_partition_dir(name: &str) -> Option<u32> {
+pub(crate) fn parse_partition_dir(name: &str) -> Option<u32> {
     let digits = name.strip_prefix('p')?;
     if digits.len() != 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -199,7 +199,7 @@ pub fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
 
 /// The steps that account for `dirs` against the topics the metastore knows (see the table in
 /// the module doc). Pure: decides, does nothing.
-pub fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Vec<Action> {
+pub(crate) fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Vec<Action> {
     let mut actions = Vec::new();
     for dir in dirs {
         let topic = dir.name.clone();
@@ -272,7 +272,7 @@ pub fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Vec<Actio
 /// Accounts for `topics/` at start-up: scans, plans, refuses a lost metastore
 /// (`metastore_is_new`: no metastore file existed), and carries out the plan. Runs before any
 /// partition is registered with the store.
-pub fn reconcile(
+pub(crate) fn reconcile(
     store: &Store,
     known: &BTreeMap<String, TopicMeta>,
     metastore_is_new: bool,

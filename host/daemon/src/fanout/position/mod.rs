@@ -293,7 +293,7 @@ fn rewind_to_parent_end(position: u64, high: u64, key: &CursorKey, status: &Curs
 }
 
 /// Logs and counts a rewind from `from` back to the parent's end `to`.
-pub fn note_parent_end_rewind(from: u64, to: u64, key: &CursorKey, status: &CursorStatus) {
+pub(crate) fn note_parent_end_rewind(from: u64, to: u64, key: &CursorKey, status: &CursorStatus) {
     tracing::warn!(parent = %key.parent, partition = key.partition, child = %key.child,
         from, to, lost = from.saturating_sub(to),
         "cursor is past the parent's end: the parent lost records it had copied; rewinding to the parent's end so records written again at those offsets reach the child");

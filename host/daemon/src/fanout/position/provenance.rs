@@ -25,7 +25,7 @@ use crate::fanout::{SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChildEvidence {
     /// First parent offset of the newest slab found in the child.
-    pub newest_slab_start: u64,
+    pub(crate) newest_slab_start: u64,
     /// Highest parent offset found in the child.
     pub highest_parent_offset: u64,
 }
@@ -41,16 +41,16 @@ pub struct ChildScan {
 
 /// Fingerprints of the copies found in the child's tails, by parent offset. One offset can have
 /// several copies: a slab repeated after a crash, or an offset the parent reused.
-pub type TailCopies = BTreeMap<u64, Vec<u64>>;
+pub(crate) type TailCopies = BTreeMap<u64, Vec<u64>>;
 
 /// Most parent offsets [`scan_child_tails_with_copies`] keeps fingerprints for (the highest
 /// ones): one slab's worth, [`SLAB_MAX_RECORDS`], which bounds its memory whatever the child's
 /// partition count.
-pub const MAX_TAIL_COPIES: usize = SLAB_MAX_RECORDS;
+pub(crate) const MAX_TAIL_COPIES: usize = SLAB_MAX_RECORDS;
 
 /// A fingerprint of what a copy keeps of its original: key, headers and value. Compared only
 /// within one process, so the standard hasher's fixed keys are enough.
-pub fn fingerprint(record: &StoredRecord) -> u64 {
+pub(crate) fn fingerprint(record: &StoredRecord) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     record.key.as_deref().hash(&mut hasher);
     record.headers.len().hash(&mut hasher);
@@ -81,7 +81,7 @@ pub fn scan_child_tails(
 /// of the copies found, for the highest [`MAX_TAIL_COPIES`] parent offsets.
 ///
 /// Blocking; reads the child logs.
-pub fn scan_child_tails_with_copies(
+pub(crate) fn scan_child_tails_with_copies(
     store: &Arc<Store>,
     child: &str,
     partitions: &[u32],
@@ -148,7 +148,7 @@ pub fn scan_child_tails_with_copies(
 /// Adds what a scan of other child partitions found (`other`, such as a remote owner's answer)
 /// to `into`, as one scan of all of them would have: the newest evidence, "empty" only if
 /// both are, and the copies of the highest [`MAX_TAIL_COPIES`] parent offsets.
-pub fn merge(into: &mut (ChildScan, TailCopies), other: (ChildScan, TailCopies)) {
+pub(crate) fn merge(into: &mut (ChildScan, TailCopies), other: (ChildScan, TailCopies)) {
     let (scan, copies) = into;
     scan.empty &= other.0.empty;
     scan.evidence = match (scan.evidence, other.0.evidence) {
@@ -174,7 +174,7 @@ pub fn merge(into: &mut (ChildScan, TailCopies), other: (ChildScan, TailCopies))
 /// retention.
 ///
 /// Blocking; reads the parent log.
-pub fn first_reused_offset(
+pub(crate) fn first_reused_offset(
     store: &Store,
     parent: &PartitionId,
     next_offset: u64,
@@ -244,7 +244,7 @@ pub fn first_reused_offset(
 ///   (`log_start`; going back to a slab that aged out would only count drop-behind twice);
 /// - the child holds nothing at all (wiped): back to the cursor's start point `floor`, or the
 ///   parent's log start if that is later.
-pub fn rewind_target(
+pub(crate) fn rewind_target(
     next_offset: u64,
     scan: ChildScan,
     log_start: u64,

@@ -2,7 +2,7 @@
 
 /// The starting point of a cursor that has no usable offset file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StartPoint {
+pub(crate) enum StartPoint {
     /// The parent's high watermark recorded for this partition when the link was attached.
     AttachOffset(u64),
     /// The partition was added to the parent after the attach: it has no history from before
@@ -14,7 +14,7 @@ pub enum StartPoint {
 }
 
 /// Applies the start rules to a link's recorded `attach_offsets` (index = parent partition).
-pub fn start_point(attach_offsets: Option<&[u64]>, partition: u32) -> StartPoint {
+pub(crate) fn start_point(attach_offsets: Option<&[u64]>, partition: u32) -> StartPoint {
     match attach_offsets {
         Some(offsets) => match offsets.get(partition as usize) {
             Some(&offset) => StartPoint::AttachOffset(offset),

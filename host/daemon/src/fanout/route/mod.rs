@@ -134,7 +134,7 @@ pub trait SlabRouter: Send {
 /// What one routing cost, measured inside the router's lock (waiting for the lock is not in
 /// it), for the shadow's comparison of chains.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RouteCost {
+pub(crate) struct RouteCost {
     /// Wall-clock time of the router's call.
     pub elapsed: std::time::Duration,
     /// Fuel its plugins spent ([`SlabRouter::fuel_spent`] before and after); `None` when the
@@ -144,13 +144,13 @@ pub struct RouteCost {
 
 /// A router shared by the cursors of one link; swapping the inside ([`replace_router`]) takes
 /// effect at the next slab of every cursor.
-pub type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
+pub(crate) type SharedRouter = Arc<Mutex<Box<dyn SlabRouter>>>;
 
 /// Puts `router` in place of the chain `shared` holds, whether or not its lock is poisoned,
 /// and clears the poison: a new chain owes nothing to a panic of the old one, so the link's
 /// cursors route with it from their next slab instead of stalling until the link is attached
 /// again. The old chain is dropped after the lock is released, so its drop cannot poison it.
-pub fn replace_router(shared: &SharedRouter, router: Box<dyn SlabRouter>) {
+pub(crate) fn replace_router(shared: &SharedRouter, router: Box<dyn SlabRouter>) {
     let mut guard = shared.lock().unwrap_or_else(PoisonError::into_inner);
     let old = std::mem::replace(&mut *guard, router);
     drop(guard);
@@ -175,7 +175,7 @@ pub trait RouterFactory: Send + Sync + 'static {
 
 /// Why a plugin could not be loaded for a chain, as the loader reports it (the registry's own
 /// error, kept whole as the source).
-pub type PluginLoadError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type PluginLoadError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a link's router chain could not be built; the reconciler logs it and tries again on its
 /// next pass. The `Display` text is what the log says.
@@ -213,7 +213,7 @@ pub async fn route(
 
 /// How [`route_measured`] calls the router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// [`SlabRouter::route`], the link's own routing.
     Route,
     /// [`SlabRouter::route`], and the fuel it spent read too (the cursor of a link with a
@@ -227,7 +227,7 @@ pub enum Mode {
 /// [`route`], also returning what the routing cost ([`RouteCost`]; fuel only when `mode`
 /// asks for it). The same guarantees: the records stay the caller's, a panic or a cancelled
 /// task is a failure of this slab, and the decisions are one per record.
-pub async fn route_measured(
+pub(crate) async fn route_measured(
     router: &SharedRouter,
     input: RouteInput,
     records: Arc<Vec<StoredRecord>>,
@@ -303,7 +303,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 
 /// Checks a router's answer has one decision per record. That each names a child partition
 /// is checked where the decisions are counted ([`super::bucket::bucket`]).
-pub fn check_decisions(decisions: &[u32], records: &[StoredRecord]) -> Result<(), RouteFailure> {
+pub(crate) fn check_decisions(decisions: &[u32], records: &[StoredRecord]) -> Result<(), RouteFailure> {
     if decisions.len() != records.len() {
         return Err(RouteFailure {
             plugin: None,

@@ -63,7 +63,7 @@ impl ChainRouter {
     }
 
     /// The same router, telling `observer` what each slab's routing cost per plugin.
-    pub fn with_observer(mut self, observer: Arc<dyn RouteObserver>) -> ChainRouter {
+    pub(crate) fn with_observer(mut self, observer: Arc<dyn RouteObserver>) -> ChainRouter {
         self.reported = self.chain.stats();
         self.observer = Some(observer);
         self
@@ -223,7 +223,7 @@ impl ChainRouter {
 }
 
 /// Loads the plugin with a digest (hex) for a chain.
-pub type PluginLoader = Arc<dyn Fn(&str) -> Result<Plugin, PluginLoadError> + Send + Sync>;
+pub(crate) type PluginLoader = Arc<dyn Fn(&str) -> Result<Plugin, PluginLoadError> + Send + Sync>;
 
 /// Builds each link's chain from the digests its router names.
 pub struct WasmRouterFactory {
@@ -241,7 +241,7 @@ impl WasmRouterFactory {
     }
 
     /// The same factory; every chain it builds reports its per-plugin costs to `observer`.
-    pub fn with_observer(mut self, observer: Arc<dyn RouteObserver>) -> WasmRouterFactory {
+    pub(crate) fn with_observer(mut self, observer: Arc<dyn RouteObserver>) -> WasmRouterFactory {
         self.observer = Some(observer);
         self
     }
