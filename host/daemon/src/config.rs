@@ -42,7 +42,8 @@ pub(crate) const DEFAULT_PLUGIN_DEADLINE_MS: u64 = 100;
 pub(crate) const DEFAULT_PLUGIN_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 /// Default fuel per record of a plugin call: the routing runtime's own
 /// (`FuelBudget::DEFAULT`).
-pub(crate) const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 = narad_runtime::FuelBudget::DEFAULT.per_record;
+pub(crate) const DEFAULT_PLUGIN_FUEL_PER_RECORD: u64 =
+    narad_runtime::FuelBudget::DEFAULT.per_record;
 /// Default fuel per input byte of a plugin call: the routing runtime's own
 /// (`FuelBudget::DEFAULT`).
 pub(crate) const DEFAULT_PLUGIN_FUEL_PER_INPUT_BYTE: u64 =
@@ -56,10 +57,12 @@ pub(crate) const DEFAULT_PLUGIN_MAX_FUNCTION_BYTES: u32 =
 /// Default largest plugin code section, in bytes: the runtime's own (4 MiB).
 pub(crate) const DEFAULT_PLUGIN_MAX_CODE_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_CODE_BYTES;
 /// Default most locals one plugin function may declare: the runtime's own (2,000).
-pub(crate) const DEFAULT_PLUGIN_MAX_LOCALS: u32 = narad_runtime::limits::DEFAULT_MAX_LOCALS_PER_FUNCTION;
+pub(crate) const DEFAULT_PLUGIN_MAX_LOCALS: u32 =
+    narad_runtime::limits::DEFAULT_MAX_LOCALS_PER_FUNCTION;
 /// Default most types, imports, exports, globals, data and element segments and element items
 /// (each) of a plugin module: the runtime's own (10,000).
-pub(crate) const DEFAULT_PLUGIN_MAX_MODULE_ITEMS: u32 = narad_runtime::limits::DEFAULT_MAX_MODULE_ITEMS;
+pub(crate) const DEFAULT_PLUGIN_MAX_MODULE_ITEMS: u32 =
+    narad_runtime::limits::DEFAULT_MAX_MODULE_ITEMS;
 /// Default most bytes of a plugin module's data segments: the runtime's own (8 MiB).
 pub(crate) const DEFAULT_PLUGIN_MAX_DATA_BYTES: u64 = narad_runtime::limits::DEFAULT_MAX_DATA_BYTES;
 /// Default most records in one produce request.

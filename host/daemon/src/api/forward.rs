@@ -484,7 +484,10 @@ pub(crate) enum PlanRefusal {
 /// Splits records placed on `placement` (one partition per record, in request order) by the
 /// route of each partition (`route` is asked once per distinct partition). Refuses the whole
 /// request when any partition cannot be served, so nothing is committed.
-pub(crate) fn plan(placement: &[u32], mut route: impl FnMut(u32) -> Route) -> Result<Plan, PlanRefusal> {
+pub(crate) fn plan(
+    placement: &[u32],
+    mut route: impl FnMut(u32) -> Route,
+) -> Result<Plan, PlanRefusal> {
     let partitions: BTreeSet<u32> = placement.iter().copied().collect();
     // None: this node; Some(i): the i-th remote group.
     let mut target: BTreeMap<u32, Option<usize>> = BTreeMap::new();

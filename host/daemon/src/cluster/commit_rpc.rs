@@ -56,7 +56,10 @@ pub enum CallError {
 }
 
 /// The axum handler of [`COMMIT_PATH`]; the state is this node's receiver.
-pub(crate) async fn commit_route(State(receiver): State<Arc<CommitReceiver>>, body: Bytes) -> Response {
+pub(crate) async fn commit_route(
+    State(receiver): State<Arc<CommitReceiver>>,
+    body: Bytes,
+) -> Response {
     let request = match CommitRequest::decode(&body) {
         Ok(request) => request,
         Err(e) => {

@@ -275,7 +275,11 @@ impl Mover {
 
     /// Moves partition `partition` of `topic` to this node (the steps in the module doc);
     /// resumes a move to this node that stopped part way.
-    pub(crate) async fn move_in(&self, topic: &str, partition: u32) -> Result<MoveReport, MoveError> {
+    pub(crate) async fn move_in(
+        &self,
+        topic: &str,
+        partition: u32,
+    ) -> Result<MoveReport, MoveError> {
         let id = PartitionId::new(topic.to_owned(), partition);
         if !lock(&self.in_flight).insert(id.clone()) {
             return Err(MoveError::AlreadyMoving {
@@ -587,7 +591,11 @@ pub const MOVE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Mover {
     /// Asks node `to` to run the move of `id` to itself, and waits for its report.
-    pub(crate) async fn ask_move_in(&self, to: &str, id: &PartitionId) -> Result<MoveReport, MoveError> {
+    pub(crate) async fn ask_move_in(
+        &self,
+        to: &str,
+        id: &PartitionId,
+    ) -> Result<MoveReport, MoveError> {
         let answer = self
             .cluster
             .post_peer(to, &move_in_path(id), &serde_json::json!({}), MOVE_TIMEOUT)

@@ -103,7 +103,10 @@ impl ClusterCommitter {
 
     /// The same committer, sending nothing while `fence` gives a reason (the node could not
     /// renew its lease): the buckets wait in memory and are retried, as for a dead owner.
-    pub(crate) fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> ClusterCommitter {
+    pub(crate) fn with_fence(
+        mut self,
+        fence: Arc<crate::ownership::WriteFence>,
+    ) -> ClusterCommitter {
         self.fence = Some(fence);
         self
     }

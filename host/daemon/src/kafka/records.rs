@@ -98,7 +98,10 @@ impl BatchError {
 }
 
 /// Decodes the one batch a produce carries for a partition (Produce 3+ allows exactly one).
-pub(crate) fn decode_produced(data: Bytes, limits: &BatchLimits) -> Result<ProducedBatch, BatchError> {
+pub(crate) fn decode_produced(
+    data: Bytes,
+    limits: &BatchLimits,
+) -> Result<ProducedBatch, BatchError> {
     let corrupt = |what: &str| BatchError::Corrupt(what.to_owned());
     if data.len() < BATCH_HEADER_BYTES {
         return Err(corrupt("shorter than a batch header"));

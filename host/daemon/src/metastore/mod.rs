@@ -242,7 +242,11 @@ impl LinkTopics {
 
     /// Takes the link `parent -> child` and its two topics out of `snapshot` (moved, not
     /// cloned): `None` when the link or either topic is missing.
-    pub(crate) fn take_from(snapshot: &mut Snapshot, parent: &str, child: &str) -> Option<LinkTopics> {
+    pub(crate) fn take_from(
+        snapshot: &mut Snapshot,
+        parent: &str,
+        child: &str,
+    ) -> Option<LinkTopics> {
         let link = snapshot
             .links
             .remove(&(parent.to_owned(), child.to_owned()))?;

@@ -21,7 +21,10 @@ pub(crate) enum Action {
 ///
 /// Stops come before starts so that a re-attach never has the old and the new epoch's cursor
 /// writing the same offset file at once.
-pub(crate) fn reconcile(desired: &BTreeSet<CursorKey>, running: &BTreeSet<CursorKey>) -> Vec<Action> {
+pub(crate) fn reconcile(
+    desired: &BTreeSet<CursorKey>,
+    running: &BTreeSet<CursorKey>,
+) -> Vec<Action> {
     let stops = running.difference(desired).cloned().map(Action::Stop);
     let starts = desired.difference(running).cloned().map(Action::Start);
     stops.chain(starts).collect()

@@ -224,7 +224,10 @@ impl TopicService {
     /// The same service in cluster mode: new partitions are placed on the live nodes of
     /// `cluster` and recorded with their owners; each owner makes its own directories
     /// ([`owned::register_owned`]).
-    pub(crate) fn with_cluster(mut self, cluster: Arc<crate::cluster::ClusterContext>) -> TopicService {
+    pub(crate) fn with_cluster(
+        mut self,
+        cluster: Arc<crate::cluster::ClusterContext>,
+    ) -> TopicService {
         self.cluster = Some(cluster);
         self
     }

@@ -265,7 +265,11 @@ pub fn get(data_dir: &Path, id: &str) -> Result<SetAsideEntry, SetAsideError> {
 
 /// Moves the entry `id` back to `destination` (which must not exist) and drops its
 /// description. The caller records it in the metastore.
-pub(crate) fn take_back(data_dir: &Path, id: &str, destination: &Path) -> Result<(), SetAsideError> {
+pub(crate) fn take_back(
+    data_dir: &Path,
+    id: &str,
+    destination: &Path,
+) -> Result<(), SetAsideError> {
     check_id(id)?;
     let area = dir(data_dir);
     let source = area.join(id);

@@ -303,7 +303,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 
 /// Checks a router's answer has one decision per record. That each names a child partition
 /// is checked where the decisions are counted ([`super::bucket::bucket`]).
-pub(crate) fn check_decisions(decisions: &[u32], records: &[StoredRecord]) -> Result<(), RouteFailure> {
+pub(crate) fn check_decisions(
+    decisions: &[u32],
+    records: &[StoredRecord],
+) -> Result<(), RouteFailure> {
     if decisions.len() != records.len() {
         return Err(RouteFailure {
             plugin: None,
