@@ -563,7 +563,7 @@ const fn ascii(bytes: &'static [u8]) -> &'static str {
 
 impl FileConfig {
     /// Reads and parses a config file.
-    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+    pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
             path: path.to_path_buf(),
             source,
@@ -572,7 +572,7 @@ impl FileConfig {
     }
 
     /// Parses config-file text; `path` only names the file in errors.
-    pub fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::ParseFile {
             path: path.to_path_buf(),
             message: e.to_string(),

@@ -59,7 +59,7 @@ pub(crate) const REFUSAL_RETRY_AFTER_SECS: u64 = 1;
 
 /// The connection cap, timeouts and shutdown bound of [`serve`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServeOptions {
+pub(crate) struct ServeOptions {
     /// Most connections served at once; more are answered 503 and closed.
     pub(crate) max_connections: u32,
     /// Time to receive a complete request head.
@@ -73,7 +73,7 @@ pub struct ServeOptions {
 /// Why the daemon closed a connection on its own (label of
 /// `narad_http_connections_closed_total`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloseLabels {
+pub(crate) struct CloseLabels {
     /// `header_timeout`, `idle_timeout` or `shutdown` (dropped after the grace period).
     pub reason: &'static str,
 }
@@ -83,7 +83,7 @@ const CLOSE_REASONS: [&str; 3] = ["header_timeout", "idle_timeout", "shutdown"];
 
 /// The server's own series.
 #[derive(Debug, Default)]
-pub struct HttpMetrics {
+pub(crate) struct HttpMetrics {
     /// `narad_http_connections`: connections being served now.
     pub open: Gauge,
     /// `narad_http_connections_refused_total`: connections answered 503 and closed because the
@@ -126,7 +126,7 @@ impl HttpMetrics {
 /// Serves `app` on `listener` until `shutdown` fires, then shuts down as the module doc says.
 /// Returns once every connection is closed, at most `shutdown_grace` after the signal (plus
 /// the time to abort the connection tasks).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     options: ServeOptions,

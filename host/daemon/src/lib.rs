@@ -44,6 +44,9 @@
 
 // Tests may unwrap: a panic there is a test failure with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
+// `pub` only where another crate can reach the item: everything else is `pub(crate)`, so the
+// public surface is what the command line and the tests use, and says so.
+#![warn(unreachable_pub)]
 
 pub mod api;
 pub mod auth;
@@ -53,8 +56,8 @@ pub mod config;
 mod durable;
 pub mod fanout;
 pub mod fdlimit;
-pub mod http_server;
-pub mod kafka;
+pub(crate) mod http_server;
+pub(crate) mod kafka;
 #[cfg(test)]
 mod layering;
 pub mod metastore;

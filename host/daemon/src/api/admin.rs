@@ -15,7 +15,7 @@ use super::types::{SetAsideList, TopicInfo};
 use crate::topics::set_aside::{self, SetAsideEntry};
 
 /// `GET /v1/admin/set-aside`: the entries, oldest first.
-pub async fn list(State(state): State<AppState>) -> Result<Json<SetAsideList>, ApiError> {
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<SetAsideList>, ApiError> {
     let data_dir = state.store.data_dir().to_path_buf();
     let entries = crate::blocking::run(move || set_aside::list(&data_dir))
         .await
@@ -25,7 +25,7 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<SetAsideList>, A
 }
 
 /// `POST /v1/admin/set-aside/{id}/adopt`: 200 with the topic as now recorded.
-pub async fn adopt(
+pub(crate) async fn adopt(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<TopicInfo>, ApiError> {
@@ -35,7 +35,7 @@ pub async fn adopt(
 }
 
 /// `DELETE /v1/admin/set-aside/{id}`: 200 with the entry that was removed.
-pub async fn purge(
+pub(crate) async fn purge(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<SetAsideEntry>, ApiError> {

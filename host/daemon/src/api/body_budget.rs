@@ -43,7 +43,7 @@ pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 
 /// The shared budget.
 #[derive(Debug)]
-pub struct BodyBudget {
+pub(crate) struct BodyBudget {
     /// Most bytes held at once.
     total: u64,
     /// The largest body any route reads (max of max-request-bytes and max-plugin-bytes): bytes
@@ -60,7 +60,7 @@ pub struct BodyBudget {
 impl BodyBudget {
     /// A budget of `total` bytes for bodies no route reads past `ceiling` bytes of, reporting
     /// into `gauge` (bytes held) and `refusals` (503 answers).
-    pub fn new(
+    pub(crate) fn new(
         total: u64,
         ceiling: u64,
         gauge: Gauge<u64, AtomicU64>,
@@ -99,8 +99,9 @@ impl BodyBudget {
         self.gauge.set(before.saturating_sub(n));
     }
 
-    /// Bytes held now (tests).
-    pub fn used(&self) -> u64 {
+    /// Bytes held now.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> u64 {
         self.used.load(Ordering::Acquire)
     }
 }

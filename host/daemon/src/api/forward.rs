@@ -422,7 +422,7 @@ fn error_message(body: &[u8]) -> String {
 
 /// Where the records of one partition go, as [`plan`] is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// This node owns the partition.
     Local,
     /// Node `node`, alive at `url`, owns it and the request may be forwarded there.
@@ -849,7 +849,7 @@ pub(crate) async fn send_groups(
 
 /// A produce whose records go to other nodes too, ready to run ([`split_produce`]).
 #[derive(Debug)]
-pub struct Split {
+pub(crate) struct Split {
     forwarder: Arc<Forwarder>,
     plan: Plan,
 }
@@ -929,7 +929,7 @@ impl Split {
     /// remote groups first, concurrently; then, only if every one committed, this node's
     /// records. Answers one produce answer in request order, or the first failure with the
     /// partitions committed so far.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         state: &AppState,
         headers: &HeaderMap,
@@ -1016,7 +1016,12 @@ impl Split {
 /// forward (cluster mode, and the request was not forwarded already), else `421`. The owner's
 /// answer comes back as it is; `503` with `Retry-After` when the owner is not reachable,
 /// `502` when it gave no usable answer, `503` when this node shuts down meanwhile.
-pub async fn fetch(state: &AppState, headers: &HeaderMap, uri: &Uri, id: &PartitionId) -> Response {
+pub(crate) async fn fetch(
+    state: &AppState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    id: &PartitionId,
+) -> Response {
     let (Some(forwarder), Some(cluster)) = (&state.forward, &state.cluster) else {
         return not_owned(state, id).into_response();
     };

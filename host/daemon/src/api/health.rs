@@ -5,7 +5,7 @@ use axum::Json;
 use super::types::Health;
 
 /// Liveness: 200 `{"status":"ok"}`.
-pub async fn healthz() -> Json<Health> {
+pub(crate) async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".to_owned(),
     })

@@ -23,7 +23,7 @@ use crate::fanout::position::RemoteTails;
 use crate::fanout::position::provenance::{self, ChildScan, TailCopies};
 use narad_storage::{PartitionId, Store};
 
-pub use crate::cluster::REVISION_HEADER;
+pub(crate) use crate::cluster::REVISION_HEADER;
 
 /// Longest wait for this node's metadata copy to catch up with a caller's revision.
 pub(crate) const REVISION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -81,7 +81,7 @@ pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
 
 /// `GET /internal/v1/topics/{t}/high-watermarks` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HighWatermarks {
+pub(crate) struct HighWatermarks {
     /// The node that answered.
     pub node: String,
     /// Partition index -> committed high watermark, for the partitions that node owns.
@@ -103,7 +103,7 @@ pub(crate) struct PartitionBounds {
 }
 
 /// `GET /internal/v1/topics/{t}/high-watermarks`: this node's partitions of `t`.
-pub async fn high_watermarks(
+pub(crate) async fn high_watermarks(
     State(state): State<AppState>,
     ApiPath(topic): ApiPath<String>,
 ) -> Result<Json<HighWatermarks>, ApiError> {
@@ -256,7 +256,7 @@ pub(crate) async fn gather_bounds(
 /// `GET /internal/v1/topics/{t}/partitions/{p}/tail` query string.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TailQuery {
+pub(crate) struct TailQuery {
     /// The link's attach epoch, 16 hex digits.
     pub epoch: String,
     /// The parent partition whose copies are looked for.
@@ -266,7 +266,7 @@ pub struct TailQuery {
 /// `GET /internal/v1/topics/{t}/partitions/{p}/tail` answer: what the scan of that child
 /// partition's tail found.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TailScan {
+pub(crate) struct TailScan {
     /// The newest slab of the epoch and parent partition found, and whether the partition
     /// never held a record.
     pub scan: ChildScan,
@@ -277,7 +277,7 @@ pub struct TailScan {
 /// `GET /internal/v1/topics/{t}/partitions/{p}/tail?epoch=&parent_partition=`: the tail scan
 /// a cursor on another node needs at start ([`crate::fanout::position`]), of a partition this
 /// node owns (421 otherwise).
-pub async fn tail(
+pub(crate) async fn tail(
     State(state): State<AppState>,
     ApiPath((topic, partition)): ApiPath<(String, u32)>,
     super::extract::ApiQuery(query): super::extract::ApiQuery<TailQuery>,
@@ -316,7 +316,7 @@ pub(crate) struct HttpTails {
 
 impl HttpTails {
     /// Tail scans through `cluster`'s peers and client.
-    pub fn new(cluster: Arc<crate::cluster::ClusterContext>) -> HttpTails {
+    pub(crate) fn new(cluster: Arc<crate::cluster::ClusterContext>) -> HttpTails {
         HttpTails { cluster }
     }
 }

@@ -193,14 +193,14 @@ impl ApiMetrics {
 
     /// Counts one call forwarded to a partition owner for a `request` (`produce`, `fetch`)
     /// that ended with `outcome` (`ok`, `owner_down`, `error`).
-    pub fn forwarded(&self, request: &'static str, outcome: &'static str) {
+    pub(crate) fn forwarded(&self, request: &'static str, outcome: &'static str) {
         self.forwarded
             .get_or_create(&ForwardLabels { request, outcome })
             .inc();
     }
 
     /// Counts `records` records of `bytes` bytes committed to `topic` by a produce.
-    pub fn produced(&self, topic: &str, records: u64, bytes: u64) {
+    pub(crate) fn produced(&self, topic: &str, records: u64, bytes: u64) {
         let labels = TopicLabels {
             topic: topic.to_owned(),
         };
@@ -209,7 +209,7 @@ impl ApiMetrics {
     }
 
     /// Counts `records` records of `bytes` bytes returned from `topic` by a fetch.
-    pub fn fetched(&self, topic: &str, records: u64, bytes: u64) {
+    pub(crate) fn fetched(&self, topic: &str, records: u64, bytes: u64) {
         if records == 0 {
             return;
         }
@@ -315,7 +315,7 @@ impl ApiMetrics {
 }
 
 /// `GET /metrics`.
-pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let refreshed = state.api_metrics.refresh_storage(&state).await?;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &state.metrics).map_err(|e| {

@@ -22,23 +22,23 @@
 //! - [`body_budget`]: the bytes of request bodies buffered across all requests
 //!   (`max-buffered-request-bytes`).
 
-pub mod admin;
-pub mod auth;
-pub mod body_budget;
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod body_budget;
 pub mod children;
 pub mod error;
-pub mod extract;
-pub mod forward;
-pub mod health;
-pub mod internal;
-pub mod metrics;
-pub mod moves;
-pub mod nodes;
+pub(crate) mod extract;
+pub(crate) mod forward;
+pub(crate) mod health;
+pub(crate) mod internal;
+pub(crate) mod metrics;
+pub(crate) mod moves;
+pub(crate) mod nodes;
 pub mod plugins;
-pub mod records;
-pub mod shadow;
-pub mod topic_config;
-pub mod topics;
+pub(crate) mod records;
+pub(crate) mod shadow;
+pub(crate) mod topic_config;
+pub(crate) mod topics;
 pub mod types;
 
 use std::ops::Deref;

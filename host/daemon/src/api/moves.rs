@@ -104,7 +104,7 @@ async fn partition(state: &AppState, topic: &str, partition: u32) -> Result<Part
 }
 
 /// `POST /v1/topics/{t}/partitions/{p}/move`.
-pub async fn move_partition(
+pub(crate) async fn move_partition(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<MoveRequest>,
@@ -189,7 +189,7 @@ async fn run_move_in(state: &AppState, id: PartitionId) -> Result<MoveReport, Ap
 }
 
 /// `POST /v1/topics/{t}/partitions/{p}/recreate`.
-pub async fn recreate(
+pub(crate) async fn recreate(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<RecreateRequest>,
@@ -334,7 +334,7 @@ pub(crate) async fn handoff(
 }
 
 /// `POST /internal/v1/topics/{t}/partitions/{p}/files`.
-pub async fn chunk(
+pub(crate) async fn chunk(
     State(state): State<AppState>,
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<ChunkRequest>,

@@ -12,7 +12,7 @@ use super::types::{Cordon, NodeInfo, NodeList};
 
 /// `GET /v1/nodes`: in cluster mode every node whose lease is alive, by id; on a single node
 /// that node alone (`mode: "single"`).
-pub async fn list(State(state): State<AppState>) -> Json<NodeList> {
+pub(crate) async fn list(State(state): State<AppState>) -> Json<NodeList> {
     let Some(cluster) = &state.cluster else {
         return Json(NodeList {
             mode: "single".to_owned(),
@@ -45,7 +45,7 @@ pub async fn list(State(state): State<AppState>) -> Json<NodeList> {
 
 /// `POST /v1/nodes/{id}/cordon`: node `id` gets no new partitions from a spread placement, a
 /// move or a re-creation without a named target, until uncordoned. It keeps what it owns.
-pub async fn cordon(
+pub(crate) async fn cordon(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Cordon>, ApiError> {
@@ -53,7 +53,7 @@ pub async fn cordon(
 }
 
 /// `DELETE /v1/nodes/{id}/cordon`: node `id` may be given new partitions again.
-pub async fn uncordon(
+pub(crate) async fn uncordon(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Cordon>, ApiError> {

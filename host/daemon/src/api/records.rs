@@ -34,7 +34,7 @@ use crate::produce::ProduceRecord;
 pub(crate) const DEFAULT_FETCH_MAX_RECORDS: u32 = 500;
 
 /// `POST /v1/topics/{t}/records`.
-pub async fn produce(
+pub(crate) async fn produce(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiPath(topic_name): ApiPath<String>,
@@ -231,7 +231,7 @@ fn decode_b64(text: &str) -> Result<Bytes, String> {
 /// Query of a fetch.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct FetchQuery {
+pub(crate) struct FetchQuery {
     /// First offset to return; absent means the log start.
     pub offset: Option<u64>,
     /// Most records to return (default 500, capped by max-fetch-records).
@@ -241,7 +241,7 @@ pub struct FetchQuery {
 }
 
 /// `GET /v1/topics/{t}/partitions/{p}/records?offset=&max=&wait_ms=`.
-pub async fn fetch(
+pub(crate) async fn fetch(
     State(state): State<AppState>,
     headers: HeaderMap,
     uri: Uri,

@@ -51,7 +51,7 @@ fn unknown_link(parent: &str, child: &str) -> ApiError {
 /// plugin versions, as an attach pins its chain) with a fresh report. Setting a shadow again,
 /// even the same chain, starts its report afresh. 400 for a chain of no or too many plugins,
 /// 404 for an unknown link or plugin.
-pub async fn set(
+pub(crate) async fn set(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     ApiJson(request): ApiJson<ShadowRequest>,
@@ -96,7 +96,7 @@ pub async fn set(
 
 /// `DELETE /v1/topics/{parent}/children/{child}/shadow`: stops the shadow and drops its report;
 /// answers the shadow that was cleared. 404 when the link has none.
-pub async fn clear(
+pub(crate) async fn clear(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
 ) -> Result<Json<ShadowInfo>, ApiError> {
@@ -116,7 +116,7 @@ pub async fn clear(
 /// `GET /v1/topics/{parent}/children/{child}/shadow` query string.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ShadowQuery {
+pub(crate) struct ShadowQuery {
     /// Cluster mode: only this node's report (what nodes ask each other when they sum it).
     #[serde(default)]
     pub local: bool,
@@ -124,7 +124,7 @@ pub struct ShadowQuery {
 
 /// `GET /v1/topics/{parent}/children/{child}/shadow`: the shadow and its report. 404 when the
 /// link has no shadow.
-pub async fn show(
+pub(crate) async fn show(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     ApiQuery(query): ApiQuery<ShadowQuery>,

@@ -12,7 +12,7 @@ use super::types::TopicInfo;
 /// `PATCH /v1/topics/{t}` body. A field left out keeps its value; `null` removes the limit.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TopicChange {
+pub(crate) struct TopicChange {
     /// New age limit in ms (`null`: keep records forever).
     #[serde(default, deserialize_with = "present")]
     pub retention_ms: Option<Option<u64>>,
@@ -28,7 +28,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
 
 /// `PATCH /v1/topics/{t}`: 200 with the topic's settings. Refused with 400 when a delay child
 /// of the topic needs longer retention (its delay plus one hour).
-pub async fn update(
+pub(crate) async fn update(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiJson(change): ApiJson<TopicChange>,

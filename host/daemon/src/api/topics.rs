@@ -32,7 +32,7 @@ impl From<TopicMeta> for TopicInfo {
 }
 
 /// `POST /v1/topics`: 201 with the topic.
-pub async fn create(
+pub(crate) async fn create(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CreateTopicRequest>,
 ) -> Result<(StatusCode, Json<TopicInfo>), ApiError> {
@@ -51,7 +51,7 @@ pub async fn create(
 }
 
 /// `GET /v1/topics`: every topic, sorted by name.
-pub async fn list(State(state): State<AppState>) -> Result<Json<TopicList>, ApiError> {
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<TopicList>, ApiError> {
     let snapshot = state.metastore.snapshot().await?;
     Ok(Json(TopicList {
         topics: snapshot.topics.into_values().map(TopicInfo::from).collect(),
@@ -70,7 +70,7 @@ pub(super) async fn require_topic(state: &AppState, name: &str) -> Result<TopicM
 /// `GET /v1/topics/{t}`: settings and per-partition state, without opening any closed log. In
 /// cluster mode each partition's figures come from its owner, asked concurrently; a partition
 /// whose owner cannot answer is listed as `unavailable` with the reason.
-pub async fn describe(
+pub(crate) async fn describe(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<DescribeQuery>,
@@ -224,7 +224,7 @@ fn unavailable(partition: u32, node: &str, reason: String) -> PartitionInfo {
 /// `DELETE /v1/topics/{t}?force=`: the deleted topic's settings and the links removed with it.
 /// A topic that has children or is a child is deleted only with `force=true`: deleting it
 /// removes those links too, which an operator must not learn about afterwards.
-pub async fn delete(
+pub(crate) async fn delete(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiQuery(query): ApiQuery<DeleteTopicQuery>,
@@ -267,7 +267,7 @@ pub async fn delete(
 }
 
 /// `POST /v1/topics/{t}/partitions`: grow to `count` partitions.
-pub async fn grow(
+pub(crate) async fn grow(
     State(state): State<AppState>,
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<GrowPartitionsRequest>,

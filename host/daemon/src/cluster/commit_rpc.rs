@@ -95,7 +95,7 @@ pub(crate) struct CommitClient {
 
 impl CommitClient {
     /// A client with this module's timeouts.
-    pub fn new() -> Result<CommitClient, reqwest::Error> {
+    pub(crate) fn new() -> Result<CommitClient, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(COMMIT_TIMEOUT)
@@ -110,7 +110,7 @@ impl CommitClient {
     }
 
     /// Sends `request` to the node advertising `base_url` (e.g. `http://10.0.0.5:7070`).
-    pub async fn commit(
+    pub(crate) async fn commit(
         &self,
         base_url: &str,
         request: &CommitRequest,

@@ -171,13 +171,13 @@ impl CommitRequest {
     }
 
     /// Encodes the request.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         // Encoding plain data into a Vec cannot fail.
         postcard::to_allocvec(self).unwrap_or_default()
     }
 
     /// Decodes a request, refusing anything over the size and record bounds.
-    pub fn decode(bytes: &[u8]) -> Result<CommitRequest, WireError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<CommitRequest, WireError> {
         if bytes.len() > MAX_COMMIT_REQUEST_BYTES {
             return Err(WireError::TooLarge { bytes: bytes.len() });
         }
@@ -194,12 +194,12 @@ impl CommitRequest {
 
 impl CommitResponse {
     /// Encodes the answer.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).unwrap_or_default()
     }
 
     /// Decodes an answer.
-    pub fn decode(bytes: &[u8]) -> Result<CommitResponse, WireError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<CommitResponse, WireError> {
         postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))
     }
 }

@@ -25,7 +25,7 @@ pub(crate) const WINDOW_ORIGINS: usize = 16 * 4_096;
 
 /// One record's origin, the unit of membership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Origin {
+pub(crate) struct Origin {
     /// The link's attach epoch.
     pub epoch: [u8; 8],
     /// The parent partition.
@@ -46,7 +46,7 @@ impl From<&RecordOrigin> for Origin {
 
 /// The recent origins of one child partition.
 #[derive(Debug)]
-pub struct OriginWindow {
+pub(crate) struct OriginWindow {
     capacity: usize,
     held: HashSet<Origin>,
     arrival: VecDeque<Origin>,
@@ -60,7 +60,7 @@ impl Default for OriginWindow {
 
 impl OriginWindow {
     /// An empty window remembering at most `capacity` origins.
-    pub fn with_capacity(capacity: usize) -> OriginWindow {
+    pub(crate) fn with_capacity(capacity: usize) -> OriginWindow {
         OriginWindow {
             capacity: capacity.max(1),
             held: HashSet::new(),
@@ -69,7 +69,7 @@ impl OriginWindow {
     }
 
     /// A window filled from stored records, oldest first (the partition's tail on open).
-    pub fn rebuild<'a>(
+    pub(crate) fn rebuild<'a>(
         capacity: usize,
         stored: impl IntoIterator<Item = &'a RecordOrigin>,
     ) -> OriginWindow {
@@ -81,17 +81,13 @@ impl OriginWindow {
     }
 
     /// How many origins the window holds.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.arrival.len()
     }
 
-    /// Whether the window holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.arrival.is_empty()
-    }
-
     /// Whether `origin` is in the window.
-    pub fn holds(&self, origin: &Origin) -> bool {
+    pub(crate) fn holds(&self, origin: &Origin) -> bool {
         self.held.contains(origin)
     }
 

@@ -27,10 +27,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::shutdown::ShutdownSignal;
 
-/// Default lease TTL of a node key (CLUSTER.md: 10 s): how long peers wait before counting a
-/// silent node dead.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(crate::config::DEFAULT_LEASE_TTL_MS);
-
 /// Renewals per TTL: at 3, two renewals in a row can be lost before the node fences itself.
 pub(crate) const RENEWALS_PER_TTL: u32 = 3;
 

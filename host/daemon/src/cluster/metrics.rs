@@ -83,7 +83,11 @@ impl ClusterMetrics {
     }
 
     /// Brings the series up to date from `cluster` once a second until `shutdown`.
-    pub async fn run(self: Arc<Self>, cluster: Arc<ClusterContext>, shutdown: ShutdownSignal) {
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        cluster: Arc<ClusterContext>,
+        shutdown: ShutdownSignal,
+    ) {
         let mut ticker = tokio::time::interval(REFRESH_EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen = Seen::default();

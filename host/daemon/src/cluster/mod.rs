@@ -20,17 +20,17 @@
 //! The metadata itself lives in [`crate::metastore::etcd`], behind the same `Metastore` trait
 //! and rules as the embedded file.
 
-pub mod commit_rpc;
-pub mod commit_wire;
-pub mod dedupe;
-pub mod membership;
-pub mod metrics;
-pub mod modules;
+pub(crate) mod commit_rpc;
+pub(crate) mod commit_wire;
+pub(crate) mod dedupe;
+pub(crate) mod membership;
+pub(crate) mod metrics;
+pub(crate) mod modules;
 pub mod moves;
-pub mod ownership;
-pub mod peers;
-pub mod placement;
-pub mod receiver;
+pub(crate) mod ownership;
+pub(crate) mod peers;
+pub(crate) mod placement;
+pub(crate) mod receiver;
 pub mod recreate;
 
 pub use membership::{Membership, MembershipError, NodeRecord};
@@ -129,7 +129,7 @@ pub(crate) struct PeerError {
 
 impl PeerError {
     /// A failed call to `node`.
-    pub fn new(node: &str, status: Option<u16>, reason: impl Into<String>) -> PeerError {
+    pub(crate) fn new(node: &str, status: Option<u16>, reason: impl Into<String>) -> PeerError {
         PeerError {
             node: node.to_owned(),
             status,
@@ -139,7 +139,7 @@ impl PeerError {
 
     /// The error an answer with a failing status stands for, with the message of its JSON
     /// error body when it has one.
-    pub async fn refused(node: &str, answer: reqwest::Response) -> PeerError {
+    pub(crate) async fn refused(node: &str, answer: reqwest::Response) -> PeerError {
         let status = answer.status().as_u16();
         let message = answer
             .json::<serde_json::Value>()

@@ -248,7 +248,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Mover {
     /// A mover for this node (its calls to other nodes carry the cluster's peer secret).
-    pub fn new(cluster: Arc<ClusterContext>, store: Arc<Store>, hooks: MoveHooks) -> Mover {
+    pub(crate) fn new(cluster: Arc<ClusterContext>, store: Arc<Store>, hooks: MoveHooks) -> Mover {
         Mover {
             cluster,
             store,
@@ -570,7 +570,7 @@ impl Mover {
     }
 
     /// The old owner's side: a chunk of a file of a sealed partition.
-    pub async fn chunk(
+    pub(crate) async fn chunk(
         &self,
         topic: &str,
         partition: u32,
@@ -615,7 +615,7 @@ impl Mover {
     /// Cancels the move of `id` under way: the owner record loses its `moving_to` (the old
     /// owner then unseals the partition, and the new node's copy, if any, is never used).
     /// Returns the record now.
-    pub async fn cancel(&self, id: &PartitionId) -> Result<PartitionOwner, MoveError> {
+    pub(crate) async fn cancel(&self, id: &PartitionId) -> Result<PartitionOwner, MoveError> {
         let current = self.confirmed_owner(id).await?;
         let Some(to) = &current.moving_to else {
             return Err(MoveError::NotMoving {

@@ -20,7 +20,7 @@ use crate::metastore::cache::{CacheTiming, PrefixCache};
 use crate::shutdown::ShutdownSignal;
 
 /// The watched directory of live nodes.
-pub struct PeerDirectory {
+pub(crate) struct PeerDirectory {
     cache: PrefixCache,
     cordons: PrefixCache,
     client: Client,
@@ -39,7 +39,7 @@ impl std::fmt::Debug for PeerDirectory {
 impl PeerDirectory {
     /// Reads the node keys of the cluster under `prefix` (as [`super::prefix`] makes it) and
     /// keeps the copy current until `shutdown`. Fails when etcd cannot answer the first read.
-    pub async fn start(
+    pub(crate) async fn start(
         client: Client,
         prefix: &str,
         timing: CacheTiming,
@@ -68,13 +68,8 @@ impl PeerDirectory {
     }
 
     /// The cordoned nodes, sorted (alive or not).
-    pub fn cordoned(&self) -> Vec<String> {
+    pub(crate) fn cordoned(&self) -> Vec<String> {
         self.cordons.view().entries.keys().cloned().collect()
-    }
-
-    /// Whether node `id` is cordoned.
-    pub fn is_cordoned(&self, id: &str) -> bool {
-        self.cordons.view().entries.contains_key(id)
     }
 
     /// The live nodes that may be given new partitions: alive and not cordoned, sorted.
@@ -88,7 +83,7 @@ impl PeerDirectory {
     }
 
     /// Cordons node `id` (idempotent) and waits, briefly, until this node's copy shows it.
-    pub async fn cordon(&self, id: &str, now_ms: i64) -> Result<(), etcd_client::Error> {
+    pub(crate) async fn cordon(&self, id: &str, now_ms: i64) -> Result<(), etcd_client::Error> {
         let value = serde_json::json!({ "cordoned_at_ms": now_ms }).to_string();
         let put = self
             .client
@@ -105,7 +100,7 @@ impl PeerDirectory {
 
     /// Lifts the cordon of node `id` (idempotent) and waits, briefly, until this node's copy
     /// shows it.
-    pub async fn uncordon(&self, id: &str) -> Result<(), etcd_client::Error> {
+    pub(crate) async fn uncordon(&self, id: &str) -> Result<(), etcd_client::Error> {
         let deleted = self
             .client
             .kv_client()
@@ -125,7 +120,7 @@ impl PeerDirectory {
 
     /// Every live node, by id. A key whose value does not parse is skipped (and logged): a
     /// node of another version must not make every other node unreachable.
-    pub fn live(&self) -> Vec<NodeRecord> {
+    pub(crate) fn live(&self) -> Vec<NodeRecord> {
         parse(&self.cache.view().entries)
     }
 
@@ -145,12 +140,6 @@ impl PeerDirectory {
     /// Whether node `id` is alive.
     pub(crate) fn is_live(&self, id: &str) -> bool {
         self.cache.view().entries.contains_key(id)
-    }
-
-    /// Waits until the copy reflects etcd revision `revision` (say, this node's own join), for
-    /// at most `limit`; returns whether it got there.
-    pub async fn wait_for(&self, revision: i64, limit: std::time::Duration) -> bool {
-        self.cache.wait_for(revision, limit).await
     }
 }
 

@@ -16,7 +16,7 @@ use crate::metastore::PartitionOwner;
 /// Why no placement could be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum PlacementError {
+pub(crate) enum PlacementError {
     /// No node is live to take the partitions.
     #[error("no live node to place partitions on; is any `narad serve` of this cluster running?")]
     NoLiveNodes,
@@ -50,7 +50,7 @@ pub enum PlacementError {
 
 /// What to place: partitions `first..first + count` of `topic`.
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     /// The topic's name (seeds the spread).
     pub topic: &'a str,
     /// The first new partition's index (0 for a new topic).
@@ -68,7 +68,7 @@ pub struct Request<'a> {
 }
 
 /// The owners of the new partitions, in order.
-pub fn place(request: Request<'_>) -> Result<Vec<PartitionOwner>, PlacementError> {
+pub(crate) fn place(request: Request<'_>) -> Result<Vec<PartitionOwner>, PlacementError> {
     let mut live: Vec<&String> = request.live.iter().collect();
     live.sort();
     live.dedup();

@@ -43,7 +43,7 @@ pub(crate) struct CommitReceiver {
 
 impl CommitReceiver {
     /// A receiver for node `node`, appending to `store`, fencing with `owners`.
-    pub fn new(node: String, store: Arc<Store>, owners: Arc<OwnerLookup>) -> CommitReceiver {
+    pub(crate) fn new(node: String, store: Arc<Store>, owners: Arc<OwnerLookup>) -> CommitReceiver {
         CommitReceiver {
             node,
             store,
@@ -61,7 +61,7 @@ impl CommitReceiver {
     }
 
     /// Applies one commit (blocking: call it on the blocking pool).
-    pub fn commit(&self, request: CommitRequest) -> CommitResponse {
+    pub(crate) fn commit(&self, request: CommitRequest) -> CommitResponse {
         let id = PartitionId::new(request.topic.clone(), request.partition);
         if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
             return CommitResponse::Failed { reason };

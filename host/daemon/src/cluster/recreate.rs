@@ -217,7 +217,7 @@ pub(crate) struct Recreator {
 impl Recreator {
     /// A recreator for this node: `receiver` answers for the child partitions this node owns,
     /// `set_aside` keeps a directory found where the new log is to go.
-    pub fn new(
+    pub(crate) fn new(
         cluster: Arc<ClusterContext>,
         store: Arc<Store>,
         receiver: Arc<CommitReceiver>,

@@ -16,7 +16,7 @@ use super::route::{RouteFailure, RouteFailureKind};
 
 /// Where a slab comes from, as every batch of it records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlabOrigin {
+pub(crate) struct SlabOrigin {
     /// The link's attach epoch.
     pub epoch: [u8; 8],
     /// The parent partition the slab was read from.
@@ -30,7 +30,7 @@ pub struct SlabOrigin {
 /// from the parent records' bytes when the bucket is committed ([`Bucket::encode`]), with no
 /// record rebuilt and no refcount touched per record.
 #[derive(Clone, Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     /// The child partition.
     pub target: PartitionId,
     /// Indices of its records in the slab handed to [`bucket`], in slab order.
@@ -43,13 +43,13 @@ pub struct Bucket {
 
 impl Bucket {
     /// The bucket's records, in slab order.
-    pub fn records(&self) -> impl Iterator<Item = &StoredRecord> + '_ {
+    pub(crate) fn records(&self) -> impl Iterator<Item = &StoredRecord> + '_ {
         self.indices.iter().filter_map(|&i| self.slab.get(i))
     }
 
     /// The child frame: the records encoded from their bytes, with the origin. Fails as an
     /// append of the same records would (a frame above the storage limit).
-    pub fn encode(&self) -> Result<EncodedBatch, StorageError> {
+    pub(crate) fn encode(&self) -> Result<EncodedBatch, StorageError> {
         let records: Vec<&StoredRecord> = self.records().collect();
         EncodedBatch::encode(&records, Some(&self.origin))
     }
@@ -59,7 +59,7 @@ impl Bucket {
 /// [`super::route::check_decisions`]) into the non-empty buckets of `child`'s
 /// `child_partitions` partitions, in partition order. A decision at or past `child_partitions`
 /// is a [`RouteFailureKind::OutOfRange`] routing failure naming the record's parent offset.
-pub fn bucket(
+pub(crate) fn bucket(
     records: &Arc<Vec<StoredRecord>>,
     decisions: &[u32],
     child: &str,

@@ -27,12 +27,12 @@ use crate::blocking::BlockingError;
 /// [`commit`] makes one; advancing the offset file past a slab takes one.
 #[derive(Debug)]
 #[must_use = "an acknowledged slab is advanced past"]
-pub struct Acknowledged(());
+pub(crate) struct Acknowledged(());
 
 /// Why committing one bucket of a slab to the child failed; the cursor retries the bucket.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum CommitFailure {
+pub(crate) enum CommitFailure {
     /// The commit to the child partition failed all its quick tries. The text names the
     /// child partition, and for a child stored on another node the owner node the bucket
     /// waits for ("waiting for the owner of child partition child/p00001 (node n2): ...").
@@ -60,7 +60,7 @@ fn commit_text(target: &PartitionId, error: &ChildCommitError) -> String {
 
 /// The buckets that were not acknowledged.
 #[derive(Debug)]
-pub struct Failed {
+pub(crate) struct Failed {
     /// Indices (into the slab given to bucketing) of the records not known to be committed,
     /// sorted, each once.
     pub indices: Vec<usize>,
@@ -70,7 +70,7 @@ pub struct Failed {
 
 impl Failed {
     /// The stall reason operators see: every failure, `; `-separated.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         self.errors
             .iter()
             .map(ToString::to_string)
@@ -80,7 +80,7 @@ impl Failed {
 
     /// The failed records of `records` (the slab given to bucketing), in slab order, copied
     /// off the parent's read buffers so a long outage does not pin them.
-    pub fn retained(&self, records: &[StoredRecord]) -> Vec<StoredRecord> {
+    pub(crate) fn retained(&self, records: &[StoredRecord]) -> Vec<StoredRecord> {
         self.indices
             .iter()
             .filter_map(|&i| records.get(i))
@@ -108,7 +108,7 @@ type Outcome = (PartitionId, Vec<usize>, Result<(), ChildCommitError>);
 
 /// Commits `buckets` to their child partitions, [`COMMITS_IN_FLIGHT`] at a time, each with
 /// quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
-pub async fn commit(
+pub(crate) async fn commit(
     buckets: Vec<Bucket>,
     committer: &Arc<dyn ChildCommitter>,
     timing: &FanoutTiming,

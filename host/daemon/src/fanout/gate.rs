@@ -35,7 +35,7 @@ pub(crate) fn sleep_until_due(
 
 /// How far behind the due frontier a cursor runs, in seconds: the age past its due time of the
 /// oldest record it has not copied (`committed_at + delay`), or 0 when nothing due is waiting.
-pub fn due_lag_seconds(
+pub(crate) fn due_lag_seconds(
     oldest_pending_committed_at_ms: Option<i64>,
     delay_ms: u64,
     now_ms: i64,

@@ -45,20 +45,20 @@
 //! Every wait of the loop comes from the cursor's [`FanoutTiming`] (defaults: the reference
 //! constants below) and every reading of the time from its clock, so tests shorten both.
 
-pub mod advance;
-pub mod bucket;
-pub mod commit;
+pub(crate) mod advance;
+pub(crate) mod bucket;
+pub(crate) mod commit;
 pub mod committer;
 pub mod cursor;
-pub mod gate;
+pub(crate) mod gate;
 pub mod metrics;
-pub mod plugin_metrics;
+pub(crate) mod plugin_metrics;
 pub mod position;
-pub mod remote_child;
-pub mod remote_commit;
+pub(crate) mod remote_child;
+pub(crate) mod remote_commit;
 pub mod route;
 pub mod shadow;
-pub mod slab;
+pub(crate) mod slab;
 pub mod status;
 
 use std::time::Duration;

@@ -100,7 +100,7 @@ struct WireRequest<'a> {
 impl RemoteSender {
     /// A sender to `target`, naming `source` in each copy's origin header, blocking on
     /// `runtime` for its calls, telling `on_sent` about every request (the cursor's metrics).
-    pub fn new(
+    pub(crate) fn new(
         target: RemoteTarget,
         source: String,
         runtime: Handle,

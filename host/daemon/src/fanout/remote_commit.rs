@@ -71,7 +71,7 @@ impl ClusterCommitter {
     /// through `local`; the others are sent with `client` to the address `addresses` gives
     /// for their owner, blocking on `runtime` (the daemon's runtime, whose I/O driver the
     /// call needs). Repeats the owners absorbed are counted in `metrics`.
-    pub fn new(
+    pub(crate) fn new(
         node: String,
         local: Arc<Producer>,
         owners: Arc<OwnerLookup>,

@@ -20,7 +20,7 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
 ];
 
 /// Whether `version` of `api` is handled.
-pub fn offered(api: ApiKey, version: i16) -> bool {
+pub(crate) fn offered(api: ApiKey, version: i16) -> bool {
     OFFERED
         .iter()
         .any(|&(key, min, max)| key == api && (min..=max).contains(&version))
@@ -28,7 +28,7 @@ pub fn offered(api: ApiKey, version: i16) -> bool {
 
 /// The ApiVersions answer with `error_code` (0, or UNSUPPORTED_VERSION for a request at a
 /// version not offered, which the client then retries at one that is).
-pub fn response(error_code: i16) -> ApiVersionsResponse {
+pub(crate) fn response(error_code: i16) -> ApiVersionsResponse {
     let mut response = ApiVersionsResponse::default();
     response.error_code = error_code;
     response.api_keys = OFFERED

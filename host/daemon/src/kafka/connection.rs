@@ -36,7 +36,7 @@ const MIN_FRAME_BYTES: usize = 8;
 
 /// How the listener is bounded.
 #[derive(Debug, Clone)]
-pub struct ListenOptions {
+pub(crate) struct ListenOptions {
     /// Most connections open at once.
     pub(crate) max_connections: u32,
     /// Longest wait for connections still busy at shutdown before they are dropped.
@@ -45,7 +45,7 @@ pub struct ListenOptions {
 
 /// Serves Kafka clients on `listener` until the shutdown signal fires, then waits up to the
 /// shutdown grace for requests in progress.
-pub async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: ListenOptions) {
+pub(crate) async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: ListenOptions) {
     let max_frame = usize::try_from(deps.limits.max_request_bytes).unwrap_or(usize::MAX);
     // Permits are bytes; one frame never needs more than the whole budget.
     let budget_bytes = usize::try_from(deps.limits.max_buffered_request_bytes)

@@ -53,7 +53,11 @@ enum Read {
 }
 
 /// Answers a Fetch request.
-pub async fn handle(deps: &Arc<KafkaDeps>, request: FetchRequest, version: i16) -> FetchResponse {
+pub(crate) async fn handle(
+    deps: &Arc<KafkaDeps>,
+    request: FetchRequest,
+    version: i16,
+) -> FetchResponse {
     let mut response = FetchResponse::default();
     if version >= FIRST_SESSION_VERSION {
         if request.session_id != 0 {

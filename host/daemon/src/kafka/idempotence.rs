@@ -28,7 +28,7 @@ pub(crate) const MAX_PRODUCER_PARTITIONS: usize = 65_536;
 
 /// A batch as remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CachedBatch {
+pub(crate) struct CachedBatch {
     /// Sequence of its first record.
     pub first_sequence: i32,
     /// Sequence of its last record.
@@ -41,7 +41,7 @@ pub struct CachedBatch {
 
 /// What to do with a batch of an idempotent producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Write it.
     Append,
     /// Already written: answer with the original batch.
@@ -61,7 +61,7 @@ pub enum Verdict {
 /// The state of one producer on one partition. Locked across check, commit and record, so
 /// two copies of a batch on two connections cannot both be written.
 #[derive(Debug, Default)]
-pub struct ProducerPartition {
+pub(crate) struct ProducerPartition {
     epoch: Option<i16>,
     batches: VecDeque<CachedBatch>,
 }
@@ -79,7 +79,7 @@ fn next_sequence(last: i32) -> i32 {
 
 impl ProducerPartition {
     /// Judges a batch with `epoch`, starting at `first_sequence`, of `count` records.
-    pub fn check(&self, epoch: i16, first_sequence: i32, count: usize) -> Verdict {
+    pub(crate) fn check(&self, epoch: i16, first_sequence: i32, count: usize) -> Verdict {
         let Some(current) = self.epoch else {
             // Nothing known (a new producer, or state lost to a restart): take it.
             return Verdict::Append;
@@ -116,7 +116,7 @@ impl ProducerPartition {
 
     /// Remembers a batch just written (after [`ProducerPartition::check`] said
     /// [`Verdict::Append`]).
-    pub fn record(&mut self, epoch: i16, batch: CachedBatch) {
+    pub(crate) fn record(&mut self, epoch: i16, batch: CachedBatch) {
         if self.epoch != Some(epoch) {
             self.batches.clear();
             self.epoch = Some(epoch);
@@ -132,7 +132,7 @@ type Entry = Arc<tokio::sync::Mutex<ProducerPartition>>;
 
 /// Every (producer id, partition) state, bounded.
 #[derive(Debug)]
-pub struct Idempotence {
+pub(crate) struct Idempotence {
     entries: Mutex<HashMap<(i64, PartitionId), (Entry, u64)>>,
     tick: AtomicU64,
     max_entries: usize,
@@ -140,7 +140,7 @@ pub struct Idempotence {
 
 impl Idempotence {
     /// An empty table keeping at most `max_entries`.
-    pub fn new(max_entries: usize) -> Idempotence {
+    pub(crate) fn new(max_entries: usize) -> Idempotence {
         Idempotence {
             entries: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(0),
@@ -150,7 +150,7 @@ impl Idempotence {
 
     /// The state of `producer_id` on `partition`, created empty when unknown (forgetting the
     /// least recently used entry when full).
-    pub fn entry(&self, producer_id: i64, partition: &PartitionId) -> Entry {
+    pub(crate) fn entry(&self, producer_id: i64, partition: &PartitionId) -> Entry {
         let now = self.tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = self
             .entries
@@ -185,16 +185,12 @@ impl Idempotence {
     }
 
     /// Entries held now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .len()
-    }
-
-    /// Whether no entry is held.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

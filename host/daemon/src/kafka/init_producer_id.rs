@@ -42,13 +42,13 @@ impl ProducerIds {
     }
 
     /// A fresh id.
-    pub fn next(&self) -> i64 {
+    pub(crate) fn next(&self) -> i64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 }
 
 /// Answers InitProducerId.
-pub fn handle(deps: &KafkaDeps, request: InitProducerIdRequest) -> InitProducerIdResponse {
+pub(crate) fn handle(deps: &KafkaDeps, request: InitProducerIdRequest) -> InitProducerIdResponse {
     let mut response = InitProducerIdResponse::default();
     if request
         .transactional_id

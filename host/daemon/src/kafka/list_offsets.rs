@@ -25,7 +25,7 @@ const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 
 /// Answers a ListOffsets request.
-pub async fn handle(
+pub(crate) async fn handle(
     deps: &Arc<KafkaDeps>,
     request: ListOffsetsRequest,
     version: i16,

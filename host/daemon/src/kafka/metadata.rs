@@ -25,7 +25,7 @@ const FIRST_CLUSTER_ID_VERSION: i16 = 2;
 const FIRST_LEADER_EPOCH_VERSION: i16 = 7;
 
 /// Answers a Metadata request.
-pub async fn handle(
+pub(crate) async fn handle(
     deps: &Arc<KafkaDeps>,
     advertised: &Advertised,
     request: MetadataRequest,

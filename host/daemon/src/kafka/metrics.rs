@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 /// Why a Kafka connection ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseReason {
+pub(crate) enum CloseReason {
     /// The client closed it (or the socket failed): normal.
     ClientClosed,
     /// Idle for `IDLE_TIMEOUT`: normal for clients that went quiet.
@@ -44,7 +44,7 @@ impl CloseReason {
     ];
 
     /// The `reason` label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CloseReason::ClientClosed => "client",
             CloseReason::IdleTimeout => "idle_timeout",
@@ -60,7 +60,7 @@ impl CloseReason {
 
 /// Labels of the per-API request counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ApiLabels {
+pub(crate) struct ApiLabels {
     /// The API's name, e.g. `Produce`.
     pub api: &'static str,
 }
@@ -74,14 +74,14 @@ pub(crate) struct TopicLabels {
 
 /// Labels of the close counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CloseLabels {
+pub(crate) struct CloseLabels {
     /// A [`CloseReason`] label.
     pub reason: &'static str,
 }
 
 /// The listener's series.
 #[derive(Debug, Default)]
-pub struct KafkaMetrics {
+pub(crate) struct KafkaMetrics {
     /// `narad_kafka_connections`: Kafka connections open now.
     pub connections: Gauge<i64, AtomicI64>,
     /// `narad_kafka_connections_refused_total`: connections closed at accept, at the cap.
@@ -145,7 +145,7 @@ impl KafkaMetrics {
     }
 
     /// Counts records committed to `topic` by a produce.
-    pub fn produced(&self, topic: &str, records: u64) {
+    pub(crate) fn produced(&self, topic: &str, records: u64) {
         self.produce_records
             .get_or_create(&TopicLabels {
                 topic: topic.to_owned(),
@@ -154,7 +154,7 @@ impl KafkaMetrics {
     }
 
     /// Counts records of `topic` returned by a fetch.
-    pub fn fetched(&self, topic: &str, records: u64) {
+    pub(crate) fn fetched(&self, topic: &str, records: u64) {
         if records > 0 {
             self.fetch_records
                 .get_or_create(&TopicLabels {
@@ -165,7 +165,7 @@ impl KafkaMetrics {
     }
 
     /// Counts a connection's end.
-    pub fn closed(&self, reason: CloseReason) {
+    pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed_by
             .get_or_create(&CloseLabels {
                 reason: reason.as_str(),
@@ -174,7 +174,7 @@ impl KafkaMetrics {
     }
 
     /// Counts a handled request.
-    pub fn request(&self, api: ApiKey) {
+    pub(crate) fn request(&self, api: ApiKey) {
         let api = match api {
             ApiKey::Produce => "Produce",
             ApiKey::Fetch => "Fetch",

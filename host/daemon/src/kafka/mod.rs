@@ -21,18 +21,18 @@
 //! Nothing here writes except through the produce path, so what a Kafka client produces is as
 //! durable, and fans out the same way, as what the HTTP API produces.
 
-pub mod api_versions;
-pub mod compression;
-pub mod connection;
-pub mod fetch;
-pub mod idempotence;
-pub mod init_producer_id;
-pub mod list_offsets;
-pub mod metadata;
-pub mod metrics;
-pub mod produce;
-pub mod records;
-pub mod shape;
+pub(crate) mod api_versions;
+pub(crate) mod compression;
+pub(crate) mod connection;
+pub(crate) mod fetch;
+pub(crate) mod idempotence;
+pub(crate) mod init_producer_id;
+pub(crate) mod list_offsets;
+pub(crate) mod metadata;
+pub(crate) mod metrics;
+pub(crate) mod produce;
+pub(crate) mod records;
+pub(crate) mod shape;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +73,7 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub(crate) const TRANSFER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the listener serves from and how it is bounded. Shared by every connection.
-pub struct KafkaDeps {
+pub(crate) struct KafkaDeps {
     /// Request and record limits (the HTTP API's: `max-request-bytes` caps a Kafka request,
     /// `max-buffered-request-bytes` the bytes of all requests in flight).
     pub limits: Limits,
@@ -99,7 +99,7 @@ pub struct KafkaDeps {
 
 impl KafkaDeps {
     /// The listener's dependencies with fresh producer state.
-    pub fn new(
+    pub(crate) fn new(
         limits: Limits,
         store: Arc<Store>,
         metastore: Arc<dyn Metastore>,
@@ -156,7 +156,7 @@ pub(crate) fn broker_id_clash<'a>(
 /// The address Metadata advertises: the one the client reached this listener on, so a
 /// listener bound to `0.0.0.0` still names an address the client can use.
 #[derive(Debug, Clone)]
-pub struct Advertised {
+pub(crate) struct Advertised {
     /// Host (an IP address as text).
     pub host: String,
     /// Port.
@@ -165,9 +165,9 @@ pub struct Advertised {
 
 /// A decoded request of an API this listener offers.
 #[derive(Debug)]
-pub enum Request {
-    /// ApiVersions.
-    ApiVersions(ApiVersionsRequest),
+pub(crate) enum Request {
+    /// ApiVersions (decoded to check it is well formed; nothing in it changes the answer).
+    ApiVersions,
     /// Metadata.
     Metadata(MetadataRequest),
     /// Produce.
@@ -182,9 +182,16 @@ pub enum Request {
 
 impl Request {
     /// Decodes the body of `api_key` at `version`; an API not offered is an error.
-    pub fn decode(api_key: ApiKey, version: i16, body: &mut Bytes) -> anyhow::Result<Request> {
+    pub(crate) fn decode(
+        api_key: ApiKey,
+        version: i16,
+        body: &mut Bytes,
+    ) -> anyhow::Result<Request> {
         Ok(match api_key {
-            ApiKey::ApiVersions => Request::ApiVersions(ApiVersionsRequest::decode(body, version)?),
+            ApiKey::ApiVersions => {
+                ApiVersionsRequest::decode(body, version)?;
+                Request::ApiVersions
+            }
             ApiKey::Metadata => Request::Metadata(MetadataRequest::decode(body, version)?),
             ApiKey::Produce => Request::Produce(ProduceRequest::decode(body, version)?),
             ApiKey::Fetch => Request::Fetch(FetchRequest::decode(body, version)?),
@@ -199,7 +206,7 @@ impl Request {
 
 /// A response to encode at the request's version.
 #[derive(Debug)]
-pub enum Response {
+pub(crate) enum Response {
     /// ApiVersions.
     ApiVersions(ApiVersionsResponse),
     /// Metadata.
@@ -216,7 +223,7 @@ pub enum Response {
 
 impl Response {
     /// Appends the body at `version` to `out`.
-    pub fn encode(&self, out: &mut BytesMut, version: i16) -> anyhow::Result<()> {
+    pub(crate) fn encode(&self, out: &mut BytesMut, version: i16) -> anyhow::Result<()> {
         match self {
             Response::ApiVersions(r) => r.encode(out, version),
             Response::Metadata(r) => r.encode(out, version),
@@ -229,7 +236,7 @@ impl Response {
 }
 
 /// What a request comes to.
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Send this response (encoded at the request's version).
     Respond(Response),
     /// Send nothing: a produce with `acks = 0`, which the client does not wait for.
@@ -237,14 +244,14 @@ pub enum Outcome {
 }
 
 /// Handles one decoded request at `version`.
-pub async fn handle(
+pub(crate) async fn handle(
     deps: &Arc<KafkaDeps>,
     advertised: &Advertised,
     version: i16,
     request: Request,
 ) -> Outcome {
     match request {
-        Request::ApiVersions(_) => {
+        Request::ApiVersions => {
             deps.metrics.request(ApiKey::ApiVersions);
             Outcome::Respond(Response::ApiVersions(api_versions::response(0)))
         }
@@ -315,7 +322,7 @@ mod tests {
     /// Every request kind with a topic, an unknown topic and a partition past the end.
     fn requests(version: i16, api: ApiKey) -> Request {
         match api {
-            ApiKey::ApiVersions => Request::ApiVersions(ApiVersionsRequest::default()),
+            ApiKey::ApiVersions => Request::ApiVersions,
             ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),
             ApiKey::Metadata => {
                 let mut req = MetadataRequest::default();

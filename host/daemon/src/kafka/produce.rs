@@ -24,7 +24,7 @@ use super::idempotence::{CachedBatch, Verdict, last_sequence};
 use super::records::{BatchLimits, ProducedBatch, decode_produced};
 
 /// Answers a Produce request; `None` for `acks = 0`, which gets no answer.
-pub async fn handle(
+pub(crate) async fn handle(
     deps: &Arc<KafkaDeps>,
     request: ProduceRequest,
     version: i16,

@@ -85,7 +85,7 @@ pub(crate) enum BatchError {
 
 impl BatchError {
     /// The Kafka error this answers with.
-    pub fn error(&self) -> kafka_protocol::error::ResponseError {
+    pub(crate) fn error(&self) -> kafka_protocol::error::ResponseError {
         use kafka_protocol::error::ResponseError as E;
         match self {
             BatchError::Corrupt(_) => E::CorruptMessage,

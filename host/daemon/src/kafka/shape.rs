@@ -14,7 +14,7 @@ use kafka_protocol::messages::ApiKey;
 /// Why a body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed request body: {0}")]
-pub struct ShapeError(pub &'static str);
+pub(crate) struct ShapeError(pub &'static str);
 
 type Walk = Result<(), ShapeError>;
 
@@ -128,7 +128,7 @@ impl Reader<'_> {
 
 /// Checks the body (after the request header) of `api` at `version`: every array count
 /// within the bytes left, every field where the version puts it, nothing after the last.
-pub fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
+pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
     let v = version;
     match api {
         ApiKey::Metadata => {

@@ -94,7 +94,7 @@ enum Restart {
 impl PrefixCache {
     /// Reads the prefix once (failing if etcd cannot answer: the daemon should not start on an
     /// empty copy), then keeps the copy current in a background task until `shutdown`.
-    pub async fn start(
+    pub(crate) async fn start(
         client: Client,
         prefix: String,
         timing: CacheTiming,
@@ -116,18 +116,18 @@ impl PrefixCache {
     }
 
     /// The copy as of now.
-    pub fn view(&self) -> CacheView {
+    pub(crate) fn view(&self) -> CacheView {
         self.view.borrow().clone()
     }
 
     /// The loop's counters.
-    pub fn health(&self) -> &CacheHealth {
+    pub(crate) fn health(&self) -> &CacheHealth {
         &self.health
     }
 
     /// Waits until the copy reflects `revision` (say, a write this node just made), for at
     /// most `limit`; returns whether it got there.
-    pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
+    pub(crate) async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
         let mut view = self.view.clone();
         let reached = tokio::time::timeout(limit, view.wait_for(|v| v.revision >= revision)).await;
         matches!(reached, Ok(Ok(_)))

@@ -25,11 +25,11 @@ pub mod cache;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod etcd;
-pub mod file;
+pub(crate) mod file;
 pub mod link;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_etcd;
-pub mod transition;
+pub(crate) mod transition;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -183,7 +183,7 @@ fn mismatch(wanted: &'static str, got: Outcome) -> MetastoreError {
 /// Applies `change` to `state`. On success `state` holds the next metadata (versions raised
 /// for each changed domain) and the answer comes back with whether anything changed (a no-op
 /// need not be written); on error `state` is exactly as it was.
-pub fn apply(state: &mut Snapshot, change: Change) -> Result<(Outcome, bool)> {
+pub(crate) fn apply(state: &mut Snapshot, change: Change) -> Result<(Outcome, bool)> {
     let mut next = state.clone();
     let (outcome, changed) = step(&mut next, change)?;
     for domain in &changed {

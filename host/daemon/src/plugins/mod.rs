@@ -39,9 +39,9 @@
 //! is an unauthenticated read and the compiled cache may be empty (deleting `cache/` is safe;
 //! every wasmtime upgrade empties it).
 
-pub mod error;
-pub mod spec;
-pub mod store;
+pub(crate) mod error;
+pub(crate) mod spec;
+pub(crate) mod store;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -29,7 +29,7 @@ pub fn validate_name(name: &str) -> Result<(), RegistryError> {
 }
 
 /// Resolves `spec` against `versions` (oldest first).
-pub fn resolve(versions: &[PluginVersion], spec: &str) -> Result<PluginRef, RegistryError> {
+pub(crate) fn resolve(versions: &[PluginVersion], spec: &str) -> Result<PluginRef, RegistryError> {
     let (name, digest) = match spec.split_once('@') {
         Some((name, digest)) => (name, Some(digest)),
         None => (spec, None),

@@ -41,7 +41,7 @@ pub(crate) struct ContentStore {
 impl ContentStore {
     /// Opens (creating) `{plugins_dir}/sha256/` on the real file system and removes temporary
     /// files a crash left there.
-    pub fn open(plugins_dir: &Path) -> Result<ContentStore, RegistryError> {
+    pub(crate) fn open(plugins_dir: &Path) -> Result<ContentStore, RegistryError> {
         ContentStore::open_on(Arc::new(RealFs), plugins_dir)
     }
 
@@ -74,7 +74,7 @@ impl ContentStore {
     }
 
     /// The directory holding the modules.
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
@@ -85,7 +85,7 @@ impl ContentStore {
 
     /// Whether a file is stored under `digest` (its bytes are not checked: [`ContentStore::get`]
     /// does that).
-    pub fn contains(&self, digest: &Digest) -> Result<bool, RegistryError> {
+    pub(crate) fn contains(&self, digest: &Digest) -> Result<bool, RegistryError> {
         let path = self.path_for(digest);
         self.fs
             .exists(&path)
@@ -94,7 +94,7 @@ impl ContentStore {
 
     /// Stores `bytes` under their digest, durably. Storing bytes that are already there
     /// rewrites nothing.
-    pub fn put(&self, bytes: &[u8]) -> Result<Digest, RegistryError> {
+    pub(crate) fn put(&self, bytes: &[u8]) -> Result<Digest, RegistryError> {
         let digest = Digest::of(bytes);
         let path = self.path_for(&digest);
         if let Ok(existing) = read_all(self.fs.as_ref(), &path)
@@ -119,7 +119,7 @@ impl ContentStore {
 
     /// The bytes stored under `digest`: `Ok(None)` when there is no such file, an error when
     /// the file's bytes do not hash to its name (damaged on disk).
-    pub fn get(&self, digest: &Digest) -> Result<Option<Vec<u8>>, RegistryError> {
+    pub(crate) fn get(&self, digest: &Digest) -> Result<Option<Vec<u8>>, RegistryError> {
         let path = self.path_for(digest);
         let bytes = match read_all(self.fs.as_ref(), &path) {
             Ok(bytes) => bytes,
@@ -137,7 +137,7 @@ impl ContentStore {
     }
 
     /// Deletes the module with `digest`; a missing file is not an error.
-    pub fn remove(&self, digest: &Digest) -> Result<(), RegistryError> {
+    pub(crate) fn remove(&self, digest: &Digest) -> Result<(), RegistryError> {
         let path = self.path_for(digest);
         match self.fs.remove_file(&path) {
             Ok(()) => Ok(()),
@@ -156,7 +156,11 @@ impl ContentStore {
     /// other (the fault model allows it, as a file system without a journal does). So the
     /// module gets a second name (a hard link, or a durable copy where the file system has no
     /// links), that directory is synced, and only then is the store's name removed.
-    pub fn set_aside(&self, digest: &Digest, aside: &Path) -> Result<PathBuf, RegistryError> {
+    pub(crate) fn set_aside(
+        &self,
+        digest: &Digest,
+        aside: &Path,
+    ) -> Result<PathBuf, RegistryError> {
         let from = self.path_for(digest);
         let to = aside.join(file_name(digest));
         let context = || format!("moving {} to {}", from.display(), to.display());
@@ -189,7 +193,7 @@ impl ContentStore {
 
     /// The digests of every stored module (files named `{64 hex}.wasm`; anything else is
     /// ignored).
-    pub fn digests(&self) -> Result<Vec<Digest>, RegistryError> {
+    pub(crate) fn digests(&self) -> Result<Vec<Digest>, RegistryError> {
         let mut out = Vec::new();
         for name in self.names()? {
             let Some(stem) = name.strip_suffix(".wasm") else {

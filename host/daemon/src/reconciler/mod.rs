@@ -11,7 +11,7 @@
 //! ([`CursorKey`]), the [`RouterFactory`] it builds chains with, and the [`FanoutView`] it fills
 //! with the status of every cursor it starts (the API reads that view, never the reconciler).
 
-pub mod reducer;
+pub(crate) mod reducer;
 pub mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -40,7 +40,7 @@ impl Default for Schedule {
 
 impl Schedule {
     /// A schedule whose first tick runs a full pass.
-    pub fn new() -> Schedule {
+    pub(crate) fn new() -> Schedule {
         Schedule {
             last_versions: None,
             last_full_pass: None,

@@ -32,7 +32,7 @@ pub(crate) const INTENT_FILE_NAME: &str = "INTENT";
 /// A topic change in progress. Persisted as JSON: do not rename variants or fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum Intent {
+pub(crate) enum Intent {
     /// A create of a topic with this many partitions.
     Create {
         /// Partition count being created.
@@ -51,7 +51,7 @@ pub enum Intent {
 
 /// What the topic directory says about a change in progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IntentState {
+pub(crate) enum IntentState {
     /// No change was in progress.
     None,
     /// This change was in progress.
@@ -63,7 +63,7 @@ pub enum IntentState {
 
 /// Durably records `intent` in `topic_dir`, creating the directory (owner-only) if needed and
 /// making its entry durable in `topics/`.
-pub fn write(topic_dir: &Path, intent: Intent) -> std::io::Result<()> {
+pub(crate) fn write(topic_dir: &Path, intent: Intent) -> std::io::Result<()> {
     if !topic_dir.exists() {
         fs::DirBuilder::new()
             .recursive(true)
@@ -78,7 +78,7 @@ pub fn write(topic_dir: &Path, intent: Intent) -> std::io::Result<()> {
 }
 
 /// Reads the intent record of `topic_dir`.
-pub fn read(topic_dir: &Path) -> std::io::Result<IntentState> {
+pub(crate) fn read(topic_dir: &Path) -> std::io::Result<IntentState> {
     match fs::read(topic_dir.join(INTENT_FILE_NAME)) {
         Ok(bytes) => Ok(match serde_json::from_slice(&bytes) {
             Ok(intent) => IntentState::Found(intent),
@@ -90,7 +90,7 @@ pub fn read(topic_dir: &Path) -> std::io::Result<IntentState> {
 }
 
 /// Removes the intent record of `topic_dir` durably (a missing one is not an error).
-pub fn clear(topic_dir: &Path) -> std::io::Result<()> {
+pub(crate) fn clear(topic_dir: &Path) -> std::io::Result<()> {
     match fs::remove_file(topic_dir.join(INTENT_FILE_NAME)) {
         Ok(()) => sync_dir(topic_dir),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),

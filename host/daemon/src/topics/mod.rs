@@ -17,11 +17,11 @@
 //! Admin operations run one at a time (an async mutex), so two concurrent creates of one name
 //! cannot both pass the existence check.
 
-pub mod intent;
-pub mod owned;
+pub(crate) mod intent;
+pub(crate) mod owned;
 pub mod rebuild;
 pub mod set_aside;
-pub mod startup;
+pub(crate) mod startup;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -31,7 +31,7 @@ use crate::metastore::TopicMeta;
 
 /// One topic directory as found on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicDir {
+pub(crate) struct TopicDir {
     /// The topic name (the directory name).
     pub name: String,
     /// Its intent record.
@@ -149,7 +149,7 @@ pub(crate) fn parse_partition_dir(name: &str) -> Option<u32> {
 
 /// Scans `{data_dir}/topics/`: every directory with a valid topic name, its intent and its
 /// partition directories. Other entries are left alone (and logged).
-pub fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
+pub(crate) fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
     let topics_dir = data_dir.join(TOPICS_DIR_NAME);
     let entries = match fs::read_dir(&topics_dir) {
         Ok(entries) => entries,

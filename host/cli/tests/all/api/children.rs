@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::api::common::Daemon;
+use crate::api::common::{Daemon, TRIMMED_RECORDS, trimmed_value};
 
 const HOUR_MS: u64 = 3_600_000;
 
@@ -220,41 +220,9 @@ async fn a_router_change_keeps_the_epoch_and_a_detach_stops_the_copy() {
 
 #[tokio::test]
 async fn an_attach_from_earliest_copies_the_parents_retained_history_and_drops_nothing() {
-    let d = Daemon::start_with(|c| {
-        c.segment_bytes = 1024;
-        c.retention_check_interval = Duration::from_millis(50);
-    })
-    .await;
-    let (status, body) = d
-        .post(
-            "/v1/topics",
-            json!({"name": "orders", "partitions": 1, "retention_bytes": 2048}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    for n in 0..20 {
-        d.produce("orders", json!([{"value": format!("{n:0>300}")}]))
-            .await;
-    }
-    // Retention runs in the background: wait until it has moved the log start and stopped.
-    let (mut log_start, mut steady) = (0, 0);
-    for _ in 0..600 {
-        let (_, desc) = d.get("/v1/topics/orders").await;
-        let now = desc["partition_stats"][0]["log_start_offset"]
-            .as_u64()
-            .unwrap();
-        steady = if now == log_start && now > 0 {
-            steady + 1
-        } else {
-            0
-        };
-        log_start = now;
-        if steady == 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(log_start > 0, "retention never advanced the log start");
+    let d = Daemon::start_trimming().await;
+    d.create_trimmed_topic("orders").await;
+    let log_start = d.produce_past_retention("orders").await;
 
     let (status, body) = d
         .put(
@@ -276,9 +244,9 @@ async fn an_attach_from_earliest_copies_the_parents_retained_history_and_drops_n
         .put("/v1/topics/orders/children/fresh", json!({"partitions": 1}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(body["attach_offsets"], json!([20]));
+    assert_eq!(body["attach_offsets"], json!([TRIMMED_RECORDS]));
 
-    let wanted: Vec<String> = (log_start..20).map(|n| format!("{n:0>300}")).collect();
+    let wanted: Vec<String> = (log_start..TRIMMED_RECORDS).map(trimmed_value).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let held: Vec<String> = d
@@ -310,18 +278,8 @@ async fn an_attach_from_earliest_copies_the_parents_retained_history_and_drops_n
 async fn a_paused_remote_child_behind_retention_counts_what_it_missed_and_sends_the_rest() {
     let target = Daemon::start().await;
     target.create_topic("copy", 1).await;
-    let d = Daemon::start_with(|c| {
-        c.segment_bytes = 1024;
-        c.retention_check_interval = Duration::from_millis(50);
-    })
-    .await;
-    let (status, body) = d
-        .post(
-            "/v1/topics",
-            json!({"name": "orders", "partitions": 1, "retention_bytes": 2048}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let d = Daemon::start_trimming().await;
+    d.create_trimmed_topic("orders").await;
     let (status, body) = d
         .put(
             "/v1/topics/orders/children/away",
@@ -334,28 +292,7 @@ async fn a_paused_remote_child_behind_retention_counts_what_it_missed_and_sends_
         .post("/v1/topics/orders/children/away/pause", json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    for n in 0..20 {
-        d.produce("orders", json!([{"value": format!("{n:0>300}")}]))
-            .await;
-    }
-    let (mut log_start, mut steady) = (0, 0);
-    for _ in 0..600 {
-        let (_, desc) = d.get("/v1/topics/orders").await;
-        let now = desc["partition_stats"][0]["log_start_offset"]
-            .as_u64()
-            .unwrap();
-        steady = if now == log_start && now > 0 {
-            steady + 1
-        } else {
-            0
-        };
-        log_start = now;
-        if steady == 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(log_start > 0, "retention never advanced the log start");
+    let log_start = d.produce_past_retention("orders").await;
     assert!(
         target.fetch_all("copy", 0).await.is_empty(),
         "a paused link sent records"
@@ -365,7 +302,7 @@ async fn a_paused_remote_child_behind_retention_counts_what_it_missed_and_sends_
         .post("/v1/topics/orders/children/away/resume", json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let wanted: Vec<String> = (log_start..20).map(|n| format!("{n:0>300}")).collect();
+    let wanted: Vec<String> = (log_start..TRIMMED_RECORDS).map(trimmed_value).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let held: Vec<String> = target

@@ -179,6 +179,56 @@ impl Daemon {
         }
     }
 
+    /// A daemon whose retention trims soon after a topic outgrows it: 1 KiB segments, checked
+    /// every 50 ms.
+    pub async fn start_trimming() -> Daemon {
+        Daemon::start_with(|c| {
+            c.segment_bytes = 1024;
+            c.retention_check_interval = std::time::Duration::from_millis(50);
+        })
+        .await
+    }
+
+    /// Creates `topic`: one partition that keeps about 2 KiB.
+    pub async fn create_trimmed_topic(&self, topic: &str) {
+        let (status, body) = self
+            .post(
+                "/v1/topics",
+                json!({"name": topic, "partitions": 1, "retention_bytes": 2048}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    /// Produces [`TRIMMED_RECORDS`] records of 300 bytes to `topic` (record `n` holds
+    /// [`trimmed_value`]`(n)`), more than its retention keeps, and waits until retention has
+    /// moved its log start and left it there for five checks; returns the log start.
+    pub async fn produce_past_retention(&self, topic: &str) -> u64 {
+        for n in 0..TRIMMED_RECORDS {
+            self.produce(topic, json!([{"value": trimmed_value(n)}]))
+                .await;
+        }
+        let (mut log_start, mut steady) = (0, 0);
+        // Retention runs in the background: poll (bounded) until it has moved and stopped.
+        for _ in 0..600 {
+            let (_, desc) = self.get(&format!("/v1/topics/{topic}")).await;
+            let now = desc["partition_stats"][0]["log_start_offset"]
+                .as_u64()
+                .unwrap();
+            steady = if now == log_start && now > 0 {
+                steady + 1
+            } else {
+                0
+            };
+            log_start = now;
+            if steady == 5 {
+                return log_start;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("retention never moved the log start of {topic} and left it (at {log_start})");
+    }
+
     /// High watermark of each partition, by fetching (which opens the log, so it is exact).
     pub async fn high_watermarks(&self, topic: &str) -> Vec<u64> {
         let (status, body) = self.get(&format!("/v1/topics/{topic}")).await;
@@ -194,4 +244,13 @@ impl Daemon {
         }
         out
     }
+}
+
+/// Records [`Daemon::produce_past_retention`] writes.
+pub const TRIMMED_RECORDS: u64 = 20;
+
+/// The value of record `n` of [`Daemon::produce_past_retention`]: `n` zero-padded to 300
+/// bytes.
+pub fn trimmed_value(n: u64) -> String {
+    format!("{n:0>300}")
 }

@@ -153,35 +153,9 @@ async fn shutdown_ends_a_long_poll_instead_of_waiting_it_out() {
 
 #[tokio::test]
 async fn offset_below_the_log_start_is_416_after_retention() {
-    let d = Daemon::start_with(|c| {
-        c.segment_bytes = 1024;
-        c.retention_check_interval = Duration::from_millis(50);
-    })
-    .await;
-    let (status, body) = d
-        .post(
-            "/v1/topics",
-            json!({"name": "orders", "partitions": 1, "retention_bytes": 2048}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    for _ in 0..20 {
-        d.produce("orders", json!([{"value": "x".repeat(300)}]))
-            .await;
-    }
-    // Retention runs in the background; wait (without a deadline assertion) until it moved.
-    let mut log_start = 0;
-    for _ in 0..600 {
-        let (_, desc) = d.get("/v1/topics/orders").await;
-        log_start = desc["partition_stats"][0]["log_start_offset"]
-            .as_u64()
-            .unwrap();
-        if log_start > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(log_start > 0, "retention never advanced the log start");
+    let d = Daemon::start_trimming().await;
+    d.create_trimmed_topic("orders").await;
+    let log_start = d.produce_past_retention("orders").await;
     let (status, body) = d
         .get("/v1/topics/orders/partitions/0/records?offset=0")
         .await;

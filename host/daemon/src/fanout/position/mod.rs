@@ -24,8 +24,8 @@
 //! offsets before the cursor starts, its position is not past the end any more; the content of
 //! the copies in the child then shows the reuse (`rewind_past_reused_offsets`).
 
-pub mod provenance;
-pub mod start;
+pub(crate) mod provenance;
+pub(crate) mod start;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -62,22 +62,8 @@ pub(crate) fn fingerprint(record: &StoredRecord) -> u64 {
     hasher.finish()
 }
 
-/// Scans the tail of every child partition (the last slab's worth of records each) for
-/// records copied from `parent_partition` under `epoch`.
-///
-/// Blocking; reads the child logs.
-pub fn scan_child_tails(
-    store: &Arc<Store>,
-    child: &str,
-    child_partitions: u32,
-    epoch: [u8; 8],
-    parent_partition: u32,
-) -> Result<ChildScan, StorageError> {
-    let all: Vec<u32> = (0..child_partitions).collect();
-    scan_child_tails_with_copies(store, child, &all, epoch, parent_partition).map(|(scan, _)| scan)
-}
-
-/// [`scan_child_tails`] over the child partitions `partitions`, also giving the fingerprints
+/// Scans the tails of the child partitions `partitions` (the last slab's worth of records
+/// each) for records copied from `parent_partition` under `epoch`, also giving the fingerprints
 /// of the copies found, for the highest [`MAX_TAIL_COPIES`] parent offsets.
 ///
 /// Blocking; reads the child logs.

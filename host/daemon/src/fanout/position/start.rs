@@ -27,7 +27,7 @@ pub(crate) fn start_point(attach_offsets: Option<&[u64]>, partition: u32) -> Sta
 impl StartPoint {
     /// The offset this start point names, given the parent's current high watermark (only
     /// used by [`StartPoint::LiveTail`]).
-    pub fn resolve(self, high_watermark: u64) -> u64 {
+    pub(crate) fn resolve(self, high_watermark: u64) -> u64 {
         match self {
             StartPoint::AttachOffset(offset) => offset,
             StartPoint::Beginning => 0,
