@@ -187,10 +187,17 @@ fn commit_with_quick_retries(
     loop {
         match committer.commit(partition, batch) {
             Ok(_) => return Ok(()),
-            // A refusal only the target's operator can lift is not tried again at once.
+            // A refusal only the target's operator can lift is not tried again at once, nor is
+            // a target that asked to be left alone for a while.
             Err(
                 error @ ChildCommitError::Remote {
                     permanent: true, ..
+                },
+            ) => return Err(error),
+            Err(
+                error @ ChildCommitError::Remote {
+                    retry_after: Some(_),
+                    ..
                 },
             ) => return Err(error),
             Err(error) => {

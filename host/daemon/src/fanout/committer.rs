@@ -55,6 +55,8 @@ pub enum ChildCommitError {
         reason: String,
         /// Whether only a change on the target (or of the link) can make it succeed.
         permanent: bool,
+        /// How long the target asked to be left alone (`Retry-After` on a 429 or a 503).
+        retry_after: Option<std::time::Duration>,
     },
     /// This node is fenced (it could not renew its lease with etcd for nearly a TTL): it
     /// sends no commit, so a node the cluster may already count as dead, whose parent

@@ -513,6 +513,18 @@ impl Cursor {
                 })
             };
             let (refused, remote) = (remote(true), remote(false));
+            // The longest wait a target asked for (`Retry-After`), if any did.
+            let asked = failed
+                .errors
+                .iter()
+                .filter_map(|e| match e {
+                    super::commit::CommitFailure::Commit {
+                        error: ChildCommitError::Remote { retry_after, .. },
+                        ..
+                    } => *retry_after,
+                    _ => None,
+                })
+                .max();
             let reason = failed.reason();
             tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
                 failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
@@ -528,7 +540,8 @@ impl Cursor {
             let backoff = match remote {
                 true => {
                     remote_failures = remote_failures.saturating_add(1);
-                    self.deps.timing.remote_backoff(remote_failures)
+                    let backoff = self.deps.timing.remote_backoff(remote_failures);
+                    asked.map_or(backoff, |asked| backoff.max(asked))
                 }
                 false => self.deps.timing.retry_backoff,
             };

@@ -14,7 +14,7 @@
 //! slab leaves (the same origin seen twice is the same record).
 //!
 //! Failures, as the cursor sees them ([`ChildCommitError::Remote`]): no answer, a 5xx or a 429
-//! is retried; a 401 or 403 (after reading the token file again), a 404 (the target topic is
+//! is retried (no sooner than a `Retry-After` the target sends, up to 30 s); a 401 or 403 (after reading the token file again), a 404 (the target topic is
 //! gone), a 400 or a 413 (a record the target refuses, too large for instance) are
 //! **permanent**: the cursor stalls on them with the target's reason and retries slowly, so an
 //! operator can fix the target, and it never skips a record.
@@ -128,6 +128,7 @@ impl RemoteSender {
             target: format!("{}/v1/topics/{}", self.target.url, self.target.topic),
             reason,
             permanent,
+            retry_after: None,
         }
     }
 
@@ -225,10 +226,11 @@ impl RemoteSender {
             let answer = self.runtime.block_on(async {
                 let response = call.send().await?;
                 let status = response.status();
+                let retry_after = retry_after(response.headers());
                 let body = response.text().await.unwrap_or_default();
-                Ok::<_, reqwest::Error>((status, body))
+                Ok::<_, reqwest::Error>((status, retry_after, body))
             });
-            let (status, body) = match answer {
+            let (status, asked_to_wait, body) = match answer {
                 Ok(answer) => answer,
                 Err(e) => {
                     return Err(self.error(partition, format!("no answer: {e}"), false));
@@ -249,7 +251,13 @@ impl RemoteSender {
                         .map_err(|e| self.error(partition, e, true))?;
                     *self.token.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
                 }
-                429 | 500..=599 => return Err(self.error(partition, reason(), false)),
+                429 | 500..=599 => {
+                    let mut error = self.error(partition, reason(), false);
+                    if let ChildCommitError::Remote { retry_after, .. } = &mut error {
+                        *retry_after = asked_to_wait;
+                    }
+                    return Err(error);
+                }
                 _ => return Err(self.error(partition, reason(), true)),
             }
         }
@@ -318,6 +326,19 @@ impl ChildCommitter for RemoteSender {
     }
 }
 
+/// The wait a `Retry-After` header asks for, in its delta-seconds form (the HTTP-date form is
+/// not used by narad and is ignored), at most [`crate::fanout::REMOTE_BACKOFF_MAX`].
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(crate::fanout::REMOTE_BACKOFF_MAX))
+}
+
 /// The token in `file` (trimmed), `None` without a file.
 fn read_token(file: Option<&str>) -> Result<Option<String>, String> {
     let Some(file) = file else {
@@ -377,6 +398,8 @@ mod tests {
                         .collect();
                     (
                         axum::http::StatusCode::from_u16(code).unwrap(),
+                        // Heeded only on what is retried (a 429 or a 5xx).
+                        [(axum::http::header::RETRY_AFTER, "7")],
                         axum::Json(
                             serde_json::json!({"offsets": offsets, "error": "refused here"}),
                         ),
@@ -496,10 +519,13 @@ mod tests {
                 ChildCommitError::Remote {
                     permanent: p,
                     reason,
+                    retry_after,
                     ..
                 } => {
                     assert_eq!(*p, permanent, "{status}: {err}");
                     assert!(reason.contains(&status.to_string()), "{err}");
+                    let asked = (!permanent).then_some(Duration::from_secs(7));
+                    assert_eq!(*retry_after, asked, "{status}: {err}");
                 }
                 other => panic!("{status}: {other}"),
             }
