@@ -74,6 +74,8 @@ pub struct LinkRuntime {
     pub router: SharedRouter,
     /// The link's shadow on this node, if one is set: offered every slab once it is routed.
     shadow: RwLock<Option<Arc<Shadow>>>,
+    /// Wakes the link's paused cursors when its metadata is replaced (a resume, say).
+    changed: tokio::sync::Notify,
 }
 
 impl LinkRuntime {
@@ -83,6 +85,7 @@ impl LinkRuntime {
             meta: RwLock::new(Arc::new(meta)),
             router,
             shadow: RwLock::new(None),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -111,12 +114,14 @@ impl LinkRuntime {
         }
     }
 
-    /// Replaces the link's metadata (router change, topic change).
+    /// Replaces the link's metadata (router change, topic change, pause or resume) and wakes
+    /// the cursors waiting on it.
     pub fn set_meta(&self, meta: LinkMeta) {
         match self.meta.write() {
             Ok(mut guard) => *guard = Arc::new(meta),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(meta),
         }
+        self.changed.notify_waiters();
     }
 }
 
@@ -199,9 +204,11 @@ pub async fn run_cursor(
     }
 }
 
-/// How often a paused cursor looks whether it was resumed (the reconciler swaps the link's
-/// metadata in at its next pass) and updates its lag.
-const PAUSED_LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How often a paused cursor refreshes its lag (records keep arriving in the parent). A
+/// resume (the reconciler swaps the link's metadata in) and a seek wake it at once, so this
+/// only bounds how stale a paused cursor's lag is: one blocking read a second per paused
+/// cursor, not ten.
+const PAUSED_LAG_EVERY: Duration = Duration::from_secs(1);
 
 /// A slab every bucket of which is acknowledged, whose position is not on file yet.
 struct Delivered {
@@ -373,7 +380,17 @@ impl Cursor {
     async fn while_paused(&self, offsets: &OffsetFile, mut next: u64) -> Result<u64, CursorExit> {
         tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor paused");
         self.status.paused();
-        while self.current_link()?.paused.contains(&self.key.partition) {
+        loop {
+            // Armed before the check, so a resume or a seek between the check and the wait
+            // still wakes it.
+            let resumed = self.link.changed.notified();
+            let seek = self.status.seek_ordered();
+            tokio::pin!(resumed, seek);
+            resumed.as_mut().enable();
+            seek.as_mut().enable();
+            if !self.current_link()?.paused.contains(&self.key.partition) {
+                break;
+            }
             let store = Arc::clone(&self.deps.store);
             let parent = self.parent.clone();
             let bounds = crate::blocking::run(move || {
@@ -393,7 +410,12 @@ impl Cursor {
                     let _ = order.reply.send(done);
                 }
             }
-            self.pause(PAUSED_LOOK_EVERY).await?;
+            tokio::select! {
+                _ = tokio::time::sleep(PAUSED_LAG_EVERY) => {}
+                _ = resumed => {}
+                _ = seek => {}
+                _ = self.stop.wait() => return Err(CursorExit::Stopped),
+            }
         }
         tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor resumed");
         self.status.running();

@@ -150,6 +150,8 @@ pub struct CursorStatus {
     inner: Mutex<Inner>,
     /// An operator's seek waiting for the (paused) cursor to carry it out.
     seek: Mutex<Option<SeekOrder>>,
+    /// Wakes the paused cursor when a seek is ordered.
+    seek_ordered: tokio::sync::Notify,
 }
 
 /// An operator's order to move a paused cursor to `offset`, and where its answer goes.
@@ -181,6 +183,7 @@ impl CursorStatus {
             labels,
             metrics,
             seek: Mutex::new(None),
+            seek_ordered: tokio::sync::Notify::new(),
             inner: Mutex::new(Inner {
                 next_offset: None,
                 high_watermark: None,
@@ -329,7 +332,13 @@ impl CursorStatus {
         }
         *self.seek.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(SeekOrder { offset, reply });
+        self.seek_ordered.notify_waiters();
         answer
+    }
+
+    /// Completes once a seek is ordered after it was enabled (`Notified::enable`).
+    pub(crate) fn seek_ordered(&self) -> tokio::sync::futures::Notified<'_> {
+        self.seek_ordered.notified()
     }
 
     /// The seek waiting to be carried out, if any.
