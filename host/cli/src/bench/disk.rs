@@ -83,3 +83,18 @@ pub fn measure(dir: &Path) -> Result<SyncCosts, BenchError> {
         ),
     })
 }
+
+/// [`measure`] in `work`, on the blocking pool, with a progress line of what it found: the
+/// first step of every bench that compares against the disk.
+pub async fn measure_and_report(
+    work: &super::workdir::WorkDir,
+    progress: &mut super::progress::Progress,
+) -> Result<SyncCosts, BenchError> {
+    let dir = work.path_buf();
+    let disk = super::blocking(move || measure(&dir)).await??;
+    progress.step(&format!(
+        "disk: 256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms",
+        disk.in_place_256b_ms, disk.append_512kib_ms
+    ));
+    Ok(disk)
+}

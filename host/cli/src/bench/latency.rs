@@ -215,14 +215,7 @@ pub async fn run_latency(options: LatencyOptions) -> Result<LatencyReport, Bench
         work.path().display(),
         work.describe_file_system()
     ));
-    let disk = {
-        let dir = work.path_buf();
-        blocking(move || disk::measure(&dir)).await??
-    };
-    progress.step(&format!(
-        "disk: 256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms",
-        disk.in_place_256b_ms, disk.append_512kib_ms
-    ));
+    let disk = disk::measure_and_report(&work, &mut progress).await?;
     let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
     let mut rates = Vec::new();
     for (i, &rate) in options.rates.iter().enumerate() {
