@@ -78,9 +78,16 @@ pub struct MetadataReport {
     pub create_last_us: f64,
     /// `create_last_us / create_first_us`: 1.0 means no growth.
     pub create_growth: f64,
+    /// Median creation over the whole run, microseconds.
+    pub create_p50_us: f64,
+    /// 99th-percentile creation over the whole run, microseconds (the journal's compactions,
+    /// which rewrite the snapshot, are among the slowest).
+    pub create_p99_us: f64,
+    /// Slowest creation, microseconds.
+    pub create_max_us: f64,
     /// Every creation, seconds.
     pub create_total_seconds: f64,
-    /// Size of the metastore file at the end, bytes.
+    /// Size of the metastore's files (snapshot, backup, journals) at the end, bytes.
     pub metastore_bytes: u64,
     /// Median tick when no version moved, microseconds.
     pub tick_skipped_us: f64,
@@ -171,6 +178,15 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
     let create_first_us = mean_us(&creations[..ends]);
     let create_last_us = mean_us(&creations[creations.len() - ends..]);
     let metastore_bytes = dir_bytes(&data);
+    let mut sorted = creations.clone();
+    sorted.sort_unstable();
+    let quantile_us = |q: f64| {
+        sorted
+            .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    let (create_p50_us, create_p99_us, create_max_us) =
+        (quantile_us(0.5), quantile_us(0.99), quantile_us(1.0));
 
     // The partition directories a node owning every partition has (no files in them).
     let store = {
@@ -258,6 +274,9 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
         },
         create_total_seconds,
         metastore_bytes,
+        create_p50_us,
+        create_p99_us,
+        create_max_us,
         tick_skipped_us: median_us(skipped),
         tick_full_pass_us: median_us(full),
         tick_sweep_us: median_us(sweep),
@@ -303,7 +322,8 @@ impl MetadataReport {
         format!(
             "narad bench metadata: {} topics x {} partitions, file metastore on {fs}\n\
              topic creation (one durable change each): first {ENDS} {:.0} us each, last {ENDS} \
-             {:.0} us each ({:.2}x); {:.1} s in all; metastore {} bytes at the end\n\
+             {:.0} us each ({:.2}x); over all: p50 {:.0} us, p99 {:.0} us, max {:.0} us; {:.1} s \
+             in all; metastore files {} bytes at the end\n\
              reconciler tick, median of {TICK_ROUNDS}: nothing moved {:.1} us; full pass after a \
              change {:.1} us; orphan sweep (every {ORPHAN_SWEEP_EVERY_TICKS}th tick) {:.1} us\n\
              load before {}, after {}\n",
@@ -312,6 +332,9 @@ impl MetadataReport {
             self.create_first_us,
             self.create_last_us,
             self.create_growth,
+            self.create_p50_us,
+            self.create_p99_us,
+            self.create_max_us,
             self.create_total_seconds,
             self.metastore_bytes,
             self.tick_skipped_us,

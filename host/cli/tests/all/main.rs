@@ -14,4 +14,5 @@
 mod api;
 mod bench_smoke;
 mod e2e;
+mod metastore_files;
 mod plugins_api;

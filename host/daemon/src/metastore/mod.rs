@@ -26,6 +26,8 @@ pub mod cache;
 pub(crate) mod conformance;
 pub mod etcd;
 pub(crate) mod file;
+pub(crate) mod frame;
+pub(crate) mod journal;
 pub mod link;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_etcd;
@@ -309,7 +311,7 @@ pub enum MetastoreError {
     /// The metastore file is missing but its backup exists: someone removed it.
     #[error(
         "metastore file {} is missing but its backup {} exists; if the data dir is intact, \
-         restore it with `cp {} {}` (the last metadata change may be lost)",
+         restore it with `cp {} {}` (the journals beside it replay every later change)",
         path.display(), backup.display(), backup.display(), path.display()
     )]
     Missing {
@@ -317,6 +319,21 @@ pub enum MetastoreError {
         path: PathBuf,
         /// The backup found beside it.
         backup: PathBuf,
+    },
+    /// The metastore snapshot and its backup are missing but a journal of changes exists: the
+    /// journal only makes sense on the snapshot it continues, so start-up stops.
+    #[error(
+        "metastore file {} is missing but the journal {} exists; the journal holds only the \
+         changes after that file, so narad will not start from it alone: restore {} from a \
+         backup of the data dir, or, to rebuild the topic list from the topic directories, move \
+         every metastore.* file out of the data dir and run `narad admin rebuild-metastore`",
+        path.display(), journal.display(), path.display()
+    )]
+    JournalWithoutSnapshot {
+        /// The expected snapshot.
+        path: PathBuf,
+        /// The journal found beside it.
+        journal: PathBuf,
     },
     /// The file was written by a newer format than this binary understands.
     #[error(
@@ -469,8 +486,8 @@ pub enum MetastoreError {
 fn recovery_hint(path: &std::path::Path, backup: Option<&std::path::Path>) -> String {
     match backup {
         Some(b) => format!(
-            "the previous good state is in {b}: inspect both, then restore it with `cp {b} {p}` \
-             (the last metadata change may be lost)",
+            "the previous snapshot is in {b}: inspect both, then restore it with `cp {b} {p}` \
+             (the journals beside it replay every change made since, so none is lost)",
             b = b.display(),
             p = path.display()
         ),

@@ -196,6 +196,17 @@ pub(crate) fn apply(state: &mut Snapshot, change: Change) -> Result<(Outcome, bo
     Ok((outcome, any))
 }
 
+/// [`apply`] without the copy: `state` is changed where it stands, so the cost follows the
+/// change, not the size of the metadata. On error `state` may be partly changed and must be
+/// replaced by a good copy before it is used again (the file metastore's scratch state).
+pub(crate) fn apply_in_place(state: &mut Snapshot, change: Change) -> Result<(Outcome, bool)> {
+    let (outcome, changed) = step(state, change)?;
+    for domain in &changed {
+        state.versions.bump(*domain);
+    }
+    Ok((outcome, !changed.is_empty()))
+}
+
 /// The change itself, on a copy; returns the answer and the domains it changed.
 fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
     match change {

@@ -19,6 +19,7 @@ use narad_storage::{Store, StoreOptions};
 use super::set_aside;
 use super::startup::{self, TopicDir};
 use crate::metastore::file::{BACKUP_FILE_NAME, FILE_NAME};
+use crate::metastore::journal;
 use crate::metastore::{FileMetastore, Metastore, MetastoreError, TopicMeta};
 use crate::topics::intent::{Intent, IntentState};
 
@@ -57,8 +58,8 @@ pub enum RebuildError {
     /// A metastore file is present: a rebuild only replaces a lost one.
     #[error(
         "{} exists; a rebuild only replaces a lost metastore. If it is damaged, follow the \
-         daemon's start-up error (restore {} or a backup); move both away first only if you \
-         mean to rebuild from the directories",
+         daemon's start-up error (restore {} or a backup); move every metastore.* file away \
+         first only if you mean to rebuild from the directories",
         path.display(), BACKUP_FILE_NAME
     )]
     MetastorePresent {
@@ -94,7 +95,14 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         });
     }
-    for name in [FILE_NAME, BACKUP_FILE_NAME] {
+    // A journal continues the snapshot it was written on: a rebuilt snapshot beside it would
+    // have the journal's changes replayed over the wrong state.
+    for name in [
+        FILE_NAME,
+        BACKUP_FILE_NAME,
+        journal::FILE_NAME,
+        journal::BACKUP_FILE_NAME,
+    ] {
         let path = data_dir.join(name);
         if path.exists() {
             return Err(RebuildError::MetastorePresent { path });

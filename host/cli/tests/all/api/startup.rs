@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::api::common::{Daemon, test_config};
+use crate::metastore_files;
 
 #[tokio::test]
 async fn corrupt_metastore_stops_start_up_with_an_error_naming_the_file() {
@@ -34,12 +35,14 @@ async fn corrupt_metastore_stops_start_up_with_an_error_naming_the_file() {
     assert!(message.contains(&path.display().to_string()), "{message}");
     assert!(message.contains("metastore.json.prev"), "{message}");
 
-    // The advice works: restore the backup and start.
+    // The advice works and loses nothing: restore the backup and start; the journal beside
+    // it replays both creates.
     fs::copy(temp.path().join("metastore.json.prev"), &path).unwrap();
     let d = Daemon::start_config(test_config(temp.path()))
         .await
         .unwrap();
     assert_eq!(d.get("/v1/topics/orders").await.0, StatusCode::OK);
+    assert_eq!(d.get("/v1/topics/audit").await.0, StatusCode::OK);
     d.stop().await;
 }
 
@@ -106,20 +109,21 @@ async fn topic_directories_unknown_to_the_metastore_are_set_aside_at_start_up_no
 async fn a_plugin_only_a_newer_metastore_names_is_set_aside_not_deleted_after_a_restore() {
     let d = Daemon::start().await;
     d.create_topic("orders", 1).await;
+    let temp = d.stop().await.unwrap();
+    let before_upload = metastore_files::save(temp.path());
+    let d = Daemon::start_config(test_config(temp.path()))
+        .await
+        .unwrap();
     // The built-in key-hash with one more custom section: a distinct module of its own.
     let mut bytes = narad_builtin_plugins::get("key-hash").unwrap().to_vec();
     bytes.extend_from_slice(&[0, 5, 3, b'p', b'a', b'd', b'1']);
     let (status, body) = d.post_raw("/v1/plugins?name=my-hash", bytes.clone()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let digest = body["digest"].as_str().unwrap().to_owned();
-    let temp = d.stop().await.unwrap();
+    d.stop().await;
 
-    // Restore the state before the upload (the daemon's advice for a damaged metastore).
-    fs::copy(
-        temp.path().join("metastore.json.prev"),
-        temp.path().join("metastore.json"),
-    )
-    .unwrap();
+    // Restore an older backup of the metastore, from before the upload.
+    metastore_files::restore(temp.path(), &before_upload);
     let d = Daemon::start_config(test_config(temp.path()))
         .await
         .unwrap();

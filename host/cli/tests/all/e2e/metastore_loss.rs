@@ -11,6 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
+use crate::metastore_files;
 
 fn create_topic(base: &str, name: &str, partitions: u32) {
     let (status, body) = send_json(
@@ -148,8 +149,8 @@ fn a_lost_metastore_refuses_to_start_and_a_rebuild_brings_every_record_back() {
     assert_eq!(before.len(), 40);
     stop(&mut daemon);
 
-    std::fs::remove_file(data.join("metastore.json")).expect("remove metastore");
-    std::fs::remove_file(data.join("metastore.json.prev")).expect("remove backup");
+    // The snapshot, its backup and both journals.
+    metastore_files::remove_all(&data);
     let bytes_before = segment_bytes(&data.join("topics/orders"));
     assert!(bytes_before > 0);
 
@@ -188,24 +189,23 @@ fn a_lost_metastore_refuses_to_start_and_a_rebuild_brings_every_record_back() {
 }
 
 #[test]
-fn restoring_the_previous_metastore_sets_the_newer_topic_aside_and_adopt_brings_it_back() {
+fn restoring_an_older_metastore_backup_sets_the_newer_topic_aside_and_adopt_brings_it_back() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
     let mut daemon = Daemon::start(&data);
     let base = daemon.url();
     create_topic(&base, "first", 1);
+    stop(&mut daemon);
+    let before_second = metastore_files::save(&data);
+    let mut daemon = Daemon::start(&data);
+    let base = daemon.url();
     create_topic(&base, "second", 2);
     produce(&base, "second", 16);
     let before = all_records(&base, "second", 2);
     stop(&mut daemon);
 
-    // The daemon's own advice for a damaged metastore: restore the previous good state, which
-    // predates the create of "second".
-    std::fs::copy(
-        data.join("metastore.json.prev"),
-        data.join("metastore.json"),
-    )
-    .expect("restore .prev");
+    // An operator's older backup of the metastore, which predates the create of "second".
+    metastore_files::restore(&data, &before_second);
     let mut daemon = Daemon::start(&data);
     let base = daemon.url();
     assert_eq!(topic_names(&base), vec!["first".to_owned()]);
@@ -347,19 +347,17 @@ fn an_attach_that_creates_its_child_records_topic_and_link_in_one_write() {
     .expect("attach");
     assert_eq!(status, 201, "{body}");
 
-    // The backup is the state before the last write: with one write it knows neither the child
-    // topic nor the link; with two, it would hold the topic without its link, which is what a
-    // crash between them would have left.
-    let prev = std::fs::read_to_string(data.join("metastore.json.prev")).expect("read .prev");
-    let prev: Value = serde_json::from_str(&prev).expect("parse .prev");
-    assert!(
-        prev["state"]["topics"].get("copy").is_none(),
-        "the child topic was recorded by a write of its own: {prev}"
-    );
-    let now = std::fs::read_to_string(data.join("metastore.json")).expect("read metastore");
-    let now: Value = serde_json::from_str(&now).expect("parse metastore");
-    assert!(now["state"]["topics"].get("copy").is_some());
-    assert_eq!(now["state"]["links"][0]["child"], "copy");
+    // The journal's last entry is the attach: one durable write holds both the child topic
+    // and its link. Two writes would have left, after a crash between them, the topic without
+    // its link.
+    let entries = metastore_files::journal_entries(&data);
+    let last = entries.last().expect("the attach is journaled");
+    assert_eq!(last["topics"][0]["name"], "copy", "{last}");
+    assert_eq!(last["topics"][0]["topic"]["partitions"], 3, "{last}");
+    assert_eq!(last["links"][0]["child"], "copy", "{last}");
+    let before = &entries[entries.len() - 2];
+    assert_eq!(before["topics"][0]["name"], "orders", "{before}");
+    assert!(before["links"].is_null(), "{before}");
 
     // A refused attach that would have created its child leaves neither topic nor directory
     // (the delay is over the one-year limit, a rule the metastore write checks).
