@@ -26,14 +26,69 @@
 //! could leave: each pending write kept, dropped or torn, each unsynced directory entry kept or
 //! lost, per the [`CrashMode`]; handles opened before the crash stop working and locks are
 //! released, so a store can be reopened on the result.
+//!
+//! Holds. [`FaultFs::hold_next_sync`] stops the next `sync_data` of any file, before it takes
+//! effect, until the test releases it: a test can line other operations up behind a sync in
+//! progress (appends queueing for a group commit) without sleeping.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::fs::{DirEntry, File, FileSystem, LockGuard, Metadata, OpenMode};
+
+/// A `sync_data` stopped by [`FaultFs::hold_next_sync`]; released by [`SyncHold::release`] or
+/// on drop (so a failing test does not leave a thread stopped).
+pub struct SyncHold {
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    /// (a sync is stopped here, released)
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    fn stop_here(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 = true;
+        self.changed.notify_all();
+        while !s.1 {
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl SyncHold {
+    /// Waits until a `sync_data` is stopped at this hold; false if `timeout` passes first.
+    pub fn wait_until_held(&self, timeout: Duration) -> bool {
+        let s = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, _) = self
+            .gate
+            .changed
+            .wait_timeout_while(s, timeout, |s| !s.0)
+            .unwrap_or_else(|p| p.into_inner());
+        s.0
+    }
+
+    /// Lets the stopped `sync_data` (or the next one to reach this hold) go on.
+    pub fn release(&self) {
+        let mut s = self.gate.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.1 = true;
+        self.gate.changed.notify_all();
+    }
+}
+
+impl Drop for SyncHold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
 
 /// Linux `EIO`.
 const EIO: i32 = 5;
@@ -133,6 +188,8 @@ const ROOT: u64 = 0;
 /// The in-memory fault-injecting file system. Cloning shares the same state.
 #[derive(Clone)]
 pub struct FaultFs {
+    /// The gate the next `sync_data` stops at, when one is armed.
+    hold: Arc<Mutex<Option<Arc<Gate>>>>,
     state: Arc<Mutex<State>>,
 }
 
@@ -322,6 +379,7 @@ impl FaultFs {
         let mut dirs = HashMap::new();
         dirs.insert(ROOT, DirInode::default());
         FaultFs {
+            hold: Arc::default(),
             state: Arc::new(Mutex::new(State {
                 generation: 0,
                 files: HashMap::new(),
@@ -340,6 +398,14 @@ impl FaultFs {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock only happens inside a failing test; keep going.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops the next `sync_data` (of any file) before it takes effect, until the returned
+    /// hold is released or dropped.
+    pub fn hold_next_sync(&self) -> SyncHold {
+        let gate = Arc::new(Gate::default());
+        *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&gate));
+        SyncHold { gate }
     }
 
     /// Number of mutating operations performed so far (the index space of `crash_at`).
@@ -528,6 +594,15 @@ impl File for FaultFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let gate = self
+            .fs
+            .hold
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(gate) = gate {
+            gate.stop_here();
+        }
         let mut s = self.fs.lock();
         s.check_alive(self.generation)?;
         let fault = s.begin(FaultOp::SyncData)?;

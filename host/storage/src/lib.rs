@@ -57,4 +57,6 @@ pub use record::{
     NewRecord, NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin,
     RecoveredCut, RetentionReport, StoredRecord,
 };
-pub use store::{DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions};
+pub use store::{
+    AppendStats, DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions,
+};

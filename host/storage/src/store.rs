@@ -169,7 +169,22 @@ pub struct Store {
     failed_reopen_after: Duration,
     partitions: RwLock<HashMap<PartitionId, Arc<Partition>>>,
     trash_counter: AtomicU64,
+    /// Appends and syncs of every log this store opens (see [`Store::append_stats`]).
+    append_counters: Arc<log::AppendCounters>,
     _lock: Box<dyn LockGuard>,
+}
+
+/// What [`Store::append_stats`] reports: totals since the store was opened, across every
+/// partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppendStats {
+    /// Appends written (each acknowledged or failed as a whole).
+    pub appends: u64,
+    /// Segment `fdatasync`s they took: fewer than `appends` when appends to one partition
+    /// arrived together and shared one (a group commit).
+    pub syncs: u64,
+    /// Appends waiting for their partition's produce lock right now.
+    pub waiting: u64,
 }
 
 /// Marks an unregistered partition deleted: its open log (if any) is dropped without touching
@@ -250,6 +265,7 @@ impl Store {
             failed_reopen_after: opts.failed_reopen_after,
             partitions: RwLock::new(HashMap::new()),
             trash_counter: AtomicU64::new(0),
+            append_counters: Arc::default(),
             _lock: lock,
         })
     }
@@ -570,7 +586,8 @@ impl Store {
             return Err(e);
         }
         match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
-            Ok(l) => {
+            Ok(mut l) => {
+                l.counters = Arc::clone(&self.append_counters);
                 let l = Arc::new(l);
                 *slot = Slot::Open(l.clone());
                 let hw = l.high_watermark();
@@ -664,6 +681,17 @@ impl Store {
     pub fn append(&self, id: &PartitionId, batch: AppendBatch) -> Result<Appended> {
         let mut encoded = EncodedBatch::encode(&batch.records, batch.origin.as_ref())?;
         self.append_encoded(id, &mut encoded)
+    }
+
+    /// Appends, segment syncs and waiting appends of every partition since the store opened:
+    /// how much appends arriving together share their `fdatasync`s.
+    pub fn append_stats(&self) -> AppendStats {
+        let c = &self.append_counters;
+        AppendStats {
+            appends: c.appends.load(Ordering::Relaxed),
+            syncs: c.syncs.load(Ordering::Relaxed),
+            waiting: c.waiting.load(Ordering::Relaxed),
+        }
     }
 
     /// Appends a batch encoded by [`EncodedBatch::encode`], as [`Store::append`] does. On an

@@ -97,6 +97,12 @@ pub(crate) struct ApiMetrics {
     pub forwarded: Family<ForwardLabels, Counter>,
     /// `narad_set_aside_entries`: directories in the set-aside area (read at scrape time).
     pub(crate) set_aside_entries: Gauge<u64, AtomicU64>,
+    /// `narad_log_appends_total`: appends to partition logs (produce and child commits),
+    /// brought up to the store's count at scrape time.
+    pub(crate) log_appends: Counter,
+    /// `narad_log_append_syncs_total`: the segment `fdatasync`s those appends took; fewer
+    /// than the appends when appends to one partition arrived together (a group commit).
+    pub(crate) log_append_syncs: Counter,
     /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -148,6 +154,16 @@ impl ApiMetrics {
             "narad_set_aside_entries",
             "Topic or partition directories start-up could not account for and moved, intact, to set-aside/ (see GET /v1/admin/set-aside)",
             self.set_aside_entries.clone(),
+        );
+        registry.register(
+            "narad_log_appends",
+            "Appends to partition logs (produce requests and child commits), each durable or failed as a whole",
+            self.log_appends.clone(),
+        );
+        registry.register(
+            "narad_log_append_syncs",
+            "Segment fdatasyncs the appends took: appends arriving together at one partition share one (group commit)",
+            self.log_append_syncs.clone(),
         );
         registry.register(
             "narad_partition_unavailable",
@@ -245,6 +261,14 @@ impl ApiMetrics {
             .flat_map(|t| (0..t.partitions).map(|p| PartitionId::new(t.name.clone(), p)))
             .collect();
         let store = Arc::clone(&state.store);
+        let appends = state.store.append_stats();
+        for (counter, total) in [
+            (&self.log_appends, appends.appends),
+            (&self.log_append_syncs, appends.syncs),
+        ] {
+            // The store's totals only grow; the counters follow them.
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         let (stats, set_aside) = crate::blocking::run(move || {
             let stats = ids
                 .into_iter()

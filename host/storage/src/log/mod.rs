@@ -28,6 +28,7 @@ pub mod torn;
 pub(crate) mod writer;
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::damage::{Damage, Failure};
@@ -57,6 +58,41 @@ pub(crate) enum LogError {
 impl LogError {
     pub(crate) fn io(context: impl Into<String>, e: std::io::Error) -> Self {
         LogError::Io(StorageError::io(context, e))
+    }
+
+    /// The same error for another append of the same failed group commit (an I/O error is
+    /// not `Clone`: its copy keeps the OS code, or the kind and the message).
+    pub(crate) fn for_another(&self) -> Self {
+        match self {
+            LogError::Closed => LogError::Closed,
+            LogError::Failed(f) => LogError::Failed(f.clone()),
+            LogError::Corrupt(d) => LogError::Corrupt(d.clone()),
+            LogError::BelowStart {
+                requested,
+                log_start,
+            } => LogError::BelowStart {
+                requested: *requested,
+                log_start: *log_start,
+            },
+            LogError::BeyondEnd {
+                requested,
+                high_watermark,
+            } => LogError::BeyondEnd {
+                requested: *requested,
+                high_watermark: *high_watermark,
+            },
+            LogError::Io(StorageError::Io { context, source }) => {
+                let copy = match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                };
+                LogError::io(context.clone(), copy)
+            }
+            LogError::Io(other) => LogError::io(
+                "an append of the same group commit",
+                std::io::Error::other(other.to_string()),
+            ),
+        }
     }
 }
 
@@ -142,6 +178,20 @@ pub(crate) struct Log {
     pub(crate) recovered_cut: Option<RecoveredCut>,
     /// Frames reads stopped inside, checked once for the life of this open log.
     pub(crate) frames: Mutex<reader::FrameMemo>,
+    /// Appends waiting for the produce lock: the next holder writes them all with one
+    /// `fdatasync` (a group commit).
+    pub(crate) queue: Mutex<writer::AppendQueue>,
+    /// The store's append and sync counts, shared by every log it opens.
+    pub(crate) counters: Arc<AppendCounters>,
+}
+
+/// Appends and segment `fdatasync`s of every log of a store, and the appends waiting for a
+/// produce lock now: `appends / syncs` is how many appends a group commit shares a sync among.
+#[derive(Debug, Default)]
+pub(crate) struct AppendCounters {
+    pub(crate) appends: AtomicU64,
+    pub(crate) syncs: AtomicU64,
+    pub(crate) waiting: AtomicU64,
 }
 
 /// Figures for `peek` of an open log.

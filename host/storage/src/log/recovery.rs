@@ -387,6 +387,8 @@ pub(crate) fn open(
         }),
         recovered_cut,
         frames: Default::default(),
+        queue: Default::default(),
+        counters: Default::default(),
     })
 }
 

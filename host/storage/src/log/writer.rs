@@ -48,6 +48,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -77,33 +78,68 @@ fn hwm_due(last_ms: i64, now_ms: i64) -> bool {
 /// the bytes copied in are still cached when they are compared.
 const VERIFY_CHUNK_BYTES: usize = 256 * 1024;
 
-fn write_synced_verified(
+/// Syncs `file` and reads `frames`, written one after another from `pos`, back from the
+/// device (a successful fdatasync does not prove the device holds the bytes, see the module
+/// doc), in pieces small enough to stay in the CPU cache between the copy and the comparison,
+/// rather than through one buffer as large as the frames.
+fn sync_verified(
     file: &dyn File,
-    frame: &[u8],
+    frames: &[&[u8]],
     pos: u64,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
-    file.write_all_at(frame, pos)?;
     file.sync_data()?;
-    // Read back from the device (a successful fdatasync does not prove the device holds the
-    // bytes, see the module doc), in pieces small enough to stay in the CPU cache between the
-    // copy and the comparison, rather than through one buffer as large as the frame.
     scratch.resize(VERIFY_CHUNK_BYTES, 0);
+    let total: usize = frames.iter().map(|f| f.len()).sum();
+    // Where the comparison is: frame `at_frame`, byte `in_frame` of it.
+    let (mut at_frame, mut in_frame) = (0, 0);
     let mut done = 0;
-    while done < frame.len() {
-        let n = VERIFY_CHUNK_BYTES.min(frame.len() - done);
+    while done < total {
+        let n = VERIFY_CHUNK_BYTES.min(total - done);
         file.read_exact_uncached_at(&mut scratch[..n], pos + done as u64)?;
-        if scratch[..n] != frame[done..done + n] {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "the bytes read back from the device after a successful fdatasync differ from the bytes written (at frame byte {done} or later)"
-                ),
-            ));
+        let mut k = 0;
+        while k < n {
+            let frame = frames[at_frame];
+            let m = (frame.len() - in_frame).min(n - k);
+            if scratch[k..k + m] != frame[in_frame..in_frame + m] {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!(
+                        "the bytes read back from the device after a successful fdatasync differ from the bytes written (at byte {} of the group's frame {at_frame} or later)",
+                        in_frame
+                    ),
+                ));
+            }
+            k += m;
+            in_frame += m;
+            if in_frame == frame.len() {
+                at_frame += 1;
+                in_frame = 0;
+            }
         }
         done += n;
     }
     Ok(())
+}
+
+/// One append waiting for the produce lock, holding the frame it moved in.
+#[derive(Debug)]
+struct Queued {
+    ticket: u64,
+    frame: Vec<u8>,
+    body_crc: u32,
+    count: u32,
+    /// The commit time read before the append queued.
+    stamp: i64,
+}
+
+/// The appends of one log waiting for its produce lock, and the answers (with their frames)
+/// of those a holder of the lock has written for them.
+#[derive(Debug, Default)]
+pub(crate) struct AppendQueue {
+    next_ticket: u64,
+    waiting: Vec<Queued>,
+    done: std::collections::HashMap<u64, (Result<Appended, LogError>, Vec<u8>)>,
 }
 
 /// Prepares a log's last segment to be read as the device holds it, for recovery: the
@@ -135,13 +171,19 @@ impl Log {
     }
 
     /// Appends one encoded frame (from `format::encode_batch`, with the body CRC it returned)
-    /// holding `count` records. The
-    /// commit time is read from `clock` just before the produce lock is taken and raised under
-    /// it to the partition's newest commit time. Returns only once the frame is durable and
-    /// read back intact.
+    /// holding `count` records. The commit time is read from `clock` just before the append
+    /// queues for the produce lock and raised under it to the partition's newest commit time.
+    /// Returns only once the frame is durable and read back intact; `frame` holds it sealed
+    /// (base offset and commit time filled in) on return, or unchanged but for those on an
+    /// error.
+    ///
+    /// Group commit: appends that arrive while another holds the produce lock queue, and the
+    /// next holder writes all of them, one after another in queue order, with one
+    /// `fdatasync` and one read-back, answering each. An error of that sync is every one of
+    /// the group's: none of them is acknowledged.
     pub(crate) fn append(
         &self,
-        frame: &mut [u8],
+        frame: &mut Vec<u8>,
         body_crc: u32,
         count: u32,
         clock: &dyn Clock,
@@ -149,55 +191,176 @@ impl Log {
         on_durable: impl FnOnce(u64),
     ) -> Result<Appended, LogError> {
         let stamp = clock.now_ms();
+        let ticket = {
+            let mut q = lock(&self.queue);
+            let ticket = q.next_ticket;
+            q.next_ticket += 1;
+            q.waiting.push(Queued {
+                ticket,
+                frame: std::mem::take(frame),
+                body_crc,
+                count,
+                stamp,
+            });
+            self.counters.waiting.fetch_add(1, Ordering::Relaxed);
+            ticket
+        };
         let mut guard = lock(&self.writer);
-        let w = &mut *guard;
+        loop {
+            let mut group = {
+                let mut q = lock(&self.queue);
+                if let Some((answer, bytes)) = q.done.remove(&ticket) {
+                    drop(q);
+                    drop(guard);
+                    *frame = bytes;
+                    if let Ok(a) = &answer {
+                        on_durable(a.base_offset + u64::from(a.count));
+                    }
+                    return answer;
+                }
+                let group = std::mem::take(&mut q.waiting);
+                self.counters
+                    .waiting
+                    .fetch_sub(group.len() as u64, Ordering::Relaxed);
+                group
+            };
+            if group.is_empty() {
+                // Only if a holder of the lock panicked after taking this append from the
+                // queue: its frame is gone with it, and nothing of it was acknowledged.
+                return Err(LogError::io(
+                    format!("appending to {}", self.dir.display()),
+                    std::io::Error::other("the append was lost to a panic in another append"),
+                ));
+            }
+            let answers = self.write_group(&mut guard, &mut group, clock, config);
+            let mut q = lock(&self.queue);
+            for (queued, answer) in group.into_iter().zip(answers) {
+                q.done.insert(queued.ticket, (answer, queued.frame));
+            }
+        }
+    }
+
+    /// Writes `group` (under the produce lock, `w`): in runs that fit the active segment,
+    /// rolling between runs, each run with one `fdatasync` and one read-back. Returns one
+    /// answer per append, in order.
+    fn write_group(
+        &self,
+        w: &mut Writer,
+        group: &mut [Queued],
+        clock: &dyn Clock,
+        config: &LogConfig,
+    ) -> Vec<Result<Appended, LogError>> {
+        let mut answers: Vec<Result<Appended, LogError>> = Vec::with_capacity(group.len());
         if w.closed {
-            return Err(LogError::Closed);
+            answers.extend(group.iter().map(|_| Err(LogError::Closed)));
+            return answers;
         }
         if let Some(stopped) = &w.failed {
-            return Err(stopped.error());
+            answers.extend(group.iter().map(|_| Err(stopped.error())));
+            return answers;
         }
-        let committed_at_ms = stamp.max(w.newest_committed_at_ms);
-        let len = frame.len() as u64;
-        if w.roll_due || (w.active_len > 0 && w.active_len + len > config.segment_bytes) {
+        self.counters
+            .appends
+            .fetch_add(group.len() as u64, Ordering::Relaxed);
+        let mut next = 0;
+        while next < group.len() {
+            if let Err(e) = self.write_run(w, group, &mut next, config, &mut answers) {
+                // Every append not yet answered gets the error: none of them is durable.
+                while answers.len() < group.len() {
+                    answers.push(Err(e.for_another()));
+                }
+                if let Some(last) = answers.last_mut() {
+                    *last = Err(e);
+                }
+                break;
+            }
+        }
+        if answers.iter().any(Result::is_ok) {
+            // Read again, under the lock: the stamps were read before it, so another
+            // append's reading taken later may already be recorded, and comparing with it
+            // would look like a step back.
+            let now_ms = clock.now_ms();
+            if hwm_due(w.last_hwm_write_ms, now_ms) {
+                // Counted from the attempt, as before: a failing file is retried once an
+                // interval.
+                w.last_hwm_write_ms = now_ms;
+                // The group is already durable; a failure here only leaves the boundary older.
+                if let Err(e) = self.write_hwm(w, false) {
+                    tracing::warn!(dir = %self.dir.display(), error = %e, "could not update the high-watermark file");
+                }
+            }
+        }
+        answers
+    }
+
+    /// Writes the appends of `group` from `*next` that fit the active segment (rolling first
+    /// when the first does not), syncs and verifies them, and answers them in `answers`.
+    /// Always takes at least one append; an error means none of the run is durable.
+    fn write_run(
+        &self,
+        w: &mut Writer,
+        group: &mut [Queued],
+        next: &mut usize,
+        config: &LogConfig,
+        answers: &mut Vec<Result<Appended, LogError>>,
+    ) -> Result<(), LogError> {
+        let first = *next;
+        let first_len = group[first].frame.len() as u64;
+        if w.roll_due || (w.active_len > 0 && w.active_len + first_len > config.segment_bytes) {
             self.roll(w)?;
         }
-        let base_offset = w.next_offset;
-        crate::log::format::seal(frame, body_crc, base_offset, committed_at_ms);
-        let pos = w.active_len;
-        if let Err(e) = write_synced_verified(w.active.as_ref(), frame, pos, &mut w.scratch) {
+        let start = w.active_len;
+        let (mut pos, mut offset, mut newest) = (start, w.next_offset, w.newest_committed_at_ms);
+        let mut run = Vec::new();
+        let mut end = first;
+        while end < group.len() {
+            let q = &mut group[end];
+            let len = q.frame.len() as u64;
+            if end > first && pos + len > config.segment_bytes {
+                break;
+            }
+            let committed_at_ms = q.stamp.max(newest);
+            crate::log::format::seal(&mut q.frame, q.body_crc, offset, committed_at_ms);
+            if let Err(e) = w.active.write_all_at(&q.frame, pos) {
+                return Err(self.recover_after_failure(w, e));
+            }
+            run.push((
+                Appended {
+                    base_offset: offset,
+                    count: q.count,
+                    committed_at_ms,
+                },
+                pos,
+            ));
+            pos += len;
+            offset += u64::from(q.count);
+            newest = committed_at_ms;
+            end += 1;
+        }
+        let frames: Vec<&[u8]> = group[first..end].iter().map(|q| &q.frame[..]).collect();
+        let synced = sync_verified(w.active.as_ref(), &frames, start, &mut w.scratch);
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = synced {
             return Err(self.recover_after_failure(w, e));
         }
-        w.active_len += len;
-        w.next_offset += u64::from(count);
-        w.newest_committed_at_ms = committed_at_ms;
+        w.active_len = pos;
+        w.next_offset = offset;
+        w.newest_committed_at_ms = newest;
         {
             let mut v = write(&self.view);
             if let Some(seg) = v.segments.last_mut() {
                 seg.len = w.active_len;
                 seg.next_offset = w.next_offset;
-                seg.newest_committed_at_ms = Some(committed_at_ms);
-                seg.index.note(base_offset, pos);
+                seg.newest_committed_at_ms = Some(newest);
+                for (appended, at) in &run {
+                    seg.index.note(appended.base_offset, *at);
+                }
             }
             v.next_offset = w.next_offset;
         }
-        on_durable(w.next_offset);
-        // Read again, under the lock: `stamp` was read before it, so another append's reading
-        // taken later may already be recorded, and comparing with it would look like a step back.
-        let now_ms = clock.now_ms();
-        if hwm_due(w.last_hwm_write_ms, now_ms) {
-            // Counted from the attempt, as before: a failing file is retried once an interval.
-            w.last_hwm_write_ms = now_ms;
-            // The batch is already durable; a failure here only leaves the boundary older.
-            if let Err(e) = self.write_hwm(w, false) {
-                tracing::warn!(dir = %self.dir.display(), error = %e, "could not update the high-watermark file");
-            }
-        }
-        Ok(Appended {
-            base_offset,
-            count,
-            committed_at_ms,
-        })
+        answers.extend(run.into_iter().map(|(a, _)| Ok(a)));
+        *next = end;
+        Ok(())
     }
 
     /// Starts a new segment at the next offset. The directory is synced before the segment is

@@ -9,6 +9,7 @@ mod common;
 mod cursor_file;
 mod disk_damage;
 mod faults;
+mod group_commit;
 mod long_poll;
 mod recovery;
 mod retention;

@@ -203,6 +203,8 @@ async fn metrics_parse_as_openmetrics_and_carry_every_documented_series() {
         "narad_partition_log_start_offset",
         "narad_partition_high_watermark",
         "narad_partition_unavailable",
+        "narad_log_appends_total",
+        "narad_log_append_syncs_total",
     ] {
         assert!(scrape.samples.contains_key(series), "no sample of {series}");
     }
@@ -242,6 +244,9 @@ async fn produce_and_fetch_counters_count_records_and_bytes() {
         ("narad_produce_bytes_total{topic=\"t\"}", "13"),
         ("narad_fetch_records_total{topic=\"t\"}", "2"),
         ("narad_fetch_bytes_total{topic=\"t\"}", "13"),
+        // One after the other, so each append had its own sync.
+        ("narad_log_appends_total", "2"),
+        ("narad_log_append_syncs_total", "2"),
     ] {
         assert!(
             text.lines().any(|l| l == format!("{series} {value}")),

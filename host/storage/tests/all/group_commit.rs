@@ -1,0 +1,237 @@
+//! Group commit: appends to one partition that arrive while another append holds its produce
+//! lock are written together by the next holder, with one `fdatasync`. Each gets its own
+//! offsets in queue order; a failed sync acknowledges none of the group; a crash at any
+//! operation of concurrent appenders keeps every acknowledged record exactly once, in each
+//! appender's order.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
+use narad_storage::fs::FileSystem;
+use narad_storage::{AppendStats, ManualClock, Store};
+
+const DATA: &str = "/data";
+/// Bound on every wait for another thread: only reached when the code under test hangs.
+const HANG: Duration = Duration::from_secs(20);
+
+fn fault_fs() -> FaultFs {
+    let fs = FaultFs::new();
+    fs.create_dir_all(Path::new(DATA)).unwrap();
+    fs.sync_dir(Path::new("/")).unwrap();
+    fs
+}
+
+fn open(fs: &FaultFs) -> narad_storage::Result<Store> {
+    let store = Store::open(
+        Path::new(DATA),
+        opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS))),
+    )?;
+    store.create_partition(&pid("t", 0), small_segments(1 << 20))?;
+    Ok(store)
+}
+
+/// Appends `value` on a thread of its own.
+fn append_on_thread(
+    store: &Arc<Store>,
+    value: &'static str,
+) -> thread::JoinHandle<narad_storage::Result<u64>> {
+    let store = Arc::clone(store);
+    thread::spawn(move || {
+        store
+            .append(&pid("t", 0), batch(&[value]))
+            .map(|a| a.base_offset)
+    })
+}
+
+/// Waits until `n` appends are queued behind the produce lock.
+fn wait_for_waiting(store: &Store, n: u64) {
+    let until = Instant::now() + HANG;
+    while store.append_stats().waiting < n {
+        assert!(
+            Instant::now() < until,
+            "appends never queued: {:?}",
+            store.append_stats()
+        );
+        thread::yield_now();
+    }
+}
+
+/// Appends a first record, "open": its append opens the log, whose recovery syncs files of
+/// its own, so that the next sync is an append's.
+fn open_the_log(store: &Store) {
+    store.append(&pid("t", 0), batch(&["open"])).unwrap();
+}
+
+/// A writes alone and is stopped in its sync, B and C queue behind it, and A is let go.
+/// Returns the three threads.
+fn line_up_behind_a_sync(
+    fs: &FaultFs,
+    store: &Arc<Store>,
+) -> Vec<thread::JoinHandle<narad_storage::Result<u64>>> {
+    let hold = fs.hold_next_sync();
+    let a = append_on_thread(store, "a");
+    assert!(hold.wait_until_held(HANG), "A never reached its sync");
+    let b = append_on_thread(store, "b");
+    wait_for_waiting(store, 1);
+    let c = append_on_thread(store, "c");
+    wait_for_waiting(store, 2);
+    hold.release();
+    vec![a, b, c]
+}
+
+#[test]
+fn appends_queued_behind_a_sync_share_the_next_one_and_each_gets_its_own_offsets() {
+    let fs = fault_fs();
+    let store = Arc::new(open(&fs).unwrap());
+    open_the_log(&store);
+    let threads = line_up_behind_a_sync(&fs, &store);
+    // The "open" record's append synced alone.
+    let before = AppendStats {
+        appends: 1,
+        syncs: 1,
+        waiting: 0,
+    };
+    let offsets: Vec<u64> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    assert_eq!(
+        offsets,
+        [1, 2, 3],
+        "queue order: A, then B and C as they queued"
+    );
+    let after = store.append_stats();
+    assert_eq!(
+        AppendStats {
+            appends: after.appends - before.appends,
+            syncs: after.syncs - before.syncs,
+            waiting: after.waiting,
+        },
+        AppendStats {
+            appends: 3,
+            syncs: 2,
+            waiting: 0
+        },
+        "A synced alone, B and C together"
+    );
+    assert_eq!(
+        values(&read_all(&store, &pid("t", 0), 0)),
+        ["open", "a", "b", "c"]
+    );
+
+    // Durable as acknowledged: a power cut that keeps only synced state keeps all three.
+    drop(store);
+    fs.crash(CrashMode::DropAll);
+    let store = open(&fs).unwrap();
+    assert_eq!(
+        values(&read_all(&store, &pid("t", 0), 0)),
+        ["open", "a", "b", "c"]
+    );
+}
+
+#[test]
+fn a_failed_sync_of_a_group_acknowledges_none_of_it_and_the_log_goes_on() {
+    let fs = fault_fs();
+    let store = Arc::new(open(&fs).unwrap());
+    open_the_log(&store);
+    // The first sync from here is A's, the second the group's.
+    fs.inject(FaultOp::SyncData, 2, Fault::Eio);
+    let answers: Vec<_> = line_up_behind_a_sync(&fs, &store)
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(answers[0].as_ref().ok(), Some(&1), "{answers:?}");
+    assert!(
+        answers[1].is_err() && answers[2].is_err(),
+        "both of the group fail with its sync: {answers:?}"
+    );
+    let next = store
+        .append(&pid("t", 0), batch(&["d"]))
+        .unwrap()
+        .base_offset;
+    assert_eq!(next, 2, "the group's offsets were never given out");
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["open", "a", "d"]);
+
+    drop(store);
+    fs.crash(CrashMode::DropAll);
+    let store = open(&fs).unwrap();
+    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["open", "a", "d"]);
+}
+
+/// Three appenders, four one-record batches each, on one partition; returns what each had
+/// acknowledged when the run ended (by a crash, or complete).
+fn concurrent_workload(fs: &FaultFs) -> Vec<Vec<String>> {
+    let Ok(store) = open(fs) else {
+        return vec![Vec::new(); 3];
+    };
+    let store = Arc::new(store);
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            thread::spawn(move || {
+                let mut acked = Vec::new();
+                for i in 0..4 {
+                    let value = format!("w{t}-{i}-{}", "x".repeat(30 + 10 * i));
+                    match store.append(&pid("t", 0), batch(&[&value])) {
+                        Ok(_) => acked.push(value),
+                        Err(_) => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[test]
+fn a_crash_at_any_operation_of_concurrent_appenders_keeps_every_acknowledged_record_once() {
+    let mut crashed_runs = 0;
+    let mut n = 1;
+    loop {
+        assert!(
+            n < 2_000,
+            "the workload never finished before the crash point"
+        );
+        let mode = match n % 3 {
+            0 => CrashMode::KeepAll,
+            1 => CrashMode::DropAll,
+            _ => CrashMode::Tear(n * 7919 + 3),
+        };
+        let fs = fault_fs();
+        fs.crash_at(n);
+        let acked = concurrent_workload(&fs);
+        if !fs.is_crashed() {
+            assert_eq!(acked.iter().map(Vec::len).sum::<usize>(), 12);
+            break;
+        }
+        crashed_runs += 1;
+        fs.crash(mode);
+        let store = open(&fs).unwrap_or_else(|e| panic!("reopen after a crash at {n}: {e}"));
+        let got = values(&read_all(&store, &pid("t", 0), 0));
+        let mut seen = std::collections::HashSet::new();
+        for v in &got {
+            assert!(
+                seen.insert(v),
+                "crash at {n}, {mode:?}: {v} twice in {got:?}"
+            );
+        }
+        for (t, mine) in acked.iter().enumerate() {
+            let found: Vec<&String> = got
+                .iter()
+                .filter(|v| v.starts_with(&format!("w{t}-")))
+                .collect();
+            assert!(
+                found.len() >= mine.len()
+                    && found[..mine.len()].iter().zip(mine).all(|(a, b)| *a == b),
+                "crash at {n}, {mode:?}: writer {t} acknowledged {mine:?}, found {found:?}"
+            );
+        }
+        n += 1;
+    }
+    assert!(crashed_runs > 20, "{crashed_runs} crash points");
+}
