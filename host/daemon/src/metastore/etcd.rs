@@ -432,16 +432,7 @@ mod tests {
     use crate::metastore::test_etcd::TestEtcd;
     use crate::metastore::{LinkRuleError, PluginRef};
 
-    fn topic(name: &str, partitions: u32) -> TopicMeta {
-        TopicMeta {
-            name: name.to_owned(),
-            partitions,
-            retention_ms: None,
-            retention_bytes: None,
-            created_at_ms: 1_700_000_000_000,
-            owners: Vec::new(),
-        }
-    }
+    use crate::metastore::test_topic as topic;
 
     fn link(parent: &str, child: &str) -> LinkMeta {
         LinkMeta {

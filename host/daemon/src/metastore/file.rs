@@ -929,7 +929,7 @@ mod tests {
 
         // Following the advice loses no change: the backup and the journals replay them all.
         fs::copy(dir.path().join(BACKUP_FILE_NAME), &path).unwrap();
-        let restored = FileMetastore::open(dir.path()).unwrap().snapshot_now();
+        let restored = reopened(dir.path());
         assert!(restored.topics.contains_key("orders"));
         assert!(restored.topics.contains_key("audit"));
     }
@@ -1019,6 +1019,11 @@ mod tests {
         dir.join(journal::FILE_NAME)
     }
 
+    /// The state a fresh open of the metastore in `dir` reads.
+    fn reopened(dir: &Path) -> Snapshot {
+        FileMetastore::open(dir).unwrap().snapshot_now()
+    }
+
     #[tokio::test]
     async fn a_change_appends_one_journal_line_and_leaves_the_snapshot_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
@@ -1051,10 +1056,7 @@ mod tests {
         );
         let before = store.snapshot_now();
         drop(store);
-        assert_eq!(
-            FileMetastore::open(dir.path()).unwrap().snapshot_now(),
-            before
-        );
+        assert_eq!(reopened(dir.path()), before);
     }
 
     #[tokio::test]
@@ -1086,9 +1088,9 @@ mod tests {
         assert!((3..20).contains(&compactions), "{compactions} compactions");
         let before = store.snapshot_now();
         drop(store);
-        let reopened = FileMetastore::open(dir.path()).unwrap().snapshot_now();
-        assert_eq!(reopened, before);
-        assert_eq!(reopened.topics.len(), 200);
+        let got = reopened(dir.path());
+        assert_eq!(got, before);
+        assert_eq!(got.topics.len(), 200);
     }
 
     #[tokio::test]
@@ -1127,10 +1129,7 @@ mod tests {
         store.create_topic(topic("billing", 3)).await.unwrap();
         let after = store.snapshot_now();
         drop(store);
-        assert_eq!(
-            FileMetastore::open(dir.path()).unwrap().snapshot_now(),
-            after
-        );
+        assert_eq!(reopened(dir.path()), after);
     }
 
     #[tokio::test]
@@ -1205,20 +1204,14 @@ mod tests {
         assert_eq!(now["state"]["format"], FORMAT_VERSION);
         let after = store.snapshot_now();
         drop(store);
-        assert_eq!(
-            FileMetastore::open(dir.path()).unwrap().snapshot_now(),
-            after
-        );
+        assert_eq!(reopened(dir.path()), after);
         // The old file restored as the backup advises, the journal brings the change back.
         fs::copy(
             dir.path().join(BACKUP_FILE_NAME),
             dir.path().join(FILE_NAME),
         )
         .unwrap();
-        assert_eq!(
-            FileMetastore::open(dir.path()).unwrap().snapshot_now(),
-            after
-        );
+        assert_eq!(reopened(dir.path()), after);
     }
 
     #[tokio::test]

@@ -273,16 +273,7 @@ mod tests {
     use super::*;
     use crate::metastore::transition::apply;
 
-    fn topic(name: &str, partitions: u32) -> TopicMeta {
-        TopicMeta {
-            name: name.to_owned(),
-            partitions,
-            retention_ms: None,
-            retention_bytes: None,
-            created_at_ms: 1,
-            owners: Vec::new(),
-        }
-    }
+    use crate::metastore::test_topic as topic;
 
     fn entry(seq: u64) -> Entry {
         let mut state = Snapshot::default();

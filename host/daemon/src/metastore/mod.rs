@@ -496,6 +496,19 @@ fn recovery_hint(path: &std::path::Path, backup: Option<&std::path::Path>) -> St
     }
 }
 
+/// A topic of `partitions` partitions with no retention limits, for tests.
+#[cfg(test)]
+pub(crate) fn test_topic(name: &str, partitions: u32) -> TopicMeta {
+    TopicMeta {
+        name: name.to_owned(),
+        partitions,
+        retention_ms: None,
+        retention_bytes: None,
+        created_at_ms: 1_700_000_000_000,
+        owners: Vec::new(),
+    }
+}
+
 /// Where the cluster's metadata lives. All methods are safe to call concurrently; writes are
 /// applied one at a time and are durable when they return `Ok`.
 pub trait Metastore: Send + Sync + 'static {

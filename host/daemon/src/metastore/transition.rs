@@ -553,16 +553,7 @@ fn check_plugins_exist(s: &Snapshot, router: &[PluginRef]) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn topic(name: &str, partitions: u32) -> TopicMeta {
-        TopicMeta {
-            name: name.to_owned(),
-            partitions,
-            retention_ms: None,
-            retention_bytes: None,
-            created_at_ms: 0,
-            owners: Vec::new(),
-        }
-    }
+    use crate::metastore::test_topic as topic;
 
     #[test]
     fn an_outcome_of_another_kind_than_the_call_expects_is_an_outcome_mismatch() {

@@ -12,6 +12,7 @@
 //! | knows it | grow to B | if the count reached B, cleared; else the empty dirs the growth made are removed (one holding records is set aside) |
 //! | unknown | delete | the delete was recorded: it is finished (the directory goes to the trash) |
 //! | unknown | create, no records | the create never reached the metastore: its empty directories are removed |
+//! | unknown | none, and nothing in it but an unfinished intent write | a create's first step (its directory made, its intent not yet in place): removed |
 //! | unknown | anything else | set aside, listed, counted; never deleted |
 //!
 //! A data directory whose metastore file is missing (with no backup beside it) while
@@ -38,6 +39,10 @@ pub(crate) struct TopicDir {
     pub intent: IntentState,
     /// Its partition directories, by index, with the bytes of their segment files.
     pub partitions: BTreeMap<u32, u64>,
+    /// It holds nothing at all but, at most, the temporary file of an intent write: what a
+    /// create leaves when it stops between making the directory and putting its intent in
+    /// place.
+    pub bare: bool,
 }
 
 impl TopicDir {
@@ -173,8 +178,13 @@ pub(crate) fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
             path.display()
         )))?;
         let mut partitions = BTreeMap::new();
+        let intent_temp = narad_storage::fs::replace_temp_path(&path, intent::INTENT_FILE_NAME);
+        let mut bare = true;
         for part in fs::read_dir(&path).map_err(io(format!("listing {}", path.display())))? {
             let part = part.map_err(io(format!("listing {}", path.display())))?;
+            if part.path() != intent_temp {
+                bare = false;
+            }
             let is_dir = part.file_type().map(|t| t.is_dir()).unwrap_or(false);
             let index = part
                 .file_name()
@@ -191,6 +201,7 @@ pub(crate) fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
             name,
             intent,
             partitions,
+            bare,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -209,6 +220,7 @@ pub(crate) fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Ve
                 IntentState::Found(Intent::Create { .. }) if !dir.holds_records() => {
                     actions.push(Action::UndoCreate { topic });
                 }
+                IntentState::None if dir.bare => actions.push(Action::UndoCreate { topic }),
                 IntentState::Found(Intent::Create { .. }) => actions.push(Action::SetAsideTopic {
                     topic,
                     reason: "an interrupted create, but its partitions hold records; the \
@@ -417,6 +429,7 @@ mod tests {
             name: name.to_owned(),
             intent,
             partitions: partitions.iter().copied().collect(),
+            bare: false,
         }
     }
 
@@ -506,6 +519,16 @@ mod tests {
                 dir("m", Unreadable("x".into()), &[(0, 4)]),
                 vec!["set-aside m"],
             ),
+            // A create stopped between making the directory and writing its intent.
+            (
+                TopicDir {
+                    bare: true,
+                    ..dir("n", NoIntent, &[])
+                },
+                vec!["undo-create n"],
+            ),
+            // An empty directory that is not bare (it holds some other file) is not ours.
+            (dir("o", NoIntent, &[]), vec!["set-aside o"]),
         ];
         let known = known(&[("a", 2), ("b", 2), ("c", 2), ("d", 2), ("e", 2), ("f", 2)]);
         for (d, expected) in cases {

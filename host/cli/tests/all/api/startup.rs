@@ -81,6 +81,14 @@ async fn topic_directories_unknown_to_the_metastore_are_set_aside_at_start_up_no
         br#"{"op":"create","partitions":1}"#,
     )
     .unwrap();
+    // A crash one step earlier: the topic directory made, its intent record not yet renamed
+    // into place.
+    fs::create_dir_all(temp.path().join("topics/first-step")).unwrap();
+    fs::write(
+        temp.path().join("topics/first-step/INTENT.tmp"),
+        b"{\"op\":\"cre",
+    )
+    .unwrap();
     let d = Daemon::start_config(test_config(temp.path()))
         .await
         .unwrap();
@@ -88,6 +96,10 @@ async fn topic_directories_unknown_to_the_metastore_are_set_aside_at_start_up_no
     assert!(
         !temp.path().join("topics/half").exists(),
         "an unrecorded create is undone"
+    );
+    assert!(
+        !temp.path().join("topics/first-step").exists(),
+        "so is one stopped before its intent was in place"
     );
     assert_eq!(d.get("/v1/topics/ghost").await.0, StatusCode::NOT_FOUND);
     let (status, body) = d.get("/v1/admin/set-aside").await;

@@ -13,6 +13,7 @@ mod file_modes;
 mod harness;
 mod http_limits;
 mod kafka;
+mod metastore_crash;
 mod metastore_loss;
 mod plugin_limits;
 mod plugin_text;
