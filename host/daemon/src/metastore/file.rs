@@ -425,12 +425,12 @@ impl Inner {
         }
         w.seq = seq;
         std::mem::swap(&mut *self.lock(), &mut w.scratch);
-        entry.apply_to(&mut w.scratch);
+        let missed_a_key = self.catch_up(w, &entry);
         debug_assert!(
-            w.scratch == *self.lock(),
+            !missed_a_key && w.scratch == *self.lock(),
             "journal entry {seq} does not reproduce its change: {entry:?}"
         );
-        if w.journal_len > w.snapshot_bytes.max(self.compact_min_bytes)
+        if (missed_a_key || w.journal_len > w.snapshot_bytes.max(self.compact_min_bytes))
             && let Err(e) = self.compact(w)
         {
             // The change is durable in the journal; the next write tries again first.
@@ -441,6 +441,27 @@ impl Inner {
             w.compact_first = true;
         }
         Ok(outcome)
+    }
+
+    /// Brings the scratch copy (the state before the change just swapped out) up to the
+    /// committed state by replaying `entry`, and checks it got there, at a cost that does not
+    /// grow with the metadata: same versions, as many topics, links and plugins. An entry
+    /// that missed a key the change added or removed would replay to another state after a
+    /// restart; then the scratch copy is replaced by the committed state and `true` comes
+    /// back, so the caller writes the full state as a snapshot at once and the change is not
+    /// lost with the entry.
+    fn catch_up(&self, w: &mut Writer, entry: &Entry) -> bool {
+        entry.apply_to(&mut w.scratch);
+        let live = self.lock();
+        if same_counts(&w.scratch, &live) {
+            return false;
+        }
+        tracing::error!(
+            seq = entry.seq,
+            "a metastore journal entry does not reproduce its change (a bug); writing a full snapshot now"
+        );
+        w.scratch = live.clone();
+        true
     }
 
     /// Appends one journal line and syncs it.
@@ -601,6 +622,15 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// Whether `a` and `b` have the same versions and as many topics, links and plugins: what a
+/// replayed journal entry must at least give, checked without comparing every value.
+fn same_counts(a: &Snapshot, b: &Snapshot) -> bool {
+    a.versions == b.versions
+        && a.topics.len() == b.topics.len()
+        && a.links.len() == b.links.len()
+        && a.plugins.len() == b.plugins.len()
 }
 
 /// The whole contents of `path` on `fs`.
@@ -1057,6 +1087,38 @@ mod tests {
         let before = store.snapshot_now();
         drop(store);
         assert_eq!(reopened(dir.path()), before);
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_misses_a_key_is_caught_and_the_committed_state_kept_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileMetastore::open(dir.path()).unwrap();
+        store.create_topic(topic("orders", 1)).await.unwrap();
+        let inner = &store.inner;
+        let mut w = inner.writer.lock().unwrap();
+        // The committed state after a create, and an entry for it that names no key (what a
+        // `Touched` missing the topic would record).
+        let mut after = inner.lock().clone();
+        transition::apply(&mut after, Change::CreateTopic(topic("audit", 1))).unwrap();
+        *inner.lock() = after.clone();
+        let incomplete = Entry::record(w.seq + 1, &Touched::default(), &after);
+        assert!(
+            inner.catch_up(&mut w, &incomplete),
+            "the missing topic is noticed"
+        );
+        assert_eq!(
+            w.scratch, after,
+            "the scratch copy is the committed state again"
+        );
+        // A complete entry passes.
+        let mut next = after.clone();
+        let change = Change::CreateTopic(topic("billing", 1));
+        let touched = Touched::of(&change, &next);
+        transition::apply(&mut next, change).unwrap();
+        *inner.lock() = next.clone();
+        let entry = Entry::record(w.seq + 2, &touched, &next);
+        assert!(!inner.catch_up(&mut w, &entry));
+        assert_eq!(w.scratch, next);
     }
 
     #[tokio::test]
