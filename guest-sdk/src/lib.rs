@@ -24,7 +24,7 @@
 //!
 //! Layout:
 //! - this file: the author-facing re-exports ([`RouteContext`], [`Slab`], [`Record`],
-//!   [`murmur2`], [`partition_for_key`], [`UNDECIDED`], ...).
+//!   [`murmur2`], [`partition_for_key`], [`partition_for_hash`], [`UNDECIDED`], ...).
 //! - [`macro@router`] (crate `narad-guest-macros`): generates the wasm exports, the
 //!   `narad.manifest` section and the [`Plugin`] descriptor `PLUGIN`.
 //! - `decisions.rs` ([`Decisions`]), `error.rs` ([`RouteError`]), `plugin.rs` ([`Plugin`]).
@@ -34,6 +34,36 @@
 //! - `heap.rs`: the wasm32 global allocator (size classes + free lists over `memory.grow`).
 //! - `rt.rs`: the glue behind the exports, the panic handler (`__private`, not public API).
 //! - [`testing`] (native only): `SlabBuilder`, `Instance`, `run_chain` for `cargo test`.
+//!
+//! # Partitioning by Kafka's hash: `needs = [key_hash]`
+//!
+//! A router that places keyed records by Kafka's murmur2 need not hash in Wasm: with
+//! `key_hash` in `needs`, the host computes each key's hash natively while it writes the slab,
+//! and [`Record::key_hash`] reads it (`Ok(None)` for a keyless record). `needs = [key_hash]`
+//! alone also leaves the key bytes out (the host copies less; [`Record::key`] then answers
+//! [`LayoutError::NotRequested`] for a keyed record, while [`Record::has_key`] still works);
+//! `needs = [keys, key_hash]` gives both. Without the need, `key_hash()` hashes the key
+//! bytes itself, with the same result, so the need changes cost, never routing.
+//!
+//! ```
+//! use narad_guest::{Decisions, RouteContext, RouteError, Slab, partition_for_hash};
+//!
+//! #[narad_guest::router(name = "by-hash", description = "Kafka's partitioner", needs = [key_hash])]
+//! fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError> {
+//!     for (record, slot) in slab.records().zip(out.slots_mut()) {
+//!         if let Some(hash) = record.key_hash()? {
+//!             *slot = partition_for_hash(hash, ctx.child_partition_count)
+//!                 .ok_or_else(|| RouteError::plugin("child has no partitions"))?;
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! let out = narad_guest::testing::SlabBuilder::new().child("c", 4).keyed("k").keyless()
+//!     .route(&PLUGIN)
+//!     .unwrap();
+//! assert_eq!(out, [narad_guest::partition_for_key(b"k", 4).unwrap(), narad_guest::UNDECIDED]);
+//! ```
 //!
 //! Features (both on by default, both wasm32-only): `global-allocator`, `panic-handler`.
 #![no_std]
@@ -59,7 +89,7 @@ pub use error::RouteError;
 pub use log::log_line;
 pub use narad_abi::{
     Header, Headers, LayoutError, LogLevel, Needs, RecordView as Record, RouteStatus, UNDECIDED,
-    murmur2, partition_for_key,
+    murmur2, partition_for_hash, partition_for_key,
 };
 /// Registers a router function and generates the plugin around it.
 ///
@@ -68,7 +98,8 @@ pub use narad_abi::{
 ///     name = "header-route",          // required: 1..=64 of [a-z0-9-_]
 ///     version = "1.0.0",              // optional: defaults to the crate's version
 ///     description = "one line",       // required
-///     needs = [headers],              // optional: any of keys, headers, values
+///     needs = [headers],              // optional: any of keys, headers, values, key_hash
+///                                     // (keys are given unless key_hash comes without them)
 /// )]
 /// fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError>
 /// ```

@@ -5,7 +5,9 @@
 //! [`SlabLayout::total_len`] bytes, then [`SlabEncoder::write`] fills it in one pass. Every
 //! byte of the buffer is written (padding included), so stale guest memory never leaks into
 //! the input. The arena holds all keys first, then all headers regions, then all values, so a
-//! keys-only plugin reads one dense run of keys.
+//! keys-only plugin reads one dense run of keys. For a plugin that asks for key hashes, the
+//! write pass also computes Kafka's murmur2 of each key natively (the key is in cache at that
+//! moment) and stores it in the key-hashes region between the table and the arena.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -13,8 +15,10 @@ use alloc::vec::Vec;
 use crate::context::RouteContextRef;
 use crate::error::EncodeError;
 use crate::layout::{
-    ENTRY_LEN_BYTES, HEADER_LEN_BYTES, MAGIC, NO_KEY, Needs, align_table, entry, header,
+    ENTRY_LEN_BYTES, KEY_HASH_LEN_BYTES, KEY_HASH_PRESENT, MAGIC, NO_KEY, Needs, align_table,
+    entry, header, header_len,
 };
+use crate::partitioner::murmur2_inlined;
 
 /// What the encoder reads of one record. Implement it for the host's own record type.
 pub trait SlabRecord {
@@ -87,6 +91,8 @@ impl SlabRecord for RecordInput<'_> {
 pub struct SlabLayout {
     record_count: u32,
     table_offset: u32,
+    /// Where the key hashes start; 0 when they are not given.
+    key_hashes_offset: u32,
     arena_offset: u32,
     keys_len: u32,
     headers_len: u32,
@@ -142,7 +148,9 @@ impl SlabEncoder {
         let (mut count, mut keys, mut headers, mut values) = (0u64, 0u64, 0u64, 0u64);
         for r in records {
             count += 1;
-            keys += r.key().map_or(0, |k| k.len() as u64);
+            if self.needs.keys() {
+                keys += r.key().map_or(0, |k| k.len() as u64);
+            }
             if self.needs.headers() {
                 headers += headers_region_len(&r);
             }
@@ -151,13 +159,19 @@ impl SlabEncoder {
             }
         }
         let to_u32 = |v: u64| u32::try_from(v).map_err(|_| EncodeError::TooLarge);
-        let context_end = HEADER_LEN_BYTES + self.context.len();
+        let context_end = header_len(self.needs) + self.context.len();
         let table_offset = align_table(context_end).ok_or(EncodeError::TooLarge)? as u64;
-        let arena_offset = table_offset + count * ENTRY_LEN_BYTES as u64;
+        let table_end = table_offset + count * ENTRY_LEN_BYTES as u64;
+        let (key_hashes_offset, arena_offset) = if self.needs.key_hash() {
+            (table_end, table_end + count * KEY_HASH_LEN_BYTES as u64)
+        } else {
+            (0, table_end)
+        };
         let total = arena_offset + keys + headers + values;
         Ok(SlabLayout {
             record_count: to_u32(count)?,
             table_offset: to_u32(table_offset)?,
+            key_hashes_offset: to_u32(key_hashes_offset)?,
             arena_offset: to_u32(arena_offset)?,
             keys_len: to_u32(keys)?,
             headers_len: to_u32(headers)?,
@@ -184,9 +198,10 @@ impl SlabEncoder {
             .get_mut(..total)
             .ok_or(EncodeError::BufferTooSmall { needed: total, got })?;
         let context_len = self.context.len() as u32; // fits: checked by `layout`
+        let head_len = header_len(self.needs);
         let head: [u32; 7] = [
             layout.record_count,
-            HEADER_LEN_BYTES as u32,
+            head_len as u32,
             context_len,
             layout.table_offset,
             layout.arena_offset,
@@ -198,8 +213,12 @@ impl SlabEncoder {
         let (prefix, rest) = out
             .split_at_mut_checked(table_offset)
             .ok_or(EncodeError::LayoutMismatch)?;
-        let (table, arena) = rest
+        let (table_and_hashes, arena) = rest
             .split_at_mut_checked(arena_offset - table_offset)
+            .ok_or(EncodeError::LayoutMismatch)?;
+        let table_len = layout.record_count() * ENTRY_LEN_BYTES;
+        let (table, hashes) = table_and_hashes
+            .split_at_mut_checked(table_len)
             .ok_or(EncodeError::LayoutMismatch)?;
 
         // Header, context, zero padding up to the table.
@@ -209,13 +228,29 @@ impl SlabEncoder {
             let at = header::RECORD_COUNT + 4 * i;
             prefix[at..at + 4].copy_from_slice(&v.to_le_bytes());
         }
+        if self.needs.key_hash() {
+            prefix
+                .get_mut(header::KEY_HASHES_OFFSET..header::KEY_HASHES_OFFSET + 4)
+                .ok_or(EncodeError::LayoutMismatch)?
+                .copy_from_slice(&layout.key_hashes_offset.to_le_bytes());
+        }
         prefix
-            .get_mut(HEADER_LEN_BYTES..HEADER_LEN_BYTES + self.context.len())
+            .get_mut(head_len..head_len + self.context.len())
             .ok_or(EncodeError::LayoutMismatch)?
             .copy_from_slice(&self.context);
 
         let (entries, rest) = table.as_chunks_mut::<ENTRY_LEN_BYTES>();
         if !rest.is_empty() || entries.len() != layout.record_count() {
+            return Err(EncodeError::LayoutMismatch);
+        }
+        // Empty unless key hashes are given; then one slot per entry.
+        let (hashes, rest) = hashes.as_chunks_mut::<KEY_HASH_LEN_BYTES>();
+        let hashes_expected = if self.needs.key_hash() {
+            entries.len()
+        } else {
+            0
+        };
+        if !rest.is_empty() || hashes.len() != hashes_expected {
             return Err(EncodeError::LayoutMismatch);
         }
         // The arena's three parts; each record's bytes must fit in its own part.
@@ -231,14 +266,31 @@ impl SlabEncoder {
             vals: Cursor::new(val_part, layout.keys_len + layout.headers_len),
         };
         let mut records = records.into_iter();
+        let table = Table { entries, hashes };
         // One loop per field set, so the keys-only loop (the usual one) carries no branch or
-        // code for headers and values.
-        match (self.needs.headers(), self.needs.values()) {
-            (false, false) => write_entries::<_, false, false>(entries, &mut records, &mut parts)?,
-            (true, false) => write_entries::<_, true, false>(entries, &mut records, &mut parts)?,
-            (false, true) => write_entries::<_, false, true>(entries, &mut records, &mut parts)?,
-            (true, true) => write_entries::<_, true, true>(entries, &mut records, &mut parts)?,
+        // code for headers, values or hashes.
+        macro_rules! write_as {
+            ($($keys:literal $hash:literal $headers:literal $values:literal),* $(,)?) => {
+                match (
+                    self.needs.keys(),
+                    self.needs.key_hash(),
+                    self.needs.headers(),
+                    self.needs.values(),
+                ) {
+                    $(($keys, $hash, $headers, $values) => write_entries::<
+                        _, $keys, $hash, $headers, $values,
+                    >(table, &mut records, &mut parts)?,)*
+                    // Every `Needs` has the key bytes or the key hashes (see its doc).
+                    (false, false, _, _) => return Err(EncodeError::LayoutMismatch),
+                }
+            };
         }
+        write_as!(
+            true false false false, true false true false, true false false true,
+            true false true true, true true false false, true true true false,
+            true true false true, true true true true, false true false false,
+            false true true false, false true false true, false true true true,
+        );
         if records.next().is_some()
             || !parts.keys.full()
             || !parts.hdrs.full()
@@ -270,11 +322,18 @@ struct Parts<'b> {
     vals: Cursor<'b>,
 }
 
-/// Fills the record table (and the arena through `parts`) from `records`, copying headers
-/// and values only when `HEADERS` and `VALUES` say so.
+/// The record table and, when key hashes are given, their region (else empty).
+struct Table<'b> {
+    entries: &'b mut [[u8; ENTRY_LEN_BYTES]],
+    hashes: &'b mut [[u8; KEY_HASH_LEN_BYTES]],
+}
+
+/// Fills the record table (the key hashes when `HASH`, and the arena through `parts`) from
+/// `records`, copying key bytes, headers and values only when `KEYS`, `HEADERS` and `VALUES`
+/// say so.
 #[inline(always)]
-fn write_entries<I, const HEADERS: bool, const VALUES: bool>(
-    entries: &mut [[u8; ENTRY_LEN_BYTES]],
+fn write_entries<I, const KEYS: bool, const HASH: bool, const HEADERS: bool, const VALUES: bool>(
+    table: Table<'_>,
     records: &mut I,
     parts: &mut Parts<'_>,
 ) -> Result<(), EncodeError>
@@ -282,20 +341,40 @@ where
     I: Iterator,
     I::Item: SlabRecord,
 {
-    for e in entries.iter_mut() {
+    let mut hashes = table.hashes.iter_mut();
+    for e in table.entries.iter_mut() {
         let r = records.next().ok_or(EncodeError::LayoutMismatch)?;
         // The entry is built on the stack and stored with one 40-byte copy: cheaper than
         // eight bounds-checked stores into the table (this loop runs once per record).
         let mut buf = [0u8; ENTRY_LEN_BYTES];
         put_u64(&mut buf, entry::PARENT_OFFSET, r.parent_offset());
         put_u64(&mut buf, entry::COMMITTED_AT_MS, r.committed_at_ms() as u64);
+        let mut hash_entry = 0u64;
         match r.key() {
             Some(k) => {
-                let at = parts.keys.put(k)?;
-                put_u32(&mut buf, entry::KEY_OFFSET, at);
-                put_u32(&mut buf, entry::KEY_LEN, k.len() as u32); // fits: it was copied
+                if KEYS {
+                    let at = parts.keys.put(k)?;
+                    put_u32(&mut buf, entry::KEY_OFFSET, at);
+                    // Fits: it was copied into an arena of at most u32::MAX bytes.
+                    put_u32(&mut buf, entry::KEY_LEN, k.len() as u32);
+                } else {
+                    // Not copied, so nothing has bounded it yet: a length of NO_KEY or more
+                    // cannot be told from "no key".
+                    let len = u32::try_from(k.len())
+                        .ok()
+                        .filter(|&l| l != NO_KEY)
+                        .ok_or(EncodeError::TooLarge)?;
+                    put_u32(&mut buf, entry::KEY_LEN, len);
+                }
+                if HASH {
+                    hash_entry = KEY_HASH_PRESENT | u64::from(murmur2_inlined(k) as u32);
+                }
             }
             None => put_u32(&mut buf, entry::KEY_LEN, NO_KEY),
+        }
+        if HASH {
+            let slot = hashes.next().ok_or(EncodeError::LayoutMismatch)?;
+            *slot = hash_entry.to_le_bytes();
         }
         if HEADERS {
             let hdrs = &mut parts.hdrs;

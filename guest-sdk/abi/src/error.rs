@@ -13,6 +13,8 @@ pub enum Region {
     Table,
     /// The key/header/value arena.
     Arena,
+    /// The key hashes (one `u32` per record), present when the plugin asked for them.
+    KeyHashes,
 }
 
 /// A per-record field of the input buffer.
@@ -42,6 +44,7 @@ impl fmt::Display for Region {
             Region::Context => "context",
             Region::Table => "record table",
             Region::Arena => "arena",
+            Region::KeyHashes => "key hashes",
         })
     }
 }
@@ -95,7 +98,7 @@ impl core::error::Error for ContextError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LayoutError {
-    /// The buffer is shorter than the 32-byte header.
+    /// The buffer is shorter than its header (32 bytes, 36 with key hashes).
     TooShort {
         /// The buffer's length.
         len: usize,
@@ -105,7 +108,8 @@ pub enum LayoutError {
         /// The first four bytes found.
         found: [u8; 4],
     },
-    /// The `fields` word lacks the keys bit or has a bit ABI v1 does not define.
+    /// The `fields` word has neither the keys bit nor the key-hash bit, or has a bit the ABI
+    /// does not define.
     BadFields {
         /// The `fields` word found.
         bits: u32,
@@ -135,8 +139,9 @@ pub enum LayoutError {
         /// Which field.
         field: Field,
     },
-    /// The plugin read headers or values but its manifest did not ask for them, so the host
-    /// did not copy them in.
+    /// The plugin read key bytes, headers or values but its manifest did not ask for them, so
+    /// the host did not copy them in (key bytes are left out only for a plugin that asked for
+    /// key hashes alone).
     NotRequested {
         /// Which field.
         field: Field,
@@ -159,7 +164,7 @@ impl fmt::Display for LayoutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::TooShort { len } => {
-                write!(f, "input of {len} bytes is shorter than the 32-byte header")
+                write!(f, "input of {len} bytes is shorter than its header")
             }
             Self::BadMagic { found } => write!(f, "input magic {found:02x?} is not \"NRS1\""),
             Self::BadFields { bits } => write!(f, "input fields word {bits:#x} is invalid"),

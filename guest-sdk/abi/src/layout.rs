@@ -9,7 +9,9 @@
 //! 16      4     table_offset (u32)                 n entries of 40 bytes, 8-aligned
 //! 20      4     arena_offset (u32)                 key/header/value bytes
 //! 24      4     arena_len (u32)
-//! 28      4     fields (u32 bit set)               bit0 keys (always), bit1 headers, bit2 values
+//! 28      4     fields (u32 bit set)               bit0 key bytes, bit1 headers, bit2 values,
+//!                                                  bit3 key hashes (bit0 or bit3 always set)
+//! 32      4     key_hashes_offset (u32)            only when fields bit3 is set: n u64 entries
 //! ```
 //!
 //! Record table entry `i` at `table_offset + 40 * i`:
@@ -17,21 +19,34 @@
 //! ```text
 //! 0   8  parent_offset (u64)
 //! 8   8  committed_at_ms (i64)
-//! 16  4  key_offset (u32, relative to arena_offset)
-//! 20  4  key_len (u32; NO_KEY = absent, 0 = empty key)
+//! 16  4  key_offset (u32, relative to arena_offset) 0 unless key bytes were asked for
+//! 20  4  key_len (u32; NO_KEY = absent, 0 = empty key; given whether or not the bytes are)
 //! 24  4  headers_offset (u32, relative to arena)   0 unless headers were asked for
 //! 28  4  headers_len (u32)
 //! 32  4  value_offset (u32, relative to arena)     0 unless values were asked for
 //! 36  4  value_len (u32)
 //! ```
 //!
+//! Key hash entry `i` at `key_hashes_offset + 8 * i` (when fields bit 3 is set), a `u64`:
+//! bits 0..32 Kafka's murmur2 of record `i`'s key (`murmur2(key) as u32`, computed by the
+//! host), bit 32 set when the record has a key ([`KEY_HASH_PRESENT`]), the other bits 0; a
+//! record without a key has entry 0. The region is 8-aligned (it follows the table) and a
+//! reader of hashes alone needs nothing else per record.
+//!
 //! Headers region of one record: `u32 count`, then per header `u32 name_len, name bytes,
 //! u32 value_len, value bytes`.
 
 /// First four bytes of every input buffer ("Narad Route Slab", layout 1).
 pub const MAGIC: [u8; 4] = *b"NRS1";
-/// Size in bytes of the fixed buffer header.
+/// Size in bytes of the fixed buffer header (without the key-hash word; see [`header_len`]).
 pub const HEADER_LEN_BYTES: usize = 32;
+/// Size in bytes of the header when key hashes are given: the fixed header and the
+/// `key_hashes_offset` word.
+pub const KEY_HASH_HEADER_LEN_BYTES: usize = 36;
+/// Size in bytes of one key hash entry (a little-endian `u64`: the hash and a presence bit).
+pub const KEY_HASH_LEN_BYTES: usize = 8;
+/// The bit of a key hash entry that says the record has a key (bit 32, just above the hash).
+pub const KEY_HASH_PRESENT: u64 = 1 << 32;
 /// Size in bytes of one record table entry.
 pub const ENTRY_LEN_BYTES: usize = 40;
 /// Alignment in bytes of the record table relative to the buffer start (its `u64` fields).
@@ -57,6 +72,18 @@ pub mod header {
     pub const ARENA_LEN: usize = 24;
     /// `fields` (u32 bit set of [`crate::Needs`]).
     pub const FIELDS: usize = 28;
+    /// `key_hashes_offset` (u32); present only when `fields` has [`crate::Needs::KEY_HASH_BIT`].
+    pub const KEY_HASHES_OFFSET: usize = 32;
+}
+
+/// Bytes of the header of a buffer carrying `needs`: [`KEY_HASH_HEADER_LEN_BYTES`] when it
+/// holds key hashes, else [`HEADER_LEN_BYTES`].
+pub const fn header_len(needs: Needs) -> usize {
+    if needs.key_hash() {
+        KEY_HASH_HEADER_LEN_BYTES
+    } else {
+        HEADER_LEN_BYTES
+    }
 }
 
 /// Record table entry field offsets.
@@ -80,20 +107,28 @@ pub mod entry {
 }
 
 /// What a plugin needs to see of each record: the manifest's `needs` and the input buffer's
-/// `fields` word. Keys are always included; headers and values are copied into the guest only
-/// when asked for, so payloads are not copied for a plugin that routes by key.
+/// `fields` word. Key bytes are given unless the plugin asks for key hashes alone; headers and
+/// values are copied into the guest only when asked for, so payloads are not copied for a
+/// plugin that routes by key. Key hashes (Kafka's murmur2 of each key, computed by the host)
+/// are given only when asked for.
+///
+/// Every set has the key bytes or the key hashes (or both): whether a record has a key is
+/// always known from its table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Needs(u32);
 
 impl Needs {
-    /// Bit of the record keys (always set).
+    /// Bit of the record keys' bytes (set unless the plugin asked for key hashes alone).
     pub const KEYS_BIT: u32 = 1 << 0;
     /// Bit of the record headers.
     pub const HEADERS_BIT: u32 = 1 << 1;
     /// Bit of the record values.
     pub const VALUES_BIT: u32 = 1 << 2;
-    /// Every bit ABI v1 defines.
-    pub const ALL_BITS: u32 = Self::KEYS_BIT | Self::HEADERS_BIT | Self::VALUES_BIT;
+    /// Bit of the key hashes region (manifest need `key_hash`).
+    pub const KEY_HASH_BIT: u32 = 1 << 3;
+    /// Every bit the ABI defines.
+    pub const ALL_BITS: u32 =
+        Self::KEYS_BIT | Self::HEADERS_BIT | Self::VALUES_BIT | Self::KEY_HASH_BIT;
 
     /// Keys only (the default).
     pub const KEYS: Self = Self(Self::KEYS_BIT);
@@ -101,13 +136,16 @@ impl Needs {
     pub const HEADERS: Self = Self(Self::KEYS_BIT | Self::HEADERS_BIT);
     /// Keys and values.
     pub const VALUES: Self = Self(Self::KEYS_BIT | Self::VALUES_BIT);
-    /// Keys, headers and values.
-    pub const ALL: Self = Self(Self::ALL_BITS);
+    /// Keys, headers and values (not key hashes: they cost the host a hash per key, so they
+    /// are given only to a plugin that asks).
+    pub const ALL: Self = Self(Self::KEYS_BIT | Self::HEADERS_BIT | Self::VALUES_BIT);
+    /// Key hashes and no key bytes: all a plugin that partitions by Kafka's hash reads.
+    pub const KEY_HASH: Self = Self(Self::KEY_HASH_BIT);
 
-    /// The set for a raw `fields` word, or `None` when it has a bit ABI v1 does not define
-    /// or lacks the keys bit.
+    /// The set for a raw `fields` word, or `None` when it has a bit the ABI does not define
+    /// or has neither the keys bit nor the key-hash bit.
     pub const fn from_bits(bits: u32) -> Option<Self> {
-        if bits & !Self::ALL_BITS != 0 || bits & Self::KEYS_BIT == 0 {
+        if bits & !Self::ALL_BITS != 0 || bits & (Self::KEYS_BIT | Self::KEY_HASH_BIT) == 0 {
             None
         } else {
             Some(Self(bits))
@@ -126,9 +164,32 @@ impl Needs {
         Self(bits)
     }
 
+    /// The set of exactly these fields; with neither `keys` nor `key_hash`, the key bytes are
+    /// included (a set always tells whether each record has a key).
+    pub const fn from_flags(keys: bool, headers: bool, values: bool, key_hash: bool) -> Self {
+        let mut bits = Self::new(headers, values).0;
+        if !keys && key_hash {
+            bits &= !Self::KEYS_BIT;
+        }
+        if key_hash {
+            bits |= Self::KEY_HASH_BIT;
+        }
+        Self(bits)
+    }
+
+    /// This set with the key hashes added.
+    pub const fn with_key_hash(self) -> Self {
+        Self(self.0 | Self::KEY_HASH_BIT)
+    }
+
     /// The raw `fields` word.
     pub const fn bits(self) -> u32 {
         self.0
+    }
+
+    /// Whether the key bytes are included.
+    pub const fn keys(self) -> bool {
+        self.0 & Self::KEYS_BIT != 0
     }
 
     /// Whether headers are included.
@@ -141,9 +202,27 @@ impl Needs {
         self.0 & Self::VALUES_BIT != 0
     }
 
+    /// Whether the key hashes are included.
+    pub const fn key_hash(self) -> bool {
+        self.0 & Self::KEY_HASH_BIT != 0
+    }
+
     /// The union of two sets (what a chain needs when several plugins share one input).
     pub const fn union(self, other: Self) -> Self {
         Self(self.0 | other.0)
+    }
+
+    /// The manifest names of the set, in the order the manifest lists them: `keys` (when the
+    /// key bytes are included), `headers`, `values`, `key_hash`.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        [
+            (self.keys(), "keys"),
+            (self.headers(), "headers"),
+            (self.values(), "values"),
+            (self.key_hash(), "key_hash"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
     }
 }
 
@@ -172,11 +251,41 @@ mod tests {
     fn needs_always_include_keys_and_reject_unknown_bits() {
         assert_eq!(Needs::from_bits(0), None);
         assert_eq!(Needs::from_bits(Needs::HEADERS_BIT), None);
-        assert_eq!(Needs::from_bits(8 | 1), None);
+        assert_eq!(Needs::from_bits(16 | 1), None);
         assert_eq!(Needs::from_bits(7), Some(Needs::ALL));
         assert_eq!(Needs::new(true, false), Needs::HEADERS);
         assert!(!Needs::default().headers() && !Needs::default().values());
         assert_eq!(Needs::HEADERS.union(Needs::VALUES), Needs::ALL);
+    }
+
+    #[test]
+    fn key_hashes_may_replace_the_key_bytes_but_one_of_the_two_is_always_there() {
+        assert_eq!(Needs::from_bits(Needs::KEY_HASH_BIT), Some(Needs::KEY_HASH));
+        assert_eq!(
+            Needs::from_bits(Needs::KEY_HASH_BIT | Needs::HEADERS_BIT),
+            Some(Needs::from_flags(false, true, false, true))
+        );
+        assert!(!Needs::KEY_HASH.keys() && Needs::KEY_HASH.key_hash());
+        assert_eq!(Needs::from_flags(false, false, false, false), Needs::KEYS);
+        assert_eq!(
+            Needs::from_flags(true, false, false, true),
+            Needs::KEYS.with_key_hash()
+        );
+        assert!(!Needs::ALL.key_hash());
+        assert_eq!(header_len(Needs::KEYS), HEADER_LEN_BYTES);
+        assert_eq!(header_len(Needs::KEY_HASH), KEY_HASH_HEADER_LEN_BYTES);
+    }
+
+    #[test]
+    fn needs_name_themselves_as_the_manifest_does() {
+        assert!(Needs::KEYS.names().eq(["keys"]));
+        assert!(Needs::KEY_HASH.names().eq(["key_hash"]));
+        assert!(
+            Needs::ALL
+                .with_key_hash()
+                .names()
+                .eq(["keys", "headers", "values", "key_hash"])
+        );
     }
 
     #[test]

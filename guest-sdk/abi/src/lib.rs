@@ -7,7 +7,8 @@
 //! - this file: the ABI version, [`UNDECIDED`], the manifest section name, log levels, limits.
 //! - [`symbols`]: export and import names the host looks up and the guest defines.
 //! - [`status`]: `narad_route` return codes.
-//! - [`layout`]: byte offsets of the input buffer (header, record table entry) and [`Needs`].
+//! - [`layout`]: byte offsets of the input buffer (header, record table entry, key hashes)
+//!   and [`Needs`].
 //! - [`context`]: the route context, postcard-encoded by hand ([`RouteContextRef`], zero-copy)
 //!   and, with `alloc`, the owned [`RouteContext`].
 //! - [`view`]: the guest-side zero-copy reader ([`SlabView`], [`RecordView`], [`Headers`]);
@@ -16,8 +17,9 @@
 //!   buffer in one pass.
 //! - [`manifest`] (feature `alloc`): the `narad.manifest` JSON document and its validation.
 //! - [`error`]: the error types of all of the above.
-//! - [`partitioner`]: Kafka's default partitioner (`murmur2`), used by produce and by the
-//!   `key-hash` plugin, so a key lands where a Kafka client would put it.
+//! - [`partitioner`]: Kafka's default partitioner (`murmur2`), used by produce, by the host
+//!   to write the key hashes a plugin asks for, and by the `key-hash` plugin, so a key lands
+//!   where a Kafka client would put it.
 //!
 //! Features: `alloc` (owned types, encoder, manifest) and `serde` (serde derives, host side).
 #![no_std]
@@ -49,7 +51,7 @@ pub use error::{EncodeError, ManifestError};
 pub use layout::Needs;
 #[cfg(feature = "alloc")]
 pub use manifest::{Manifest, validate_plugin_name};
-pub use partitioner::{murmur2, partition_for_key};
+pub use partitioner::{murmur2, partition_for_hash, partition_for_key};
 pub use status::RouteStatus;
 pub use view::{Header, Headers, RecordView, Records, SlabView};
 

@@ -29,7 +29,9 @@ pub struct Manifest {
     /// The ABI version the plugin speaks; must be [`crate::ABI_VERSION`].
     pub abi: u32,
     /// What the plugin needs to see of each record; JSON: a list of `"keys"`, `"headers"`,
-    /// `"values"` (keys are always given, listed or not).
+    /// `"values"`, `"key_hash"`. Key bytes are given whether `"keys"` is listed or not, except
+    /// to a list with `"key_hash"` and without `"keys"`: that plugin gets the key hashes (and
+    /// each record's key length, so it knows which have a key) but no key bytes.
     #[cfg_attr(feature = "serde", serde(default))]
     pub needs: Needs,
     /// One line saying what the plugin decides. Optional in the JSON (an absent key is an
@@ -88,30 +90,39 @@ pub fn validate_plugin_name(name: &str) -> Result<(), ManifestError> {
 
 #[cfg(feature = "serde")]
 mod needs_serde {
-    //! `Needs` as a JSON list of names; keys are implied.
+    //! `Needs` as a JSON list of names; keys are implied unless `key_hash` comes without them.
     use alloc::vec::Vec;
 
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use crate::layout::Needs;
 
+    // An unknown name is refused by serde with the list of known ones ("unknown variant
+    // `payload`, expected one of `keys`, `headers`, `values`, `key_hash`"); a host older
+    // than `key_hash` refuses a module that lists it in the same words.
     #[derive(Serialize, Deserialize)]
-    #[serde(rename_all = "lowercase")]
+    #[serde(rename_all = "snake_case")]
     enum Need {
         Keys,
         Headers,
         Values,
+        KeyHash,
     }
 
     impl Serialize for Needs {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-            let mut list = Vec::with_capacity(3);
-            list.push(Need::Keys);
+            let mut list = Vec::with_capacity(4);
+            if self.keys() {
+                list.push(Need::Keys);
+            }
             if self.headers() {
                 list.push(Need::Headers);
             }
             if self.values() {
                 list.push(Need::Values);
+            }
+            if self.key_hash() {
+                list.push(Need::KeyHash);
             }
             list.serialize(s)
         }
@@ -120,9 +131,17 @@ mod needs_serde {
     impl<'de> Deserialize<'de> for Needs {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             let list = Vec::<Need>::deserialize(d)?;
-            let headers = list.iter().any(|n| matches!(n, Need::Headers));
-            let values = list.iter().any(|n| matches!(n, Need::Values));
-            Ok(Needs::new(headers, values))
+            let has = |need: fn(&Need) -> bool| list.iter().any(need);
+            let key_hash = has(|n| matches!(n, Need::KeyHash));
+            // ABI v1 gave keys whether listed or not; only a list that asks for the hashes
+            // instead can leave the bytes out.
+            let keys = has(|n| matches!(n, Need::Keys)) || !key_hash;
+            Ok(Needs::from_flags(
+                keys,
+                has(|n| matches!(n, Need::Headers)),
+                has(|n| matches!(n, Need::Values)),
+                key_hash,
+            ))
         }
     }
 }
@@ -182,6 +201,40 @@ mod tests {
         )
         .unwrap();
         assert_eq!(probed.probe_config.as_deref(), Some("partition = 0"));
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn key_hash_alone_leaves_the_key_bytes_out_and_with_keys_keeps_them() {
+        let parse = |needs: &str| -> Needs {
+            let json = alloc::format!(r#"{{"name":"n","version":"1","abi":1,"needs":{needs}}}"#);
+            serde_json::from_str::<Manifest>(&json).unwrap().needs
+        };
+        assert_eq!(parse(r#"["key_hash"]"#), Needs::KEY_HASH);
+        assert_eq!(parse(r#"["keys","key_hash"]"#), Needs::KEYS.with_key_hash());
+        assert_eq!(parse(r#"[]"#), Needs::KEYS);
+        assert_eq!(parse(r#"["values"]"#), Needs::VALUES);
+        for needs in [Needs::KEY_HASH, Needs::ALL.with_key_hash(), Needs::HEADERS] {
+            let json = serde_json::to_string(&needs).unwrap();
+            assert_eq!(parse(&json), needs, "{json}");
+        }
+        assert_eq!(
+            serde_json::to_string(&Needs::KEY_HASH).unwrap(),
+            r#"["key_hash"]"#
+        );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn an_unknown_need_is_refused_naming_the_known_ones() {
+        use alloc::string::ToString;
+        let err = serde_json::from_str::<Manifest>(
+            r#"{"name":"n","version":"1","abi":1,"needs":["payload"]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown variant `payload`"), "{err}");
+        assert!(err.contains("`key_hash`"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,14 @@
 /// needs no call (in Wasm a call also flushes the fuel counter and checks the stack).
 #[inline]
 pub fn murmur2(data: &[u8]) -> i32 {
+    murmur2_inlined(data)
+}
+
+/// [`murmur2`], always inlined: for the host's slab encoder, whose per-record loop is large
+/// enough that plain `#[inline]` was measured to leave a call per key there. (`murmur2`
+/// itself stays `#[inline]`: forcing it changed the code of other callers' loops.)
+#[inline(always)]
+pub(crate) fn murmur2_inlined(data: &[u8]) -> i32 {
     const SEED: u32 = 0x9747_b28c;
 
     let mut h: u32 = SEED ^ data.len() as u32;
@@ -94,6 +102,19 @@ pub fn partition_for_key(key: &[u8], partitions: u32) -> Option<u32> {
     }
     let positive = (murmur2(key) as u32) & 0x7fff_ffff;
     Some(positive % partitions)
+}
+
+/// The partition Kafka's default partitioner gives a key whose murmur2 hash is `hash` (as
+/// `u32`, e.g. from `RecordView::key_hash`): `(hash & 0x7fffffff) % partitions`, so
+/// `partition_for_hash(murmur2(key) as u32, n) == partition_for_key(key, n)`. Returns `None`
+/// when `partitions` is zero.
+#[inline]
+pub fn partition_for_hash(hash: u32, partitions: u32) -> Option<u32> {
+    if partitions == 0 {
+        return None;
+    }
+    // Kafka's `toPositive`: mask the sign bit (not `abs`, which differs on negative hashes).
+    Some((hash & 0x7fff_ffff) % partitions)
 }
 
 #[cfg(test)]
@@ -186,5 +207,19 @@ mod tests {
     #[test]
     fn zero_partitions_has_no_answer() {
         assert_eq!(partition_for_key(b"k", 0), None);
+        assert_eq!(partition_for_hash(7, 0), None);
+    }
+
+    #[test]
+    fn a_keys_hash_gives_the_keys_partition() {
+        for (key, _) in KAFKA_VECTORS {
+            for partitions in [1, 7, 12, 100, u32::MAX] {
+                assert_eq!(
+                    partition_for_hash(murmur2(key.as_bytes()) as u32, partitions),
+                    partition_for_key(key.as_bytes(), partitions),
+                    "{key:?} among {partitions}"
+                );
+            }
+        }
     }
 }

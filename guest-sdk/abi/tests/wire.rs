@@ -2,10 +2,13 @@
 //! the hand-written context codec with postcard, the manifest JSON, and hostile input.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
 
-use narad_abi::layout::{ENTRY_LEN_BYTES, HEADER_LEN_BYTES, MAGIC, entry, header};
+use narad_abi::layout::{
+    ENTRY_LEN_BYTES, HEADER_LEN_BYTES, KEY_HASH_HEADER_LEN_BYTES, KEY_HASH_PRESENT, MAGIC, entry,
+    header,
+};
 use narad_abi::{
     EncodeError, Field, LayoutError, Manifest, Needs, RecordInput, Region, RouteContext,
-    RouteContextRef, SlabEncoder, SlabView,
+    RouteContextRef, SlabEncoder, SlabView, murmur2, partition_for_hash, partition_for_key,
 };
 use proptest::prelude::*;
 
@@ -206,12 +209,15 @@ fn bad_header_fields_are_typed_errors() {
         Err(LayoutError::BadMagic { .. })
     ));
 
-    let mut bad = good.clone();
-    bad[header::FIELDS..][..4].copy_from_slice(&8u32.to_le_bytes());
-    assert_eq!(
-        SlabView::parse(&bad).unwrap_err(),
-        LayoutError::BadFields { bits: 8 }
-    );
+    // An unknown bit, and a word with neither the key bytes nor the key hashes.
+    for bits in [16u32 | 1, Needs::HEADERS_BIT] {
+        let mut bad = good.clone();
+        bad[header::FIELDS..][..4].copy_from_slice(&bits.to_le_bytes());
+        assert_eq!(
+            SlabView::parse(&bad).unwrap_err(),
+            LayoutError::BadFields { bits }
+        );
+    }
 
     let mut bad = good.clone();
     bad[header::RECORD_COUNT..][..4].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -231,6 +237,148 @@ fn bad_header_fields_are_typed_errors() {
             ..
         })
     ));
+}
+
+fn u32_at(buf: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(buf[at..][..4].try_into().unwrap())
+}
+
+#[test]
+fn key_hashes_alone_give_each_keyed_record_its_murmur2_and_copy_no_key_bytes() {
+    let ctx = context();
+    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let recs = records();
+    // Dirty memory, as guest memory may be: every byte must still be written.
+    let layout = enc.layout(&recs).unwrap();
+    let mut buf = vec![0xAA; layout.total_len()];
+    enc.write(&layout, &recs, &mut buf).unwrap();
+    let view = SlabView::parse(&buf).unwrap();
+    assert_eq!(view.needs(), Needs::KEY_HASH);
+    assert_eq!(view.context().unwrap(), ctx.as_ref());
+    let hashes: Vec<_> = view.records().map(|r| r.key_hash().unwrap()).collect();
+    assert_eq!(
+        hashes,
+        vec![
+            Some(murmur2(b"user-1") as u32),
+            None,
+            Some(murmur2(b"") as u32)
+        ]
+    );
+    assert_eq!(
+        view.record(2).unwrap().key_hash(),
+        Ok(Some(murmur2(b"") as u32))
+    );
+    // Presence is still known, but the bytes are not there.
+    let present: Vec<_> = view.records().map(|r| r.has_key()).collect();
+    assert_eq!(present, [true, false, true]);
+    assert_eq!(
+        view.record(0).unwrap().key(),
+        Err(LayoutError::NotRequested { field: Field::Key })
+    );
+    assert_eq!(view.record(1).unwrap().key(), Ok(None));
+    assert_eq!(u32_at(&buf, header::ARENA_LEN), 0);
+    // The layout: a 36-byte header, the table, then n u64 entries (hash, presence bit 32; 0
+    // for the keyless record), then the (empty) arena.
+    assert_eq!(
+        u32_at(&buf, header::CONTEXT_OFFSET) as usize,
+        KEY_HASH_HEADER_LEN_BYTES
+    );
+    let table = u32_at(&buf, header::TABLE_OFFSET) as usize;
+    let hashes_at = u32_at(&buf, header::KEY_HASHES_OFFSET) as usize;
+    assert_eq!(table % 8, 0);
+    assert_eq!(hashes_at, table + 3 * ENTRY_LEN_BYTES);
+    let entry_at = |i: usize| u64::from_le_bytes(buf[hashes_at + 8 * i..][..8].try_into().unwrap());
+    assert_eq!(
+        entry_at(0),
+        KEY_HASH_PRESENT | u64::from(murmur2(b"user-1") as u32)
+    );
+    assert_eq!(entry_at(1), 0);
+    assert_eq!(
+        entry_at(2),
+        KEY_HASH_PRESENT | u64::from(murmur2(b"") as u32)
+    );
+    assert_eq!(
+        u32_at(&buf, header::ARENA_OFFSET) as usize,
+        hashes_at + 3 * 8
+    );
+    // The fast path reads the same hashes from the region alone.
+    let fast: Vec<_> = view.key_hashes().unwrap().collect();
+    assert_eq!(fast, hashes);
+    assert_eq!(u32_at(&buf, table + entry::KEY_LEN), 6);
+    assert_eq!(u32_at(&buf, table + entry::KEY_OFFSET), 0);
+}
+
+#[test]
+fn a_key_hash_routes_like_the_key_with_or_without_the_need() {
+    let ctx = context();
+    let keys: Vec<Vec<u8>> = (0..300u32).map(|i| format!("k{i}").into_bytes()).collect();
+    let recs: Vec<RecordInput> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| RecordInput {
+            key: (i % 7 != 0).then_some(k.as_slice()),
+            ..RecordInput::default()
+        })
+        .collect();
+    for needs in [
+        Needs::KEYS,
+        Needs::KEY_HASH,
+        Needs::KEYS.with_key_hash(),
+        Needs::ALL,
+        Needs::ALL.with_key_hash(),
+    ] {
+        let buf = SlabEncoder::new(ctx.as_ref(), needs)
+            .unwrap()
+            .encode_to_vec(&recs)
+            .unwrap();
+        let view = SlabView::parse(&buf).unwrap();
+        assert_eq!(view.key_hashes().is_some(), needs.key_hash());
+        if let Some(fast) = view.key_hashes() {
+            let slow: Vec<_> = view.records().map(|r| r.key_hash().unwrap()).collect();
+            assert_eq!(fast.collect::<Vec<_>>(), slow);
+        }
+        for (r, want) in view.records().zip(&recs) {
+            let got = r
+                .key_hash()
+                .unwrap()
+                .and_then(|h| partition_for_hash(h, 12));
+            assert_eq!(
+                got,
+                want.key.and_then(|k| partition_for_key(k, 12)),
+                "{needs:?}"
+            );
+            if needs.keys() {
+                assert_eq!(r.key().unwrap(), want.key);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_key_hash_region_outside_the_buffer_is_a_typed_error() {
+    let ctx = context();
+    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let good = enc.encode_to_vec(&records()).unwrap();
+    let mut bad = good.clone();
+    bad[header::KEY_HASHES_OFFSET..][..4].copy_from_slice(&(good.len() as u32 - 8).to_le_bytes());
+    assert!(matches!(
+        SlabView::parse(&bad),
+        Err(LayoutError::RegionOutOfBounds {
+            region: Region::KeyHashes,
+            ..
+        })
+    ));
+    // The key-hash word is part of the header: 35 bytes are too short for it.
+    let mut short = good[..35].to_vec();
+    short[header::CONTEXT_LEN..][..4].copy_from_slice(&0u32.to_le_bytes());
+    short[header::TABLE_OFFSET..][..4].copy_from_slice(&0u32.to_le_bytes());
+    short[header::ARENA_OFFSET..][..4].copy_from_slice(&0u32.to_le_bytes());
+    short[header::RECORD_COUNT..][..4].copy_from_slice(&0u32.to_le_bytes());
+    short[header::CONTEXT_OFFSET..][..4].copy_from_slice(&0u32.to_le_bytes());
+    assert_eq!(
+        SlabView::parse(&short).unwrap_err(),
+        LayoutError::TooShort { len: 35 }
+    );
 }
 
 #[test]
@@ -331,6 +479,8 @@ proptest! {
         raw in proptest::collection::vec(arb_record(), 0..20),
         headers in any::<bool>(),
         values in any::<bool>(),
+        keys in any::<bool>(),
+        key_hash in any::<bool>(),
     ) {
         let header_bytes: Vec<Vec<(&[u8], &[u8])>> = raw
             .iter()
@@ -347,7 +497,7 @@ proptest! {
                 value: &r.4,
             })
             .collect();
-        let needs = Needs::new(headers, values);
+        let needs = Needs::from_flags(keys, headers, values, key_hash);
         let enc = SlabEncoder::new(ctx.as_ref(), needs).unwrap();
         let buf = enc.encode_to_vec(&recs).unwrap();
         let view = SlabView::parse(&buf).unwrap();
@@ -355,10 +505,18 @@ proptest! {
         let postcard_bytes = postcard::to_allocvec(&ctx).unwrap();
         prop_assert_eq!(view.context_bytes(), postcard_bytes.as_slice());
         prop_assert_eq!(view.len(), recs.len());
+        if let Some(fast) = view.key_hashes() {
+            let want: Vec<_> = recs.iter().map(|r| r.key.map(|k| murmur2(k) as u32)).collect();
+            prop_assert_eq!(fast.collect::<Vec<_>>(), want);
+        }
         for (r, want) in view.records().zip(&recs) {
             prop_assert_eq!(r.parent_offset(), want.parent_offset);
             prop_assert_eq!(r.committed_at_ms(), want.committed_at_ms);
-            prop_assert_eq!(r.key().unwrap(), want.key);
+            prop_assert_eq!(r.has_key(), want.key.is_some());
+            prop_assert_eq!(r.key_hash().unwrap(), want.key.map(|k| murmur2(k) as u32));
+            if needs.keys() {
+                prop_assert_eq!(r.key().unwrap(), want.key);
+            }
             if values {
                 prop_assert_eq!(r.value().unwrap(), want.value);
             }
@@ -383,7 +541,7 @@ proptest! {
         if let Ok(view) = SlabView::parse(&buf) {
             let _ = view.context();
             for r in view.records() {
-                let _ = (r.key(), r.value(), r.parent_offset(), r.committed_at_ms());
+                let _ = (r.key(), r.key_hash(), r.value(), r.parent_offset(), r.committed_at_ms());
                 if let Ok(hs) = r.headers() {
                     for h in hs.take(64) {
                         let _ = h;
@@ -396,9 +554,11 @@ proptest! {
     #[test]
     fn mutated_valid_slabs_never_panic_the_reader(
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        key_hash in any::<bool>(),
     ) {
         let ctx = context();
-        let enc = SlabEncoder::new(ctx.as_ref(), Needs::ALL).unwrap();
+        let needs = if key_hash { Needs::ALL.with_key_hash() } else { Needs::ALL };
+        let enc = SlabEncoder::new(ctx.as_ref(), needs).unwrap();
         let mut buf = enc.encode_to_vec(&records()).unwrap();
         for (i, b) in flips {
             let at = i.index(buf.len());
@@ -406,8 +566,11 @@ proptest! {
         }
         if let Ok(view) = SlabView::parse(&buf) {
             let _ = view.context();
+            if let Some(fast) = view.key_hashes() {
+                prop_assert_eq!(fast.count(), view.len());
+            }
             for r in view.records() {
-                let _ = (r.key(), r.value());
+                let _ = (r.key(), r.key_hash(), r.value());
                 if let Ok(hs) = r.headers() {
                     let n = hs.take(16).count();
                     prop_assert!(n <= 16);

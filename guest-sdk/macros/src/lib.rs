@@ -55,25 +55,32 @@ fn parse_needs(expr: &Expr) -> syn::Result<Needs> {
             "`needs` takes a list, e.g. needs = [headers, values]",
         ));
     };
-    let (mut headers, mut values) = (false, false);
+    let (mut keys, mut headers, mut values, mut key_hash) = (false, false, false, false);
     for elem in &array.elems {
         let ident = match elem {
             Expr::Path(p) => p.path.get_ident().map(ToString::to_string),
             _ => None,
         };
         match ident.as_deref() {
-            Some("keys") => {}
+            Some("keys") => keys = true,
             Some("headers") => headers = true,
             Some("values") => values = true,
+            Some("key_hash") => key_hash = true,
             _ => {
                 return Err(syn::Error::new(
                     elem.span(),
-                    "unknown need: expected `keys`, `headers` or `values`",
+                    "unknown need: expected `keys`, `headers`, `values` or `key_hash`",
                 ));
             }
         }
     }
-    Ok(Needs::new(headers, values))
+    // As in the manifest: key bytes are given unless `key_hash` is asked for without `keys`.
+    Ok(Needs::from_flags(
+        keys || !key_hash,
+        headers,
+        values,
+        key_hash,
+    ))
 }
 
 fn parse_args(attr: TokenStream) -> syn::Result<Args> {
@@ -234,7 +241,12 @@ fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let fn_name = &func.sig.ident;
     let sig_span = func.sig.span();
     let (name, version, description) = (&args.name, &args.version, &args.description);
-    let (headers, values) = (args.needs.headers(), args.needs.values());
+    let (keys, headers, values, key_hash) = (
+        args.needs.keys(),
+        args.needs.headers(),
+        args.needs.values(),
+        args.needs.key_hash(),
+    );
 
     let (state_ty, route_fn, adapter) = match &state {
         Some(ty) => {
@@ -282,7 +294,7 @@ fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
             #name,
             #version,
             #description,
-            ::narad_guest::__private::Needs::new(#headers, #values),
+            ::narad_guest::__private::Needs::from_flags(#keys, #headers, #values, #key_hash),
             #json,
             #route_fn,
         );
@@ -381,6 +393,31 @@ mod tests {
         assert!(out.contains("pub static PLUGIN"));
         let json = r#"{\"name\":\"key-hash\",\"version\":\"1.2.3\",\"abi\":1,\"needs\":[\"keys\",\"values\"],\"description\":\"hashes keys\"}"#;
         assert!(out.contains(json), "{out}");
+    }
+
+    #[test]
+    fn key_hash_alone_asks_for_no_key_bytes_and_with_keys_for_both() {
+        let json_of = |needs: TokenStream| {
+            expand(
+                quote!(name = "h", version = "1", description = "x", needs = #needs),
+                router_fn(),
+            )
+            .unwrap()
+            .to_string()
+        };
+        let alone = json_of(quote!([key_hash]));
+        assert!(alone.contains(r#"\"needs\":[\"key_hash\"]"#), "{alone}");
+        assert!(
+            alone.contains("from_flags (false , false , false , true)"),
+            "{alone}"
+        );
+        let both = json_of(quote!([keys, key_hash]));
+        assert!(
+            both.contains(r#"\"needs\":[\"keys\",\"key_hash\"]"#),
+            "{both}"
+        );
+        let none = json_of(quote!([]));
+        assert!(none.contains(r#"\"needs\":[\"keys\"]"#), "{none}");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Routing cost per record: the default chain in Wasm against the same three strategies
 //! written natively in Rust, on slabs of 4,096 records with 16-byte keys (all keyed, and 10 %
-//! keyless), in the same run; plus the parts of the Wasm path (encode, copy in, call, copy
-//! out, bucketing) so the difference can be attributed, and the guest alone with and
-//! without the fuel and epoch checks.
+//! keyless), in the same run; plus the parts of the Wasm path (encode with the host's key
+//! hashes, copy in, call, copy out, bucketing) so the difference can be attributed, and the
+//! guest alone with and without the fuel and epoch checks.
 //!
 //! Time is the benchmark thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID` on Linux), not wall
 //! time: the bench machine is shared, and time spent descheduled is not routing cost. Criterion
@@ -156,11 +156,13 @@ fn bench_breakdown(c: &mut Criterion<ThreadCpuTime>) {
     let ctx = context();
     let workload = Workload::new("all_keyed", 0);
     let records = workload.records();
-    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEYS).unwrap();
+    let key_hash = Plugin::load(&runtime, narad_builtin_plugins::KEY_HASH).unwrap();
+    // What the chain encodes for key-hash: its manifest asks for the key hashes alone.
+    assert_eq!(key_hash.needs(), Needs::KEY_HASH);
+    let encoder = SlabEncoder::new(ctx.as_ref(), key_hash.needs()).unwrap();
     let layout = encoder.layout(records.iter()).unwrap();
     let mut input = vec![0u8; layout.total_len()];
     encoder.write(&layout, records.iter(), &mut input).unwrap();
-    let key_hash = Plugin::load(&runtime, narad_builtin_plugins::KEY_HASH).unwrap();
     let mut instance = Instance::new(key_hash);
     let mut out = vec![UNDECIDED; records.len()];
     instance.route(&input, &mut out).unwrap();
@@ -168,11 +170,33 @@ fn bench_breakdown(c: &mut Criterion<ThreadCpuTime>) {
 
     let mut group = c.benchmark_group("breakdown");
     group.throughput(Throughput::Elements(SLAB_RECORDS as u64));
-    // Encoding the input (in production this writes straight into guest memory).
+    // Encoding the input (in production this writes straight into guest memory): the table
+    // and the host's murmur2 of every key.
     group.bench_function("encode_input", |b| {
         b.iter(|| {
             let layout = encoder.layout(black_box(&records).iter()).unwrap();
             encoder.write(&layout, records.iter(), &mut input).unwrap()
+        })
+    });
+    // The same slab as an ABI v1 keys-only input (table and key bytes, no hashes), as it was
+    // encoded for key-hash before the `key_hash` need.
+    let keys_encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEYS).unwrap();
+    let mut keys_input = keys_encoder.encode_to_vec(records.iter()).unwrap();
+    group.bench_function("encode_input_keys_no_hashes", |b| {
+        b.iter(|| {
+            let layout = keys_encoder.layout(black_box(&records).iter()).unwrap();
+            keys_encoder
+                .write(&layout, records.iter(), &mut keys_input)
+                .unwrap()
+        })
+    });
+    // murmur2 alone over the keys, natively: the part of `encode_input` that hashes.
+    let mut hashes = vec![0u32; records.len()];
+    group.bench_function("native_murmur2_only", |b| {
+        b.iter(|| {
+            for (slot, r) in hashes.iter_mut().zip(black_box(&records)) {
+                *slot = narad_abi::murmur2(r.key.unwrap_or_default()) as u32;
+            }
         })
     });
     // Its first pass alone: measuring the records.
@@ -236,7 +260,8 @@ fn bench_guest(c: &mut Criterion<ThreadCpuTime>) {
     let ctx = context();
     let workload = Workload::new("all_keyed", 0);
     let records = workload.records();
-    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEYS).unwrap();
+    // key-hash's input as the chain writes it (key hashes, no key bytes; its manifest's needs).
+    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
     let input = encoder.encode_to_vec(records.iter()).unwrap();
     let mut native = vec![0u32; records.len()];
     NativeChain { next: 0 }.route(&ctx, &records, &mut native);

@@ -207,17 +207,55 @@ impl Chain {
                 },
             ));
         }
-        decisions.fill(UNDECIDED);
         self.pending.clear();
-        self.pending.extend(0..records.len() as u32);
+        if records.is_empty() {
+            return Ok(());
+        }
         let partition_count = ctx.child_partition_count;
-        for position in 0..self.members.len() {
+        // The first plugin sees every record, and its answers are copied from guest memory
+        // straight into `decisions`: no pending list to follow and no second copy. Then two
+        // branch-free passes (the usual case, a slab the first plugin decides entirely, needs
+        // nothing else): is any answer out of range, and how many are undecided.
+        self.timed_call(0, ctx, records, decisions)
+            .map_err(|failure| self.blame(0, failure))?;
+        // One pass, in u32 lanes so it vectorises: is any answer out of range (`v + 1 > count`,
+        // wrapping, is `v >= count` for every answer but UNDECIDED, whose successor is 0), and
+        // how many are undecided (a slab holds fewer than 2^32 records).
+        let (out_of_range, undecided) =
+            decisions
+                .iter()
+                .fold((0u32, 0u32), |(out_of_range, undecided), &v| {
+                    (
+                        out_of_range | u32::from(v.wrapping_add(1) > partition_count),
+                        undecided + u32::from(v == UNDECIDED),
+                    )
+                });
+        if out_of_range != 0
+            && let Some(index) = decisions
+                .iter()
+                .position(|&v| v != UNDECIDED && v >= partition_count)
+        {
+            let failure = Failure::OutOfRange {
+                value: decisions[index],
+                record_offset: records[index].parent_offset(),
+                partition_count,
+            };
+            return Err(self.blame(0, failure));
+        }
+        let undecided = undecided as usize;
+        self.members[0].records_decided += (records.len() - undecided) as u64;
+        if undecided > 0 {
+            collect_undecided(decisions, undecided, &mut self.pending);
+        }
+        for position in 1..self.members.len() {
             if self.pending.is_empty() {
                 break;
             }
-            let started = Instant::now();
-            let called = self.call_member(position, ctx, records);
-            self.members[position].busy += started.elapsed();
+            self.answers.clear();
+            self.answers.resize(self.pending.len(), UNDECIDED);
+            let mut answers = std::mem::take(&mut self.answers);
+            let called = self.timed_call(position, ctx, records, &mut answers);
+            self.answers = answers;
             if let Err(failure) = called {
                 return Err(self.blame(position, failure));
             }
@@ -258,26 +296,45 @@ impl Chain {
         Ok(())
     }
 
-    /// Calls plugin `position` on the pending records, leaving its answers in `self.answers`.
+    /// [`Chain::call_member`], its wall-clock time added to the member's `busy`.
+    fn timed_call<R: SlabRecord>(
+        &mut self,
+        position: usize,
+        ctx: &RouteContext,
+        records: &[R],
+        answers: &mut [u32],
+    ) -> Result<(), Failure> {
+        let started = Instant::now();
+        let called = self.call_member(position, ctx, records, answers);
+        self.members[position].busy += started.elapsed();
+        called
+    }
+
+    /// Calls plugin `position` on its records (every record for the first plugin, the
+    /// pending ones for the others), leaving one answer per record in `answers`.
     fn call_member<R: SlabRecord>(
         &mut self,
         position: usize,
         ctx: &RouteContext,
         records: &[R],
+        answers: &mut [u32],
     ) -> Result<(), Failure> {
         let member = &mut self.members[position];
+        let handed = if position == 0 {
+            records.len()
+        } else {
+            self.pending.len()
+        };
         if self.searching {
             member.search_calls += 1;
         } else {
             member.calls += 1;
-            member.records_in += self.pending.len() as u64;
+            member.records_in += handed as u64;
         }
         let encoder = SlabEncoder::new(ctx.as_ref(), member.instance.plugin().needs())
             .map_err(|e| host(e.to_string()))?;
-        let answers = &mut self.answers;
-        if self.pending.len() == records.len() {
-            // Nothing decided yet (the first plugin): `pending` is `0..n`, so the records are
-            // encoded straight from the slab, without going through their indices.
+        if position == 0 {
+            // The records are encoded straight from the slab, without going through indices.
             encode_and_call(&mut member.instance, &encoder, || records.iter(), answers)
         } else {
             let pending = &self.pending;
@@ -381,12 +438,12 @@ impl Chain {
 }
 
 /// Encodes the records `selected` yields straight into `instance`'s memory, calls it, and
-/// leaves one answer per record in `answers`.
+/// leaves one answer per record in `answers` (which must have one slot per record).
 fn encode_and_call<I>(
     instance: &mut Instance,
     encoder: &SlabEncoder,
     selected: impl Fn() -> I,
-    answers: &mut Vec<u32>,
+    answers: &mut [u32],
 ) -> Result<(), Failure>
 where
     I: Iterator,
@@ -395,8 +452,6 @@ where
     let layout = encoder
         .layout(selected())
         .map_err(|e| host(e.to_string()))?;
-    answers.clear();
-    answers.resize(layout.record_count(), UNDECIDED);
     instance.route_with(
         layout.record_count(),
         layout.total_len(),
@@ -410,6 +465,35 @@ where
     )
 }
 
+/// Sets `pending` to the indices of the `undecided` slots of `decisions` that are
+/// [`UNDECIDED`], in order. A bit mask per 64 slots (a branch-free, vectorised pass), then one
+/// step per set bit: a branch per slot mispredicts on slabs that mix keyed and keyless records.
+fn collect_undecided(decisions: &[u32], undecided: usize, pending: &mut Vec<u32>) {
+    const LANES: usize = 64;
+    pending.clear();
+    pending.reserve(undecided);
+    let mut push_set_bits = |base: usize, mut mask: u64| {
+        while mask != 0 {
+            // A slab holds fewer than 2^32 records, so the index fits in u32.
+            pending.push((base + mask.trailing_zeros() as usize) as u32);
+            mask &= mask - 1;
+        }
+    };
+    let (chunks, rest) = decisions.as_chunks::<LANES>();
+    for (c, chunk) in chunks.iter().enumerate() {
+        let mut mask = 0u64;
+        for (j, &v) in chunk.iter().enumerate() {
+            mask |= u64::from(v == UNDECIDED) << j;
+        }
+        push_set_bits(c * LANES, mask);
+    }
+    let mut mask = 0u64;
+    for (j, &v) in rest.iter().enumerate() {
+        mask |= u64::from(v == UNDECIDED) << j;
+    }
+    push_set_bits(chunks.len() * LANES, mask);
+}
+
 fn host(message: String) -> Failure {
     Failure::Host { message }
 }
@@ -419,6 +503,27 @@ mod tests {
     use super::*;
 
     fn assert_send<T: Send>() {}
+
+    #[test]
+    fn the_undecided_indices_are_collected_in_order_across_mask_boundaries() {
+        for len in [0usize, 1, 63, 64, 65, 130, 4096] {
+            let decisions: Vec<u32> = (0..len)
+                .map(|i| {
+                    if i % 7 == 0 || i % 64 == 63 {
+                        UNDECIDED
+                    } else {
+                        1
+                    }
+                })
+                .collect();
+            let want: Vec<u32> = (0..len as u32)
+                .filter(|&i| decisions[i as usize] == UNDECIDED)
+                .collect();
+            let mut pending = vec![99];
+            collect_undecided(&decisions, want.len(), &mut pending);
+            assert_eq!(pending, want, "{len} slots");
+        }
+    }
 
     #[test]
     fn chain_can_move_to_a_blocking_pool() {

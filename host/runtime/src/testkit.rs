@@ -58,6 +58,12 @@ impl WatRouter {
         }
     }
 
+    /// The manifest's `needs`, as the JSON list it is written as (e.g. `["key_hash"]`).
+    pub fn needs(mut self, needs: &str) -> WatRouter {
+        self.needs = needs.to_owned();
+        self
+    }
+
     /// The manifest's version.
     pub fn version(mut self, version: &str) -> WatRouter {
         self.version = version.to_owned();

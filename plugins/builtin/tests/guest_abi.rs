@@ -133,13 +133,19 @@ fn key_hash_in_wasm_matches_the_native_partitioner() {
     let mut views: Vec<Option<&[u8]>> = keys.iter().map(|k| Some(k.as_slice())).collect();
     views[7] = None;
     views[9] = Some(b"");
-    let ctx = context(13, "");
-    let (rc, out) = guest.route(&keyed_slab(&ctx, &views, Needs::KEYS), views.len());
-    assert_eq!(rc, ROUTE_OK);
-    assert_eq!(guest.last_error(), None);
-    for (k, p) in views.iter().zip(&out) {
-        let want = k.map_or(UNDECIDED, |k| partition_for_key(k, 13).unwrap());
-        assert_eq!(*p, want);
+    // With the host's hashes (what its manifest asks for), and from an ABI v1 keys-only
+    // buffer (it then hashes in Wasm): the same answers, Kafka's.
+    for needs in [Needs::KEY_HASH, Needs::KEYS] {
+        for children in [1, 13, 16, 1 << 31] {
+            let ctx = context(children, "");
+            let (rc, out) = guest.route(&keyed_slab(&ctx, &views, needs), views.len());
+            assert_eq!(rc, ROUTE_OK);
+            assert_eq!(guest.last_error(), None);
+            for (k, p) in views.iter().zip(&out) {
+                let want = k.map_or(UNDECIDED, |k| partition_for_key(k, children).unwrap());
+                assert_eq!(*p, want, "{needs:?}, {children} partitions");
+            }
+        }
     }
 }
 

@@ -67,6 +67,17 @@ fn only_header_route_asks_for_headers_and_none_for_values() {
 }
 
 #[test]
+fn only_key_hash_asks_for_the_hosts_key_hashes_and_it_takes_no_key_bytes() {
+    for (name, bytes) in narad_builtin_plugins::all() {
+        let m = inspect(bytes);
+        let manifest: Manifest = serde_json::from_slice(&m.manifests[0]).unwrap();
+        let is_key_hash = *name == "key-hash";
+        assert_eq!(manifest.needs.key_hash(), is_key_hash, "{name}");
+        assert_eq!(manifest.needs.keys(), !is_key_hash, "{name}");
+    }
+}
+
+#[test]
 fn builtins_import_nothing_but_the_log_call_and_export_the_whole_abi() {
     for (name, bytes) in narad_builtin_plugins::all() {
         let m = inspect(bytes);

@@ -3,29 +3,47 @@
 //! partition a Kafka producer would choose. An empty key is a key (it hashes); a keyless
 //! record is left to the next plugin of the chain.
 //!
+//! It asks for `key_hash` alone: the host computes murmur2 natively while it writes the slab
+//! and copies no key bytes in, so the plugin's loop is a load, a mask, a modulo and a store per
+//! record (hashing in Wasm cost more than all the rest of routing; see docs/benchmarks.md).
+//! Handed a slab without the hashes (an ABI v1 buffer with keys), it hashes the keys itself,
+//! with the same answers.
+//!
 //! Layout: this file only (the router and its tests).
 #![cfg_attr(not(test), no_std)]
 
-use narad_guest::{Decisions, RouteContext, RouteError, Slab, partition_for_key};
+use core::num::NonZeroU32;
+
+use narad_guest::{Decisions, RouteContext, RouteError, Slab, UNDECIDED, partition_for_hash};
 
 #[narad_guest::router(
     name = "key-hash",
     description = "Kafka's default partitioner for every keyed record",
-    needs = [keys]
+    needs = [key_hash]
 )]
 fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError> {
-    let partitions = ctx.child_partition_count;
-    if partitions == 0 {
+    let Some(partitions) = NonZeroU32::new(ctx.child_partition_count) else {
         return Err(RouteError::plugin("child topic has no partitions"));
-    }
-    // One lean loop per slab: slots zipped with records (no per-record index check), and
-    // the hash inlined, where `partitions != 0` (checked above) removes its `None` case.
-    for (record, slot) in slab.records().zip(out.slots_mut()) {
-        if let Some(key) = record.key()?
-            && let Some(p) = partition_for_key(key, partitions)
-        {
-            *slot = p;
+    };
+    let Some(hashes) = slab.key_hashes() else {
+        // A buffer without the host's hashes: hash each key here (same answers, slower).
+        for (record, slot) in slab.records().zip(out.slots_mut()) {
+            if let Some(hash) = record.key_hash()? {
+                *slot = partition_for_hash(hash, partitions.get()).unwrap_or(UNDECIDED);
+            }
         }
+        return Ok(());
+    };
+    // The hot loop reads the dense hash region alone, one index over the hashes and the
+    // slots. `% NonZeroU32` has no zero check: this is `partition_for_hash` (Kafka's
+    // `toPositive(murmur2) % partitions`) with its `None` case removed.
+    //
+    // No branch on whether a record has a key either (it mispredicts on mixed slabs): a
+    // keyless record's partition is computed from hash 0 and turned into UNDECIDED by OR-ing
+    // all ones, arithmetic the compiler cannot turn back into a branch.
+    for (hash, slot) in hashes.zip(out.slots_mut()) {
+        let partition = (hash.unwrap_or(0) & 0x7fff_ffff) % partitions;
+        *slot = partition | u32::from(hash.is_none()).wrapping_neg();
     }
     Ok(())
 }
@@ -34,7 +52,7 @@ fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), Rou
 #[allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
 mod tests {
     use narad_guest::testing::SlabBuilder;
-    use narad_guest::{RouteError, UNDECIDED};
+    use narad_guest::{Needs, RouteError, Slab as SlabView, UNDECIDED, partition_for_key};
 
     use super::PLUGIN;
 
@@ -104,9 +122,60 @@ mod tests {
     }
 
     #[test]
-    fn the_manifest_asks_for_keys_only() {
+    fn the_manifest_asks_for_key_hashes_only() {
         assert_eq!(PLUGIN.name, "key-hash");
-        assert!(!PLUGIN.needs.headers() && !PLUGIN.needs.values());
-        assert!(PLUGIN.manifest_json.contains(r#""needs":["keys"]"#));
+        assert_eq!(PLUGIN.needs, Needs::KEY_HASH);
+        assert!(PLUGIN.manifest_json.contains(r#""needs":["key_hash"]"#));
+    }
+
+    #[test]
+    fn every_partition_of_a_mixed_slab_is_kafkas_for_any_partition_count() {
+        let keys: Vec<Option<String>> = (0..200)
+            .map(|i| (i % 3 != 0).then(|| format!("key-{i}")))
+            .collect();
+        for partitions in [1, 2, 3, 7, 16, 1000, u32::MAX] {
+            let slab =
+                keys.iter()
+                    .fold(SlabBuilder::new().child("c", partitions), |s, k| match k {
+                        Some(k) => s.keyed(k),
+                        None => s.keyless(),
+                    });
+            let want: Vec<u32> = keys
+                .iter()
+                .map(|k| {
+                    k.as_ref().map_or(UNDECIDED, |k| {
+                        partition_for_key(k.as_bytes(), partitions).unwrap()
+                    })
+                })
+                .collect();
+            assert_eq!(
+                slab.route(&PLUGIN).unwrap(),
+                want,
+                "{partitions} partitions"
+            );
+        }
+    }
+
+    #[test]
+    fn a_slab_with_keys_and_no_hashes_routes_the_same_as_one_with_hashes() {
+        let mut slab = SlabBuilder::new().child("c", 100);
+        for (key, _, _) in KAFKA_VECTORS {
+            slab = slab.keyed(key).keyless();
+        }
+        let all: Vec<usize> = (0..slab.len()).collect();
+        let route = |needs: Needs| {
+            let input = slab.encode(needs, &all).unwrap();
+            let view = SlabView::parse(&input).unwrap();
+            let mut out = vec![UNDECIDED; slab.len()];
+            PLUGIN.route_slab(&mut (), &view, &mut out).unwrap();
+            out
+        };
+        let with_hashes = route(Needs::KEY_HASH);
+        assert_eq!(route(Needs::KEYS), with_hashes);
+        let want: Vec<u32> = KAFKA_VECTORS
+            .iter()
+            .flat_map(|(_, _, p100)| [*p100, UNDECIDED])
+            .collect();
+        assert_eq!(with_hashes, want);
     }
 }

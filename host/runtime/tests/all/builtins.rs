@@ -99,6 +99,72 @@ fn keyless_records_go_round_robin_across_slabs_when_counts_differ() {
     assert_eq!(d2, vec![2, 0, 1]);
 }
 
+/// The default chain's rules written natively (as the route bench's native side): Kafka's
+/// partitioner for keys, the parent partition for keyless records when the counts match,
+/// else one round-robin cycle per chain continuing across slabs.
+struct NativeDefaultChain {
+    next: u32,
+}
+
+impl NativeDefaultChain {
+    fn route(&mut self, ctx: &RouteContext, keys: &[Option<Vec<u8>>]) -> Vec<u32> {
+        let n = ctx.child_partition_count;
+        keys.iter()
+            .map(|key| match key {
+                Some(k) => partition_for_key(k, n).unwrap(),
+                None if ctx.parent_partition_count == n => ctx.parent_partition,
+                None => {
+                    let p = self.next % n;
+                    self.next += 1;
+                    p
+                }
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn the_default_chain_routes_mixed_slabs_exactly_as_the_native_rules_do() {
+    let runtime = runtime();
+    // Keys of many lengths (the hash's block, word and tail paths), empty keys, runs of
+    // keyless records and slabs of every mix, across mask boundaries of the chain's pending
+    // list (64 records).
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (parents, children) in [(4, 4), (4, 12), (1, 7)] {
+        let mut chain = default_chain(&runtime);
+        let mut native = NativeDefaultChain { next: 0 };
+        for (slab_no, keyless_per_16) in [0u64, 1, 2, 8, 15, 16].into_iter().enumerate() {
+            let len = 1 + (next() % 300) as usize;
+            let keys: Vec<Option<Vec<u8>>> = (0..len)
+                .map(|_| {
+                    let v = next();
+                    (v % 16 >= keyless_per_16).then(|| {
+                        let key_len = ((v >> 8) % 40) as usize;
+                        (0..key_len)
+                            .map(|i| (v >> (i % 7 * 8)) as u8 ^ i as u8)
+                            .collect()
+                    })
+                })
+                .collect();
+            let refs: Vec<Option<&[u8]>> = keys.iter().map(|k| k.as_deref()).collect();
+            let slab = Slab::new(slab_no as u64 * 1000, &refs);
+            let c = ctx(slab_no as u32 % parents, parents, "a", children);
+            let wasm = chain.route(&c, &slab.records()).unwrap();
+            assert_eq!(
+                wasm,
+                native.route(&c, &keys),
+                "{parents}->{children}, slab {slab_no}"
+            );
+        }
+    }
+}
+
 #[test]
 fn round_robin_is_independent_per_chain_and_child_topic() {
     let runtime = runtime();

@@ -8,4 +8,5 @@ mod builtins;
 mod chain;
 mod common;
 mod deploy;
+mod key_hash;
 mod limits;
