@@ -154,12 +154,18 @@ fn a_failed_sync_of_a_group_acknowledges_none_of_it_and_the_log_goes_on() {
         .unwrap()
         .base_offset;
     assert_eq!(next, 2, "the group's offsets were never given out");
-    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["open", "a", "d"]);
+    assert_eq!(
+        values(&read_all(&store, &pid("t", 0), 0)),
+        ["open", "a", "d"]
+    );
 
     drop(store);
     fs.crash(CrashMode::DropAll);
     let store = open(&fs).unwrap();
-    assert_eq!(values(&read_all(&store, &pid("t", 0), 0)), ["open", "a", "d"]);
+    assert_eq!(
+        values(&read_all(&store, &pid("t", 0), 0)),
+        ["open", "a", "d"]
+    );
 }
 
 /// Three appenders, four one-record batches each, on one partition; returns what each had
