@@ -100,6 +100,9 @@ pub struct FanoutOptions {
     pub dir: Option<PathBuf>,
     /// Show progress on a terminal.
     pub progress: bool,
+    /// Longest a cursor copying at full speed leaves its offset file unsynced (the daemon's
+    /// default; zero syncs it past every slab, as the reference engine does).
+    pub offset_sync_every: Duration,
 }
 
 impl Default for FanoutOptions {
@@ -113,6 +116,7 @@ impl Default for FanoutOptions {
             value_bytes: DEFAULT_VALUE_BYTES,
             dir: None,
             progress: false,
+            offset_sync_every: narad_host::fanout::OFFSET_SYNC_EVERY,
         }
     }
 }
@@ -248,6 +252,9 @@ pub struct FanoutReport {
     pub key_bytes: usize,
     /// Value bytes per record.
     pub value_bytes: usize,
+    /// Longest a cursor left its offset file unsynced while copying, milliseconds (0: synced
+    /// past every slab).
+    pub offset_sync_every_ms: u64,
     /// The parent's fill.
     pub fill: FillFigures,
     /// The real fan-out.
@@ -301,7 +308,11 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         work.describe_file_system()
     ));
     let disk = disk::measure_and_report(&work, &mut progress).await?;
-    let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
+    let timing = narad_host::fanout::FanoutTiming {
+        offset_sync_every: options.offset_sync_every,
+        ..narad_host::fanout::FanoutTiming::default()
+    };
+    let rig = Arc::new(Rig::open(&work.path().join("data"), timing).await?);
     let parent = "parent";
     rig.create_topic(parent, options.partitions).await?;
 
@@ -490,6 +501,8 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         child_partitions: options.child_partitions,
         key_bytes: options.key_bytes,
         value_bytes: options.value_bytes,
+        offset_sync_every_ms: u64::try_from(options.offset_sync_every.as_millis())
+            .unwrap_or(u64::MAX),
         fill,
         raw_loop: raw_loop_of(&options),
         fanout,
@@ -996,7 +1009,7 @@ impl FanoutReport {
              raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s (before the fan-out {:.0}/s, after {:.0}/s); {raw_loop}\n\
              disk       256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms: one cursor's I/O ceiling {:.0} records/s\n\
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}; speed issue >= {:.2}x: {}); {goal}\n\
-             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync\n\
+             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync; offset files synced at most every {} ms\n\
              slab time: {slab_time}\n\
              routing {:.3} ms per slab ({} CPU) = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores\n\
              memory: {} at start of the copy, peak {}{}\n\
@@ -1033,6 +1046,7 @@ impl FanoutReport {
             f.fsyncs_per_slab,
             per_second(r.buckets as f64, r.slabs as f64),
             f.fsync_ms_mean,
+            self.offset_sync_every_ms,
             f.routing_ms_per_slab,
             f.routing_cpu_ms_per_slab
                 .map_or_else(|| "unknown".to_owned(), |ms| format!("{ms:.3} ms")),
@@ -1071,6 +1085,7 @@ mod tests {
             value_bytes: 50,
             dir: Some(dir.path().to_path_buf()),
             progress: false,
+            ..FanoutOptions::default()
         })
         .await
         .unwrap()

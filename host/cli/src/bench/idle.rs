@@ -126,7 +126,13 @@ pub async fn run_idle(options: IdleOptions) -> Result<IdleReport, BenchError> {
         work.path().display(),
         work.describe_file_system()
     ));
-    let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
+    let rig = Arc::new(
+        Rig::open(
+            &work.path().join("data"),
+            narad_host::fanout::FanoutTiming::default(),
+        )
+        .await?,
+    );
     let parent = "idle-parent";
     rig.create_topic(parent, partitions).await?;
     let spec = FillSpec {

@@ -216,7 +216,13 @@ pub async fn run_latency(options: LatencyOptions) -> Result<LatencyReport, Bench
         work.describe_file_system()
     ));
     let disk = disk::measure_and_report(&work, &mut progress).await?;
-    let rig = Arc::new(Rig::open(&work.path().join("data")).await?);
+    let rig = Arc::new(
+        Rig::open(
+            &work.path().join("data"),
+            narad_host::fanout::FanoutTiming::default(),
+        )
+        .await?,
+    );
     let mut rates = Vec::new();
     for (i, &rate) in options.rates.iter().enumerate() {
         let figures = run_rate(&rig, i, rate, &options, &mut progress).await?;

@@ -112,7 +112,10 @@ fn now_ms() -> i64 {
 
 impl Rig {
     /// Opens a store, metastore and plugin registry in `data_dir` (as `narad serve` would).
-    pub async fn open(data_dir: &Path) -> Result<Rig, BenchError> {
+    pub async fn open(
+        data_dir: &Path,
+        timing: narad_host::fanout::FanoutTiming,
+    ) -> Result<Rig, BenchError> {
         let fs = CountingFs::new();
         let (store, metastore) = {
             let (dir, fs) = (data_dir.to_path_buf(), fs.clone());
@@ -154,7 +157,7 @@ impl Rig {
             committer: Arc::clone(&committer) as Arc<dyn ChildCommitter>,
             metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
             clock: Arc::new(SystemClock) as Arc<dyn Clock>,
-            timing: narad_host::fanout::FanoutTiming::default(),
+            timing,
             remote_tails: None,
         });
         let loader = Arc::clone(&registry);

@@ -112,6 +112,11 @@ pub struct FanoutArgs {
     /// Value bytes per record.
     #[arg(long, default_value_t = fanout::DEFAULT_VALUE_BYTES)]
     pub value_bytes: usize,
+    /// Longest a cursor copying at full speed leaves its offset file unsynced, in
+    /// milliseconds (default: the daemon's); 0 syncs it past every slab, as the reference
+    /// engine does, to compare the two in one session.
+    #[arg(long, default_value_t = OFFSET_SYNC_EVERY_MS)]
+    pub offset_sync_every_ms: u64,
     /// Instead of copying: start this many delay cursors (one-hour delay) in front of the
     /// backlog and measure their CPU once they all wait.
     #[arg(long)]
@@ -207,6 +212,10 @@ fn print<T: serde::Serialize>(
 /// Exit status after an interrupt: 128 + SIGINT, as shells report it.
 const INTERRUPTED_EXIT_CODE: i32 = 130;
 
+/// The daemon's [`narad_host::fanout::OFFSET_SYNC_EVERY`] in milliseconds, the default of
+/// `bench fanout --offset-sync-every-ms`.
+const OFFSET_SYNC_EVERY_MS: u64 = narad_host::fanout::OFFSET_SYNC_EVERY.as_millis() as u64;
+
 /// Runs `narad bench`. On SIGINT or SIGTERM the bench is dropped, which removes its directory
 /// (a stopped fan-out bench can leave gigabytes behind otherwise), and the process exits.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -262,6 +271,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                     value_bytes: a.value_bytes,
                     dir: a.dir,
                     progress,
+                    offset_sync_every: Duration::from_millis(a.offset_sync_every_ms),
                 })
                 .await
                 .context("bench fanout")?;

@@ -77,6 +77,7 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
         value_bytes: 100,
         dir: Some(dir.path().to_path_buf()),
         progress: false,
+        ..FanoutOptions::default()
     })
     .await
     .unwrap();
@@ -103,6 +104,11 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
     ] {
         positive(&json, path);
     }
+    // The report names how often the cursors synced their offset files (the daemon's default).
+    assert_eq!(
+        field(&json, "offset_sync_every_ms").as_u64(),
+        u64::try_from(narad_host::fanout::OFFSET_SYNC_EVERY.as_millis()).ok()
+    );
     assert_eq!(
         field(&json, "fanout.records_per_s_per_child")
             .as_array()

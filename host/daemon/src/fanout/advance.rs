@@ -8,8 +8,16 @@
 //! aged out of the parent ([`OffsetFile::past_aged_out`]: they are gone, the cursor counts
 //! them as dropped), and back to the parent's end when the parent lost records the cursor had
 //! copied ([`OffsetFile::back_to_parent_end`]: backwards only, so duplicates at worst).
+//!
+//! A move past a slab may be [`Durability::Coalesced`]: the position is written at once and
+//! synced only once [`super::FanoutTiming::offset_sync_every`] has passed since the last sync,
+//! so one `fdatasync` covers every slab delivered meanwhile. Whatever is written, synced or
+//! not, is a position past acknowledged slabs only: a power loss leaves an older one (more to
+//! copy again), never a newer one. Every other move, and [`OffsetFile::flush`], is durable on
+//! return.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use narad_storage::cursor::{CursorError, CursorFile};
 
@@ -28,32 +36,86 @@ pub enum AdvanceError {
     Task(#[from] BlockingError),
 }
 
+/// Whether a move past a slab must be durable when it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// Synced before returning: the cursor is about to wait (idle, paused, stopping).
+    Now,
+    /// Written now, synced once the sync interval has passed since the last sync: the
+    /// cursor is copying at full speed and the next move comes within a slab.
+    Coalesced,
+}
+
+/// The file and when it was last made durable.
+struct Synced {
+    file: CursorFile,
+    at: Instant,
+}
+
 /// A running cursor's offset file.
 pub struct OffsetFile {
-    file: Arc<Mutex<CursorFile>>,
+    file: Arc<Mutex<Synced>>,
+    /// Longest a coalesced move stays unsynced.
+    sync_every: Duration,
 }
 
 impl OffsetFile {
-    /// The offset file `file`, opened at the cursor's start ([`super::position::open`]).
-    pub fn new(file: CursorFile) -> OffsetFile {
+    /// The offset file `file`, opened (durably) at the cursor's start
+    /// ([`super::position::open`]); coalesced moves are synced at most `sync_every` apart.
+    pub fn new(file: CursorFile, sync_every: Duration) -> OffsetFile {
         OffsetFile {
-            file: Arc::new(Mutex::new(file)),
+            file: Arc::new(Mutex::new(Synced {
+                file,
+                at: Instant::now(),
+            })),
+            sync_every,
         }
     }
 
-    /// The first parent offset not yet committed to the child, as the file holds it.
+    /// The first parent offset not yet committed to the child, as the file holds it (written;
+    /// a power loss now could leave an older one, see [`OffsetFile::flush`]).
     pub fn next_offset(&self) -> u64 {
-        lock(&self.file).next_offset()
+        lock(&self.file).file.next_offset()
     }
 
     /// Moves the position past a slab every bucket of which is acknowledged, to `next_offset`
-    /// (one past the slab's last record).
+    /// (one past the slab's last record), durably now or coalesced with the next moves.
     pub(crate) async fn past_slab(
         &self,
         _every_bucket: &Acknowledged,
         next_offset: u64,
+        durability: Durability,
     ) -> Result<(), AdvanceError> {
-        self.write(next_offset).await
+        let sync_every = self.sync_every;
+        self.run(move |synced| {
+            if durability == Durability::Now || synced.at.elapsed() >= sync_every {
+                synced.file.advance(next_offset)?;
+                synced.at = Instant::now();
+            } else {
+                synced.file.advance_unsynced(next_offset)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Makes the position on file durable, if a coalesced move left it unsynced.
+    pub(crate) async fn flush(&self) -> Result<(), AdvanceError> {
+        if self.is_durable() {
+            return Ok(());
+        }
+        self.run(|synced| {
+            synced.file.sync()?;
+            synced.at = Instant::now();
+            Ok(())
+        })
+        .await
+    }
+
+    /// Whether the position on file is durable (nothing written since the last sync).
+    fn is_durable(&self) -> bool {
+        let synced = lock(&self.file);
+        synced.file.durable_offset() == synced.file.next_offset()
     }
 
     /// Moves the position up to the parent's log start `log_start`: the records before it
@@ -74,16 +136,30 @@ impl OffsetFile {
         self.write(next_offset).await
     }
 
+    /// Moves the position to `next_offset`, durably.
     async fn write(&self, next_offset: u64) -> Result<(), AdvanceError> {
+        self.run(move |synced| {
+            synced.file.advance(next_offset)?;
+            synced.at = Instant::now();
+            Ok(())
+        })
+        .await
+    }
+
+    /// Runs `step` on the file on the blocking pool.
+    async fn run(
+        &self,
+        step: impl FnOnce(&mut Synced) -> Result<(), CursorError> + Send + 'static,
+    ) -> Result<(), AdvanceError> {
         let file = Arc::clone(&self.file);
-        crate::blocking::run(move || lock(&file).advance(next_offset))
+        crate::blocking::run(move || step(&mut lock(&file)))
             .await?
             .map_err(AdvanceError::Write)
     }
 }
 
-fn lock(file: &Mutex<CursorFile>) -> MutexGuard<'_, CursorFile> {
-    // A panic inside `advance` leaves the position it had; the file itself is consistent.
+fn lock(file: &Mutex<Synced>) -> MutexGuard<'_, Synced> {
+    // A panic inside a move leaves the position it had; the file itself is consistent.
     file.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use narad_storage::fs::FileSystem;
 use narad_storage::{Clock, PartitionId, StorageError, Store, StoredRecord};
 
-use super::advance::OffsetFile;
+use super::advance::{Durability, OffsetFile};
 use super::bucket::{SlabOrigin, bucket};
 use super::commit::{Acknowledged, commit};
 use super::committer::{ChildCommitError, ChildCommitter};
@@ -250,13 +250,22 @@ impl Cursor {
         self.status.running();
         let mut unsaved = None;
         let stopped = self.copy(&offsets, epoch, &mut unsaved).await;
-        // Told to stop (a move, a shutdown) with a delivered slab not on file yet: write it,
-        // so the cursor that resumes from this file does not repeat the slab.
-        if let (Some(slab), Err(CursorExit::Stopped)) = (unsaved, &stopped)
-            && let Err(e) = offsets.past_slab(&slab.acknowledged, slab.end).await
-        {
-            tracing::warn!(parent = %self.parent, child = %self.key.child, error = %e,
-                "the last delivered slab's position was not written; it will be copied again");
+        // Told to stop (a move, a shutdown): the delivered slab not on file yet is written, and
+        // the position synced, so the cursor that resumes from this file (here or on the node
+        // the partition moves to) repeats nothing, even after a power loss.
+        if let Err(CursorExit::Stopped) = &stopped {
+            let saved = match unsaved {
+                Some(slab) => {
+                    offsets
+                        .past_slab(&slab.acknowledged, slab.end, Durability::Now)
+                        .await
+                }
+                None => offsets.flush().await,
+            };
+            if let Err(e) = saved {
+                tracing::warn!(parent = %self.parent, child = %self.key.child, error = %e,
+                    "the last delivered position was not made durable; what follows it may be copied again");
+            }
         }
         stopped
     }
@@ -281,7 +290,8 @@ impl Cursor {
             let link = self.current_link()?;
             if link.paused.contains(&self.key.partition) {
                 // Paused: the slab committed last goes on file, then nothing until resumed.
-                self.save(offsets, unsaved.as_ref()).await?;
+                self.save(offsets, unsaved.as_ref(), Durability::Now)
+                    .await?;
                 *unsaved = None;
                 let resumed_at = self.while_paused(offsets, next).await?;
                 if resumed_at != next {
@@ -305,14 +315,16 @@ impl Cursor {
                 }) => (records, high_watermark),
                 Ok(SlabRead::Nothing(why)) => {
                     // Every other move of the file comes after the delivered slabs'.
-                    self.save(offsets, unsaved.as_ref()).await?;
+                    self.save(offsets, unsaved.as_ref(), Durability::Now)
+                        .await?;
                     *unsaved = None;
                     self.nothing_to_copy(offsets, from, delay_ms, why).await?;
                     next = offsets.next_offset();
                     continue;
                 }
                 Err(e) => {
-                    self.save(offsets, unsaved.as_ref()).await?;
+                    self.save(offsets, unsaved.as_ref(), Durability::Now)
+                        .await?;
                     *unsaved = None;
                     self.read_failed(offsets, from, e).await?;
                     next = offsets.next_offset();
@@ -339,7 +351,7 @@ impl Cursor {
             let before = unsaved.take();
             let (delivered, saved, read_ahead) = tokio::join!(
                 self.deliver(records, origin),
-                self.save(offsets, before.as_ref()),
+                self.save(offsets, before.as_ref(), Durability::Coalesced),
                 async {
                     match at_end {
                         true => Ok(None),
@@ -364,7 +376,8 @@ impl Cursor {
             }
             saved?;
             if at_end {
-                self.save(offsets, unsaved.as_ref()).await?;
+                self.save(offsets, unsaved.as_ref(), Durability::Now)
+                    .await?;
                 *unsaved = None;
             }
             self.status.slab_committed(count as u64);
@@ -453,15 +466,30 @@ impl Cursor {
         })
     }
 
-    /// (5) Advance: moves the offset file past a delivered slab (retrying until it can).
-    async fn save(&self, offsets: &OffsetFile, slab: Option<&Delivered>) -> Result<(), CursorExit> {
-        let Some(slab) = slab else {
-            return Ok(());
-        };
-        while let Err(e) = offsets.past_slab(&slab.acknowledged, slab.end).await {
-            self.stall(e.to_string()).await?;
+    /// (5) Advance: moves the offset file past a delivered slab (retrying until it can). With
+    /// [`Durability::Now`] the position on file is durable on return, also when there is no
+    /// slab to move past (an earlier coalesced move is synced).
+    async fn save(
+        &self,
+        offsets: &OffsetFile,
+        slab: Option<&Delivered>,
+        durability: Durability,
+    ) -> Result<(), CursorExit> {
+        loop {
+            let saved = match (slab, durability) {
+                (Some(slab), _) => {
+                    offsets
+                        .past_slab(&slab.acknowledged, slab.end, durability)
+                        .await
+                }
+                (None, Durability::Now) => offsets.flush().await,
+                (None, Durability::Coalesced) => return Ok(()),
+            };
+            match saved {
+                Ok(()) => return Ok(()),
+                Err(e) => self.stall(e.to_string()).await?,
+            }
         }
-        Ok(())
     }
 
     /// Steps 2 to 4 for the records of one slab: check the epoch, route under the child's

@@ -38,7 +38,10 @@
 //!
 //! The loop is pipelined one slab deep: step 5 for slab N - 1 and step 1 for slab N + 1 run
 //! while slab N goes through steps 2 to 4, so the two `fdatasync`s of a slab overlap; step 5
-//! still only ever follows an acknowledged slab, in slab order.
+//! still only ever follows an acknowledged slab, in slab order. While the cursor copies at full
+//! speed, step 5 writes the position at once and syncs it at most every
+//! [`FanoutTiming::offset_sync_every`], one sync covering the slabs delivered since; an idle,
+//! paused or stopping cursor syncs at once.
 //!
 //! A cursor behind the parent's log start skips the aged-out records and counts them as
 //! dropped; one past the parent's end goes back to it ([`advance`], [`status`], metrics).
@@ -98,6 +101,19 @@ pub(crate) const DELAY_MAX_SLEEP: Duration = Duration::from_secs(30);
 /// retries remote sends with back-off and names no cap).
 pub(crate) const REMOTE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
+/// Longest a cursor copying at full speed leaves its offset file unsynced (ours; the reference
+/// syncs it once per slab). Past a delivered slab the position is written at once (a restart
+/// after the process dies resumes there), but its `fdatasync` waits until this long after the
+/// last one, so that one sync covers every slab delivered meanwhile: at full speed a cursor's
+/// syncs fell from two per slab to little more than one (the child commit's), which on a disk
+/// that flushes one request at a time was the difference between half the raw loop and most
+/// of it (docs/benchmarks.md). What a power loss can cost is bounded by it: the durable
+/// position is at most this much copying behind, so a restart repeats at most that (50 ms of
+/// copying is at most about 50,000 records at a cursor's top speed, within the children's
+/// 65,536-origin dedupe windows), and skips nothing. An idle, paused or stopping cursor syncs
+/// at once.
+pub const OFFSET_SYNC_EVERY: Duration = Duration::from_millis(50);
+
 /// Every wait of a cursor, carried to it with its clock (`CursorDeps`). [`Default`] gives the
 /// reference constants above; tests shorten them instead of sleeping for seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +133,9 @@ pub struct FanoutTiming {
     /// Longest back-off between tries of a slab a remote child's target did not take
     /// ([`REMOTE_BACKOFF_MAX`]).
     pub remote_backoff_max: Duration,
+    /// Longest a cursor copying at full speed leaves a written position unsynced
+    /// ([`OFFSET_SYNC_EVERY`]); zero syncs the offset file past every slab.
+    pub offset_sync_every: Duration,
 }
 
 impl FanoutTiming {
@@ -140,6 +159,7 @@ impl Default for FanoutTiming {
             retry_backoff: RETRY_BACKOFF,
             delay_max_sleep: DELAY_MAX_SLEEP,
             remote_backoff_max: REMOTE_BACKOFF_MAX,
+            offset_sync_every: OFFSET_SYNC_EVERY,
         }
     }
 }

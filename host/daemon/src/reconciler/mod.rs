@@ -514,6 +514,7 @@ mod tests {
         retry_backoff: Duration::from_millis(20),
         delay_max_sleep: Duration::from_millis(5),
         remote_backoff_max: Duration::from_millis(50),
+        offset_sync_every: crate::fanout::OFFSET_SYNC_EVERY,
     };
 
     /// Commits child buckets straight to the local store.

@@ -25,7 +25,7 @@ use narad_host::metastore::{
 };
 use narad_host::shutdown;
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
-use narad_storage::fault::{Fault, FaultFs, FaultOp};
+use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
 use narad_storage::{
     AppendBatch, Appended, Clock, EncodedBatch, LogConfig, ManualClock, NewRecord, PartitionId,
@@ -45,6 +45,10 @@ const TIMING: FanoutTiming = FanoutTiming {
     retry_backoff: Duration::from_millis(20),
     delay_max_sleep: Duration::from_millis(5),
     remote_backoff_max: Duration::from_millis(50),
+    // Never due while a test runs: every slab's position is written unsynced, as at full speed,
+    // so the tests below check what the coalesced path writes, and the power-loss tests what
+    // it leaves durable.
+    offset_sync_every: Duration::from_secs(3600),
 };
 
 /// Routes keyed records by Kafka's partitioner and keyless ones to partition 0.
@@ -467,6 +471,104 @@ async fn while_a_slab_stalls_the_pipelined_cursor_files_only_the_slab_before_it(
     })
     .await;
     assert_eq!(all_child_values(&f.store, 1), expected(0..3 * slab));
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+/// Syncs the directories above the parent's and the child's partition 0 (as an installed
+/// data directory's are), so a simulated power loss keeps the files the tests look at.
+fn make_directories_durable(f: &Fixture) {
+    let parent_dir = cursor_path(&f.store, &PartitionId::new("parent", 0), "child");
+    let child_dir = parent_dir
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .join("child")
+        .join(PartitionId::new("child", 0).dir_name());
+    for dir in [parent_dir.parent().unwrap(), child_dir.as_path()] {
+        for ancestor in dir.ancestors() {
+            f.fault.sync_dir(ancestor).unwrap();
+        }
+    }
+}
+
+/// A cursor on three slabs of backlog into one child partition whose commits fail after the
+/// first two slabs: returns once the second slab's position is written and the third stalls.
+async fn two_slabs_delivered_then_a_stall(f: &Fixture) -> Running {
+    make_directories_durable(f);
+    let slab = narad_host::fanout::SLAB_MAX_RECORDS as u32;
+    produce(&f.store, 0..3 * slab);
+    f.committer.budget.store(2, Ordering::SeqCst);
+    let running = start(f, link(vec![0], 0)).await;
+    wait_for("the third slab to stall", || running.commit_retries() >= 1).await;
+    wait_for("the second slab's position on file", || {
+        file_position(f).map(|r| r.next_offset) == Some(u64::from(2 * slab))
+    })
+    .await;
+    assert_eq!(all_child_values(&f.store, 1), expected(0..2 * slab));
+    running
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_full_speed_a_power_loss_leaves_the_offset_file_behind_the_child_never_ahead() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    let running = two_slabs_delivered_then_a_stall(&f).await;
+    // The positions past both slabs were written (a restart after kill -9 reads them), but
+    // their syncs are coalesced: a power loss now keeps the position synced last, the attach
+    // point, while the child's commits (each synced and verified) survive. A restart from
+    // there copies both slabs again: duplicates, no gap.
+    f.fault.crash(CrashMode::DropAll);
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(0));
+    // The store as it comes back from the power loss.
+    let rebooted = Store::open(
+        std::path::Path::new("/data"),
+        StoreOptions {
+            fs: Arc::new(f.fault.clone()),
+            clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    rebooted
+        .create_partition(&PartitionId::new("child", 0), LogConfig::default())
+        .unwrap();
+    assert_eq!(
+        all_child_values(&rebooted, 1),
+        expected(0..2 * narad_host::fanout::SLAB_MAX_RECORDS as u32)
+    );
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_cursor_syncs_the_position_it_wrote_so_a_power_loss_repeats_nothing() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    let running = two_slabs_delivered_then_a_stall(&f).await;
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+    f.fault.crash(CrashMode::DropAll);
+    assert_eq!(
+        file_position(&f).map(|r| r.next_offset),
+        Some(2 * narad_host::fanout::SLAB_MAX_RECORDS as u64),
+        "a stop must leave the delivered position durable (a move hands this file over)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_that_reaches_the_parents_end_syncs_its_position_before_it_waits() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    make_directories_durable(&f);
+    let end = 2 * narad_host::fanout::SLAB_MAX_RECORDS as u32 + 100;
+    produce(&f.store, 0..end);
+    let running = start(&f, link(vec![0], 0)).await;
+    // The cursor reports its position only after the slab that reached the end is on file.
+    wait_for("the copy to reach the parent's end", || {
+        running.status.report().next_offset == Some(u64::from(end))
+    })
+    .await;
+    f.fault.crash(CrashMode::DropAll);
+    assert_eq!(
+        file_position(&f).map(|r| r.next_offset),
+        Some(u64::from(end)),
+        "an idle cursor's position must be durable, not one sync interval behind"
+    );
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 

@@ -7,6 +7,11 @@
 //! - **Advance in place.** Once a fixed-size record exists, moving the position is one write
 //!   of 256 bytes at offset 0 and one `fdatasync`; the caller does it only after every child
 //!   commit of the slab below the new position was acknowledged.
+//! - **Or write now, sync later** ([`CursorFile::advance_unsynced`], then
+//!   [`CursorFile::sync`]): the same write without the `fdatasync`, so that one sync can cover
+//!   several positions. The written position is what readers of the file and a restart after
+//!   the process dies see (the kernel holds the page); a power loss before the sync leaves the
+//!   last synced position, which is behind, never ahead ([`CursorFile::durable_offset`]).
 //! - **Replace atomically** (temp file, `fdatasync`, rename, directory fsync) for the first
 //!   anchor, for migrating the older variable-length format, and for an epoch too long to pad.
 //! - **Never trust a handle after a failed sync.** Linux may have dropped the dirty page, so the
@@ -172,6 +177,9 @@ pub struct CursorFile {
     fs: Arc<dyn FileSystem>,
     path: PathBuf,
     record: CursorRecord,
+    /// The position last made durable: `record.next_offset` unless an
+    /// [`CursorFile::advance_unsynced`] is not synced yet.
+    durable: u64,
     /// A handle for in-place writes; `None` when the next write must replace the file
     /// atomically (no fixed record yet, or the handle failed a sync and cannot be trusted).
     in_place: Option<Box<dyn File>>,
@@ -187,6 +195,7 @@ impl CursorFile {
         let mut cursor = CursorFile {
             fs,
             path: path.to_path_buf(),
+            durable: record.next_offset,
             record,
             in_place: None,
         };
@@ -212,14 +221,22 @@ impl CursorFile {
         Ok(CursorFile {
             fs,
             path: path.to_path_buf(),
+            durable: record.next_offset,
             record,
             in_place: Some(handle),
         })
     }
 
-    /// The durable position: the first parent offset not yet committed to the child.
+    /// The position on file: the first parent offset not yet committed to the child, as last
+    /// written (durable once [`CursorFile::durable_offset`] has caught up with it).
     pub fn next_offset(&self) -> u64 {
         self.record.next_offset
+    }
+
+    /// The position a power loss now would leave in the file: the last one written with
+    /// [`CursorFile::advance`] or made durable by [`CursorFile::sync`].
+    pub fn durable_offset(&self) -> u64 {
+        self.durable
     }
 
     /// The attach epoch this file belongs to.
@@ -236,20 +253,57 @@ impl CursorFile {
     /// `fdatasync` when possible, an atomic replacement otherwise. On error the position in
     /// memory is unchanged and the handle is dropped, so the next call starts from a fresh file.
     pub fn advance(&mut self, next_offset: u64) -> Result<()> {
-        let previous = self.record.next_offset;
-        self.record.next_offset = next_offset;
+        self.move_to(next_offset, true)
+    }
+
+    /// Writes `next_offset` as the position without waiting for the device: readers of the
+    /// file and a restart after the process dies see it at once, and the next
+    /// [`CursorFile::sync`] or [`CursorFile::advance`] makes it durable. Until then a power
+    /// loss leaves [`CursorFile::durable_offset`]. Without an in-place handle (no fixed record
+    /// yet, or the last sync failed) this is [`CursorFile::advance`]: the file is replaced
+    /// atomically, durably. On error the position in memory is unchanged and the handle is
+    /// dropped, as for [`CursorFile::advance`].
+    pub fn advance_unsynced(&mut self, next_offset: u64) -> Result<()> {
+        self.move_to(next_offset, false)
+    }
+
+    /// Makes the position last written durable (one `fdatasync`); nothing to do when it is
+    /// already. On error the durable position is unchanged and the handle is dropped, so the
+    /// next write or sync replaces the file atomically instead of trusting it.
+    pub fn sync(&mut self) -> Result<()> {
+        if self.durable == self.record.next_offset {
+            return Ok(());
+        }
         let outcome = match self.in_place.as_ref() {
-            Some(handle) => self.write_in_place(handle.as_ref()),
+            Some(handle) => handle.sync_data().map_err(io_err("fdatasync", &self.path)),
             None => self.replace_atomically(),
         };
-        if outcome.is_err() {
-            self.record.next_offset = previous;
-            self.in_place = None;
+        match outcome {
+            Ok(()) => self.durable = self.record.next_offset,
+            Err(_) => self.in_place = None,
         }
         outcome
     }
 
-    fn write_in_place(&self, handle: &dyn File) -> Result<()> {
+    fn move_to(&mut self, next_offset: u64, sync: bool) -> Result<()> {
+        let previous = self.record.next_offset;
+        self.record.next_offset = next_offset;
+        let (outcome, synced) = match self.in_place.as_ref() {
+            Some(handle) => (self.write_in_place(handle.as_ref(), sync), sync),
+            None => (self.replace_atomically(), true),
+        };
+        match &outcome {
+            Ok(()) if synced => self.durable = next_offset,
+            Ok(()) => {}
+            Err(_) => {
+                self.record.next_offset = previous;
+                self.in_place = None;
+            }
+        }
+        outcome
+    }
+
+    fn write_in_place(&self, handle: &dyn File, sync: bool) -> Result<()> {
         let (bytes, layout) = format::encode(&self.record)?;
         debug_assert_eq!(
             layout,
@@ -259,6 +313,9 @@ impl CursorFile {
         handle
             .write_all_at(&bytes, 0)
             .map_err(io_err("write", &self.path))?;
+        if !sync {
+            return Ok(());
+        }
         handle.sync_data().map_err(io_err("fdatasync", &self.path))
     }
 

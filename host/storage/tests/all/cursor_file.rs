@@ -106,6 +106,71 @@ fn an_fsync_error_is_not_retried_on_the_same_handle() {
 }
 
 #[test]
+fn an_unsynced_advance_is_read_at_once_and_a_power_loss_leaves_the_last_synced_position() {
+    let (fault, fs, path) = setup();
+    let mut file = CursorFile::anchor(Arc::clone(&fs), &path, record(100)).unwrap();
+    for next in [200, 300, 400] {
+        file.advance_unsynced(next).unwrap();
+        // A reader of the file (a restart after the process died, a move, the stats handler)
+        // sees the written position.
+        assert_eq!(
+            found(fs.as_ref(), &path).map(|(r, _)| r),
+            Some(record(next))
+        );
+    }
+    assert_eq!((file.next_offset(), file.durable_offset()), (400, 100));
+    fault.crash(CrashMode::DropAll);
+    // The power loss kept the last synced position: behind what was written, never ahead.
+    assert_eq!(
+        found(fs.as_ref(), &path),
+        Some((record(100), RecordLayout::Fixed))
+    );
+}
+
+#[test]
+fn a_sync_makes_every_unsynced_advance_before_it_durable_and_an_advance_does_too() {
+    let (fault, fs, path) = setup();
+    let mut file = CursorFile::anchor(Arc::clone(&fs), &path, record(0)).unwrap();
+    file.advance_unsynced(10).unwrap();
+    file.advance_unsynced(20).unwrap();
+    file.sync().unwrap();
+    assert_eq!(file.durable_offset(), 20);
+    // Nothing written since: no second fdatasync.
+    let ops = fault.op_count();
+    file.sync().unwrap();
+    assert_eq!(fault.op_count(), ops);
+    fault.crash(CrashMode::DropAll);
+    assert_eq!(found(fs.as_ref(), &path).map(|(r, _)| r), Some(record(20)));
+
+    let mut file =
+        CursorFile::resume(Arc::clone(&fs), &path, record(20), RecordLayout::Fixed).unwrap();
+    file.advance_unsynced(30).unwrap();
+    file.advance(40).unwrap();
+    assert_eq!(file.durable_offset(), 40);
+    fault.crash(CrashMode::DropAll);
+    assert_eq!(found(fs.as_ref(), &path).map(|(r, _)| r), Some(record(40)));
+}
+
+#[test]
+fn a_failed_sync_after_unsynced_advances_keeps_the_durable_position_and_the_next_sync_replaces_the_file()
+ {
+    let (fault, fs, path) = setup();
+    let mut file = CursorFile::anchor(Arc::clone(&fs), &path, record(5)).unwrap();
+    file.advance_unsynced(6).unwrap();
+    fault.inject(FaultOp::SyncData, 1, Fault::Eio);
+    assert!(file.sync().is_err());
+    assert_eq!((file.next_offset(), file.durable_offset()), (6, 5));
+    // The handle whose sync failed is not trusted again: the next sync writes a fresh file.
+    file.sync().unwrap();
+    assert_eq!(file.durable_offset(), 6);
+    fault.crash(CrashMode::DropAll);
+    assert_eq!(
+        found(fs.as_ref(), &path),
+        Some((record(6), RecordLayout::Fixed))
+    );
+}
+
+#[test]
 fn an_older_format_file_is_read_and_migrated_on_resume() {
     let (fault, fs, path) = setup();
     let legacy = format!("{{\"epoch\":\"{EPOCH}\",\"next_offset\":77}}\n");

@@ -230,7 +230,10 @@ pub async fn open(
                 }
             })
             .await??;
-            Ok(Opened::File(OffsetFile::new(file)))
+            Ok(Opened::File(OffsetFile::new(
+                file,
+                deps.timing.offset_sync_every,
+            )))
         }
         other => {
             match &other {
@@ -275,7 +278,10 @@ pub async fn open(
                 )
             })
             .await??;
-            Ok(Opened::File(OffsetFile::new(file)))
+            Ok(Opened::File(OffsetFile::new(
+                file,
+                deps.timing.offset_sync_every,
+            )))
         }
     }
 }
