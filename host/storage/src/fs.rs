@@ -107,6 +107,25 @@ pub trait File: Send + Sync + Debug {
     /// append learns that its bytes really reached the device.
     fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// [`File::read_exact_uncached_at`] of `len` bytes at `offset`, into a buffer the caller
+    /// keeps from one read to the next: returns the bytes read, a slice of `scratch`. A file
+    /// read with `O_DIRECT` reads the device straight into an aligned window of `scratch`, so
+    /// once `scratch` has grown to the largest read nothing is allocated, zeroed or copied;
+    /// that is why it hands back a slice instead of filling one the caller chose.
+    fn read_uncached_into<'s>(
+        &self,
+        scratch: &'s mut Vec<u8>,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<&'s [u8]> {
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        let buf = &mut scratch[..len];
+        self.read_exact_uncached_at(buf, offset)?;
+        Ok(buf)
+    }
+
     /// Drops the file's clean cached pages, so that later reads come from the device: bytes
     /// whose writeback failed, still readable from the cache, are then seen as the device holds
     /// them (zeros, or older contents). Dirty pages are not dropped: `sync_data` first.
@@ -275,37 +294,9 @@ impl RealFile {
 
     /// `O_DIRECT` read of the aligned span around `[offset, offset + buf.len())`.
     fn read_direct(&self, direct: &stdfs::File, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let start = offset - offset % DIRECT_ALIGN_BYTES;
-        let end = (offset + buf.len() as u64).next_multiple_of(DIRECT_ALIGN_BYTES);
-        let span = usize::try_from(end - start)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "read too large"))?;
-        let align = DIRECT_ALIGN_BYTES as usize;
-        // An aligned window inside a slightly larger vector: no unsafe allocation needed.
-        let mut storage = vec![0u8; span + align];
-        let shift = storage.as_ptr().align_offset(align);
-        let window = &mut storage[shift..shift + span];
-        let mut got = 0usize;
-        while got < span {
-            match direct.read_at(&mut window[got..], start + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-            // A short read that is not block-aligned means end of file: the next read would
-            // be misaligned, and there is nothing after it anyway.
-            if !got.is_multiple_of(align) {
-                break;
-            }
-        }
-        let from = (offset - start) as usize;
-        if got < from + buf.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file ended before the requested bytes",
-            ));
-        }
-        buf.copy_from_slice(&window[from..from + buf.len()]);
+        let mut storage = Vec::new();
+        let read = read_direct_into(direct, &mut storage, buf.len(), offset)?;
+        buf.copy_from_slice(&storage[read]);
         Ok(())
     }
 
@@ -320,6 +311,50 @@ impl RealFile {
         )
         .map_err(io::Error::from)
     }
+}
+
+/// Reads `len` bytes at `offset` from `direct` (opened with `O_DIRECT`) into an aligned window
+/// of `storage`, grown when too small (never shrunk, so a reused one allocates nothing), and
+/// returns where in `storage` they are. `UnexpectedEof` if the file is shorter.
+fn read_direct_into(
+    direct: &stdfs::File,
+    storage: &mut Vec<u8>,
+    len: usize,
+    offset: u64,
+) -> io::Result<std::ops::Range<usize>> {
+    let start = offset - offset % DIRECT_ALIGN_BYTES;
+    let end = (offset + len as u64).next_multiple_of(DIRECT_ALIGN_BYTES);
+    let span = usize::try_from(end - start)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "read too large"))?;
+    let align = DIRECT_ALIGN_BYTES as usize;
+    // An aligned window inside a slightly larger vector: no unsafe allocation needed.
+    if storage.len() < span + align {
+        storage.resize(span + align, 0);
+    }
+    let shift = storage.as_ptr().align_offset(align);
+    let window = &mut storage[shift..shift + span];
+    let mut got = 0usize;
+    while got < span {
+        match direct.read_at(&mut window[got..], start + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // A short read that is not block-aligned means end of file: the next read would be
+        // misaligned, and there is nothing after it anyway.
+        if !got.is_multiple_of(align) {
+            break;
+        }
+    }
+    let from = (offset - start) as usize;
+    if got < from + len {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "file ended before the requested bytes",
+        ));
+    }
+    Ok(shift + from..shift + from + len)
 }
 
 impl File for RealFile {
@@ -352,6 +387,32 @@ impl File for RealFile {
         }
         self.fadvise_dontneed(offset, buf.len() as u64)?;
         self.read_exact_at(buf, offset)
+    }
+
+    fn read_uncached_into<'s>(
+        &self,
+        scratch: &'s mut Vec<u8>,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<&'s [u8]> {
+        if len == 0 {
+            return Ok(&[]);
+        }
+        if let Some(direct) = self.direct() {
+            match read_direct_into(direct, scratch, len, offset) {
+                Ok(read) => return Ok(&scratch[read]),
+                // EINVAL: this file or device wants another alignment; fall back below.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if scratch.len() < len {
+            scratch.resize(len, 0);
+        }
+        let buf = &mut scratch[..len];
+        self.fadvise_dontneed(offset, len as u64)?;
+        self.read_exact_at(buf, offset)?;
+        Ok(buf)
     }
 
     fn drop_cache(&self) -> io::Result<()> {
@@ -562,6 +623,28 @@ mod tests {
             file.read_exact_uncached_at(&mut got, from as u64).unwrap();
             assert_eq!(got, bytes[from..from + len], "{from}+{len}");
         }
+        // The same reads into one reused buffer, larger reads after smaller ones and back:
+        // what a read returns is exactly the bytes asked for, whatever the buffer held.
+        let mut scratch = Vec::new();
+        for (from, len) in [
+            (1, 4095),
+            (0, 10_000),
+            (777, 3),
+            (4095, 2),
+            (9_999, 1),
+            (0, 0),
+        ] {
+            let got = file
+                .read_uncached_into(&mut scratch, len, from as u64)
+                .unwrap();
+            assert_eq!(
+                got,
+                &bytes[from..from + len],
+                "{from}+{len} into a reused buffer"
+            );
+        }
+        let e = file.read_uncached_into(&mut scratch, 2, 9_999).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let mut past = [0u8; 2];
         let e = file.read_exact_uncached_at(&mut past, 9_999).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

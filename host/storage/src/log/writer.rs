@@ -75,7 +75,8 @@ fn hwm_due(last_ms: i64, now_ms: i64) -> bool {
 }
 
 /// Size of each read-back piece when verifying an append: 256 KiB fits a typical L2 cache, so
-/// the bytes copied in are still cached when they are compared.
+/// the bytes read in are still cached when they are compared, and it bounds the read-back
+/// buffer each open log keeps (the writer's `scratch`, reused by every append).
 const VERIFY_CHUNK_BYTES: usize = 256 * 1024;
 
 /// Syncs `file` and reads `frames`, written one after another from `pos`, back from the
@@ -89,19 +90,18 @@ fn sync_verified(
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     file.sync_data()?;
-    scratch.resize(VERIFY_CHUNK_BYTES, 0);
     let total: usize = frames.iter().map(|f| f.len()).sum();
     // Where the comparison is: frame `at_frame`, byte `in_frame` of it.
     let (mut at_frame, mut in_frame) = (0, 0);
     let mut done = 0;
     while done < total {
         let n = VERIFY_CHUNK_BYTES.min(total - done);
-        file.read_exact_uncached_at(&mut scratch[..n], pos + done as u64)?;
+        let read = file.read_uncached_into(scratch, n, pos + done as u64)?;
         let mut k = 0;
         while k < n {
             let frame = frames[at_frame];
             let m = (frame.len() - in_frame).min(n - k);
-            if scratch[k..k + m] != frame[in_frame..in_frame + m] {
+            if read[k..k + m] != frame[in_frame..in_frame + m] {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     format!(
