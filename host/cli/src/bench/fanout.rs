@@ -177,6 +177,9 @@ pub struct FanoutFigures {
     pub routing_share_of_cpu: f64,
     /// Process CPU seconds per wall second during the copy (cores busy).
     pub cpu_cores_used: f64,
+    /// Process CPU time during the copy per record copy made (every child's copy counts),
+    /// nanoseconds: what a copy costs whatever the disk's speed.
+    pub cpu_ns_per_copy: f64,
     /// Resident memory when the cursors started, bytes.
     pub rss_before_bytes: Option<u64>,
     /// Peak resident memory during the copy, bytes (`VmHWM`, reset before the copy when the
@@ -448,6 +451,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
             cpu_used.as_secs_f64(),
         ),
         cpu_cores_used: per_second(cpu_used.as_secs_f64(), seconds),
+        cpu_ns_per_copy: per_second(cpu_used.as_secs_f64() * 1e9, copies as f64),
         rss_before_bytes,
         peak_rss_bytes,
         peak_rss_reset,
@@ -1011,7 +1015,7 @@ impl FanoutReport {
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}; speed issue >= {:.2}x: {}); {goal}\n\
              slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync; offset files synced at most every {} ms\n\
              slab time: {slab_time}\n\
-             routing {:.3} ms per slab ({} CPU) = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores\n\
+             routing {:.3} ms per slab ({} CPU) = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores, {:.0} ns per copy\n\
              memory: {} at start of the copy, peak {}{}\n\
              checked: every child holds all {} records, {} duplicates\n\
              load average before {} / after {}",
@@ -1055,6 +1059,7 @@ impl FanoutReport {
             met(f.routing_share_of_slab_time < self.goals.routing_share),
             f.routing_share_of_cpu * 100.0,
             f.cpu_cores_used,
+            f.cpu_ns_per_copy,
             mib(f.rss_before_bytes),
             mib(f.peak_rss_bytes),
             if f.peak_rss_reset { "" } else { " (whole run)" },
