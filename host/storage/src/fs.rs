@@ -118,12 +118,7 @@ pub trait File: Send + Sync + Debug {
         len: usize,
         offset: u64,
     ) -> io::Result<&'s [u8]> {
-        if scratch.len() < len {
-            scratch.resize(len, 0);
-        }
-        let buf = &mut scratch[..len];
-        self.read_exact_uncached_at(buf, offset)?;
-        Ok(buf)
+        read_into_prefix(scratch, len, |buf| self.read_exact_uncached_at(buf, offset))
     }
 
     /// Drops the file's clean cached pages, so that later reads come from the device: bytes
@@ -313,6 +308,20 @@ impl RealFile {
     }
 }
 
+/// Runs `read` on the first `len` bytes of `scratch` (grown when shorter) and returns them.
+fn read_into_prefix<'s>(
+    scratch: &'s mut Vec<u8>,
+    len: usize,
+    read: impl FnOnce(&mut [u8]) -> io::Result<()>,
+) -> io::Result<&'s [u8]> {
+    if scratch.len() < len {
+        scratch.resize(len, 0);
+    }
+    let buf = &mut scratch[..len];
+    read(buf)?;
+    Ok(buf)
+}
+
 /// Reads `len` bytes at `offset` from `direct` (opened with `O_DIRECT`) into an aligned window
 /// of `storage`, grown when too small (never shrunk, so a reused one allocates nothing), and
 /// returns where in `storage` they are. `UnexpectedEof` if the file is shorter.
@@ -406,13 +415,10 @@ impl File for RealFile {
                 Err(e) => return Err(e),
             }
         }
-        if scratch.len() < len {
-            scratch.resize(len, 0);
-        }
-        let buf = &mut scratch[..len];
-        self.fadvise_dontneed(offset, len as u64)?;
-        self.read_exact_at(buf, offset)?;
-        Ok(buf)
+        read_into_prefix(scratch, len, |buf| {
+            self.fadvise_dontneed(offset, len as u64)?;
+            self.read_exact_at(buf, offset)
+        })
     }
 
     fn drop_cache(&self) -> io::Result<()> {

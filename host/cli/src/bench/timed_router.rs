@@ -125,11 +125,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_wrapped_routers_answer_and_time_are_kept() {
-        let timing = Arc::new(RouteTiming::default());
-        let mut router = TimedRouter::new(Box::new(Slow), Arc::clone(&timing));
-        let input = RouteInput {
+    /// A route input for one parent and one child partition.
+    fn input() -> RouteInput {
+        RouteInput {
             parent_topic: "p".into(),
             parent_partition: 0,
             parent_partition_count: 1,
@@ -137,7 +135,14 @@ mod tests {
             child_partition_count: 1,
             attempt: 0,
             config: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_wrapped_routers_answer_and_time_are_kept() {
+        let timing = Arc::new(RouteTiming::default());
+        let mut router = TimedRouter::new(Box::new(Slow), Arc::clone(&timing));
+        let input = input();
         let decisions = router.route(&input, &[record(0), record(1)]).unwrap();
         assert_eq!(decisions, vec![0, 0]);
         assert_eq!(timing.slabs(), 1);
@@ -169,15 +174,7 @@ mod tests {
     fn a_router_busy_on_its_thread_is_counted_in_cpu_time() {
         let timing = Arc::new(RouteTiming::default());
         let mut router = TimedRouter::new(Box::new(Busy), Arc::clone(&timing));
-        let input = RouteInput {
-            parent_topic: "p".into(),
-            parent_partition: 0,
-            parent_partition_count: 1,
-            child_topic: "c".into(),
-            child_partition_count: 1,
-            attempt: 0,
-            config: Vec::new(),
-        };
+        let input = input();
         router.route(&input, &[record(0)]).unwrap();
         let cpu = timing.cpu_time().expect("a thread CPU clock");
         assert!(

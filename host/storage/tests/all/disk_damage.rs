@@ -395,7 +395,7 @@ fn a_torn_tail_cut_without_a_high_watermark_file_is_kept_aside_and_reported() {
 fn torn_without_hwm() -> (FaultFs, u64) {
     let fs = fault_fs();
     {
-        let store = open_fault(&fs).unwrap();
+        let store = open_t0_on(&fs).unwrap();
         for i in 0..3 {
             store
                 .append(
@@ -422,15 +422,6 @@ fn fault_partition() -> PathBuf {
     Path::new(DATA).join("topics/t/p00000")
 }
 
-fn open_fault(fs: &FaultFs) -> narad_storage::Result<Store> {
-    let store = Store::open(
-        Path::new(DATA),
-        opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS))),
-    )?;
-    store.create_partition(&pid("t", 0), small_segments(1 << 20))?;
-    Ok(store)
-}
-
 #[test]
 fn the_cut_bytes_are_kept_aside_before_the_segment_is_truncated() {
     let id = pid("t", 0);
@@ -439,7 +430,7 @@ fn the_cut_bytes_are_kept_aside_before_the_segment_is_truncated() {
     let ops = {
         let (fs, _) = torn_without_hwm();
         let before = fs.op_count();
-        let store = open_fault(&fs).unwrap();
+        let store = open_t0_on(&fs).unwrap();
         store.read(&id, &read_from(0)).unwrap();
         fs.op_count() - before
     };
@@ -450,7 +441,7 @@ fn the_cut_bytes_are_kept_aside_before_the_segment_is_truncated() {
     for n in 1..=ops {
         let (fs, torn_len) = torn_without_hwm();
         fs.crash_at(n);
-        if let Ok(store) = open_fault(&fs) {
+        if let Ok(store) = open_t0_on(&fs) {
             let _ = store.read(&id, &read_from(0));
         }
         fs.crash(CrashMode::DropAll);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
-use narad_storage::{AppendStats, ManualClock, Store};
+use narad_storage::{AppendStats, Store};
 
 const DATA: &str = "/data";
 /// Bound on every wait for another thread: only reached when the code under test hangs.
@@ -23,15 +23,6 @@ fn fault_fs() -> FaultFs {
     fs.create_dir_all(Path::new(DATA)).unwrap();
     fs.sync_dir(Path::new("/")).unwrap();
     fs
-}
-
-fn open(fs: &FaultFs) -> narad_storage::Result<Store> {
-    let store = Store::open(
-        Path::new(DATA),
-        opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS))),
-    )?;
-    store.create_partition(&pid("t", 0), small_segments(1 << 20))?;
-    Ok(store)
 }
 
 /// Appends `value` on a thread of its own.
@@ -86,7 +77,7 @@ fn line_up_behind_a_sync(
 #[test]
 fn appends_queued_behind_a_sync_share_the_next_one_and_each_gets_its_own_offsets() {
     let fs = fault_fs();
-    let store = Arc::new(open(&fs).unwrap());
+    let store = Arc::new(open_t0_on(&fs).unwrap());
     open_the_log(&store);
     let threads = line_up_behind_a_sync(&fs, &store);
     // The "open" record's append synced alone.
@@ -126,7 +117,7 @@ fn appends_queued_behind_a_sync_share_the_next_one_and_each_gets_its_own_offsets
     // Durable as acknowledged: a power cut that keeps only synced state keeps all three.
     drop(store);
     fs.crash(CrashMode::DropAll);
-    let store = open(&fs).unwrap();
+    let store = open_t0_on(&fs).unwrap();
     assert_eq!(
         values(&read_all(&store, &pid("t", 0), 0)),
         ["open", "a", "b", "c"]
@@ -136,7 +127,7 @@ fn appends_queued_behind_a_sync_share_the_next_one_and_each_gets_its_own_offsets
 #[test]
 fn a_failed_sync_of_a_group_acknowledges_none_of_it_and_the_log_goes_on() {
     let fs = fault_fs();
-    let store = Arc::new(open(&fs).unwrap());
+    let store = Arc::new(open_t0_on(&fs).unwrap());
     open_the_log(&store);
     // The first sync from here is A's, the second the group's.
     fs.inject(FaultOp::SyncData, 2, Fault::Eio);
@@ -161,7 +152,7 @@ fn a_failed_sync_of_a_group_acknowledges_none_of_it_and_the_log_goes_on() {
 
     drop(store);
     fs.crash(CrashMode::DropAll);
-    let store = open(&fs).unwrap();
+    let store = open_t0_on(&fs).unwrap();
     assert_eq!(
         values(&read_all(&store, &pid("t", 0), 0)),
         ["open", "a", "d"]
@@ -171,7 +162,7 @@ fn a_failed_sync_of_a_group_acknowledges_none_of_it_and_the_log_goes_on() {
 /// Three appenders, four one-record batches each, on one partition; returns what each had
 /// acknowledged when the run ended (by a crash, or complete).
 fn concurrent_workload(fs: &FaultFs) -> Vec<Vec<String>> {
-    let Ok(store) = open(fs) else {
+    let Ok(store) = open_t0_on(fs) else {
         return vec![Vec::new(); 3];
     };
     let store = Arc::new(store);
@@ -217,7 +208,7 @@ fn a_crash_at_any_operation_of_concurrent_appenders_keeps_every_acknowledged_rec
         }
         crashed_runs += 1;
         fs.crash(mode);
-        let store = open(&fs).unwrap_or_else(|e| panic!("reopen after a crash at {n}: {e}"));
+        let store = open_t0_on(&fs).unwrap_or_else(|e| panic!("reopen after a crash at {n}: {e}"));
         let got = values(&read_all(&store, &pid("t", 0), 0));
         let mut seen = std::collections::HashSet::new();
         for v in &got {

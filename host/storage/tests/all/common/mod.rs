@@ -26,6 +26,17 @@ pub fn opts(fs: Arc<dyn FileSystem>, clock: Arc<ManualClock>) -> StoreOptions {
     }
 }
 
+/// The store at `/data` on `fs` with partition `t/0` (1 MiB segments), its clock at
+/// [`T0_MS`]: what the fault tests reopen after each injected failure or crash.
+pub fn open_t0_on(fs: &narad_storage::fault::FaultFs) -> narad_storage::Result<Store> {
+    let store = Store::open(
+        Path::new("/data"),
+        opts(Arc::new(fs.clone()), Arc::new(ManualClock::new(T0_MS))),
+    )?;
+    store.create_partition(&pid("t", 0), small_segments(1 << 20))?;
+    Ok(store)
+}
+
 pub fn real_store(dir: &Path, clock: Arc<ManualClock>) -> Store {
     Store::open(dir, opts(Arc::new(narad_storage::fs::RealFs), clock)).unwrap()
 }
