@@ -309,11 +309,11 @@ impl RealFile {
 }
 
 /// Runs `read` on the first `len` bytes of `scratch` (grown when shorter) and returns them.
-fn read_into_prefix<'s>(
-    scratch: &'s mut Vec<u8>,
+fn read_into_prefix(
+    scratch: &mut Vec<u8>,
     len: usize,
     read: impl FnOnce(&mut [u8]) -> io::Result<()>,
-) -> io::Result<&'s [u8]> {
+) -> io::Result<&[u8]> {
     if scratch.len() < len {
         scratch.resize(len, 0);
     }
