@@ -58,5 +58,6 @@ pub use record::{
     RecoveredCut, RetentionReport, StoredRecord,
 };
 pub use store::{
-    AppendStats, DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, Store, StoreOptions,
+    AppendStats, DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, InOrderError, Store,
+    StoreOptions,
 };

@@ -174,6 +174,18 @@ pub struct Store {
     _lock: Box<dyn LockGuard>,
 }
 
+/// Why [`Store::append_encoded_in_order`] did not append every batch: the first `durable`
+/// batches are durable, and `error` stopped the one after them (those after it were not
+/// appended either).
+#[derive(Debug, thiserror::Error)]
+#[error("{error} ({durable} batches before it were appended)")]
+pub struct InOrderError {
+    /// How many batches, from the first, are durable.
+    pub durable: usize,
+    /// What stopped the next one.
+    pub error: StorageError,
+}
+
 /// What [`Store::append_stats`] reports: totals since the store was opened, across every
 /// partition.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -722,6 +734,55 @@ impl Store {
                 Err(e) => return Err(self.log_error(&p, e)),
             }
         }
+    }
+
+    /// Appends `batches` (each encoded by [`EncodedBatch::encode`]) in this order, as
+    /// [`Store::append_encoded`] does each, but together: they share one `fdatasync` and one
+    /// read-back (two when a segment roll falls between them). A batch is never durable
+    /// unless every one before it is, so a later batch cannot land ahead of an earlier one
+    /// that failed. `Ok` with one [`Appended`] per batch once all are durable; otherwise how
+    /// many from the first are, and the error that stopped the rest (which are unchanged and
+    /// may be appended again).
+    pub fn append_encoded_in_order(
+        &self,
+        id: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> std::result::Result<Vec<Appended>, InOrderError> {
+        let failed = |durable: usize, error: StorageError| InOrderError { durable, error };
+        let p = self.partition(id).map_err(|e| failed(0, e))?;
+        self.stamp(&p);
+        let config = p.config();
+        let mut appended = Vec::with_capacity(batches.len());
+        while appended.len() < batches.len() {
+            let log = self.open_log(&p).map_err(|e| failed(appended.len(), e))?;
+            let mut frames: Vec<log::writer::FrameToAppend<'_>> = batches[appended.len()..]
+                .iter_mut()
+                .map(|b| log::writer::FrameToAppend {
+                    frame: &mut b.frame,
+                    body_crc: b.body_crc,
+                    count: b.count,
+                })
+                .collect();
+            let answers = log.append_in_order(&mut frames, self.clock.as_ref(), &config, |hw| {
+                p.publish_hw(hw)
+            });
+            for answer in answers {
+                match answer {
+                    Ok(a) => appended.push(a),
+                    // Closed for idleness between lookup and lock (nothing of this call was
+                    // written then): open again and go on from the first not appended.
+                    Err(LogError::Closed) => {
+                        let slot = log::read(&p.slot);
+                        if let Some(e) = p.broken_error(&slot) {
+                            return Err(failed(appended.len(), e));
+                        }
+                        break;
+                    }
+                    Err(e) => return Err(failed(appended.len(), self.log_error(&p, e))),
+                }
+            }
+        }
+        Ok(appended)
     }
 
     /// Reads records from `opts.offset` (see [`ReadOptions`]). Stamps last access; opens the

@@ -122,6 +122,18 @@ fn sync_verified(
     Ok(())
 }
 
+/// One frame for [`Log::append_in_order`]: an encoded frame (from `format::encode_batch`),
+/// the body CRC that returned, and how many records it holds.
+pub(crate) struct FrameToAppend<'a> {
+    /// The frame; sealed on success, as it was (but for base offset and commit time) on an
+    /// error.
+    pub frame: &'a mut Vec<u8>,
+    /// Its body CRC.
+    pub body_crc: u32,
+    /// Its record count.
+    pub count: u32,
+}
+
 /// One append waiting for the produce lock, holding the frame it moved in.
 #[derive(Debug)]
 struct Queued {
@@ -171,16 +183,7 @@ impl Log {
     }
 
     /// Appends one encoded frame (from `format::encode_batch`, with the body CRC it returned)
-    /// holding `count` records. The commit time is read from `clock` just before the append
-    /// queues for the produce lock and raised under it to the partition's newest commit time.
-    /// Returns only once the frame is durable and read back intact; `frame` holds it sealed
-    /// (base offset and commit time filled in) on return, or unchanged but for those on an
-    /// error.
-    ///
-    /// Group commit: appends that arrive while another holds the produce lock queue, and the
-    /// next holder writes all of them, one after another in queue order, with one
-    /// `fdatasync` and one read-back, answering each. An error of that sync is every one of
-    /// the group's: none of them is acknowledged.
+    /// holding `count` records: [`Log::append_in_order`] with one frame.
     pub(crate) fn append(
         &self,
         frame: &mut Vec<u8>,
@@ -190,33 +193,84 @@ impl Log {
         config: &LogConfig,
         on_durable: impl FnOnce(u64),
     ) -> Result<Appended, LogError> {
+        let mut frames = [FrameToAppend {
+            frame,
+            body_crc,
+            count,
+        }];
+        let mut answers = self.append_in_order(&mut frames, clock, config, on_durable);
+        answers.pop().unwrap_or_else(|| {
+            Err(LogError::io(
+                format!("appending to {}", self.dir.display()),
+                std::io::Error::other("the append got no answer"),
+            ))
+        })
+    }
+
+    /// Appends `frames` one after another, in this order, and answers each (in the same
+    /// order). The commit time is read from `clock` just before they queue for the produce
+    /// lock and raised under it to the partition's newest commit time. Each answer comes only
+    /// once its frame is durable and read back intact; every frame holds its bytes sealed
+    /// (base offset and commit time filled in) on return, or unchanged but for those on an
+    /// error.
+    ///
+    /// A frame is never acknowledged unless every frame before it in `frames` is: the
+    /// answers are some successes, then errors only. The frames queue together and are
+    /// written by the same holder of the lock, with one `fdatasync` and one read-back (two,
+    /// when a segment roll falls between them).
+    ///
+    /// Group commit: appends that arrive while another holds the produce lock queue, and the
+    /// next holder writes all of them, one after another in queue order, with one
+    /// `fdatasync` and one read-back, answering each. An error of that sync is every one of
+    /// the group's: none of them is acknowledged.
+    pub(crate) fn append_in_order(
+        &self,
+        frames: &mut [FrameToAppend<'_>],
+        clock: &dyn Clock,
+        config: &LogConfig,
+        on_durable: impl FnOnce(u64),
+    ) -> Vec<Result<Appended, LogError>> {
         let stamp = clock.now_ms();
-        let ticket = {
+        // Queued under one lock, with consecutive tickets: whoever takes the queue next
+        // takes all of them, in this order.
+        let first_ticket = {
             let mut q = lock(&self.queue);
-            let ticket = q.next_ticket;
-            q.next_ticket += 1;
-            q.waiting.push(Queued {
-                ticket,
-                frame: std::mem::take(frame),
-                body_crc,
-                count,
-                stamp,
-            });
-            self.counters.waiting.fetch_add(1, Ordering::Relaxed);
-            ticket
+            let first = q.next_ticket;
+            for f in frames.iter_mut() {
+                let ticket = q.next_ticket;
+                q.next_ticket += 1;
+                q.waiting.push(Queued {
+                    ticket,
+                    frame: std::mem::take(f.frame),
+                    body_crc: f.body_crc,
+                    count: f.count,
+                    stamp,
+                });
+            }
+            self.counters
+                .waiting
+                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+            first
         };
+        let tickets = first_ticket..first_ticket + frames.len() as u64;
         let mut guard = lock(&self.writer);
         loop {
             let mut group = {
                 let mut q = lock(&self.queue);
-                if let Some((answer, bytes)) = q.done.remove(&ticket) {
+                if tickets.clone().all(|t| q.done.contains_key(&t)) {
+                    let mut answers = Vec::with_capacity(frames.len());
+                    for (f, ticket) in frames.iter_mut().zip(tickets.clone()) {
+                        if let Some((answer, bytes)) = q.done.remove(&ticket) {
+                            *f.frame = bytes;
+                            answers.push(answer);
+                        }
+                    }
                     drop(q);
                     drop(guard);
-                    *frame = bytes;
-                    if let Ok(a) = &answer {
+                    if let Some(Ok(a)) = answers.iter().rev().find(|a| a.is_ok()) {
                         on_durable(a.base_offset + u64::from(a.count));
                     }
-                    return answer;
+                    return answers;
                 }
                 let group = std::mem::take(&mut q.waiting);
                 self.counters
@@ -225,12 +279,19 @@ impl Log {
                 group
             };
             if group.is_empty() {
-                // Only if a holder of the lock panicked after taking this append from the
-                // queue: its frame is gone with it, and nothing of it was acknowledged.
-                return Err(LogError::io(
-                    format!("appending to {}", self.dir.display()),
-                    std::io::Error::other("the append was lost to a panic in another append"),
-                ));
+                // Only if a holder of the lock panicked after taking these appends from the
+                // queue: their frames are gone with it, and nothing of them was acknowledged.
+                return frames
+                    .iter()
+                    .map(|_| {
+                        Err(LogError::io(
+                            format!("appending to {}", self.dir.display()),
+                            std::io::Error::other(
+                                "the append was lost to a panic in another append",
+                            ),
+                        ))
+                    })
+                    .collect();
             }
             let answers = self.write_group(&mut guard, &mut group, clock, config);
             let mut q = lock(&self.queue);
