@@ -103,6 +103,9 @@ pub struct FanoutOptions {
     /// Longest a cursor copying at full speed leaves its offset file unsynced (the daemon's
     /// default; zero syncs it past every slab, as the reference engine does).
     pub offset_sync_every: Duration,
+    /// Most consecutive slabs a cursor commits together (the daemon's default; 1 commits
+    /// each slab on its own, as the reference engine does).
+    pub slabs_per_commit: usize,
 }
 
 impl Default for FanoutOptions {
@@ -117,6 +120,7 @@ impl Default for FanoutOptions {
             dir: None,
             progress: false,
             offset_sync_every: narad_host::fanout::OFFSET_SYNC_EVERY,
+            slabs_per_commit: narad_host::fanout::SLABS_PER_COMMIT,
         }
     }
 }
@@ -258,6 +262,8 @@ pub struct FanoutReport {
     /// Longest a cursor left its offset file unsynced while copying, milliseconds (0: synced
     /// past every slab).
     pub offset_sync_every_ms: u64,
+    /// Most consecutive slabs a cursor committed together.
+    pub slabs_per_commit: usize,
     /// The parent's fill.
     pub fill: FillFigures,
     /// The real fan-out.
@@ -313,6 +319,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
     let disk = disk::measure_and_report(&work, &mut progress).await?;
     let timing = narad_host::fanout::FanoutTiming {
         offset_sync_every: options.offset_sync_every,
+        slabs_per_commit: options.slabs_per_commit,
         ..narad_host::fanout::FanoutTiming::default()
     };
     let rig = Arc::new(Rig::open(&work.path().join("data"), timing).await?);
@@ -507,6 +514,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         value_bytes: options.value_bytes,
         offset_sync_every_ms: u64::try_from(options.offset_sync_every.as_millis())
             .unwrap_or(u64::MAX),
+        slabs_per_commit: options.slabs_per_commit,
         fill,
         raw_loop: raw_loop_of(&options),
         fanout,
@@ -1013,7 +1021,7 @@ impl FanoutReport {
              raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s (before the fan-out {:.0}/s, after {:.0}/s); {raw_loop}\n\
              disk       256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms: one cursor's I/O ceiling {:.0} records/s\n\
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}; speed issue >= {:.2}x: {}); {goal}\n\
-             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync; offset files synced at most every {} ms\n\
+             slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync; offset files synced at most every {} ms; up to {} slabs per commit\n\
              slab time: {slab_time}\n\
              routing {:.3} ms per slab ({} CPU) = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores, {:.0} ns per copy\n\
              memory: {} at start of the copy, peak {}{}\n\
@@ -1051,6 +1059,7 @@ impl FanoutReport {
             per_second(r.buckets as f64, r.slabs as f64),
             f.fsync_ms_mean,
             self.offset_sync_every_ms,
+            self.slabs_per_commit,
             f.routing_ms_per_slab,
             f.routing_cpu_ms_per_slab
                 .map_or_else(|| "unknown".to_owned(), |ms| format!("{ms:.3} ms")),

@@ -16,7 +16,7 @@ use super::counting_fs::CountingFs;
 use super::timed_router::{RouteTiming, TimedRouter};
 use super::{BenchError, blocking};
 use narad_host::api::children::DEFAULT_ROUTER;
-use narad_host::fanout::committer::{ChildCommitError, ChildCommitter};
+use narad_host::fanout::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
 use narad_host::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::route::wasm::WasmRouterFactory;
@@ -58,6 +58,22 @@ impl ChildCommitter for CountingCommitter {
         let result = ChildCommitter::commit(&self.producer, partition, batch);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.commits.fetch_add(1, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        result
+    }
+
+    /// The production path's, so consecutive slabs share one append: counted as one commit
+    /// per batch.
+    fn commit_in_order(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> Result<(), InOrderFailure> {
+        let start = std::time::Instant::now();
+        let result = ChildCommitter::commit_in_order(&self.producer, partition, batches);
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.commits
+            .fetch_add(batches.len() as u64, Ordering::Relaxed);
         self.nanos.fetch_add(nanos, Ordering::Relaxed);
         result
     }

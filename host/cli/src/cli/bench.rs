@@ -117,6 +117,11 @@ pub struct FanoutArgs {
     /// engine does, to compare the two in one session.
     #[arg(long, default_value_t = OFFSET_SYNC_EVERY_MS)]
     pub offset_sync_every_ms: u64,
+    /// Most consecutive slabs a cursor with a backlog commits together (default: the
+    /// daemon's); 1 commits each slab on its own, as the reference engine does, to compare
+    /// the two in one session.
+    #[arg(long, default_value_t = narad_host::fanout::SLABS_PER_COMMIT)]
+    pub slabs_per_commit: usize,
     /// Instead of copying: start this many delay cursors (one-hour delay) in front of the
     /// backlog and measure their CPU once they all wait.
     #[arg(long)]
@@ -272,6 +277,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                     dir: a.dir,
                     progress,
                     offset_sync_every: Duration::from_millis(a.offset_sync_every_ms),
+                    slabs_per_commit: a.slabs_per_commit,
                 })
                 .await
                 .context("bench fanout")?;

@@ -110,6 +110,11 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
         field(&json, "offset_sync_every_ms").as_u64(),
         u64::try_from(narad_host::fanout::OFFSET_SYNC_EVERY.as_millis()).ok()
     );
+    // And how many slabs they committed together at most.
+    assert_eq!(
+        field(&json, "slabs_per_commit").as_u64(),
+        Some(narad_host::fanout::SLABS_PER_COMMIT as u64)
+    );
     assert_eq!(
         field(&json, "fanout.records_per_s_per_child")
             .as_array()

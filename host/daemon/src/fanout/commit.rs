@@ -19,7 +19,7 @@ use bytes::Bytes;
 use narad_storage::{EncodedBatch, Header, PartitionId, StoredRecord};
 
 use super::bucket::Bucket;
-use super::committer::{ChildCommitError, ChildCommitter};
+use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
 use super::{COMMITS_IN_FLIGHT, FanoutTiming};
 use crate::blocking::BlockingError;
 
@@ -47,6 +47,13 @@ pub(crate) enum CommitFailure {
     /// lost with it, so the whole slab is retried.
     #[error("commit task failed: {0}")]
     Task(#[from] BlockingError),
+    /// Not sent: an earlier slab's bucket for the same child partition, committed together
+    /// with this one, failed, and these records must land after those.
+    #[error("commit to {target} waits for an earlier slab's records to land first")]
+    Behind {
+        /// The child partition.
+        target: PartitionId,
+    },
 }
 
 /// The stall text of a failed bucket: the error alone when it names the child partition
@@ -103,19 +110,64 @@ impl Failed {
     }
 }
 
-/// What one lane did with one bucket.
-type Outcome = (PartitionId, Vec<usize>, Result<(), ChildCommitError>);
+/// The buckets of consecutive slabs for one child partition, in slab order: committed in
+/// that order, each only once those before it are.
+struct TargetWork {
+    target: PartitionId,
+    /// `(slab, bucket)`: the position of the bucket's slab among the slabs committed together.
+    parts: Vec<(usize, Bucket)>,
+}
 
-/// Commits `buckets` to their child partitions, [`COMMITS_IN_FLIGHT`] at a time, each with
-/// quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
+/// What one lane did with one child partition's buckets: how many, from the first, are
+/// acknowledged, and why the next one is not.
+struct Outcome {
+    work: TargetWork,
+    durable: usize,
+    error: Option<ChildCommitError>,
+}
+
+/// Commits `buckets` (one slab's) to their child partitions, [`COMMITS_IN_FLIGHT`] at a time,
+/// each with quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
 pub(crate) async fn commit(
     buckets: Vec<Bucket>,
     committer: &Arc<dyn ChildCommitter>,
     timing: &FanoutTiming,
 ) -> Result<Acknowledged, Failed> {
-    let records: usize = buckets.iter().map(|b| b.indices.len()).sum();
-    let lanes = buckets.len().min(COMMITS_IN_FLIGHT);
-    let queue = Arc::new(Mutex::new(buckets.into_iter()));
+    let mut answers = commit_slabs(vec![buckets], committer, timing).await;
+    answers.pop().unwrap_or(Ok(Acknowledged(())))
+}
+
+/// Commits the buckets of consecutive slabs (`slabs[0]` first), with one commit per child
+/// partition carrying the buckets of every slab for it, in slab order ([`ChildCommitter::
+/// commit_in_order`]: on one node, one `fdatasync` for them all), [`COMMITS_IN_FLIGHT`]
+/// child partitions at a time, each with quick tries. Answers each slab as [`commit`]
+/// does. A slab's bucket is never committed unless the earlier slabs' buckets for the same
+/// child partition are: one held back for that reason fails as [`CommitFailure::Behind`].
+pub(crate) async fn commit_slabs(
+    slabs: Vec<Vec<Bucket>>,
+    committer: &Arc<dyn ChildCommitter>,
+    timing: &FanoutTiming,
+) -> Vec<Result<Acknowledged, Failed>> {
+    let records: Vec<usize> = slabs
+        .iter()
+        .map(|buckets| buckets.iter().map(|b| b.indices.len()).sum())
+        .collect();
+    // One unit of work per child partition, in partition order, its buckets in slab order.
+    let mut by_target: std::collections::BTreeMap<u32, TargetWork> = Default::default();
+    for (slab, buckets) in slabs.into_iter().enumerate() {
+        for bucket in buckets {
+            by_target
+                .entry(bucket.target.partition)
+                .or_insert_with(|| TargetWork {
+                    target: bucket.target.clone(),
+                    parts: Vec::new(),
+                })
+                .parts
+                .push((slab, bucket));
+        }
+    }
+    let lanes = by_target.len().min(COMMITS_IN_FLIGHT);
+    let queue = Arc::new(Mutex::new(by_target.into_values()));
     let pauses = timing.quick_retry_pauses;
     let works = (0..lanes).map(|_| {
         let (queue, committer) = (Arc::clone(&queue), Arc::clone(committer));
@@ -124,85 +176,129 @@ pub(crate) async fn commit(
             loop {
                 // Taken under the lock, committed outside it: the lanes commit in parallel.
                 let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some(bucket) = next else {
+                let Some(work) = next else {
                     return done;
                 };
-                let outcome =
-                    bucket
-                        .encode()
-                        .map_err(ChildCommitError::from)
-                        .and_then(|mut batch| {
-                            commit_with_quick_retries(
-                                committer.as_ref(),
-                                &bucket.target,
-                                &mut batch,
-                                &pauses,
-                            )
-                        });
-                done.push((bucket.target, bucket.indices, outcome));
+                let (durable, error) = commit_target(committer.as_ref(), &work, &pauses);
+                done.push(Outcome {
+                    work,
+                    durable,
+                    error,
+                });
             }
         }
     });
-    let mut failed = Failed {
-        indices: Vec::new(),
-        errors: Vec::new(),
-    };
+    let mut failed: Vec<Failed> = records
+        .iter()
+        .map(|_| Failed {
+            indices: Vec::new(),
+            errors: Vec::new(),
+        })
+        .collect();
     for lane in crate::blocking::run_all(works).await {
         match lane {
             Ok(done) => {
-                for (target, indices, outcome) in done {
-                    if let Err(error) = outcome {
-                        failed.errors.push(CommitFailure::Commit { target, error });
-                        failed.indices.extend(indices);
+                for outcome in done {
+                    let Some(error) = outcome.error else {
+                        continue;
+                    };
+                    let target = outcome.work.target;
+                    let mut not_done = outcome.work.parts.into_iter().skip(outcome.durable);
+                    if let Some((slab, bucket)) = not_done.next() {
+                        failed[slab].errors.push(CommitFailure::Commit {
+                            target: target.clone(),
+                            error,
+                        });
+                        failed[slab].indices.extend(bucket.indices);
+                    }
+                    for (slab, bucket) in not_done {
+                        failed[slab].errors.push(CommitFailure::Behind {
+                            target: target.clone(),
+                        });
+                        failed[slab].indices.extend(bucket.indices);
                     }
                 }
             }
             Err(error) => {
-                // A panicking lane: the fate of the bucket it held (and which buckets it had
-                // done) is lost with it, so retry the whole slab (duplicates are allowed; gaps
+                // A panicking lane: the fate of the buckets it held (and which it had done)
+                // is lost with it, so retry every slab whole (duplicates are allowed; gaps
                 // are not).
-                failed.errors.push(CommitFailure::Task(error));
-                failed.indices = (0..records).collect();
+                for (slab, failed) in failed.iter_mut().enumerate() {
+                    failed.errors.push(CommitFailure::Task(error.clone()));
+                    failed.indices = (0..records[slab]).collect();
+                }
             }
         }
     }
-    if failed.errors.is_empty() {
-        return Ok(Acknowledged(()));
-    }
-    failed.indices.sort_unstable();
-    failed.indices.dedup();
-    Err(failed)
+    failed
+        .into_iter()
+        .map(|mut failed| {
+            if failed.errors.is_empty() {
+                return Ok(Acknowledged(()));
+            }
+            failed.indices.sort_unstable();
+            failed.indices.dedup();
+            Err(failed)
+        })
+        .collect()
 }
 
-/// Commits one bucket's frame, trying again after each of `pauses` (blocking: it runs on a
-/// lane of the blocking pool). A failed try leaves `batch` as it was, so the next try sends
-/// the same frame.
+/// Encodes one child partition's buckets and commits them in order with quick tries:
+/// how many, from the first, are acknowledged, and why the next is not. A bucket that cannot
+/// be encoded stops there (those before it are still committed).
+fn commit_target(
+    committer: &dyn ChildCommitter,
+    work: &TargetWork,
+    pauses: &[std::time::Duration],
+) -> (usize, Option<ChildCommitError>) {
+    let mut batches = Vec::with_capacity(work.parts.len());
+    let mut unencodable = None;
+    for (_, bucket) in &work.parts {
+        match bucket.encode() {
+            Ok(batch) => batches.push(batch),
+            Err(e) => {
+                unencodable = Some(ChildCommitError::from(e));
+                break;
+            }
+        }
+    }
+    match commit_with_quick_retries(committer, &work.target, &mut batches, pauses) {
+        Ok(()) => (batches.len(), unencodable),
+        Err(failure) => (failure.durable, Some(failure.error)),
+    }
+}
+
+/// Commits one child partition's frames in order, trying again after each of `pauses`
+/// (blocking: it runs on a lane of the blocking pool) from the first frame not yet
+/// acknowledged. A failed try leaves those frames as they were, so the next try sends the
+/// same frames.
 fn commit_with_quick_retries(
     committer: &dyn ChildCommitter,
     partition: &PartitionId,
-    batch: &mut EncodedBatch,
+    batches: &mut [EncodedBatch],
     pauses: &[std::time::Duration],
-) -> Result<(), ChildCommitError> {
-    let mut tries = 0;
+) -> Result<(), InOrderFailure> {
+    let (mut tries, mut durable) = (0, 0);
     loop {
-        match committer.commit(partition, batch) {
-            Ok(_) => return Ok(()),
+        let failure = match committer.commit_in_order(partition, &mut batches[durable..]) {
+            Ok(()) => return Ok(()),
+            Err(failure) => failure,
+        };
+        durable += failure.durable;
+        let failed = |error| Err(InOrderFailure { durable, error });
+        match failure.error {
             // A refusal only the target's operator can lift is not tried again at once, nor is
             // a target that asked to be left alone for a while.
-            Err(
-                error @ ChildCommitError::Remote {
-                    permanent: true, ..
-                },
-            ) => return Err(error),
-            Err(
-                error @ ChildCommitError::Remote {
-                    retry_after: Some(_),
-                    ..
-                },
-            ) => return Err(error),
-            Err(error) => {
+            error @ ChildCommitError::Remote {
+                permanent: true, ..
+            } => return failed(error),
+            error @ ChildCommitError::Remote {
+                retry_after: Some(_),
+                ..
+            } => return failed(error),
+            error => {
                 let Some(pause) = pauses.get(tries) else {
-                    return Err(error);
+                    return failed(error);
                 };
                 tracing::debug!(%partition, %error, "child commit failed, trying again");
                 tries += 1;

@@ -22,6 +22,36 @@ pub trait ChildCommitter: Send + Sync + 'static {
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError>;
+
+    /// Commits `batches` (the buckets of consecutive slabs for one child partition) to
+    /// `partition` in this order, returning once all are durable. A batch is never committed
+    /// unless every one before it is, so the child never holds a later slab's records ahead
+    /// of an earlier one's that failed. On an error, the batches from
+    /// [`InOrderFailure::durable`] on are left as they were, to be sent again.
+    ///
+    /// The default commits them one after another, stopping at the first failure; a
+    /// committer that can make several durable together (a local store: one `fdatasync`)
+    /// does.
+    fn commit_in_order(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> Result<(), InOrderFailure> {
+        for (durable, batch) in batches.iter_mut().enumerate() {
+            self.commit(partition, batch)
+                .map_err(|error| InOrderFailure { durable, error })?;
+        }
+        Ok(())
+    }
+}
+
+/// Why [`ChildCommitter::commit_in_order`] did not commit every batch.
+#[derive(Debug)]
+pub struct InOrderFailure {
+    /// How many batches, from the first, are committed.
+    pub durable: usize,
+    /// Why the next one is not.
+    pub error: ChildCommitError,
 }
 
 /// Why a bucket is not (known to be) committed to its child partition. Every case is retried
@@ -196,5 +226,20 @@ impl ChildCommitter for Producer {
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
         Ok(self.store().append_encoded(partition, batch)?)
+    }
+
+    /// One append of all the batches: one `fdatasync` and one read-back.
+    fn commit_in_order(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> Result<(), InOrderFailure> {
+        match self.store().append_encoded_in_order(partition, batches) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(InOrderFailure {
+                durable: e.durable,
+                error: e.error.into(),
+            }),
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! fails for now stalls the cursor (its reason in the status) for
 //! [`FanoutTiming::retry_backoff`] and is tried again; the cursor never skips a record.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use narad_storage::{Clock, PartitionId, StorageError, Store, StoredRecord};
 
 use super::advance::{Durability, OffsetFile};
 use super::bucket::{SlabOrigin, bucket};
-use super::commit::{Acknowledged, commit};
+use super::commit::{Acknowledged, commit, commit_slabs};
 use super::committer::{ChildCommitError, ChildCommitter};
 use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
@@ -270,33 +271,37 @@ impl Cursor {
         stopped
     }
 
-    /// Steps 1 to 5, pipelined: slab N is delivered (routed, bucketed, committed) while the
-    /// position past slab N - 1 is written and slab N + 1 is read, so the child's `fdatasync`
-    /// and the offset file's overlap. A slab that reaches the parent's end has no next slab to
-    /// read: its position is written right after it is delivered. The offset file still moves only past slabs every bucket
-    /// of which is acknowledged, in slab order: the position written in step N is the one past
-    /// slab N - 1, whose [`Acknowledged`] it holds. A cursor holds at most two slabs (the one
-    /// delivering and the one read ahead).
+    /// Steps 1 to 5, pipelined: the slabs of one commit (up to [`FanoutTiming::slabs_per_commit`]
+    /// consecutive slabs already read, their buckets for each child partition committed
+    /// together) are delivered (routed, bucketed, committed) while the position past the
+    /// slabs before them is written and the slabs after them are read, so the child's
+    /// `fdatasync` and the offset file's overlap, and a backlog costs one child `fdatasync`
+    /// per child partition per commit rather than per slab. Slabs that reach the parent's end
+    /// have nothing after them to read: their position is written right after they are
+    /// delivered. The offset file still moves only past slabs every bucket of which is
+    /// acknowledged, in slab order: the position written in step N is the one past the
+    /// slabs of commit N - 1, whose [`Acknowledged`] it holds. A cursor holds at most twice
+    /// [`FanoutTiming::slabs_per_commit`] slabs (those delivering and those read ahead).
     async fn copy(
         &self,
         offsets: &OffsetFile,
         epoch: [u8; 8],
         unsaved: &mut Option<Delivered>,
     ) -> Result<Infallible, CursorExit> {
-        // Past every slab delivered so far (the file may still be one slab behind).
+        // Past every slab delivered so far (the file may still be one commit behind).
         let mut next = offsets.next_offset();
-        let mut ahead = None;
+        let mut ahead: VecDeque<Result<SlabRead, SlabError>> = VecDeque::new();
         loop {
             let link = self.current_link()?;
             if link.paused.contains(&self.key.partition) {
-                // Paused: the slab committed last goes on file, then nothing until resumed.
+                // Paused: the slabs committed last go on file, then nothing until resumed.
                 self.save(offsets, unsaved.as_ref(), Durability::Now)
                     .await?;
                 *unsaved = None;
                 let resumed_at = self.while_paused(offsets, next).await?;
                 if resumed_at != next {
                     // Sought elsewhere: what was read ahead is not the next slab any more.
-                    ahead = None;
+                    ahead.clear();
                     next = resumed_at;
                 }
                 continue;
@@ -304,16 +309,17 @@ impl Cursor {
             let delay_ms = link.delay_ms;
             let from = next;
             // (1) Read a slab (read ahead during the last delivery), or learn why there is none.
-            let read = match ahead.take() {
+            let read = match ahead.pop_front() {
                 Some(read) => read,
                 None => self.read(from, delay_ms).await?,
             };
-            let (records, high_watermark) = match read {
+            let (records, mut high_watermark) = match read {
                 Ok(SlabRead::Records {
                     records,
                     high_watermark,
                 }) => (records, high_watermark),
                 Ok(SlabRead::Nothing(why)) => {
+                    ahead.clear();
                     // Every other move of the file comes after the delivered slabs'.
                     self.save(offsets, unsaved.as_ref(), Durability::Now)
                         .await?;
@@ -323,6 +329,7 @@ impl Cursor {
                     continue;
                 }
                 Err(e) => {
+                    ahead.clear();
                     self.save(offsets, unsaved.as_ref(), Durability::Now)
                         .await?;
                     *unsaved = None;
@@ -331,36 +338,59 @@ impl Cursor {
                     continue;
                 }
             };
-            let Some(last) = records.last().map(|r| r.offset) else {
+            let Some(mut last) = records.last().map(|r| r.offset) else {
                 continue;
             };
-            let (oldest, count) = (records.first().map(|r| r.committed_at_ms), records.len());
+            let oldest = records.first().map(|r| r.committed_at_ms);
             let now_ms = self.deps.clock.now_ms();
             self.status
                 .set_due_lag(gate::due_lag_seconds(oldest, delay_ms, now_ms));
-            let origin = SlabOrigin {
+            let origin = |slab_start| SlabOrigin {
                 epoch,
                 parent_partition: self.key.partition,
-                slab_start: from,
+                slab_start,
             };
-            // (2) to (4) for this slab, (5) for the one before, and (1) for the one after.
-            // At the parent's end there is nothing to read ahead (a read would only wait for
-            // new records): the position is written as soon as the slab is delivered instead,
-            // so an idle cursor's file is never a slab behind.
+            let mut counts = vec![records.len()];
+            let first = (records, origin(from));
+            let mut more = Vec::new();
+            // The slabs read ahead that follow this one join its commit, up to the limit.
+            while counts.len() < self.slabs_per_commit() && last + 1 < high_watermark {
+                let Some(Ok(SlabRead::Records { .. })) = ahead.front() else {
+                    break;
+                };
+                let Some(Ok(SlabRead::Records {
+                    records,
+                    high_watermark: high,
+                })) = ahead.pop_front()
+                else {
+                    break;
+                };
+                let Some(end) = records.last().map(|r| r.offset) else {
+                    continue;
+                };
+                counts.push(records.len());
+                more.push((records, origin(last + 1)));
+                (last, high_watermark) = (end, high);
+            }
+            // (2) to (4) for these slabs, (5) for the ones before, and (1) for the ones
+            // after. At the parent's end there is nothing to read ahead (a read would only
+            // wait for new records): the position is written as soon as the slabs are
+            // delivered instead, so an idle cursor's file is never a commit behind.
             let at_end = last + 1 >= high_watermark;
             let before = unsaved.take();
             let (delivered, saved, read_ahead) = tokio::join!(
-                self.deliver(records, origin),
+                self.deliver_together(first, more),
                 self.save(offsets, before.as_ref(), Durability::Coalesced),
                 async {
                     match at_end {
-                        true => Ok(None),
-                        false => self.read(last + 1, delay_ms).await.map(Some),
+                        true => Ok(VecDeque::new()),
+                        false => self.read_ahead(last + 1, delay_ms).await,
                     }
                 },
             );
             match delivered {
-                // The position past this slab covers the one before, whatever its write did.
+                // The position past these slabs covers the ones before, whatever its write
+                // did.
                 Ok(acknowledged) => {
                     *unsaved = Some(Delivered {
                         acknowledged,
@@ -380,11 +410,48 @@ impl Cursor {
                     .await?;
                 *unsaved = None;
             }
-            self.status.slab_committed(count as u64);
+            for count in counts {
+                self.status.slab_committed(count as u64);
+            }
             self.healthy_at(last + 1, high_watermark);
             next = last + 1;
             ahead = read_ahead?;
         }
+    }
+
+    /// Most slabs committed together ([`FanoutTiming::slabs_per_commit`], at least 1).
+    fn slabs_per_commit(&self) -> usize {
+        self.deps.timing.slabs_per_commit.max(1)
+    }
+
+    /// Reads up to [`FanoutTiming::slabs_per_commit`] slabs from `from`, one after another, stopping after
+    /// one that brings no records or reaches the parent's end.
+    async fn read_ahead(
+        &self,
+        mut from: u64,
+        delay_ms: u64,
+    ) -> Result<VecDeque<Result<SlabRead, SlabError>>, CursorExit> {
+        let up_to = self.slabs_per_commit();
+        let mut reads = VecDeque::with_capacity(up_to);
+        while reads.len() < up_to {
+            let read = self.read(from, delay_ms).await?;
+            let after = match &read {
+                Ok(SlabRead::Records {
+                    records,
+                    high_watermark,
+                }) => records
+                    .last()
+                    .map(|r| r.offset + 1)
+                    .filter(|after| after < high_watermark),
+                _ => None,
+            };
+            reads.push_back(read);
+            match after {
+                Some(after) => from = after,
+                None => break,
+            }
+        }
+        Ok(reads)
     }
 
     /// Waits while the link has this cursor's partition paused, keeping its lag current
@@ -492,111 +559,189 @@ impl Cursor {
         }
     }
 
+    /// Steps 2 to 4 for consecutive slabs (`slabs[0]` first) committed together: each is
+    /// routed and bucketed on its own, then their buckets go to each child partition in one
+    /// commit, in slab order ([`commit_slabs`]). What is not acknowledged then goes round
+    /// again slab by slab, in slab order ([`Cursor::finish`]); a slab whose routing
+    /// failed, and every slab after it, are delivered that way too. Returns once every slab
+    /// is acknowledged.
+    async fn deliver_together(
+        &self,
+        first: (Vec<StoredRecord>, SlabOrigin),
+        more: Vec<(Vec<StoredRecord>, SlabOrigin)>,
+    ) -> Result<Acknowledged, CursorExit> {
+        let mut deliveries: Vec<Delivery> = std::iter::once(first)
+            .chain(more)
+            .map(|(records, origin)| Delivery::new(records, origin))
+            .collect();
+        let mut routed = Vec::with_capacity(deliveries.len());
+        for delivery in &mut deliveries {
+            match self.route_slab(delivery).await? {
+                Some(buckets) => routed.push(buckets),
+                None => break,
+            }
+        }
+        let mut answers = commit_slabs(routed, &self.committer, &self.deps.timing)
+            .await
+            .into_iter();
+        let (first, more) = deliveries.split_at_mut(1);
+        let mut acknowledged = self.settle(&mut first[0], answers.next()).await?;
+        for delivery in more {
+            acknowledged = self.settle(delivery, answers.next()).await?;
+        }
+        Ok(acknowledged)
+    }
+
+    /// Takes one slab of [`Cursor::deliver_together`] from its commit's `answer` (`None`:
+    /// not committed yet) to acknowledged.
+    async fn settle(
+        &self,
+        delivery: &mut Delivery,
+        answer: Option<Result<Acknowledged, super::commit::Failed>>,
+    ) -> Result<Acknowledged, CursorExit> {
+        match answer {
+            Some(Ok(acknowledged)) => Ok(acknowledged),
+            Some(Err(failed)) => {
+                self.commit_failed(delivery, failed).await?;
+                self.finish(delivery).await
+            }
+            None => self.finish(delivery).await,
+        }
+    }
+
     /// Steps 2 to 4 for the records of one slab: check the epoch, route under the child's
     /// current partition count, bucket, commit; the records of failed buckets (only those)
     /// go round again after the back-off, until every one is acknowledged.
-    async fn deliver(
+    async fn finish(&self, delivery: &mut Delivery) -> Result<Acknowledged, CursorExit> {
+        loop {
+            let Some(buckets) = self.route_slab(delivery).await? else {
+                continue;
+            };
+            match commit(buckets, &self.committer, &self.deps.timing).await {
+                Ok(acknowledged) => return Ok(acknowledged),
+                Err(failed) => self.commit_failed(delivery, failed).await?,
+            }
+        }
+    }
+
+    /// Steps 2 and 3 for what is left of a slab, once: check the epoch, route under the
+    /// child's current partition count, bucket. `None` when that failed for now (the cursor
+    /// has stalled for the back-off already): the caller tries again.
+    async fn route_slab(
         &self,
-        records: Vec<StoredRecord>,
-        origin: SlabOrigin,
-    ) -> Result<Acknowledged, CursorExit> {
-        let (mut pending, mut attempt) = (Arc::new(records), 0u32);
-        // Failed tries of this slab at a remote target, for the doubling back-off.
-        let mut remote_failures = 0u32;
+        delivery: &mut Delivery,
+    ) -> Result<Option<Vec<super::bucket::Bucket>>, CursorExit> {
+        self.check_stop()?;
+        let view = match link_view(self.deps.metastore.as_ref(), &self.key).await {
+            Ok(Some(view)) => view,
+            Ok(None) => return Err(self.gone_detached()),
+            Err(e) => {
+                self.stall(format!("cannot read the link: {e}")).await?;
+                return Ok(None);
+            }
+        };
+        let input = view.route_input(&self.key, delivery.attempt);
         // The shadow sees the slab once, whole: at its first successful routing, not at the
         // re-routings of failed buckets.
-        let mut offered = false;
-        loop {
-            self.check_stop()?;
-            let view = match link_view(self.deps.metastore.as_ref(), &self.key).await {
-                Ok(Some(view)) => view,
-                Ok(None) => return Err(self.gone_detached()),
-                Err(e) => {
-                    self.stall(format!("cannot read the link: {e}")).await?;
-                    continue;
+        let shadow = if delivery.offered {
+            None
+        } else {
+            self.link.shadow()
+        };
+        let (mode, shadow_input) = match &shadow {
+            Some(_) => (Mode::RouteAndFuel, Some(input.clone())),
+            None => (Mode::Route, None),
+        };
+        let pending = &delivery.pending;
+        let (decisions, cost) =
+            route_measured(&self.link.router, input, Arc::clone(pending), mode).await;
+        let (child, partitions) = (&self.key.child, view.child_partitions);
+        let buckets = decisions.and_then(|d| {
+            bucket(pending, &d, child, partitions, delivery.origin).map(|buckets| (buckets, d))
+        });
+        match buckets {
+            Ok((buckets, decisions)) => {
+                if let (Some(shadow), Some(input)) = (shadow, shadow_input) {
+                    // Never waits: a busy shadow counts the slab as skipped.
+                    shadow.offer(ShadowSlab {
+                        input,
+                        records: Arc::clone(pending),
+                        decisions,
+                        cost,
+                    });
+                    delivery.offered = true;
                 }
-            };
-            let input = view.route_input(&self.key, attempt);
-            let shadow = if offered { None } else { self.link.shadow() };
-            let (mode, shadow_input) = match &shadow {
-                Some(_) => (Mode::RouteAndFuel, Some(input.clone())),
-                None => (Mode::Route, None),
-            };
-            let (decisions, cost) =
-                route_measured(&self.link.router, input, Arc::clone(&pending), mode).await;
-            let (child, partitions) = (&self.key.child, view.child_partitions);
-            let buckets = decisions.and_then(|d| {
-                bucket(&pending, &d, child, partitions, origin).map(|buckets| (buckets, d))
-            });
-            let buckets = match buckets {
-                Ok((buckets, decisions)) => {
-                    if let (Some(shadow), Some(input)) = (shadow, shadow_input) {
-                        // Never waits: a busy shadow counts the slab as skipped.
-                        shadow.offer(ShadowSlab {
-                            input,
-                            records: Arc::clone(&pending),
-                            decisions,
-                            cost,
-                        });
-                        offered = true;
-                    }
-                    buckets
-                }
-                Err(failure) => {
-                    attempt = attempt.saturating_add(1);
-                    self.route_failed(&failure).await?;
-                    continue;
-                }
-            };
-            let failed = match commit(buckets, &self.committer, &self.deps.timing).await {
-                Ok(acknowledged) => return Ok(acknowledged),
-                Err(failed) => failed,
-            };
-            self.status.commit_retried(failed.errors.len() as u64);
-            let remote = |permanent_only: bool| {
-                failed.errors.iter().any(|e| match e {
-                    super::commit::CommitFailure::Commit {
-                        error: ChildCommitError::Remote { permanent, .. },
-                        ..
-                    } => *permanent || !permanent_only,
-                    _ => false,
-                })
-            };
-            let (refused, remote) = (remote(true), remote(false));
-            // The longest wait a target asked for (`Retry-After`), if any did.
-            let asked = failed
-                .errors
-                .iter()
-                .filter_map(|e| match e {
-                    super::commit::CommitFailure::Commit {
-                        error: ChildCommitError::Remote { retry_after, .. },
-                        ..
-                    } => *retry_after,
-                    _ => None,
-                })
-                .max();
-            let reason = failed.reason();
-            tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
-                failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
-            pending = Arc::new(failed.retained(&pending));
-            attempt = attempt.saturating_add(1);
-            if refused {
-                self.status.stalled_refused(reason);
-            } else {
-                self.status.stalled(reason);
+                Ok(Some(buckets))
             }
-            // A remote target that is down or refusing is asked less and less often; a local
-            // child partition keeps the reference's steady back-off.
-            let backoff = match remote {
-                true => {
-                    remote_failures = remote_failures.saturating_add(1);
-                    let backoff = self.deps.timing.remote_backoff(remote_failures);
-                    asked.map_or(backoff, |asked| backoff.max(asked))
-                }
-                false => self.deps.timing.retry_backoff,
-            };
-            self.pause(backoff).await?;
+            Err(failure) => {
+                delivery.attempt = delivery.attempt.saturating_add(1);
+                self.route_failed(&failure).await?;
+                Ok(None)
+            }
         }
+    }
+
+    /// Some buckets of a slab were not acknowledged: keeps (copies of) just their records
+    /// for the next try, reports the stall and backs off (longer and longer for a remote
+    /// target that keeps failing). Buckets held back only behind an earlier slab's failure
+    /// go again at once: that slab has been delivered by then.
+    async fn commit_failed(
+        &self,
+        delivery: &mut Delivery,
+        failed: super::commit::Failed,
+    ) -> Result<(), CursorExit> {
+        use super::commit::CommitFailure;
+        delivery.pending = Arc::new(failed.retained(&delivery.pending));
+        delivery.attempt = delivery.attempt.saturating_add(1);
+        let only_behind = failed
+            .errors
+            .iter()
+            .all(|e| matches!(e, CommitFailure::Behind { .. }));
+        if only_behind {
+            return Ok(());
+        }
+        self.status.commit_retried(failed.errors.len() as u64);
+        let remote = |permanent_only: bool| {
+            failed.errors.iter().any(|e| match e {
+                CommitFailure::Commit {
+                    error: ChildCommitError::Remote { permanent, .. },
+                    ..
+                } => *permanent || !permanent_only,
+                _ => false,
+            })
+        };
+        let (refused, remote) = (remote(true), remote(false));
+        // The longest wait a target asked for (`Retry-After`), if any did.
+        let asked = failed
+            .errors
+            .iter()
+            .filter_map(|e| match e {
+                CommitFailure::Commit {
+                    error: ChildCommitError::Remote { retry_after, .. },
+                    ..
+                } => *retry_after,
+                _ => None,
+            })
+            .max();
+        let reason = failed.reason();
+        tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+            failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
+        if refused {
+            self.status.stalled_refused(reason);
+        } else {
+            self.status.stalled(reason);
+        }
+        // A remote target that is down or refusing is asked less and less often; a local
+        // child partition keeps the reference's steady back-off.
+        let backoff = match remote {
+            true => {
+                delivery.remote_failures = delivery.remote_failures.saturating_add(1);
+                let backoff = self.deps.timing.remote_backoff(delivery.remote_failures);
+                asked.map_or(backoff, |asked| backoff.max(asked))
+            }
+            false => self.deps.timing.retry_backoff,
+        };
+        self.pause(backoff).await
     }
 
     /// Reads the next slab at `from` through the delay gate, unless the cursor is stopped.
@@ -775,6 +920,32 @@ impl Cursor {
         tokio::select! {
             _ = tokio::time::sleep(duration) => Ok(()),
             _ = self.stop.wait() => Err(CursorExit::Stopped),
+        }
+    }
+}
+
+/// One slab on its way to the child: the records not yet acknowledged, and how its tries
+/// went.
+struct Delivery {
+    /// The slab's records not known to be committed (all of them at first).
+    pending: Arc<Vec<StoredRecord>>,
+    origin: SlabOrigin,
+    /// The routing attempt number the next try hands the plugins.
+    attempt: u32,
+    /// Failed tries of this slab at a remote target, for the doubling back-off.
+    remote_failures: u32,
+    /// Whether the link's shadow has been offered the slab.
+    offered: bool,
+}
+
+impl Delivery {
+    fn new(records: Vec<StoredRecord>, origin: SlabOrigin) -> Delivery {
+        Delivery {
+            pending: Arc::new(records),
+            origin,
+            attempt: 0,
+            remote_failures: 0,
+            offered: false,
         }
     }
 }

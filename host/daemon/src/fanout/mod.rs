@@ -36,9 +36,13 @@
 //! candidate chain that runs beside the loop: the offer never waits, and nothing the candidate
 //! decides is committed.
 //!
-//! The loop is pipelined one slab deep: step 5 for slab N - 1 and step 1 for slab N + 1 run
-//! while slab N goes through steps 2 to 4, so the two `fdatasync`s of a slab overlap; step 5
-//! still only ever follows an acknowledged slab, in slab order. While the cursor copies at full
+//! The loop is pipelined one commit deep: step 5 for the slabs before and step 1 for the slabs
+//! after run while the current slabs go through steps 2 to 4, so the child's `fdatasync` and
+//! the offset file's overlap; step 5 still only ever follows acknowledged slabs, in slab
+//! order. With a backlog, the slabs read ahead (up to [`SLABS_PER_COMMIT`]) are committed
+//! together: each is routed and bucketed on its own, and each child partition gets their
+//! buckets in one commit, in slab order (one `fdatasync` on one node); a bucket is never
+//! acknowledged ahead of an earlier slab's bucket for the same child partition. While the cursor copies at full
 //! speed, step 5 writes the position at once and syncs it at most every
 //! [`FanoutTiming::offset_sync_every`], one sync covering the slabs delivered since; an idle,
 //! paused or stopping cursor syncs at once.
@@ -114,8 +118,20 @@ pub(crate) const REMOTE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// at once.
 pub const OFFSET_SYNC_EVERY: Duration = Duration::from_millis(50);
 
-/// Every wait of a cursor, carried to it with its clock (`CursorDeps`). [`Default`] gives the
-/// reference constants above; tests shorten them instead of sleeping for seconds.
+/// Most consecutive slabs a cursor commits together (ours; the reference commits each slab
+/// on its own). A cursor with a backlog reads the next slabs while it commits, and the slabs
+/// read by then join the next commit: each child partition gets their buckets in one commit,
+/// in slab order, which on one node is one append with one `fdatasync` and one read-back
+/// for all of them. Every slab is still routed on its own (a plugin sees at most
+/// [`SLAB_MAX_RECORDS`] records a call), no bucket is acknowledged unless the earlier slabs'
+/// buckets for the same child partition are, and the offset file moves past the slabs only
+/// once all are acknowledged: a crash repeats at most this many slabs. It bounds what a
+/// cursor holds to twice this many slabs (those committing and those read ahead).
+pub const SLABS_PER_COMMIT: usize = 2;
+
+/// Every wait of a cursor, and how many slabs it commits together, carried to it with its
+/// clock (`CursorDeps`). [`Default`] gives the constants above; tests shorten the waits
+/// instead of sleeping for seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FanoutTiming {
     /// Long-poll on the parent before a slab read reports no data ([`SLAB_LONG_POLL`]).
@@ -136,6 +152,9 @@ pub struct FanoutTiming {
     /// Longest a cursor copying at full speed leaves a written position unsynced
     /// ([`OFFSET_SYNC_EVERY`]); zero syncs the offset file past every slab.
     pub offset_sync_every: Duration,
+    /// Most consecutive slabs committed together ([`SLABS_PER_COMMIT`]); 1 commits each slab
+    /// on its own, as the reference engine does (0 counts as 1).
+    pub slabs_per_commit: usize,
 }
 
 impl FanoutTiming {
@@ -160,6 +179,7 @@ impl Default for FanoutTiming {
             delay_max_sleep: DELAY_MAX_SLEEP,
             remote_backoff_max: REMOTE_BACKOFF_MAX,
             offset_sync_every: OFFSET_SYNC_EVERY,
+            slabs_per_commit: SLABS_PER_COMMIT,
         }
     }
 }

@@ -515,6 +515,7 @@ mod tests {
         delay_max_sleep: Duration::from_millis(5),
         remote_backoff_max: Duration::from_millis(50),
         offset_sync_every: crate::fanout::OFFSET_SYNC_EVERY,
+        slabs_per_commit: crate::fanout::SLABS_PER_COMMIT,
     };
 
     /// Commits child buckets straight to the local store.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_host::fanout::FanoutTiming;
-use narad_host::fanout::committer::{ChildCommitError, ChildCommitter};
+use narad_host::fanout::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
 use narad_host::fanout::cursor::{
     CursorDeps, CursorExit, CursorKey, LinkGone, LinkRuntime, run_cursor,
 };
@@ -49,6 +49,7 @@ const TIMING: FanoutTiming = FanoutTiming {
     // so the tests below check what the coalesced path writes, and the power-loss tests what
     // it leaves durable.
     offset_sync_every: Duration::from_secs(3600),
+    slabs_per_commit: narad_host::fanout::SLABS_PER_COMMIT,
 };
 
 /// Routes keyed records by Kafka's partitioner and keyless ones to partition 0.
@@ -82,6 +83,44 @@ struct GatedCommitter {
     budget: std::sync::atomic::AtomicU64,
     /// Every error the store returned to a child commit.
     store_errors: std::sync::Mutex<Vec<String>>,
+    /// While set, `(child partition, slab start)`: batches of that slab for that partition
+    /// fail (one slab's bucket lost to a failure that spares the next slab's).
+    refused_slab: std::sync::Mutex<Option<(u32, u64)>>,
+}
+
+impl GatedCommitter {
+    /// Why `batch` is not taken for `partition` now, if it is not.
+    fn refusal(&self, partition: &PartitionId, batch: &EncodedBatch) -> Option<ChildCommitError> {
+        let refused = *self.refused_slab.lock().unwrap();
+        if let Some((p, slab_start)) = refused
+            && p == partition.partition
+            && batch.decode().unwrap().origin.map(|o| o.slab_start) == Some(slab_start)
+        {
+            return Some(down(partition));
+        }
+        let spent = self
+            .budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
+            .is_err();
+        (spent || self.down[partition.partition as usize].load(Ordering::SeqCst))
+            .then(|| down(partition))
+    }
+
+    fn note(&self, partition: &PartitionId, error: &StorageError) {
+        self.store_errors
+            .lock()
+            .unwrap()
+            .push(format!("{partition}: {error}"));
+    }
+}
+
+/// A child commit that failed because the test took the child partition down.
+fn down(partition: &PartitionId) -> ChildCommitError {
+    StorageError::Io {
+        context: format!("{partition} is down"),
+        source: std::io::Error::other("down"),
+    }
+    .into()
 }
 
 impl ChildCommitter for GatedCommitter {
@@ -90,25 +129,45 @@ impl ChildCommitter for GatedCommitter {
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
-        let spent = self
-            .budget
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
-            .is_err();
-        if spent || self.down[partition.partition as usize].load(Ordering::SeqCst) {
-            return Err(StorageError::Io {
-                context: format!("{partition} is down"),
-                source: std::io::Error::other("down"),
-            }
-            .into());
+        if let Some(refused) = self.refusal(partition, batch) {
+            return Err(refused);
         }
         let result = self.store.append_encoded(partition, batch);
         if let Err(error) = &result {
-            self.store_errors
-                .lock()
-                .unwrap()
-                .push(format!("{partition}: {error}"));
+            self.note(partition, error);
         }
         Ok(result?)
+    }
+
+    /// The store's own (one append for all) for the batches the gate lets through, in
+    /// order, stopping at the first it refuses.
+    fn commit_in_order(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> Result<(), InOrderFailure> {
+        let mut refused = None;
+        for (i, batch) in batches.iter().enumerate() {
+            if let Some(error) = self.refusal(partition, batch) {
+                refused = Some((i, error));
+                break;
+            }
+        }
+        let allowed = refused.as_ref().map_or(batches.len(), |(i, _)| *i);
+        if let Err(e) = self
+            .store
+            .append_encoded_in_order(partition, &mut batches[..allowed])
+        {
+            self.note(partition, &e.error);
+            return Err(InOrderFailure {
+                durable: e.durable,
+                error: e.error.into(),
+            });
+        }
+        match refused {
+            Some((durable, error)) => Err(InOrderFailure { durable, error }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -182,6 +241,7 @@ async fn fixture(
         down: (0..16).map(|_| AtomicBool::new(false)).collect(),
         budget: std::sync::atomic::AtomicU64::new(u64::MAX),
         store_errors: std::sync::Mutex::new(Vec::new()),
+        refused_slab: std::sync::Mutex::new(None),
     });
     Fixture {
         _dir: dir,
@@ -474,6 +534,90 @@ async fn while_a_slab_stalls_the_pipelined_cursor_files_only_the_slab_before_it(
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_committed_two_slabs_at_a_time_each_batch_with_its_own_origin() {
+    // Four slabs of backlog, one child partition: one batch per slab.
+    let f = fixture(1, 1, LogConfig::default()).await;
+    let slab = narad_host::fanout::SLAB_MAX_RECORDS as u64;
+    produce(&f.store, 0..4 * slab as u32);
+    let before = f.store.append_stats();
+    copy_until(&f, link(vec![0], 0), 4 * slab, "the backlog copied").await;
+    let after = f.store.append_stats();
+    // The first slab goes alone (nothing was read ahead yet); the next two were read while
+    // it committed and go together; the last one, read while they committed, alone.
+    assert_eq!(
+        (after.appends - before.appends, after.syncs - before.syncs),
+        (4, 3),
+        "four slabs, one child fdatasync for each commit of one or two"
+    );
+    let copied = f
+        .store
+        .read(
+            &PartitionId::new("child", 0),
+            &ReadOptions {
+                offset: 0,
+                max_records: usize::MAX,
+                max_bytes: usize::MAX,
+                max_committed_at_ms: None,
+            },
+        )
+        .unwrap()
+        .records;
+    assert_eq!(copied.len() as u64, 4 * slab);
+    for (i, record) in copied.iter().enumerate() {
+        let origin = record.origin.as_ref().unwrap();
+        assert_eq!(origin.parent_offset, i as u64, "in parent order");
+        assert_eq!(
+            origin.slab_start,
+            i as u64 / slab * slab,
+            "each batch names its own slab's start, also the second of a commit"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slab_committed_with_the_one_before_never_lands_ahead_of_its_failed_bucket() {
+    // Three slabs, two child partitions: the second and third slabs commit together, and
+    // the second's bucket for partition 1 fails while the third's would not.
+    let f = fixture(1, 2, LogConfig::default()).await;
+    let slab = narad_host::fanout::SLAB_MAX_RECORDS as u32;
+    produce(&f.store, 0..3 * slab);
+    *f.committer.refused_slab.lock().unwrap() = Some((1, u64::from(slab)));
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the second slab's bucket to be retried", || {
+        running.commit_retries() >= 2
+    })
+    .await;
+    // Nothing of the third slab is in partition 1 while the second's bucket there is not.
+    let held: Vec<u32> = child_values(&f.store, 1)
+        .iter()
+        .map(|v| v[1..].parse().unwrap())
+        .collect();
+    let ahead = held.iter().find(|&&i| i >= slab);
+    assert_eq!(
+        ahead, None,
+        "a later slab's record landed ahead of an earlier slab's failed bucket"
+    );
+    assert!(file_position(&f).map_or(0, |r| r.next_offset) <= u64::from(slab));
+    *f.committer.refused_slab.lock().unwrap() = None;
+    wait_for("every slab copied", || {
+        running.status.report().next_offset == Some(u64::from(3 * slab))
+    })
+    .await;
+    for p in 0..2 {
+        let order: Vec<u32> = child_values(&f.store, p)
+            .iter()
+            .map(|v| v[1..].parse().unwrap())
+            .collect();
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "partition {p} out of parent order or with a duplicate"
+        );
+    }
+    assert_eq!(all_child_values(&f.store, 2), expected(0..3 * slab));
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
 /// Syncs the directories above the parent's and the child's partition 0 (as an installed
 /// data directory's are), so a simulated power loss keeps the files the tests look at.
 fn make_directories_durable(f: &Fixture) {
@@ -491,31 +635,32 @@ fn make_directories_durable(f: &Fixture) {
     }
 }
 
-/// A cursor on three slabs of backlog into one child partition whose commits fail after the
-/// first two slabs: returns once the second slab's position is written and the third stalls.
-async fn two_slabs_delivered_then_a_stall(f: &Fixture) -> Running {
+/// A cursor on four slabs of backlog into one child partition whose commits fail after the
+/// first three slabs (committed as the first alone, then the second and third together):
+/// returns once the third slab's position is written and the fourth stalls.
+async fn three_slabs_delivered_then_a_stall(f: &Fixture) -> Running {
     make_directories_durable(f);
     let slab = narad_host::fanout::SLAB_MAX_RECORDS as u32;
-    produce(&f.store, 0..3 * slab);
-    f.committer.budget.store(2, Ordering::SeqCst);
+    produce(&f.store, 0..4 * slab);
+    f.committer.budget.store(3, Ordering::SeqCst);
     let running = start(f, link(vec![0], 0)).await;
-    wait_for("the third slab to stall", || running.commit_retries() >= 1).await;
-    wait_for("the second slab's position on file", || {
-        file_position(f).map(|r| r.next_offset) == Some(u64::from(2 * slab))
+    wait_for("the fourth slab to stall", || running.commit_retries() >= 1).await;
+    wait_for("the third slab's position on file", || {
+        file_position(f).map(|r| r.next_offset) == Some(u64::from(3 * slab))
     })
     .await;
-    assert_eq!(all_child_values(&f.store, 1), expected(0..2 * slab));
+    assert_eq!(all_child_values(&f.store, 1), expected(0..3 * slab));
     running
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_full_speed_a_power_loss_leaves_the_offset_file_behind_the_child_never_ahead() {
     let f = fixture(1, 1, LogConfig::default()).await;
-    let running = two_slabs_delivered_then_a_stall(&f).await;
-    // The positions past both slabs were written (a restart after kill -9 reads them), but
-    // their syncs are coalesced: a power loss now keeps the position synced last, the attach
-    // point, while the child's commits (each synced and verified) survive. A restart from
-    // there copies both slabs again: duplicates, no gap.
+    let running = three_slabs_delivered_then_a_stall(&f).await;
+    // The positions past the three slabs were written (a restart after kill -9 reads them),
+    // but their syncs are coalesced: a power loss now keeps the position synced last, the
+    // attach point, while the child's commits (each synced and verified) survive. A restart
+    // from there copies the three slabs again: duplicates, no gap.
     f.fault.crash(CrashMode::DropAll);
     assert_eq!(file_position(&f).map(|r| r.next_offset), Some(0));
     // The store as it comes back from the power loss.
@@ -533,7 +678,7 @@ async fn at_full_speed_a_power_loss_leaves_the_offset_file_behind_the_child_neve
         .unwrap();
     assert_eq!(
         all_child_values(&rebooted, 1),
-        expected(0..2 * narad_host::fanout::SLAB_MAX_RECORDS as u32)
+        expected(0..3 * narad_host::fanout::SLAB_MAX_RECORDS as u32)
     );
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
@@ -541,12 +686,12 @@ async fn at_full_speed_a_power_loss_leaves_the_offset_file_behind_the_child_neve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_cursor_syncs_the_position_it_wrote_so_a_power_loss_repeats_nothing() {
     let f = fixture(1, 1, LogConfig::default()).await;
-    let running = two_slabs_delivered_then_a_stall(&f).await;
+    let running = three_slabs_delivered_then_a_stall(&f).await;
     assert_eq!(running.stop().await, CursorExit::Stopped);
     f.fault.crash(CrashMode::DropAll);
     assert_eq!(
         file_position(&f).map(|r| r.next_offset),
-        Some(2 * narad_host::fanout::SLAB_MAX_RECORDS as u64),
+        Some(3 * narad_host::fanout::SLAB_MAX_RECORDS as u64),
         "a stop must leave the delivered position durable (a move hands this file over)"
     );
 }
