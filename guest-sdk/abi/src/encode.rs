@@ -146,16 +146,28 @@ impl SlabEncoder {
         I::Item: SlabRecord,
     {
         let (mut count, mut keys, mut headers, mut values) = (0u64, 0u64, 0u64, 0u64);
-        for r in records {
-            count += 1;
-            if self.needs.keys() {
-                keys += r.key().map_or(0, |k| k.len() as u64);
-            }
-            if self.needs.headers() {
-                headers += headers_region_len(&r);
-            }
-            if self.needs.values() {
-                values += r.value().len() as u64;
+        let records = records.into_iter();
+        let needs = self.needs;
+        if !needs.keys() && !needs.headers() && !needs.values() {
+            // Nothing variable-length to measure (key hashes alone): only the count, which a
+            // slice's iterator knows without visiting a record. An iterator that lies about
+            // its length is caught by `write`, which checks the records against the layout.
+            count = match records.size_hint() {
+                (low, Some(high)) if low == high => low as u64,
+                _ => records.count() as u64,
+            };
+        } else {
+            for r in records {
+                count += 1;
+                if needs.keys() {
+                    keys += r.key().map_or(0, |k| k.len() as u64);
+                }
+                if needs.headers() {
+                    headers += headers_region_len(&r);
+                }
+                if needs.values() {
+                    values += r.value().len() as u64;
+                }
             }
         }
         let to_u32 = |v: u64| u32::try_from(v).map_err(|_| EncodeError::TooLarge);

@@ -585,3 +585,25 @@ proptest! {
         prop_assert_eq!(RouteContextRef::decode(&bytes).unwrap(), ctx.as_ref());
     }
 }
+
+#[test]
+fn key_hashes_alone_are_measured_from_the_count_whatever_the_iterator_says_of_its_length() {
+    let ctx = context();
+    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let recs = records();
+    let exact = enc.layout(&recs).unwrap();
+    // An iterator that does not know its length (a filter) is counted instead.
+    let counted = enc.layout(recs.iter().filter(|_| true)).unwrap();
+    assert_eq!(exact, counted);
+    assert_eq!(exact.record_count(), recs.len());
+    // Records other than the measured ones are refused, not written past the layout.
+    let mut buf = vec![0; exact.total_len() + 64];
+    assert_eq!(
+        enc.write(&exact, recs.iter().chain(recs.iter().take(1)), &mut buf),
+        Err(EncodeError::LayoutMismatch)
+    );
+    assert_eq!(
+        enc.write(&exact, recs.iter().take(2), &mut buf),
+        Err(EncodeError::LayoutMismatch)
+    );
+}

@@ -122,7 +122,12 @@ pub(crate) async fn read_slab(
     }
 
     let mut high_watermark = first.high_watermark;
-    let mut bytes: usize = first.records.iter().map(StoredRecord::payload_bytes).sum();
+    // Only a slab short of records tops up, so only then are its bytes counted (a walk over
+    // every record, which a full slab from a backlog does not need).
+    let mut bytes: usize = match first.records.len() < SLAB_MAX_RECORDS {
+        true => first.records.iter().map(StoredRecord::payload_bytes).sum(),
+        false => 0,
+    };
     let mut next = first.next_offset;
     let mut gated = first.not_due.is_some();
     let mut records = first.records;

@@ -285,7 +285,7 @@ pub fn seal(frame: &mut [u8], body_crc: u32, base_offset: u64, committed_at_ms: 
     frame[14..22].copy_from_slice(&base_offset.to_le_bytes());
     frame[26..34].copy_from_slice(&committed_at_ms.to_le_bytes());
     let head_crc = crc32c::crc32c(&frame[CRC_START..HEADER_LEN]);
-    let crc = crc32c::crc32c_combine(head_crc, body_crc, frame.len() - HEADER_LEN);
+    let crc = crate::log::crc_combine::crc32c_combine(head_crc, body_crc, frame.len() - HEADER_LEN);
     frame[10..14].copy_from_slice(&crc.to_le_bytes());
 }
 

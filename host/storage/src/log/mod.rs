@@ -1,6 +1,7 @@
 //! One partition's log: segment files of batch frames, a durable high-watermark file, and the
 //! in-memory state that serves appends and reads.
 //!
+//! - `crc_combine`: the CRC of two byte runs joined, from theirs (for sealing frames).
 //! - `format`: the batch frame (encode, seal, parse, decode).
 //! - `hwm`: the fixed-size high-watermark file (durable boundary, clean-close flag).
 //! - `start`: the log-start file (the oldest offset the log holds, moved only by retention).
@@ -17,6 +18,7 @@
 //! files without any lock. The writer publishes to the view only after a batch is durable and
 //! verified, which is what keeps readers from ever seeing bytes past the high watermark.
 
+pub(crate) mod crc_combine;
 pub mod format;
 pub mod hwm;
 pub(crate) mod reader;
