@@ -182,6 +182,8 @@ pub struct Store {
 pub struct InOrderError {
     /// How many batches, from the first, are durable.
     pub durable: usize,
+    /// What each of those was assigned.
+    pub appended: Vec<Appended>,
     /// What stopped the next one.
     pub error: StorageError,
 }
@@ -748,13 +750,20 @@ impl Store {
         id: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> std::result::Result<Vec<Appended>, InOrderError> {
-        let failed = |durable: usize, error: StorageError| InOrderError { durable, error };
-        let p = self.partition(id).map_err(|e| failed(0, e))?;
+        let failed = |appended: Vec<Appended>, error: StorageError| InOrderError {
+            durable: appended.len(),
+            appended,
+            error,
+        };
+        let p = self.partition(id).map_err(|e| failed(Vec::new(), e))?;
         self.stamp(&p);
         let config = p.config();
         let mut appended = Vec::with_capacity(batches.len());
         while appended.len() < batches.len() {
-            let log = self.open_log(&p).map_err(|e| failed(appended.len(), e))?;
+            let log = match self.open_log(&p) {
+                Ok(log) => log,
+                Err(e) => return Err(failed(appended, e)),
+            };
             let mut frames: Vec<log::writer::FrameToAppend<'_>> = batches[appended.len()..]
                 .iter_mut()
                 .map(|b| log::writer::FrameToAppend {
@@ -774,11 +783,15 @@ impl Store {
                     Err(LogError::Closed) => {
                         let slot = log::read(&p.slot);
                         if let Some(e) = p.broken_error(&slot) {
-                            return Err(failed(appended.len(), e));
+                            drop(slot);
+                            return Err(failed(appended, e));
                         }
                         break;
                     }
-                    Err(e) => return Err(failed(appended.len(), self.log_error(&p, e))),
+                    Err(e) => {
+                        let e = self.log_error(&p, e);
+                        return Err(failed(appended, e));
+                    }
                 }
             }
         }

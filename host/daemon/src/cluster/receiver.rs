@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store};
 
 use super::commit_wire::{CommitRequest, CommitResponse};
 use super::dedupe::{OriginWindow, WINDOW_ORIGINS, without_held};
@@ -24,6 +24,18 @@ use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
 pub(crate) type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
+
+/// What [`CommitReceiver::commit_in_order`] does with one request once it is deduplicated.
+enum Plan {
+    /// Every record is already held: nothing to append.
+    Held { deduplicated: u32 },
+    /// Appended as batch `at` of the commit's append.
+    Append { at: usize, deduplicated: u32 },
+    /// What is left of it cannot be encoded (the reason); those after it wait.
+    Refused(String),
+    /// Not appended: a request before it could not be.
+    Behind,
+}
 
 /// A partition's window, with the ownership generation it was built for.
 type GenerationWindow = (u64, OriginWindow);
@@ -62,26 +74,51 @@ impl CommitReceiver {
 
     /// Applies one commit (blocking: call it on the blocking pool).
     pub(crate) fn commit(&self, request: CommitRequest) -> CommitResponse {
-        let id = PartitionId::new(request.topic.clone(), request.partition);
+        let mut answers = self.commit_in_order(vec![request]);
+        answers.pop().unwrap_or_else(|| CommitResponse::Failed {
+            reason: "the commit got no answer".to_owned(),
+        })
+    }
+
+    /// Applies commits to one child partition (the buckets of consecutive slabs) in this
+    /// order, answering each: fenced and deduplicated as [`CommitReceiver::commit`] does each,
+    /// and what is left of them appended together ([`Store::append_encoded_in_order`]: one
+    /// `fdatasync`), none appended unless those before it are. Requests for several
+    /// partitions or generations are applied one after another instead, and once one fails
+    /// the rest are not applied. Blocking.
+    pub(crate) fn commit_in_order(&self, requests: Vec<CommitRequest>) -> Vec<CommitResponse> {
+        let Some(first) = requests.first() else {
+            return Vec::new();
+        };
+        let (topic, partition, generation) =
+            (first.topic.clone(), first.partition, first.generation);
+        if requests
+            .iter()
+            .any(|r| r.topic != topic || r.partition != partition || r.generation != generation)
+        {
+            return self.one_by_one(requests);
+        }
+        let id = PartitionId::new(topic, partition);
+        let refuse_all = |answer: CommitResponse| vec![answer; requests.len()];
         if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
-            return CommitResponse::Failed { reason };
+            return refuse_all(CommitResponse::Failed { reason });
         }
         let owner = (self.owners)(&id);
         match &owner {
-            Some(o) if o.node == self.node && o.generation == request.generation => {
+            Some(o) if o.node == self.node && o.generation == generation => {
                 if let Some(to) = &o.moving_to {
                     // The partition is sealed, or about to be: the sender waits and retries,
                     // and after the move sends to the new owner.
-                    return CommitResponse::Failed {
+                    return refuse_all(CommitResponse::Failed {
                         reason: format!("child partition {id} is being moved to node {to}"),
-                    };
+                    });
                 }
             }
             _ => {
-                return CommitResponse::NotOwner {
+                return refuse_all(CommitResponse::NotOwner {
                     owner: owner.as_ref().map(|o| o.node.clone()),
                     generation: owner.map(|o| o.generation),
-                };
+                });
             }
         }
         let slot = {
@@ -96,50 +133,116 @@ impl CommitReceiver {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A window belongs to one generation: a partition that moved away and came back holds
         // records appended elsewhere meanwhile, so its window is built again from its tail.
-        if window.as_ref().map(|(generation, _)| *generation) != Some(request.generation) {
+        if window.as_ref().map(|(generation, _)| *generation) != Some(generation) {
             match self.rebuild(&id) {
-                Ok(rebuilt) => *window = Some((request.generation, rebuilt)),
-                Err(e) => return failed(&e),
+                Ok(rebuilt) => *window = Some((generation, rebuilt)),
+                Err(e) => return refuse_all(failed(&e)),
             }
         }
         let Some((_, window)) = window.as_mut() else {
-            return CommitResponse::Failed {
+            return refuse_all(CommitResponse::Failed {
                 reason: "dedupe window missing".to_owned(),
+            });
+        };
+        self.append_in_order(&id, window, requests)
+    }
+
+    /// Deduplicates `requests` against `window` and appends what is left of them together,
+    /// in order, remembering the origins of what became durable.
+    fn append_in_order(
+        &self,
+        id: &PartitionId,
+        window: &mut OriginWindow,
+        requests: Vec<CommitRequest>,
+    ) -> Vec<CommitResponse> {
+        let mut plans = Vec::with_capacity(requests.len());
+        let mut batches = Vec::new();
+        let mut origins = Vec::new();
+        let mut blocked = false;
+        for request in requests {
+            let batch = request.into_batch();
+            let keep = match &batch.origin {
+                Some(origin) => window.keep_mask(origin),
+                None => Vec::new(),
             };
-        };
-        let batch = request.into_batch();
-        let keep = match &batch.origin {
-            Some(origin) => window.keep_mask(origin),
-            None => Vec::new(),
-        };
-        let (kept, deduplicated) = without_held(batch, &keep);
-        let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
-        let Some(kept) = kept else {
-            return match self.store.high_watermark(&id) {
-                Ok(end) => CommitResponse::Committed {
-                    base_offset: end,
-                    appended: 0,
-                    deduplicated,
-                    committed_at_ms: 0,
+            let (kept, deduplicated) = without_held(batch, &keep);
+            let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
+            let plan = match kept {
+                None => Plan::Held { deduplicated },
+                Some(_) if blocked => Plan::Behind,
+                Some(kept) => match EncodedBatch::encode(&kept.records, kept.origin.as_ref()) {
+                    Ok(encoded) => {
+                        batches.push(encoded);
+                        origins.push(kept.origin);
+                        Plan::Append {
+                            at: batches.len() - 1,
+                            deduplicated,
+                        }
+                    }
+                    Err(e) => {
+                        blocked = true;
+                        Plan::Refused(e.to_string())
+                    }
                 },
-                Err(e) => failed(&e),
             };
-        };
-        let origin = kept.origin.clone();
-        match self.store.append(&id, kept) {
-            Ok(appended) => {
-                if let Some(origin) = &origin {
-                    window.remember_batch(origin);
-                }
-                CommitResponse::Committed {
-                    base_offset: appended.base_offset,
-                    appended: appended.count,
-                    deduplicated,
-                    committed_at_ms: appended.committed_at_ms,
-                }
-            }
-            Err(e) => failed(&e),
+            plans.push(plan);
         }
+        let (appended, failure) = match self.store.append_encoded_in_order(id, &mut batches) {
+            Ok(appended) => (appended, None),
+            Err(e) => (e.appended, Some(e.error.to_string())),
+        };
+        for origin in origins.iter().take(appended.len()).flatten() {
+            window.remember_batch(origin);
+        }
+        let behind = || CommitResponse::Failed {
+            reason: "not appended: an earlier batch of the same commit failed".to_owned(),
+        };
+        plans
+            .into_iter()
+            .map(|plan| match plan {
+                Plan::Held { deduplicated } => match self.store.high_watermark(id) {
+                    Ok(end) => CommitResponse::Committed {
+                        base_offset: end,
+                        appended: 0,
+                        deduplicated,
+                        committed_at_ms: 0,
+                    },
+                    Err(e) => failed(&e),
+                },
+                Plan::Append { at, deduplicated } => match appended.get(at) {
+                    Some(a) => CommitResponse::Committed {
+                        base_offset: a.base_offset,
+                        appended: a.count,
+                        deduplicated,
+                        committed_at_ms: a.committed_at_ms,
+                    },
+                    None if at == appended.len() => failure
+                        .clone()
+                        .map_or_else(behind, |reason| CommitResponse::Failed { reason }),
+                    None => behind(),
+                },
+                Plan::Refused(reason) => CommitResponse::Failed { reason },
+                Plan::Behind => behind(),
+            })
+            .collect()
+    }
+
+    /// Requests for different partitions or generations: one commit each, in order; once one
+    /// fails, the rest are not applied.
+    fn one_by_one(&self, requests: Vec<CommitRequest>) -> Vec<CommitResponse> {
+        let mut answers = Vec::with_capacity(requests.len());
+        let mut stopped = false;
+        for request in requests {
+            let answer = match stopped {
+                true => CommitResponse::Failed {
+                    reason: "not appended: an earlier batch of the same commit failed".to_owned(),
+                },
+                false => self.commit(request),
+            };
+            stopped |= !matches!(answer, CommitResponse::Committed { .. });
+            answers.push(answer);
+        }
+        answers
     }
 
     /// Forgets the windows of partitions this node no longer owns (moved away, re-created
@@ -314,6 +417,115 @@ mod tests {
             .iter()
             .map(|r| String::from_utf8_lossy(&r.value).into_owned())
             .collect()
+    }
+
+    #[test]
+    fn commits_in_order_share_one_append_and_each_is_answered_and_deduplicated() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let rx = receiver(&store, "n1", 3);
+        let syncs = store.append_stats().syncs;
+        let answers = rx.commit_in_order(vec![request(3, &[0, 1]), request(3, &[2, 3])]);
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [
+                    CommitResponse::Committed {
+                        base_offset: 0,
+                        appended: 2,
+                        deduplicated: 0,
+                        ..
+                    },
+                    CommitResponse::Committed {
+                        base_offset: 2,
+                        appended: 2,
+                        deduplicated: 0,
+                        ..
+                    },
+                ]
+            ),
+            "{answers:?}"
+        );
+        assert_eq!(
+            store.append_stats().syncs - syncs,
+            1,
+            "one fdatasync for both"
+        );
+        // Repeated (a retry after a lost answer), and overlapping a new one: only the new
+        // records are appended.
+        let answers = rx.commit_in_order(vec![request(3, &[2, 3]), request(3, &[3, 4])]);
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [
+                    CommitResponse::Committed {
+                        appended: 0,
+                        deduplicated: 2,
+                        ..
+                    },
+                    CommitResponse::Committed {
+                        base_offset: 4,
+                        appended: 1,
+                        deduplicated: 1,
+                        ..
+                    },
+                ]
+            ),
+            "{answers:?}"
+        );
+        assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3", "r4"]);
+    }
+
+    #[test]
+    fn a_commit_in_order_that_cannot_append_one_batch_appends_none_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let rx = receiver(&store, "n1", 3);
+        // A record above the frame limit: its batch cannot be appended.
+        let mut huge = request(3, &[2]);
+        huge.records[0].value = vec![0; narad_storage::log::format::MAX_FRAME_BYTES + 1];
+        let answers = rx.commit_in_order(vec![request(3, &[0, 1]), huge, request(3, &[3])]);
+        assert!(
+            matches!(
+                answers.as_slice(),
+                [
+                    CommitResponse::Committed { appended: 2, .. },
+                    CommitResponse::Failed { .. },
+                    CommitResponse::Failed { .. },
+                ]
+            ),
+            "{answers:?}"
+        );
+        assert_eq!(
+            stored_values(&store),
+            ["r0", "r1"],
+            "nothing after the refused batch"
+        );
+        // The refused records were not remembered: sent again, they are appended.
+        assert!(matches!(
+            rx.commit_in_order(vec![request(3, &[2]), request(3, &[3])])
+                .as_slice(),
+            [
+                CommitResponse::Committed { appended: 1, .. },
+                CommitResponse::Committed { appended: 1, .. },
+            ]
+        ));
+        assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3"]);
+    }
+
+    #[test]
+    fn commits_in_order_for_a_partition_this_node_does_not_own_append_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let not_mine = receiver(&store, "n2", 3);
+        let answers = not_mine.commit_in_order(vec![request(3, &[0]), request(3, &[1])]);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, CommitResponse::NotOwner { .. })),
+            "{answers:?}"
+        );
+        assert!(stored_values(&store).is_empty());
     }
 
     #[test]

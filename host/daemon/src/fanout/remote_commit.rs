@@ -28,7 +28,7 @@ use std::sync::Arc;
 use narad_storage::{Appended, EncodedBatch, PartitionId};
 use tokio::runtime::Handle;
 
-use super::committer::{ChildCommitError, ChildCommitter};
+use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
 use super::metrics::{ChildLabels, FanoutMetrics};
 use crate::cluster::commit_rpc::CommitClient;
 use crate::cluster::commit_wire::{CommitRequest, CommitResponse};
@@ -251,6 +251,39 @@ impl ChildCommitter for ClusterCommitter {
             });
         };
         self.send(partition, batch, &owner.node, owner.generation, &base_url)
+    }
+
+    /// A child partition of this node, reached through the receiver, takes the batches in
+    /// one commit (deduplicated, then one append and one `fdatasync`); one of another node
+    /// takes them one call after another.
+    fn commit_in_order(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+    ) -> Result<(), InOrderFailure> {
+        let here = (self.owners)(partition).filter(|owner| owner.node == self.node);
+        let fenced = self.fence.as_ref().and_then(|fence| fence()).is_some();
+        if let (Some(owner), Some(receiver), false) = (here, &self.receiver, fenced) {
+            let requests: Result<Vec<CommitRequest>, _> = batches
+                .iter()
+                .map(|batch| Self::request(partition, batch, owner.generation))
+                .collect();
+            // A batch that cannot become a request fails in its turn below, one at a time.
+            if let Ok(requests) = requests {
+                let sent: Vec<usize> = requests.iter().map(|r| r.records.len()).collect();
+                let answers = receiver.commit_in_order(requests);
+                for (durable, (answer, sent)) in answers.into_iter().zip(sent).enumerate() {
+                    self.accept(partition, &owner.node, owner.generation, sent, answer)
+                        .map_err(|error| InOrderFailure { durable, error })?;
+                }
+                return Ok(());
+            }
+        }
+        for (durable, batch) in batches.iter_mut().enumerate() {
+            self.commit(partition, batch)
+                .map_err(|error| InOrderFailure { durable, error })?;
+        }
+        Ok(())
     }
 }
 
@@ -622,6 +655,59 @@ mod tests {
                 ("v3".to_owned(), origin(3, 3)),
                 ("v4".to_owned(), origin(4, 3)),
                 ("v5".to_owned(), origin(5, 4))
+            ]
+        );
+        assert_eq!(deduplicated(&metrics), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_its_own_receiver_batches_in_order_share_one_append_and_repeats_are_absorbed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), 1);
+        let owners: Owners = Arc::new(Mutex::new(HashMap::from([(
+            0,
+            PartitionOwner::first("n1"),
+        )])));
+        let receiver = Arc::new(CommitReceiver::new(
+            "n1".to_owned(),
+            Arc::clone(&store),
+            owners_of(&owners),
+        ));
+        let metrics = Arc::new(FanoutMetrics::default());
+        let committer = Arc::new(
+            ClusterCommitter::new(
+                "n1".to_owned(),
+                Arc::new(Producer::new(Arc::clone(&store))),
+                owners_of(&owners),
+                Arc::new(|_: &str| None),
+                CommitClient::new().unwrap(),
+                Handle::current(),
+                Arc::clone(&metrics),
+            )
+            .with_local_receiver(receiver),
+        );
+        let in_order = |offsets: Vec<Vec<u64>>| {
+            let committer = Arc::clone(&committer);
+            tokio::task::spawn_blocking(move || {
+                let mut batches: Vec<EncodedBatch> = offsets.iter().map(|o| frame(o)).collect();
+                committer.commit_in_order(&PartitionId::new("child", 0), &mut batches)
+            })
+        };
+        let syncs = store.append_stats().syncs;
+        in_order(vec![vec![3, 4], vec![5]]).await.unwrap().unwrap();
+        assert_eq!(
+            store.append_stats().syncs - syncs,
+            1,
+            "one fdatasync for both"
+        );
+        // Both again, as after a crash before the cursor advanced: nothing is stored twice.
+        in_order(vec![vec![3, 4], vec![5]]).await.unwrap().unwrap();
+        assert_eq!(
+            stored(&store, 0),
+            [
+                ("v3".to_owned(), origin(3, 3)),
+                ("v4".to_owned(), origin(4, 3)),
+                ("v5".to_owned(), origin(5, 5))
             ]
         );
         assert_eq!(deduplicated(&metrics), 3);
