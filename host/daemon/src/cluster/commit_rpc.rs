@@ -1,5 +1,9 @@
 //! The child-commit call between nodes: `POST /internal/v1/commit` with a [`CommitRequest`]
-//! body, answered with a [`CommitResponse`] body, both in the binary wire format.
+//! body, answered with a [`CommitResponse`] body, both in the binary wire format; and
+//! `POST /internal/v1/commit-in-order` with up to [`MAX_COMMITS_PER_CALL`] commits for one
+//! child partition (the buckets of consecutive slabs), applied in order with one append and
+//! answered with one answer each ([`CommitReceiver::commit_in_order`]). A node that does not
+//! serve the second (an older binary) answers 404, and the sender falls back to the first.
 //!
 //! The server side ([`commit_route`]) runs the [`CommitReceiver`] on the blocking pool (it
 //! appends and syncs). The client side ([`CommitClient`]) fails fast: a refused connection or
@@ -14,11 +18,18 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::commit_wire::{CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, WireError};
+use super::commit_wire::{
+    CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, MAX_COMMITS_PER_CALL,
+    MAX_IN_ORDER_REQUEST_BYTES, WireError, decode_answers, decode_in_order, encode_answers,
+    encode_in_order,
+};
 use super::receiver::CommitReceiver;
 
 /// The route the receiver is mounted at.
 pub(crate) const COMMIT_PATH: &str = "/internal/v1/commit";
+
+/// The route of the in-order call.
+pub(crate) const COMMIT_IN_ORDER_PATH: &str = "/internal/v1/commit-in-order";
 
 /// Content type of both bodies.
 pub(crate) const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
@@ -85,6 +96,47 @@ pub(crate) async fn commit_route(
         .into_response()
 }
 
+/// The axum handler of [`COMMIT_IN_ORDER_PATH`]; the state is this node's receiver.
+pub(crate) async fn commit_in_order_route(
+    State(receiver): State<Arc<CommitReceiver>>,
+    body: Bytes,
+) -> Response {
+    let requests = match decode_in_order(&body) {
+        Ok(requests) => requests,
+        Err(e) => {
+            let status = match e {
+                WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return (status, e.to_string()).into_response();
+        }
+    };
+    let count = requests.len();
+    let answers = crate::blocking::run(move || receiver.commit_in_order(requests))
+        .await
+        .unwrap_or_else(|e| {
+            vec![
+                CommitResponse::Failed {
+                    reason: format!("commit task failed: {e}"),
+                };
+                count
+            ]
+        });
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(COMMIT_CONTENT_TYPE),
+        )],
+        encode_answers(&answers),
+    )
+        .into_response()
+}
+
+/// The body limit of [`COMMIT_IN_ORDER_PATH`], for mounting it.
+pub(crate) fn in_order_body_limit() -> axum::extract::DefaultBodyLimit {
+    axum::extract::DefaultBodyLimit::max(MAX_IN_ORDER_REQUEST_BYTES)
+}
+
 /// Sends child commits to other nodes.
 #[derive(Clone)]
 pub(crate) struct CommitClient {
@@ -145,6 +197,52 @@ impl CommitClient {
             status: status.as_u16(),
             detail: e.to_string(),
         })
+    }
+
+    /// Sends `requests` (1 to [`MAX_COMMITS_PER_CALL`], for one child partition) in one
+    /// in-order call to the node advertising `base_url`: one answer each, in order. A node
+    /// without the call answers [`CallError::BadAnswer`] with status 404.
+    pub(crate) async fn commit_in_order(
+        &self,
+        base_url: &str,
+        requests: &[CommitRequest],
+    ) -> Result<Vec<CommitResponse>, CallError> {
+        debug_assert!((1..=MAX_COMMITS_PER_CALL).contains(&requests.len()));
+        let url = format!("{}{COMMIT_IN_ORDER_PATH}", base_url.trim_end_matches('/'));
+        let unreachable = |source| CallError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let mut call = self
+            .http
+            .post(&url)
+            .header(header::CONTENT_TYPE, COMMIT_CONTENT_TYPE)
+            .body(encode_in_order(requests));
+        if let Some(secret) = &self.bearer {
+            call = call.bearer_auth(secret);
+        }
+        let response = call.send().await.map_err(unreachable)?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(unreachable)?;
+        let bad = |detail: String| CallError::BadAnswer {
+            url: url.clone(),
+            status: status.as_u16(),
+            detail,
+        };
+        if !status.is_success() {
+            return Err(bad(
+                String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned()
+            ));
+        }
+        let answers = decode_answers(&bytes).map_err(|e| bad(e.to_string()))?;
+        if answers.len() != requests.len() {
+            return Err(bad(format!(
+                "{} answers to {} commits",
+                answers.len(),
+                requests.len()
+            )));
+        }
+        Ok(answers)
     }
 }
 

@@ -86,10 +86,12 @@ pub(crate) enum CommitResponse {
 #[non_exhaustive]
 pub(crate) enum WireError {
     /// More bytes than any commit may have.
-    #[error("commit request of {bytes} bytes is over the {MAX_COMMIT_REQUEST_BYTES}-byte limit")]
+    #[error("commit request of {bytes} bytes is over the {limit}-byte limit")]
     TooLarge {
         /// Bytes received.
         bytes: usize,
+        /// The limit of the call.
+        limit: usize,
     },
     /// The bytes do not decode.
     #[error("commit request does not decode: {0}")]
@@ -179,7 +181,10 @@ impl CommitRequest {
     /// Decodes a request, refusing anything over the size and record bounds.
     pub(crate) fn decode(bytes: &[u8]) -> Result<CommitRequest, WireError> {
         if bytes.len() > MAX_COMMIT_REQUEST_BYTES {
-            return Err(WireError::TooLarge { bytes: bytes.len() });
+            return Err(WireError::TooLarge {
+                bytes: bytes.len(),
+                limit: MAX_COMMIT_REQUEST_BYTES,
+            });
         }
         let request: CommitRequest =
             postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
@@ -190,6 +195,57 @@ impl CommitRequest {
         }
         Ok(request)
     }
+}
+
+/// Most commits one in-order call carries (the buckets of that many consecutive slabs for
+/// one child partition); a sender with more makes several calls, one after another.
+pub(crate) const MAX_COMMITS_PER_CALL: usize = 2;
+
+/// Largest in-order call body: that many commits of the largest size.
+pub(crate) const MAX_IN_ORDER_REQUEST_BYTES: usize =
+    MAX_COMMITS_PER_CALL * MAX_COMMIT_REQUEST_BYTES;
+
+/// Encodes commits for one in-order call (at most [`MAX_COMMITS_PER_CALL`]).
+pub(crate) fn encode_in_order(requests: &[CommitRequest]) -> Vec<u8> {
+    postcard::to_allocvec(requests).unwrap_or_default()
+}
+
+/// Decodes the commits of one in-order call, refusing an empty call, more than
+/// [`MAX_COMMITS_PER_CALL`] commits, a body over [`MAX_IN_ORDER_REQUEST_BYTES`], and any
+/// commit that [`CommitRequest::decode`] would refuse alone.
+pub(crate) fn decode_in_order(bytes: &[u8]) -> Result<Vec<CommitRequest>, WireError> {
+    if bytes.len() > MAX_IN_ORDER_REQUEST_BYTES {
+        return Err(WireError::TooLarge {
+            bytes: bytes.len(),
+            limit: MAX_IN_ORDER_REQUEST_BYTES,
+        });
+    }
+    let requests: Vec<CommitRequest> =
+        postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if requests.is_empty() || requests.len() > MAX_COMMITS_PER_CALL {
+        return Err(WireError::Malformed(format!(
+            "{} commits in one call (1 to {MAX_COMMITS_PER_CALL})",
+            requests.len()
+        )));
+    }
+    for request in &requests {
+        if request.records.is_empty() || request.records.len() > MAX_COMMIT_RECORDS {
+            return Err(WireError::RecordCount {
+                records: request.records.len(),
+            });
+        }
+    }
+    Ok(requests)
+}
+
+/// Encodes the answers of one in-order call, one per commit, in order.
+pub(crate) fn encode_answers(answers: &[CommitResponse]) -> Vec<u8> {
+    postcard::to_allocvec(answers).unwrap_or_default()
+}
+
+/// Decodes the answers of one in-order call.
+pub(crate) fn decode_answers(bytes: &[u8]) -> Result<Vec<CommitResponse>, WireError> {
+    postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 impl CommitResponse {
@@ -315,6 +371,53 @@ mod tests {
             CommitRequest::decode(&bytes),
             Err(WireError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn commits_in_order_cross_the_wire_in_order_and_bad_calls_are_refused() {
+        let first = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let mut second = first.clone();
+        second.slab_start = 99;
+        let decoded = decode_in_order(&encode_in_order(&[first.clone(), second.clone()])).unwrap();
+        assert_eq!(decoded, [first.clone(), second]);
+        // None, or more than one call may carry.
+        assert!(matches!(
+            decode_in_order(&encode_in_order(&[])),
+            Err(WireError::Malformed(_))
+        ));
+        let too_many = vec![first.clone(); MAX_COMMITS_PER_CALL + 1];
+        assert!(matches!(
+            decode_in_order(&encode_in_order(&too_many)),
+            Err(WireError::Malformed(_))
+        ));
+        // A commit the single call would refuse is refused here too.
+        let mut empty = first.clone();
+        empty.records.clear();
+        assert!(matches!(
+            decode_in_order(&encode_in_order(&[first.clone(), empty])),
+            Err(WireError::RecordCount { records: 0 })
+        ));
+        let huge = vec![0u8; MAX_IN_ORDER_REQUEST_BYTES + 1];
+        assert!(matches!(
+            decode_in_order(&huge),
+            Err(WireError::TooLarge {
+                limit: MAX_IN_ORDER_REQUEST_BYTES,
+                ..
+            })
+        ));
+        let encoded = encode_in_order(&[first]);
+        assert!(matches!(
+            decode_in_order(&encoded[..encoded.len() - 1]),
+            Err(WireError::Malformed(_))
+        ));
+        let answers = [
+            CommitResponse::Failed { reason: "x".into() },
+            CommitResponse::NotOwner {
+                owner: None,
+                generation: None,
+            },
+        ];
+        assert_eq!(decode_answers(&encode_answers(&answers)).unwrap(), answers);
     }
 
     #[test]

@@ -30,8 +30,8 @@ use tokio::runtime::Handle;
 
 use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
 use super::metrics::{ChildLabels, FanoutMetrics};
-use crate::cluster::commit_rpc::CommitClient;
-use crate::cluster::commit_wire::{CommitRequest, CommitResponse};
+use crate::cluster::commit_rpc::{CallError, CommitClient};
+use crate::cluster::commit_wire::{CommitRequest, CommitResponse, MAX_COMMITS_PER_CALL};
 use crate::cluster::receiver::{CommitReceiver, OwnerLookup};
 use crate::produce::Producer;
 
@@ -253,35 +253,104 @@ impl ChildCommitter for ClusterCommitter {
         self.send(partition, batch, &owner.node, owner.generation, &base_url)
     }
 
-    /// A child partition of this node, reached through the receiver, takes the batches in
-    /// one commit (deduplicated, then one append and one `fdatasync`); one of another node
-    /// takes them one call after another.
+    /// The batches for one child partition go in as few commits as the owner takes: this
+    /// node's own receiver takes them all in one call (deduplicated, then one append and one
+    /// `fdatasync`), another node up to [`MAX_COMMITS_PER_CALL`] per in-order call (one HTTP
+    /// round trip and one append there); an owner without that call (an older binary) takes
+    /// them one call each.
     fn commit_in_order(
         &self,
         partition: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> Result<(), InOrderFailure> {
-        let here = (self.owners)(partition).filter(|owner| owner.node == self.node);
         let fenced = self.fence.as_ref().and_then(|fence| fence()).is_some();
-        if let (Some(owner), Some(receiver), false) = (here, &self.receiver, fenced) {
-            let requests: Result<Vec<CommitRequest>, _> = batches
+        let owner = (self.owners)(partition).filter(|_| !fenced);
+        let requests = owner.as_ref().and_then(|owner| {
+            batches
                 .iter()
                 .map(|batch| Self::request(partition, batch, owner.generation))
-                .collect();
-            // A batch that cannot become a request fails in its turn below, one at a time.
-            if let Ok(requests) = requests {
-                let sent: Vec<usize> = requests.iter().map(|r| r.records.len()).collect();
-                let answers = receiver.commit_in_order(requests);
-                for (durable, (answer, sent)) in answers.into_iter().zip(sent).enumerate() {
-                    self.accept(partition, &owner.node, owner.generation, sent, answer)
-                        .map_err(|error| InOrderFailure { durable, error })?;
-                }
-                return Ok(());
+                .collect::<Result<Vec<CommitRequest>, _>>()
+                .ok()
+        });
+        // Fenced, no owner known, or a batch that cannot be sent: one at a time, each failing
+        // in its turn with its own reason.
+        let (Some(owner), Some(requests)) = (owner, requests) else {
+            return self.one_at_a_time(partition, batches, 0);
+        };
+        let sent: Vec<usize> = requests.iter().map(|r| r.records.len()).collect();
+        let accept_all = |answers: Vec<CommitResponse>, done: usize| {
+            for (i, answer) in answers.into_iter().enumerate() {
+                self.accept(
+                    partition,
+                    &owner.node,
+                    owner.generation,
+                    sent[done + i],
+                    answer,
+                )
+                .map_err(|error| InOrderFailure {
+                    durable: done + i,
+                    error,
+                })?;
             }
+            Ok(())
+        };
+        if owner.node == self.node {
+            return match &self.receiver {
+                Some(receiver) => accept_all(receiver.commit_in_order(requests), 0),
+                None => self.local.commit_in_order(partition, batches),
+            };
         }
-        for (durable, batch) in batches.iter_mut().enumerate() {
+        let Some(base_url) = (self.addresses)(&owner.node) else {
+            return Err(InOrderFailure {
+                durable: 0,
+                error: ChildCommitError::OwnerDown {
+                    partition: partition.clone(),
+                    node: owner.node,
+                },
+            });
+        };
+        let mut done = 0;
+        for chunk in requests.chunks(MAX_COMMITS_PER_CALL) {
+            match self
+                .runtime
+                .block_on(self.client.commit_in_order(&base_url, chunk))
+            {
+                Ok(answers) => accept_all(answers, done)?,
+                Err(CallError::BadAnswer { status: 404, .. }) => {
+                    return self.one_at_a_time(partition, &mut batches[done..], done);
+                }
+                Err(source) => {
+                    return Err(InOrderFailure {
+                        durable: done,
+                        error: ChildCommitError::Unreachable {
+                            partition: partition.clone(),
+                            node: owner.node,
+                            source,
+                        },
+                    });
+                }
+            }
+            done += chunk.len();
+        }
+        Ok(())
+    }
+}
+
+impl ClusterCommitter {
+    /// Commits `batches` one call each, in order, stopping at the first failure; `done`
+    /// batches before them are already committed (counted in the failure's `durable`).
+    fn one_at_a_time(
+        &self,
+        partition: &PartitionId,
+        batches: &mut [EncodedBatch],
+        done: usize,
+    ) -> Result<(), InOrderFailure> {
+        for (i, batch) in batches.iter_mut().enumerate() {
             self.commit(partition, batch)
-                .map_err(|error| InOrderFailure { durable, error })?;
+                .map_err(|error| InOrderFailure {
+                    durable: done + i,
+                    error,
+                })?;
         }
         Ok(())
     }
@@ -300,7 +369,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::cluster::commit_rpc::{COMMIT_PATH, commit_route};
+    use crate::cluster::commit_rpc::{
+        COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route,
+    };
     use crate::cluster::receiver::CommitReceiver;
     use crate::fanout::FanoutTiming;
     use crate::fanout::bucket::{SlabOrigin, bucket};
@@ -358,6 +429,11 @@ mod tests {
     }
 
     async fn pair() -> Pair {
+        pair_serving(true).await
+    }
+
+    /// [`pair`], with n2 serving the in-order commit call or not (an older binary).
+    async fn pair_serving(in_order: bool) -> Pair {
         let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (n1_store, n2_store) = (open(dirs.0.path(), 3), open(dirs.1.path(), 3));
         let view = HashMap::from([
@@ -374,15 +450,19 @@ mod tests {
         ));
         let n2_calls = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&n2_calls);
-        let app = axum::Router::new()
-            .route(COMMIT_PATH, axum::routing::post(commit_route))
-            .with_state(receiver)
-            .layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    next.run(request)
-                },
-            ));
+        let mut app = axum::Router::new().route(COMMIT_PATH, axum::routing::post(commit_route));
+        if in_order {
+            app = app.route(
+                COMMIT_IN_ORDER_PATH,
+                axum::routing::post(commit_in_order_route),
+            );
+        }
+        let app = app.with_state(receiver).layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            },
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let n2_url = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move {
@@ -658,6 +738,82 @@ mod tests {
             ]
         );
         assert_eq!(deduplicated(&metrics), 3);
+    }
+
+    /// Commits `offsets` (one batch each) to child partition `partition` in order through
+    /// `committer`, on the blocking pool.
+    async fn in_order(
+        committer: &Arc<ClusterCommitter>,
+        partition: u32,
+        offsets: Vec<Vec<u64>>,
+    ) -> Result<(), InOrderFailure> {
+        let committer = Arc::clone(committer);
+        let work = tokio::task::spawn_blocking(move || {
+            let mut batches: Vec<EncodedBatch> = offsets.iter().map(|o| frame(o)).collect();
+            committer.commit_in_order(&PartitionId::new("child", partition), &mut batches)
+        });
+        tokio::time::timeout(WAIT, work).await.unwrap().unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_in_order_for_another_node_take_one_call_and_one_append_there() {
+        let p = pair().await;
+        let (calls, syncs) = (
+            p.n2_calls.load(Ordering::SeqCst),
+            p.n2_store.append_stats().syncs,
+        );
+        in_order(&p.committer, 1, vec![vec![10, 11], vec![12]])
+            .await
+            .unwrap();
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst) - calls, 1, "one call");
+        assert_eq!(p.n2_store.append_stats().syncs - syncs, 1, "one fdatasync");
+        let want = [
+            ("v10".to_owned(), origin(10, 10)),
+            ("v11".to_owned(), origin(11, 10)),
+            ("v12".to_owned(), origin(12, 12)),
+        ];
+        assert_eq!(stored(&p.n2_store, 1), want);
+        // Again, as after a crash before the cursor advanced: absorbed by n2.
+        in_order(&p.committer, 1, vec![vec![10, 11], vec![12]])
+            .await
+            .unwrap();
+        assert_eq!(stored(&p.n2_store, 1), want);
+        assert_eq!(deduplicated(&p.metrics), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_without_the_in_order_call_takes_the_batches_one_call_each() {
+        let p = pair_serving(false).await;
+        let calls = p.n2_calls.load(Ordering::SeqCst);
+        in_order(&p.committer, 1, vec![vec![10, 11], vec![12]])
+            .await
+            .unwrap();
+        // The in-order call answered 404, then one commit call per batch.
+        assert_eq!(p.n2_calls.load(Ordering::SeqCst) - calls, 3);
+        assert_eq!(
+            stored(&p.n2_store, 1),
+            [
+                ("v10".to_owned(), origin(10, 10)),
+                ("v11".to_owned(), origin(11, 10)),
+                ("v12".to_owned(), origin(12, 12)),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn batches_in_order_for_a_dead_owner_commit_none_and_name_it() {
+        let p = pair().await;
+        p.n2_alive.store(false, Ordering::SeqCst);
+        let failed = in_order(&p.committer, 1, vec![vec![10], vec![11]])
+            .await
+            .unwrap_err();
+        assert_eq!(failed.durable, 0);
+        assert!(
+            matches!(&failed.error, ChildCommitError::OwnerDown { node, .. } if node == "n2"),
+            "{:?}",
+            failed.error
+        );
+        assert!(stored(&p.n2_store, 1).is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
