@@ -1852,9 +1852,10 @@ impl ClusterReport {
         };
         format!(
             "bounds: the 3 nodes share this machine's {cpus} cores and {fs}; in the cluster \
-             every bucket is an HTTP round trip to another node (POST /internal/v1/commit: {} \
-             slabs beside the produce, {} for the backlog, each then appended and fdatasynced \
-             there); {cores}; {pace}",
+             every bucket is an HTTP round trip to another node ({} slabs beside the produce, \
+             {} for the backlog; POST /internal/v1/commit for a slab alone, \
+             /internal/v1/commit-in-order for two consecutive ones of a backlog, then appended \
+             and fdatasynced there); {cores}; {pace}",
             self.cluster.slabs, self.cluster.backlog.slabs
         )
     }
