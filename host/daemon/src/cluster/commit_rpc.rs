@@ -167,9 +167,39 @@ impl CommitClient {
         base_url: &str,
         request: &CommitRequest,
     ) -> Result<CommitResponse, CallError> {
-        let url = format!("{}{COMMIT_PATH}", base_url.trim_end_matches('/'));
         let body = request.encode();
         debug_assert!(body.len() <= MAX_COMMIT_REQUEST_BYTES);
+        let answer = self.post(base_url, COMMIT_PATH, body).await?;
+        CommitResponse::decode(&answer.bytes).map_err(|e| answer.bad(e.to_string()))
+    }
+
+    /// Sends `requests` (1 to [`MAX_COMMITS_PER_CALL`], for one child partition) in one
+    /// in-order call to the node advertising `base_url`: one answer each, in order. A node
+    /// without the call answers [`CallError::BadAnswer`] with status 404.
+    pub(crate) async fn commit_in_order(
+        &self,
+        base_url: &str,
+        requests: &[CommitRequest],
+    ) -> Result<Vec<CommitResponse>, CallError> {
+        debug_assert!((1..=MAX_COMMITS_PER_CALL).contains(&requests.len()));
+        let answer = self
+            .post(base_url, COMMIT_IN_ORDER_PATH, encode_in_order(requests))
+            .await?;
+        let answers = decode_answers(&answer.bytes).map_err(|e| answer.bad(e.to_string()))?;
+        if answers.len() != requests.len() {
+            return Err(answer.bad(format!(
+                "{} answers to {} commits",
+                answers.len(),
+                requests.len()
+            )));
+        }
+        Ok(answers)
+    }
+
+    /// Posts `body` to `path` on the node advertising `base_url`, presenting the peer secret:
+    /// the body of a successful answer, or why there is none.
+    async fn post(&self, base_url: &str, path: &str, body: Vec<u8>) -> Result<Answer, CallError> {
+        let url = format!("{}{path}", base_url.trim_end_matches('/'));
         let unreachable = |source| CallError::Unreachable {
             url: url.clone(),
             source,
@@ -183,66 +213,34 @@ impl CommitClient {
             call = call.bearer_auth(secret);
         }
         let response = call.send().await.map_err(unreachable)?;
-        let status = response.status();
+        let success = response.status().is_success();
+        let status = response.status().as_u16();
         let bytes = response.bytes().await.map_err(unreachable)?;
-        if !status.is_success() {
-            return Err(CallError::BadAnswer {
-                url,
-                status: status.as_u16(),
-                detail: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
-            });
+        let answer = Answer { url, status, bytes };
+        if !success {
+            let detail =
+                String::from_utf8_lossy(&answer.bytes[..answer.bytes.len().min(200)]).into_owned();
+            return Err(answer.bad(detail));
         }
-        CommitResponse::decode(&bytes).map_err(|e| CallError::BadAnswer {
-            url,
-            status: status.as_u16(),
-            detail: e.to_string(),
-        })
+        Ok(answer)
     }
+}
 
-    /// Sends `requests` (1 to [`MAX_COMMITS_PER_CALL`], for one child partition) in one
-    /// in-order call to the node advertising `base_url`: one answer each, in order. A node
-    /// without the call answers [`CallError::BadAnswer`] with status 404.
-    pub(crate) async fn commit_in_order(
-        &self,
-        base_url: &str,
-        requests: &[CommitRequest],
-    ) -> Result<Vec<CommitResponse>, CallError> {
-        debug_assert!((1..=MAX_COMMITS_PER_CALL).contains(&requests.len()));
-        let url = format!("{}{COMMIT_IN_ORDER_PATH}", base_url.trim_end_matches('/'));
-        let unreachable = |source| CallError::Unreachable {
-            url: url.clone(),
-            source,
-        };
-        let mut call = self
-            .http
-            .post(&url)
-            .header(header::CONTENT_TYPE, COMMIT_CONTENT_TYPE)
-            .body(encode_in_order(requests));
-        if let Some(secret) = &self.bearer {
-            call = call.bearer_auth(secret);
-        }
-        let response = call.send().await.map_err(unreachable)?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(unreachable)?;
-        let bad = |detail: String| CallError::BadAnswer {
-            url: url.clone(),
-            status: status.as_u16(),
+/// A node's answer to a call: where it came from, its status and its body.
+struct Answer {
+    url: String,
+    status: u16,
+    bytes: Bytes,
+}
+
+impl Answer {
+    /// This answer as one that is not a commit answer, for `detail`.
+    fn bad(&self, detail: String) -> CallError {
+        CallError::BadAnswer {
+            url: self.url.clone(),
+            status: self.status,
             detail,
-        };
-        if !status.is_success() {
-            return Err(bad(
-                String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned()
-            ));
         }
-        let answers = decode_answers(&bytes).map_err(|e| bad(e.to_string()))?;
-        if answers.len() != requests.len() {
-            return Err(bad(format!(
-                "{} answers to {} commits",
-                answers.len(),
-                requests.len()
-            )));
-        }
-        Ok(answers)
     }
 }
 

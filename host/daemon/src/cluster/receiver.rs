@@ -84,22 +84,24 @@ impl CommitReceiver {
     /// order, answering each: fenced and deduplicated as [`CommitReceiver::commit`] does each,
     /// and what is left of them appended together ([`Store::append_encoded_in_order`]: one
     /// `fdatasync`), none appended unless those before it are. Requests for several
-    /// partitions or generations are applied one after another instead, and once one fails
-    /// the rest are not applied. Blocking.
+    /// partitions or generations are all refused. Blocking.
     pub(crate) fn commit_in_order(&self, requests: Vec<CommitRequest>) -> Vec<CommitResponse> {
         let Some(first) = requests.first() else {
             return Vec::new();
         };
         let (topic, partition, generation) =
             (first.topic.clone(), first.partition, first.generation);
+        let refuse_all = |answer: CommitResponse| vec![answer; requests.len()];
         if requests
             .iter()
             .any(|r| r.topic != topic || r.partition != partition || r.generation != generation)
         {
-            return self.one_by_one(requests);
+            return refuse_all(CommitResponse::Failed {
+                reason: "the commits of one call must be for one partition at one generation"
+                    .to_owned(),
+            });
         }
         let id = PartitionId::new(topic, partition);
-        let refuse_all = |answer: CommitResponse| vec![answer; requests.len()];
         if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
             return refuse_all(CommitResponse::Failed { reason });
         }
@@ -225,24 +227,6 @@ impl CommitReceiver {
                 Plan::Behind => behind(),
             })
             .collect()
-    }
-
-    /// Requests for different partitions or generations: one commit each, in order; once one
-    /// fails, the rest are not applied.
-    fn one_by_one(&self, requests: Vec<CommitRequest>) -> Vec<CommitResponse> {
-        let mut answers = Vec::with_capacity(requests.len());
-        let mut stopped = false;
-        for request in requests {
-            let answer = match stopped {
-                true => CommitResponse::Failed {
-                    reason: "not appended: an earlier batch of the same commit failed".to_owned(),
-                },
-                false => self.commit(request),
-            };
-            stopped |= !matches!(answer, CommitResponse::Committed { .. });
-            answers.push(answer);
-        }
-        answers
     }
 
     /// Forgets the windows of partitions this node no longer owns (moved away, re-created
@@ -514,7 +498,8 @@ mod tests {
     }
 
     #[test]
-    fn commits_in_order_for_a_partition_this_node_does_not_own_append_nothing() {
+    fn commits_in_order_for_a_partition_this_node_does_not_own_or_mixing_partitions_append_nothing()
+    {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let not_mine = receiver(&store, "n2", 3);
@@ -523,6 +508,16 @@ mod tests {
             answers
                 .iter()
                 .all(|a| matches!(a, CommitResponse::NotOwner { .. })),
+            "{answers:?}"
+        );
+        assert!(stored_values(&store).is_empty());
+        // One call mixing generations (or partitions) is refused whole.
+        let mine = receiver(&store, "n1", 3);
+        let answers = mine.commit_in_order(vec![request(3, &[0]), request(4, &[1])]);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, CommitResponse::Failed { .. })),
             "{answers:?}"
         );
         assert!(stored_values(&store).is_empty());

@@ -37,12 +37,28 @@ pub trait ChildCommitter: Send + Sync + 'static {
         partition: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> Result<(), InOrderFailure> {
-        for (durable, batch) in batches.iter_mut().enumerate() {
-            self.commit(partition, batch)
-                .map_err(|error| InOrderFailure { durable, error })?;
-        }
-        Ok(())
+        one_at_a_time(self, partition, batches, 0)
     }
+}
+
+/// Commits `batches` through `committer` one call each, in order, stopping at the first
+/// failure; `done` batches before them are already committed (counted in the failure's
+/// [`InOrderFailure::durable`]).
+pub(crate) fn one_at_a_time<C: ChildCommitter + ?Sized>(
+    committer: &C,
+    partition: &PartitionId,
+    batches: &mut [EncodedBatch],
+    done: usize,
+) -> Result<(), InOrderFailure> {
+    for (i, batch) in batches.iter_mut().enumerate() {
+        committer
+            .commit(partition, batch)
+            .map_err(|error| InOrderFailure {
+                durable: done + i,
+                error,
+            })?;
+    }
+    Ok(())
 }
 
 /// Why [`ChildCommitter::commit_in_order`] did not commit every batch.

@@ -355,15 +355,18 @@ impl Cursor {
             let mut more = Vec::new();
             // The slabs read ahead that follow this one join its commit, up to the limit.
             while counts.len() < self.slabs_per_commit() && last + 1 < high_watermark {
-                let Some(Ok(SlabRead::Records { .. })) = ahead.front() else {
-                    break;
-                };
-                let Some(Ok(SlabRead::Records {
-                    records,
-                    high_watermark: high,
-                })) = ahead.pop_front()
-                else {
-                    break;
+                let (records, high) = match ahead.pop_front() {
+                    Some(Ok(SlabRead::Records {
+                        records,
+                        high_watermark,
+                    })) => (records, high_watermark),
+                    // No records there (or a failed read): handled as the next slab.
+                    other => {
+                        if let Some(other) = other {
+                            ahead.push_front(other);
+                        }
+                        break;
+                    }
                 };
                 let Some(end) = records.last().map(|r| r.offset) else {
                     continue;

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use narad_storage::{Appended, EncodedBatch, PartitionId};
 use tokio::runtime::Handle;
 
-use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
+use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure, one_at_a_time};
 use super::metrics::{ChildLabels, FanoutMetrics};
 use crate::cluster::commit_rpc::{CallError, CommitClient};
 use crate::cluster::commit_wire::{CommitRequest, CommitResponse, MAX_COMMITS_PER_CALL};
@@ -275,7 +275,7 @@ impl ChildCommitter for ClusterCommitter {
         // Fenced, no owner known, or a batch that cannot be sent: one at a time, each failing
         // in its turn with its own reason.
         let (Some(owner), Some(requests)) = (owner, requests) else {
-            return self.one_at_a_time(partition, batches, 0);
+            return one_at_a_time(self, partition, batches, 0);
         };
         let sent: Vec<usize> = requests.iter().map(|r| r.records.len()).collect();
         let accept_all = |answers: Vec<CommitResponse>, done: usize| {
@@ -317,7 +317,7 @@ impl ChildCommitter for ClusterCommitter {
             {
                 Ok(answers) => accept_all(answers, done)?,
                 Err(CallError::BadAnswer { status: 404, .. }) => {
-                    return self.one_at_a_time(partition, &mut batches[done..], done);
+                    return one_at_a_time(self, partition, &mut batches[done..], done);
                 }
                 Err(source) => {
                     return Err(InOrderFailure {
@@ -331,26 +331,6 @@ impl ChildCommitter for ClusterCommitter {
                 }
             }
             done += chunk.len();
-        }
-        Ok(())
-    }
-}
-
-impl ClusterCommitter {
-    /// Commits `batches` one call each, in order, stopping at the first failure; `done`
-    /// batches before them are already committed (counted in the failure's `durable`).
-    fn one_at_a_time(
-        &self,
-        partition: &PartitionId,
-        batches: &mut [EncodedBatch],
-        done: usize,
-    ) -> Result<(), InOrderFailure> {
-        for (i, batch) in batches.iter_mut().enumerate() {
-            self.commit(partition, batch)
-                .map_err(|error| InOrderFailure {
-                    durable: done + i,
-                    error,
-                })?;
         }
         Ok(())
     }
@@ -406,6 +386,41 @@ mod tests {
                 .unwrap();
         }
         Arc::new(store)
+    }
+
+    /// One node, n1, owning child partition 0 and applying its own commits through its
+    /// receiver (as in cluster mode): its directory, store, metrics and committer.
+    fn lone_node() -> (
+        tempfile::TempDir,
+        Arc<Store>,
+        Arc<FanoutMetrics>,
+        Arc<ClusterCommitter>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), 1);
+        let owners: Owners = Arc::new(Mutex::new(HashMap::from([(
+            0,
+            PartitionOwner::first("n1"),
+        )])));
+        let receiver = Arc::new(CommitReceiver::new(
+            "n1".to_owned(),
+            Arc::clone(&store),
+            owners_of(&owners),
+        ));
+        let metrics = Arc::new(FanoutMetrics::default());
+        let committer = Arc::new(
+            ClusterCommitter::new(
+                "n1".to_owned(),
+                Arc::new(Producer::new(Arc::clone(&store))),
+                owners_of(&owners),
+                Arc::new(|_: &str| None),
+                CommitClient::new().unwrap(),
+                Handle::current(),
+                Arc::clone(&metrics),
+            )
+            .with_local_receiver(receiver),
+        );
+        (dir, store, metrics, committer)
     }
 
     /// Two nodes on loopback: n1 sends (its committer), n2 receives (a real HTTP server
@@ -700,30 +715,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_its_own_receiver_a_repeated_local_bucket_is_absorbed_and_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path(), 1);
-        let owners: Owners = Arc::new(Mutex::new(HashMap::from([(
-            0,
-            PartitionOwner::first("n1"),
-        )])));
-        let receiver = Arc::new(CommitReceiver::new(
-            "n1".to_owned(),
-            Arc::clone(&store),
-            owners_of(&owners),
-        ));
-        let metrics = Arc::new(FanoutMetrics::default());
-        let committer = Arc::new(
-            ClusterCommitter::new(
-                "n1".to_owned(),
-                Arc::new(Producer::new(Arc::clone(&store))),
-                owners_of(&owners),
-                Arc::new(|_: &str| None),
-                CommitClient::new().unwrap(),
-                Handle::current(),
-                Arc::clone(&metrics),
-            )
-            .with_local_receiver(receiver),
-        );
+        let (_dir, store, metrics, committer) = lone_node();
         commit_one(&committer, 0, frame(&[3, 4])).await.unwrap();
         // The slab again, as after a crash before the cursor advanced: nothing is stored twice.
         let again = commit_one(&committer, 0, frame(&[3, 4])).await.unwrap();
@@ -818,46 +810,20 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_its_own_receiver_batches_in_order_share_one_append_and_repeats_are_absorbed() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path(), 1);
-        let owners: Owners = Arc::new(Mutex::new(HashMap::from([(
-            0,
-            PartitionOwner::first("n1"),
-        )])));
-        let receiver = Arc::new(CommitReceiver::new(
-            "n1".to_owned(),
-            Arc::clone(&store),
-            owners_of(&owners),
-        ));
-        let metrics = Arc::new(FanoutMetrics::default());
-        let committer = Arc::new(
-            ClusterCommitter::new(
-                "n1".to_owned(),
-                Arc::new(Producer::new(Arc::clone(&store))),
-                owners_of(&owners),
-                Arc::new(|_: &str| None),
-                CommitClient::new().unwrap(),
-                Handle::current(),
-                Arc::clone(&metrics),
-            )
-            .with_local_receiver(receiver),
-        );
-        let in_order = |offsets: Vec<Vec<u64>>| {
-            let committer = Arc::clone(&committer);
-            tokio::task::spawn_blocking(move || {
-                let mut batches: Vec<EncodedBatch> = offsets.iter().map(|o| frame(o)).collect();
-                committer.commit_in_order(&PartitionId::new("child", 0), &mut batches)
-            })
-        };
+        let (_dir, store, metrics, committer) = lone_node();
         let syncs = store.append_stats().syncs;
-        in_order(vec![vec![3, 4], vec![5]]).await.unwrap().unwrap();
+        in_order(&committer, 0, vec![vec![3, 4], vec![5]])
+            .await
+            .unwrap();
         assert_eq!(
             store.append_stats().syncs - syncs,
             1,
             "one fdatasync for both"
         );
         // Both again, as after a crash before the cursor advanced: nothing is stored twice.
-        in_order(vec![vec![3, 4], vec![5]]).await.unwrap().unwrap();
+        in_order(&committer, 0, vec![vec![3, 4], vec![5]])
+            .await
+            .unwrap();
         assert_eq!(
             stored(&store, 0),
             [

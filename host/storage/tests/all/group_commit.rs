@@ -185,9 +185,16 @@ fn concurrent_workload(fs: &FaultFs) -> Vec<Vec<String>> {
     threads.into_iter().map(|t| t.join().unwrap()).collect()
 }
 
-#[test]
-fn a_crash_at_any_operation_of_concurrent_appenders_keeps_every_acknowledged_record_once() {
-    let mut crashed_runs = 0;
+/// Runs `workload` on a fresh file system that crashes at its n-th operation, for n = 1, 2,
+/// ... until a run completes (handing what it acknowledged to `finished`); after each crash
+/// (in turn keeping all, dropping all, or tearing unsynced writes), `check` gets the crash's
+/// description, what the run acknowledged and the values of `t/0` after a reopen. Returns how
+/// many runs crashed.
+fn crash_at_every_operation<A>(
+    workload: impl Fn(&FaultFs) -> A,
+    finished: impl Fn(&A),
+    check: impl Fn(&str, &A, Vec<String>),
+) -> u64 {
     let mut n = 1;
     loop {
         assert!(
@@ -201,35 +208,42 @@ fn a_crash_at_any_operation_of_concurrent_appenders_keeps_every_acknowledged_rec
         };
         let fs = fault_fs();
         fs.crash_at(n);
-        let acked = concurrent_workload(&fs);
+        let acked = workload(&fs);
         if !fs.is_crashed() {
-            assert_eq!(acked.iter().map(Vec::len).sum::<usize>(), 12);
-            break;
+            finished(&acked);
+            return n - 1;
         }
-        crashed_runs += 1;
         fs.crash(mode);
         let store = open_t0_on(&fs).unwrap_or_else(|e| panic!("reopen after a crash at {n}: {e}"));
         let got = values(&read_all(&store, &pid("t", 0), 0));
-        let mut seen = std::collections::HashSet::new();
-        for v in &got {
-            assert!(
-                seen.insert(v),
-                "crash at {n}, {mode:?}: {v} twice in {got:?}"
-            );
-        }
-        for (t, mine) in acked.iter().enumerate() {
-            let found: Vec<&String> = got
-                .iter()
-                .filter(|v| v.starts_with(&format!("w{t}-")))
-                .collect();
-            assert!(
-                found.len() >= mine.len()
-                    && found[..mine.len()].iter().zip(mine).all(|(a, b)| *a == b),
-                "crash at {n}, {mode:?}: writer {t} acknowledged {mine:?}, found {found:?}"
-            );
-        }
+        check(&format!("crash at {n}, {mode:?}"), &acked, got);
         n += 1;
     }
+}
+
+#[test]
+fn a_crash_at_any_operation_of_concurrent_appenders_keeps_every_acknowledged_record_once() {
+    let crashed_runs = crash_at_every_operation(
+        concurrent_workload,
+        |acked| assert_eq!(acked.iter().map(Vec::len).sum::<usize>(), 12),
+        |crash, acked, got| {
+            let mut seen = std::collections::HashSet::new();
+            for v in &got {
+                assert!(seen.insert(v), "{crash}: {v} twice in {got:?}");
+            }
+            for (t, mine) in acked.iter().enumerate() {
+                let found: Vec<&String> = got
+                    .iter()
+                    .filter(|v| v.starts_with(&format!("w{t}-")))
+                    .collect();
+                assert!(
+                    found.len() >= mine.len()
+                        && found[..mine.len()].iter().zip(mine).all(|(a, b)| *a == b),
+                    "{crash}: writer {t} acknowledged {mine:?}, found {found:?}"
+                );
+            }
+        },
+    );
     assert!(crashed_runs > 20, "{crashed_runs} crash points");
 }
 
@@ -350,43 +364,21 @@ fn in_order_workload(fs: &FaultFs) -> Vec<String> {
 
 #[test]
 fn a_crash_at_any_operation_of_appends_in_order_keeps_every_acknowledged_batch_in_order() {
-    let mut crashed_runs = 0;
-    let mut n = 1;
-    loop {
-        assert!(
-            n < 2_000,
-            "the workload never finished before the crash point"
-        );
-        let mode = match n % 3 {
-            0 => CrashMode::KeepAll,
-            1 => CrashMode::DropAll,
-            _ => CrashMode::Tear(n * 7919 + 3),
-        };
-        let fs = fault_fs();
-        fs.crash_at(n);
-        let acked = in_order_workload(&fs);
-        if !fs.is_crashed() {
-            assert_eq!(acked.len(), 8);
-            break;
-        }
-        crashed_runs += 1;
-        fs.crash(mode);
-        let store = open_t0_on(&fs).unwrap_or_else(|e| panic!("reopen after a crash at {n}: {e}"));
-        let got = values(&read_all(&store, &pid("t", 0), 0));
-        assert!(
-            got.len() >= acked.len() && got[..acked.len()] == acked[..],
-            "crash at {n}, {mode:?}: acknowledged {acked:?}, found {got:?}"
-        );
-        // What survived past the acknowledged is a prefix of what was sent, in order: a
-        // batch never outlives the one before it.
-        for pair in got.windows(2) {
-            let rank = |v: &str| (v[1..2].to_owned(), v.contains("-b"));
+    let crashed_runs = crash_at_every_operation(
+        in_order_workload,
+        |acked| assert_eq!(acked.len(), 8),
+        |crash, acked, got| {
             assert!(
-                rank(&pair[0]) < rank(&pair[1]),
-                "crash at {n}, {mode:?}: {got:?}"
+                got.len() >= acked.len() && got[..acked.len()] == acked[..],
+                "{crash}: acknowledged {acked:?}, found {got:?}"
             );
-        }
-        n += 1;
-    }
+            // What survived past the acknowledged is a prefix of what was sent, in order: a
+            // batch never outlives the one before it.
+            for pair in got.windows(2) {
+                let rank = |v: &str| (v[1..2].to_owned(), v.contains("-b"));
+                assert!(rank(&pair[0]) < rank(&pair[1]), "{crash}: {got:?}");
+            }
+        },
+    );
     assert!(crashed_runs > 10, "{crashed_runs} crash points");
 }
