@@ -171,6 +171,8 @@ pub struct Store {
     trash_counter: AtomicU64,
     /// Appends and syncs of every log this store opens (see [`Store::append_stats`]).
     append_counters: Arc<log::AppendCounters>,
+    /// Read-back buffers every open log shares.
+    verify_buffers: Arc<log::writer::VerifyBuffers>,
     _lock: Box<dyn LockGuard>,
 }
 
@@ -280,6 +282,7 @@ impl Store {
             partitions: RwLock::new(HashMap::new()),
             trash_counter: AtomicU64::new(0),
             append_counters: Arc::default(),
+            verify_buffers: Arc::default(),
             _lock: lock,
         })
     }
@@ -602,6 +605,7 @@ impl Store {
         match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
             Ok(mut l) => {
                 l.counters = Arc::clone(&self.append_counters);
+                l.verify_buffers = Arc::clone(&self.verify_buffers);
                 let l = Arc::new(l);
                 *slot = Slot::Open(l.clone());
                 let hw = l.high_watermark();

@@ -159,7 +159,6 @@ pub(crate) struct Writer {
     pub(crate) hwm_file: Option<Box<dyn File>>,
     /// When the high-watermark file was last written (or tried), on the store's clock.
     pub(crate) last_hwm_write_ms: i64,
-    pub(crate) scratch: Vec<u8>,
     pub(crate) closed: bool,
     /// Why the writer stopped taking appends, once it has.
     pub(crate) failed: Option<Stopped>,
@@ -185,6 +184,8 @@ pub(crate) struct Log {
     pub(crate) queue: Mutex<writer::AppendQueue>,
     /// The store's append and sync counts, shared by every log it opens.
     pub(crate) counters: Arc<AppendCounters>,
+    /// The store's read-back buffers, shared by every log it opens.
+    pub(crate) verify_buffers: Arc<writer::VerifyBuffers>,
 }
 
 /// Appends and segment `fdatasync`s of every log of a store, and the appends waiting for a

@@ -372,7 +372,6 @@ pub(crate) fn open(
         newest_committed_at_ms: newest,
         hwm_file: Some(hwm_file),
         last_hwm_write_ms: clock.now_ms(),
-        scratch: Vec::new(),
         closed: false,
         failed: None,
         roll_due: false,
@@ -389,6 +388,7 @@ pub(crate) fn open(
         frames: Default::default(),
         queue: Default::default(),
         counters: Default::default(),
+        verify_buffers: Default::default(),
     })
 }
 
