@@ -45,6 +45,34 @@
 //! `needs = [keys, key_hash]` gives both. Without the need, `key_hash()` hashes the key
 //! bytes itself, with the same result, so the need changes cost, never routing.
 //!
+//! `needs = [key_hash_only]` (alone) is cheaper still for the host: the slab then holds the
+//! hashes and no record table, so [`Slab::records`] yields nothing and the router reads
+//! [`Slab::key_hashes`] (one `Option<u32>` per record, in slab order) zipped with
+//! [`Decisions::slots_mut`]:
+//!
+//! ```
+//! use narad_guest::{Decisions, RouteContext, RouteError, Slab, partition_for_hash};
+//!
+//! #[narad_guest::router(name = "by-hash", description = "Kafka's partitioner", needs = [key_hash_only])]
+//! fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError> {
+//!     let hashes = slab.key_hashes().ok_or_else(|| RouteError::plugin("no key hashes"))?;
+//!     for (hash, slot) in hashes.zip(out.slots_mut()) {
+//!         if let Some(hash) = hash {
+//!             *slot = partition_for_hash(hash, ctx.child_partition_count)
+//!                 .ok_or_else(|| RouteError::plugin("child has no partitions"))?;
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! let out = narad_guest::testing::SlabBuilder::new().child("c", 4).keyed("k").keyless()
+//!     .route(&PLUGIN)
+//!     .unwrap();
+//! assert_eq!(out, [narad_guest::partition_for_key(b"k", 4).unwrap(), narad_guest::UNDECIDED]);
+//! ```
+//!
+//! With the record table (`needs = [key_hash]`):
+//!
 //! ```
 //! use narad_guest::{Decisions, RouteContext, RouteError, Slab, partition_for_hash};
 //!
@@ -99,7 +127,8 @@ pub use narad_abi::{
 ///     version = "1.0.0",              // optional: defaults to the crate's version
 ///     description = "one line",       // required
 ///     needs = [headers],              // optional: any of keys, headers, values, key_hash
-///                                     // (keys are given unless key_hash comes without them)
+///                                     // (keys are given unless key_hash comes without them),
+///                                     // or key_hash_only alone
 /// )]
 /// fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError>
 /// ```

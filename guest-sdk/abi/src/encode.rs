@@ -173,7 +173,8 @@ impl SlabEncoder {
         let to_u32 = |v: u64| u32::try_from(v).map_err(|_| EncodeError::TooLarge);
         let context_end = header_len(self.needs) + self.context.len();
         let table_offset = align_table(context_end).ok_or(EncodeError::TooLarge)? as u64;
-        let table_end = table_offset + count * ENTRY_LEN_BYTES as u64;
+        let entry_len = if needs.table() { ENTRY_LEN_BYTES } else { 0 };
+        let table_end = table_offset + count * entry_len as u64;
         let (key_hashes_offset, arena_offset) = if self.needs.key_hash() {
             (table_end, table_end + count * KEY_HASH_LEN_BYTES as u64)
         } else {
@@ -228,7 +229,12 @@ impl SlabEncoder {
         let (table_and_hashes, arena) = rest
             .split_at_mut_checked(arena_offset - table_offset)
             .ok_or(EncodeError::LayoutMismatch)?;
-        let table_len = layout.record_count() * ENTRY_LEN_BYTES;
+        let entries_expected = if self.needs.table() {
+            layout.record_count()
+        } else {
+            0
+        };
+        let table_len = entries_expected * ENTRY_LEN_BYTES;
         let (table, hashes) = table_and_hashes
             .split_at_mut_checked(table_len)
             .ok_or(EncodeError::LayoutMismatch)?;
@@ -252,13 +258,13 @@ impl SlabEncoder {
             .copy_from_slice(&self.context);
 
         let (entries, rest) = table.as_chunks_mut::<ENTRY_LEN_BYTES>();
-        if !rest.is_empty() || entries.len() != layout.record_count() {
+        if !rest.is_empty() || entries.len() != entries_expected {
             return Err(EncodeError::LayoutMismatch);
         }
-        // Empty unless key hashes are given; then one slot per entry.
+        // Empty unless key hashes are given; then one slot per record.
         let (hashes, rest) = hashes.as_chunks_mut::<KEY_HASH_LEN_BYTES>();
         let hashes_expected = if self.needs.key_hash() {
-            entries.len()
+            layout.record_count()
         } else {
             0
         };
@@ -278,6 +284,13 @@ impl SlabEncoder {
             vals: Cursor::new(val_part, layout.keys_len + layout.headers_len),
         };
         let mut records = records.into_iter();
+        if !self.needs.table() {
+            write_hashes_only(hashes, &mut records)?;
+            if records.next().is_some() {
+                return Err(EncodeError::LayoutMismatch);
+            }
+            return Ok(total);
+        }
         let table = Table { entries, hashes };
         // One loop per field set, so the keys-only loop (the usual one) carries no branch or
         // code for headers, values or hashes.
@@ -409,6 +422,26 @@ where
             put_u32(&mut buf, entry::VALUE_LEN, v.len() as u32); // fits: it was copied
         }
         *e = buf;
+    }
+    Ok(())
+}
+
+/// Fills the key hash region of a buffer without a record table (`key_hash_only`): one entry
+/// per record of `records`, the only bytes a record gets.
+fn write_hashes_only<I>(
+    hashes: &mut [[u8; KEY_HASH_LEN_BYTES]],
+    records: &mut I,
+) -> Result<(), EncodeError>
+where
+    I: Iterator,
+    I::Item: SlabRecord,
+{
+    for slot in hashes.iter_mut() {
+        let r = records.next().ok_or(EncodeError::LayoutMismatch)?;
+        let entry = r.key().map_or(0, |k| {
+            KEY_HASH_PRESENT | u64::from(murmur2_inlined(k) as u32)
+        });
+        *slot = entry.to_le_bytes();
     }
     Ok(())
 }

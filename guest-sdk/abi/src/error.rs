@@ -146,6 +146,9 @@ pub enum LayoutError {
         /// Which field.
         field: Field,
     },
+    /// The plugin asked for a record, but its manifest asks for `key_hash_only`: the slab
+    /// holds the key hashes and no record table.
+    NoRecordTable,
     /// A record's headers region ends inside a header, or has bytes after the last one.
     MalformedHeaders {
         /// Index of the record in the slab.
@@ -186,6 +189,9 @@ impl fmt::Display for LayoutError {
             Self::NotRequested { field } => write!(
                 f,
                 "the plugin read {field} but its manifest's `needs` does not ask for them"
+            ),
+            Self::NoRecordTable => f.write_str(
+                "the plugin read a record, but its manifest's `needs` is `key_hash_only`: the slab has key hashes and no record table",
             ),
             Self::MalformedHeaders { record } => {
                 write!(f, "record {record}: headers region is malformed")

@@ -10,9 +10,15 @@
 //! 20      4     arena_offset (u32)                 key/header/value bytes
 //! 24      4     arena_len (u32)
 //! 28      4     fields (u32 bit set)               bit0 key bytes, bit1 headers, bit2 values,
-//!                                                  bit3 key hashes (bit0 or bit3 always set)
+//!                                                  bit3 key hashes (bit0 or bit3 always set),
+//!                                                  bit4 key hashes only (with bit3 alone)
 //! 32      4     key_hashes_offset (u32)            only when fields bit3 is set: n u64 entries
 //! ```
+//!
+//! With fields bit 4 (manifest need `key_hash_only`) the buffer has no record table and an
+//! empty arena: `table_offset` equals `key_hashes_offset`, `arena_offset` is the end of the
+//! hashes and `arena_len` is 0. It carries the record count, the context and one key hash
+//! entry per record, nothing else: the host writes 8 bytes a record instead of 48.
 //!
 //! Record table entry `i` at `table_offset + 40 * i`:
 //!
@@ -126,9 +132,15 @@ impl Needs {
     pub const VALUES_BIT: u32 = 1 << 2;
     /// Bit of the key hashes region (manifest need `key_hash`).
     pub const KEY_HASH_BIT: u32 = 1 << 3;
+    /// Bit of a buffer holding the key hashes and no record table (manifest need
+    /// `key_hash_only`); only ever set with [`Self::KEY_HASH_BIT`] and no other bit.
+    pub const KEY_HASH_ONLY_BIT: u32 = 1 << 4;
     /// Every bit the ABI defines.
-    pub const ALL_BITS: u32 =
-        Self::KEYS_BIT | Self::HEADERS_BIT | Self::VALUES_BIT | Self::KEY_HASH_BIT;
+    pub const ALL_BITS: u32 = Self::KEYS_BIT
+        | Self::HEADERS_BIT
+        | Self::VALUES_BIT
+        | Self::KEY_HASH_BIT
+        | Self::KEY_HASH_ONLY_BIT;
 
     /// Keys only (the default).
     pub const KEYS: Self = Self(Self::KEYS_BIT);
@@ -139,13 +151,21 @@ impl Needs {
     /// Keys, headers and values (not key hashes: they cost the host a hash per key, so they
     /// are given only to a plugin that asks).
     pub const ALL: Self = Self(Self::KEYS_BIT | Self::HEADERS_BIT | Self::VALUES_BIT);
-    /// Key hashes and no key bytes: all a plugin that partitions by Kafka's hash reads.
+    /// Key hashes and no key bytes (the record table still gives each record's parent
+    /// offset, commit time and key length).
     pub const KEY_HASH: Self = Self(Self::KEY_HASH_BIT);
+    /// The key hashes and nothing else, no record table: all a plugin that partitions by
+    /// Kafka's hash reads, and the cheapest buffer for the host to write.
+    pub const KEY_HASH_ONLY: Self = Self(Self::KEY_HASH_BIT | Self::KEY_HASH_ONLY_BIT);
 
-    /// The set for a raw `fields` word, or `None` when it has a bit the ABI does not define
-    /// or has neither the keys bit nor the key-hash bit.
+    /// The set for a raw `fields` word, or `None` when it has a bit the ABI does not define,
+    /// has neither the keys bit nor the key-hash bit, or has the key-hash-only bit with any
+    /// bit but the key-hash bit.
     pub const fn from_bits(bits: u32) -> Option<Self> {
-        if bits & !Self::ALL_BITS != 0 || bits & (Self::KEYS_BIT | Self::KEY_HASH_BIT) == 0 {
+        if bits & !Self::ALL_BITS != 0
+            || bits & (Self::KEYS_BIT | Self::KEY_HASH_BIT) == 0
+            || (bits & Self::KEY_HASH_ONLY_BIT != 0 && bits != Self::KEY_HASH_ONLY.0)
+        {
             None
         } else {
             Some(Self(bits))
@@ -207,19 +227,33 @@ impl Needs {
         self.0 & Self::KEY_HASH_BIT != 0
     }
 
-    /// The union of two sets (what a chain needs when several plugins share one input).
+    /// Whether the record table is included (parent offsets, commit times, key lengths):
+    /// in every set but [`Self::KEY_HASH_ONLY`].
+    pub const fn table(self) -> bool {
+        self.0 & Self::KEY_HASH_ONLY_BIT == 0
+    }
+
+    /// The union of two sets (what a chain needs when several plugins share one input): a
+    /// buffer without the record table only when both go without it.
     pub const fn union(self, other: Self) -> Self {
-        Self(self.0 | other.0)
+        let bits = self.0 | other.0;
+        if self.table() || other.table() {
+            Self(bits & !Self::KEY_HASH_ONLY_BIT)
+        } else {
+            Self(bits)
+        }
     }
 
     /// The manifest names of the set, in the order the manifest lists them: `keys` (when the
-    /// key bytes are included), `headers`, `values`, `key_hash`.
+    /// key bytes are included), `headers`, `values`, `key_hash`; or `key_hash_only` alone.
     pub fn names(self) -> impl Iterator<Item = &'static str> {
+        let table = self.table();
         [
             (self.keys(), "keys"),
             (self.headers(), "headers"),
             (self.values(), "values"),
-            (self.key_hash(), "key_hash"),
+            (table && self.key_hash(), "key_hash"),
+            (!table, "key_hash_only"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -274,6 +308,25 @@ mod tests {
         assert!(!Needs::ALL.key_hash());
         assert_eq!(header_len(Needs::KEYS), HEADER_LEN_BYTES);
         assert_eq!(header_len(Needs::KEY_HASH), KEY_HASH_HEADER_LEN_BYTES);
+    }
+
+    #[test]
+    fn key_hashes_alone_without_the_table_come_with_no_other_field() {
+        let only = Needs::KEY_HASH_BIT | Needs::KEY_HASH_ONLY_BIT;
+        assert_eq!(Needs::from_bits(only), Some(Needs::KEY_HASH_ONLY));
+        for other in [Needs::KEYS_BIT, Needs::HEADERS_BIT, Needs::VALUES_BIT] {
+            assert_eq!(Needs::from_bits(only | other), None, "{other:#x}");
+        }
+        assert_eq!(Needs::from_bits(Needs::KEY_HASH_ONLY_BIT), None);
+        let n = Needs::KEY_HASH_ONLY;
+        assert!(n.key_hash() && !n.table() && !n.keys() && !n.headers() && !n.values());
+        assert!(Needs::KEY_HASH.table() && Needs::KEYS.table());
+        assert_eq!(header_len(n), KEY_HASH_HEADER_LEN_BYTES);
+        // Sharing a buffer with a plugin that reads the table gives the table.
+        assert_eq!(n.union(Needs::KEY_HASH), Needs::KEY_HASH);
+        assert_eq!(n.union(Needs::KEYS), Needs::KEYS.with_key_hash());
+        assert_eq!(n.union(n), n);
+        assert!(n.names().eq(["key_hash_only"]));
     }
 
     #[test]

@@ -29,9 +29,11 @@ pub struct Manifest {
     /// The ABI version the plugin speaks; must be [`crate::ABI_VERSION`].
     pub abi: u32,
     /// What the plugin needs to see of each record; JSON: a list of `"keys"`, `"headers"`,
-    /// `"values"`, `"key_hash"`. Key bytes are given whether `"keys"` is listed or not, except
-    /// to a list with `"key_hash"` and without `"keys"`: that plugin gets the key hashes (and
-    /// each record's key length, so it knows which have a key) but no key bytes.
+    /// `"values"`, `"key_hash"`, or `["key_hash_only"]`. Key bytes are given whether `"keys"`
+    /// is listed or not, except to a list with `"key_hash"` and without `"keys"`: that plugin
+    /// gets the key hashes (and each record's key length, so it knows which have a key) but
+    /// no key bytes. `"key_hash_only"`, listed alone, gives the key hashes and no record
+    /// table at all (no parent offsets, commit times or key lengths).
     #[cfg_attr(feature = "serde", serde(default))]
     pub needs: Needs,
     /// One line saying what the plugin decides. Optional in the JSON (an absent key is an
@@ -98,8 +100,8 @@ mod needs_serde {
     use crate::layout::Needs;
 
     // An unknown name is refused by serde with the list of known ones ("unknown variant
-    // `payload`, expected one of `keys`, `headers`, `values`, `key_hash`"); a host older
-    // than `key_hash` refuses a module that lists it in the same words.
+    // `payload`, expected one of `keys`, `headers`, `values`, `key_hash`, `key_hash_only`");
+    // a host older than a need refuses a module that lists it in the same words.
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
     enum Need {
@@ -107,10 +109,14 @@ mod needs_serde {
         Headers,
         Values,
         KeyHash,
+        KeyHashOnly,
     }
 
     impl Serialize for Needs {
         fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if !self.table() {
+                return [Need::KeyHashOnly].serialize(s);
+            }
             let mut list = Vec::with_capacity(4);
             if self.keys() {
                 list.push(Need::Keys);
@@ -132,6 +138,14 @@ mod needs_serde {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             let list = Vec::<Need>::deserialize(d)?;
             let has = |need: fn(&Need) -> bool| list.iter().any(need);
+            if has(|n| matches!(n, Need::KeyHashOnly)) {
+                if list.iter().any(|n| !matches!(n, Need::KeyHashOnly)) {
+                    return Err(serde::de::Error::custom(
+                        "`key_hash_only` is a need of its own: list it alone",
+                    ));
+                }
+                return Ok(Needs::KEY_HASH_ONLY);
+            }
             let key_hash = has(|n| matches!(n, Need::KeyHash));
             // ABI v1 gave keys whether listed or not; only a list that asks for the hashes
             // instead can leave the bytes out.
@@ -222,6 +236,28 @@ mod tests {
             serde_json::to_string(&Needs::KEY_HASH).unwrap(),
             r#"["key_hash"]"#
         );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn key_hash_only_stands_alone() {
+        use alloc::string::ToString;
+        let parse = |needs: &str| {
+            let json = alloc::format!(r#"{{"name":"n","version":"1","abi":1,"needs":{needs}}}"#);
+            serde_json::from_str::<Manifest>(&json).map(|m| m.needs)
+        };
+        assert_eq!(parse(r#"["key_hash_only"]"#).unwrap(), Needs::KEY_HASH_ONLY);
+        assert_eq!(
+            serde_json::to_string(&Needs::KEY_HASH_ONLY).unwrap(),
+            r#"["key_hash_only"]"#
+        );
+        for mixed in [
+            r#"["key_hash_only","keys"]"#,
+            r#"["values","key_hash_only"]"#,
+        ] {
+            let err = parse(mixed).unwrap_err().to_string();
+            assert!(err.contains("list it alone"), "{mixed}: {err}");
+        }
     }
 
     #[cfg(feature = "serde")]

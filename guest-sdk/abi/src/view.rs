@@ -36,6 +36,9 @@ fn le_u64<const N: usize>(b: &[u8; N], at: usize) -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub struct SlabView<'a> {
     context: &'a [u8],
+    /// Number of records (the table's length, or the hashes' without a table).
+    count: usize,
+    /// One entry per record, or empty for a buffer without a table (`key_hash_only`).
     table: &'a [[u8; ENTRY_LEN_BYTES]],
     /// One entry per record when `needs` has the key hashes, else empty.
     hashes: &'a [[u8; KEY_HASH_LEN_BYTES]],
@@ -62,7 +65,8 @@ impl<'a> SlabView<'a> {
             le_u32(head, header::CONTEXT_OFFSET),
             u64::from(le_u32(head, header::CONTEXT_LEN)),
         )?;
-        let table_len = u64::from(count) * ENTRY_LEN_BYTES as u64;
+        let entry_len = if needs.table() { ENTRY_LEN_BYTES } else { 0 };
+        let table_len = u64::from(count) * entry_len as u64;
         let table = region(
             buf,
             Region::Table,
@@ -97,6 +101,8 @@ impl<'a> SlabView<'a> {
         debug_assert!(rest.is_empty(), "one entry per record");
         Ok(Self {
             context,
+            // Fits: `count` entries of at least 8 bytes lie inside the buffer.
+            count: count as usize,
             table,
             hashes,
             arena,
@@ -106,12 +112,12 @@ impl<'a> SlabView<'a> {
 
     /// Number of records in the slab (and of output slots).
     pub fn len(&self) -> usize {
-        self.table.len()
+        self.count
     }
 
     /// Whether the slab holds no record.
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.count == 0
     }
 
     /// Which record fields the host copied in.
@@ -129,11 +135,15 @@ impl<'a> SlabView<'a> {
         Ok(RouteContextRef::decode(self.context)?)
     }
 
-    /// Record `index`.
+    /// Record `index`; [`LayoutError::NoRecordTable`] for a slab of key hashes alone (see
+    /// [`Self::records`]).
     pub fn record(&self, index: usize) -> Result<RecordView<'a>, LayoutError> {
+        if !self.needs.table() {
+            return Err(LayoutError::NoRecordTable);
+        }
         let entry = self.table.get(index).ok_or(LayoutError::RecordOutOfRange {
             index,
-            count: self.table.len(),
+            count: self.count,
         })?;
         Ok(RecordView {
             entry,
@@ -163,6 +173,10 @@ impl<'a> SlabView<'a> {
     }
 
     /// The records in slab order.
+    ///
+    /// A plugin whose manifest asks for `key_hash_only` gets no record table, so for it this
+    /// yields nothing: it reads [`Self::key_hashes`] and writes the output slots in the same
+    /// order (zipped with `Decisions::slots_mut`), one per record of [`Self::len`].
     pub fn records(&self) -> Records<'a> {
         Records {
             entries: self.table.iter().enumerate(),

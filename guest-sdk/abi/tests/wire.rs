@@ -309,6 +309,83 @@ fn key_hashes_alone_give_each_keyed_record_its_murmur2_and_copy_no_key_bytes() {
 }
 
 #[test]
+fn key_hashes_only_carry_the_count_the_context_and_one_hash_entry_per_record() {
+    let ctx = context();
+    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH_ONLY).unwrap();
+    let recs = records();
+    // Dirty memory, as guest memory may be: every byte the reader looks at must be written.
+    let layout = enc.layout(&recs).unwrap();
+    let mut buf = vec![0xAA; layout.total_len()];
+    enc.write(&layout, &recs, &mut buf).unwrap();
+    let view = SlabView::parse(&buf).unwrap();
+    assert_eq!(view.needs(), Needs::KEY_HASH_ONLY);
+    assert_eq!(view.context().unwrap(), ctx.as_ref());
+    assert_eq!(view.len(), 3);
+    let hashes: Vec<_> = view.key_hashes().unwrap().collect();
+    assert_eq!(
+        hashes,
+        vec![
+            Some(murmur2(b"user-1") as u32),
+            None,
+            Some(murmur2(b"") as u32)
+        ]
+    );
+    // No record table: nothing to iterate, and asking for a record says why.
+    assert_eq!(view.records().count(), 0);
+    assert_eq!(view.record(0).unwrap_err(), LayoutError::NoRecordTable);
+    // The layout: a 36-byte header, the context, then the hashes where the table would
+    // start, and nothing after them.
+    let table = u32_at(&buf, header::TABLE_OFFSET) as usize;
+    let hashes_at = u32_at(&buf, header::KEY_HASHES_OFFSET) as usize;
+    assert_eq!(hashes_at, table);
+    assert_eq!(hashes_at % 8, 0);
+    assert_eq!(
+        u32_at(&buf, header::ARENA_OFFSET) as usize,
+        hashes_at + 3 * 8
+    );
+    assert_eq!(u32_at(&buf, header::ARENA_LEN), 0);
+    assert_eq!(layout.total_len(), hashes_at + 3 * 8);
+    assert_eq!(
+        u32_at(&buf, header::FIELDS),
+        Needs::KEY_HASH_BIT | Needs::KEY_HASH_ONLY_BIT
+    );
+    // 48 bytes a record with the table (`key_hash`), 8 without.
+    let with_table = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH)
+        .unwrap()
+        .layout(&recs)
+        .unwrap();
+    assert_eq!(
+        with_table.total_len() - layout.total_len(),
+        3 * ENTRY_LEN_BYTES
+    );
+}
+
+#[test]
+fn a_hashes_only_region_outside_the_buffer_is_a_typed_error() {
+    let ctx = context();
+    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH_ONLY).unwrap();
+    let good = enc.encode_to_vec(&records()).unwrap();
+    let mut bad = good.clone();
+    // One more record than the hashes hold.
+    bad[header::RECORD_COUNT..][..4].copy_from_slice(&4u32.to_le_bytes());
+    assert!(matches!(
+        SlabView::parse(&bad),
+        Err(LayoutError::RegionOutOfBounds {
+            region: Region::KeyHashes,
+            ..
+        })
+    ));
+    // The hashes-only bit with any field besides the hashes is refused.
+    let mut mixed = good.clone();
+    let bits = Needs::KEY_HASH_BIT | Needs::KEY_HASH_ONLY_BIT | Needs::KEYS_BIT;
+    mixed[header::FIELDS..][..4].copy_from_slice(&bits.to_le_bytes());
+    assert_eq!(
+        SlabView::parse(&mixed).unwrap_err(),
+        LayoutError::BadFields { bits }
+    );
+}
+
+#[test]
 fn a_key_hash_routes_like_the_key_with_or_without_the_need() {
     let ctx = context();
     let keys: Vec<Vec<u8>> = (0..300u32).map(|i| format!("k{i}").into_bytes()).collect();
@@ -554,10 +631,14 @@ proptest! {
     #[test]
     fn mutated_valid_slabs_never_panic_the_reader(
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
-        key_hash in any::<bool>(),
+        shape in 0..3u8,
     ) {
         let ctx = context();
-        let needs = if key_hash { Needs::ALL.with_key_hash() } else { Needs::ALL };
+        let needs = match shape {
+            0 => Needs::ALL,
+            1 => Needs::ALL.with_key_hash(),
+            _ => Needs::KEY_HASH_ONLY,
+        };
         let enc = SlabEncoder::new(ctx.as_ref(), needs).unwrap();
         let mut buf = enc.encode_to_vec(&records()).unwrap();
         for (i, b) in flips {
@@ -588,8 +669,14 @@ proptest! {
 
 #[test]
 fn key_hashes_alone_are_measured_from_the_count_whatever_the_iterator_says_of_its_length() {
+    for needs in [Needs::KEY_HASH, Needs::KEY_HASH_ONLY] {
+        key_hashes_measured_from_the_count(needs);
+    }
+}
+
+fn key_hashes_measured_from_the_count(needs: Needs) {
     let ctx = context();
-    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let enc = SlabEncoder::new(ctx.as_ref(), needs).unwrap();
     let recs = records();
     let exact = enc.layout(&recs).unwrap();
     // An iterator that does not know its length (a filter) is counted instead.

@@ -56,6 +56,7 @@ fn parse_needs(expr: &Expr) -> syn::Result<Needs> {
         ));
     };
     let (mut keys, mut headers, mut values, mut key_hash) = (false, false, false, false);
+    let mut key_hash_only = None;
     for elem in &array.elems {
         let ident = match elem {
             Expr::Path(p) => p.path.get_ident().map(ToString::to_string),
@@ -66,13 +67,23 @@ fn parse_needs(expr: &Expr) -> syn::Result<Needs> {
             Some("headers") => headers = true,
             Some("values") => values = true,
             Some("key_hash") => key_hash = true,
+            Some("key_hash_only") => key_hash_only = Some(elem.span()),
             _ => {
                 return Err(syn::Error::new(
                     elem.span(),
-                    "unknown need: expected `keys`, `headers`, `values` or `key_hash`",
+                    "unknown need: expected `keys`, `headers`, `values`, `key_hash` or `key_hash_only`",
                 ));
             }
         }
+    }
+    if let Some(span) = key_hash_only {
+        if array.elems.len() > 1 {
+            return Err(syn::Error::new(
+                span,
+                "`key_hash_only` is a need of its own (the key hashes and no record table): list it alone",
+            ));
+        }
+        return Ok(Needs::KEY_HASH_ONLY);
     }
     // As in the manifest: key bytes are given unless `key_hash` is asked for without `keys`.
     Ok(Needs::from_flags(
@@ -247,6 +258,11 @@ fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
         args.needs.values(),
         args.needs.key_hash(),
     );
+    let needs = if args.needs.table() {
+        quote!(::narad_guest::__private::Needs::from_flags(#keys, #headers, #values, #key_hash))
+    } else {
+        quote!(::narad_guest::__private::Needs::KEY_HASH_ONLY)
+    };
 
     let (state_ty, route_fn, adapter) = match &state {
         Some(ty) => {
@@ -294,7 +310,7 @@ fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
             #name,
             #version,
             #description,
-            ::narad_guest::__private::Needs::from_flags(#keys, #headers, #values, #key_hash),
+            #needs,
             #json,
             #route_fn,
         );
@@ -418,6 +434,21 @@ mod tests {
         );
         let none = json_of(quote!([]));
         assert!(none.contains(r#"\"needs\":[\"keys\"]"#), "{none}");
+    }
+
+    #[test]
+    fn key_hash_only_is_listed_alone_and_gives_no_record_table() {
+        let expand_needs = |needs: TokenStream| {
+            expand(
+                quote!(name = "h", version = "1", description = "x", needs = #needs),
+                router_fn(),
+            )
+        };
+        let only = expand_needs(quote!([key_hash_only])).unwrap().to_string();
+        assert!(only.contains(r#"\"needs\":[\"key_hash_only\"]"#), "{only}");
+        assert!(only.contains("Needs :: KEY_HASH_ONLY"), "{only}");
+        let err = expand_needs(quote!([key_hash_only, keys])).unwrap_err();
+        assert!(err.to_string().contains("list it alone"), "{err}");
     }
 
     #[test]

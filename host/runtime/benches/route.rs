@@ -157,8 +157,9 @@ fn bench_breakdown(c: &mut Criterion<ThreadCpuTime>) {
     let workload = Workload::new("all_keyed", 0);
     let records = workload.records();
     let key_hash = Plugin::load(&runtime, narad_builtin_plugins::KEY_HASH).unwrap();
-    // What the chain encodes for key-hash: its manifest asks for the key hashes alone.
-    assert_eq!(key_hash.needs(), Needs::KEY_HASH);
+    // What the chain encodes for key-hash: its manifest asks for the key hashes alone, without
+    // the record table.
+    assert_eq!(key_hash.needs(), Needs::KEY_HASH_ONLY);
     let encoder = SlabEncoder::new(ctx.as_ref(), key_hash.needs()).unwrap();
     let layout = encoder.layout(records.iter()).unwrap();
     let mut input = vec![0u8; layout.total_len()];
@@ -176,6 +177,18 @@ fn bench_breakdown(c: &mut Criterion<ThreadCpuTime>) {
         b.iter(|| {
             let layout = encoder.layout(black_box(&records).iter()).unwrap();
             encoder.write(&layout, records.iter(), &mut input).unwrap()
+        })
+    });
+    // The same slab with the record table beside the hashes, as it was encoded for key-hash
+    // before the `key_hash_only` need.
+    let table_encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let mut table_input = table_encoder.encode_to_vec(records.iter()).unwrap();
+    group.bench_function("encode_input_hashes_and_table", |b| {
+        b.iter(|| {
+            let layout = table_encoder.layout(black_box(&records).iter()).unwrap();
+            table_encoder
+                .write(&layout, records.iter(), &mut table_input)
+                .unwrap()
         })
     });
     // The same slab as an ABI v1 keys-only input (table and key bytes, no hashes), as it was
@@ -260,8 +273,8 @@ fn bench_guest(c: &mut Criterion<ThreadCpuTime>) {
     let ctx = context();
     let workload = Workload::new("all_keyed", 0);
     let records = workload.records();
-    // key-hash's input as the chain writes it (key hashes, no key bytes; its manifest's needs).
-    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    // key-hash's input as the chain writes it (key hashes alone; its manifest's needs).
+    let encoder = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH_ONLY).unwrap();
     let input = encoder.encode_to_vec(records.iter()).unwrap();
     let mut native = vec![0u32; records.len()];
     NativeChain { next: 0 }.route(&ctx, &records, &mut native);

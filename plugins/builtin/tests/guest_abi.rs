@@ -133,9 +133,10 @@ fn key_hash_in_wasm_matches_the_native_partitioner() {
     let mut views: Vec<Option<&[u8]>> = keys.iter().map(|k| Some(k.as_slice())).collect();
     views[7] = None;
     views[9] = Some(b"");
-    // With the host's hashes (what its manifest asks for), and from an ABI v1 keys-only
-    // buffer (it then hashes in Wasm): the same answers, Kafka's.
-    for needs in [Needs::KEY_HASH, Needs::KEYS] {
+    // With the host's hashes alone (what its manifest asks for), with them beside the record
+    // table, and from an ABI v1 keys-only buffer (it then hashes in Wasm): the same answers,
+    // Kafka's.
+    for needs in [Needs::KEY_HASH_ONLY, Needs::KEY_HASH, Needs::KEYS] {
         for children in [1, 13, 16, 1 << 31] {
             let ctx = context(children, "");
             let (rc, out) = guest.route(&keyed_slab(&ctx, &views, needs), views.len());

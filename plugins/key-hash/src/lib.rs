@@ -3,11 +3,11 @@
 //! partition a Kafka producer would choose. An empty key is a key (it hashes); a keyless
 //! record is left to the next plugin of the chain.
 //!
-//! It asks for `key_hash` alone: the host computes murmur2 natively while it writes the slab
-//! and copies no key bytes in, so the plugin's loop is a load, a mask, a modulo and a store per
-//! record (hashing in Wasm cost more than all the rest of routing; see docs/benchmarks.md).
-//! Handed a slab without the hashes (an ABI v1 buffer with keys), it hashes the keys itself,
-//! with the same answers.
+//! It asks for `key_hash_only`: the host computes murmur2 natively while it writes the slab,
+//! and writes nothing else per record (no key bytes, no record table), so the plugin's loop
+//! is a load, a mask, a modulo and a store per record (hashing in Wasm cost more than all the
+//! rest of routing; see docs/benchmarks.md). Handed a slab without the hashes (a buffer with
+//! keys), it hashes the keys itself, with the same answers.
 //!
 //! Layout: this file only (the router and its tests).
 #![cfg_attr(not(test), no_std)]
@@ -19,7 +19,7 @@ use narad_guest::{Decisions, RouteContext, RouteError, Slab, UNDECIDED, partitio
 #[narad_guest::router(
     name = "key-hash",
     description = "Kafka's default partitioner for every keyed record",
-    needs = [key_hash]
+    needs = [key_hash_only]
 )]
 fn route(ctx: &RouteContext, slab: &Slab, out: &mut Decisions) -> Result<(), RouteError> {
     let Some(partitions) = NonZeroU32::new(ctx.child_partition_count) else {
@@ -124,8 +124,12 @@ mod tests {
     #[test]
     fn the_manifest_asks_for_key_hashes_only() {
         assert_eq!(PLUGIN.name, "key-hash");
-        assert_eq!(PLUGIN.needs, Needs::KEY_HASH);
-        assert!(PLUGIN.manifest_json.contains(r#""needs":["key_hash"]"#));
+        assert_eq!(PLUGIN.needs, Needs::KEY_HASH_ONLY);
+        assert!(
+            PLUGIN
+                .manifest_json
+                .contains(r#""needs":["key_hash_only"]"#)
+        );
     }
 
     #[test]
@@ -170,7 +174,8 @@ mod tests {
             PLUGIN.route_slab(&mut (), &view, &mut out).unwrap();
             out
         };
-        let with_hashes = route(Needs::KEY_HASH);
+        let with_hashes = route(Needs::KEY_HASH_ONLY);
+        assert_eq!(route(Needs::KEY_HASH), with_hashes);
         assert_eq!(route(Needs::KEYS), with_hashes);
         let want: Vec<u32> = KAFKA_VECTORS
             .iter()
