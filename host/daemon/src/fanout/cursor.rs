@@ -290,7 +290,7 @@ impl Cursor {
     ) -> Result<Infallible, CursorExit> {
         // Past every slab delivered so far (the file may still be one commit behind).
         let mut next = offsets.next_offset();
-        let mut ahead: VecDeque<Result<SlabRead, SlabError>> = VecDeque::new();
+        let mut ahead: VecDeque<Ahead> = VecDeque::new();
         loop {
             let link = self.current_link()?;
             if link.paused.contains(&self.key.partition) {
@@ -311,14 +311,16 @@ impl Cursor {
             // (1) Read a slab (read ahead during the last delivery), or learn why there is none.
             let read = match ahead.pop_front() {
                 Some(read) => read,
-                None => self.read(from, delay_ms).await?,
+                None => {
+                    Ahead::from_read(self.read(from, delay_ms).await?, self.origin(epoch, from))
+                }
             };
-            let (records, mut high_watermark) = match read {
-                Ok(SlabRead::Records {
-                    records,
+            let (first, mut high_watermark) = match read {
+                Ahead::Slab {
+                    slab,
                     high_watermark,
-                }) => (records, high_watermark),
-                Ok(SlabRead::Nothing(why)) => {
+                } => (slab, high_watermark),
+                Ahead::Nothing(why) => {
                     ahead.clear();
                     // Every other move of the file comes after the delivered slabs'.
                     self.save(offsets, unsaved.as_ref(), Durability::Now)
@@ -328,7 +330,7 @@ impl Cursor {
                     next = offsets.next_offset();
                     continue;
                 }
-                Err(e) => {
+                Ahead::Failed(e) => {
                     ahead.clear();
                     self.save(offsets, unsaved.as_ref(), Durability::Now)
                         .await?;
@@ -338,6 +340,7 @@ impl Cursor {
                     continue;
                 }
             };
+            let records = &first.delivery.pending;
             let Some(mut last) = records.last().map(|r| r.offset) else {
                 continue;
             };
@@ -345,21 +348,15 @@ impl Cursor {
             let now_ms = self.deps.clock.now_ms();
             self.status
                 .set_due_lag(gate::due_lag_seconds(oldest, delay_ms, now_ms));
-            let origin = |slab_start| SlabOrigin {
-                epoch,
-                parent_partition: self.key.partition,
-                slab_start,
-            };
             let mut counts = vec![records.len()];
-            let first = (records, origin(from));
-            let mut more = Vec::new();
+            let mut slabs = vec![first];
             // The slabs read ahead that follow this one join its commit, up to the limit.
-            while counts.len() < self.slabs_per_commit() && last + 1 < high_watermark {
-                let (records, high) = match ahead.pop_front() {
-                    Some(Ok(SlabRead::Records {
-                        records,
+            while slabs.len() < self.slabs_per_commit() && last + 1 < high_watermark {
+                let (slab, high) = match ahead.pop_front() {
+                    Some(Ahead::Slab {
+                        slab,
                         high_watermark,
-                    })) => (records, high_watermark),
+                    }) => (slab, high_watermark),
                     // No records there (or a failed read): handled as the next slab.
                     other => {
                         if let Some(other) = other {
@@ -368,26 +365,27 @@ impl Cursor {
                         break;
                     }
                 };
-                let Some(end) = records.last().map(|r| r.offset) else {
+                let Some(end) = slab.delivery.pending.last().map(|r| r.offset) else {
                     continue;
                 };
-                counts.push(records.len());
-                more.push((records, origin(last + 1)));
+                counts.push(slab.delivery.pending.len());
+                slabs.push(slab);
                 (last, high_watermark) = (end, high);
             }
-            // (2) to (4) for these slabs, (5) for the ones before, and (1) for the ones
-            // after. At the parent's end there is nothing to read ahead (a read would only
-            // wait for new records): the position is written as soon as the slabs are
-            // delivered instead, so an idle cursor's file is never a commit behind.
+            // (2) to (4) for these slabs, (5) for the ones before, and (1) to (3) for the
+            // ones after: they are read and routed while these commit. At the parent's end
+            // there is nothing to read ahead (a read would only wait for new records): the
+            // position is written as soon as the slabs are delivered instead, so an idle
+            // cursor's file is never a commit behind.
             let at_end = last + 1 >= high_watermark;
             let before = unsaved.take();
             let (delivered, saved, read_ahead) = tokio::join!(
-                self.deliver_together(first, more),
+                self.deliver_together(slabs),
                 self.save(offsets, before.as_ref(), Durability::Coalesced),
                 async {
                     match at_end {
                         true => Ok(VecDeque::new()),
-                        false => self.read_ahead(last + 1, delay_ms).await,
+                        false => self.read_and_route_ahead(last + 1, delay_ms, epoch).await,
                     }
                 },
             );
@@ -427,22 +425,35 @@ impl Cursor {
         self.deps.timing.slabs_per_commit.max(1)
     }
 
-    /// Reads up to [`FanoutTiming::slabs_per_commit`] slabs from `from`, one after another, stopping after
-    /// one that brings no records or reaches the parent's end.
-    async fn read_ahead(
+    /// Where a slab starting at `slab_start` comes from, for its child frames.
+    fn origin(&self, epoch: [u8; 8], slab_start: u64) -> SlabOrigin {
+        SlabOrigin {
+            epoch,
+            parent_partition: self.key.partition,
+            slab_start,
+        }
+    }
+
+    /// Reads up to [`FanoutTiming::slabs_per_commit`] slabs from `from`, one after another,
+    /// stopping after one that brings no records or reaches the parent's end, and routes each
+    /// slab of records ([`Cursor::route_ahead`]).
+    async fn read_and_route_ahead(
         &self,
         mut from: u64,
         delay_ms: u64,
-    ) -> Result<VecDeque<Result<SlabRead, SlabError>>, CursorExit> {
+        epoch: [u8; 8],
+    ) -> Result<VecDeque<Ahead>, CursorExit> {
         let up_to = self.slabs_per_commit();
         let mut reads = VecDeque::with_capacity(up_to);
         while reads.len() < up_to {
-            let read = self.read(from, delay_ms).await?;
+            let read = Ahead::from_read(self.read(from, delay_ms).await?, self.origin(epoch, from));
             let after = match &read {
-                Ok(SlabRead::Records {
-                    records,
+                Ahead::Slab {
+                    slab,
                     high_watermark,
-                }) => records
+                } => slab
+                    .delivery
+                    .pending
                     .last()
                     .map(|r| r.offset + 1)
                     .filter(|after| after < high_watermark),
@@ -452,6 +463,11 @@ impl Cursor {
             match after {
                 Some(after) => from = after,
                 None => break,
+            }
+        }
+        for read in &mut reads {
+            if let Ahead::Slab { slab, .. } = read {
+                slab.routed = self.route_ahead(&mut slab.delivery).await;
             }
         }
         Ok(reads)
@@ -563,26 +579,39 @@ impl Cursor {
     }
 
     /// Steps 2 to 4 for consecutive slabs (`slabs[0]` first) committed together: each is
-    /// routed and bucketed on its own, then their buckets go to each child partition in one
-    /// commit, in slab order ([`commit_slabs`]). What is not acknowledged then goes round
+    /// routed and bucketed on its own (unless it was routed ahead and that still holds), then
+    /// their buckets go to each child partition in one commit, in slab order
+    /// ([`commit_slabs`]). What is not acknowledged then goes round
     /// again slab by slab, in slab order ([`Cursor::finish`]); a slab whose routing
     /// failed, and every slab after it, are delivered that way too. Returns once every slab
     /// is acknowledged.
-    async fn deliver_together(
-        &self,
-        first: (Vec<StoredRecord>, SlabOrigin),
-        more: Vec<(Vec<StoredRecord>, SlabOrigin)>,
-    ) -> Result<Acknowledged, CursorExit> {
-        let mut deliveries: Vec<Delivery> = std::iter::once(first)
-            .chain(more)
-            .map(|(records, origin)| Delivery::new(records, origin))
-            .collect();
-        let mut routed = Vec::with_capacity(deliveries.len());
-        for delivery in &mut deliveries {
-            match self.route_slab(delivery).await? {
-                Some(buckets) => routed.push(buckets),
-                None => break,
+    async fn deliver_together(&self, slabs: Vec<AheadSlab>) -> Result<Acknowledged, CursorExit> {
+        let mut routed = Vec::with_capacity(slabs.len());
+        let mut deliveries = Vec::with_capacity(slabs.len());
+        // False once a slab could not be routed: it and the ones after it go one by one.
+        let mut routing = true;
+        for AheadSlab {
+            mut delivery,
+            routed: ahead,
+        } in slabs
+        {
+            if routing {
+                // Routed while the commit before ran: used if the link is still this
+                // cursor's and the child still has the partition count it was routed under.
+                let ready = match ahead {
+                    Some(ahead) if self.still_routes(&ahead).await? => Some(ahead.buckets),
+                    _ => None,
+                };
+                let buckets = match ready {
+                    Some(buckets) => Some(buckets),
+                    None => self.route_slab(&mut delivery).await?,
+                };
+                match buckets {
+                    Some(buckets) => routed.push(buckets),
+                    None => routing = false,
+                }
             }
+            deliveries.push(delivery);
         }
         let mut answers = commit_slabs(routed, &self.committer, &self.deps.timing)
             .await
@@ -643,6 +672,60 @@ impl Cursor {
                 return Ok(None);
             }
         };
+        match self.route_under(delivery, &view).await {
+            Ok(buckets) => Ok(Some(buckets)),
+            Err(failure) => {
+                delivery.attempt = delivery.attempt.saturating_add(1);
+                self.route_failed(&failure).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Steps 2 and 3 for a slab read ahead, while the commit before it runs: as
+    /// [`Cursor::route_slab`], but whatever goes wrong (the link gone or unreadable, the
+    /// routing failed) leaves the slab to be routed again in its turn, which reports it.
+    async fn route_ahead(&self, delivery: &mut Delivery) -> Option<RoutedAhead> {
+        if self.stop.is_triggered() {
+            return None;
+        }
+        let view = link_view(self.deps.metastore.as_ref(), &self.key)
+            .await
+            .ok()
+            .flatten()?;
+        match self.route_under(delivery, &view).await {
+            Ok(buckets) => Some(RoutedAhead {
+                buckets,
+                child_partitions: view.child_partitions,
+            }),
+            Err(_) => {
+                // A failed try all the same: the next one gets the next attempt number.
+                delivery.attempt = delivery.attempt.saturating_add(1);
+                None
+            }
+        }
+    }
+
+    /// Whether buckets routed ahead may still be committed: the link is still this cursor's
+    /// (else the cursor exits, as [`Cursor::route_slab`] would) and its child has the
+    /// partition count they were routed under. `false` also when the link cannot be read now:
+    /// the slab is routed again in its turn, which stalls on that.
+    async fn still_routes(&self, ahead: &RoutedAhead) -> Result<bool, CursorExit> {
+        self.check_stop()?;
+        match link_view(self.deps.metastore.as_ref(), &self.key).await {
+            Ok(Some(view)) => Ok(view.child_partitions == ahead.child_partitions),
+            Ok(None) => Err(self.gone_detached()),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Routes and buckets what is left of `delivery` once, under `view`; the link's shadow is
+    /// offered the slab at its first successful routing.
+    async fn route_under(
+        &self,
+        delivery: &mut Delivery,
+        view: &LinkView,
+    ) -> Result<Vec<super::bucket::Bucket>, RouteFailure> {
         let input = view.route_input(&self.key, delivery.attempt);
         // The shadow sees the slab once, whole: at its first successful routing, not at the
         // re-routings of failed buckets.
@@ -659,29 +742,19 @@ impl Cursor {
         let (decisions, cost) =
             route_measured(&self.link.router, input, Arc::clone(pending), mode).await;
         let (child, partitions) = (&self.key.child, view.child_partitions);
-        let buckets = decisions.and_then(|d| {
-            bucket(pending, &d, child, partitions, delivery.origin).map(|buckets| (buckets, d))
-        });
-        match buckets {
-            Ok((buckets, decisions)) => {
-                if let (Some(shadow), Some(input)) = (shadow, shadow_input) {
-                    // Never waits: a busy shadow counts the slab as skipped.
-                    shadow.offer(ShadowSlab {
-                        input,
-                        records: Arc::clone(pending),
-                        decisions,
-                        cost,
-                    });
-                    delivery.offered = true;
-                }
-                Ok(Some(buckets))
-            }
-            Err(failure) => {
-                delivery.attempt = delivery.attempt.saturating_add(1);
-                self.route_failed(&failure).await?;
-                Ok(None)
-            }
+        let decisions = decisions?;
+        let buckets = bucket(pending, &decisions, child, partitions, delivery.origin)?;
+        if let (Some(shadow), Some(input)) = (shadow, shadow_input) {
+            // Never waits: a busy shadow counts the slab as skipped.
+            shadow.offer(ShadowSlab {
+                input,
+                records: Arc::clone(pending),
+                decisions,
+                cost,
+            });
+            delivery.offered = true;
         }
+        Ok(buckets)
     }
 
     /// Some buckets of a slab were not acknowledged: keeps (copies of) just their records
@@ -925,6 +998,53 @@ impl Cursor {
             _ = self.stop.wait() => Err(CursorExit::Stopped),
         }
     }
+}
+
+/// A read made ahead of its turn (during the commit before it).
+enum Ahead {
+    /// A slab of records, routed ahead when that worked.
+    Slab {
+        slab: AheadSlab,
+        /// The parent's high watermark when it was read.
+        high_watermark: u64,
+    },
+    /// No records there (why), handled in its turn.
+    Nothing(NoRecords),
+    /// The read failed, handled in its turn.
+    Failed(SlabError),
+}
+
+impl Ahead {
+    /// The read of the slab that starts where `origin` says.
+    fn from_read(read: Result<SlabRead, SlabError>, origin: SlabOrigin) -> Ahead {
+        match read {
+            Ok(SlabRead::Records {
+                records,
+                high_watermark,
+            }) => Ahead::Slab {
+                slab: AheadSlab {
+                    delivery: Delivery::new(records, origin),
+                    routed: None,
+                },
+                high_watermark,
+            },
+            Ok(SlabRead::Nothing(why)) => Ahead::Nothing(why),
+            Err(e) => Ahead::Failed(e),
+        }
+    }
+}
+
+/// A slab to deliver, with its buckets when it was routed ahead.
+struct AheadSlab {
+    delivery: Delivery,
+    routed: Option<RoutedAhead>,
+}
+
+/// The buckets of a slab routed ahead, and the child's partition count they were routed
+/// under.
+struct RoutedAhead {
+    buckets: Vec<super::bucket::Bucket>,
+    child_partitions: u32,
 }
 
 /// One slab on its way to the child: the records not yet acknowledged, and how its tries

@@ -1327,3 +1327,85 @@ async fn a_copying_cursor_reads_only_its_link_per_slab_never_a_whole_metadata_sn
     assert_eq!(snapshots, 0, "whole snapshots read while copying");
     assert!(counting.link_views.load(Ordering::SeqCst) >= 2);
 }
+
+/// [`KeyRouter`], noting the first parent offset of every slab it routes.
+struct NotingRouter {
+    starts: Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+impl SlabRouter for NotingRouter {
+    fn route(
+        &mut self,
+        input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        if let Some(first) = records.first() {
+            self.starts.lock().unwrap().push(first.offset);
+        }
+        KeyRouter.route(input, records)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slabs_routed_ahead_of_a_child_growth_are_routed_again_under_the_new_count() {
+    const SLAB: u64 = narad_host::fanout::SLAB_MAX_RECORDS as u64;
+    let total = 2 * SLAB as u32 + 1_000;
+    let f = fixture(1, 2, LogConfig::default()).await;
+    produce(&f.store, 0..total);
+    // The first slab's bucket for partition 1 cannot commit, so the cursor stalls on it while
+    // it reads and routes the two slabs after it under 2 partitions.
+    f.committer.down[1].store(true, Ordering::SeqCst);
+    let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let link_meta = link(vec![0], 0);
+    f.metastore.attach_link(link_meta.clone()).await.unwrap();
+    let router = NotingRouter {
+        starts: Arc::clone(&starts),
+    };
+    let running = spawn_cursor_routing(&f, link_meta, Box::new(router));
+    wait_for("the slabs after the stalled one to be routed ahead", || {
+        let starts = starts.lock().unwrap();
+        starts.contains(&SLAB) && starts.contains(&(2 * SLAB))
+    })
+    .await;
+    assert_eq!(running.status.report().state, CursorState::Stalled);
+    for p in 2..4 {
+        f.store
+            .create_partition(&PartitionId::new("child", p), LogConfig::default())
+            .unwrap();
+    }
+    f.metastore.grow_partitions("child", 4).await.unwrap();
+    f.committer.down[1].store(false, Ordering::SeqCst);
+    wait_for("the whole parent to be copied", || {
+        running.status.report().next_offset == Some(u64::from(total))
+    })
+    .await;
+    assert_eq!(all_child_values(&f.store, 4), expected(0..total));
+    // The slabs routed ahead under 2 partitions were committed under 4, as routed again.
+    for partition in 0..4u32 {
+        for record in child_records(&f.store, partition) {
+            let n: u64 = String::from_utf8(record.value.to_vec()).unwrap()[1..]
+                .parse()
+                .unwrap();
+            if n >= SLAB {
+                let want = narad_abi::partition_for_key(record.key.as_deref().unwrap(), 4);
+                assert_eq!(want, Some(partition), "v{n}");
+            }
+        }
+    }
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+fn child_records(store: &Store, partition: u32) -> Vec<StoredRecord> {
+    store
+        .read(
+            &PartitionId::new("child", partition),
+            &ReadOptions {
+                offset: 0,
+                max_records: 100_000,
+                max_bytes: usize::MAX,
+                max_committed_at_ms: None,
+            },
+        )
+        .unwrap()
+        .records
+}
