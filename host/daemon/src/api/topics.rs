@@ -16,7 +16,7 @@ use super::types::{
     LinkEnds, PartitionInfo, RecoveredCutInfo, TopicDescription, TopicInfo, TopicList,
 };
 use crate::metastore::{MetastoreError, TopicMeta};
-use crate::topics::NewTopic;
+use crate::topics::{NewTopic, TopicError};
 
 impl From<TopicMeta> for TopicInfo {
     fn from(t: TopicMeta) -> TopicInfo {
@@ -230,34 +230,47 @@ pub(crate) async fn delete(
     ApiQuery(query): ApiQuery<DeleteTopicQuery>,
 ) -> Result<Json<DeletedTopic>, ApiError> {
     require_topic(&state, &name).await?;
-    // Read before the delete, which drops every link naming the topic. A link attached between
-    // this read and the delete is removed without being listed; attaches and deletes are rare
-    // operator actions, and the metastore stays consistent either way.
-    let links: Vec<LinkEnds> = state
-        .metastore
-        .snapshot()
-        .await?
-        .links
-        .into_keys()
-        .filter(|(parent, child)| *parent == name || *child == name)
-        .map(|(parent, child)| LinkEnds { parent, child })
-        .collect();
-    if !links.is_empty() && !query.force {
-        let names: Vec<String> = links
-            .iter()
-            .map(|l| format!("{} -> {}", l.parent, l.child))
-            .collect();
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "topic {name:?} has fan-out links ({}); deleting it removes them: repeat with \
-                 force=true (narad topic delete --force), or detach them first",
-                names.join(", ")
-            ),
-        )
-        .with("links", serde_json::to_value(&links).unwrap_or_default()));
-    }
-    let topic = state.topics.delete(&name).await?;
+    // Without force, the metastore refuses the delete of a topic in any link in the same step
+    // that would delete it, so a link attached a moment before is never removed unseen. With
+    // force the links are read first, to report them; one attached between that read and the
+    // delete goes too, unlisted (the operator asked for the topic's links to go).
+    let links: Vec<LinkEnds> = match query.force {
+        true => state
+            .metastore
+            .snapshot()
+            .await?
+            .links
+            .into_iter()
+            .filter(|((parent, child), link)| {
+                *parent == name || (*child == name && link.remote.is_none())
+            })
+            .map(|((parent, child), _)| LinkEnds { parent, child })
+            .collect(),
+        false => Vec::new(),
+    };
+    let topic = match state.topics.delete(&name, query.force).await {
+        Ok(topic) => topic,
+        Err(TopicError::Metastore(MetastoreError::TopicHasLinks { name, links })) => {
+            let ends: Vec<LinkEnds> = links
+                .iter()
+                .filter_map(|l| l.split_once(" -> "))
+                .map(|(parent, child)| LinkEnds {
+                    parent: parent.to_owned(),
+                    child: child.to_owned(),
+                })
+                .collect();
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "topic {name:?} has fan-out links ({}); deleting it removes them: repeat \
+                     with force=true (narad topic delete --force), or detach them first",
+                    links.join(", ")
+                ),
+            )
+            .with("links", serde_json::to_value(&ends).unwrap_or_default()));
+        }
+        Err(e) => return Err(e.into()),
+    };
     state.api_metrics.forget_topic(&topic.name);
     tracing::info!(topic = %topic.name, removed_links = links.len(), "topic deleted");
     Ok(Json(DeletedTopic {

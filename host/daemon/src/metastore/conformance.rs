@@ -97,7 +97,7 @@ async fn topics(store: &dyn Metastore) {
         Err(MetastoreError::UnknownTopic { .. })
     ));
     assert!(matches!(
-        store.delete_topic("nope").await,
+        store.delete_topic("nope", true).await,
         Err(MetastoreError::UnknownTopic { .. })
     ));
     assert_eq!(
@@ -195,8 +195,19 @@ async fn links(store: &dyn Metastore) {
         Err(MetastoreError::UnknownLink { .. })
     ));
 
+    // A delete not meant to remove links is refused, naming them, and changes nothing.
+    for topic in ["copy", "orders"] {
+        match store.delete_topic(topic, false).await {
+            Err(MetastoreError::TopicHasLinks { name, links }) => {
+                assert_eq!(name, topic);
+                assert_eq!(links, ["orders -> copy"]);
+            }
+            other => panic!("deleting {topic} without its links: {other:?}"),
+        }
+    }
+    assert_eq!(store.versions().await.unwrap(), after);
     // A deleted topic takes its links with it, as parent and as child.
-    let deleted = store.delete_topic("copy").await.unwrap();
+    let deleted = store.delete_topic("copy", true).await.unwrap();
     assert_eq!(deleted.name, "copy");
     let snapshot = store.snapshot().await.unwrap();
     assert!(snapshot.links.is_empty(), "{:?}", snapshot.links);
@@ -355,7 +366,7 @@ async fn link_views(store: &dyn Metastore) {
     assert_eq!(cleared.shadow, None);
     store.remove_plugin("shadowed").await.unwrap();
 
-    store.delete_topic("fresh").await.unwrap();
+    store.delete_topic("fresh", true).await.unwrap();
     assert_eq!(store.link_view("orders", "fresh").await.unwrap(), None);
 }
 

@@ -764,11 +764,11 @@ mod tests {
             0 => store.create_topic(topic("orders", 2)).await.map(drop),
             1 => store.create_topic(topic("audit", 1)).await.map(drop),
             2 => store.grow_partitions("orders", 4).await.map(drop),
-            3 => store.delete_topic("audit").await.map(drop),
+            3 => store.delete_topic("audit", true).await.map(drop),
             4 => store.create_topic(topic("billing", 3)).await.map(drop),
             5 => store.grow_partitions("billing", 5).await.map(drop),
             6 => store.create_topic(topic("audit", 2)).await.map(drop),
-            _ => store.delete_topic("orders").await.map(drop),
+            _ => store.delete_topic("orders", true).await.map(drop),
         }
     }
 
@@ -914,7 +914,7 @@ mod tests {
         store.create_topic(topic("orders", 4)).await.unwrap();
         store.create_topic(topic("audit", 1)).await.unwrap();
         store.grow_partitions("orders", 6).await.unwrap();
-        store.delete_topic("audit").await.unwrap();
+        store.delete_topic("audit", true).await.unwrap();
         let before = store.snapshot().await.unwrap();
         drop(store);
 

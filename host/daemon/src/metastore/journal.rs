@@ -96,7 +96,7 @@ impl Touched {
             Change::CreateTopic(topic) => {
                 t.topics.insert(topic.name.clone());
             }
-            Change::DeleteTopic { name } => {
+            Change::DeleteTopic { name, .. } => {
                 t.topics.insert(name.clone());
                 t.links.extend(
                     before
@@ -296,6 +296,7 @@ mod tests {
             },
             Change::DeleteTopic {
                 name: "audit".to_owned(),
+                remove_links: true,
             },
             Change::CreateTopic(topic("billing", 3)),
         ] {

@@ -281,6 +281,14 @@ pub enum MetastoreError {
         /// The name.
         name: String,
     },
+    /// A delete that was not to remove links found the topic in some.
+    #[error("topic {name:?} has fan-out links ({}); deleting it removes them", links.join(", "))]
+    TopicHasLinks {
+        /// The topic.
+        name: String,
+        /// Its links, as `parent -> child`.
+        links: Vec<String>,
+    },
     /// `grow_partitions` asked for fewer partitions than the topic has.
     #[error(
         "topic {name:?} has {current} partitions; the count can only grow, not shrink to {requested}"
@@ -563,11 +571,17 @@ pub trait Metastore: Send + Sync + 'static {
         typed(self.apply(Change::CreateTopic(topic)), Outcome::into_topic)
     }
 
-    /// Deletes a topic (and its links), returning what it was. Fails with
-    /// [`MetastoreError::UnknownTopic`].
-    fn delete_topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<TopicMeta>> {
+    /// Deletes a topic, returning what it was; its links go with it when `remove_links`,
+    /// else a topic in any link is refused ([`MetastoreError::TopicHasLinks`]), checked in
+    /// the same step as the delete. Fails with [`MetastoreError::UnknownTopic`].
+    fn delete_topic<'a>(
+        &'a self,
+        name: &'a str,
+        remove_links: bool,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
         let change = Change::DeleteTopic {
             name: name.to_owned(),
+            remove_links,
         };
         typed(self.apply(change), Outcome::into_topic)
     }

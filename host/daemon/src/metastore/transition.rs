@@ -29,10 +29,15 @@ use super::{
 pub enum Change {
     /// Create a topic.
     CreateTopic(TopicMeta),
-    /// Delete a topic and its links.
+    /// Delete a topic, and its links when `remove_links` says so.
     DeleteTopic {
         /// Topic name.
         name: String,
+        /// Whether the topic's links go with it. When false, a topic that is a parent or a
+        /// (local) child of any link is refused with [`MetastoreError::TopicHasLinks`] and
+        /// nothing changes: the check and the delete are one step, so a link attached just
+        /// before is never removed unseen.
+        remove_links: bool,
     },
     /// Raise a topic's partition count.
     GrowPartitions {
@@ -219,14 +224,30 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             s.topics.insert(topic.name.clone(), topic.clone());
             Ok((Outcome::Topic(topic), vec![Domain::Topics]))
         }
-        Change::DeleteTopic { name } => {
+        Change::DeleteTopic { name, remove_links } => {
+            if !s.topics.contains_key(&name) {
+                return Err(MetastoreError::UnknownTopic { name });
+            }
+            // A remote child of the same name is another thing: its link stays.
+            let names_it = |(p, c): &(String, String), l: &LinkMeta| {
+                *p == name || (*c == name && l.remote.is_none())
+            };
+            if !remove_links {
+                let links: Vec<String> = s
+                    .links
+                    .iter()
+                    .filter(|(ends, l)| names_it(ends, l))
+                    .map(|((p, c), _)| format!("{p} -> {c}"))
+                    .collect();
+                if !links.is_empty() {
+                    return Err(MetastoreError::TopicHasLinks { name, links });
+                }
+            }
             let Some(topic) = s.topics.remove(&name) else {
                 return Err(MetastoreError::UnknownTopic { name });
             };
             let before = s.links.len();
-            // A remote child of the same name is another thing: its link stays.
-            s.links
-                .retain(|(p, c), l| *p != name && (*c != name || l.remote.is_some()));
+            s.links.retain(|ends, l| !names_it(ends, l));
             let mut domains = vec![Domain::Topics];
             if s.links.len() != before {
                 domains.push(Domain::Links);
@@ -605,11 +626,27 @@ mod tests {
         // The view a cursor reads gives it the target's partition count.
         let view = crate::metastore::LinkTopics::find_in(&state, "orders", "away").unwrap();
         assert_eq!(view.child.partitions, 3);
+        // Deleting the parent without its links is refused, naming them, and changes nothing.
+        let before = state.clone();
+        let err = apply(
+            &mut state,
+            Change::DeleteTopic {
+                name: "orders".into(),
+                remove_links: false,
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, MetastoreError::TopicHasLinks { links, .. } if links == &["orders -> away"]),
+            "{err}"
+        );
+        assert_eq!(state, before);
         // Deleting the parent takes the link with it.
         apply(
             &mut state,
             Change::DeleteTopic {
                 name: "orders".into(),
+                remove_links: true,
             },
         )
         .unwrap();
@@ -630,6 +667,7 @@ mod tests {
             },
             Change::DeleteTopic {
                 name: "nope".into(),
+                remove_links: true,
             },
             Change::RemovePlugin {
                 name: "nope".into(),

@@ -513,8 +513,10 @@ impl TopicService {
         }
     }
 
-    /// Deletes a topic: the intent first, then the metastore, then its files.
-    pub async fn delete(&self, name: &str) -> Result<TopicMeta, TopicError> {
+    /// Deletes a topic: the intent first, then the metastore, then its files. Its links go
+    /// with it when `remove_links`; else a topic in any link is refused
+    /// ([`MetastoreError::TopicHasLinks`]), in the same metastore step as the delete.
+    pub async fn delete(&self, name: &str, remove_links: bool) -> Result<TopicMeta, TopicError> {
         let _admin = self.admin.lock().await;
         if self.metastore.topic(name).await?.is_none() {
             return Err(MetastoreError::UnknownTopic {
@@ -523,7 +525,7 @@ impl TopicService {
             .into());
         }
         self.write_intent(name, Intent::Delete).await?;
-        let meta = match self.metastore.delete_topic(name).await {
+        let meta = match self.metastore.delete_topic(name, remove_links).await {
             Ok(meta) => meta,
             Err(e) => {
                 // Not recorded: the topic stays, and so must its directory's standing.
