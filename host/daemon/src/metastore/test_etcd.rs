@@ -18,9 +18,19 @@ pub struct TestEtcd {
     data_dir: PathBuf,
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
+/// Fresh starts tried, each on new ports, before a test fails: a port found free can be taken
+/// by another test's server before etcd binds it, and etcd then exits at once.
+const START_ATTEMPTS: usize = 5;
+
+/// Two distinct loopback ports that were free a moment ago (both held until both are known, so
+/// they differ).
+fn two_free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let b = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    (
+        a.local_addr().expect("local addr").port(),
+        b.local_addr().expect("local addr").port(),
+    )
 }
 
 impl TestEtcd {
@@ -38,18 +48,41 @@ impl TestEtcd {
             .tempdir_in(base)
             .expect("create the etcd data dir")
             .keep();
+        let (client_port, peer_port) = two_free_ports();
         let mut etcd = TestEtcd {
             child: None,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port,
+            peer_port,
             data_dir,
         };
-        etcd.start_again();
-        etcd
+        let mut failures = Vec::new();
+        while failures.len() < START_ATTEMPTS {
+            match etcd.spawn_and_wait() {
+                Ok(()) => return etcd,
+                Err(why) => {
+                    failures.push(why);
+                    etcd.stop();
+                    // Nothing of a server that never served is worth keeping.
+                    let _ = std::fs::remove_dir_all(&etcd.data_dir);
+                    (etcd.client_port, etcd.peer_port) = two_free_ports();
+                }
+            }
+        }
+        panic!(
+            "etcd did not start in {START_ATTEMPTS} tries on fresh ports: {}",
+            failures.join("; ")
+        );
     }
 
     /// Starts the stopped server again on the same ports and data (its history kept).
     pub fn start_again(&mut self) {
+        if let Err(why) = self.spawn_and_wait() {
+            panic!("{why}");
+        }
+    }
+
+    /// Spawns etcd on this guard's ports and data and waits until it serves.
+    fn spawn_and_wait(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "etcd is already running");
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -73,7 +106,7 @@ impl TestEtcd {
                 )
             });
         self.child = Some(child);
-        self.wait_until_serving();
+        self.wait_until_serving()
     }
 
     /// Kills the server (SIGKILL), keeping its data for [`TestEtcd::start_again`].
@@ -95,24 +128,36 @@ impl TestEtcd {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
-    fn wait_until_serving(&mut self) {
+    fn wait_until_serving(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait().expect("poll etcd")
             {
-                panic!("etcd exited during start-up with {status}");
+                self.child = None;
+                return Err(format!(
+                    "etcd exited during start-up with {status} (ports {} and {})",
+                    self.client_port, self.peer_port
+                ));
             }
             // A one-member cluster elects itself as soon as it listens; the client's request
             // timeout covers the rest.
             if std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
-                return;
+                // Still running: the listener that answered is this etcd's, not another
+                // server's that took the port before etcd could bind it.
+                if let Some(child) = self.child.as_mut()
+                    && child.try_wait().expect("poll etcd").is_none()
+                {
+                    return Ok(());
+                }
+                continue;
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not listen on {} within {STARTUP_TIMEOUT:?}",
-                self.endpoint()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "etcd did not listen on {} within {STARTUP_TIMEOUT:?}",
+                    self.endpoint()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
