@@ -243,27 +243,36 @@ fn u32_at(buf: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(buf[at..][..4].try_into().unwrap())
 }
 
-#[test]
-fn key_hashes_alone_give_each_keyed_record_its_murmur2_and_copy_no_key_bytes() {
+/// [`records`] encoded for `needs` into memory full of `0xAA`, as guest memory may be: every
+/// byte a reader looks at must still be written. Checks the header's needs and context.
+fn encoded_on_dirty_memory(needs: Needs) -> Vec<u8> {
     let ctx = context();
-    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH).unwrap();
+    let enc = SlabEncoder::new(ctx.as_ref(), needs).unwrap();
     let recs = records();
-    // Dirty memory, as guest memory may be: every byte must still be written.
     let layout = enc.layout(&recs).unwrap();
     let mut buf = vec![0xAA; layout.total_len()];
     enc.write(&layout, &recs, &mut buf).unwrap();
     let view = SlabView::parse(&buf).unwrap();
-    assert_eq!(view.needs(), Needs::KEY_HASH);
+    assert_eq!(view.needs(), needs);
     assert_eq!(view.context().unwrap(), ctx.as_ref());
+    buf
+}
+
+/// The key hashes of [`records`], in order.
+fn records_key_hashes() -> Vec<Option<u32>> {
+    vec![
+        Some(murmur2(b"user-1") as u32),
+        None,
+        Some(murmur2(b"") as u32),
+    ]
+}
+
+#[test]
+fn key_hashes_alone_give_each_keyed_record_its_murmur2_and_copy_no_key_bytes() {
+    let buf = encoded_on_dirty_memory(Needs::KEY_HASH);
+    let view = SlabView::parse(&buf).unwrap();
     let hashes: Vec<_> = view.records().map(|r| r.key_hash().unwrap()).collect();
-    assert_eq!(
-        hashes,
-        vec![
-            Some(murmur2(b"user-1") as u32),
-            None,
-            Some(murmur2(b"") as u32)
-        ]
-    );
+    assert_eq!(hashes, records_key_hashes());
     assert_eq!(
         view.record(2).unwrap().key_hash(),
         Ok(Some(murmur2(b"") as u32))
@@ -310,26 +319,11 @@ fn key_hashes_alone_give_each_keyed_record_its_murmur2_and_copy_no_key_bytes() {
 
 #[test]
 fn key_hashes_only_carry_the_count_the_context_and_one_hash_entry_per_record() {
-    let ctx = context();
-    let enc = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH_ONLY).unwrap();
-    let recs = records();
-    // Dirty memory, as guest memory may be: every byte the reader looks at must be written.
-    let layout = enc.layout(&recs).unwrap();
-    let mut buf = vec![0xAA; layout.total_len()];
-    enc.write(&layout, &recs, &mut buf).unwrap();
+    let buf = encoded_on_dirty_memory(Needs::KEY_HASH_ONLY);
     let view = SlabView::parse(&buf).unwrap();
-    assert_eq!(view.needs(), Needs::KEY_HASH_ONLY);
-    assert_eq!(view.context().unwrap(), ctx.as_ref());
     assert_eq!(view.len(), 3);
     let hashes: Vec<_> = view.key_hashes().unwrap().collect();
-    assert_eq!(
-        hashes,
-        vec![
-            Some(murmur2(b"user-1") as u32),
-            None,
-            Some(murmur2(b"") as u32)
-        ]
-    );
+    assert_eq!(hashes, records_key_hashes());
     // No record table: nothing to iterate, and asking for a record says why.
     assert_eq!(view.records().count(), 0);
     assert_eq!(view.record(0).unwrap_err(), LayoutError::NoRecordTable);
@@ -344,20 +338,14 @@ fn key_hashes_only_carry_the_count_the_context_and_one_hash_entry_per_record() {
         hashes_at + 3 * 8
     );
     assert_eq!(u32_at(&buf, header::ARENA_LEN), 0);
-    assert_eq!(layout.total_len(), hashes_at + 3 * 8);
+    assert_eq!(buf.len(), hashes_at + 3 * 8);
     assert_eq!(
         u32_at(&buf, header::FIELDS),
         Needs::KEY_HASH_BIT | Needs::KEY_HASH_ONLY_BIT
     );
     // 48 bytes a record with the table (`key_hash`), 8 without.
-    let with_table = SlabEncoder::new(ctx.as_ref(), Needs::KEY_HASH)
-        .unwrap()
-        .layout(&recs)
-        .unwrap();
-    assert_eq!(
-        with_table.total_len() - layout.total_len(),
-        3 * ENTRY_LEN_BYTES
-    );
+    let with_table = encoded_on_dirty_memory(Needs::KEY_HASH);
+    assert_eq!(with_table.len() - buf.len(), 3 * ENTRY_LEN_BYTES);
 }
 
 #[test]

@@ -411,16 +411,17 @@ mod tests {
         assert!(out.contains(json), "{out}");
     }
 
+    /// A router with these `needs` (and fixed name, version and description), expanded.
+    fn expand_needs(needs: TokenStream) -> syn::Result<TokenStream> {
+        expand(
+            quote!(name = "h", version = "1", description = "x", needs = #needs),
+            router_fn(),
+        )
+    }
+
     #[test]
     fn key_hash_alone_asks_for_no_key_bytes_and_with_keys_for_both() {
-        let json_of = |needs: TokenStream| {
-            expand(
-                quote!(name = "h", version = "1", description = "x", needs = #needs),
-                router_fn(),
-            )
-            .unwrap()
-            .to_string()
-        };
+        let json_of = |needs: TokenStream| expand_needs(needs).unwrap().to_string();
         let alone = json_of(quote!([key_hash]));
         assert!(alone.contains(r#"\"needs\":[\"key_hash\"]"#), "{alone}");
         assert!(
@@ -438,12 +439,6 @@ mod tests {
 
     #[test]
     fn key_hash_only_is_listed_alone_and_gives_no_record_table() {
-        let expand_needs = |needs: TokenStream| {
-            expand(
-                quote!(name = "h", version = "1", description = "x", needs = #needs),
-                router_fn(),
-            )
-        };
         let only = expand_needs(quote!([key_hash_only])).unwrap().to_string();
         assert!(only.contains(r#"\"needs\":[\"key_hash_only\"]"#), "{only}");
         assert!(only.contains("Needs :: KEY_HASH_ONLY"), "{only}");

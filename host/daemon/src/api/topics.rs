@@ -15,6 +15,7 @@ use super::types::{
     CreateTopicRequest, DeleteTopicQuery, DeletedTopic, DescribeQuery, GrowPartitionsRequest,
     LinkEnds, PartitionInfo, RecoveredCutInfo, TopicDescription, TopicInfo, TopicList,
 };
+use crate::metastore::transition::link_names_topic;
 use crate::metastore::{MetastoreError, TopicMeta};
 use crate::topics::{NewTopic, TopicError};
 
@@ -241,9 +242,7 @@ pub(crate) async fn delete(
             .await?
             .links
             .into_iter()
-            .filter(|((parent, child), link)| {
-                *parent == name || (*child == name && link.remote.is_none())
-            })
+            .filter(|(ends, link)| link_names_topic(ends, link, &name))
             .map(|((parent, child), _)| LinkEnds { parent, child })
             .collect(),
         false => Vec::new(),
@@ -253,18 +252,17 @@ pub(crate) async fn delete(
         Err(TopicError::Metastore(MetastoreError::TopicHasLinks { name, links })) => {
             let ends: Vec<LinkEnds> = links
                 .iter()
-                .filter_map(|l| l.split_once(" -> "))
                 .map(|(parent, child)| LinkEnds {
-                    parent: parent.to_owned(),
-                    child: child.to_owned(),
+                    parent: parent.clone(),
+                    child: child.clone(),
                 })
                 .collect();
+            let refused = MetastoreError::TopicHasLinks { name, links };
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 format!(
-                    "topic {name:?} has fan-out links ({}); deleting it removes them: repeat \
-                     with force=true (narad topic delete --force), or detach them first",
-                    links.join(", ")
+                    "{refused}: repeat with force=true (narad topic delete --force), or detach \
+                     them first"
                 ),
             )
             .with("links", serde_json::to_value(&ends).unwrap_or_default()));

@@ -598,13 +598,9 @@ impl Cursor {
             if routing {
                 // Routed while the commit before ran: used if the link is still this
                 // cursor's and the child still has the partition count it was routed under.
-                let ready = match ahead {
+                let buckets = match ahead {
                     Some(ahead) if self.still_routes(&ahead).await? => Some(ahead.buckets),
-                    _ => None,
-                };
-                let buckets = match ready {
-                    Some(buckets) => Some(buckets),
-                    None => self.route_slab(&mut delivery).await?,
+                    _ => self.route_slab(&mut delivery).await?,
                 };
                 match buckets {
                     Some(buckets) => routed.push(buckets),

@@ -265,6 +265,15 @@ impl LinkTopics {
     }
 }
 
+/// `parent -> child, ...` for messages.
+fn link_list(links: &[(String, String)]) -> String {
+    links
+        .iter()
+        .map(|(parent, child)| format!("{parent} -> {child}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Errors from metastore operations.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -282,12 +291,15 @@ pub enum MetastoreError {
         name: String,
     },
     /// A delete that was not to remove links found the topic in some.
-    #[error("topic {name:?} has fan-out links ({}); deleting it removes them", links.join(", "))]
+    #[error(
+        "topic {name:?} has fan-out links ({}); deleting it removes them",
+        link_list(links)
+    )]
     TopicHasLinks {
         /// The topic.
         name: String,
-        /// Its links, as `parent -> child`.
-        links: Vec<String>,
+        /// Its links, as (parent, child), in order.
+        links: Vec<(String, String)>,
     },
     /// `grow_partitions` asked for fewer partitions than the topic has.
     #[error(

@@ -228,16 +228,12 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if !s.topics.contains_key(&name) {
                 return Err(MetastoreError::UnknownTopic { name });
             }
-            // A remote child of the same name is another thing: its link stays.
-            let names_it = |(p, c): &(String, String), l: &LinkMeta| {
-                *p == name || (*c == name && l.remote.is_none())
-            };
             if !remove_links {
-                let links: Vec<String> = s
+                let links: Vec<(String, String)> = s
                     .links
                     .iter()
-                    .filter(|(ends, l)| names_it(ends, l))
-                    .map(|((p, c), _)| format!("{p} -> {c}"))
+                    .filter(|(ends, l)| link_names_topic(ends, l, &name))
+                    .map(|(ends, _)| ends.clone())
                     .collect();
                 if !links.is_empty() {
                     return Err(MetastoreError::TopicHasLinks { name, links });
@@ -247,7 +243,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 return Err(MetastoreError::UnknownTopic { name });
             };
             let before = s.links.len();
-            s.links.retain(|ends, l| !names_it(ends, l));
+            s.links.retain(|ends, l| !link_names_topic(ends, l, &name));
             let mut domains = vec![Domain::Topics];
             if s.links.len() != before {
                 domains.push(Domain::Links);
@@ -496,6 +492,16 @@ fn domains_if(changed: bool, domain: Domain) -> Vec<Domain> {
 
 /// Adds `link` after checking that both topics exist, the pair is not linked yet, the link
 /// rules hold and every plugin of its router is recorded.
+/// Whether the link `(parent, child)` goes when `topic` is deleted: it is the link's parent or
+/// its local child (a remote child of the same name is another thing, and its link stays).
+pub(crate) fn link_names_topic(
+    (parent, child): &(String, String),
+    link: &LinkMeta,
+    topic: &str,
+) -> bool {
+    parent == topic || (child == topic && link.remote.is_none())
+}
+
 fn attach(s: &mut Snapshot, link: LinkMeta) -> Result<()> {
     // A remote child names no local topic, and must not shadow one: the name would stand for
     // two different things in the link list.
@@ -637,7 +643,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(&err, MetastoreError::TopicHasLinks { links, .. } if links == &["orders -> away"]),
+            matches!(&err, MetastoreError::TopicHasLinks { links, .. }
+                if links == &[("orders".to_owned(), "away".to_owned())]),
             "{err}"
         );
         assert_eq!(state, before);
