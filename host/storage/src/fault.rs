@@ -624,6 +624,15 @@ impl File for FaultFile {
         }
     }
 
+    fn read_uncached_into<'s>(
+        &self,
+        scratch: &'s mut Vec<u8>,
+        len: usize,
+        offset: u64,
+    ) -> io::Result<&'s [u8]> {
+        crate::fs::read_into_prefix(scratch, len, |buf| self.read_exact_uncached_at(buf, offset))
+    }
+
     fn read_exact_uncached_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut s = self.fs.lock();
         s.check_alive(self.generation)?;

@@ -112,14 +112,17 @@ pub trait File: Send + Sync + Debug {
     /// read with `O_DIRECT` reads the device straight into an aligned window of `scratch`, so
     /// once `scratch` has grown to the largest read nothing is allocated, zeroed or copied;
     /// that is why it hands back a slice instead of filling one the caller chose.
+    ///
+    /// No default body: a wrapper around another `File` must pass this on to the file it
+    /// wraps (a default built on `read_exact_uncached_at` would allocate, zero and copy a
+    /// buffer per read, which is what the append path's read-back must not do). A file with
+    /// no cheaper way can use [`read_into_prefix`].
     fn read_uncached_into<'s>(
         &self,
         scratch: &'s mut Vec<u8>,
         len: usize,
         offset: u64,
-    ) -> io::Result<&'s [u8]> {
-        read_into_prefix(scratch, len, |buf| self.read_exact_uncached_at(buf, offset))
-    }
+    ) -> io::Result<&'s [u8]>;
 
     /// Drops the file's clean cached pages, so that later reads come from the device: bytes
     /// whose writeback failed, still readable from the cache, are then seen as the device holds
@@ -308,8 +311,9 @@ impl RealFile {
     }
 }
 
-/// Runs `read` on the first `len` bytes of `scratch` (grown when shorter) and returns them.
-fn read_into_prefix(
+/// Runs `read` on the first `len` bytes of `scratch` (grown when shorter) and returns them:
+/// [`File::read_uncached_into`] for a file that can only fill a buffer it is given.
+pub fn read_into_prefix(
     scratch: &mut Vec<u8>,
     len: usize,
     read: impl FnOnce(&mut [u8]) -> io::Result<()>,

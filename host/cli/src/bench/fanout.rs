@@ -24,7 +24,6 @@
 //!
 //! [`TimedRouter`]: super::timed_router::TimedRouter
 
-use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +34,7 @@ use serde::Serialize;
 use super::disk::{self, SyncCosts};
 use super::fill::{FillSpec, fill_parent};
 use super::progress::Progress;
+use super::raw_append::{RawFile, ReadBack};
 use super::raw_buckets::{default_chain_partition, raw_bucket_copy};
 use super::rig::{Rig, RunningCursor, stop_all};
 use super::sys::{self, FileSystemInfo};
@@ -56,6 +56,8 @@ pub const DEFAULT_VALUE_BYTES: usize = 100;
 
 /// Goal for one child, records per second (issue 4).
 pub const GOAL_ONE_CHILD_RECORDS_PER_S: f64 = 3_000_000.0;
+/// Goal of the speed issue (issue 11) for one child, 4 -> 4 partitions, records per second.
+pub const GOAL_ONE_CHILD_RECORDS_PER_S_SPEED_ISSUE: f64 = 3_600_000.0;
 /// Goal for 16 children, record copies per second in all (issue 4).
 pub const GOAL_SIXTEEN_CHILDREN_COPIES_PER_S: f64 = 4_000_000.0;
 /// Goal for the fan-out's throughput as a share of the raw loop's (issue 4).
@@ -163,6 +165,14 @@ pub struct FanoutFigures {
     pub dir_fsyncs: u64,
     /// Mean time of one file `fdatasync` during the copy, milliseconds.
     pub fsync_ms_mean: f64,
+    /// Read-backs from the device (each append group's check after its `fdatasync`) per
+    /// file `fdatasync`.
+    pub device_reads_per_fsync: f64,
+    /// Mean time of one read-back piece (up to 2 MiB), milliseconds.
+    pub device_read_ms_mean: f64,
+    /// Bytes read back from the device per second: with `written_mb_per_s`, what the device
+    /// moves.
+    pub device_read_mb_per_s: f64,
     /// Time inside child commits (append, `fdatasync`, verify) over the cursors' busy time.
     pub commit_share_of_slab_time: f64,
     /// Time in offset-file `fdatasync`s (advancing the cursors) over the cursors' busy time.
@@ -228,6 +238,8 @@ pub struct Verified {
 pub struct Goals {
     /// Records per second for one child.
     pub one_child_records_per_s: f64,
+    /// Records per second for one child, the speed issue's goal (issue 11).
+    pub one_child_records_per_s_speed_issue: f64,
     /// Record copies per second with 16 children.
     pub sixteen_children_copies_per_s: f64,
     /// Fan-out over raw loop (issue 4).
@@ -277,10 +289,19 @@ pub struct FanoutReport {
     pub raw: RawFigures,
     /// The raw loop's run before the fan-out, then its run after.
     pub raw_runs: Vec<RawFigures>,
+    /// The same raw loop reading every append back from the device after its `fdatasync`,
+    /// as the store does before it acknowledges one: its run before and its run after the
+    /// fan-out together. What the disk allows under the durability rule the engine keeps.
+    pub raw_read_back: RawFigures,
+    /// Its run before the fan-out, then its run after.
+    pub raw_read_back_runs: Vec<RawFigures>,
     /// This disk's own sync costs, measured before everything else.
     pub disk: SyncCosts,
     /// `fanout.records_per_s / raw.records_per_s`.
     pub ratio: f64,
+    /// `fanout.records_per_s / raw_read_back.records_per_s`: the engine's own cost (routing,
+    /// scheduling, offsets, buckets) over the same durable disk work.
+    pub ratio_to_read_back_loop: f64,
     /// The check that every child holds every record.
     pub verified: Verified,
     /// The goals.
@@ -355,11 +376,26 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         &high,
         &options,
         filled.payload_bytes,
+        ReadBack::No,
     )
     .await?;
     progress.step(&format!(
         "raw loop (before): {:.0} record copies/s in {:.2} s",
         raw_before.0.records_per_s, raw_before.0.seconds
+    ));
+    let read_back_before = raw_run(
+        &rig,
+        &work,
+        "raw-read-back-before",
+        &high,
+        &options,
+        filled.payload_bytes,
+        ReadBack::FromDevice,
+    )
+    .await?;
+    progress.step(&format!(
+        "raw loop with read-back (before): {:.0} record copies/s in {:.2} s",
+        read_back_before.0.records_per_s, read_back_before.0.seconds
     ));
 
     // Children, links, routers.
@@ -442,6 +478,9 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         fsyncs_per_slab: per_second(io.file_syncs as f64, slabs as f64),
         dir_fsyncs: io.dir_syncs,
         fsync_ms_mean: per_second(io.file_sync_nanos as f64 / 1e6, io.file_syncs as f64),
+        device_reads_per_fsync: per_second(io.device_reads as f64, io.file_syncs as f64),
+        device_read_ms_mean: per_second(io.device_read_nanos as f64 / 1e6, io.device_reads as f64),
+        device_read_mb_per_s: per_second(io.device_bytes_read as f64 / 1e6, seconds),
         commit_share_of_slab_time: per_second(commit_time.as_secs_f64(), busy.as_secs_f64()),
         advance_sync_share_of_slab_time: per_second(
             io.offset_sync_nanos as f64 / 1e9,
@@ -482,14 +521,35 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         &high,
         &options,
         filled.payload_bytes,
+        ReadBack::No,
     )
     .await?;
     progress.step(&format!(
         "raw loop (after): {:.0} record copies/s in {:.2} s",
         raw_after.0.records_per_s, raw_after.0.seconds
     ));
+    let read_back_after = raw_run(
+        &rig,
+        &work,
+        "raw-read-back-after",
+        &high,
+        &options,
+        filled.payload_bytes,
+        ReadBack::FromDevice,
+    )
+    .await?;
+    progress.step(&format!(
+        "raw loop with read-back (after): {:.0} record copies/s in {:.2} s",
+        read_back_after.0.records_per_s, read_back_after.0.seconds
+    ));
     let raw = combine(
         &[&raw_before, &raw_after],
+        &high,
+        &options,
+        filled.payload_bytes,
+    );
+    let raw_read_back = combine(
+        &[&read_back_before, &read_back_after],
         &high,
         &options,
         filled.payload_bytes,
@@ -502,6 +562,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
     .map_err(BenchError::storage("closing the store"))?;
 
     let ratio = per_second(fanout.records_per_s, raw.records_per_s);
+    let ratio_to_read_back_loop = per_second(fanout.records_per_s, raw_read_back.records_per_s);
     Ok(FanoutReport {
         bench: "fanout",
         dir: work.path_buf(),
@@ -520,11 +581,15 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         fanout,
         raw,
         raw_runs: vec![raw_before.0, raw_after.0],
+        raw_read_back,
+        raw_read_back_runs: vec![read_back_before.0, read_back_after.0],
         disk,
         ratio,
+        ratio_to_read_back_loop,
         verified,
         goals: Goals {
             one_child_records_per_s: GOAL_ONE_CHILD_RECORDS_PER_S,
+            one_child_records_per_s_speed_issue: GOAL_ONE_CHILD_RECORDS_PER_S_SPEED_ISSUE,
             sixteen_children_copies_per_s: GOAL_SIXTEEN_CHILDREN_COPIES_PER_S,
             ratio: GOAL_RATIO,
             ratio_speed_issue: GOAL_RATIO_SPEED_ISSUE,
@@ -700,6 +765,7 @@ fn raw_copy(
     high: &[u64],
     options: &FanoutOptions,
     payload_per_child: u64,
+    read_back: ReadBack,
 ) -> Result<RawRun, BenchError> {
     std::fs::create_dir_all(dir).map_err(BenchError::io(format!("creating {}", dir.display())))?;
     let start = Instant::now();
@@ -710,7 +776,7 @@ fn raw_copy(
                 let path = dir.join(format!("{}-p{p:05}.bin", child_name(c)));
                 let end = high[p as usize];
                 s.spawn(move || {
-                    raw_worker(store, &path, p, end)
+                    raw_worker(store, &path, p, end, read_back)
                         .map(|(slabs, written)| (c, start.elapsed(), slabs, written))
                 })
             })
@@ -831,6 +897,7 @@ async fn raw_run(
     high: &[u64],
     options: &FanoutOptions,
     payload_per_child: u64,
+    read_back: ReadBack,
 ) -> Result<RawRun, BenchError> {
     let (store, dir, high, opts) = (
         Arc::clone(&rig.store),
@@ -840,7 +907,15 @@ async fn raw_run(
     );
     blocking(move || {
         let run = if raw_loop_of(&opts) == RAW_LOOP_BUCKETS {
-            raw_bucket_copy(&store, &dir, &high, opts.children, opts.child_partitions).map(|b| {
+            raw_bucket_copy(
+                &store,
+                &dir,
+                &high,
+                opts.children,
+                opts.child_partitions,
+                read_back,
+            )
+            .map(|b| {
                 let totals = RawTotals {
                     seconds: b.seconds,
                     child_seconds: b.child_seconds,
@@ -854,7 +929,7 @@ async fn raw_run(
                 )
             })
         } else {
-            raw_copy(&store, &dir, &high, &opts, payload_per_child)
+            raw_copy(&store, &dir, &high, &opts, payload_per_child, read_back)
         };
         let removed = std::fs::remove_dir_all(&dir);
         let run = run?;
@@ -864,23 +939,19 @@ async fn raw_run(
     .await?
 }
 
-/// Copies parent partition `partition` up to `end` into the file at `path`; returns the
-/// slabs and bytes written.
+/// Copies parent partition `partition` up to `end` into the file at `path`, reading each slab
+/// back from the device when `read_back` says so; returns the slabs and bytes written.
 fn raw_worker(
     store: &Store,
     path: &std::path::Path,
     partition: u32,
     end: u64,
+    read_back: ReadBack,
 ) -> Result<(u64, u64), BenchError> {
-    let file = std::fs::OpenOptions::new()
-        .create_new(true)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(BenchError::io(format!("creating {}", path.display())))?;
+    let mut file = RawFile::create(path, read_back)?;
     let id = PartitionId::new("parent", partition);
     let epoch = [0x5A; 8];
-    let (mut offset, mut at, mut slabs) = (0u64, 0u64, 0u64);
+    let (mut offset, mut slabs) = (0u64, 0u64);
     let mut frame = Vec::new();
     while offset < end {
         let read = store
@@ -922,14 +993,11 @@ fn raw_worker(
         frame.clear();
         narad_storage::log::format::encode_batch(&records, Some(&origin), &mut frame)
             .map_err(BenchError::storage("encoding a slab"))?;
-        file.write_all_at(&frame, at)
-            .and_then(|()| file.sync_data())
-            .map_err(BenchError::io(format!("writing {}", path.display())))?;
-        at += frame.len() as u64;
+        file.append(&frame)?;
         slabs += 1;
         offset = read.next_offset;
     }
-    Ok((slabs, at))
+    Ok((slabs, file.len()))
 }
 
 fn load_text(load: Option<[f64; 3]>) -> String {
@@ -998,9 +1066,11 @@ impl FanoutReport {
         };
         let goal = if self.children == 1 {
             format!(
-                "goal one child >= {:.0} records/s: {}",
+                "goal one child >= {:.0} records/s: {}; speed issue >= {:.0}: {}",
                 self.goals.one_child_records_per_s,
-                met(f.records_per_s >= self.goals.one_child_records_per_s)
+                met(f.records_per_s >= self.goals.one_child_records_per_s),
+                self.goals.one_child_records_per_s_speed_issue,
+                met(f.records_per_s >= self.goals.one_child_records_per_s_speed_issue)
             )
         } else if self.children == 16 {
             format!(
@@ -1019,9 +1089,12 @@ impl FanoutReport {
              fill       {:>10.0} records/s ({:.1} s)\n\
              fan-out    {:>10.0} record copies/s in all, {:.1} MB/s of records ({:.1} MB/s written), {:.2} s{per_child}\n\
              raw loop   {:>10.0} record copies/s in all, {:.1} MB/s of records, {:.2} s (before the fan-out {:.0}/s, after {:.0}/s); {raw_loop}\n\
+             + read-back{:>10.0} record copies/s in all, {:.2} s (before {:.0}/s, after {:.0}/s): the same loop reading each write back from the device, as the store does\n\
              disk       256-byte in-place fdatasync {:.2} ms, 512 KiB append + fdatasync {:.2} ms: one cursor's I/O ceiling {:.0} records/s\n\
              ratio fan-out/raw {:.2}x (goal >= {:.2}x: {}; speed issue >= {:.2}x: {}); {goal}\n\
+             ratio fan-out/(raw + read-back) {:.2}x: the engine's own cost over the same durable disk work\n\
              slabs {} ({:.0} records each), {:.2} child commits and {:.2} fdatasyncs per slab (raw loop: {:.2}), {:.2} ms per fdatasync; offset files synced at most every {} ms; up to {} slabs per commit\n\
+             read-back from the device {:.2} reads per fdatasync, {:.2} ms each, {:.1} MB/s\n\
              slab time: {slab_time}\n\
              routing {:.3} ms per slab ({} CPU) = {:.2}% of slab time (goal < {:.0}%: {}), {:.2}% of CPU; CPU {:.2} cores, {:.0} ns per copy\n\
              memory: {} at start of the copy, peak {}{}\n\
@@ -1044,6 +1117,14 @@ impl FanoutReport {
             r.seconds,
             self.raw_runs.first().map_or(0.0, |r| r.records_per_s),
             self.raw_runs.get(1).map_or(0.0, |r| r.records_per_s),
+            self.raw_read_back.records_per_s,
+            self.raw_read_back.seconds,
+            self.raw_read_back_runs
+                .first()
+                .map_or(0.0, |r| r.records_per_s),
+            self.raw_read_back_runs
+                .get(1)
+                .map_or(0.0, |r| r.records_per_s),
             self.disk.in_place_256b_ms,
             self.disk.append_512kib_ms,
             self.disk.one_cursor_ceiling_records_per_s,
@@ -1052,6 +1133,7 @@ impl FanoutReport {
             met(self.ratio >= self.goals.ratio),
             self.goals.ratio_speed_issue,
             met(self.ratio >= self.goals.ratio_speed_issue),
+            self.ratio_to_read_back_loop,
             f.slabs,
             f.records_per_slab,
             f.commits_per_slab,
@@ -1060,6 +1142,9 @@ impl FanoutReport {
             f.fsync_ms_mean,
             self.offset_sync_every_ms,
             self.slabs_per_commit,
+            f.device_reads_per_fsync,
+            f.device_read_ms_mean,
+            f.device_read_mb_per_s,
             f.routing_ms_per_slab,
             f.routing_cpu_ms_per_slab
                 .map_or_else(|| "unknown".to_owned(), |ms| format!("{ms:.3} ms")),

@@ -36,6 +36,7 @@ pub mod latency;
 pub mod metadata;
 pub mod produce;
 pub mod progress;
+pub mod raw_append;
 pub mod raw_buckets;
 pub mod rig;
 pub mod size;

@@ -11,12 +11,11 @@
 //! behind a mutex held across the `pwrite` and the `fdatasync`, as the produce lock serializes
 //! a child partition's commits. The buckets of one slab are written by up to
 //! [`COMMITS_IN_FLIGHT`] lanes at once, as a cursor commits them; the worker waits for all of
-//! them before it reads its next slab. No Wasm, no offset file, no read-back verify, no
-//! pipelining of the next read with the writes.
+//! them before it reads its next slab. No Wasm, no offset file, no pipelining of the next read
+//! with the writes; the read-back from the device after each sync only when asked
+//! ([`ReadBack`]).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,6 +23,7 @@ use std::time::{Duration, Instant};
 use narad_storage::{BatchOrigin, EncodedBatch, PartitionId, ReadOptions, Store, StoredRecord};
 
 use super::BenchError;
+use super::raw_append::{RawFile, ReadBack};
 use narad_host::fanout::{COMMITS_IN_FLIGHT, SLAB_MAX_BYTES, SLAB_MAX_RECORDS};
 
 /// Most lane threads of one raw run: tokio's default limit of its blocking pool, where the
@@ -104,21 +104,14 @@ pub struct BucketRun {
     pub buckets: u64,
 }
 
-/// The plain file of one (child, child partition), shared by the workers of that child.
-struct BucketFile {
-    file: File,
-    path: PathBuf,
-    /// Where the next bucket goes.
-    end: u64,
-}
-
 /// One bucket for a lane: its records (indices into the shared slab), its provenance, its
 /// file, and where to say how it went.
 struct Job {
     slab: Arc<Vec<StoredRecord>>,
     indices: Vec<usize>,
     origin: BatchOrigin,
-    file: Arc<Mutex<BucketFile>>,
+    /// The plain file of one (child, child partition), shared by the workers of that child.
+    file: Arc<Mutex<RawFile>>,
     done: mpsc::Sender<Result<u64, BenchError>>,
 }
 
@@ -132,14 +125,12 @@ fn write_bucket(job: &Job) -> Result<u64, BenchError> {
     let batch = EncodedBatch::encode(&records, Some(&job.origin))
         .map_err(BenchError::storage("encoding a bucket"))?;
     let frame = batch.frame();
-    // Held across the write and the sync, as the produce lock is across a commit.
-    let mut file = job.file.lock().unwrap_or_else(PoisonError::into_inner);
-    let at = file.end;
-    file.file
-        .write_all_at(frame, at)
-        .and_then(|()| file.file.sync_data())
-        .map_err(BenchError::io(format!("writing {}", file.path.display())))?;
-    file.end += frame.len() as u64;
+    // Held across the write, the sync and the read-back, as the produce lock is across a
+    // commit.
+    job.file
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .append(frame)?;
     Ok(frame.len() as u64)
 }
 
@@ -163,7 +154,7 @@ fn worker(
     partition: u32,
     end: u64,
     parent_partitions: u32,
-    files: &[Arc<Mutex<BucketFile>>],
+    files: &[Arc<Mutex<RawFile>>],
     jobs: &mpsc::Sender<Job>,
 ) -> Result<(u64, u64, u64), BenchError> {
     let id = PartitionId::new("parent", partition);
@@ -235,28 +226,23 @@ fn worker(
 
 /// Runs the bucket loop: `children` children of `child_partitions` partitions each, from the
 /// parent partitions whose ends are `high`, into files under `dir` (created; the caller
-/// removes it).
+/// removes it), each bucket read back from the device when `read_back` says so.
 pub fn raw_bucket_copy(
     store: &Store,
     dir: &Path,
     high: &[u64],
     children: u32,
     child_partitions: u32,
+    read_back: ReadBack,
 ) -> Result<BucketRun, BenchError> {
     std::fs::create_dir_all(dir).map_err(BenchError::io(format!("creating {}", dir.display())))?;
     let parent_partitions = u32::try_from(high.len()).unwrap_or(u32::MAX);
-    let mut files: Vec<Vec<Arc<Mutex<BucketFile>>>> = Vec::new();
+    let mut files: Vec<Vec<Arc<Mutex<RawFile>>>> = Vec::new();
     for c in 0..children {
         let mut child = Vec::new();
         for p in 0..child_partitions {
             let path = dir.join(format!("child-{c:03}-p{p:05}.bin"));
-            let file = std::fs::OpenOptions::new()
-                .create_new(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(BenchError::io(format!("creating {}", path.display())))?;
-            child.push(Arc::new(Mutex::new(BucketFile { file, path, end: 0 })));
+            child.push(Arc::new(Mutex::new(RawFile::create(&path, read_back)?)));
         }
         files.push(child);
     }
@@ -463,15 +449,17 @@ mod tests {
                 .unwrap();
             high.push(100);
         }
-        let out = dir.path().join("raw");
-        let run = raw_bucket_copy(&store, &out, &high, 2, 6).unwrap();
-        assert_eq!(run.slabs, 4, "one slab per (child, parent partition)");
-        assert!(run.buckets > run.slabs, "slabs split into buckets");
-        let on_disk: u64 = std::fs::read_dir(&out)
-            .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
-            .sum();
-        assert_eq!(on_disk, run.written);
-        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 12);
+        for (name, read_back) in [("raw", ReadBack::No), ("read-back", ReadBack::FromDevice)] {
+            let out = dir.path().join(name);
+            let run = raw_bucket_copy(&store, &out, &high, 2, 6, read_back).unwrap();
+            assert_eq!(run.slabs, 4, "one slab per (child, parent partition)");
+            assert!(run.buckets > run.slabs, "slabs split into buckets");
+            let on_disk: u64 = std::fs::read_dir(&out)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum();
+            assert_eq!(on_disk, run.written, "{read_back:?}");
+            assert_eq!(std::fs::read_dir(&out).unwrap().count(), 12);
+        }
     }
 }

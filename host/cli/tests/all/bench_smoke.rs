@@ -99,9 +99,14 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
         "fanout.cpu_ns_per_copy",
         "raw.records_per_s",
         "raw.mb_per_s",
+        "raw_read_back.records_per_s",
         "disk.in_place_256b_ms",
         "disk.append_512kib_ms",
         "ratio",
+        "ratio_to_read_back_loop",
+        // Every commit was read back from the device.
+        "fanout.device_reads_per_fsync",
+        "fanout.device_read_mb_per_s",
     ] {
         positive(&json, path);
     }
@@ -125,6 +130,15 @@ async fn bench_fanout_copies_every_record_into_every_child_and_reports_every_fig
     // The raw loop ran before and after the fan-out, each run copying every record per child.
     assert_eq!(report.raw_runs.len(), 2);
     assert!(report.raw_runs.iter().all(|r| r.records_per_s > 0.0));
+    // So did the loop with the read-back, the baseline under the engine's durability rule.
+    assert_eq!(report.raw_read_back_runs.len(), 2);
+    assert!(report.raw_read_back_runs.iter().all(|r| r.slabs > 0));
+    assert!(
+        (report.ratio_to_read_back_loop
+            - report.fanout.records_per_s / report.raw_read_back.records_per_s)
+            .abs()
+            < 1e-9
+    );
     // Every slab is committed in at least one bucket and its offset file is synced.
     assert!(report.fanout.fsyncs_per_slab >= 2.0, "{json}");
     assert!(report.fanout.routing_share_of_slab_time < 1.0);
