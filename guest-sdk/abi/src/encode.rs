@@ -392,7 +392,7 @@ where
                     put_u32(&mut buf, entry::KEY_LEN, len);
                 }
                 if HASH {
-                    hash_entry = key_hash_entry(k);
+                    hash_entry = KEY_HASH_PRESENT | u64::from(murmur2_inlined(k) as u32);
                 }
             }
             None => put_u32(&mut buf, entry::KEY_LEN, NO_KEY),
@@ -438,16 +438,15 @@ where
 {
     for slot in hashes.iter_mut() {
         let r = records.next().ok_or(EncodeError::LayoutMismatch)?;
-        *slot = r.key().map_or(0, key_hash_entry).to_le_bytes();
+        // Spelled out here rather than through a helper shared with the table encoder: with
+        // the helper (even `#[inline(always)]`) this loop measured 5.8 ns a record instead of
+        // 4.7 (`breakdown/encode_input`), and the Wasm chain 7.8 instead of 6.7.
+        let entry = r.key().map_or(0, |k| {
+            KEY_HASH_PRESENT | u64::from(murmur2_inlined(k) as u32)
+        });
+        *slot = entry.to_le_bytes();
     }
     Ok(())
-}
-
-/// The key hash entry of a record with key `key`: its murmur2 and the presence bit (a keyless
-/// record's entry is 0).
-#[inline(always)]
-fn key_hash_entry(key: &[u8]) -> u64 {
-    KEY_HASH_PRESENT | u64::from(murmur2_inlined(key) as u32)
 }
 
 fn len_u32(b: &[u8]) -> Result<u32, EncodeError> {
