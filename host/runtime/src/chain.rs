@@ -466,13 +466,13 @@ where
 }
 
 /// Sets `pending` to the indices of the `undecided` slots of `decisions` that are
-/// [`UNDECIDED`], in order. A bit mask per 64 slots (a branch-free, vectorised pass), then one
+/// [`UNDECIDED`], in order. A bit mask per 16 slots (a branch-free, vectorised pass), then one
 /// step per set bit: a branch per slot mispredicts on slabs that mix keyed and keyless records.
 fn collect_undecided(decisions: &[u32], undecided: usize, pending: &mut Vec<u32>) {
-    const LANES: usize = 64;
+    const LANES: usize = 16;
     pending.clear();
     pending.reserve(undecided);
-    let mut push_set_bits = |base: usize, mut mask: u64| {
+    let mut push_set_bits = |base: usize, mut mask: u32| {
         while mask != 0 {
             // A slab holds fewer than 2^32 records, so the index fits in u32.
             pending.push((base + mask.trailing_zeros() as usize) as u32);
@@ -481,15 +481,15 @@ fn collect_undecided(decisions: &[u32], undecided: usize, pending: &mut Vec<u32>
     };
     let (chunks, rest) = decisions.as_chunks::<LANES>();
     for (c, chunk) in chunks.iter().enumerate() {
-        let mut mask = 0u64;
+        let mut mask = 0u16;
         for (j, &v) in chunk.iter().enumerate() {
-            mask |= u64::from(v == UNDECIDED) << j;
+            mask |= u16::from(v == UNDECIDED) << j;
         }
-        push_set_bits(c * LANES, mask);
+        push_set_bits(c * LANES, u32::from(mask));
     }
-    let mut mask = 0u64;
+    let mut mask = 0u32;
     for (j, &v) in rest.iter().enumerate() {
-        mask |= u64::from(v == UNDECIDED) << j;
+        mask |= u32::from(v == UNDECIDED) << j;
     }
     push_set_bits(chunks.len() * LANES, mask);
 }
@@ -506,10 +506,11 @@ mod tests {
 
     #[test]
     fn the_undecided_indices_are_collected_in_order_across_mask_boundaries() {
-        for len in [0usize, 1, 63, 64, 65, 130, 4096] {
+        for len in [0usize, 1, 15, 16, 17, 33, 63, 64, 65, 130, 4096] {
             let decisions: Vec<u32> = (0..len)
                 .map(|i| {
-                    if i % 7 == 0 || i % 64 == 63 {
+                    // Every mask's last slot, and others.
+                    if i % 7 == 0 || i % 16 == 15 {
                         UNDECIDED
                     } else {
                         1
