@@ -173,6 +173,8 @@ pub struct Store {
     append_counters: Arc<log::AppendCounters>,
     /// Read-back buffers every open log shares.
     verify_buffers: Arc<log::writer::VerifyBuffers>,
+    /// Buffers large reads of every open log are lent.
+    read_buffers: Arc<log::read_buffers::ReadBuffers>,
     _lock: Box<dyn LockGuard>,
 }
 
@@ -283,6 +285,7 @@ impl Store {
             trash_counter: AtomicU64::new(0),
             append_counters: Arc::default(),
             verify_buffers: Arc::default(),
+            read_buffers: Arc::default(),
             _lock: lock,
         })
     }
@@ -606,6 +609,7 @@ impl Store {
             Ok(mut l) => {
                 l.counters = Arc::clone(&self.append_counters);
                 l.verify_buffers = Arc::clone(&self.verify_buffers);
+                l.read_buffers = Arc::clone(&self.read_buffers);
                 let l = Arc::new(l);
                 *slot = Slot::Open(l.clone());
                 let hw = l.high_watermark();

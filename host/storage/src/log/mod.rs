@@ -10,6 +10,7 @@
 //! - `recovery`: opening a log: scan, truncate a torn tail, or refuse with a corruption report.
 //! - `writer`: append + `fdatasync` + verify, segment roll, failure handling, close.
 //! - `reader`: reads by offset with record/byte limits and the commit-time gate.
+//! - `read_buffers`: the store's pool of buffers large reads are lent.
 //! - `retention`: deleting whole old segments by age and size.
 //!
 //! Concurrency. The writer state sits behind one mutex, the partition's produce lock, held for
@@ -21,6 +22,7 @@
 pub(crate) mod crc_combine;
 pub mod format;
 pub mod hwm;
+pub(crate) mod read_buffers;
 pub(crate) mod reader;
 pub(crate) mod recovery;
 pub(crate) mod retention;
@@ -186,6 +188,8 @@ pub(crate) struct Log {
     pub(crate) counters: Arc<AppendCounters>,
     /// The store's read-back buffers, shared by every log it opens.
     pub(crate) verify_buffers: Arc<writer::VerifyBuffers>,
+    /// The store's buffers for large reads, shared by every log it opens.
+    pub(crate) read_buffers: Arc<read_buffers::ReadBuffers>,
 }
 
 /// Appends and segment `fdatasync`s of every log of a store, and the appends waiting for a

@@ -144,7 +144,8 @@ impl Log {
                 }
             };
             let mut scanner =
-                Scanner::with_chunk(pos.file.as_ref(), pos.start, pos.end, READ_CHUNK_BYTES);
+                Scanner::with_chunk(pos.file.as_ref(), pos.start, pos.end, READ_CHUNK_BYTES)
+                    .with_buffers(Arc::clone(&self.read_buffers));
             loop {
                 let at = scanner.pos();
                 let remembered = lock(&self.frames).get(pos.base, at);

@@ -389,6 +389,7 @@ pub(crate) fn open(
         queue: Default::default(),
         counters: Default::default(),
         verify_buffers: Default::default(),
+        read_buffers: Default::default(),
     })
 }
 

@@ -3,10 +3,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use crate::fs::{File, FileSystem};
 use crate::log::format::{self, FrameError, FrameHeader, HEADER_LEN};
+use crate::log::read_buffers::{ReadBuffers, SMALLEST_LENT_BYTES};
 
 /// Segment file suffix.
 pub const SEGMENT_SUFFIX: &str = ".log";
@@ -166,6 +169,8 @@ pub struct Scanner<'a> {
     buf: Bytes,
     buf_pos: u64,
     chunk: usize,
+    /// Where large reads take their buffers from (`None`: a new one each time).
+    buffers: Option<Arc<ReadBuffers>>,
 }
 
 impl<'a> Scanner<'a> {
@@ -183,7 +188,15 @@ impl<'a> Scanner<'a> {
             buf: Bytes::new(),
             buf_pos: pos,
             chunk,
+            buffers: None,
         }
+    }
+
+    /// The same scanner, reading frames of [`SMALLEST_LENT_BYTES`] or more into buffers lent
+    /// from `buffers`.
+    pub(crate) fn with_buffers(mut self, buffers: Arc<ReadBuffers>) -> Self {
+        self.buffers = Some(buffers);
+        self
     }
 
     /// Current position (start of the next frame).
@@ -207,9 +220,17 @@ impl<'a> Scanner<'a> {
             return Ok(false);
         }
         let want = need.max(self.chunk).min((self.end - self.pos) as usize);
-        let mut b = BytesMut::zeroed(want);
-        self.file.read_exact_at(&mut b, self.pos)?;
-        self.buf = b.freeze();
+        let (file, pos) = (self.file, self.pos);
+        self.buf = match &self.buffers {
+            Some(buffers) if want >= SMALLEST_LENT_BYTES => {
+                buffers.read(want, |b| file.read_exact_at(b, pos))?
+            }
+            _ => {
+                let mut b = BytesMut::zeroed(want);
+                file.read_exact_at(&mut b, pos)?;
+                b.freeze()
+            }
+        };
         self.buf_pos = self.pos;
         Ok(true)
     }
