@@ -14,7 +14,10 @@
 //! that child, one `pwrite` + `fdatasync` per bucket. The report names which raw loop ran
 //! ([`FanoutReport::raw_loop`]). The raw loop runs once before and once after the fan-out and
 //! the ratio is taken against both together, so a disk that is busier in one half of the run
-//! (the machine is shared) weighs on both sides. Afterwards every child is read back: every
+//! (the machine is shared) weighs on both sides. So does the same loop with each write read
+//! back from the device after its sync, as the store does before acknowledging an append
+//! ([`FanoutReport::raw_read_back`]): the ratio to it is the engine's cost over the same disk
+//! work, the read-back's device traffic included on both sides. Afterwards every child is read back: every
 //! parent record must be in it once, on the partition the default chain's rules give. Before
 //! all that, the disk's own sync costs are measured ([`super::disk`]).
 //!
