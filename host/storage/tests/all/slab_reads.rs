@@ -268,3 +268,80 @@ proptest! {
         }
     }
 }
+
+/// `count` records of about 600 bytes each whose values all name `tag` and their index.
+fn tagged_frame(tag: char, count: usize) -> AppendBatch {
+    AppendBatch {
+        records: (0..count)
+            .map(|i| NewRecord {
+                key: Some(Bytes::from(format!("{tag}{i}"))),
+                headers: Vec::new(),
+                value: Bytes::from(format!("{tag}-{i:06}-{}", tag.to_string().repeat(580))),
+            })
+            .collect(),
+        origin: None,
+    }
+}
+
+fn assert_tagged(records: &[narad_storage::StoredRecord], tag: char, count: usize) {
+    assert_eq!(records.len(), count, "frame {tag}");
+    for (i, r) in records.iter().enumerate() {
+        let want = format!("{tag}-{i:06}-{}", tag.to_string().repeat(580));
+        assert_eq!(r.value, want.as_bytes(), "frame {tag}, record {i}");
+        assert_eq!(r.key.as_deref(), Some(format!("{tag}{i}").as_bytes()));
+    }
+}
+
+#[test]
+fn large_reads_into_reused_buffers_return_only_their_own_frames_bytes() {
+    // Frames of 0.6 to 1 MB: each read of one is lent a buffer from the store's pool, given
+    // back when its records are dropped (here on other threads) and read into again, by a
+    // longer frame, then a shorter one. Every read must return its own frame's bytes, none of
+    // an earlier read's.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(real_store(dir.path(), Arc::new(ManualClock::new(T0_MS))));
+    let id = pid("t", 0);
+    store
+        .create_partition(&id, small_segments(1 << 30))
+        .unwrap();
+    let frames = [('a', 1_200), ('b', 1_700), ('c', 1_000)];
+    let mut starts = Vec::new();
+    for (tag, count) in frames {
+        starts.push(
+            store
+                .append(&id, tagged_frame(tag, count))
+                .unwrap()
+                .base_offset,
+        );
+    }
+    let read_frame = |k: usize| {
+        let (tag, count) = frames[k];
+        let got = store.read(&id, &slab(starts[k], count)).unwrap().records;
+        assert_tagged(&got, tag, count);
+        got
+    };
+    for _ in 0..3 {
+        // Each frame read and dropped in turn, on another thread than the one that read it.
+        for k in [0, 1, 2, 1, 0, 2] {
+            let records = read_frame(k);
+            std::thread::spawn(move || drop(records)).join().unwrap();
+        }
+        // Frames `a` and `b` in one read, into the buffer `b` was just read into (longer than
+        // `a`): after `a` the read must go to the file for `b`, not take the rest of the
+        // buffer, which still holds the earlier read's bytes.
+        drop(read_frame(1));
+        let (a, b) = (frames[0], frames[1]);
+        let both = store
+            .read(&id, &slab(starts[0], a.1 + b.1))
+            .unwrap()
+            .records;
+        assert_tagged(&both[..a.1], a.0, a.1);
+        assert_tagged(&both[a.1..], b.0, b.1);
+        drop(both);
+        // All three alive at once: three buffers lent together, none shared.
+        let held: Vec<_> = (0..3).map(read_frame).collect();
+        for (k, records) in held.iter().enumerate() {
+            assert_tagged(records, frames[k].0, frames[k].1);
+        }
+    }
+}
