@@ -2,7 +2,8 @@
 //!
 //! Desired cursors are every link times every parent partition this node owns. The pure
 //! comparison lives in [`reducer`], the decision whether a tick needs a full pass in
-//! [`schedule`]; this module carries the actions out: it starts and stops cursor tasks, keeps
+//! [`schedule`], which partitions an orphan sweep lists in `sweep_order`; this module carries
+//! the actions out: it starts and stops cursor tasks, keeps
 //! one router chain per link (shared by the link's cursors), swaps a link's chain when its
 //! router changes, starts and stops each link's shadow (a candidate chain beside the real one)
 //! without touching the real chain, and sweeps offset files that no link explains.
@@ -13,6 +14,7 @@
 
 pub(crate) mod reducer;
 pub mod schedule;
+mod sweep_order;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,10 +41,16 @@ use schedule::Schedule;
 /// How often the reconciler ticks (engine reference: reconcile interval 1 s).
 pub(crate) const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Most partition directories one orphan sweep lists for offset files. A node owning 60,000
-/// partitions visits all of them in 30 sweeps (15 minutes at one sweep every 30 ticks), and
-/// each sweep costs a few milliseconds of directory listing instead of most of a second.
-pub(crate) const SWEEP_DIRS_PER_PASS: usize = 2_048;
+/// Most partition directories one orphan sweep lists for offset files. Listing one takes about
+/// 7 us on the build machine, so a sweep tick costs a few milliseconds however many partitions
+/// the node owns; one owning 60,000 visits all of them in 118 sweeps (about an hour at one
+/// sweep every 30 ticks). An orphan offset file is 256 bytes a detached link left behind:
+/// nothing reads it, so it can wait its turn.
+pub(crate) const SWEEP_DIRS_PER_PASS: usize = 512;
+/// Most partitions one orphan sweep looks at to find its [`SWEEP_DIRS_PER_PASS`] local ones: a
+/// node that owns few of the cluster's partitions still pays a bounded ownership check per
+/// sweep, and still gets round the whole ring in turn.
+pub(crate) const SWEEP_VISITS_PER_PASS: usize = 16 * SWEEP_DIRS_PER_PASS;
 
 struct RunningCursor {
     stop: ShutdownTrigger,
@@ -64,8 +72,8 @@ pub struct Reconciler {
     schedule: Schedule,
     cursors: HashMap<CursorKey, RunningCursor>,
     links: HashMap<(String, String), RunningLink>,
-    /// Where the next orphan sweep starts in the list of local partitions.
-    sweep_from: usize,
+    /// The last partition the orphan sweep visited: the next sweep starts after it.
+    sweep_after: Option<sweep_order::SweepMark>,
 }
 
 impl Reconciler {
@@ -86,7 +94,7 @@ impl Reconciler {
             schedule: Schedule::new(),
             cursors: HashMap::new(),
             links: HashMap::new(),
-            sweep_from: 0,
+            sweep_after: None,
         }
     }
 
@@ -386,18 +394,18 @@ impl Reconciler {
         // At most SWEEP_DIRS_PER_PASS partition directories per sweep, taking up where the
         // last sweep stopped (wrapping round), so a node with tens of thousands of partitions
         // pays a bounded cost per sweep and still visits every directory in turn.
-        let local: Vec<(String, u32)> = snapshot
-            .topics
-            .values()
-            .flat_map(|topic| (0..topic.partitions).map(move |p| (topic.name.clone(), p)))
-            .filter(|(topic, p)| {
-                self.ownership
-                    .is_local(&PartitionId::new(topic.clone(), *p))
-            })
-            .collect();
-        let (slice, next) = sweep_slice(&local, self.sweep_from, SWEEP_DIRS_PER_PASS);
-        self.sweep_from = next;
-        let dirs: Vec<((String, u32), std::path::PathBuf)> = slice
+        let ownership = &self.ownership;
+        let turn = sweep_order::next_sweep(
+            &snapshot.topics,
+            |topic| topic.partitions,
+            self.sweep_after.as_ref(),
+            SWEEP_DIRS_PER_PASS,
+            SWEEP_VISITS_PER_PASS,
+            |topic, partition| ownership.is_local(&PartitionId::new(topic, partition)),
+        );
+        self.sweep_after = turn.next;
+        let dirs: Vec<((String, u32), std::path::PathBuf)> = turn
+            .local
             .into_iter()
             .map(|(topic, partition)| {
                 let id = PartitionId::new(topic.clone(), partition);
@@ -464,24 +472,6 @@ impl Reconciler {
             }
         }
     }
-}
-
-/// At most `max` of `items`, starting at `from` (wrapping round), and where the next slice
-/// starts: successive slices visit every item in turn, whatever `from` was left at.
-fn sweep_slice<T: Clone>(items: &[T], from: usize, max: usize) -> (Vec<T>, usize) {
-    if items.is_empty() {
-        return (Vec::new(), 0);
-    }
-    let start = from % items.len();
-    let take = items.len().min(max);
-    let slice = items
-        .iter()
-        .cycle()
-        .skip(start)
-        .take(take)
-        .cloned()
-        .collect();
-    (slice, (start + take) % items.len())
 }
 
 #[cfg(test)]
@@ -625,26 +615,6 @@ mod tests {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-    }
-
-    #[test]
-    fn successive_sweep_slices_visit_every_partition_in_turn() {
-        let items: Vec<u32> = (0..10).collect();
-        let (mut seen, mut from) = (Vec::new(), 7);
-        for _ in 0..3 {
-            let (slice, next) = sweep_slice(&items, from, 4);
-            assert!(slice.len() <= 4);
-            seen.extend(slice);
-            from = next;
-        }
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(seen, items, "12 visits of 10 partitions miss none");
-        // Fewer partitions than the bound: all of them, once each.
-        assert_eq!(sweep_slice(&items, 3, 100).0.len(), 10);
-        // The list shrank below where the last sweep stopped: it starts again inside it.
-        assert_eq!(sweep_slice(&items[..2], 9, 4).0, vec![1, 0]);
-        assert_eq!(sweep_slice::<u32>(&[], 5, 4), (Vec::new(), 0));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
