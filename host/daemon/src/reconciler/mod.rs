@@ -3,10 +3,10 @@
 //! Desired cursors are every link times every parent partition this node owns. The pure
 //! comparison lives in [`reducer`], the decision whether a tick needs a full pass in
 //! [`schedule`], which partitions an orphan sweep lists in `sweep_order`; this module carries
-//! the actions out: it starts and stops cursor tasks, keeps
-//! one router chain per link (shared by the link's cursors), swaps a link's chain when its
-//! router changes, starts and stops each link's shadow (a candidate chain beside the real one)
-//! without touching the real chain, and sweeps offset files that no link explains.
+//! the actions out: it starts and stops cursor tasks, keeps one router chain per link (shared
+//! by the link's cursors), swaps a link's chain when its router changes, starts and stops each
+//! link's shadow (a candidate chain beside the real one) without touching the real chain, and
+//! sweeps offset files that no link explains.
 //!
 //! The words it works in belong to the fan-out, below it: a cursor's identity
 //! ([`CursorKey`]), the [`RouterFactory`] it builds chains with, and the [`FanoutView`] it fills

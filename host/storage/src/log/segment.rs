@@ -2,7 +2,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
