@@ -372,34 +372,16 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         options.records, fill.seconds
     ));
     let high = rig.high_watermarks(parent, options.partitions).await?;
-    let raw_before = raw_run(
+    let (raw_before, read_back_before) = raw_loops(
         &rig,
         &work,
-        "raw-before",
+        "before",
         &high,
         &options,
         filled.payload_bytes,
-        ReadBack::No,
+        &mut progress,
     )
     .await?;
-    progress.step(&format!(
-        "raw loop (before): {:.0} record copies/s in {:.2} s",
-        raw_before.0.records_per_s, raw_before.0.seconds
-    ));
-    let read_back_before = raw_run(
-        &rig,
-        &work,
-        "raw-read-back-before",
-        &high,
-        &options,
-        filled.payload_bytes,
-        ReadBack::FromDevice,
-    )
-    .await?;
-    progress.step(&format!(
-        "raw loop with read-back (before): {:.0} record copies/s in {:.2} s",
-        read_back_before.0.records_per_s, read_back_before.0.seconds
-    ));
 
     // Children, links, routers.
     let timing = Arc::new(RouteTiming::default());
@@ -516,35 +498,17 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
         verified.seconds
     ));
 
-    // The raw loop again, on the same parent and disk.
-    let raw_after = raw_run(
+    // The raw loops again, on the same parent and disk.
+    let (raw_after, read_back_after) = raw_loops(
         &rig,
         &work,
-        "raw-after",
+        "after",
         &high,
         &options,
         filled.payload_bytes,
-        ReadBack::No,
+        &mut progress,
     )
     .await?;
-    progress.step(&format!(
-        "raw loop (after): {:.0} record copies/s in {:.2} s",
-        raw_after.0.records_per_s, raw_after.0.seconds
-    ));
-    let read_back_after = raw_run(
-        &rig,
-        &work,
-        "raw-read-back-after",
-        &high,
-        &options,
-        filled.payload_bytes,
-        ReadBack::FromDevice,
-    )
-    .await?;
-    progress.step(&format!(
-        "raw loop with read-back (after): {:.0} record copies/s in {:.2} s",
-        read_back_after.0.records_per_s, read_back_after.0.seconds
-    ));
     let raw = combine(
         &[&raw_before, &raw_after],
         &high,
@@ -893,6 +857,52 @@ fn raw_loop_of(options: &FanoutOptions) -> &'static str {
 }
 
 /// Runs the raw loop into `{work}/{name}/` and removes its files afterwards.
+/// The raw loop, then the read-back loop, one run each `when` ("before" or "after" the
+/// fan-out), each reported on `progress`.
+async fn raw_loops(
+    rig: &Rig,
+    work: &WorkDir,
+    when: &str,
+    high: &[u64],
+    options: &FanoutOptions,
+    payload_per_child: u64,
+    progress: &mut Progress,
+) -> Result<(RawRun, RawRun), BenchError> {
+    let raw = raw_run(
+        rig,
+        work,
+        &format!("raw-{when}"),
+        high,
+        options,
+        payload_per_child,
+        ReadBack::No,
+    )
+    .await?;
+    report_raw(progress, "raw loop", when, &raw);
+    let read_back = raw_run(
+        rig,
+        work,
+        &format!("raw-read-back-{when}"),
+        high,
+        options,
+        payload_per_child,
+        ReadBack::FromDevice,
+    )
+    .await?;
+    report_raw(progress, "raw loop with read-back", when, &read_back);
+    Ok((raw, read_back))
+}
+
+/// One progress line for a raw run.
+fn report_raw(progress: &mut Progress, label: &str, when: &str, run: &RawRun) {
+    progress.step(&format!(
+        "{label} ({when}): {:.0} record copies/s in {:.2} s",
+        run.0.records_per_s, run.0.seconds
+    ));
+}
+
+/// One run of the raw loop (`read_back`: or of the read-back loop) into a fresh directory
+/// `name` of the bench's work directory, removed afterwards.
 async fn raw_run(
     rig: &Rig,
     work: &WorkDir,
