@@ -261,6 +261,10 @@ settings! {
     /// Lease time-to-live of this node's registration in etcd, in milliseconds: a node that
     /// stops renewing is gone for its peers this long after its last renewal.
     lease_ttl_ms: u64, "MS", Positive, default DEFAULT_LEASE_TTL_MS;
+    /// Take --data-dir as the new data dir of node ID (this node's --node-id), its old one
+    /// being lost: allowed only while the metadata gives the node no partition. Without it a
+    /// node refuses to start on a data dir other than the one it last ran on (docs/cluster.md).
+    new_data_dir_for: String, "ID", OptionalName, shown "off";
     /// Largest record produce accepts, in bytes: key + value + header names and values.
     max_record_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_RECORD_BYTES;
     /// Largest HTTP request body, in bytes.
@@ -653,6 +657,8 @@ pub struct ClusterConfig {
     pub advertise: Option<String>,
     /// Lease time-to-live of the node's registration.
     pub(crate) lease_ttl: Duration,
+    /// Take the data dir as the node's new one (`--new-data-dir-for` naming this node).
+    pub(crate) new_data_dir: bool,
 }
 
 /// The daemon's resolved configuration.
@@ -727,12 +733,12 @@ impl Config {
         }
         let ms = Duration::from_millis;
         let cluster = match (s.etcd, s.node_id) {
-            (None, None) if s.advertise.is_none() => None,
+            (None, None) if s.advertise.is_none() && s.new_data_dir_for.is_none() => None,
             (None, _) => {
                 return Err(ConfigError::BadValue {
                     key: "etcd",
-                    message: "node-id and advertise only mean something in cluster mode: \
-                              give --etcd too, or leave them out"
+                    message: "node-id, advertise and new-data-dir-for only mean something in \
+                              cluster mode: give --etcd too, or leave them out"
                         .into(),
                 });
             }
@@ -756,9 +762,19 @@ impl Config {
                         ),
                     });
                 }
+                if let Some(named) = s.new_data_dir_for.as_ref().filter(|n| **n != node_id) {
+                    return Err(ConfigError::BadValue {
+                        key: "new-data-dir-for",
+                        message: format!(
+                            "names node {named:?} but this is node {node_id:?}: it must name \
+                             the node whose new data dir this is"
+                        ),
+                    });
+                }
                 Some(ClusterConfig {
                     etcd,
                     name: s.cluster,
+                    new_data_dir: s.new_data_dir_for.is_some(),
                     node_id,
                     advertise: s.advertise,
                     lease_ttl: ms(s.lease_ttl_ms),
@@ -866,8 +882,15 @@ mod tests {
                 node_id: "n1".into(),
                 advertise: None,
                 lease_ttl: Duration::from_millis(DEFAULT_LEASE_TTL_MS),
+                new_data_dir: false,
             })
         );
+        let new_dir = ServeArgs {
+            new_data_dir_for: Some("n1".into()),
+            ..args.clone()
+        };
+        let config = Config::merge(&new_dir, &FileConfig::default()).unwrap();
+        assert!(config.cluster.is_some_and(|c| c.new_data_dir));
         let without_id = ServeArgs {
             node_id: None,
             ..args.clone()
@@ -931,6 +954,24 @@ mod tests {
                     ..base.clone()
                 },
                 "advertise",
+            ),
+            // It must name this very node: a setting left in a shared file does not apply to
+            // every node that reads it.
+            (
+                ServeArgs {
+                    new_data_dir_for: Some("n2".into()),
+                    ..base.clone()
+                },
+                "new-data-dir-for",
+            ),
+            (
+                ServeArgs {
+                    etcd: None,
+                    node_id: None,
+                    new_data_dir_for: Some("n1".into()),
+                    ..base.clone()
+                },
+                "etcd",
             ),
         ] {
             let err = Config::merge(&args, &FileConfig::default()).unwrap_err();
@@ -1330,6 +1371,7 @@ mod tests {
                 "cluster",
                 "node-id",
                 "advertise",
+                "new-data-dir-for",
                 "auth-token-file",
                 "max-connections"
             ]

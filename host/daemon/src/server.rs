@@ -71,6 +71,10 @@ pub enum ServerError {
     /// this node id).
     #[error("cannot join the cluster: {0}")]
     Membership(#[from] MembershipError),
+    /// The data dir is not the one this node id serves from (a replaced or unmounted disk, a
+    /// wrong --data-dir, another node's directory), or that could not be checked.
+    #[error("cannot start on this data dir: {0}")]
+    Identity(#[from] crate::cluster::identity::IdentityError),
     /// etcd refused a read the node needs at start.
     #[error("{context}: {source}")]
     Etcd {
@@ -559,6 +563,23 @@ async fn start_cluster(
         )
         .await?,
     );
+    // Before joining: a node must not be seen alive, let alone given partitions, on a data
+    // dir that is not its own.
+    {
+        let snapshot = metastore.cached_snapshot().ok_or_else(|| {
+            MetastoreError::Task("the cluster metastore has no watched copy".to_owned())
+        })??;
+        let owned = owned_by(&snapshot, &cluster.node_id);
+        crate::cluster::identity::establish(
+            &client,
+            &prefix,
+            &cluster.node_id,
+            &config.data_dir,
+            cluster.new_data_dir,
+            &owned,
+        )
+        .await?;
+    }
     let advertise = cluster
         .advertise
         .clone()
@@ -662,6 +683,22 @@ async fn start_cluster(
         "joined the cluster"
     );
     Ok((store, context))
+}
+
+/// The partitions `snapshot` gives to `node`.
+fn owned_by(snapshot: &crate::metastore::Snapshot, node: &str) -> Vec<PartitionId> {
+    snapshot
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.owners
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.node == node)
+                .filter_map(|(p, _)| u32::try_from(p).ok())
+                .map(|p| PartitionId::new(t.name.clone(), p))
+        })
+        .collect()
 }
 
 /// The host of `url` (`http://HOST:PORT/...`), without brackets for an IPv6 address.

@@ -6,6 +6,7 @@
 //!   handler and a fail-fast client;
 //! - [`dedupe`]: the exact window of origins a child partition holds, which absorbs a
 //!   repeated child commit;
+//! - [`identity`]: which data dir a node id serves from, checked before it joins;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
 //! - [`metrics`]: lease, live-node and watch health on `/metrics`;
 //! - [`modules`]: plugin modules fetched by digest from the node that holds them;
@@ -23,6 +24,7 @@
 pub(crate) mod commit_rpc;
 pub(crate) mod commit_wire;
 pub(crate) mod dedupe;
+pub mod identity;
 pub(crate) mod membership;
 pub(crate) mod metrics;
 pub(crate) mod modules;

@@ -381,6 +381,135 @@ fn a_second_process_with_a_live_node_id_refuses_to_start() {
     );
     assert!(!status.success(), "the second process started");
     assert!(stderr.contains("n1"), "{stderr}");
+    assert!(stderr.contains("live process"), "{stderr}");
+}
+
+/// The live nodes n1 lists.
+fn live_nodes(cluster: &Cluster) -> Vec<String> {
+    let (status, body) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{}/v1/nodes", cluster.url(0)),
+        None,
+    )
+    .expect("nodes");
+    assert_eq!(status, 200, "{body}");
+    body["nodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .filter_map(|n| n["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until n1 lists exactly `ids` as the live nodes.
+fn wait_for_live(cluster: &Cluster, ids: &[&str]) {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let mut live = live_nodes(cluster);
+        live.sort();
+        if live == ids {
+            return;
+        }
+        assert!(Instant::now() < deadline, "live nodes {live:?}, waited for {ids:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_nothing() {
+    let mut cluster = Cluster::start("data-dirs");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n2"]));
+    cluster.create("copy", 1, json!(["n1"]));
+    cluster.attach("orders", "copy", json!({}));
+    let records: Vec<Value> = (0..50)
+        .map(|i| json!({"key": "k", "value": format!("v{i}")}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    let values: Vec<String> = (0..50).map(|i| format!("v{i}")).collect();
+    wait_for_values(&cluster, "copy", 1, &values);
+
+    let endpoint = cluster._etcd.endpoint();
+    let args = cluster_args(&endpoint, "data-dirs", "n2");
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        let mut all = args.clone();
+        all.extend_from_slice(extra);
+        all
+    };
+    let old_dir = cluster._dir.path().join("n2");
+    // Where n2 lands when its disk did not mount: an empty directory.
+    let empty = cluster._dir.path().join("n2-empty");
+    cluster.nodes[1].kill9();
+    wait_for_live(&cluster, &["n1", "n3"]);
+
+    let (status, stderr) = run_to_exit(&empty, &args);
+    assert!(!status.success(), "n2 started on an empty data dir");
+    for wanted in [
+        "is not the one node \"n2\" last ran on",
+        "orders/0",
+        "--new-data-dir-for n2",
+    ] {
+        assert!(stderr.contains(wanted), "{wanted:?} missing from: {stderr}");
+    }
+    assert!(
+        !empty.join("topics").join("orders").exists(),
+        "a partition directory was made on the wrong data dir"
+    );
+    // Nothing of n2 is served meanwhile: the partition is unavailable, not empty.
+    let (status, body) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/partitions/0/records?offset=0", cluster.url(0)),
+        None,
+    )
+    .expect("fetch");
+    assert_eq!(status, 503, "{body}");
+
+    // Taking the new directory is refused while n2 still owns a partition.
+    let (status, stderr) = run_to_exit(&empty, &with(&["--new-data-dir-for", "n2"]));
+    assert!(!status.success(), "n2 took a new data dir while owning orders/0");
+    assert!(stderr.contains("still gives node"), "{stderr}");
+    assert!(stderr.contains("orders/0"), "{stderr}");
+
+    // The operator gives up the old disk: orders/0 is re-created on n1, then n2 takes the new
+    // directory, and starts on it again without the flag.
+    let (status, body) = recreate(
+        &cluster.url(0),
+        "orders",
+        0,
+        json!({"on": "n1", "accept_loss": true}),
+    );
+    ok(status, &body, "recreate");
+    cluster.nodes[1] = Daemon::start_with(&empty, &with(&["--new-data-dir-for", "n2"]));
+    wait_for_live(&cluster, &["n1", "n2", "n3"]);
+    cluster.nodes[1].restart();
+    wait_for_live(&cluster, &["n1", "n2", "n3"]);
+    cluster.nodes[1].kill9();
+    wait_for_live(&cluster, &["n1", "n3"]);
+
+    // The old disk, back after n2 took the new one, is refused: its partition lives elsewhere.
+    let (status, stderr) = run_to_exit(&old_dir, &args);
+    assert!(!status.success(), "n2 started on its old data dir");
+    assert!(stderr.contains("is not the one node"), "{stderr}");
+    // And a node's directory is never served under another node id.
+    let (status, stderr) = run_to_exit(&old_dir, &cluster_args(&endpoint, "data-dirs", "n4"));
+    assert!(!status.success(), "n4 started on n2's data dir");
+    assert!(stderr.contains("belongs to node \"n2\""), "{stderr}");
+    assert!(
+        old_dir.join("topics").join("orders").exists(),
+        "the old data dir was changed"
+    );
 }
 
 /// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
