@@ -34,7 +34,8 @@ use crate::reconciler::Reconciler;
 use crate::shutdown::ShutdownSignal;
 use crate::topics::{TopicService, log_config, startup};
 
-/// Errors starting or running the daemon.
+/// Errors starting or running the daemon. A variant wrapping another error names it as its
+/// source and does not repeat it in its own message: print the chain (`{:#}` with anyhow).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
@@ -57,10 +58,10 @@ pub enum ServerError {
     #[error(transparent)]
     Startup(#[from] startup::StartupError),
     /// The plugin registry could not open (content store, runtime, built-ins).
-    #[error("cannot open the plugin registry: {0}")]
+    #[error("cannot open the plugin registry")]
     Plugins(#[from] RegistryError),
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -69,14 +70,14 @@ pub enum ServerError {
     },
     /// The node could not join its cluster (etcd unreachable, or another live process holds
     /// this node id).
-    #[error("cannot join the cluster: {0}")]
+    #[error("cannot join the cluster")]
     Membership(#[from] MembershipError),
     /// The data dir is not the one this node id serves from (a replaced or unmounted disk, a
     /// wrong --data-dir, another node's directory), or that could not be checked.
-    #[error("cannot start on this data dir: {0}")]
+    #[error("cannot start on this data dir")]
     Identity(#[from] crate::cluster::identity::IdentityError),
     /// etcd refused a read the node needs at start.
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Etcd {
         /// What was being read.
         context: String,
@@ -105,7 +106,7 @@ pub enum ServerError {
     Task(#[source] tokio::task::JoinError),
     /// Blocking work of the daemon (opening the data directory, closing the store) panicked or
     /// was cancelled.
-    #[error("daemon task failed: {0}")]
+    #[error("daemon task failed")]
     Blocking(#[from] crate::blocking::BlockingError),
 }
 

@@ -69,7 +69,7 @@ struct RecordedDataDir {
 #[non_exhaustive]
 pub enum IdentityError {
     /// etcd could not be reached or refused the request.
-    #[error("etcd: {context}: {source}")]
+    #[error("etcd: {context}")]
     Etcd {
         /// What was being done.
         context: String,

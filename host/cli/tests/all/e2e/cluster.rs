@@ -462,6 +462,8 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     ] {
         assert!(stderr.contains(wanted), "{wanted:?} missing from: {stderr}");
     }
+    // Said once: the error chain does not repeat a cause inside its wrapper's message.
+    assert_eq!(stderr.matches("last ran on").count(), 1, "{stderr}");
     assert!(
         !empty.join("topics").join("orders").exists(),
         "a partition directory was made on the wrong data dir"
