@@ -75,7 +75,7 @@ pub enum ServerError {
     /// The data dir is not the one this node id serves from (a replaced or unmounted disk, a
     /// wrong --data-dir, another node's directory), or that could not be checked.
     #[error("cannot start on this data dir")]
-    Identity(#[from] crate::cluster::identity::IdentityError),
+    Identity(#[source] Box<crate::cluster::identity::IdentityError>),
     /// etcd refused a read the node needs at start.
     #[error("{context}")]
     Etcd {
@@ -684,6 +684,12 @@ async fn start_cluster(
         "joined the cluster"
     );
     Ok((store, context))
+}
+
+impl From<crate::cluster::identity::IdentityError> for ServerError {
+    fn from(e: crate::cluster::identity::IdentityError) -> ServerError {
+        ServerError::Identity(Box::new(e))
+    }
 }
 
 /// The partitions `snapshot` gives to `node`.

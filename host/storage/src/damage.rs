@@ -348,7 +348,7 @@ impl From<io::Error> for IoCause {
 
 impl fmt::Display for IoCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
+        write!(f, "{}{}", self.0, crate::error::advice_suffix(&self.0))
     }
 }
 

@@ -146,8 +146,9 @@ pub enum StorageError {
         /// The directory in the way.
         path: PathBuf,
     },
-    /// An I/O error, with what was being done.
-    #[error("{context}: {source}")]
+    /// An I/O error, with what was being done (and, for the errors that call for it, what an
+    /// operator should do: [`file_system_advice`]).
+    #[error("{context}: {source}{}", advice_suffix(source))]
     Io {
         /// What the store was doing, naming the file.
         context: String,
@@ -163,5 +164,63 @@ impl StorageError {
             context: context.into(),
             source,
         }
+    }
+}
+
+/// What an operator should do when the device did not keep bytes a successful `fdatasync`
+/// reported durable (found by the read-back of an append).
+pub(crate) const UNKEPT_WRITE_ADVICE: &str = "the device or the file system did not keep what \
+     it reported durable, as when a thin or loop-backed volume runs out of room under the file \
+     system: check dmesg, free room on the device, and at the next stop unmount and repair the \
+     file system (e2fsck -f for ext4) before starting again; see docs/storage.md";
+
+/// What an operator should do about an I/O error whose code says more than its text (the file
+/// system found damage in its metadata, the device failed, the disk is full), or `None`.
+pub fn file_system_advice(e: &std::io::Error) -> Option<&'static str> {
+    use rustix::io::Errno;
+    let code = e.raw_os_error()?;
+    if code == Errno::UCLEAN.raw_os_error() {
+        Some(
+            "the file system found damage in its own metadata, often left by a device that \
+             refused writes under it: stop narad, unmount, repair the file system (e2fsck -f \
+             for ext4), mount and start again; see docs/storage.md",
+        )
+    } else if code == Errno::IO.raw_os_error() {
+        Some(
+            "the device or the file system failed: check dmesg; if the device refused writes, \
+             repair the file system before going on (docs/storage.md)",
+        )
+    } else if code == Errno::NOSPC.raw_os_error() {
+        Some("the file system is full: free space or grow it; nothing acknowledged was lost")
+    } else {
+        None
+    }
+}
+
+/// `" (advice)"` for an error [`file_system_advice`] has advice for, else nothing.
+pub(crate) fn advice_suffix(e: &std::io::Error) -> String {
+    file_system_advice(e).map_or_else(String::new, |advice| format!(" ({advice})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_that_call_for_an_operator_say_what_to_do_and_others_do_not() {
+        let unclean = std::io::Error::from_raw_os_error(rustix::io::Errno::UCLEAN.raw_os_error());
+        let text = StorageError::io("appending to orders/p00000/0.log", unclean).to_string();
+        assert!(
+            text.starts_with("appending to orders/p00000/0.log: "),
+            "{text}"
+        );
+        assert!(text.contains("e2fsck -f"), "{text}");
+        let eio = std::io::Error::from_raw_os_error(rustix::io::Errno::IO.raw_os_error());
+        assert!(file_system_advice(&eio).is_some_and(|a| a.contains("dmesg")));
+        let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
+        assert!(file_system_advice(&full).is_some_and(|a| a.contains("full")));
+        let other = std::io::Error::from_raw_os_error(rustix::io::Errno::ACCESS.raw_os_error());
+        assert_eq!(file_system_advice(&other), None);
+        assert_eq!(file_system_advice(&std::io::Error::other("no code")), None);
     }
 }

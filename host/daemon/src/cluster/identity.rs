@@ -308,7 +308,7 @@ pub(crate) async fn establish(
                 prefix: prefix.to_owned(),
                 node_id: node_id.to_owned(),
                 data_dir_id: hex::encode(rand::random::<[u8; 16]>()),
-                created_at_ms: crate::topics::now_ms(),
+                created_at_ms: now_ms(),
             };
             write_local(&dir, &path, &created)?;
             if replacing {
@@ -333,7 +333,11 @@ pub(crate) async fn establish(
     })?;
     // Unchanged since it was read (absent: created 0), so a racing start is not overwritten.
     let txn = Txn::new()
-        .when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
+        .when([Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            revision,
+        )])
         .and_then([TxnOp::put(key.clone(), value, None)]);
     let answer = kv
         .txn(txn)
@@ -467,10 +471,18 @@ fn write_local(dir: &Path, path: &Path, identity: &LocalIdentity) -> Result<()> 
         reason: e.to_string(),
     };
     std::fs::create_dir_all(dir).map_err(failed)?;
-    let bytes = serde_json::to_vec_pretty(identity).map_err(|e| failed(std::io::Error::other(e)))?;
+    let bytes =
+        serde_json::to_vec_pretty(identity).map_err(|e| failed(std::io::Error::other(e)))?;
     crate::durable::replace_file(dir, IDENTITY_FILE, &bytes).map_err(failed)?;
     // The `cluster/` entry itself must survive a crash too.
     crate::durable::sync_dir(dir.parent().unwrap_or(dir)).map_err(failed)
+}
+
+/// Milliseconds since the Unix epoch (0 for a clock before it).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn etcd(context: &'static str) -> impl FnOnce(etcd_client::Error) -> IdentityError {
@@ -527,10 +539,16 @@ mod tests {
     #[test]
     fn the_recorded_data_dir_starts_and_any_other_is_refused() {
         let a = local("a");
-        assert_eq!(decide(Some(&a), Some(&recorded("a")), false, ALL_HERE), Plan::Start);
+        assert_eq!(
+            decide(Some(&a), Some(&recorded("a")), false, ALL_HERE),
+            Plan::Start
+        );
         // Its partitions' directories do not matter once both sides agree (a crash between a
         // topic's metadata and its directory is repaired by registering).
-        assert_eq!(decide(Some(&a), Some(&recorded("a")), false, NONE_HERE), Plan::Start);
+        assert_eq!(
+            decide(Some(&a), Some(&recorded("a")), false, NONE_HERE),
+            Plan::Start
+        );
         for owned in [NOTHING, ALL_HERE, NONE_HERE] {
             // A replaced or unmounted disk: no identity at all.
             assert_eq!(
@@ -628,7 +646,10 @@ mod tests {
         assert_eq!(named(&ids[..1]), "1 partition: orders/0");
         assert_eq!(named(&ids[..2]), "2 partitions: orders/0, orders/1");
         let text = named(&ids);
-        assert!(text.starts_with("7 partitions: orders/0, orders/1"), "{text}");
+        assert!(
+            text.starts_with("7 partitions: orders/0, orders/1"),
+            "{text}"
+        );
         assert!(text.ends_with("and 2 more"), "{text}");
     }
 

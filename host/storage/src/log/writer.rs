@@ -137,8 +137,9 @@ fn sync_verified(
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
                     format!(
-                        "the bytes read back from the device after a successful fdatasync differ from the bytes written (at byte {} of the group's frame {at_frame} or later)",
-                        in_frame
+                        "the bytes read back from the device after a successful fdatasync differ from the bytes written (at byte {} of the group's frame {at_frame} or later), so the append was not acknowledged ({})",
+                        in_frame,
+                        crate::error::UNKEPT_WRITE_ADVICE
                     ),
                 ));
             }

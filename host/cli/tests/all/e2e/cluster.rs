@@ -414,7 +414,10 @@ fn wait_for_live(cluster: &Cluster, ids: &[&str]) {
         if live == ids {
             return;
         }
-        assert!(Instant::now() < deadline, "live nodes {live:?}, waited for {ids:?}");
+        assert!(
+            Instant::now() < deadline,
+            "live nodes {live:?}, waited for {ids:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -472,7 +475,10 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     let (status, body) = send_json(
         &client,
         Method::GET,
-        &format!("{}/v1/topics/orders/partitions/0/records?offset=0", cluster.url(0)),
+        &format!(
+            "{}/v1/topics/orders/partitions/0/records?offset=0",
+            cluster.url(0)
+        ),
         None,
     )
     .expect("fetch");
@@ -480,7 +486,10 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
 
     // Taking the new directory is refused while n2 still owns a partition.
     let (status, stderr) = run_to_exit(&empty, &with(&["--new-data-dir-for", "n2"]));
-    assert!(!status.success(), "n2 took a new data dir while owning orders/0");
+    assert!(
+        !status.success(),
+        "n2 took a new data dir while owning orders/0"
+    );
     assert!(stderr.contains("still gives node"), "{stderr}");
     assert!(stderr.contains("orders/0"), "{stderr}");
 

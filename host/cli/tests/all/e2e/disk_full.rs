@@ -234,6 +234,9 @@ fn ok(status: u16, body: &Value, what: &str) {
 struct Ledger {
     acknowledged: BTreeMap<(u32, u64), String>,
     failed_produces: u64,
+    /// Whether a failed produce's error said what to do about the device (the storage
+    /// layer's advice for a full disk or a failing device).
+    failure_advised: bool,
     seq: u64,
 }
 
@@ -270,8 +273,12 @@ impl Ledger {
                 }
                 true
             }
-            Ok((status, _)) if status >= 500 => {
+            Ok((status, body)) if status >= 500 => {
                 self.failed_produces += 1;
+                let text = body.to_string();
+                self.failure_advised |= text.contains("(the file system is full")
+                    || text.contains("(the device or the file system failed")
+                    || text.contains("(the device or the file system did not keep");
                 false
             }
             Ok((status, body)) => panic!("produce rejected with {status}: {body}"),
@@ -391,6 +398,10 @@ fn acknowledged_records_survive_a_device_that_ran_out_of_space_and_a_remount() {
     let acked_before_free = ledger.acknowledged.len();
     let failed_while_full = ledger.failed_produces;
     assert!(failed_while_full > 0, "no produce failed");
+    assert!(
+        ledger.failure_advised,
+        "no failed produce said what to do about the full or failing device"
+    );
 
     // Room again: produces are acknowledged again once the failed partitions reopen.
     disk.free_space();
