@@ -1,4 +1,5 @@
-//! `narad node list`, `narad node drain`, `narad node cordon` and `narad node uncordon`.
+//! `narad node list`, `narad node drain`, `narad node recreate`, `narad node cordon` and
+//! `narad node uncordon`.
 
 use clap::{Args, Subcommand};
 
@@ -30,6 +31,18 @@ pub enum NodeCommand {
         /// The node to empty.
         id: String,
     },
+    /// Re-create every partition a dead node owns, empty, on the live nodes (each a
+    /// `partition recreate`, placed on the live node owning the fewest partitions), when its
+    /// disk is not coming back. Every record only that node held is lost. A partition that
+    /// must wait for another (its link's child partition was on the same node) is retried once
+    /// that one is done. Run it again to resume after a failure.
+    Recreate {
+        /// The dead node.
+        id: String,
+        /// Required: you accept that the records only that node held are lost.
+        #[arg(long)]
+        accept_loss: bool,
+    },
     /// Stop giving a node new partitions (spread placements, and moves or re-creations
     /// without a named target skip it); what it owns it keeps serving.
     Cordon {
@@ -56,6 +69,9 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
             }
         }
         NodeCommand::Drain { id } => drain(&client, &id, args.client.json).await?,
+        NodeCommand::Recreate { id, accept_loss } => {
+            recreate_all(&client, &id, accept_loss, args.client.json).await?;
+        }
         NodeCommand::Cordon { id } => {
             let answer = client.cordon(&id, true).await?;
             if args.client.json {
@@ -148,6 +164,95 @@ async fn drain(client: &super::client::Client, node: &str, json: bool) -> anyhow
             failed.join(", ")
         )
     }
+}
+
+/// `narad node recreate`: every partition of dead `node` re-created elsewhere, in passes, so a
+/// partition whose link's child partition was on the same node goes once that child has.
+async fn recreate_all(
+    client: &super::client::Client,
+    node: &str,
+    accept_loss: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    if !accept_loss {
+        anyhow::bail!(
+            "re-creating node {node}'s partitions loses every record only that node held; run \
+             it again with --accept-loss if its disk is not coming back"
+        );
+    }
+    if client
+        .list_nodes()
+        .await?
+        .nodes
+        .iter()
+        .any(|n| n.id == node)
+    {
+        anyhow::bail!(
+            "node {node} is alive: nothing of it needs re-creating; move its partitions with \
+             `narad node drain {node}`, which loses nothing"
+        );
+    }
+    let mut todo = owned_by(&client.list_topics().await?.topics, node);
+    if todo.is_empty() {
+        if !json {
+            outln!("node {node} owns no partitions: nothing to re-create")?;
+        }
+        return Ok(());
+    }
+    let total = todo.len();
+    let mut reports = Vec::new();
+    let mut failures: Vec<(String, String)> = Vec::new();
+    loop {
+        let before = todo.len();
+        failures.clear();
+        let mut waiting = Vec::new();
+        for (topic, p) in todo {
+            let request = narad_host::api::types::RecreateRequest {
+                on: None,
+                accept_loss: true,
+                start_offset: None,
+            };
+            match client.recreate_partition(&topic, p, &request).await {
+                Ok(report) => {
+                    if !json {
+                        let lines = super::partition::recreate_lines(&report);
+                        outln!("[{}/{total}] {}", reports.len() + 1, lines.join("\n"))?;
+                    }
+                    reports.push(report);
+                }
+                Err(e) => {
+                    failures.push((format!("{topic}/{p}"), e.to_string()));
+                    waiting.push((topic, p));
+                }
+            }
+        }
+        todo = waiting;
+        // Done, or a pass that re-created nothing: another would fail the same way.
+        if todo.is_empty() || todo.len() == before {
+            break;
+        }
+    }
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&reports)?)?;
+    }
+    if failures.is_empty() {
+        if !json {
+            outln!(
+                "node {node}'s {} re-created; start it on a new disk with \
+                 --new-data-dir-for {node}, or leave it out",
+                human::plural(total as u64, "partition")
+            )?;
+        }
+        return Ok(());
+    }
+    for (partition, error) in &failures {
+        eprintln!("{partition}: {error}");
+    }
+    anyhow::bail!(
+        "{} of {total} partitions of node {node} were not re-created (above); fix what each \
+         says and run `narad node recreate {node} --accept-loss` again to resume",
+        failures.len()
+    )
 }
 
 /// The node table: the answering node marked with `*`.

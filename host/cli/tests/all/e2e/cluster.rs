@@ -428,7 +428,10 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     let client = http_client();
     cluster.create("orders", 1, json!(["n2"]));
     cluster.create("copy", 1, json!(["n1"]));
+    // A child on the same node as its parent: the parent can only be re-created after it.
+    cluster.create("tally", 1, json!(["n2"]));
     cluster.attach("orders", "copy", json!({}));
+    cluster.attach("orders", "tally", json!({}));
     let records: Vec<Value> = (0..50)
         .map(|i| json!({"key": "k", "value": format!("v{i}")}))
         .collect();
@@ -493,17 +496,45 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     assert!(stderr.contains("still gives node"), "{stderr}");
     assert!(stderr.contains("orders/0"), "{stderr}");
 
-    // The operator gives up the old disk: orders/0 is re-created on n1, then n2 takes the new
-    // directory, and starts on it again without the flag.
-    let (status, body) = recreate(
-        &cluster.url(0),
-        "orders",
-        0,
-        json!({"on": "n1", "accept_loss": true}),
+    // The operator gives up the old disk: every partition of n2 is re-created on the live
+    // nodes (`tally/0` before `orders/0`, whose link needs it to say what it holds), then n2
+    // takes the new directory, and starts on it again without the flag.
+    let n1 = cluster.url(0);
+    let node_recreate = |extra: &[&str]| {
+        let output = Command::new(narad_binary())
+            .args(["node", "recreate", "n2", "--url", &n1])
+            .args(extra)
+            .output()
+            .expect("narad node recreate");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (status, _, stderr) = node_recreate(&[]);
+    assert!(!status.success(), "re-created without --accept-loss");
+    assert!(stderr.contains("--accept-loss"), "{stderr}");
+    let (status, stdout, stderr) = node_recreate(&["--accept-loss"]);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    for wanted in [
+        "re-created orders/0",
+        "re-created tally/0",
+        "--new-data-dir-for n2",
+    ] {
+        assert!(stdout.contains(wanted), "{wanted:?} missing from: {stdout}");
+    }
+    // `orders` comes first in name order, and waits for `tally`.
+    assert!(
+        stdout.find("re-created tally/0") < stdout.find("re-created orders/0"),
+        "{stdout}"
     );
-    ok(status, &body, "recreate");
     cluster.nodes[1] = Daemon::start_with(&empty, &with(&["--new-data-dir-for", "n2"]));
     wait_for_live(&cluster, &["n1", "n2", "n3"]);
+    // Alive, it has nothing to re-create.
+    let (status, _, stderr) = node_recreate(&["--accept-loss"]);
+    assert!(!status.success(), "re-created a live node's partitions");
+    assert!(stderr.contains("is alive"), "{stderr}");
     cluster.nodes[1].restart();
     wait_for_live(&cluster, &["n1", "n2", "n3"]);
     cluster.nodes[1].kill9();
