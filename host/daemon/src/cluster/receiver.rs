@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex};
 use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store};
 
 use super::commit_wire::{CommitRequest, CommitResponse};
-use super::dedupe::{OriginWindow, WINDOW_ORIGINS, without_held};
+use super::dedupe::{
+    OriginWindow, WINDOW_ORIGINS, new_record_fingerprint, stored_fingerprint, without_held,
+};
 use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
@@ -161,12 +163,27 @@ impl CommitReceiver {
         let mut batches = Vec::new();
         let mut origins = Vec::new();
         let mut blocked = false;
+        let mut reused = 0;
         for request in requests {
             let batch = request.into_batch();
-            let keep = match &batch.origin {
-                Some(origin) => window.keep_mask(origin),
+            let prints: Vec<_> = match &batch.origin {
+                Some(_) => batch.records.iter().map(new_record_fingerprint).collect(),
                 None => Vec::new(),
             };
+            let keep = match &batch.origin {
+                Some(origin) => {
+                    let sorted = window.keep_mask(origin, &prints);
+                    reused += sorted.reused;
+                    sorted.keep
+                }
+                None => Vec::new(),
+            };
+            let kept_prints: Vec<_> = prints
+                .iter()
+                .zip(&keep)
+                .filter(|&(_, &kept)| kept)
+                .map(|(&print, _)| print)
+                .collect();
             let (kept, deduplicated) = without_held(batch, &keep);
             let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
             let plan = match kept {
@@ -175,7 +192,7 @@ impl CommitReceiver {
                 Some(kept) => match EncodedBatch::encode(&kept.records, kept.origin.as_ref()) {
                     Ok(encoded) => {
                         batches.push(encoded);
-                        origins.push(kept.origin);
+                        origins.push(kept.origin.map(|origin| (origin, kept_prints)));
                         Plan::Append {
                             at: batches.len() - 1,
                             deduplicated,
@@ -193,8 +210,16 @@ impl CommitReceiver {
             Ok(appended) => (appended, None),
             Err(e) => (e.appended, Some(e.error.to_string())),
         };
-        for origin in origins.iter().take(appended.len()).flatten() {
-            window.remember_batch(origin);
+        for (origin, prints) in origins.iter().take(appended.len()).flatten() {
+            window.remember_batch(origin, prints);
+        }
+        if reused > 0 {
+            tracing::warn!(partition = %id, records = reused,
+                "records arrived under the origin (attach epoch, parent partition, parent offset) \
+                 of records this partition holds, with other content: their parent partition \
+                 gave those offsets to new records (its log was lost and started again, or an \
+                 old copy was restored). They were appended, not dropped as repeats; consumers \
+                 of the parent partition may have met the same offsets twice");
         }
         let behind = || CommitResponse::Failed {
             reason: "not appended: an earlier batch of the same commit failed".to_owned(),
@@ -304,13 +329,19 @@ impl CommitReceiver {
                 }
                 Err(e) => return Err(e),
             };
-            origins.extend(read.records.into_iter().filter_map(|r| r.origin));
+            origins.extend(read.records.into_iter().filter_map(|r| {
+                let print = stored_fingerprint(&r);
+                r.origin.map(|origin| (origin, print))
+            }));
             if read.next_offset >= read.high_watermark || read.next_offset == offset {
                 break;
             }
             offset = read.next_offset;
         }
-        Ok(OriginWindow::rebuild(self.window_capacity, &origins))
+        Ok(OriginWindow::rebuild(
+            self.window_capacity,
+            origins.iter().map(|(origin, print)| (origin, *print)),
+        ))
     }
 }
 
@@ -458,6 +489,47 @@ mod tests {
             "{answers:?}"
         );
         assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3", "r4"]);
+    }
+
+    #[test]
+    fn a_record_under_a_held_origin_with_other_content_is_appended_and_a_restart_knows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let rx = receiver(&store, "n1", 3);
+        rx.commit(request(3, &[0, 1]));
+        // The parent reused offsets 0 and 1 for new records.
+        let mut reused = request(3, &[0, 1]);
+        for (i, record) in reused.records.iter_mut().enumerate() {
+            record.value = format!("new{i}").into_bytes();
+        }
+        let answer = rx.commit(reused.clone());
+        assert!(
+            matches!(
+                answer,
+                CommitResponse::Committed {
+                    appended: 2,
+                    deduplicated: 0,
+                    ..
+                }
+            ),
+            "{answer:?}"
+        );
+        // A window rebuilt from the tail (a restart) holds the newest record under each
+        // origin: a repeat of the new records is absorbed.
+        let restarted = receiver(&store, "n1", 3);
+        let answer = restarted.commit(reused);
+        assert!(
+            matches!(
+                answer,
+                CommitResponse::Committed {
+                    appended: 0,
+                    deduplicated: 2,
+                    ..
+                }
+            ),
+            "{answer:?}"
+        );
+        assert_eq!(stored_values(&store), ["r0", "r1", "new0", "new1"]);
     }
 
     #[test]

@@ -554,6 +554,71 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     );
 }
 
+#[test]
+fn a_parent_partition_that_lost_its_directory_has_its_new_records_copied_not_taken_for_repeats() {
+    let mut cluster = Cluster::start("reused-offsets");
+    let client = http_client();
+    cluster.create("orders", 1, json!(["n2"]));
+    cluster.create("copy", 1, json!(["n1"]));
+    cluster.attach("orders", "copy", json!({}));
+    let n1 = cluster.url(0);
+    let produce = |values: &[String]| -> Vec<u64> {
+        let records: Vec<Value> = values
+            .iter()
+            .map(|v| json!({"key": "k", "value": v}))
+            .collect();
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{n1}/v1/topics/orders/records"),
+            Some(&json!({"records": records})),
+        )
+        .expect("produce");
+        ok(status, &body, "produce");
+        body["offsets"]
+            .as_array()
+            .expect("offsets")
+            .iter()
+            .map(|o| o["offset"].as_u64().expect("offset"))
+            .collect()
+    };
+    let old: Vec<String> = (0..50).map(|i| format!("old-{i}")).collect();
+    produce(&old);
+    wait_for_values(&cluster, "copy", 1, &old);
+
+    // While n2 is down its partition's directory goes (removed by hand, or put in lost+found
+    // by a file system repair); the rest of its data dir is intact, so it starts, and makes
+    // the partition again, empty: the next records get offsets 0, 1, ... once more.
+    cluster.nodes[1].kill9();
+    let partition_dir = cluster
+        ._dir
+        .path()
+        .join("n2")
+        .join("topics")
+        .join("orders")
+        .join("p00000");
+    std::fs::remove_dir_all(&partition_dir).expect("remove the partition directory");
+    cluster.nodes[1].restart();
+    wait_for_live(&cluster, &["n1", "n2", "n3"]);
+    let new: Vec<String> = (0..10).map(|i| format!("new-{i}")).collect();
+    let offsets = produce(&new);
+    assert_eq!(offsets.first(), Some(&0), "the offsets were not reused");
+
+    // The child held copies under those origins, of other records: the new ones are copied
+    // all the same, and the owner of the child says why in its log.
+    let mut everything = old.clone();
+    everything.extend(new);
+    wait_for_values(&cluster, "copy", 1, &everything);
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while !cluster.nodes[0]
+        .log()
+        .contains("gave those offsets to new records")
+    {
+        assert!(Instant::now() < deadline, "{}", cluster.nodes[0].log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
 /// it to exit; returns its exit status and what it wrote to stderr.
 fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, String) {
