@@ -26,8 +26,9 @@ use std::collections::{HashMap, VecDeque};
 use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord, RecordOrigin, StoredRecord};
 
 /// Origins remembered per child partition: 16 full slabs (4,096 records each), enough for
-/// every cursor feeding the partition to repeat its last slab, at about 40 bytes each
-/// (~2.6 MiB per partition at the cap, reached only by partitions that see that much traffic).
+/// every cursor feeding the partition to repeat its last slab, at about 56 bytes each (origin,
+/// fingerprint and table overhead): ~3.7 MiB per partition at the cap, reached only by
+/// partitions that see that much traffic.
 pub(crate) const WINDOW_ORIGINS: usize = 16 * 4_096;
 
 /// One record's origin, the unit of membership.
