@@ -180,13 +180,14 @@ async fn recreate_all(
              it again with --accept-loss if its disk is not coming back"
         );
     }
-    if client
-        .list_nodes()
-        .await?
-        .nodes
-        .iter()
-        .any(|n| n.id == node)
-    {
+    let nodes = client.list_nodes().await?;
+    if nodes.mode == "single" {
+        anyhow::bail!(
+            "the daemon runs as a single node (no --etcd): there is no other node to re-create \
+             partitions on"
+        );
+    }
+    if nodes.nodes.iter().any(|n| n.id == node) {
         anyhow::bail!(
             "node {node} is alive: nothing of it needs re-creating; move its partitions with \
              `narad node drain {node}`, which loses nothing"

@@ -7,10 +7,11 @@
 //! way). Started on a directory that is not the one it wrote them in (a replaced disk, a disk
 //! that did not mount so the daemon runs on the empty mount point, a mistyped `--data-dir`),
 //! it would serve every partition it owns empty, from offset 0: consumers would see offsets
-//! again that meant other records, and children, which drop a copy whose origin (epoch, parent
-//! partition, parent offset) they already hold, would drop the new records as copies of old
-//! ones — a silent loss of acknowledged records. So a node whose data dir is not the one
-//! recorded for its id refuses to start, naming both, and nothing is created.
+//! again that meant other records, and cursors whose offset files went with the old disk would
+//! start from what the children hold, which can skip the new records (and before children
+//! compared content, `super::dedupe`, they dropped them as copies of old ones: a silent loss
+//! of acknowledged records). So a node whose data dir is not the one
+//! recorded for its id refuses to start, naming both, before it makes any partition.
 //!
 //! The rules:
 //! - **A data dir belongs to one node of one cluster.** A data dir whose identity names another

@@ -549,3 +549,15 @@ fn plugin_test_takes_the_chain_like_router_and_numbers_records_from_zero() {
         "{err}"
     );
 }
+
+#[test]
+fn node_recreate_on_a_single_node_daemon_says_there_is_no_cluster() {
+    let (_dir, daemon) = daemon();
+    let out = narad(
+        &daemon.url(),
+        &["node", "recreate", "n2", "--accept-loss"],
+        b"",
+    );
+    assert!(!out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("single node"), "{}", stderr(&out));
+}
