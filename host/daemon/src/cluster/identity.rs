@@ -20,7 +20,7 @@
 //!   local identity must carry the same id.
 //! - **A new data dir only for a node that owns nothing.** `--new-data-dir-for ID` takes the
 //!   directory as the node's new one, and only while the metadata gives the node no partition
-//!   (re-create them elsewhere first, accepting the loss: `narad partition recreate`).
+//!   (re-create them elsewhere first, accepting the loss: `narad node recreate`).
 //! - **First start.** With nothing recorded anywhere (a new node, or one that ran a narad
 //!   without this check), the directory is taken, unless the metadata gives the node
 //!   partitions and not one of their directories is here: then it is not the directory the node
@@ -117,9 +117,9 @@ pub enum IdentityError {
         "data dir {} is not the one node {node_id:?} last ran on ({found}; etcd records data \
          dir {recorded}): started here it would serve its partitions empty ({owned}). If the \
          disk did not mount or --data-dir is wrong, fix that and start again. If the old data \
-         dir is gone for good, re-create the node's partitions on other nodes (`narad \
-         partition recreate T/P --on NODE --accept-loss`), then start once with \
-         --new-data-dir-for {node_id}",
+         dir is gone for good, re-create the node's partitions on other nodes (`narad node \
+         recreate {node_id} --accept-loss`), then start once with --new-data-dir-for \
+         {node_id}",
         data_dir.display()
     )]
     NotItsDataDir {
@@ -149,8 +149,8 @@ pub enum IdentityError {
     /// `--new-data-dir-for` while the node still owns partitions.
     #[error(
         "--new-data-dir-for {node_id}: the metadata still gives node {node_id:?} {owned}; a new \
-         data dir would serve them empty. Re-create them on other nodes first (`narad \
-         partition recreate T/P --on NODE --accept-loss`), or start on the old data dir"
+         data dir would serve them empty. Re-create them on other nodes first (`narad node \
+         recreate {node_id} --accept-loss`), or start on the old data dir"
     )]
     NewDataDirOwnsPartitions {
         /// This node's id.

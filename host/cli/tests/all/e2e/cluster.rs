@@ -464,6 +464,7 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     for wanted in [
         "is not the one node \"n2\" last ran on",
         "orders/0",
+        "narad node recreate n2 --accept-loss",
         "--new-data-dir-for n2",
     ] {
         assert!(stderr.contains(wanted), "{wanted:?} missing from: {stderr}");
