@@ -16,12 +16,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store, StoredRecord};
 
 use super::commit_wire::{CommitRequest, CommitResponse};
-use super::dedupe::{
-    OriginWindow, WINDOW_ORIGINS, new_record_fingerprint, stored_fingerprint, without_held,
-};
+use super::dedupe::{OriginWindow, WINDOW_ORIGINS, same_content, without_held};
 use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
@@ -159,31 +157,48 @@ impl CommitReceiver {
         window: &mut OriginWindow,
         requests: Vec<CommitRequest>,
     ) -> Vec<CommitResponse> {
-        let mut plans = Vec::with_capacity(requests.len());
+        let incoming: Vec<_> = requests
+            .into_iter()
+            .map(CommitRequest::into_batch)
+            .collect();
+        let held: Vec<Vec<Option<u64>>> = incoming
+            .iter()
+            .map(|b| {
+                b.origin
+                    .as_ref()
+                    .map_or_else(Vec::new, |o| window.held_offsets(o))
+            })
+            .collect();
+        // What the partition stores under the held origins, to tell a repeat from a record
+        // under a reused offset; read only when some origin is held, which is rare.
+        let stored = match self.stored_at(id, held.iter().flatten().flatten().copied()) {
+            Ok(stored) => stored,
+            Err(e) => return vec![failed(&e); incoming.len()],
+        };
+        let mut plans = Vec::with_capacity(incoming.len());
         let mut batches = Vec::new();
         let mut origins = Vec::new();
         let mut blocked = false;
         let mut reused = 0;
-        for request in requests {
-            let batch = request.into_batch();
-            let prints: Vec<_> = match &batch.origin {
-                Some(_) => batch.records.iter().map(new_record_fingerprint).collect(),
-                None => Vec::new(),
+        for (batch, held) in incoming.into_iter().zip(&held) {
+            let keep: Vec<bool> = if batch.origin.is_some() {
+                batch
+                    .records
+                    .iter()
+                    .zip(held)
+                    .map(|(record, at)| match at.and_then(|at| stored.get(&at)) {
+                        // Not held, or no longer stored (retention): append it.
+                        None => true,
+                        Some(old) if same_content(record, old) => false,
+                        Some(_) => {
+                            reused += 1;
+                            true
+                        }
+                    })
+                    .collect()
+            } else {
+                Vec::new()
             };
-            let keep = match &batch.origin {
-                Some(origin) => {
-                    let sorted = window.keep_mask(origin, &prints);
-                    reused += sorted.reused;
-                    sorted.keep
-                }
-                None => Vec::new(),
-            };
-            let kept_prints: Vec<_> = prints
-                .iter()
-                .zip(&keep)
-                .filter(|&(_, &kept)| kept)
-                .map(|(&print, _)| print)
-                .collect();
             let (kept, deduplicated) = without_held(batch, &keep);
             let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
             let plan = match kept {
@@ -192,7 +207,7 @@ impl CommitReceiver {
                 Some(kept) => match EncodedBatch::encode(&kept.records, kept.origin.as_ref()) {
                     Ok(encoded) => {
                         batches.push(encoded);
-                        origins.push(kept.origin.map(|origin| (origin, kept_prints)));
+                        origins.push(kept.origin);
                         Plan::Append {
                             at: batches.len() - 1,
                             deduplicated,
@@ -210,8 +225,10 @@ impl CommitReceiver {
             Ok(appended) => (appended, None),
             Err(e) => (e.appended, Some(e.error.to_string())),
         };
-        for (origin, prints) in origins.iter().take(appended.len()).flatten() {
-            window.remember_batch(origin, prints);
+        for (origin, done) in origins.iter().zip(&appended) {
+            if let Some(origin) = origin {
+                window.remember_batch(origin, done.base_offset);
+            }
         }
         if reused > 0 {
             tracing::warn!(partition = %id, records = reused,
@@ -305,6 +322,52 @@ impl CommitReceiver {
             .and_then(|(_, w)| w.highest_offset(epoch, parent_partition)))
     }
 
+    /// The records `id` stores at `offsets` (those still stored: an offset below the log start
+    /// is left out), read in as few passes as their spread allows.
+    fn stored_at(
+        &self,
+        id: &PartitionId,
+        offsets: impl Iterator<Item = u64>,
+    ) -> Result<HashMap<u64, StoredRecord>, StorageError> {
+        let wanted: std::collections::BTreeSet<u64> = offsets.collect();
+        let mut found = HashMap::with_capacity(wanted.len());
+        let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) else {
+            return Ok(found);
+        };
+        let mut offset = first;
+        while offset <= last {
+            let read = match self.store.read(
+                id,
+                &ReadOptions {
+                    offset,
+                    max_records: usize::try_from(last - offset + 1).unwrap_or(usize::MAX),
+                    max_bytes: REBUILD_READ_BYTES,
+                    max_committed_at_ms: None,
+                },
+            ) {
+                Ok(read) => read,
+                Err(StorageError::OffsetBelowLogStart { log_start, .. }) if log_start > offset => {
+                    offset = log_start;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let next = read.next_offset;
+            found.extend(
+                read.records
+                    .into_iter()
+                    .filter(|r| wanted.contains(&r.offset))
+                    .map(|r| (r.offset, r)),
+            );
+            if next <= offset || next >= read.high_watermark {
+                break;
+            }
+            // Skip the gap to the next offset wanted.
+            offset = wanted.range(next..).next().copied().unwrap_or(last + 1);
+        }
+        Ok(found)
+    }
+
     /// The window of `id`, from its last [`WINDOW_ORIGINS`] records.
     fn rebuild(&self, id: &PartitionId) -> Result<OriginWindow, StorageError> {
         let end = self.store.high_watermark(id)?;
@@ -329,10 +392,11 @@ impl CommitReceiver {
                 }
                 Err(e) => return Err(e),
             };
-            origins.extend(read.records.into_iter().filter_map(|r| {
-                let print = stored_fingerprint(&r);
-                r.origin.map(|origin| (origin, print))
-            }));
+            origins.extend(
+                read.records
+                    .into_iter()
+                    .filter_map(|r| r.origin.map(|origin| (origin, r.offset))),
+            );
             if read.next_offset >= read.high_watermark || read.next_offset == offset {
                 break;
             }
@@ -340,7 +404,7 @@ impl CommitReceiver {
         }
         Ok(OriginWindow::rebuild(
             self.window_capacity,
-            origins.iter().map(|(origin, print)| (origin, *print)),
+            origins.iter().map(|(origin, at)| (origin, *at)),
         ))
     }
 }
