@@ -279,7 +279,8 @@ pub async fn run_server(
                 Arc::clone(&store),
                 owners,
             )
-            .with_fence(Arc::new(move || membership.fence_reason())),
+            .with_fence(Arc::new(move || membership.fence_reason()))
+            .counting_reused_on(cluster_metrics.reused_origin_records.clone()),
         )
     });
     let reconciler = {

@@ -35,6 +35,8 @@ pub(crate) struct ClusterMetrics {
     pub(crate) watch_stalls: Counter,
     /// `narad_cluster_watch_compactions_total`.
     pub(crate) watch_compactions: Counter,
+    /// `narad_cluster_commit_reused_origin_records_total`.
+    pub(crate) reused_origin_records: Counter,
 }
 
 impl ClusterMetrics {
@@ -74,6 +76,11 @@ impl ClusterMetrics {
             "narad_cluster_watch_stalls",
             "Watches of the metadata dropped because they went silent (no event or progress answer)",
             self.watch_stalls.clone(),
+        );
+        registry.register(
+            "narad_cluster_commit_reused_origin_records",
+            "Records child commits brought to this node's partitions under the origin of a record they hold but with other content (the parent partition reused offsets: its log was lost or restored); appended, not dropped",
+            self.reused_origin_records.clone(),
         );
         registry.register(
             "narad_cluster_watch_compactions",

@@ -51,6 +51,7 @@ pub(crate) struct CommitReceiver {
     windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<GenerationWindow>>>>>,
     window_capacity: usize,
     fence: Option<Arc<crate::ownership::WriteFence>>,
+    reused: prometheus_client::metrics::counter::Counter,
 }
 
 impl CommitReceiver {
@@ -63,7 +64,18 @@ impl CommitReceiver {
             windows: Mutex::new(HashMap::new()),
             window_capacity: WINDOW_ORIGINS,
             fence: None,
+            reused: prometheus_client::metrics::counter::Counter::default(),
         }
+    }
+
+    /// This receiver, counting on `counter` the records it appends under a held origin with
+    /// other content (`narad_cluster_commit_reused_origin_records_total`).
+    pub(crate) fn counting_reused_on(
+        mut self,
+        counter: prometheus_client::metrics::counter::Counter,
+    ) -> CommitReceiver {
+        self.reused = counter;
+        self
     }
 
     /// This receiver, refusing every commit while `fence` says why not (the node lost etcd).
@@ -231,6 +243,7 @@ impl CommitReceiver {
             }
         }
         if reused > 0 {
+            self.reused.inc_by(reused as u64);
             tracing::warn!(partition = %id, records = reused,
                 "records arrived under the origin (attach epoch, parent partition, parent offset) \
                  of records this partition holds, with other content: their parent partition \

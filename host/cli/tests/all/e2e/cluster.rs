@@ -618,6 +618,17 @@ fn a_parent_partition_that_lost_its_directory_has_its_new_records_copied_not_tak
         assert!(Instant::now() < deadline, "{}", cluster.nodes[0].log());
         std::thread::sleep(Duration::from_millis(50));
     }
+    let metrics = client
+        .get(format!("{}/metrics", cluster.url(0)))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    let reused: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_cluster_commit_reused_origin_records_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no reused-origin counter in:\n{metrics}"));
+    assert_eq!(reused, 10.0, "the ten new records, counted once each");
 }
 
 /// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
