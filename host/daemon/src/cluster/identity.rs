@@ -115,12 +115,22 @@ pub enum IdentityError {
     /// The data dir is not the one this node last ran on.
     #[error(
         "data dir {} is not the one node {node_id:?} last ran on ({found}; etcd records data \
-         dir {recorded}): started here it would serve its partitions empty ({owned}). If the \
-         disk did not mount or --data-dir is wrong, fix that and start again. If the old data \
-         dir is gone for good, re-create the node's partitions on other nodes (`narad node \
-         recreate {node_id} --accept-loss`), then start once with --new-data-dir-for \
-         {node_id}",
-        data_dir.display()
+         dir {recorded}). If the disk did not mount or --data-dir is wrong, fix that and start \
+         again. {}",
+        data_dir.display(),
+        if owned.is_empty() {
+            format!(
+                "It owns no partition now: if this is its new disk, start it once with \
+                 --new-data-dir-for {node_id}"
+            )
+        } else {
+            format!(
+                "Started here it would serve its partitions empty ({}). If the old data dir is \
+                 gone for good, re-create them on other nodes (`narad node recreate {node_id} \
+                 --accept-loss`), then start once with --new-data-dir-for {node_id}",
+                named(owned)
+            )
+        }
     )]
     NotItsDataDir {
         /// The data dir.
@@ -131,8 +141,8 @@ pub enum IdentityError {
         found: String,
         /// The data dir id etcd records, or what is known instead.
         recorded: String,
-        /// The partitions the metadata gives the node, named.
-        owned: String,
+        /// The partitions the metadata gives the node.
+        owned: Vec<PartitionId>,
     },
     /// Another live process runs as this node id (on another data dir).
     #[error(
@@ -352,7 +362,7 @@ pub(crate) async fn establish(
             recorded: "recorded by another process for this node id while this one started; \
                        is another process running as this node?"
                 .to_owned(),
-            owned: named(owned),
+            owned: owned.to_vec(),
         });
     }
     tracing::info!(node = node_id, data_dir_id = %identity.data_dir_id, "data dir recorded for this node");
@@ -407,7 +417,7 @@ fn refusal(
                 Some(r) => format!("{} (taken at {} ms)", r.data_dir_id, r.created_at_ms),
                 None => "none, but no directory of the node's partitions is here".to_owned(),
             },
-            owned: named(owned),
+            owned: owned.to_vec(),
         },
         Refusal::NewDataDirOwnsPartitions => IdentityError::NewDataDirOwnsPartitions {
             node_id: node_id.to_owned(),
@@ -638,6 +648,35 @@ mod tests {
             decide(Some(&local("a")), None, false, NONE_HERE),
             Plan::Record
         );
+    }
+
+    #[test]
+    fn a_refusal_says_what_to_do_for_a_node_that_owns_partitions_and_for_one_that_owns_none() {
+        let refused = |owned: &[PartitionId]| {
+            refusal(
+                Refusal::NotItsDataDir,
+                Path::new("/d"),
+                "n2",
+                PREFIX,
+                None,
+                Some(&recorded("a")),
+                owned,
+            )
+            .to_string()
+        };
+        let owning = refused(&[PartitionId::new("orders", 0)]);
+        for wanted in [
+            "did not mount",
+            "1 partition: orders/0",
+            "narad node recreate n2 --accept-loss",
+            "--new-data-dir-for n2",
+        ] {
+            assert!(owning.contains(wanted), "{wanted:?} missing from {owning}");
+        }
+        let idle = refused(&[]);
+        assert!(idle.contains("owns no partition now"), "{idle}");
+        assert!(idle.contains("--new-data-dir-for n2"), "{idle}");
+        assert!(!idle.contains("node recreate"), "{idle}");
     }
 
     #[test]
