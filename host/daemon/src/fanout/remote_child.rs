@@ -11,7 +11,8 @@
 //!
 //! Each copy carries its origin as a header, `narad-origin: {source}/{epoch}/{parent
 //! partition}/{parent offset}`, so the target's consumers can drop the duplicates a repeated
-//! slab leaves (the same origin seen twice is the same record).
+//! slab leaves (the same origin seen twice with the same content is the same record; with
+//! other content, the parent reused the offset, see `docs/fanout.md`).
 //!
 //! Failures, as the cursor sees them ([`ChildCommitError::Remote`]): no answer, a 5xx or a 429
 //! is retried (no sooner than a `Retry-After` the target sends, up to 30 s); a 401 or 403 (after reading the token file again), a 404 (the target topic is
