@@ -591,6 +591,9 @@ fn a_parent_partition_that_lost_its_directory_has_its_new_records_copied_not_tak
     // by a file system repair); the rest of its data dir is intact, so it starts, and makes
     // the partition again, empty: the next records get offsets 0, 1, ... once more.
     cluster.nodes[1].kill9();
+    // Gone for n1 first, so the wait below sees the restarted n2 (its new address), not the
+    // killed one's key before its lease ends.
+    wait_for_live(&cluster, &["n1", "n3"]);
     let partition_dir = cluster
         ._dir
         .path()
