@@ -21,6 +21,9 @@
 //! - **A new data dir only for a node that owns nothing.** `--new-data-dir-for ID` takes the
 //!   directory as the node's new one, and only while the metadata gives the node no partition
 //!   (re-create them elsewhere first, accepting the loss: `narad node recreate`).
+//! - **A lost identity file.** A directory without a (readable) identity that holds every
+//!   partition the node owns is the node's own: etcd's id is written back into it. A damaged
+//!   file is moved aside first, never deleted.
 //! - **First start.** With nothing recorded anywhere (a new node, or one that ran a narad
 //!   without this check), the directory is taken, unless the metadata gives the node
 //!   partitions and not one of their directories is here: then it is not the directory the node
@@ -182,6 +185,10 @@ enum Plan {
     /// Make a new identity, write it here and record it in etcd (replacing what etcd had when
     /// `replacing`), then start.
     Create { replacing: bool },
+    /// The directory has no (readable) identity but holds every partition the node owns: it
+    /// is the node's own directory that lost its identity file. Write etcd's id back here,
+    /// then start.
+    Adopt,
     /// Refuse to start.
     Refuse(Refusal),
 }
@@ -230,6 +237,7 @@ fn plan(
     }
     match (local, recorded) {
         (Some(_), None) => Plan::Record,
+        (None, Some(_)) if owned.partitions > 0 && owned.on_disk == owned.partitions => Plan::Adopt,
         (None, None) if owned.partitions > 0 && owned.on_disk == 0 => {
             Plan::Refuse(Refusal::NotItsDataDir)
         }
@@ -309,6 +317,26 @@ pub(crate) async fn establish(
                 recorded.as_ref(),
                 owned,
             ));
+        }
+        Plan::Adopt => {
+            let Some(recorded) = recorded else {
+                return Err(IdentityError::File {
+                    path,
+                    reason: "no data dir recorded to adopt".to_owned(),
+                });
+            };
+            let adopted = LocalIdentity {
+                prefix: prefix.to_owned(),
+                node_id: node_id.to_owned(),
+                data_dir_id: recorded.data_dir_id,
+                created_at_ms: recorded.created_at_ms,
+            };
+            write_local(&dir, &path, &adopted)?;
+            tracing::warn!(node = node_id, data_dir = %data_dir.display(),
+                data_dir_id = %adopted.data_dir_id, partitions = owned.len(),
+                "this data dir had no identity file but holds every partition the node owns: \
+                 it is taken as the node's recorded data dir again");
+            return Ok(adopted.data_dir_id);
         }
         Plan::Record => local.ok_or_else(|| IdentityError::File {
             path: path.clone(),
@@ -457,23 +485,33 @@ fn partition_dir(data_dir: &Path, id: &PartitionId) -> PathBuf {
         .join(id.dir_name())
 }
 
+/// The identity in `path`, if there is one. One that does not parse is moved aside (to
+/// `identity.json.damaged-{ms}`, never deleted) and counts as none: the rules then decide
+/// whether this directory is the node's by what it holds.
 fn read_local(path: &Path) -> Result<Option<LocalIdentity>> {
+    let failed = |e: std::io::Error| IdentityError::File {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(IdentityError::File {
-                path: path.to_owned(),
-                reason: e.to_string(),
-            });
-        }
+        Err(e) => return Err(failed(e)),
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| IdentityError::File {
-            path: path.to_owned(),
-            reason: format!("does not parse ({e}); it is left as it is"),
-        })
+    match serde_json::from_slice(&bytes) {
+        Ok(identity) => Ok(Some(identity)),
+        Err(e) => {
+            let aside = path.with_file_name(format!("{IDENTITY_FILE}.damaged-{}", now_ms()));
+            std::fs::rename(path, &aside).map_err(failed)?;
+            if let Some(dir) = path.parent() {
+                crate::durable::sync_dir(dir).map_err(failed)?;
+            }
+            tracing::warn!(path = %path.display(), kept_as = %aside.display(), error = %e,
+                "this data dir's identity file does not parse; moved aside, and the directory \
+                 is judged by what it holds");
+            Ok(None)
+        }
+    }
 }
 
 fn write_local(dir: &Path, path: &Path, identity: &LocalIdentity) -> Result<()> {
@@ -537,6 +575,10 @@ mod tests {
         partitions: 3,
         on_disk: 0,
     };
+    const SOME_HERE: Owned = Owned {
+        partitions: 3,
+        on_disk: 2,
+    };
 
     fn decide(
         l: Option<&LocalIdentity>,
@@ -560,12 +602,19 @@ mod tests {
             decide(Some(&a), Some(&recorded("a")), false, NONE_HERE),
             Plan::Start
         );
-        for owned in [NOTHING, ALL_HERE, NONE_HERE] {
-            // A replaced or unmounted disk: no identity at all.
+        // Its own directory that lost its identity file: every partition it owns is here.
+        assert_eq!(
+            decide(None, Some(&recorded("a")), false, ALL_HERE),
+            Plan::Adopt
+        );
+        for owned in [NOTHING, NONE_HERE, SOME_HERE] {
+            // A replaced or unmounted disk: no identity, and not every partition here.
             assert_eq!(
                 decide(None, Some(&recorded("a")), false, owned),
                 Plan::Refuse(Refusal::NotItsDataDir)
             );
+        }
+        for owned in [NOTHING, ALL_HERE, NONE_HERE] {
             // An old disk back after the node took a new one.
             assert_eq!(
                 decide(Some(&a), Some(&recorded("b")), false, owned),
@@ -694,7 +743,7 @@ mod tests {
     }
 
     #[test]
-    fn the_local_identity_round_trips_and_a_damaged_one_is_an_error_not_a_new_identity() {
+    fn the_local_identity_round_trips_and_a_damaged_one_is_kept_aside_and_counts_as_none() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cluster = dir.path().join("cluster");
         let path = cluster.join(IDENTITY_FILE);
@@ -702,7 +751,15 @@ mod tests {
         write_local(&cluster, &path, &local("a")).expect("write");
         assert_eq!(read_local(&path).expect("read"), Some(local("a")));
         std::fs::write(&path, b"{\"prefix\": ").expect("damage");
-        let e = read_local(&path).expect_err("damaged");
-        assert!(e.to_string().contains("does not parse"), "{e}");
+        assert_eq!(read_local(&path).expect("damaged"), None);
+        assert!(!path.exists());
+        let kept: Vec<_> = std::fs::read_dir(&cluster)
+            .expect("list")
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        assert!(
+            kept.iter().any(|n| n.starts_with("identity.json.damaged-")),
+            "{kept:?}"
+        );
     }
 }

@@ -632,6 +632,27 @@ fn a_parent_partition_that_lost_its_directory_has_its_new_records_copied_not_tak
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no reused-origin counter in:\n{metrics}"));
     assert_eq!(reused, 10.0, "the ten new records, counted once each");
+
+    // Its identity file lost too (but every partition it owns still there): n2 takes the
+    // directory as its own again instead of refusing it.
+    cluster.nodes[1].kill9();
+    wait_for_live(&cluster, &["n1", "n3"]);
+    let identity = cluster
+        ._dir
+        .path()
+        .join("n2")
+        .join("cluster")
+        .join("identity.json");
+    std::fs::write(&identity, b"{ damaged").expect("damage the identity file");
+    cluster.nodes[1].restart();
+    wait_for_live(&cluster, &["n1", "n2", "n3"]);
+    assert!(
+        cluster.nodes[1]
+            .log()
+            .contains("taken as the node's recorded data dir again"),
+        "{}",
+        cluster.nodes[1].log()
+    );
 }
 
 /// Runs `narad serve` on `data_dir` with `args` and waits (at most 60 s, then kills it) for
