@@ -3,7 +3,7 @@
 //!
 //! The rule: a record is dropped only if its origin (attach epoch, parent partition, parent
 //! offset) is **in the window**, an exact set of the origins most recently appended to this
-//! child partition. Never by "highest offset seen": a retried bucket re-routed under a new
+//! child partition, and the record stored under it has the same content (below). Never by "highest offset seen": a retried bucket re-routed under a new
 //! partition count can legitimately arrive below a higher offset from the same parent
 //! partition, and dropping it would lose it. A record whose origin has left the window is
 //! appended again: a duplicate, which the at-least-once contract allows; a loss is never
