@@ -14,5 +14,8 @@
 mod api;
 mod bench_smoke;
 mod e2e;
+// The full-device harness lives with the storage tests, which use it too.
+#[path = "../../../storage/tests/all/common/full_device.rs"]
+mod full_device;
 mod metastore_files;
 mod plugins_api;

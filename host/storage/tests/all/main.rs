@@ -7,6 +7,7 @@
 mod commit_time;
 mod common;
 mod cursor_file;
+mod device_full;
 mod disk_damage;
 mod faults;
 mod group_commit;

@@ -9,24 +9,14 @@
 //! device are removed by a guard whatever happens.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::e2e::harness::{Daemon, fetch_all, http_client, send_json};
+use crate::full_device::DiskFullFs;
 
-/// Size of the tmpfs holding the loop device's backing file: small enough to fill in seconds.
-const TMPFS_SIZE: &str = "24m";
-/// Size the tmpfs is grown to before the second mount, so the check runs with room to spare.
-const TMPFS_GROWN_SIZE: &str = "96m";
-/// Apparent size of the sparse backing file: far larger than the tmpfs, so ext4 sees free
-/// space the device cannot provide.
-const IMAGE_SIZE: &str = "256M";
-/// Bytes of a filler file on the tmpfs, removed later to give the device room again.
-const FILLER_BYTES: usize = 4 * 1024 * 1024;
 /// Records per produce request and bytes per record value.
 const RECORDS_PER_PRODUCE: usize = 8;
 const VALUE_BYTES: usize = 2000;
@@ -36,193 +26,6 @@ const PRODUCE_WHILE_FULL: Duration = Duration::from_secs(4);
 const PRODUCE_AFTER_FREE: Duration = Duration::from_secs(3);
 /// Longest time the child may take to catch up after the restart.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program} could not start: {e}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "{program} {args:?} failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
-fn must(program: &str, args: &[&str]) -> String {
-    run(program, args).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Unmounts `path`, retrying for a moment while it is busy, then lazily as a last resort.
-fn unmount(path: &Path) -> Result<(), String> {
-    let p = path.to_string_lossy().to_string();
-    let mut last = String::new();
-    for _ in 0..50 {
-        match run("umount", &[&p]) {
-            Ok(_) => return Ok(()),
-            Err(e) => last = e,
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    run("umount", &["-l", &p])
-        .map(|_| ())
-        .map_err(|e| format!("{last}; {e}"))
-}
-
-/// The tmpfs, the backing file, the loop device and the ext4 mount; all undone on drop.
-struct DiskFullFs {
-    /// Holds the mount points; removed (by its own drop) after `drop` below unmounted them.
-    _root: tempfile::TempDir,
-    tmpfs: PathBuf,
-    image: PathBuf,
-    filler: PathBuf,
-    mnt: PathBuf,
-    tmpfs_mounted: bool,
-    device: Option<String>,
-    ext4_mounted: bool,
-}
-
-impl DiskFullFs {
-    fn new() -> DiskFullFs {
-        let uid = must("id", &["-u"]);
-        assert_eq!(
-            uid, "0",
-            "disk_full needs root: it mounts a tmpfs, attaches a loop device and mounts ext4 on it \
-             (CI runs it as root); run it with sudo"
-        );
-        let root = tempfile::tempdir().expect("tempdir");
-        let mut fs = DiskFullFs {
-            tmpfs: root.path().join("backing"),
-            image: root.path().join("backing/disk.img"),
-            filler: root.path().join("backing/filler"),
-            mnt: root.path().join("mnt"),
-            _root: root,
-            tmpfs_mounted: false,
-            device: None,
-            ext4_mounted: false,
-        };
-        std::fs::create_dir(&fs.tmpfs).expect("mkdir backing");
-        std::fs::create_dir(&fs.mnt).expect("mkdir mnt");
-        must(
-            "mount",
-            &[
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={TMPFS_SIZE}"),
-                "tmpfs",
-                &fs.tmpfs.to_string_lossy(),
-            ],
-        );
-        fs.tmpfs_mounted = true;
-        std::fs::write(&fs.filler, vec![0x5a; FILLER_BYTES]).expect("write filler");
-        let image = fs.image.to_string_lossy().to_string();
-        must("truncate", &["-s", IMAGE_SIZE, &image]);
-        must("mkfs.ext4", &["-q", "-F", "-O", "^has_journal", &image]);
-        fs.mount_ext4();
-        fs
-    }
-
-    fn mount_ext4(&mut self) {
-        let image = self.image.to_string_lossy().to_string();
-        let device = must("losetup", &["--find", "--show", &image]);
-        self.device = Some(device.clone());
-        must(
-            "mount",
-            &[
-                "-t",
-                "ext4",
-                "-o",
-                "errors=continue",
-                &device,
-                &self.mnt.to_string_lossy(),
-            ],
-        );
-        self.ext4_mounted = true;
-    }
-
-    fn unmount_ext4(&mut self) {
-        if self.ext4_mounted {
-            unmount(&self.mnt).unwrap_or_else(|e| panic!("{e}"));
-            self.ext4_mounted = false;
-        }
-        if let Some(device) = self.device.take() {
-            must("losetup", &["-d", &device]);
-        }
-    }
-
-    /// Gives the device room again: removes the filler file from the tmpfs.
-    fn free_space(&self) {
-        std::fs::remove_file(&self.filler).expect("remove filler");
-    }
-
-    /// Checks and repairs the unmounted file system, as an operator does after the device
-    /// refused writes under it: metadata writes the loop device refused leave ext4 (without a
-    /// journal) with blocks in use marked free, and a mount without the repair can refuse
-    /// later allocations with "Structure needs cleaning". Returns what `e2fsck` printed;
-    /// panics if it could not repair.
-    fn repair_ext4(&self) -> String {
-        assert!(!self.ext4_mounted, "e2fsck on a mounted file system");
-        let image = self.image.to_string_lossy().to_string();
-        let output = Command::new("e2fsck")
-            .args(["-f", "-y", &image])
-            .output()
-            .unwrap_or_else(|e| panic!("e2fsck could not start: {e}"));
-        let printed = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        // 0: clean; 1: errors corrected. Anything else: the repair did not finish.
-        assert!(
-            matches!(output.status.code(), Some(0) | Some(1)),
-            "e2fsck could not repair the file system ({}):\n{printed}",
-            output.status
-        );
-        printed
-    }
-
-    fn grow_tmpfs(&self) {
-        must(
-            "mount",
-            &[
-                "-o",
-                &format!("remount,size={TMPFS_GROWN_SIZE}"),
-                &self.tmpfs.to_string_lossy(),
-            ],
-        );
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.mnt.join("data")
-    }
-}
-
-impl Drop for DiskFullFs {
-    fn drop(&mut self) {
-        // Best effort, in order, each step tried even if an earlier one failed; a leftover is
-        // reported on stderr rather than hidden.
-        if self.ext4_mounted
-            && let Err(e) = unmount(&self.mnt)
-        {
-            eprintln!("disk_full cleanup: {e}");
-        }
-        if let Some(device) = self.device.take()
-            && let Err(e) = run("losetup", &["-d", &device])
-        {
-            eprintln!("disk_full cleanup: {e}");
-        }
-        if self.tmpfs_mounted
-            && let Err(e) = unmount(&self.tmpfs)
-        {
-            eprintln!("disk_full cleanup: {e}");
-        }
-    }
-}
 
 fn ok(status: u16, body: &Value, what: &str) {
     assert!((200..300).contains(&status), "{what}: {status} {body}");

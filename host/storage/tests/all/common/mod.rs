@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod full_device;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
