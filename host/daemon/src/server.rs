@@ -818,7 +818,7 @@ fn internal_router(receiver: Arc<crate::cluster::receiver::CommitReceiver>) -> a
 /// anything) and the metastore, accounts for every directory of `topics/` (finishing or
 /// undoing interrupted changes from their intent records, setting aside what nothing explains,
 /// refusing a lost metastore: [`crate::topics::startup`]), then registers every partition the
-/// metastore names.
+/// metastore names (quarantining one whose directory is gone).
 fn open_data_dir(
     data_dir: &std::path::Path,
     idle_close_after: Duration,
@@ -850,7 +850,9 @@ fn open_data_dir(
     for topic in snapshot.topics.values() {
         let config = log_config(topic, segment_bytes);
         for p in 0..topic.partitions {
-            store.create_partition(&PartitionId::new(topic.name.clone(), p), config.clone())?;
+            // Recorded, so its directory was made: one that is gone is quarantined, not
+            // made again empty (its offsets would go to new records).
+            store.register_partition(&PartitionId::new(topic.name.clone(), p), config.clone())?;
         }
     }
     Ok((store, metastore))

@@ -22,6 +22,20 @@ use crate::log::segment::segment_name;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Damage {
+    /// The metadata records the partition, so its directory was made (directories are made
+    /// durable before a partition is recorded), but the directory is gone: every record it
+    /// held is missing. Starting it empty would give its offsets to new records.
+    #[error(
+        "the partition directory {} is missing, although the partition is recorded (its \
+         directory was made before it was recorded): restore the directory from a backup and \
+         restart, or create it empty and restart to accept the loss of every record it held \
+         (the partition then starts again at offset 0)",
+        dir.display()
+    )]
+    DirectoryMissing {
+        /// The partition directory.
+        dir: PathBuf,
+    },
     /// The log-start file fails its check (size, magic, version or CRC), so whether the
     /// oldest segments are all there cannot be told.
     #[error(

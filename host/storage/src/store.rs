@@ -314,6 +314,19 @@ impl Store {
     /// Registers a partition and creates its directory durably (idempotent; an existing
     /// registration takes the new config).
     pub fn create_partition(&self, id: &PartitionId, config: LogConfig) -> Result<()> {
+        self.register(id, config, true)
+    }
+
+    /// Registers a partition recorded earlier, whose directory must therefore exist (an
+    /// existing registration takes the new config). A missing directory is never made again
+    /// empty: the partition is registered quarantined ([`Damage::DirectoryMissing`]), refusing
+    /// reads and appends, until an operator restores the directory or makes it to accept the
+    /// loss, and the store is opened again.
+    pub fn register_partition(&self, id: &PartitionId, config: LogConfig) -> Result<()> {
+        self.register(id, config, false)
+    }
+
+    fn register(&self, id: &PartitionId, config: LogConfig, make_missing: bool) -> Result<()> {
         validate_topic_name(&id.topic)?;
         if id.partition > MAX_PARTITION_INDEX {
             return Err(StorageError::PartitionOutOfRange {
@@ -323,11 +336,23 @@ impl Store {
         }
         let topic_dir = self.topic_dir(&id.topic);
         let dir = topic_dir.join(id.dir_name());
-        if !self
+        if let Some(p) = log::read(&self.partitions).get(id)
+            && matches!(
+                &*log::read(&p.slot),
+                Slot::Quarantined(Damage::DirectoryMissing { .. })
+            )
+        {
+            // Registered as lost: only a new store (after the operator acted) looks again.
+            *log::lock(&p.config) = config;
+            return Ok(());
+        }
+        let exists = self
             .fs
             .exists(&dir)
-            .map_err(io(format!("checking {}", dir.display())))?
-        {
+            .map_err(io(format!("checking {}", dir.display())))?;
+        let missing =
+            (!exists && !make_missing).then(|| Damage::DirectoryMissing { dir: dir.clone() });
+        if !exists && missing.is_none() {
             self.fs
                 .create_dir_all(&dir)
                 .map_err(io(format!("creating {}", dir.display())))?;
@@ -342,14 +367,24 @@ impl Store {
         match map.get(id) {
             Some(p) => *log::lock(&p.config) = config,
             None => {
-                let (signal, _) = watch::channel(Signal::Unknown);
+                let (signal, _) = watch::channel(if missing.is_some() {
+                    Signal::Broken
+                } else {
+                    Signal::Unknown
+                });
+                if let Some(damage) = &missing {
+                    tracing::error!(partition = %id, reason = %damage, "partition quarantined");
+                }
                 map.insert(
                     id.clone(),
                     Arc::new(Partition {
                         id: id.clone(),
                         dir,
                         config: Mutex::new(config),
-                        slot: RwLock::new(Slot::Closed),
+                        slot: RwLock::new(match missing {
+                            Some(damage) => Slot::Quarantined(damage),
+                            None => Slot::Closed,
+                        }),
                         last_access_ms: AtomicI64::new(self.clock.now_ms()),
                         signal,
                     }),
@@ -940,6 +975,20 @@ impl Store {
             Slot::Sealed(_) => PartitionState::Sealed,
             Slot::Deleted => return Err(StorageError::UnknownPartition { id: p.id.clone() }),
         };
+        if let PartitionState::Quarantined {
+            reason: Damage::DirectoryMissing { .. },
+        } = &state
+        {
+            // Nothing to list: the reason says so.
+            return Ok(PartitionStats {
+                log_start_offset: 0,
+                high_watermark: None,
+                size_bytes: 0,
+                segment_count: 0,
+                state,
+                recovered_cut: Default::default(),
+            });
+        }
         // Describing a closed log reads the directory listing and the 64-byte high-watermark
         // file; the slot's read lock keeps it from being opened meanwhile.
         let files = segment::list(self.fs.as_ref(), &p.dir)

@@ -108,7 +108,7 @@ fn rebuild_text(report: &RebuildReport) -> String {
                     "-".to_owned()
                 } else {
                     format!(
-                        "{:?} had no directory: they start empty",
+                        "{:?} had no directory: made empty, they start again at offset 0",
                         t.missing_partitions
                     )
                 },

@@ -47,7 +47,8 @@ pub struct RebuiltTopic {
     pub partitions: u32,
     /// Bytes of segment files found.
     pub segment_bytes: u64,
-    /// Partition indexes below the count that had no directory (they start empty).
+    /// Partition indexes below the count that had no directory: made empty by the rebuild, so
+    /// they start again at offset 0.
     pub missing_partitions: Vec<u32>,
 }
 
@@ -138,6 +139,16 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
         return Ok(report);
     }
     report.plugin_files = move_plugin_files(data_dir)?;
+    // The report names them: recording them is accepting their loss, so their directories are
+    // made empty now (a recorded partition without a directory would be quarantined at start).
+    for topic in &report.topics {
+        for &p in &topic.missing_partitions {
+            store.create_partition(
+                &narad_storage::PartitionId::new(topic.name.clone(), p),
+                narad_storage::LogConfig::default(),
+            )?;
+        }
+    }
     drop(store);
     let metastore = FileMetastore::open(data_dir)?;
     let now = crate::topics::now_ms();

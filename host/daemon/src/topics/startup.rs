@@ -378,17 +378,6 @@ pub(crate) fn reconcile(
             }
         }
     }
-    for meta in known.values() {
-        for p in 0..meta.partitions {
-            let dir = topics_dir
-                .join(&meta.name)
-                .join(narad_storage::PartitionId::new(meta.name.clone(), p).dir_name());
-            if !dir.exists() {
-                tracing::warn!(topic = %meta.name, partition = p,
-                    "the metastore names this partition but its directory is missing; it starts empty (restore the directory from a backup to keep its records)");
-            }
-        }
-    }
     Ok(report)
 }
 

@@ -140,6 +140,43 @@ fn every_segment_removed_while_records_were_recorded_quarantines() {
 }
 
 #[test]
+fn a_recorded_partition_whose_directory_is_gone_is_quarantined_not_made_again_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), 3, true);
+    let p = partition_dir(dir.path());
+    std::fs::remove_dir_all(&p).unwrap();
+
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.register_partition(&id, small_segments(100)).unwrap();
+    let missing = Damage::DirectoryMissing { dir: p.clone() };
+    assert_eq!(quarantine_reason(&store), missing);
+    assert!(matches!(
+        store.append(&id, batch(&["new"])),
+        Err(StorageError::Quarantined { .. })
+    ));
+    let stats = store.peek(&id).unwrap();
+    assert_eq!(
+        stats.state,
+        PartitionState::Quarantined {
+            reason: missing.clone()
+        }
+    );
+    // Registering it again (as a create of its topic's later partitions does) changes nothing.
+    store.create_partition(&id, small_segments(100)).unwrap();
+    assert_eq!(quarantine_reason(&store), missing);
+    assert!(!p.exists(), "the store made the missing directory again");
+    drop(store);
+
+    // The operator accepts the loss: an empty directory starts again at offset 0.
+    std::fs::create_dir_all(&p).unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    store.register_partition(&id, small_segments(100)).unwrap();
+    assert_eq!(store.append(&id, batch(&["new"])).unwrap().base_offset, 0);
+    assert_eq!(values(&read_all(&store, &id, 0)), ["new"]);
+}
+
+#[test]
 fn a_hole_between_segments_names_the_missing_offsets() {
     let dir = tempfile::tempdir().unwrap();
     write_log(dir.path(), 5, true);

@@ -1,5 +1,6 @@
 //! Damage to a partition's files between two runs, seen from outside: a removed oldest segment
-//! is reported as lost offsets (quarantine), never as retention, and a torn tail cut without
+//! is reported as lost offsets (quarantine), never as retention, a removed partition directory
+//! quarantines the partition instead of starting it again at offset 0, and a torn tail cut without
 //! its high-watermark file is shown in the describe, the metrics and the log, with the cut
 //! bytes kept aside.
 
@@ -154,6 +155,97 @@ fn a_removed_oldest_segment_is_reported_as_lost_offsets_not_as_retention() {
             .any(|l| l.contains("partition quarantined") && l.contains(&missing)),
         "the daemon log names the lost offsets:\n{log}"
     );
+}
+
+#[test]
+fn a_partition_directory_removed_between_runs_is_quarantined_until_restored_or_made_empty() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start_with(&data, &[]);
+    let client = http_client();
+    create_topic(&client, &daemon.url(), "orders");
+    create_topic(&client, &daemon.url(), "audit");
+    let values: Vec<String> = (0..5).map(|i| format!("order-{i}")).collect();
+    produce(&client, &daemon.url(), "orders", values.clone());
+    produce(&client, &daemon.url(), "audit", ["kept".to_owned()]);
+    daemon.kill9();
+
+    let dir = partition_dir(&data, "orders");
+    let backup = tmp.path().join("backup-p00000");
+    std::fs::rename(&dir, &backup).expect("move the partition directory away");
+
+    daemon.restart();
+    let fetch = |daemon: &Daemon, topic: &str| {
+        send_json(
+            &client,
+            Method::GET,
+            &format!(
+                "{}/v1/topics/{topic}/partitions/0/records?offset=0&max=100",
+                daemon.url()
+            ),
+            None,
+        )
+        .expect("fetch")
+    };
+    let gone = "is missing, although the partition is recorded";
+    let (status, body) = fetch(&daemon, "orders");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.to_string().contains(gone), "{body}");
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", daemon.url()),
+        Some(&json!({"records": [{"value": "after"}]})),
+    )
+    .expect("produce");
+    assert_eq!(
+        status, 503,
+        "a produce must not reuse the lost offsets: {body}"
+    );
+    assert!(!dir.exists(), "the daemon made the directory again");
+    let p0 = describe_partition0(&client, &daemon.url(), "orders");
+    assert_eq!(p0["state"], "quarantined", "{p0}");
+    assert!(p0["reason"].as_str().unwrap_or("").contains(gone), "{p0}");
+    let (status, body) = fetch(&daemon, "audit");
+    assert_eq!(status, 200, "the other topic keeps serving: {body}");
+    let metrics = client
+        .get(format!("{}/metrics", daemon.url()))
+        .send()
+        .and_then(|r| r.text())
+        .expect("scrape /metrics");
+    assert_eq!(
+        sample(&metrics, "narad_partition_unavailable", "orders"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let log = plain_log(&daemon);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("partition quarantined") && l.contains(gone)),
+        "the daemon log says what is missing:\n{log}"
+    );
+
+    // Restored from the backup: every record is back.
+    daemon.kill9();
+    std::fs::rename(&backup, &dir).expect("restore the partition directory");
+    daemon.restart();
+    let (status, body) = fetch(&daemon, "orders");
+    assert_eq!(status, 200, "{body}");
+    let read: Vec<&str> = body["records"]
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter_map(|r| r["value"].as_str())
+        .collect();
+    assert_eq!(read, values);
+
+    // Lost for good: the operator makes the directory empty, and the partition starts again.
+    daemon.kill9();
+    std::fs::remove_dir_all(&dir).expect("lose the partition directory");
+    std::fs::create_dir(&dir).expect("accept the loss");
+    daemon.restart();
+    let offsets = produce(&client, &daemon.url(), "orders", ["again".to_owned()]);
+    assert_eq!(offsets, [0]);
 }
 
 fn sample(metrics: &str, name: &str, topic: &str) -> Option<f64> {

@@ -189,6 +189,53 @@ fn a_lost_metastore_refuses_to_start_and_a_rebuild_brings_every_record_back() {
 }
 
 #[test]
+fn a_rebuild_makes_a_missing_partition_in_between_empty_and_says_so() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start(&data);
+    let base = daemon.url();
+    create_topic(&base, "orders", 3);
+    produce(&base, "orders", 40);
+    let kept: Vec<(u32, u64, String)> = all_records(&base, "orders", 3)
+        .into_iter()
+        .filter(|(p, _, _)| *p != 1)
+        .collect();
+    stop(&mut daemon);
+    metastore_files::remove_all(&data);
+    std::fs::remove_dir_all(data.join("topics/orders/p00001")).expect("lose partition 1");
+
+    let rebuilt = Command::new(narad_binary())
+        .args(["admin", "rebuild-metastore", "--data-dir"])
+        .arg(&data)
+        .output()
+        .expect("run rebuild");
+    let text = String::from_utf8_lossy(&rebuilt.stdout).into_owned();
+    assert!(rebuilt.status.success(), "rebuild failed: {text}");
+    assert!(
+        text.contains("[1] had no directory"),
+        "the rebuild names the partition it could not find:\n{text}"
+    );
+
+    // Recorded by the rebuild, partition 1 serves again from offset 0; the others kept theirs.
+    let daemon = Daemon::start(&data);
+    let base = daemon.url();
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/orders/records"),
+        Some(&json!({"records": [{"value": "again", "partition": 1}]})),
+    )
+    .expect("produce");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["offsets"][0]["offset"], 0, "{body}");
+    let now: Vec<(u32, u64, String)> = all_records(&base, "orders", 3)
+        .into_iter()
+        .filter(|(p, _, _)| *p != 1)
+        .collect();
+    assert_eq!(now, kept);
+}
+
+#[test]
 fn restoring_an_older_metastore_backup_sets_the_newer_topic_aside_and_adopt_brings_it_back() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
