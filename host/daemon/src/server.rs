@@ -902,7 +902,7 @@ mod tests {
     fn commit_of(offset: u64, value_bytes: usize) -> CommitRequest {
         let batch = AppendBatch {
             records: vec![NewRecord {
-                value: Bytes::from(vec![7u8; value_bytes]),
+                value: Some(Bytes::from(vec![7u8; value_bytes])),
                 ..NewRecord::default()
             }],
             origin: Some(BatchOrigin {

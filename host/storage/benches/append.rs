@@ -50,7 +50,7 @@ fn batch() -> AppendBatch {
             NewRecord {
                 key: Some(Bytes::from(format!("key-{i}"))),
                 headers: Vec::new(),
-                value: Bytes::from(v),
+                value: Some(Bytes::from(v)),
             }
         })
         .collect();

@@ -50,7 +50,7 @@ fn parent(dir: &std::path::Path) -> (Store, PartitionId) {
                     (f * FRAME_RECORDS + i) % 1000
                 ))),
                 headers: Vec::new(),
-                value: Bytes::from(vec![(i % 251) as u8; VALUE_BYTES]),
+                value: Some(Bytes::from(vec![(i % 251) as u8; VALUE_BYTES])),
             })
             .collect();
         store

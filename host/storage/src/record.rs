@@ -18,9 +18,9 @@ pub struct Header {
 
 /// A record's payload size as limits and metrics count it: key, value, and every header's name
 /// and value (framing excluded).
-fn payload_bytes(key: Option<&Bytes>, value: &Bytes, headers: &[Header]) -> usize {
+fn payload_bytes(key: Option<&Bytes>, value: Option<&Bytes>, headers: &[Header]) -> usize {
     key.map_or(0, Bytes::len)
-        + value.len()
+        + value.map_or(0, Bytes::len)
         + headers
             .iter()
             .map(|h| h.name.len() + h.value.len())
@@ -30,7 +30,7 @@ fn payload_bytes(key: Option<&Bytes>, value: &Bytes, headers: &[Header]) -> usiz
 impl NewRecord {
     /// Payload bytes: key + value + header names and values (what record-size limits count).
     pub fn payload_bytes(&self) -> usize {
-        payload_bytes(self.key.as_ref(), &self.value, &self.headers)
+        payload_bytes(self.key.as_ref(), self.value.as_ref(), &self.headers)
     }
 }
 
@@ -41,8 +41,8 @@ pub struct NewRecord {
     pub key: Option<Bytes>,
     /// Headers in order; names may repeat.
     pub headers: Vec<Header>,
-    /// The value.
-    pub value: Bytes,
+    /// The value; `None` is null (a Kafka tombstone), stored differently from `Some(empty)`.
+    pub value: Option<Bytes>,
 }
 
 /// Provenance of a child commit batch: the attach epoch and the parent partition and offset of
@@ -162,8 +162,8 @@ pub struct StoredRecord {
     pub key: Option<Bytes>,
     /// Headers in order.
     pub headers: Vec<Header>,
-    /// The value.
-    pub value: Bytes,
+    /// The value; `None` is null (differs from empty).
+    pub value: Option<Bytes>,
     /// Provenance, for records committed by a fan-out cursor.
     pub origin: Option<RecordOrigin>,
 }
@@ -253,7 +253,7 @@ pub enum PartitionState {
 impl StoredRecord {
     /// Payload bytes, counted as [`NewRecord::payload_bytes`] counts them.
     pub fn payload_bytes(&self) -> usize {
-        payload_bytes(self.key.as_ref(), &self.value, &self.headers)
+        payload_bytes(self.key.as_ref(), self.value.as_ref(), &self.headers)
     }
 }
 

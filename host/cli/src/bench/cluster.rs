@@ -717,7 +717,7 @@ fn metric_sum(text: &str, name: &str, child: &str) -> u64 {
 /// A produce request body: `count` keyless records of `value` to `partition`.
 fn produce_body(partition: u32, count: u32, value: &str) -> Result<Bytes, BenchError> {
     let record = ProduceRecordJson {
-        value: Some(value.to_owned()),
+        value: Some(Some(value.to_owned())),
         partition: Some(partition),
         ..ProduceRecordJson::default()
     };

@@ -110,7 +110,7 @@ pub fn fill_parent(
         let record = NewRecord {
             key,
             headers: Vec::new(),
-            value: pool.slice(at..at + spec.value_bytes),
+            value: Some(pool.slice(at..at + spec.value_bytes)),
         };
         payload_bytes += (spec.key_bytes + spec.value_bytes) as u64;
         per_partition[partition] += 1;

@@ -405,7 +405,7 @@ async fn produce(
                 record: NewRecord {
                     key: None,
                     headers: Vec::new(),
-                    value: value.clone(),
+                    value: Some(value.clone()),
                 },
             })
             .collect();

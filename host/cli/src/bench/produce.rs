@@ -144,7 +144,7 @@ fn batch(count: usize, value_bytes: usize) -> AppendBatch {
             NewRecord {
                 key: Some(Bytes::from(format!("key-{i}"))),
                 headers: Vec::new(),
-                value: pool.slice(start..start + value_bytes),
+                value: Some(pool.slice(start..start + value_bytes)),
             }
         })
         .collect();

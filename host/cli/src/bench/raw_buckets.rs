@@ -322,7 +322,7 @@ mod tests {
             committed_at_ms: 0,
             key,
             headers: Vec::new(),
-            value: Bytes::from_static(b"v"),
+            value: Some(Bytes::from_static(b"v")),
             origin: None,
         }
     }
@@ -435,7 +435,7 @@ mod tests {
                 .map(|i| narad_storage::NewRecord {
                     key: Some(key_of(u64::from(p) * 1000 + i, 16)),
                     headers: Vec::new(),
-                    value: Bytes::from_static(b"value"),
+                    value: Some(Bytes::from_static(b"value")),
                 })
                 .collect();
             store

@@ -120,7 +120,7 @@ mod tests {
             committed_at_ms: 0,
             key: None,
             headers: Vec::new(),
-            value: bytes::Bytes::from_static(b"v"),
+            value: Some(bytes::Bytes::from_static(b"v")),
             origin: None,
         }
     }

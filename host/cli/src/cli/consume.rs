@@ -503,7 +503,7 @@ mod tests {
         RecordJson::from_parts(
             7,
             Some(b"alice"),
-            b"hello",
+            Some(b"hello"),
             [("region".to_owned(), b"eu".to_vec())],
             1_764_460_800_123,
         )
@@ -552,7 +552,7 @@ mod tests {
                 &mut out,
                 "t",
                 0,
-                &RecordJson::from_parts(0, None, b"v", [], 1),
+                &RecordJson::from_parts(0, None, Some(b"v"), [], 1),
             )
             .unwrap();
         assert_eq!(out, b"[] -1");

@@ -91,8 +91,8 @@ struct JsonLine {
     key: Option<String>,
     #[serde(default)]
     key_b64: Option<String>,
-    #[serde(default)]
-    value: Option<String>,
+    #[serde(default, deserialize_with = "narad_host::api::types::present_or_null")]
+    value: Option<Option<String>>,
     #[serde(default)]
     value_b64: Option<String>,
     #[serde(default)]
@@ -174,7 +174,7 @@ impl LineRules {
                 None => {}
             }
             match Text::of(value) {
-                Text::Utf8(v) => record.value = Some(v),
+                Text::Utf8(v) => record.value = Some(Some(v)),
                 Text::Base64(v) => record.value_b64 = Some(v),
             }
             record
@@ -321,12 +321,19 @@ mod tests {
     #[test]
     fn a_plain_line_is_the_value_of_a_keyless_record() {
         let r = plain().record(b"hello").unwrap().unwrap();
-        assert_eq!(r.value.as_deref(), Some("hello"));
+        assert_eq!(r.value.clone().flatten().as_deref(), Some("hello"));
         assert_eq!(r.key, None);
         assert_eq!(plain().record(b"").unwrap(), None);
         // A line of spaces is a value; only an empty line is skipped.
         assert_eq!(
-            plain().record(b"  ").unwrap().unwrap().value.as_deref(),
+            plain()
+                .record(b"  ")
+                .unwrap()
+                .unwrap()
+                .value
+                .clone()
+                .flatten()
+                .as_deref(),
             Some("  ")
         );
     }
@@ -339,10 +346,10 @@ mod tests {
         };
         let r = rules.record(b"k1::a::b").unwrap().unwrap();
         assert_eq!(r.key.as_deref(), Some("k1"));
-        assert_eq!(r.value.as_deref(), Some("a::b"));
+        assert_eq!(r.value.clone().flatten().as_deref(), Some("a::b"));
         let r = rules.record(b"no delimiter").unwrap().unwrap();
         assert_eq!(r.key, None);
-        assert_eq!(r.value.as_deref(), Some("no delimiter"));
+        assert_eq!(r.value.clone().flatten().as_deref(), Some("no delimiter"));
     }
 
     #[test]
@@ -361,7 +368,7 @@ mod tests {
         let line = br#"{"partition":1,"offset":7,"key":"alice","value":"hello","headers":[{"name":"region","value":"eu"}],"committed_at":1764460800123,"origin":{"epoch":"67953471cc57a32a","partition":0,"offset":3,"slab_start":0}}"#;
         let r = rules.record(line).unwrap().unwrap();
         assert_eq!(r.key.as_deref(), Some("alice"));
-        assert_eq!(r.value.as_deref(), Some("hello"));
+        assert_eq!(r.value.clone().flatten().as_deref(), Some("hello"));
         assert_eq!(r.partition, Some(1));
         assert!(rules.record(br#"{"value":"x","valu":"y"}"#).is_err());
     }

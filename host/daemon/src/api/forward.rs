@@ -548,9 +548,10 @@ fn encode_record(r: &ProduceRecord) -> ProduceRecordJson {
         Some(Text::Utf8(s)) => (Some(s), None),
         Some(Text::Base64(s)) => (None, Some(s)),
     };
-    let (value, value_b64) = match Text::of(&r.record.value) {
-        Text::Utf8(s) => (Some(s), None),
-        Text::Base64(s) => (None, Some(s)),
+    let (value, value_b64) = match r.record.value.as_deref().map(Text::of) {
+        None => (Some(None), None),
+        Some(Text::Utf8(s)) => (Some(Some(s)), None),
+        Some(Text::Base64(s)) => (None, Some(s)),
     };
     let headers = (!r.record.headers.is_empty()).then(|| {
         HeadersJson::List(
@@ -1236,7 +1237,7 @@ mod tests {
                         value: Bytes::copy_from_slice(v),
                     })
                     .collect(),
-                value: Bytes::copy_from_slice(value),
+                value: Some(Bytes::copy_from_slice(value)),
             },
         }
     }

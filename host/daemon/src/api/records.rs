@@ -152,11 +152,13 @@ fn decode_record(
         (Some(_), Some(_)) => {
             return Err(bad("give \"value\" or \"value_b64\", not both".into()));
         }
-        (Some(v), None) => Bytes::from(v),
-        (None, Some(b)) => decode_b64(&b).map_err(|e| bad(format!("\"value_b64\" {e}")))?,
+        (Some(v), None) => v.map(Bytes::from),
+        (None, Some(b)) => Some(decode_b64(&b).map_err(|e| bad(format!("\"value_b64\" {e}")))?),
         (None, None) => {
             return Err(bad(
-                "\"value\" (text) or \"value_b64\" (base64) is required".into(),
+                "\"value\" (text, or null for a null value) or \"value_b64\" (base64) is \
+                 required"
+                    .into(),
             ));
         }
     };
@@ -298,7 +300,7 @@ pub(crate) async fn fetch(
         .iter()
         .map(|r| {
             r.key.as_ref().map_or(0, |k| k.len())
-                + r.value.len()
+                + r.value.as_ref().map_or(0, |v| v.len())
                 + r.headers
                     .iter()
                     .map(|h| h.name.len() + h.value.len())
@@ -317,7 +319,7 @@ pub(crate) async fn fetch(
                 RecordJson::from_parts(
                     r.offset,
                     r.key.as_deref(),
-                    &r.value,
+                    r.value.as_deref(),
                     r.headers.into_iter().map(|h| (h.name, h.value.to_vec())),
                     r.committed_at_ms,
                 )

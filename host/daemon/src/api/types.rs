@@ -313,9 +313,14 @@ pub struct ProduceRecordJson {
     /// Key as base64 (instead of `key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_b64: Option<String>,
-    /// Value as text.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
+    /// Value as text: absent when `value_b64` gives it, `Some(None)` for an explicit JSON
+    /// `null` (a null value, Kafka's tombstone).
+    #[serde(
+        default,
+        deserialize_with = "present_or_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub value: Option<Option<String>>,
     /// Value as base64 (instead of `value`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_b64: Option<String>,
@@ -325,6 +330,14 @@ pub struct ProduceRecordJson {
     /// Explicit partition, overriding key hashing and round-robin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<u32>,
+}
+
+/// A field that is present, as `Some`, even when it is `null` (`Some(None)`); with
+/// `#[serde(default)]` an absent one is `None`.
+pub fn present_or_null<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(deserializer).map(Some)
 }
 
 /// `POST /v1/topics/{t}/records` body.
@@ -381,7 +394,7 @@ pub struct RecordJson {
     /// Key as base64, present only for a key that is not UTF-8.
     #[serde(default)]
     pub key_b64: Option<String>,
-    /// Value as text.
+    /// Value as text; null (with no `value_b64`) for a null value.
     #[serde(default)]
     pub value: Option<String>,
     /// Value as base64, for a value that is not UTF-8.
@@ -427,7 +440,7 @@ impl RecordJson {
     pub fn from_parts(
         offset: u64,
         key: Option<&[u8]>,
-        value: &[u8],
+        value: Option<&[u8]>,
         headers: impl IntoIterator<Item = (String, Vec<u8>)>,
         committed_at: i64,
     ) -> RecordJson {
@@ -436,9 +449,10 @@ impl RecordJson {
             Some(Text::Utf8(s)) => (Some(s), None),
             Some(Text::Base64(s)) => (None, Some(s)),
         };
-        let (value, value_b64) = match Text::of(value) {
-            Text::Utf8(s) => (Some(s), None),
-            Text::Base64(s) => (None, Some(s)),
+        let (value, value_b64) = match value.map(Text::of) {
+            None => (None, None),
+            Some(Text::Utf8(s)) => (Some(s), None),
+            Some(Text::Base64(s)) => (None, Some(s)),
         };
         let headers = headers
             .into_iter()
@@ -482,7 +496,7 @@ impl RecordJson {
         }
     }
 
-    /// The value's bytes; `Err` for bad base64.
+    /// The value's bytes (none for a null value); `Err` for bad base64.
     pub fn value_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
         match (&self.value, &self.value_b64) {
             (_, Some(b)) => B64.decode(b),
@@ -494,7 +508,7 @@ impl RecordJson {
 
 impl Serialize for RecordJson {
     /// Writes `key` (null when absent) unless the key is binary, in which case only `key_b64`;
-    /// likewise `value` or `value_b64`.
+    /// likewise `value` (null for a null value) or `value_b64`.
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("offset", &self.offset)?;
@@ -504,7 +518,7 @@ impl Serialize for RecordJson {
         }
         match (&self.value, &self.value_b64) {
             (_, Some(b)) => map.serialize_entry("value_b64", b)?,
-            (v, None) => map.serialize_entry("value", v.as_deref().unwrap_or(""))?,
+            (v, None) => map.serialize_entry("value", v)?,
         }
         map.serialize_entry("headers", &self.headers)?;
         map.serialize_entry("committed_at", &self.committed_at)?;
@@ -548,7 +562,7 @@ mod tests {
 
     #[test]
     fn binary_key_and_value_are_base64_and_text_stays_text() {
-        let r = RecordJson::from_parts(7, Some(&[0xff, 0x00]), b"hello", [], 1);
+        let r = RecordJson::from_parts(7, Some(&[0xff, 0x00]), Some(b"hello"), [], 1);
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["key_b64"], "/wA=");
         assert!(v.get("key").is_none());
@@ -559,10 +573,32 @@ mod tests {
 
     #[test]
     fn absent_key_is_null_and_empty_key_is_empty_text() {
-        let none = serde_json::to_value(RecordJson::from_parts(0, None, b"", [], 1)).unwrap();
+        let none = serde_json::to_value(RecordJson::from_parts(0, None, Some(b""), [], 1)).unwrap();
         assert!(none["key"].is_null());
-        let empty = serde_json::to_value(RecordJson::from_parts(0, Some(b""), b"", [], 1)).unwrap();
+        let empty =
+            serde_json::to_value(RecordJson::from_parts(0, Some(b""), Some(b""), [], 1)).unwrap();
         assert_eq!(empty["key"], "");
+    }
+
+    #[test]
+    fn a_null_value_is_json_null_and_an_empty_one_empty_text_both_ways() {
+        let null = serde_json::to_value(RecordJson::from_parts(0, None, None, [], 1)).unwrap();
+        assert!(null["value"].is_null(), "{null}");
+        let empty =
+            serde_json::to_value(RecordJson::from_parts(0, None, Some(b""), [], 1)).unwrap();
+        assert_eq!(empty["value"], "");
+
+        let produced: ProduceRecordJson = serde_json::from_str(r#"{"value": null}"#).unwrap();
+        assert_eq!(produced.value, Some(None));
+        let produced: ProduceRecordJson = serde_json::from_str(r#"{"value": ""}"#).unwrap();
+        assert_eq!(produced.value, Some(Some(String::new())));
+        let produced: ProduceRecordJson = serde_json::from_str(r#"{"value_b64": "AA=="}"#).unwrap();
+        assert_eq!(produced.value, None);
+        let null = ProduceRecordJson {
+            value: Some(None),
+            ..ProduceRecordJson::default()
+        };
+        assert_eq!(serde_json::to_string(&null).unwrap(), r#"{"value":null}"#);
     }
 }
 

@@ -301,7 +301,7 @@ mod tests {
             records: offsets
                 .iter()
                 .map(|o| NewRecord {
-                    value: format!("r{o}").into_bytes().into(),
+                    value: Some(format!("r{o}").into_bytes().into()),
                     ..NewRecord::default()
                 })
                 .collect(),

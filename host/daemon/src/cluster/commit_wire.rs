@@ -7,6 +7,12 @@
 //! generation to fence a stale sender with. The receiver checks the generation against its own
 //! ownership before anything is appended, and a decoded request is bounded by the slab limits
 //! whatever its bytes claim.
+//!
+//! Null values (Kafka tombstones) travel after the message, as the indexes of the records
+//! whose value is null: a receiver that predates them reads the message and ignores the bytes
+//! after it (storing those values empty, as it always did), and a message from a sender that
+//! predates them has nothing after it. So nodes of both versions keep copying during a rolling
+//! upgrade.
 
 use bytes::Bytes;
 use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord};
@@ -37,6 +43,10 @@ pub(crate) struct CommitRequest {
     pub slab_start: u64,
     /// The records, each with its parent offset, in slab order.
     pub records: Vec<WireRecord>,
+    /// Indexes (ascending) of the records whose value is null; their `value` is empty. Sent
+    /// after the message (module doc), never inside it.
+    #[serde(skip)]
+    pub null_values: Vec<u32>,
 }
 
 /// One record of a commit.
@@ -48,7 +58,7 @@ pub(crate) struct WireRecord {
     pub key: Option<Vec<u8>>,
     /// Headers in order, names may repeat.
     pub headers: Vec<(String, Vec<u8>)>,
-    /// The value.
+    /// The value (empty for a null one: see [`CommitRequest::null_values`]).
     pub value: Vec<u8>,
 }
 
@@ -125,8 +135,13 @@ impl CommitRequest {
                     .iter()
                     .map(|h| (h.name.clone(), h.value.to_vec()))
                     .collect(),
-                value: record.value.to_vec(),
+                value: record.value.as_ref().map_or_else(Vec::new, |v| v.to_vec()),
             })
+            .collect();
+        let null_values = (0u32..)
+            .zip(&batch.records)
+            .filter(|(_, r)| r.value.is_none())
+            .map(|(i, _)| i)
             .collect();
         Some(CommitRequest {
             topic: topic.to_owned(),
@@ -136,17 +151,19 @@ impl CommitRequest {
             parent_partition: origin.parent_partition,
             slab_start: origin.slab_start,
             records,
+            null_values,
         })
     }
 
     /// The batch to append on the receiving side.
     pub(crate) fn into_batch(self) -> AppendBatch {
         let mut parent_offsets = Vec::with_capacity(self.records.len());
-        let records = self
-            .records
-            .into_iter()
-            .map(|r| {
+        let mut nulls = self.null_values.iter().peekable();
+        let records = (0u32..)
+            .zip(self.records)
+            .map(|(i, r)| {
                 parent_offsets.push(r.parent_offset);
+                let null = nulls.next_if_eq(&&i).is_some();
                 NewRecord {
                     key: r.key.map(Bytes::from),
                     headers: r
@@ -157,7 +174,7 @@ impl CommitRequest {
                             value: Bytes::from(value),
                         })
                         .collect(),
-                    value: Bytes::from(r.value),
+                    value: (!null).then(|| Bytes::from(r.value)),
                 }
             })
             .collect();
@@ -172,10 +189,35 @@ impl CommitRequest {
         }
     }
 
-    /// Encodes the request.
+    /// Encodes the request, its null values after it.
     pub(crate) fn encode(&self) -> Vec<u8> {
         // Encoding plain data into a Vec cannot fail.
-        postcard::to_allocvec(self).unwrap_or_default()
+        let mut out = postcard::to_allocvec(self).unwrap_or_default();
+        if !self.null_values.is_empty() {
+            out.extend(postcard::to_allocvec(&self.null_values).unwrap_or_default());
+        }
+        out
+    }
+
+    /// Takes the null values sent after the message, checking they name distinct records in
+    /// order, each with an empty value.
+    fn set_null_values(&mut self, nulls: Vec<u32>) -> Result<(), WireError> {
+        let mut previous = None;
+        for &i in &nulls {
+            let fits = previous.is_none_or(|p| i > p)
+                && self
+                    .records
+                    .get(i as usize)
+                    .is_some_and(|r| r.value.is_empty());
+            if !fits {
+                return Err(WireError::Malformed(format!(
+                    "null value index {i} is out of order, past the records or on a non-empty value"
+                )));
+            }
+            previous = Some(i);
+        }
+        self.null_values = nulls;
+        Ok(())
     }
 
     /// Decodes a request, refusing anything over the size and record bounds.
@@ -186,12 +228,17 @@ impl CommitRequest {
                 limit: MAX_COMMIT_REQUEST_BYTES,
             });
         }
-        let request: CommitRequest =
-            postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+        let (mut request, rest): (CommitRequest, &[u8]) =
+            postcard::take_from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
         if request.records.is_empty() || request.records.len() > MAX_COMMIT_RECORDS {
             return Err(WireError::RecordCount {
                 records: request.records.len(),
             });
+        }
+        if !rest.is_empty() {
+            let nulls: Vec<u32> =
+                postcard::from_bytes(rest).map_err(|e| WireError::Malformed(e.to_string()))?;
+            request.set_null_values(nulls)?;
         }
         Ok(request)
     }
@@ -205,9 +252,15 @@ pub(crate) const MAX_COMMITS_PER_CALL: usize = 2;
 pub(crate) const MAX_IN_ORDER_REQUEST_BYTES: usize =
     MAX_COMMITS_PER_CALL * MAX_COMMIT_REQUEST_BYTES;
 
-/// Encodes commits for one in-order call (at most [`MAX_COMMITS_PER_CALL`]).
+/// Encodes commits for one in-order call (at most [`MAX_COMMITS_PER_CALL`]), the null values
+/// of each after them all.
 pub(crate) fn encode_in_order(requests: &[CommitRequest]) -> Vec<u8> {
-    postcard::to_allocvec(requests).unwrap_or_default()
+    let mut out = postcard::to_allocvec(requests).unwrap_or_default();
+    if requests.iter().any(|r| !r.null_values.is_empty()) {
+        let nulls: Vec<&Vec<u32>> = requests.iter().map(|r| &r.null_values).collect();
+        out.extend(postcard::to_allocvec(&nulls).unwrap_or_default());
+    }
+    out
 }
 
 /// Decodes the commits of one in-order call, refusing an empty call, more than
@@ -220,8 +273,8 @@ pub(crate) fn decode_in_order(bytes: &[u8]) -> Result<Vec<CommitRequest>, WireEr
             limit: MAX_IN_ORDER_REQUEST_BYTES,
         });
     }
-    let requests: Vec<CommitRequest> =
-        postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let (mut requests, rest): (Vec<CommitRequest>, &[u8]) =
+        postcard::take_from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
     if requests.is_empty() || requests.len() > MAX_COMMITS_PER_CALL {
         return Err(WireError::Malformed(format!(
             "{} commits in one call (1 to {MAX_COMMITS_PER_CALL})",
@@ -233,6 +286,20 @@ pub(crate) fn decode_in_order(bytes: &[u8]) -> Result<Vec<CommitRequest>, WireEr
             return Err(WireError::RecordCount {
                 records: request.records.len(),
             });
+        }
+    }
+    if !rest.is_empty() {
+        let nulls: Vec<Vec<u32>> =
+            postcard::from_bytes(rest).map_err(|e| WireError::Malformed(e.to_string()))?;
+        if nulls.len() != requests.len() {
+            return Err(WireError::Malformed(format!(
+                "null values for {} commits, {} sent",
+                nulls.len(),
+                requests.len()
+            )));
+        }
+        for (request, nulls) in requests.iter_mut().zip(nulls) {
+            request.set_null_values(nulls)?;
         }
     }
     Ok(requests)
@@ -279,17 +346,17 @@ mod tests {
                             value: Bytes::from_static(b"2"),
                         },
                     ],
-                    value: Bytes::from_static(b"v\x00\xff"),
+                    value: Some(Bytes::from_static(b"v\x00\xff")),
                 },
                 NewRecord {
                     key: None,
                     headers: Vec::new(),
-                    value: Bytes::new(),
+                    value: Some(Bytes::new()),
                 },
                 NewRecord {
                     key: Some(Bytes::new()),
                     headers: Vec::new(),
-                    value: Bytes::from_static(b"x"),
+                    value: Some(Bytes::from_static(b"x")),
                 },
             ],
             origin: Some(BatchOrigin {
@@ -369,6 +436,81 @@ mod tests {
         bytes.extend([0xff, 0xff, 0xff, 0xff, 0x0f]);
         assert!(matches!(
             CommitRequest::decode(&bytes),
+            Err(WireError::Malformed(_))
+        ));
+    }
+
+    /// [`bucket`] with its second record's value (empty there) made null, and a fourth record
+    /// with an empty value.
+    fn bucket_with_a_null() -> AppendBatch {
+        let mut batch = bucket();
+        batch.records[1].value = None;
+        batch.records.push(NewRecord {
+            key: None,
+            headers: Vec::new(),
+            value: Some(Bytes::new()),
+        });
+        if let Some(origin) = &mut batch.origin {
+            origin.parent_offsets.push(48);
+        }
+        batch
+    }
+
+    #[test]
+    fn null_values_cross_the_wire_apart_from_empty_ones_alone_and_in_order() {
+        let batch = bucket_with_a_null();
+        let request = CommitRequest::from_batch("audit", 2, 5, &batch).unwrap();
+        assert_eq!(request.null_values, [1]);
+        let decoded = CommitRequest::decode(&request.encode()).unwrap();
+        assert_eq!(decoded.into_batch(), batch);
+        let mut second = request.clone();
+        second.slab_start = 99;
+        second.null_values.clear();
+        second.records[1].value.clear();
+        let both = decode_in_order(&encode_in_order(&[request.clone(), second.clone()])).unwrap();
+        assert_eq!(both, [request.clone(), second]);
+        assert_eq!(both[0].clone().into_batch(), batch);
+    }
+
+    #[test]
+    fn a_node_of_the_version_before_null_values_reads_their_commits_and_is_read() {
+        // The layout before: the same message, nothing after it.
+        let request = CommitRequest::from_batch("audit", 2, 5, &bucket_with_a_null()).unwrap();
+        let encoded = request.encode();
+        let old_reader: CommitRequest = postcard::from_bytes(&encoded).unwrap();
+        assert!(old_reader.null_values.is_empty());
+        assert_eq!(
+            old_reader.records, request.records,
+            "stored empty, as it always was"
+        );
+        let old_writer = postcard::to_allocvec(&request).unwrap();
+        assert!(old_writer.len() < encoded.len());
+        let read = CommitRequest::decode(&old_writer).unwrap();
+        assert!(read.null_values.is_empty());
+        let in_order: Vec<CommitRequest> =
+            postcard::from_bytes(&encode_in_order(std::slice::from_ref(&request))).unwrap();
+        assert_eq!(in_order[0].records, request.records);
+    }
+
+    #[test]
+    fn null_value_indexes_past_the_records_out_of_order_or_on_a_value_are_refused() {
+        let request = CommitRequest::from_batch("audit", 2, 5, &bucket_with_a_null()).unwrap();
+        for bad in [vec![9], vec![1, 1], vec![0]] {
+            let mut encoded = postcard::to_allocvec(&request).unwrap();
+            encoded.extend(postcard::to_allocvec(&bad).unwrap());
+            assert!(
+                matches!(
+                    CommitRequest::decode(&encoded),
+                    Err(WireError::Malformed(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        // Null values for two commits after a call carrying one.
+        let mut encoded = postcard::to_allocvec(std::slice::from_ref(&request)).unwrap();
+        encoded.extend(postcard::to_allocvec(&vec![vec![1u32]; 2]).unwrap());
+        assert!(matches!(
+            decode_in_order(&encoded),
             Err(WireError::Malformed(_))
         ));
     }

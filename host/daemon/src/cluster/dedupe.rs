@@ -215,7 +215,7 @@ mod tests {
             records: offsets
                 .iter()
                 .map(|o| NewRecord {
-                    value: Bytes::from(format!("{tag}{o}")),
+                    value: Some(Bytes::from(format!("{tag}{o}"))),
                     ..NewRecord::default()
                 })
                 .collect(),
@@ -338,7 +338,7 @@ mod tests {
                 name: "h".to_owned(),
                 value: Bytes::from_static(b"v"),
             }],
-            value: Bytes::from_static(b"value"),
+            value: Some(Bytes::from_static(b"value")),
             origin: None,
         };
         let same = NewRecord {
@@ -361,7 +361,7 @@ mod tests {
                 ..same.clone()
             },
             NewRecord {
-                value: Bytes::from_static(b"valuf"),
+                value: Some(Bytes::from_static(b"valuf")),
                 ..same.clone()
             },
         ] {
@@ -395,7 +395,7 @@ mod tests {
                 committed_at_ms: 0,
                 key: None,
                 headers: Vec::new(),
-                value: Bytes::from(o.to_string()),
+                value: Some(Bytes::from(o.to_string())),
                 origin: Some(RecordOrigin {
                     epoch: [9; 8],
                     parent_partition: 2,

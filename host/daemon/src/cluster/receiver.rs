@@ -457,7 +457,7 @@ mod tests {
             records: offsets
                 .iter()
                 .map(|o| NewRecord {
-                    value: Bytes::from(format!("r{o}")),
+                    value: Some(Bytes::from(format!("r{o}"))),
                     ..NewRecord::default()
                 })
                 .collect(),
@@ -507,7 +507,7 @@ mod tests {
             .unwrap();
         read.records
             .iter()
-            .map(|r| String::from_utf8_lossy(&r.value).into_owned())
+            .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
             .collect()
     }
 

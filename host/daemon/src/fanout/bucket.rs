@@ -110,7 +110,7 @@ mod tests {
                     committed_at_ms: 0,
                     key: None,
                     headers: Vec::new(),
-                    value: Bytes::from(format!("v{offset}")),
+                    value: Some(Bytes::from(format!("v{offset}"))),
                     origin: None,
                 })
                 .collect(),
@@ -133,7 +133,7 @@ mod tests {
         let two = &buckets[2];
         assert_eq!(two.target, PartitionId::new("child", 2));
         assert_eq!(two.indices, [0, 2, 5]);
-        let values: Vec<&[u8]> = two.records().map(|r| r.value.as_ref()).collect();
+        let values: Vec<&[u8]> = two.records().filter_map(|r| r.value.as_deref()).collect();
         assert_eq!(values, [b"v100".as_slice(), b"v102", b"v105"]);
         let origin = &two.origin;
         assert_eq!(origin.parent_offsets, [100, 102, 105]);

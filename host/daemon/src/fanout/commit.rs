@@ -103,7 +103,7 @@ impl Failed {
                         value: Bytes::copy_from_slice(&h.value),
                     })
                     .collect(),
-                value: Bytes::copy_from_slice(&record.value),
+                value: record.value.as_deref().map(Bytes::copy_from_slice),
                 origin: None,
             })
             .collect()
@@ -365,7 +365,7 @@ mod tests {
                     committed_at_ms: 0,
                     key: None,
                     headers: Vec::new(),
-                    value: Bytes::from(format!("v{offset}")),
+                    value: Some(Bytes::from(format!("v{offset}"))),
                     origin: None,
                 })
                 .collect(),

@@ -88,7 +88,11 @@ struct WireHeader {
 struct WireRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     key_b64: Option<String>,
-    value_b64: String,
+    /// Present only for a null value, as JSON `null` (the produce API's null value).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_b64: Option<String>,
     headers: Vec<WireHeader>,
     partition: u32,
 }
@@ -173,7 +177,7 @@ impl RemoteSender {
                 value_b64: None,
             });
             let size = record.key.as_ref().map_or(0, |k| k.len())
-                + record.value.len()
+                + record.value.as_ref().map_or(0, |v| v.len())
                 + record
                     .headers
                     .iter()
@@ -182,7 +186,8 @@ impl RemoteSender {
             out.push((
                 WireRecord {
                     key_b64: record.key.as_ref().map(|k| b64.encode(k)),
-                    value_b64: b64.encode(&record.value),
+                    value: record.value.is_none().then_some(()),
+                    value_b64: record.value.as_ref().map(|v| b64.encode(v)),
                     headers,
                     partition: partition.partition,
                 },
@@ -429,7 +434,7 @@ mod tests {
                 committed_at_ms: 0,
                 key: Some(Bytes::from(format!("k{o}"))),
                 headers: Vec::new(),
-                value: Bytes::from(format!("v{o}")),
+                value: Some(Bytes::from(format!("v{o}"))),
                 origin: None,
             })
             .collect();

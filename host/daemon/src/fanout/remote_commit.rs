@@ -531,7 +531,7 @@ mod tests {
                 committed_at_ms: 0,
                 key: Some(Bytes::from(format!("k{o}"))),
                 headers: Vec::new(),
-                value: Bytes::from(format!("v{o}")),
+                value: Some(Bytes::from(format!("v{o}"))),
                 origin: None,
             })
             .collect();
@@ -573,7 +573,12 @@ mod tests {
             .unwrap();
         read.records
             .into_iter()
-            .map(|r| (String::from_utf8_lossy(&r.value).into_owned(), r.origin))
+            .map(|r| {
+                (
+                    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned(),
+                    r.origin,
+                )
+            })
             .collect()
     }
 
@@ -847,7 +852,7 @@ mod tests {
                     committed_at_ms: 0,
                     key: None,
                     headers: Vec::new(),
-                    value: Bytes::from(format!("v{offset}")),
+                    value: Some(Bytes::from(format!("v{offset}"))),
                     origin: None,
                 })
                 .collect(),

@@ -505,7 +505,7 @@ mod tests {
                 committed_at_ms: 0,
                 key: Some(Bytes::from(offset.to_string())),
                 headers: Vec::new(),
-                value: Bytes::from_static(b"v"),
+                value: Some(Bytes::from_static(b"v")),
                 origin: None,
             })
             .collect(),

@@ -429,7 +429,7 @@ mod tests {
                     records: vec![NewRecord {
                         key: Some(Bytes::from_static(b"k")),
                         headers: Vec::new(),
-                        value: Bytes::from_static(b"v"),
+                        value: Some(Bytes::from_static(b"v")),
                     }],
                     origin: None,
                 },

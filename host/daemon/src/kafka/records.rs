@@ -217,8 +217,8 @@ fn decode_record(buf: &mut Bytes) -> Result<NewRecord, RecordError> {
     let _timestamp_delta = get_varlong(&mut rec).ok_or_else(|| corrupt("truncated timestamp"))?;
     let _offset_delta = get_varint(&mut rec).ok_or_else(|| corrupt("truncated offset delta"))?;
     let key = length(&mut rec, "key length")?.map(|n| rec.split_to(n));
-    // A null value (a tombstone) is stored as an empty one.
-    let value = length(&mut rec, "value length")?.map_or_else(Bytes::new, |n| rec.split_to(n));
+    // A null value (a tombstone) stays null.
+    let value = length(&mut rec, "value length")?.map(|n| rec.split_to(n));
     let headers = length(&mut rec, "header count")?.unwrap_or(0);
     let mut out = Vec::with_capacity(headers);
     for _ in 0..headers {
@@ -338,7 +338,7 @@ fn encode_batch(records: &[StoredRecord], out: &mut BytesMut) {
             i32::try_from(record.offset - base_offset).unwrap_or(i32::MAX),
         );
         put_bytes(&mut body, record.key.as_deref());
-        put_bytes(&mut body, Some(&record.value));
+        put_bytes(&mut body, record.value.as_deref());
         let origin = record.origin.as_ref().map(|o| {
             format!(
                 "{}:{}:{}",
@@ -390,7 +390,7 @@ mod tests {
                     value: Bytes::copy_from_slice(v.as_bytes()),
                 })
                 .collect(),
-            value: Bytes::from(format!("value-{offset}")),
+            value: Some(Bytes::from(format!("value-{offset}"))),
             origin: None,
         }
     }

@@ -677,7 +677,7 @@ mod tests {
                     records: vec![NewRecord {
                         key: None,
                         headers: Vec::new(),
-                        value: Bytes::from_static(b"v0"),
+                        value: Some(Bytes::from_static(b"v0")),
                     }],
                     origin: None,
                 },

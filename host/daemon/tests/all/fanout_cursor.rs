@@ -377,7 +377,7 @@ fn produce(store: &Store, values: std::ops::Range<u32>) {
         let record = NewRecord {
             key: Some(Bytes::from(format!("key-{}", i % 7))),
             headers: Vec::new(),
-            value: Bytes::from(format!("v{i}")),
+            value: Some(Bytes::from(format!("v{i}"))),
         };
         store
             .append(
@@ -406,7 +406,7 @@ fn child_values(store: &Store, partition: u32) -> Vec<String> {
         .unwrap();
     read.records
         .iter()
-        .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
+        .map(|r| String::from_utf8(r.value.clone().unwrap_or_default().to_vec()).unwrap())
         .collect()
 }
 
@@ -1004,7 +1004,8 @@ async fn a_child_grown_mid_stream_is_routed_under_its_new_partition_count() {
             )
             .unwrap();
         for record in read.records {
-            let n: u32 = String::from_utf8(record.value.to_vec()).unwrap()[1..]
+            let n: u32 = String::from_utf8(record.value.clone().unwrap_or_default().to_vec())
+                .unwrap()[1..]
                 .parse()
                 .unwrap();
             let count = if n < 30 { 2 } else { 4 };
@@ -1073,7 +1074,7 @@ fn produce_new(store: &Store, first: u64, count: u64) {
         let record = NewRecord {
             key: Some(Bytes::from_static(b"k")),
             headers: Vec::new(),
-            value: Bytes::from(format!("new-{i}")),
+            value: Some(Bytes::from(format!("new-{i}"))),
         };
         let appended = store
             .append(
@@ -1383,7 +1384,8 @@ async fn slabs_routed_ahead_of_a_child_growth_are_routed_again_under_the_new_cou
     // The slabs routed ahead under 2 partitions were committed under 4, as routed again.
     for partition in 0..4u32 {
         for record in child_records(&f.store, partition) {
-            let n: u64 = String::from_utf8(record.value.to_vec()).unwrap()[1..]
+            let n: u64 = String::from_utf8(record.value.clone().unwrap_or_default().to_vec())
+                .unwrap()[1..]
                 .parse()
                 .unwrap();
             if n >= SLAB {

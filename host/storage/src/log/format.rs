@@ -9,12 +9,14 @@
 //! 14  base offset             u64 LE
 //! 22  record count            u32 LE (>= 1)
 //! 26  committed_at_ms         i64 LE (one commit time per batch)
-//! 34  flags                   u16 LE (bit 0: origin present; other bits zero)
+//! 34  flags                   u16 LE (bit 0: origin present; bit 1: null values may
+//!                             appear; other bits zero)
 //! 36  [origin]                epoch 8 bytes, parent partition u32 LE, slab start u64 LE,
 //!                             first parent offset u64 LE, then count-1 zigzag varint deltas
-//!     records                 count times: attributes u8 (bit 0: key present), [key len
-//!                             varint, key], header count varint, per header (name len varint,
-//!                             name UTF-8, value len varint, value), value len varint, value
+//!     records                 count times: attributes u8 (bit 0: key present; bit 1: value
+//!                             null, only with flag bit 1), [key len varint, key], header count
+//!                             varint, per header (name len varint, name UTF-8, value len
+//!                             varint, value), [value len varint, value: absent when null]
 //! ```
 //!
 //! Do not reorder fields: this layout is persisted; change it only with a new format version.
@@ -35,8 +37,15 @@ pub const HEADER_LEN: usize = 36;
 pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 /// Flag bit: the batch carries an origin section.
 pub const FLAG_ORIGIN: u16 = 1;
+/// Flag bit: some record of the batch may have a null value (record attribute bit
+/// [`ATTR_NULL_VALUE`]). Set only when one does, so frames without null values stay readable by
+/// builds that predate it; those refuse a frame with it rather than misread it.
+pub const FLAG_NULL_VALUES: u16 = 2;
 /// Record attribute bit: the key is present.
 const ATTR_KEY: u8 = 1;
+/// Record attribute bit: the value is null (a Kafka tombstone); no value length or bytes
+/// follow. Allowed only in a frame with [`FLAG_NULL_VALUES`].
+const ATTR_NULL_VALUE: u8 = 2;
 /// Byte position where the checksummed region starts (just after the CRC field).
 const CRC_START: usize = 14;
 
@@ -122,8 +131,8 @@ pub trait RecordParts {
     fn key(&self) -> Option<&[u8]>;
     /// The headers, in order.
     fn headers(&self) -> &[Header];
-    /// The value.
-    fn value(&self) -> &[u8];
+    /// The value, `None` when null (null differs from empty).
+    fn value(&self) -> Option<&[u8]>;
 }
 
 impl RecordParts for NewRecord {
@@ -133,8 +142,8 @@ impl RecordParts for NewRecord {
     fn headers(&self) -> &[Header] {
         &self.headers
     }
-    fn value(&self) -> &[u8] {
-        &self.value
+    fn value(&self) -> Option<&[u8]> {
+        self.value.as_deref()
     }
 }
 
@@ -145,8 +154,8 @@ impl RecordParts for StoredRecord {
     fn headers(&self) -> &[Header] {
         &self.headers
     }
-    fn value(&self) -> &[u8] {
-        &self.value
+    fn value(&self) -> Option<&[u8]> {
+        self.value.as_deref()
     }
 }
 
@@ -157,7 +166,7 @@ impl<R: RecordParts + ?Sized> RecordParts for &R {
     fn headers(&self) -> &[Header] {
         (**self).headers()
     }
-    fn value(&self) -> &[u8] {
+    fn value(&self) -> Option<&[u8]> {
         (**self).value()
     }
 }
@@ -181,7 +190,7 @@ fn record_len<R: RecordParts>(r: &R) -> usize {
     for h in r.headers() {
         n += varint_len(h.name.len()) + h.name.len() + varint_len(h.value.len()) + h.value.len();
     }
-    n + varint_len(r.value().len()) + r.value().len()
+    n + r.value().map_or(0, |v| varint_len(v.len()) + v.len())
 }
 
 /// Encodes a batch into `out` (cleared first) with a placeholder header; [`seal`] fills in the
@@ -227,6 +236,8 @@ pub fn encode_batch<R: RecordParts>(
     out.extend_from_slice(&[0; 8]); // base offset, in seal
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&[0; 8]); // committed_at, in seal
+    // Flag bit 1 is added below if a record turns out to have a null value (the flags sit
+    // in the header, outside the body CRC, so they can change after the body is encoded).
     let flags = if origin.is_some() { FLAG_ORIGIN } else { 0 };
     out.extend_from_slice(&flags.to_le_bytes());
     if let Some(o) = origin {
@@ -243,14 +254,18 @@ pub fn encode_batch<R: RecordParts>(
     }
     let mut body_crc = crc32c::crc32c(&out[HEADER_LEN..]);
     let mut crc_done = out.len();
+    let mut any_null = false;
     for r in records {
+        let value = r.value();
+        any_null |= value.is_none();
+        let null = if value.is_none() { ATTR_NULL_VALUE } else { 0 };
         match r.key() {
             Some(k) => {
-                out.push(ATTR_KEY);
+                out.push(ATTR_KEY | null);
                 put_varint(out, k.len() as u64);
                 out.extend_from_slice(k);
             }
-            None => out.push(0),
+            None => out.push(null),
         }
         put_varint(out, r.headers().len() as u64);
         for h in r.headers() {
@@ -259,9 +274,10 @@ pub fn encode_batch<R: RecordParts>(
             put_varint(out, h.value.len() as u64);
             out.extend_from_slice(&h.value);
         }
-        let value = r.value();
-        put_varint(out, value.len() as u64);
-        out.extend_from_slice(value);
+        if let Some(value) = value {
+            put_varint(out, value.len() as u64);
+            out.extend_from_slice(value);
+        }
         body_crc = crc32c::crc32c_append(body_crc, &out[crc_done..]);
         crc_done = out.len();
     }
@@ -274,6 +290,9 @@ pub fn encode_batch<R: RecordParts>(
     }
     // Fits: len <= MAX_FRAME_BYTES < u32::MAX.
     out[6..10].copy_from_slice(&(len as u32).to_le_bytes());
+    if any_null {
+        out[34..36].copy_from_slice(&(flags | FLAG_NULL_VALUES).to_le_bytes());
+    }
     Ok(body_crc)
 }
 
@@ -329,7 +348,8 @@ pub fn parse_header(buf: &[u8]) -> Result<FrameHeader, FrameError> {
         committed_at_ms: u64_at(buf, 26) as i64,
         flags: u16_at(buf, 34),
     };
-    if (h.frame_len as usize) < HEADER_LEN + h.record_count as usize * 3 {
+    // The smallest record is two bytes: attributes and a header count (a null value, no key).
+    if (h.frame_len as usize) < HEADER_LEN + h.record_count as usize * 2 {
         return Err(FrameError::BadHeader("length too small for its records"));
     }
     if h.frame_len as usize > MAX_FRAME_BYTES {
@@ -338,7 +358,7 @@ pub fn parse_header(buf: &[u8]) -> Result<FrameHeader, FrameError> {
     if h.record_count == 0 {
         return Err(FrameError::BadHeader("zero records"));
     }
-    if h.flags & !FLAG_ORIGIN != 0 {
+    if h.flags & !(FLAG_ORIGIN | FLAG_NULL_VALUES) != 0 {
         return Err(FrameError::BadHeader("unknown flag bits"));
     }
     Ok(h)
@@ -365,9 +385,23 @@ pub struct DecodedRecord {
     pub encoded_len: usize,
 }
 
+/// One record's key, headers and value, as [`Cursor::record`] takes them.
+type RecordFields = (Option<Bytes>, Vec<Header>, Option<Bytes>);
+
 struct Cursor<'a> {
     frame: &'a Bytes,
     pos: usize,
+    /// The record attribute bits the frame's flags allow.
+    attrs: u8,
+}
+
+/// The record attribute bits a frame with `flags` may use.
+fn allowed_attrs(flags: u16) -> u8 {
+    if flags & FLAG_NULL_VALUES != 0 {
+        ATTR_KEY | ATTR_NULL_VALUE
+    } else {
+        ATTR_KEY
+    }
 }
 
 impl Cursor<'_> {
@@ -426,7 +460,7 @@ impl Cursor<'_> {
     /// building nothing.
     fn check_record(&mut self) -> Result<(), FrameError> {
         let attrs = self.byte()?;
-        if attrs & !ATTR_KEY != 0 {
+        if attrs & !self.attrs != 0 {
             return Err(FrameError::Malformed("unknown record attribute bits"));
         }
         if attrs & ATTR_KEY != 0 {
@@ -442,14 +476,17 @@ impl Cursor<'_> {
             let n = self.varint()?;
             self.skip(n)?;
         }
+        if attrs & ATTR_NULL_VALUE != 0 {
+            return Ok(());
+        }
         let n = self.varint()?;
         self.skip(n)
     }
 
     /// Takes one record's key, headers and value (slices of the frame, not copies).
-    fn record(&mut self) -> Result<(Option<Bytes>, Vec<Header>, Bytes), FrameError> {
+    fn record(&mut self) -> Result<RecordFields, FrameError> {
         let attrs = self.byte()?;
-        if attrs & !ATTR_KEY != 0 {
+        if attrs & !self.attrs != 0 {
             return Err(FrameError::Malformed("unknown record attribute bits"));
         }
         let key = if attrs & ATTR_KEY != 0 {
@@ -472,8 +509,11 @@ impl Cursor<'_> {
                 value: self.take(n)?,
             });
         }
+        if attrs & ATTR_NULL_VALUE != 0 {
+            return Ok((key, headers, None));
+        }
         let n = self.varint()?;
-        Ok((key, headers, self.take(n)?))
+        Ok((key, headers, Some(self.take(n)?)))
     }
 }
 
@@ -509,6 +549,7 @@ pub fn index_frame(header: &FrameHeader, frame: &Bytes) -> Result<FrameIndex, Fr
     let mut c = Cursor {
         frame,
         pos: HEADER_LEN,
+        attrs: allowed_attrs(header.flags),
     };
     let count = header.record_count as usize;
     let origin = if header.flags & FLAG_ORIGIN != 0 {
@@ -577,6 +618,7 @@ impl FrameIndex {
         let mut c = Cursor {
             frame,
             pos: start as usize,
+            attrs: allowed_attrs(header.flags),
         };
         let (key, headers, value) = c.record()?;
         if c.pos != end as usize {
@@ -660,7 +702,7 @@ mod tests {
                     value: Bytes::copy_from_slice(v),
                 })
                 .collect(),
-            value: Bytes::copy_from_slice(value),
+            value: Some(Bytes::copy_from_slice(value)),
         }
     }
 
@@ -788,6 +830,54 @@ mod tests {
         assert_eq!(buf, expected);
     }
 
+    #[test]
+    fn null_and_empty_values_read_back_apart_and_only_a_frame_with_a_null_is_flagged() {
+        let mut records = vec![rec(Some(b"k"), b"", &[])];
+        let mut buf = Vec::new();
+        encode_batch(&records, None, &mut buf).unwrap();
+        assert_eq!(
+            u16_at(&buf, 34),
+            0,
+            "no null value: the frame older builds read"
+        );
+        assert_eq!(&buf[36..], &[1, 1, b'k', 0, 0]);
+
+        records.push(NewRecord {
+            key: Some(Bytes::from_static(b"k")),
+            headers: Vec::new(),
+            value: None,
+        });
+        buf.clear();
+        encode_batch(&records, None, &mut buf).unwrap();
+        assert_eq!(u16_at(&buf, 34), FLAG_NULL_VALUES);
+        // The empty value: length 0; the null one: attribute bit 1 and nothing after headers.
+        assert_eq!(&buf[36..], &[1, 1, b'k', 0, 0, 3, 1, b'k', 0]);
+        let out = roundtrip(&records, None);
+        assert_eq!(out[0].value.as_deref(), Some(&b""[..]));
+        assert_eq!(out[1].value, None);
+    }
+
+    #[test]
+    fn a_null_value_in_a_frame_not_flagged_for_them_is_refused() {
+        let null = NewRecord {
+            key: None,
+            headers: Vec::new(),
+            value: None,
+        };
+        let mut buf = Vec::new();
+        let body = encode_batch(&[null], None, &mut buf).unwrap();
+        buf[34..36].copy_from_slice(&0u16.to_le_bytes());
+        let body_crc = crc32c::crc32c(&buf[HEADER_LEN..]);
+        assert_eq!(body_crc, body, "the flag sits outside the body");
+        seal(&mut buf, body_crc, 0, 0);
+        let h = parse_header(&buf).unwrap();
+        check_crc(&h, &buf).unwrap();
+        assert_eq!(
+            decode_batch(&h, &Bytes::from(buf)),
+            Err(FrameError::Malformed("unknown record attribute bits"))
+        );
+    }
+
     proptest! {
         #[test]
         fn any_single_bit_flip_is_detected(
@@ -814,14 +904,14 @@ mod tests {
         fn any_batch_round_trips(
             recs in proptest::collection::vec(
                 (proptest::option::of(proptest::collection::vec(any::<u8>(), 0..20)),
-                 proptest::collection::vec(any::<u8>(), 0..200),
+                 proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
                  proptest::collection::vec(("[a-z]{0,8}", proptest::collection::vec(any::<u8>(), 0..10)), 0..3)),
                 1..20),
         ) {
             let records: Vec<NewRecord> = recs.iter().map(|(k, v, hs)| NewRecord {
                 key: k.as_ref().map(|k| Bytes::copy_from_slice(k)),
                 headers: hs.iter().map(|(n, v)| Header { name: n.clone(), value: Bytes::copy_from_slice(v) }).collect(),
-                value: Bytes::copy_from_slice(v),
+                value: v.as_ref().map(|v| Bytes::copy_from_slice(v)),
             }).collect();
             let out = roundtrip(&records, None);
             prop_assert_eq!(out.len(), records.len());

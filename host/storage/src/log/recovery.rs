@@ -410,7 +410,7 @@ mod tests {
         let log = open(fs.clone(), dir.path(), &clock).unwrap();
         for i in 0..200u32 {
             let rec = NewRecord {
-                value: vec![i as u8; 500].into(),
+                value: Some(vec![i as u8; 500].into()),
                 ..NewRecord::default()
             };
             let mut frame = Vec::new();

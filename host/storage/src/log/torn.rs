@@ -257,7 +257,7 @@ mod tests {
         let recs: Vec<NewRecord> = values
             .iter()
             .map(|v| NewRecord {
-                value: v.as_bytes().to_vec().into(),
+                value: Some(v.as_bytes().to_vec().into()),
                 ..NewRecord::default()
             })
             .collect();

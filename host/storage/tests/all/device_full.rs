@@ -40,7 +40,7 @@ fn one_record(n: usize) -> AppendBatch {
         records: vec![NewRecord {
             key: None,
             headers: Vec::new(),
-            value: value(n),
+            value: Some(value(n)),
         }],
         origin: None,
     }
@@ -118,7 +118,7 @@ fn an_append_the_device_did_not_keep_is_refused_and_every_acknowledged_one_survi
     }
     let lost: Vec<u64> = acknowledged
         .iter()
-        .filter(|(offset, n)| read.get(offset) != Some(&value(**n)))
+        .filter(|(offset, n)| read.get(offset) != Some(&Some(value(**n))))
         .map(|(offset, _)| *offset)
         .collect();
     assert!(

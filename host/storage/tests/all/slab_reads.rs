@@ -32,7 +32,7 @@ fn record(i: usize) -> NewRecord {
         } else {
             Vec::new()
         },
-        value: Bytes::from(format!("value-{i:06}-{}", "x".repeat(i % 40))),
+        value: Some(Bytes::from(format!("value-{i:06}-{}", "x".repeat(i % 40)))),
     }
 }
 
@@ -276,7 +276,10 @@ fn tagged_frame(tag: char, count: usize) -> AppendBatch {
             .map(|i| NewRecord {
                 key: Some(Bytes::from(format!("{tag}{i}"))),
                 headers: Vec::new(),
-                value: Bytes::from(format!("{tag}-{i:06}-{}", tag.to_string().repeat(580))),
+                value: Some(Bytes::from(format!(
+                    "{tag}-{i:06}-{}",
+                    tag.to_string().repeat(580)
+                ))),
             })
             .collect(),
         origin: None,
@@ -287,7 +290,11 @@ fn assert_tagged(records: &[narad_storage::StoredRecord], tag: char, count: usiz
     assert_eq!(records.len(), count, "frame {tag}");
     for (i, r) in records.iter().enumerate() {
         let want = format!("{tag}-{i:06}-{}", tag.to_string().repeat(580));
-        assert_eq!(r.value, want.as_bytes(), "frame {tag}, record {i}");
+        assert_eq!(
+            r.value.as_deref(),
+            Some(want.as_bytes()),
+            "frame {tag}, record {i}"
+        );
         assert_eq!(r.key.as_deref(), Some(format!("{tag}{i}").as_bytes()));
     }
 }

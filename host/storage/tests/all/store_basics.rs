@@ -26,7 +26,7 @@ fn appended_records_read_back_with_offsets_keys_headers_and_commit_times() {
     b.records.push(NewRecord {
         key: Some(Bytes::new()),
         headers: vec![],
-        value: Bytes::new(),
+        value: Some(Bytes::new()),
     });
     let a2 = store.append(&id, b).unwrap();
     assert_eq!((a2.base_offset, a2.count), (2, 2));

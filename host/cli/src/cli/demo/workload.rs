@@ -55,7 +55,7 @@ pub fn record(seq: u64) -> ProduceRecordJson {
     };
     ProduceRecordJson {
         key,
-        value: Some(format!("{VALUE_PREFIX}{seq}")),
+        value: Some(Some(format!("{VALUE_PREFIX}{seq}"))),
         headers,
         ..ProduceRecordJson::default()
     }
@@ -132,7 +132,7 @@ mod tests {
         assert!(r[1].key.is_none() && r[1].headers.is_none());
         assert!(r[2].key.is_some() && r[2].headers.is_some());
         assert!(r[3].key.is_none() && r[3].headers.is_some());
-        assert_eq!(r[5].value.as_deref(), Some("order-5"));
+        assert_eq!(r[5].value.clone().flatten().as_deref(), Some("order-5"));
     }
 
     #[test]

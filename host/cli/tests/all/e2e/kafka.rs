@@ -171,7 +171,7 @@ fn kafka_python_produces_idempotently_and_reads_back_byte_for_byte_where_murmur2
     assert!(by_position.is_empty(), "not consumed: {by_position:?}");
 
     // Placement: Kafka's murmur2 partition of the key; per key, production order.
-    let mut per_key: BTreeMap<Vec<u8>, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    let mut per_key: BTreeMap<Vec<u8>, Vec<(u64, Value)>> = BTreeMap::new();
     for p in produced {
         let key = hex_bytes(&p["key"]);
         assert_eq!(
@@ -180,10 +180,10 @@ fn kafka_python_produces_idempotently_and_reads_back_byte_for_byte_where_murmur2
             "partition of key {}",
             String::from_utf8_lossy(&key)
         );
-        per_key.entry(key).or_default().push((
-            p["offset"].as_u64().expect("offset"),
-            hex_bytes(&p["value"]),
-        ));
+        per_key
+            .entry(key)
+            .or_default()
+            .push((p["offset"].as_u64().expect("offset"), p["value"].clone()));
     }
     for (key, sends) in &per_key {
         assert!(
@@ -192,6 +192,15 @@ fn kafka_python_produces_idempotently_and_reads_back_byte_for_byte_where_murmur2
             String::from_utf8_lossy(key)
         );
     }
+
+    // Tombstones stay null and empty values stay empty, for Kafka and HTTP readers alike.
+    let nulls = consumed.iter().filter(|c| c["value"].is_null()).count();
+    let empties = consumed.iter().filter(|c| c["value"] == "").count();
+    assert_eq!(
+        (nulls, empties),
+        (RECORDS / 10, RECORDS / 10),
+        "{consumed:?}"
+    );
 
     // Stored exactly once each (no retry written twice), with the commit time the consumer saw.
     let client = http_client();
@@ -208,6 +217,11 @@ fn kafka_python_produces_idempotently_and_reads_back_byte_for_byte_where_murmur2
                 })
                 .expect("stored record was consumed");
             assert_eq!(seen["timestamp"], record["committed_at"]);
+            assert_eq!(
+                seen["value"].is_null(),
+                record.get("value").is_some_and(Value::is_null),
+                "{record} read over HTTP"
+            );
         }
     }
     assert_eq!(stored, RECORDS);

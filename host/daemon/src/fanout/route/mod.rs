@@ -334,7 +334,7 @@ mod tests {
                 committed_at_ms: 0,
                 key: None,
                 headers: Vec::new(),
-                value: Bytes::from_static(b"v"),
+                value: Some(Bytes::from_static(b"v")),
                 origin: None,
             })
             .collect()

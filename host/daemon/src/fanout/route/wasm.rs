@@ -36,7 +36,8 @@ impl SlabRecord for ParentRecord<'_> {
             .map(|h| (h.name.as_bytes(), h.value.as_ref()))
     }
     fn value(&self) -> &[u8] {
-        &self.0.value
+        // A null value reads as empty: the ABI has no null value (abi.md).
+        self.0.value.as_deref().unwrap_or_default()
     }
 }
 
@@ -324,7 +325,7 @@ mod tests {
             committed_at_ms: 0,
             key: key.map(|k| Bytes::from_static(k.as_bytes())),
             headers: Vec::new(),
-            value: Bytes::from_static(b"v"),
+            value: Some(Bytes::from_static(b"v")),
             origin: None,
         }
     }

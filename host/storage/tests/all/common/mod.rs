@@ -61,7 +61,7 @@ pub fn rec(key: Option<&str>, value: &str) -> NewRecord {
             name: "h".into(),
             value: Bytes::from_static(b"x"),
         }],
-        value: Bytes::copy_from_slice(value.as_bytes()),
+        value: Some(Bytes::copy_from_slice(value.as_bytes())),
     }
 }
 
@@ -98,6 +98,6 @@ pub fn read_all(store: &Store, id: &PartitionId, offset: u64) -> Vec<StoredRecor
 pub fn values(records: &[StoredRecord]) -> Vec<String> {
     records
         .iter()
-        .map(|r| String::from_utf8(r.value.to_vec()).unwrap())
+        .map(|r| String::from_utf8(r.value.as_deref().unwrap_or_default().to_vec()).unwrap())
         .collect()
 }

@@ -4,7 +4,9 @@ Produces keyed records with headers using the producer's default settings (idemp
 on by default in kafka-python 3), then reads every partition back with a consumer on
 explicitly assigned partitions (no consumer group), and prints one JSON document: what was
 produced (with the partition and offset each send was acknowledged with), what was
-consumed, and the producer id the producer was given. Bytes are hex so nothing is lost.
+consumed, and the producer id the producer was given. Bytes are hex so nothing is lost; a
+null value (every tenth record is a tombstone) is JSON null, and every tenth, offset by five,
+has an empty value.
 
 usage: python_round_trip.py BOOTSTRAP TOPIC PARTITIONS RECORDS
 """
@@ -23,6 +25,10 @@ def main():
         key = b"key-%d" % (i % 11)
         # Values with every byte value, so any re-encoding would show.
         value = bytes([i % 256]) + b"value-%d-" % i + bytes(range(256))
+        if i % 10 == 9:
+            value = None
+        elif i % 10 == 4:
+            value = b""
         headers = [("seq", str(i).encode()), ("bin", bytes([0, 255, i % 256]))]
         future = producer.send(topic, key=key, value=value, headers=headers)
         sent.append((key, value, headers, future))
@@ -32,7 +38,7 @@ def main():
         meta = future.get(timeout=30)
         produced.append({
             "key": key.hex(),
-            "value": value.hex(),
+            "value": value.hex() if value is not None else None,
             "headers": [[n, v.hex()] for n, v in headers],
             "partition": meta.partition,
             "offset": meta.offset,
@@ -52,7 +58,7 @@ def main():
     for message in consumer:
         consumed.append({
             "key": message.key.hex() if message.key is not None else None,
-            "value": message.value.hex(),
+            "value": message.value.hex() if message.value is not None else None,
             "headers": [[n, v.hex()] for n, v in message.headers],
             "partition": message.partition,
             "offset": message.offset,
