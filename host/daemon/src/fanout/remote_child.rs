@@ -19,6 +19,11 @@
 //! gone), a 400 or a 413 (a record the target refuses, too large for instance) are
 //! **permanent**: the cursor stalls on them with the target's reason and retries slowly, so an
 //! operator can fix the target, and it never skips a record.
+//!
+//! A null value (a Kafka tombstone) goes as `"value": null`. A target built before null values
+//! refuses that with a 400 saying a value is required ([`OLD_TARGET_REFUSAL`]); the request is
+//! then sent once more with those values empty, which is how that target would have stored
+//! them anyway, and the sender logs it once, so an older target keeps receiving copies.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -33,6 +38,10 @@ use crate::metastore::RemoteTarget;
 
 /// The header every copy carries its origin in.
 pub(crate) const ORIGIN_HEADER: &str = "narad-origin";
+
+/// What a target built before null values answers (with a 400) to `"value": null`.
+pub(crate) const OLD_TARGET_REFUSAL: &str =
+    "\"value\" (text) or \"value_b64\" (base64) is required";
 
 /// Most records per request to the target (its default limit is 10,000).
 pub(crate) const MAX_RECORDS_PER_REQUEST: usize = 1_000;
@@ -59,6 +68,8 @@ pub(crate) struct RemoteSender {
     token: Mutex<Option<String>>,
     /// Told the bytes of each acknowledged request, or `None` for one that was not.
     on_sent: Box<SentHook>,
+    /// Whether the target was found to predate null values (logged once).
+    old_target_seen: std::sync::atomic::AtomicBool,
 }
 
 /// What a [`RemoteSender`] tells about each request: the bytes the target acknowledged, or
@@ -74,7 +85,7 @@ impl std::fmt::Debug for RemoteSender {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 struct WireHeader {
     name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -84,7 +95,7 @@ struct WireHeader {
 }
 
 /// One record as the target's `POST .../records` takes it (the public produce format).
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 struct WireRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     key_b64: Option<String>,
@@ -124,6 +135,7 @@ impl RemoteSender {
             runtime,
             token: Mutex::new(token),
             on_sent,
+            old_target_seen: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -204,7 +216,35 @@ impl RemoteSender {
         records: &[WireRecord],
         bytes: usize,
     ) -> Result<(), ChildCommitError> {
-        let sent = self.send(partition, records);
+        let mut sent = self.send(partition, records);
+        if let Err(ChildCommitError::Remote {
+            reason,
+            permanent: true,
+            ..
+        }) = &sent
+            && reason.contains(OLD_TARGET_REFUSAL)
+            && records.iter().any(|r| r.value.is_some())
+        {
+            if !self
+                .old_target_seen
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(target = %self.target.url, topic = %self.target.topic,
+                    "the remote target refuses null values (a narad from before them): sending them as empty values, as it stores them");
+            }
+            let emptied: Vec<WireRecord> = records
+                .iter()
+                .map(|r| match r.value {
+                    Some(()) => WireRecord {
+                        value: None,
+                        value_b64: Some(String::new()),
+                        ..r.clone()
+                    },
+                    None => r.clone(),
+                })
+                .collect();
+            sent = self.send(partition, &emptied);
+        }
         (self.on_sent)(sent.is_ok().then_some(bytes as u64));
         sent
     }
@@ -476,6 +516,117 @@ mod tests {
 
     async fn send(target: &Target) -> Result<Appended, ChildCommitError> {
         commit_with(&sender(target, Box::new(|_| {}))).await
+    }
+
+    /// [`bucket`] with the value of its middle record null.
+    fn bucket_with_a_null() -> EncodedBatch {
+        let mut records: Vec<StoredRecord> = (0..3)
+            .map(|o| StoredRecord {
+                offset: o,
+                committed_at_ms: 0,
+                key: Some(Bytes::from(format!("k{o}"))),
+                headers: Vec::new(),
+                value: Some(Bytes::from(format!("v{o}"))),
+                origin: None,
+            })
+            .collect();
+        records[1].value = None;
+        let origin = BatchOrigin {
+            epoch: [0xab; 8],
+            parent_partition: 1,
+            slab_start: 40,
+            parent_offsets: vec![40, 41, 42],
+        };
+        EncodedBatch::encode(&records, Some(&origin)).unwrap()
+    }
+
+    /// A target answering as a narad from before null values: 400 with its refusal for a
+    /// request holding `"value": null`, else every record placed. Keeps every body.
+    async fn old_target() -> (Target, Arc<Mutex<Vec<serde_json::Value>>>) {
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&bodies);
+        let app = axum::Router::new().route(
+            "/v1/topics/{topic}/records",
+            axum::routing::post(move |body: String| {
+                let kept = Arc::clone(&kept);
+                async move {
+                    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let records = body["records"].as_array().cloned().unwrap_or_default();
+                    kept.lock().unwrap().push(body);
+                    let null = records
+                        .iter()
+                        .any(|r| r.get("value").is_some_and(serde_json::Value::is_null));
+                    if null {
+                        return (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            axum::Json(serde_json::json!({
+                                "error": format!("records[1]: {OLD_TARGET_REFUSAL}")
+                            })),
+                        );
+                    }
+                    let offsets: Vec<serde_json::Value> = (0..records.len())
+                        .map(|i| serde_json::json!({"partition": 2, "offset": i}))
+                        .collect();
+                    (
+                        axum::http::StatusCode::OK,
+                        axum::Json(serde_json::json!({ "offsets": offsets })),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        let target = Target {
+            url,
+            status: Arc::new(AtomicU16::new(200)),
+            placed: Arc::new(AtomicU16::new(u16::MAX)),
+            last_body: Arc::new(Mutex::new(String::new())),
+            _server: server,
+        };
+        (target, bodies)
+    }
+
+    async fn commit_null_bucket(sender: &Arc<RemoteSender>) -> Result<Appended, ChildCommitError> {
+        let sender = Arc::clone(sender);
+        tokio::task::spawn_blocking(move || {
+            sender.commit(&PartitionId::new("to-b", 2), &mut bucket_with_a_null())
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_null_value_goes_as_null_and_as_empty_to_a_target_from_before_null_values() {
+        let target = target().await;
+        commit_null_bucket(&sender(&target, Box::new(|_| {})))
+            .await
+            .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_str(&target.last_body.lock().unwrap()).unwrap();
+        let middle = &body["records"][1];
+        assert!(
+            middle["value"].is_null() && middle.get("value_b64").is_none(),
+            "{body}"
+        );
+        assert_eq!(body["records"][0]["value_b64"], "djA=", "{body}");
+
+        let (old, bodies) = old_target().await;
+        let appended = commit_null_bucket(&sender(&old, Box::new(|_| {})))
+            .await
+            .unwrap();
+        assert_eq!(appended.count, 3);
+        let bodies = bodies.lock().unwrap();
+        assert_eq!(bodies.len(), 2, "refused once, then taken: {bodies:?}");
+        let middle = &bodies[1]["records"][1];
+        assert!(middle.get("value").is_none(), "{middle}");
+        assert_eq!(
+            middle["value_b64"], "",
+            "sent empty, as that target stores it"
+        );
+        assert_eq!(bodies[1]["records"][2]["value_b64"], "djI=");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
