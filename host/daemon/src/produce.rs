@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use narad_storage::{
-    AppendBatch, Appended, NewRecord, PartitionId, PartitionState, ReadOptions, StorageError, Store,
+    AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, PartitionState, ReadOptions,
+    StorageError, Store,
 };
 
 use crate::blocking::BlockingError;
@@ -167,6 +168,25 @@ impl Producer {
         let store = Arc::clone(&self.store);
         let id = partition.clone();
         crate::blocking::run(move || store.append(&id, batch))
+            .await?
+            .map_err(|source| ProduceError::Append {
+                partition,
+                source,
+                committed_partitions: Vec::new(),
+            })
+    }
+
+    /// Commits a batch already encoded (an idempotent Kafka producer's, stamped with it) to
+    /// `partition` on this node, as [`Producer::commit`] does.
+    pub async fn commit_encoded(
+        &self,
+        partition: PartitionId,
+        mut batch: EncodedBatch,
+    ) -> Result<Appended, ProduceError> {
+        self.check_fence()?;
+        let store = Arc::clone(&self.store);
+        let id = partition.clone();
+        crate::blocking::run(move || store.append_encoded(&id, &mut batch))
             .await?
             .map_err(|source| ProduceError::Append {
                 partition,

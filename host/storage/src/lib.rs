@@ -54,8 +54,8 @@ pub use name::{
 };
 pub use record::{
     AppendBatch, Appended, BatchOrigin, DEFAULT_SEGMENT_BYTES, EncodedBatch, Header, LogConfig,
-    NewRecord, NotDue, PartitionState, PartitionStats, ReadOptions, ReadResult, RecordOrigin,
-    RecoveredCut, RetentionReport, StoredRecord,
+    NewRecord, NotDue, PartitionState, PartitionStats, ProducerStamp, ReadOptions, ReadResult,
+    RecordOrigin, RecoveredCut, RetentionReport, StampedBatch, StoredRecord,
 };
 pub use store::{
     AppendStats, DEFAULT_FAILED_REOPEN_AFTER, DEFAULT_IDLE_CLOSE_AFTER, InOrderError, Store,

@@ -60,6 +60,31 @@ pub struct BatchOrigin {
     pub parent_offsets: Vec<u64>,
 }
 
+/// Who wrote a batch, as an idempotent Kafka producer numbers it: kept in the batch's frame so
+/// a restarted daemon can still tell a producer's retry from a new batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerStamp {
+    /// The producer id (from InitProducerId).
+    pub producer_id: i64,
+    /// The producer's epoch.
+    pub epoch: i16,
+    /// Sequence number of the batch's first record.
+    pub base_sequence: i32,
+}
+
+/// A batch stamped with its producer, found in a partition's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StampedBatch {
+    /// Its producer stamp.
+    pub stamp: ProducerStamp,
+    /// Offset of its first record.
+    pub base_offset: u64,
+    /// Its record count.
+    pub record_count: u32,
+    /// Its commit time, ms since the epoch.
+    pub committed_at_ms: i64,
+}
+
 /// A batch of records appended and committed at once (one frame, one `fdatasync`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct AppendBatch {
@@ -88,8 +113,27 @@ impl EncodedBatch {
         records: &[R],
         origin: Option<&BatchOrigin>,
     ) -> crate::Result<EncodedBatch> {
+        Self::encode_frame(records, origin, None)
+    }
+
+    /// Encodes `records` (at least one) written by an idempotent producer, stamped with it
+    /// ([`crate::Store::producer_batches`] finds the stamp again); refused as
+    /// [`EncodedBatch::encode`] refuses.
+    pub fn encode_stamped<R: crate::log::format::RecordParts>(
+        records: &[R],
+        stamp: ProducerStamp,
+    ) -> crate::Result<EncodedBatch> {
+        Self::encode_frame(records, None, Some(&stamp))
+    }
+
+    fn encode_frame<R: crate::log::format::RecordParts>(
+        records: &[R],
+        origin: Option<&BatchOrigin>,
+        stamp: Option<&ProducerStamp>,
+    ) -> crate::Result<EncodedBatch> {
         let mut frame = Vec::new();
-        let body_crc = crate::log::format::encode_batch(records, origin, &mut frame)?;
+        let body_crc =
+            crate::log::format::encode_stamped_batch(records, origin, stamp, &mut frame)?;
         // encode_batch checked the count fits in u32.
         let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
         Ok(EncodedBatch {

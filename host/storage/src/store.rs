@@ -33,7 +33,7 @@ use crate::log::{self, Log, LogError, hwm, segment, torn};
 use crate::name::{MAX_PARTITION_INDEX, PartitionId, validate_topic_name};
 use crate::record::{
     AppendBatch, Appended, EncodedBatch, LogConfig, PartitionState, PartitionStats, ReadOptions,
-    ReadResult, RetentionReport,
+    ReadResult, RetentionReport, StampedBatch,
 };
 use crate::transfer::{self, Manifest, Staging};
 
@@ -857,6 +857,24 @@ impl Store {
         }
         let log = self.open_log(&p)?;
         log.read(opts).map_err(|e| self.log_error(&p, e))
+    }
+
+    /// The batches idempotent producers wrote ([`crate::EncodedBatch::encode_stamped`]) in
+    /// about the last `max_bytes` of the partition, oldest first: what lets a restarted daemon
+    /// know a producer's recent batches again. Opens the log if closed.
+    pub fn producer_batches(&self, id: &PartitionId, max_bytes: u64) -> Result<Vec<StampedBatch>> {
+        let p = self.partition(id)?;
+        self.stamp(&p);
+        let sealed = match &*log::read(&p.slot) {
+            Slot::Sealed(Some(l)) => Some(Arc::clone(l)),
+            _ => None,
+        };
+        let log = match sealed {
+            Some(log) => log,
+            None => self.open_log(&p)?,
+        };
+        log.producer_batches(max_bytes)
+            .map_err(|e| self.log_error(&p, e))
     }
 
     /// Resolves `Ok(true)` as soon as the high watermark is above `offset`, `Ok(false)` when

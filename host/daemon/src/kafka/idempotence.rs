@@ -1,4 +1,4 @@
-//! Sequence state of idempotent producers, per producer id and partition, in memory only.
+//! Sequence state of idempotent producers, per producer id and partition.
 //!
 //! An idempotent producer numbers its batches per partition. For each (producer, partition)
 //! this keeps the producer's epoch and its last [`CACHED_BATCHES`] batches with the offsets
@@ -6,17 +6,22 @@
 //! original offsets and not written twice; a batch that skips ahead gets
 //! OUT_OF_ORDER_SEQUENCE_NUMBER.
 //!
-//! Nothing here survives a restart, and entries past [`MAX_PRODUCER_PARTITIONS`] are
-//! forgotten least recently used first. A producer whose state is gone has its next batch on
-//! that partition taken as it comes (whatever its sequence), so a retry of a batch that
-//! was written just before the restart can be written twice; docs/kafka.md says so.
+//! The table lives in memory, but every batch of an idempotent producer is stamped in its
+//! frame with the producer id, epoch and first sequence. The first idempotent batch a partition
+//! gets after a start has the table learn, from the last [`SEED_WINDOW_BYTES`] of that
+//! partition's log, the recent batches of every producer found there ([`Idempotence::seed`]),
+//! so a retry of a batch written before a restart (or before a move to this node) is still
+//! answered with its original offsets. A producer whose batches are older than that, or whose
+//! entry was forgotten (past [`MAX_PRODUCER_PARTITIONS`], least recently used first), has its
+//! next batch on that partition taken as it comes (whatever its sequence); docs/kafka.md says
+//! so.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use narad_storage::PartitionId;
+use narad_storage::{PartitionId, StampedBatch};
 
 /// Batches remembered per producer and partition: 5, Kafka's own (a producer has at most
 /// `max.in.flight.requests.per.connection` = 5 batches unanswered when idempotent).
@@ -25,6 +30,12 @@ pub(crate) const CACHED_BATCHES: usize = 5;
 /// Most (producer, partition) entries kept: 65,536, a few tens of bytes each plus five
 /// cached batches, so about 20 MiB at most.
 pub(crate) const MAX_PRODUCER_PARTITIONS: usize = 65_536;
+
+/// How much of a partition's log, from its end, is read for producers' recent batches on its
+/// first idempotent batch after a start: 16 MiB, far more than the five batches a producer can
+/// have unanswered (1 MiB each at most by default), even with other producers writing between
+/// them, while a start never reads more than this per partition.
+pub(crate) const SEED_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 
 /// A batch as remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +89,11 @@ fn next_sequence(last: i32) -> i32 {
 }
 
 impl ProducerPartition {
+    /// Whether nothing is known of the producer here (no batch seen or learned).
+    fn is_empty(&self) -> bool {
+        self.epoch.is_none()
+    }
+
     /// Judges a batch with `epoch`, starting at `first_sequence`, of `count` records.
     pub(crate) fn check(&self, epoch: i16, first_sequence: i32, count: usize) -> Verdict {
         let Some(current) = self.epoch else {
@@ -136,6 +152,8 @@ pub(crate) struct Idempotence {
     entries: Mutex<HashMap<(i64, PartitionId), (Entry, u64)>>,
     tick: AtomicU64,
     max_entries: usize,
+    /// Partitions whose log was read for producers' batches since start.
+    seeded: Mutex<HashSet<PartitionId>>,
 }
 
 impl Idempotence {
@@ -145,7 +163,62 @@ impl Idempotence {
             entries: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(0),
             max_entries: max_entries.max(1),
+            seeded: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Whether `partition`'s log has not been read for producers' batches since start.
+    pub(crate) fn needs_seed(&self, partition: &PartitionId) -> bool {
+        !self
+            .seeded
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .contains(partition)
+    }
+
+    /// Learns from `batches` (stamped batches of `partition`, oldest first) each producer's
+    /// epoch and last [`CACHED_BATCHES`] batches of that epoch, for producers this table knows
+    /// nothing of on `partition` yet (what it learned live is newer), and marks the partition
+    /// read.
+    pub(crate) fn seed(&self, partition: &PartitionId, batches: &[StampedBatch]) {
+        let mut by_producer: HashMap<i64, Vec<&StampedBatch>> = HashMap::new();
+        for batch in batches {
+            by_producer
+                .entry(batch.stamp.producer_id)
+                .or_default()
+                .push(batch);
+        }
+        for (producer_id, found) in by_producer {
+            let Some(newest) = found.last() else { continue };
+            let epoch = newest.stamp.epoch;
+            let entry = self.entry(producer_id, partition);
+            // Busy: a batch of this producer is being handled now, so its state is live.
+            let Ok(mut state) = entry.try_lock() else {
+                continue;
+            };
+            if !state.is_empty() {
+                continue;
+            }
+            let same_epoch: Vec<_> = found.iter().filter(|b| b.stamp.epoch == epoch).collect();
+            for batch in same_epoch.iter().rev().take(CACHED_BATCHES).rev() {
+                state.record(
+                    epoch,
+                    CachedBatch {
+                        first_sequence: batch.stamp.base_sequence,
+                        last_sequence: last_sequence(
+                            batch.stamp.base_sequence,
+                            batch.record_count as usize,
+                        ),
+                        base_offset: batch.base_offset,
+                        committed_at_ms: batch.committed_at_ms,
+                    },
+                );
+            }
+        }
+        self.seeded
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .insert(partition.clone());
     }
 
     /// The state of `producer_id` on `partition`, created empty when unknown (forgetting the
@@ -205,6 +278,72 @@ mod tests {
             base_offset: base,
             committed_at_ms: 1,
         }
+    }
+
+    fn stamped(producer_id: i64, epoch: i16, first: i32, count: u32, base: u64) -> StampedBatch {
+        StampedBatch {
+            stamp: narad_storage::ProducerStamp {
+                producer_id,
+                epoch,
+                base_sequence: first,
+            },
+            base_offset: base,
+            record_count: count,
+            committed_at_ms: 9,
+        }
+    }
+
+    #[tokio::test]
+    async fn seeding_from_the_log_knows_each_producers_last_five_batches_of_its_epoch() {
+        let table = Idempotence::new(100);
+        let partition = PartitionId::new("t", 0);
+        assert!(table.needs_seed(&partition));
+        // Producer 1: seven batches of two records; producer 2: one of epoch 1, then epoch 2.
+        let mut batches: Vec<StampedBatch> = (0..7)
+            .map(|i| stamped(1, 0, i * 2, 2, 100 + u64::from(i as u32) * 2))
+            .collect();
+        batches.push(stamped(2, 1, 0, 1, 200));
+        batches.push(stamped(2, 2, 0, 3, 201));
+        table.seed(&partition, &batches);
+        assert!(!table.needs_seed(&partition));
+
+        let one = table.entry(1, &partition);
+        let one = one.lock().await;
+        // The last five (sequences 4 to 13) are repeats with their offsets; older ones are not
+        // remembered, and the next sequence is 14.
+        assert_eq!(
+            one.check(0, 12, 2),
+            Verdict::Duplicate(CachedBatch {
+                first_sequence: 12,
+                last_sequence: 13,
+                base_offset: 112,
+                committed_at_ms: 9,
+            })
+        );
+        assert!(matches!(one.check(0, 4, 2), Verdict::Duplicate(_)));
+        assert_eq!(one.check(0, 2, 2), Verdict::OutOfOrder { expected: 14 });
+        assert_eq!(one.check(0, 14, 1), Verdict::Append);
+        let two = table.entry(2, &partition);
+        let two = two.lock().await;
+        assert_eq!(two.check(1, 0, 1), Verdict::StaleEpoch { current: 2 });
+        assert!(matches!(two.check(2, 0, 3), Verdict::Duplicate(_)));
+    }
+
+    #[tokio::test]
+    async fn seeding_never_replaces_what_the_table_learned_live() {
+        let table = Idempotence::new(100);
+        let partition = PartitionId::new("t", 0);
+        table
+            .entry(1, &partition)
+            .lock()
+            .await
+            .record(4, batch(0, 1, 500));
+        table.seed(&partition, &[stamped(1, 3, 0, 1, 7)]);
+        let live = table.entry(1, &partition);
+        assert_eq!(
+            live.lock().await.check(4, 0, 1),
+            Verdict::Duplicate(batch(0, 1, 500))
+        );
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //! 22  record count            u32 LE (>= 1)
 //! 26  committed_at_ms         i64 LE (one commit time per batch)
 //! 34  flags                   u16 LE (bit 0: origin present; bit 1: null values may
-//!                             appear; other bits zero)
+//!                             appear; bit 2: producer present; other bits zero)
 //! 36  [origin]                epoch 8 bytes, parent partition u32 LE, slab start u64 LE,
 //!                             first parent offset u64 LE, then count-1 zigzag varint deltas
+//!     [producer]              with flag bit 2: producer id i64 LE, epoch i16 LE, base
+//!                             sequence i32 LE
 //!     records                 count times: attributes u8 (bit 0: key present; bit 1: value
 //!                             null, only with flag bit 1), [key len varint, key], header count
 //!                             varint, per header (name len varint, name UTF-8, value len
@@ -24,7 +26,9 @@
 use bytes::Bytes;
 
 use crate::error::StorageError;
-use crate::record::{AppendBatch, BatchOrigin, Header, NewRecord, RecordOrigin, StoredRecord};
+use crate::record::{
+    AppendBatch, BatchOrigin, Header, NewRecord, ProducerStamp, RecordOrigin, StoredRecord,
+};
 
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"NRDB";
@@ -41,6 +45,12 @@ pub const FLAG_ORIGIN: u16 = 1;
 /// [`ATTR_NULL_VALUE`]). Set only when one does, so frames without null values stay readable by
 /// builds that predate it; those refuse a frame with it rather than misread it.
 pub const FLAG_NULL_VALUES: u16 = 2;
+/// Flag bit: the batch carries a producer section (an idempotent Kafka producer's id, epoch
+/// and first sequence) after the origin section. Set only on such batches, so every other
+/// frame stays readable by builds that predate it.
+pub const FLAG_PRODUCER: u16 = 4;
+/// Size of the producer section.
+const PRODUCER_LEN: usize = 14;
 /// Record attribute bit: the key is present.
 const ATTR_KEY: u8 = 1;
 /// Record attribute bit: the value is null (a Kafka tombstone); no value length or bytes
@@ -203,6 +213,16 @@ pub fn encode_batch<R: RecordParts>(
     origin: Option<&BatchOrigin>,
     out: &mut Vec<u8>,
 ) -> Result<u32, StorageError> {
+    encode_stamped_batch(records, origin, None, out)
+}
+
+/// [`encode_batch`] with a producer section when `stamp` is given.
+pub fn encode_stamped_batch<R: RecordParts>(
+    records: &[R],
+    origin: Option<&BatchOrigin>,
+    stamp: Option<&ProducerStamp>,
+    out: &mut Vec<u8>,
+) -> Result<u32, StorageError> {
     if records.is_empty() {
         return Err(StorageError::EmptyBatch);
     }
@@ -220,6 +240,7 @@ pub fn encode_batch<R: RecordParts>(
     }
     let estimate: usize = HEADER_LEN
         + origin.map_or(0, |o| 28 + o.parent_offsets.len() * 10)
+        + stamp.map_or(0, |_| PRODUCER_LEN)
         + records.iter().map(record_len).sum::<usize>();
     if estimate > MAX_FRAME_BYTES {
         return Err(StorageError::RecordTooLarge {
@@ -238,7 +259,8 @@ pub fn encode_batch<R: RecordParts>(
     out.extend_from_slice(&[0; 8]); // committed_at, in seal
     // Flag bit 1 is added below if a record turns out to have a null value (the flags sit
     // in the header, outside the body CRC, so they can change after the body is encoded).
-    let flags = if origin.is_some() { FLAG_ORIGIN } else { 0 };
+    let flags = if origin.is_some() { FLAG_ORIGIN } else { 0 }
+        | if stamp.is_some() { FLAG_PRODUCER } else { 0 };
     out.extend_from_slice(&flags.to_le_bytes());
     if let Some(o) = origin {
         out.extend_from_slice(&o.epoch);
@@ -251,6 +273,11 @@ pub fn encode_batch<R: RecordParts>(
             put_varint(out, zigzag(off.wrapping_sub(prev) as i64));
             prev = off;
         }
+    }
+    if let Some(stamp) = stamp {
+        out.extend_from_slice(&stamp.producer_id.to_le_bytes());
+        out.extend_from_slice(&stamp.epoch.to_le_bytes());
+        out.extend_from_slice(&stamp.base_sequence.to_le_bytes());
     }
     let mut body_crc = crc32c::crc32c(&out[HEADER_LEN..]);
     let mut crc_done = out.len();
@@ -358,7 +385,7 @@ pub fn parse_header(buf: &[u8]) -> Result<FrameHeader, FrameError> {
     if h.record_count == 0 {
         return Err(FrameError::BadHeader("zero records"));
     }
-    if h.flags & !(FLAG_ORIGIN | FLAG_NULL_VALUES) != 0 {
+    if h.flags & !(FLAG_ORIGIN | FLAG_NULL_VALUES | FLAG_PRODUCER) != 0 {
         return Err(FrameError::BadHeader("unknown flag bits"));
     }
     Ok(h)
@@ -534,6 +561,7 @@ pub struct FrameIndex {
     /// Byte position of every record, then the frame's end (`record_count + 1` entries).
     starts: Vec<u32>,
     origin: Option<FrameOrigin>,
+    producer: Option<ProducerStamp>,
 }
 
 /// Checks the body of a frame (header parsed and CRC checked by the caller) the way
@@ -572,6 +600,15 @@ pub fn index_frame(header: &FrameHeader, frame: &Bytes) -> Result<FrameIndex, Fr
     } else {
         None
     };
+    let producer = if header.flags & FLAG_PRODUCER != 0 {
+        Some(ProducerStamp {
+            producer_id: i64::from_le_bytes(c.fixed::<8>()?),
+            epoch: i16::from_le_bytes(c.fixed::<2>()?),
+            base_sequence: i32::from_le_bytes(c.fixed::<4>()?),
+        })
+    } else {
+        None
+    };
     let mut starts = Vec::with_capacity(count + 1);
     for _ in 0..count {
         // Fits: a frame is at most MAX_FRAME_BYTES < u32::MAX.
@@ -582,10 +619,19 @@ pub fn index_frame(header: &FrameHeader, frame: &Bytes) -> Result<FrameIndex, Fr
         return Err(FrameError::Malformed("bytes left after the last record"));
     }
     starts.push(c.pos as u32);
-    Ok(FrameIndex { starts, origin })
+    Ok(FrameIndex {
+        starts,
+        origin,
+        producer,
+    })
 }
 
 impl FrameIndex {
+    /// The producer the frame is stamped with, if any.
+    pub fn producer(&self) -> Option<ProducerStamp> {
+        self.producer
+    }
+
     /// Number of records in the frame.
     pub fn len(&self) -> usize {
         self.starts.len().saturating_sub(1)

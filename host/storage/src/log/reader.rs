@@ -20,7 +20,7 @@ use crate::fs::File;
 use crate::log::format::{self, FrameHeader, FrameIndex};
 use crate::log::segment::{FrameAction, READ_CHUNK_BYTES, Scan, Scanner};
 use crate::log::{Log, LogError, lock, read};
-use crate::record::{NotDue, ReadOptions, ReadResult};
+use crate::record::{NotDue, ReadOptions, ReadResult, StampedBatch};
 
 /// Frames a log's memo keeps at most: 4, one per reader stopped inside a frame for a parent
 /// partition copied to a few children at once (each cursor is one reader).
@@ -97,6 +97,75 @@ struct Position {
 }
 
 impl Log {
+    /// The batches stamped with a producer in the last `max_bytes` of the log (or a little
+    /// more: the scan starts at a frame boundary), oldest first. Frames without a stamp are
+    /// judged by their header alone; stamped ones are checked as a read checks them.
+    pub(crate) fn producer_batches(&self, max_bytes: u64) -> Result<Vec<StampedBatch>, LogError> {
+        let (spans, hw) = {
+            let v = read(&self.view);
+            let mut left = max_bytes;
+            let mut spans = Vec::new();
+            for s in v.segments.iter().rev() {
+                let start = if s.len > left {
+                    s.index.frame_at_or_before_pos(s.len - left)
+                } else {
+                    0
+                };
+                spans.push((s.file.clone(), s.path.clone(), start, s.len));
+                if s.len >= left {
+                    break;
+                }
+                left -= s.len;
+            }
+            spans.reverse();
+            (spans, v.next_offset)
+        };
+        let mut out = Vec::new();
+        for (file, path, start, end) in spans {
+            let mut scanner = Scanner::with_chunk(file.as_ref(), start, end, READ_CHUNK_BYTES)
+                .with_buffers(Arc::clone(&self.read_buffers));
+            loop {
+                let step = scanner
+                    .next_frame_with(|h| {
+                        if h.flags & format::FLAG_PRODUCER != 0 && h.base_offset < hw {
+                            FrameAction::Read
+                        } else {
+                            FrameAction::Skip
+                        }
+                    })
+                    .map_err(|e| LogError::io(format!("reading {}", path.display()), e))?;
+                let (header, bytes) = match step {
+                    Scan::Skipped { .. } => continue,
+                    Scan::End | Scan::Stopped { .. } => break,
+                    Scan::Bad { pos, error } => {
+                        return Err(LogError::Corrupt(Damage::BadFrameOnRead {
+                            segment: path,
+                            position: pos,
+                            error,
+                        }));
+                    }
+                    Scan::Frame { header, bytes, .. } => (header, bytes),
+                };
+                let index = format::index_frame(&header, &bytes).map_err(|error| {
+                    LogError::Corrupt(Damage::UndecodableFrame {
+                        segment: path.clone(),
+                        base_offset: header.base_offset,
+                        error,
+                    })
+                })?;
+                if let Some(stamp) = index.producer() {
+                    out.push(StampedBatch {
+                        stamp,
+                        base_offset: header.base_offset,
+                        record_count: header.record_count,
+                        committed_at_ms: header.committed_at_ms,
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads from `opts.offset`: up to `max_records` records or `max_bytes` encoded bytes
     /// (always at least one record when one is available), stopping at the first record not
     /// due under `max_committed_at_ms`.

@@ -92,6 +92,13 @@ impl SparseIndex {
         }
     }
 
+    /// Byte position of the last indexed frame starting at or before byte `pos` (0 if none):
+    /// a frame boundary a scan covering `pos` onwards may start at.
+    pub fn frame_at_or_before_pos(&self, pos: u64) -> u64 {
+        let i = self.entries.partition_point(|&(_, p)| p <= pos);
+        if i == 0 { 0 } else { self.entries[i - 1].1 }
+    }
+
     /// Byte position of the last indexed frame starting at or before `offset` (0 if none).
     pub fn lookup(&self, offset: u64) -> u64 {
         let i = self.entries.partition_point(|&(o, _)| o <= offset);

@@ -12,6 +12,7 @@ mod disk_damage;
 mod faults;
 mod group_commit;
 mod long_poll;
+mod producer_stamps;
 mod recovery;
 mod retention;
 mod slab_reads;

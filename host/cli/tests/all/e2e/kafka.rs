@@ -608,3 +608,70 @@ fn an_idempotent_batch_sent_again_keeps_its_offsets_and_a_sequence_gap_is_refuse
         .collect();
     assert_eq!(values, ["a", "b", "c", "d", "e"], "each batch stored once");
 }
+
+#[test]
+fn an_idempotent_producers_retry_after_a_kill_9_and_restart_is_not_written_twice() {
+    use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut node = start(dir.path());
+    create_topic(&node.daemon.url(), "ledger", 1);
+    let connect = |node: &KafkaDaemon| {
+        let stream = TcpStream::connect(node.kafka).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        stream
+    };
+    let mut stream = connect(&node);
+    let init: InitProducerIdResponse =
+        exchange(&mut stream, 22, 0, &InitProducerIdRequest::default());
+    let producer = (init.producer_id.0, init.producer_epoch);
+    // Another producer's batches between them, as on a busy partition.
+    let other: InitProducerIdResponse =
+        exchange(&mut stream, 22, 0, &InitProducerIdRequest::default());
+    let other = (other.producer_id.0, other.producer_epoch);
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", producer, 0, &["a", "b"]),
+        (0, 0)
+    );
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", other, 0, &["x"]),
+        (0, 2)
+    );
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", producer, 2, &["c"]),
+        (0, 3)
+    );
+    drop(stream);
+
+    // The answer to the last batch is lost with the daemon; the producer sends it again.
+    node.daemon.kill9();
+    node.daemon.restart();
+    let mut stream = connect(&node);
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", producer, 2, &["c"]),
+        (0, 3),
+        "the retry is answered with its offset, not written again"
+    );
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", producer, 0, &["a", "b"]),
+        (0, 0)
+    );
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", other, 0, &["x"]),
+        (0, 2)
+    );
+    // Sequence 3 is next; 5 skips ahead.
+    let (error, _) = produce_batch(&mut stream, "ledger", producer, 5, &["z"]);
+    assert_eq!(error, 45, "OUT_OF_ORDER_SEQUENCE_NUMBER");
+    assert_eq!(
+        produce_batch(&mut stream, "ledger", producer, 3, &["d"]),
+        (0, 4)
+    );
+
+    let values: Vec<Value> = fetch_all(&http_client(), &node.daemon.url(), "ledger", 0)
+        .iter()
+        .map(|r| r["value"].clone())
+        .collect();
+    assert_eq!(values, ["a", "b", "x", "c", "d"], "each batch stored once");
+}
