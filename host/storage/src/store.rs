@@ -117,6 +117,8 @@ struct Partition {
     slot: RwLock<Slot>,
     last_access_ms: AtomicI64,
     signal: watch::Sender<Signal>,
+    /// Which registration of this partition this is ([`Store::incarnation`]).
+    incarnation: u64,
 }
 
 impl Partition {
@@ -169,6 +171,8 @@ pub struct Store {
     failed_reopen_after: Duration,
     partitions: RwLock<HashMap<PartitionId, Arc<Partition>>>,
     trash_counter: AtomicU64,
+    /// Registrations made so far: each new one is a partition's next incarnation.
+    registrations: AtomicU64,
     /// Appends and syncs of every log this store opens (see [`Store::append_stats`]).
     append_counters: Arc<log::AppendCounters>,
     /// Read-back buffers every open log shares.
@@ -283,6 +287,7 @@ impl Store {
             failed_reopen_after: opts.failed_reopen_after,
             partitions: RwLock::new(HashMap::new()),
             trash_counter: AtomicU64::new(0),
+            registrations: AtomicU64::new(0),
             append_counters: Arc::default(),
             verify_buffers: Arc::default(),
             read_buffers: Arc::default(),
@@ -387,11 +392,20 @@ impl Store {
                         }),
                         last_access_ms: AtomicI64::new(self.clock.now_ms()),
                         signal,
+                        incarnation: self.registrations.fetch_add(1, Ordering::Relaxed),
                     }),
                 );
             }
         }
         Ok(())
+    }
+
+    /// A number that changes each time `id` is registered anew (after it was forgotten or
+    /// removed, such as a partition that moved to another node and back), `None` while it is
+    /// not registered. What a caller keeps about a partition's log (an idempotent producer's
+    /// recent batches) is stale once this differs from when it was learned.
+    pub fn incarnation(&self, id: &PartitionId) -> Option<u64> {
+        log::read(&self.partitions).get(id).map(|p| p.incarnation)
     }
 
     /// Whether `id` is registered (by [`Store::create_partition`]) and not deleted.

@@ -16,7 +16,7 @@
 //! next batch on that partition taken as it comes (whatever its sequence); docs/kafka.md says
 //! so.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,8 +152,9 @@ pub(crate) struct Idempotence {
     entries: Mutex<HashMap<(i64, PartitionId), (Entry, u64)>>,
     tick: AtomicU64,
     max_entries: usize,
-    /// Partitions whose log was read for producers' batches since start.
-    seeded: Mutex<HashSet<PartitionId>>,
+    /// Partitions whose log was read for producers' batches, with the incarnation
+    /// ([`narad_storage::Store::incarnation`]) of the log that was read.
+    seeded: Mutex<HashMap<PartitionId, u64>>,
 }
 
 impl Idempotence {
@@ -163,24 +164,39 @@ impl Idempotence {
             entries: Mutex::new(HashMap::new()),
             tick: AtomicU64::new(0),
             max_entries: max_entries.max(1),
-            seeded: Mutex::new(HashSet::new()),
+            seeded: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether `partition`'s log has not been read for producers' batches since start.
-    pub(crate) fn needs_seed(&self, partition: &PartitionId) -> bool {
-        !self
+    /// Whether `partition`'s log, as registered now (`incarnation`), has not been read for
+    /// producers' batches yet: never since start, or only an earlier registration of it (the
+    /// partition moved away and back, and other nodes may have written to it meanwhile).
+    pub(crate) fn needs_seed(&self, partition: &PartitionId, incarnation: u64) -> bool {
+        self.seeded
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .get(partition)
+            != Some(&incarnation)
+    }
+
+    /// Learns from `batches` (stamped batches of `partition` in its log of `incarnation`,
+    /// oldest first) each producer's epoch and last [`CACHED_BATCHES`] batches of that epoch,
+    /// for producers this table knows nothing of on `partition` yet (what it learned live is
+    /// newer), and marks the partition read. What it knew of an earlier incarnation is
+    /// forgotten first: that log may have grown elsewhere since.
+    pub(crate) fn seed(&self, partition: &PartitionId, incarnation: u64, batches: &[StampedBatch]) {
+        let earlier = self
             .seeded
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
-            .contains(partition)
-    }
-
-    /// Learns from `batches` (stamped batches of `partition`, oldest first) each producer's
-    /// epoch and last [`CACHED_BATCHES`] batches of that epoch, for producers this table knows
-    /// nothing of on `partition` yet (what it learned live is newer), and marks the partition
-    /// read.
-    pub(crate) fn seed(&self, partition: &PartitionId, batches: &[StampedBatch]) {
+            .get(partition)
+            .is_some_and(|&seen| seen != incarnation);
+        if earlier {
+            self.entries
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner())
+                .retain(|(_, p), _| p != partition);
+        }
         let mut by_producer: HashMap<i64, Vec<&StampedBatch>> = HashMap::new();
         for batch in batches {
             by_producer
@@ -218,7 +234,7 @@ impl Idempotence {
         self.seeded
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
-            .insert(partition.clone());
+            .insert(partition.clone(), incarnation);
     }
 
     /// The state of `producer_id` on `partition`, created empty when unknown (forgetting the
@@ -297,15 +313,19 @@ mod tests {
     async fn seeding_from_the_log_knows_each_producers_last_five_batches_of_its_epoch() {
         let table = Idempotence::new(100);
         let partition = PartitionId::new("t", 0);
-        assert!(table.needs_seed(&partition));
+        assert!(table.needs_seed(&partition, 0));
         // Producer 1: seven batches of two records; producer 2: one of epoch 1, then epoch 2.
         let mut batches: Vec<StampedBatch> = (0..7)
             .map(|i| stamped(1, 0, i * 2, 2, 100 + u64::from(i as u32) * 2))
             .collect();
         batches.push(stamped(2, 1, 0, 1, 200));
         batches.push(stamped(2, 2, 0, 3, 201));
-        table.seed(&partition, &batches);
-        assert!(!table.needs_seed(&partition));
+        table.seed(&partition, 0, &batches);
+        assert!(!table.needs_seed(&partition, 0));
+        assert!(
+            table.needs_seed(&partition, 1),
+            "registered anew: read again"
+        );
 
         let one = table.entry(1, &partition);
         let one = one.lock().await;
@@ -338,12 +358,21 @@ mod tests {
             .lock()
             .await
             .record(4, batch(0, 1, 500));
-        table.seed(&partition, &[stamped(1, 3, 0, 1, 7)]);
+        table.seed(&partition, 0, &[stamped(1, 3, 0, 1, 7)]);
         let live = table.entry(1, &partition);
         assert_eq!(
             live.lock().await.check(4, 0, 1),
             Verdict::Duplicate(batch(0, 1, 500))
         );
+        drop(live);
+
+        // The partition moved away and back: its log is read again and what was known of the
+        // earlier one is dropped, live or not.
+        table.seed(&partition, 1, &[stamped(1, 5, 9, 1, 800)]);
+        let again = table.entry(1, &partition);
+        let again = again.lock().await;
+        assert_eq!(again.check(4, 0, 1), Verdict::StaleEpoch { current: 5 });
+        assert!(matches!(again.check(5, 9, 1), Verdict::Duplicate(_)));
     }
 
     #[test]

@@ -175,7 +175,10 @@ async fn produce_partition(
         ..
     } = batch;
     let count = batch.records.len();
-    if deps.idempotence.needs_seed(&id) {
+    let incarnation = deps.store.incarnation(&id);
+    if let Some(incarnation) = incarnation
+        && deps.idempotence.needs_seed(&id, incarnation)
+    {
         // First idempotent batch on this partition since start: learn the recent batches of
         // every producer from the log (their frames are stamped), so a retry of a batch
         // written before a restart is still answered with its offsets, not written twice.
@@ -186,7 +189,7 @@ async fn produce_partition(
                 .map_err(|e| e.to_string())
                 .and_then(|read| read.map_err(|e| e.to_string()));
         match found {
-            Ok(batches) => deps.idempotence.seed(&id, &batches),
+            Ok(batches) => deps.idempotence.seed(&id, incarnation, &batches),
             Err(reason) => {
                 return Err((
                     ResponseError::KafkaStorageError,

@@ -517,3 +517,23 @@ fn high_watermark_is_exact_even_for_a_log_closed_by_a_crash() {
     assert_eq!(peeked.state, PartitionState::Closed);
     assert_eq!(store.high_watermark(&id).unwrap(), 3);
 }
+
+#[test]
+fn a_partition_registered_anew_has_a_new_incarnation_and_an_idempotent_one_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    assert_eq!(store.incarnation(&id), None);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    let first = store.incarnation(&id).unwrap();
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert_eq!(
+        store.incarnation(&id),
+        Some(first),
+        "registering again is idempotent"
+    );
+    store.forget_partition(&id);
+    assert_eq!(store.incarnation(&id), None);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert_ne!(store.incarnation(&id), Some(first));
+}
