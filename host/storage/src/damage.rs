@@ -28,8 +28,9 @@ pub enum Damage {
     #[error(
         "the partition directory {} is missing, although the partition is recorded (its \
          directory was made before it was recorded): restore the directory from a backup and \
-         restart, or create it empty and restart to accept the loss of every record it held \
-         (the partition then starts again at offset 0)",
+         restart, or accept the loss of every record it held with `narad partition recreate \
+         TOPIC/PARTITION --accept-loss` (the new log starts above what its children hold, or \
+         at --start-offset)",
         dir.display()
     )]
     DirectoryMissing {

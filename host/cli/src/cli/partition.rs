@@ -36,8 +36,10 @@ pub enum PartitionCommand {
         #[arg(long)]
         cancel: bool,
     },
-    /// Re-create a partition whose node is dead and not coming back, empty, on another node.
-    /// Every record only that node held is lost; each link from the partition counts what it
+    /// Re-create a partition whose node is dead and not coming back, empty, on another node
+    /// (on a single node: a partition whose directory is gone, quarantined at start, empty on
+    /// this node). Every record only that node (or directory) held is lost; each link from the
+    /// partition counts what it
     /// lost on narad_fanout_child_dropped_messages. Refused while the owner is alive (use
     /// `move`) and until every child partition of its links can say what it holds.
     Recreate {
@@ -87,15 +89,22 @@ pub fn move_line(report: &MoveReport) -> String {
 
 /// What a re-creation did, for people: one line, then one per link.
 pub fn recreate_lines(report: &RecreateReport) -> Vec<String> {
-    let mut lines = vec![format!(
-        "re-created {}/{} on {} (was {}, generation {}): the new log starts at offset {}",
-        report.topic,
-        report.partition,
-        report.to,
-        report.from,
-        report.generation,
-        report.start_offset,
-    )];
+    let mut lines = vec![if report.from == report.to {
+        format!(
+            "re-created {}/{} empty on {}: the new log starts at offset {}",
+            report.topic, report.partition, report.to, report.start_offset,
+        )
+    } else {
+        format!(
+            "re-created {}/{} on {} (was {}, generation {}): the new log starts at offset {}",
+            report.topic,
+            report.partition,
+            report.to,
+            report.from,
+            report.generation,
+            report.start_offset,
+        )
+    }];
     for link in &report.links {
         let holds = match link.child_holds_up_to {
             Some(h) => format!("holds up to offset {h}"),
@@ -152,8 +161,9 @@ pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
             let (topic, index) = parse_partition(&partition)?;
             if !accept_loss {
                 anyhow::bail!(
-                    "re-creating {topic}/{index} loses every record only its dead owner held; \
-                     run it again with --accept-loss if that node is not coming back"
+                    "re-creating {topic}/{index} loses every record only its dead owner (or its \
+                     lost directory) held; run it again with --accept-loss if that node or \
+                     directory is not coming back"
                 );
             }
             let request = narad_host::api::types::RecreateRequest {

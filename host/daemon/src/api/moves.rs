@@ -194,7 +194,9 @@ pub(crate) async fn recreate(
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<RecreateRequest>,
 ) -> Result<Json<RecreateReport>, ApiError> {
-    recreator(&state)?;
+    if state.recreator.is_none() {
+        return recreate_lost_here(&state, &topic, index, &request).await;
+    }
     let id = partition(&state, &topic, index).await?;
     if !request.accept_loss {
         return Err(ApiError::bad_request(
@@ -259,6 +261,49 @@ pub(crate) async fn recreate(
         )
     })?;
     Ok(Json(report))
+}
+
+/// A single node's re-creation: only of a partition whose directory is gone
+/// ([`crate::fanout::lost_partition`]).
+async fn recreate_lost_here(
+    state: &AppState,
+    topic: &str,
+    index: u32,
+    request: &RecreateRequest,
+) -> Result<Json<RecreateReport>, ApiError> {
+    use crate::fanout::lost_partition::{RecreateLostError, recreate_lost};
+    if request.on.is_some() {
+        return Err(ApiError::bad_request(
+            "\"on\" names a node in cluster mode; a single node re-creates the partition on \
+             itself",
+        ));
+    }
+    if !request.accept_loss {
+        return Err(ApiError::bad_request(
+            "re-creating a partition whose directory is gone accepts the loss of every record \
+             it held; say so with \"accept_loss\": true (`--accept-loss`), or restore the \
+             directory from a backup and restart",
+        ));
+    }
+    let node = state.ownership.local_node().to_string();
+    recreate_lost(
+        &state.store,
+        &state.metastore,
+        state.topics.segment_bytes(),
+        &node,
+        topic,
+        index,
+        request.start_offset,
+    )
+    .await
+    .map(Json)
+    .map_err(|e| match e {
+        RecreateLostError::Unknown { .. } => ApiError::not_found(e.to_string()),
+        RecreateLostError::NotLost { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+        RecreateLostError::Metastore(e) => e.into(),
+        RecreateLostError::Storage(e) => e.into(),
+        other => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
+    })
 }
 
 /// Longest wait for the target of a re-creation to answer: it asks every child partition of

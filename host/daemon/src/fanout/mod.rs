@@ -58,6 +58,7 @@ pub(crate) mod commit;
 pub mod committer;
 pub mod cursor;
 pub(crate) mod gate;
+pub(crate) mod lost_partition;
 pub mod metrics;
 pub(crate) mod plugin_metrics;
 pub mod position;

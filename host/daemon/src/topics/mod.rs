@@ -202,6 +202,11 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 impl TopicService {
+    /// The segment size new partition logs get (`--segment-bytes`).
+    pub(crate) fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
     /// A service over the given store and metastore; `segment_bytes` is the roll size given
     /// to every partition.
     pub fn new(

@@ -336,3 +336,105 @@ fn a_torn_tail_cut_without_its_high_watermark_file_is_shown_and_kept_aside() {
     let p0 = describe_partition0(&client, &daemon.url(), "events");
     assert_eq!(p0["recovered_cut"]["from_offset"], 29, "{p0}");
 }
+
+/// Waits until `topic`'s partition 0 holds `n` records (a child being copied into).
+fn wait_for_records(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    n: usize,
+) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let records = crate::e2e::harness::fetch_all(client, base, topic, 0);
+        if records.len() >= n {
+            return records;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic} holds {} of {n} records",
+            records.len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_link_lost() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mut daemon = Daemon::start_with(&data, &[]);
+    let client = http_client();
+    create_topic(&client, &daemon.url(), "orders");
+    create_topic(&client, &daemon.url(), "audit");
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", daemon.url()),
+        Some(&json!({"partitions": 1})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    produce(
+        &client,
+        &daemon.url(),
+        "orders",
+        (0..5).map(|i| format!("old-{i}")),
+    );
+    wait_for_records(&client, &daemon.url(), "copy", 5);
+    daemon.kill9();
+    std::fs::remove_dir_all(partition_dir(&data, "orders")).expect("lose the partition");
+    daemon.restart();
+
+    let recreate = |topic: &str, request: Value| {
+        send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/{topic}/partitions/0/recreate", daemon.url()),
+            Some(&request),
+        )
+        .expect("recreate")
+    };
+    let (status, body) = recreate("orders", json!({}));
+    assert_eq!(status, 400, "the loss must be accepted: {body}");
+    let (status, body) = recreate("orders", json!({"accept_loss": true, "on": "n2"}));
+    assert_eq!(status, 400, "no other node to name: {body}");
+    let (status, body) = recreate("audit", json!({"accept_loss": true}));
+    assert_eq!(status, 409, "a serving partition is not re-created: {body}");
+
+    // The child holds parent offsets 0 to 4; the operator last saw the end at 10.
+    let (status, report) = recreate("orders", json!({"accept_loss": true, "start_offset": 10}));
+    ok(status, &report, "recreate");
+    assert_eq!(report["start_offset"], 10, "{report}");
+    let link = &report["links"][0];
+    assert_eq!(link["child"], "copy", "{report}");
+    assert_eq!(link["child_holds_up_to"], 4, "{report}");
+    assert_eq!(link["resume_offset"], 5, "{report}");
+    assert_eq!(link["dropped_at_most"], 5, "{report}");
+    let (status, body) = recreate("orders", json!({"accept_loss": true}));
+    assert_eq!(status, 409, "done once: {body}");
+
+    // New records take offsets from 10; the child gets them, once, after the old copies.
+    let offsets = produce(&client, &daemon.url(), "orders", ["new-10".to_owned()]);
+    assert_eq!(offsets, [10]);
+    let copied = wait_for_records(&client, &daemon.url(), "copy", 6);
+    let values: Vec<&str> = copied.iter().filter_map(|r| r["value"].as_str()).collect();
+    assert_eq!(
+        values,
+        ["old-0", "old-1", "old-2", "old-3", "old-4", "new-10"]
+    );
+    let (status, listing) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", daemon.url()),
+        None,
+    )
+    .expect("children");
+    ok(status, &listing, "children");
+    assert_eq!(
+        listing["children"][0]["partitions"][0]["dropped_messages"], 5,
+        "offsets 5 to 9 counted as dropped: {listing}"
+    );
+    let p0 = describe_partition0(&client, &daemon.url(), "orders");
+    assert_eq!(p0["log_start_offset"], 10, "{p0}");
+}
