@@ -15,7 +15,7 @@ async fn main() -> std::process::ExitCode {
     match narad_cli::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", narad_cli::cli::human::error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }

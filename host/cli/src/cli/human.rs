@@ -1,5 +1,6 @@
-//! Small helpers for the CLI's human output: counted nouns ("1 record", "2 records") and
-//! times as RFC 3339 UTC (the tables show these; `--json` keeps the API's raw milliseconds).
+//! Small helpers for the CLI's human output: counted nouns ("1 record", "2 records"), times as
+//! RFC 3339 UTC (the tables show these; `--json` keeps the API's raw milliseconds), and an
+//! error with its causes on one line.
 
 /// `count` followed by `noun`, with an `s` unless `count` is 1: `plural(1, "record")` is
 /// `"1 record"`, `plural(3, "record")` is `"3 records"`. Only for nouns whose plural is `+s`.
@@ -67,9 +68,55 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month as u32, day as u32)
 }
 
+/// `error` and its causes on one line, `: ` between them, leaving out a cause whose text the
+/// line already holds: many errors name their cause in their own message and also hand it out
+/// as their source, and printing both said everything twice ("...: No such file or directory
+/// (os error 2): No such file or directory (os error 2)").
+pub fn error_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot create data directory /x: {source}")]
+    struct Repeats {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open the plugin registry")]
+    struct Names {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let repeated = anyhow::Error::new(Repeats { source: gone() }).context("cannot start");
+        assert_eq!(
+            error_line(&repeated),
+            format!("cannot start: cannot create data directory /x: {}", gone())
+        );
+        let named = anyhow::Error::new(Names { source: gone() });
+        assert_eq!(
+            error_line(&named),
+            format!("cannot open the plugin registry: {}", gone())
+        );
+    }
 
     #[test]
     fn one_is_singular_and_everything_else_plural() {

@@ -561,3 +561,28 @@ fn node_recreate_on_a_single_node_daemon_says_there_is_no_cluster() {
     assert!(!out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("single node"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_data_dir_that_cannot_be_made_is_said_once_with_its_cause_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A regular file where a directory of the data dir's path should be.
+    let blocker = tmp.path().join("not-a-dir");
+    std::fs::write(&blocker, b"x").expect("write");
+    let out = Command::new(narad_binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(blocker.join("data"))
+        .output()
+        .expect("run narad serve");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line in:\n{err}"));
+    assert!(line.contains("cannot create data directory"), "{line}");
+    assert_eq!(
+        line.matches("Not a directory").count(),
+        1,
+        "the cause is said once: {line}"
+    );
+}
