@@ -37,6 +37,10 @@ pub(crate) const MAX_PRODUCER_PARTITIONS: usize = 65_536;
 /// them, while a start never reads more than this per partition.
 pub(crate) const SEED_WINDOW_BYTES: u64 = 16 * 1024 * 1024;
 
+/// Partition logs read for producers' batches at once: a start with thousands of partitions
+/// taking idempotent batches reads 4 windows at a time, not thousands.
+pub(crate) const SEED_READS_AT_ONCE: usize = 4;
+
 /// A batch as remembered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CachedBatch {
@@ -155,6 +159,8 @@ pub(crate) struct Idempotence {
     /// Partitions whose log was read for producers' batches, with the incarnation
     /// ([`narad_storage::Store::incarnation`]) of the log that was read.
     seeded: Mutex<HashMap<PartitionId, u64>>,
+    /// Bounds the logs read for producers' batches at once ([`SEED_READS_AT_ONCE`]).
+    pub(crate) seed_reads: tokio::sync::Semaphore,
 }
 
 impl Idempotence {
@@ -165,6 +171,7 @@ impl Idempotence {
             tick: AtomicU64::new(0),
             max_entries: max_entries.max(1),
             seeded: Mutex::new(HashMap::new()),
+            seed_reads: tokio::sync::Semaphore::new(SEED_READS_AT_ONCE),
         }
     }
 

@@ -178,6 +178,9 @@ async fn produce_partition(
     let incarnation = deps.store.incarnation(&id);
     if let Some(incarnation) = incarnation
         && deps.idempotence.needs_seed(&id, incarnation)
+        && let Ok(_turn) = deps.idempotence.seed_reads.acquire().await
+        // Another batch may have read it while this one waited its turn.
+        && deps.idempotence.needs_seed(&id, incarnation)
     {
         // First idempotent batch on this partition since start: learn the recent batches of
         // every producer from the log (their frames are stamped), so a retry of a batch
