@@ -290,6 +290,12 @@ settings! {
     failed_reopen_after_ms: u64, "MS", Positive, default DEFAULT_FAILED_REOPEN_AFTER_MS;
     /// Segment size at which a partition log rolls to a new file, in bytes.
     segment_bytes: u64, "BYTES", Positive, default DEFAULT_SEGMENT_BYTES;
+    /// Segment frame layout written: 2 keeps null values (Kafka tombstones) and stamps
+    /// idempotent Kafka batches with their producer (so a retry after a restart is not written
+    /// twice); 1 writes only what builds before those read (null values empty, no stamps). Use
+    /// 1 on upgraded nodes while a cluster still has nodes on such a build, since partitions
+    /// move between nodes; then restart them with 2 (docs/operator-guide.md, upgrades).
+    frame_format: u32, "1|2", FrameFormat, default 2;
     /// Wall-clock deadline of one routing-plugin call, in milliseconds: a backstop behind the
     /// per-slab fuel budget; a call over it fails the slab (the cursor stalls and retries).
     plugin_deadline_ms: u64, "MS", Positive, default DEFAULT_PLUGIN_DEADLINE_MS;
@@ -431,6 +437,22 @@ impl Check<Option<String>> for OptionalUrl {
                 key,
                 message: format!("{value:?}: expected a URL such as http://10.0.0.5:7070"),
             }),
+        }
+    }
+}
+
+/// A segment frame layout this build writes: 1 or 2.
+struct FrameFormat;
+impl Check<u32> for FrameFormat {
+    type Out = u32;
+    fn check(key: &'static str, value: u32) -> Result<u32, ConfigError> {
+        if matches!(value, 1 | 2) {
+            Ok(value)
+        } else {
+            Err(ConfigError::BadValue {
+                key,
+                message: format!("{value}: the frame formats are 1 (the original) and 2"),
+            })
         }
     }
 }
@@ -680,6 +702,8 @@ pub struct Config {
     pub(crate) failed_reopen_after: Duration,
     /// Segment roll size in bytes.
     pub segment_bytes: u64,
+    /// Write only the original frame layout (`--frame-format 1`).
+    pub original_frames: bool,
     /// The bearer token mutating requests must carry; `None`: no token required.
     pub auth_token: Option<crate::auth::AuthToken>,
     /// Limits of every routing-plugin call and instance.
@@ -702,6 +726,7 @@ impl Config {
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
             failed_reopen_after: Duration::from_millis(DEFAULT_FAILED_REOPEN_AFTER_MS),
             segment_bytes: DEFAULT_SEGMENT_BYTES,
+            original_frames: false,
             auth_token: None,
             plugin_limits: narad_runtime::Limits::default(),
             http: HttpLimits::default(),
@@ -799,6 +824,7 @@ impl Config {
             idle_close_after: ms(s.idle_close_after_ms),
             failed_reopen_after: ms(s.failed_reopen_after_ms),
             segment_bytes: s.segment_bytes,
+            original_frames: s.frame_format == 1,
             auth_token: s.auth_token_file,
             plugin_limits: narad_runtime::Limits {
                 deadline: ms(s.plugin_deadline_ms),
@@ -1002,6 +1028,38 @@ mod tests {
     fn missing_data_dir_is_an_error() {
         let err = Config::merge(&ServeArgs::default(), &FileConfig::default()).unwrap_err();
         assert!(matches!(err, ConfigError::MissingDataDir));
+    }
+
+    #[test]
+    fn the_frame_format_is_1_or_2_and_1_writes_the_original_layout() {
+        let with = |format: u32| {
+            Config::merge(
+                &ServeArgs {
+                    data_dir: Some("/d".into()),
+                    frame_format: Some(format),
+                    ..ServeArgs::default()
+                },
+                &FileConfig::default(),
+            )
+        };
+        assert!(with(1).unwrap().original_frames);
+        assert!(!with(2).unwrap().original_frames);
+        let defaults = Config::merge(
+            &ServeArgs {
+                data_dir: Some("/d".into()),
+                ..ServeArgs::default()
+            },
+            &FileConfig::default(),
+        )
+        .unwrap();
+        assert!(!defaults.original_frames);
+        assert!(matches!(
+            with(3).unwrap_err(),
+            ConfigError::BadValue {
+                key: "frame-format",
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -212,6 +212,7 @@ pub async fn run_server(
             )
         }
     };
+    store.write_original_frames(config.original_frames);
     let producer = Arc::new(match &cluster {
         // Fenced (etcd silent for nearly a lease TTL): no produce takes a write here.
         Some(context) => {

@@ -173,6 +173,9 @@ pub struct Store {
     trash_counter: AtomicU64,
     /// Registrations made so far: each new one is a partition's next incarnation.
     registrations: AtomicU64,
+    /// Whether appends write only the frame layout builds before null values and producer
+    /// stamps read ([`Store::write_original_frames`]).
+    original_frames: std::sync::atomic::AtomicBool,
     /// Appends and syncs of every log this store opens (see [`Store::append_stats`]).
     append_counters: Arc<log::AppendCounters>,
     /// Read-back buffers every open log shares.
@@ -288,6 +291,7 @@ impl Store {
             partitions: RwLock::new(HashMap::new()),
             trash_counter: AtomicU64::new(0),
             registrations: AtomicU64::new(0),
+            original_frames: std::sync::atomic::AtomicBool::new(false),
             append_counters: Arc::default(),
             verify_buffers: Arc::default(),
             read_buffers: Arc::default(),
@@ -765,10 +769,43 @@ impl Store {
         }
     }
 
+    /// From now on (`on`), appends write only frames that builds from before null values and
+    /// producer stamps read: a null value is written empty and a producer stamp is left out.
+    /// For a cluster in a rolling upgrade, where a partition written here may move to a node
+    /// still on the older build (docs/operator-guide.md, upgrades).
+    pub fn write_original_frames(&self, on: bool) {
+        self.original_frames.store(on, Ordering::Relaxed);
+    }
+
+    /// `batch` as the original frame layout has it, when [`Store::write_original_frames`] is
+    /// on and it uses a newer flag; unchanged otherwise.
+    fn in_original_layout(&self, batch: &mut EncodedBatch) -> Result<()> {
+        use crate::log::format::{FLAG_NULL_VALUES, FLAG_PRODUCER};
+        if !self.original_frames.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let flags = u16::from_le_bytes([batch.frame[34], batch.frame[35]]);
+        if flags & (FLAG_NULL_VALUES | FLAG_PRODUCER) == 0 {
+            return Ok(());
+        }
+        let mut decoded = batch.decode().map_err(|e| {
+            StorageError::io(
+                "rewriting a batch in the original frame layout",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
+        for record in &mut decoded.records {
+            record.value.get_or_insert_with(bytes::Bytes::new);
+        }
+        *batch = EncodedBatch::encode(&decoded.records, decoded.origin.as_ref())?;
+        Ok(())
+    }
+
     /// Appends a batch encoded by [`EncodedBatch::encode`], as [`Store::append`] does. On an
     /// error the batch is unchanged and may be appended again (a fan-out cursor's quick
     /// retries do), without encoding its records again.
     pub fn append_encoded(&self, id: &PartitionId, batch: &mut EncodedBatch) -> Result<Appended> {
+        self.in_original_layout(batch)?;
         let p = self.partition(id)?;
         self.stamp(&p);
         let config = p.config();
@@ -812,6 +849,10 @@ impl Store {
             appended,
             error,
         };
+        for batch in batches.iter_mut() {
+            self.in_original_layout(batch)
+                .map_err(|e| failed(Vec::new(), e))?;
+        }
         let p = self.partition(id).map_err(|e| failed(Vec::new(), e))?;
         self.stamp(&p);
         let config = p.config();

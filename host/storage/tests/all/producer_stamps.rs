@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use narad_storage::{EncodedBatch, ManualClock, ProducerStamp, StampedBatch};
+use narad_storage::{
+    AppendBatch, EncodedBatch, ManualClock, NewRecord, ProducerStamp, StampedBatch,
+};
 
 fn stamp(producer_id: i64, base_sequence: i32) -> ProducerStamp {
     ProducerStamp {
@@ -54,4 +56,42 @@ fn stamped_batches_are_found_again_after_a_restart_oldest_first_and_read_as_any_
     // A window of a few bytes still covers the last stamped frame's segment from a boundary.
     let recent = store.producer_batches(&id, 1).unwrap();
     assert_eq!(recent.last().map(|b| b.base_offset), Some(5));
+}
+
+#[test]
+fn a_store_writing_the_original_layout_stores_null_values_empty_and_no_stamps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = real_store(dir.path(), Arc::new(ManualClock::new(T0_MS)));
+    let id = pid("t", 0);
+    store.create_partition(&id, small_segments(4096)).unwrap();
+    store.write_original_frames(true);
+    let tombstone = NewRecord {
+        key: Some(bytes::Bytes::from_static(b"k")),
+        headers: Vec::new(),
+        value: None,
+    };
+    let mut stamped =
+        EncodedBatch::encode_stamped(std::slice::from_ref(&tombstone), stamp(7, 0)).unwrap();
+    store.append_encoded(&id, &mut stamped).unwrap();
+    store
+        .append(
+            &id,
+            AppendBatch {
+                records: vec![tombstone.clone()],
+                origin: None,
+            },
+        )
+        .unwrap();
+    let read = read_all(&store, &id, 0);
+    assert_eq!(read.len(), 2);
+    assert!(read.iter().all(|r| r.value.as_deref() == Some(&b""[..])));
+    assert!(store.producer_batches(&id, 1 << 20).unwrap().is_empty());
+
+    // Back to the current layout: null stays null, the stamp is kept.
+    store.write_original_frames(false);
+    let mut stamped =
+        EncodedBatch::encode_stamped(std::slice::from_ref(&tombstone), stamp(7, 1)).unwrap();
+    store.append_encoded(&id, &mut stamped).unwrap();
+    assert_eq!(read_all(&store, &id, 2)[0].value, None);
+    assert_eq!(store.producer_batches(&id, 1 << 20).unwrap().len(), 1);
 }
