@@ -280,25 +280,8 @@ impl Recreator {
         for link in &links {
             held.push(self.highest_held(&snapshot, &id, link).await?);
         }
-        let floor = held.iter().flatten().map(|h| h + 1).max().unwrap_or(0);
-        let start = floor.max(start_offset.unwrap_or(0));
-        let losses: Vec<LinkLoss> = links
-            .iter()
-            .zip(&held)
-            .map(|(link, &holds)| {
-                let resume = match holds {
-                    Some(h) => h + 1,
-                    None => attach_point(link, partition).unwrap_or(start),
-                }
-                .min(start);
-                LinkLoss {
-                    child: link.child.clone(),
-                    child_holds_up_to: holds,
-                    resume_offset: resume,
-                    dropped_at_most: start - resume,
-                }
-            })
-            .collect();
+        let start = new_start(&held, start_offset);
+        let losses = link_losses(links.iter().copied(), &held, partition, start);
 
         self.lay_out(&id, start, &links, &losses).await?;
         let new_owner = PartitionOwner {
@@ -319,12 +302,7 @@ impl Recreator {
             }
             return Err(e.into());
         }
-        let fed_by: Vec<String> = snapshot
-            .links
-            .values()
-            .filter(|l| l.child == topic)
-            .map(|l| l.parent.clone())
-            .collect();
+        let fed_by = feeding(&snapshot, topic);
         tracing::warn!(partition = %id, from = %owner.node, to = %self.me(),
             generation = new_owner.generation, start_offset = start,
             dropped_at_most = losses.iter().map(|l| l.dropped_at_most).sum::<u64>(),
@@ -408,22 +386,8 @@ impl Recreator {
         links: &[&LinkMeta],
         losses: &[LinkLoss],
     ) -> Result<(), RecreateError> {
-        let files: Vec<(String, Vec<u8>)> = links
-            .iter()
-            .zip(losses)
-            .map(|(link, loss)| {
-                let record = CursorRecord {
-                    epoch: link.attach_epoch.clone(),
-                    next_offset: loss.resume_offset,
-                };
-                format::encode(&record)
-                    .map(|(bytes, _)| (cursor_file_name(&link.child), bytes))
-                    .map_err(|e| RecreateError::OffsetFile {
-                        child: link.child.clone(),
-                        reason: e.to_string(),
-                    })
-            })
-            .collect::<Result<_, _>>()?;
+        let files = resume_files(links.iter().copied(), losses)
+            .map_err(|(child, reason)| RecreateError::OffsetFile { child, reason })?;
         let target = self
             .store
             .data_dir()
@@ -440,23 +404,101 @@ impl Recreator {
             })?;
         }
         let (store, stage_id) = (Arc::clone(&self.store), id.clone());
-        crate::blocking::run(move || {
-            let staging = store.stage(&stage_id)?;
-            let laid_out = staging.write_empty_log(start).and_then(|()| {
-                files
-                    .iter()
-                    .try_for_each(|(name, bytes)| staging.write_file(name, bytes))
-            });
-            match laid_out {
-                Ok(()) => staging.install(),
-                Err(e) => {
-                    staging.abandon();
-                    Err(e)
-                }
+        crate::blocking::run(move || install_empty(&store, &stage_id, start, &files)).await??;
+        Ok(())
+    }
+}
+
+/// The parents of the links whose child is `topic`: what a re-created partition of it held of
+/// them is lost, and their cursors go on from where they are.
+pub(crate) fn feeding(snapshot: &Snapshot, topic: &str) -> Vec<String> {
+    snapshot
+        .links
+        .values()
+        .filter(|l| l.child == topic)
+        .map(|l| l.parent.clone())
+        .collect()
+}
+
+/// Where a re-created partition's new log starts: one past the highest parent offset any
+/// link's child holds (`held`, per link), or at `start_offset` if that is higher.
+pub(crate) fn new_start(held: &[Option<u64>], start_offset: Option<u64>) -> u64 {
+    let floor = held.iter().flatten().map(|h| h + 1).max().unwrap_or(0);
+    floor.max(start_offset.unwrap_or(0))
+}
+
+/// What each of `links` lost when `partition` starts again at `start`, given the highest
+/// parent offset each link's child holds (`held`, in link order): its cursor resumes just past
+/// that (at its attach point when the child holds none) and counts up to `start` as dropped.
+pub(crate) fn link_losses<'a>(
+    links: impl IntoIterator<Item = &'a LinkMeta>,
+    held: &[Option<u64>],
+    partition: u32,
+    start: u64,
+) -> Vec<LinkLoss> {
+    links
+        .into_iter()
+        .zip(held)
+        .map(|(link, &holds)| {
+            let resume = match holds {
+                Some(h) => h + 1,
+                None => attach_point(link, partition).unwrap_or(start),
+            }
+            .min(start);
+            LinkLoss {
+                child: link.child.clone(),
+                child_holds_up_to: holds,
+                resume_offset: resume,
+                dropped_at_most: start - resume,
             }
         })
-        .await??;
-        Ok(())
+        .collect()
+}
+
+/// A file to lay out beside a new log: its name and bytes.
+pub(crate) type NamedFile = (String, Vec<u8>);
+
+/// Each link's offset file at its loss's resume offset; `Err` names the child whose file could
+/// not be encoded, and why.
+pub(crate) fn resume_files<'a>(
+    links: impl IntoIterator<Item = &'a LinkMeta>,
+    losses: &[LinkLoss],
+) -> Result<Vec<NamedFile>, (String, String)> {
+    links
+        .into_iter()
+        .zip(losses)
+        .map(|(link, loss)| {
+            let record = CursorRecord {
+                epoch: link.attach_epoch.clone(),
+                next_offset: loss.resume_offset,
+            };
+            format::encode(&record)
+                .map(|(bytes, _)| (cursor_file_name(&link.child), bytes))
+                .map_err(|e| (link.child.clone(), e.to_string()))
+        })
+        .collect()
+}
+
+/// Lays an empty log starting at `start`, with `files` beside it, out in the staging area and
+/// installs it as `id`'s directory (abandoning the staging copy if a write fails). Blocking.
+pub(crate) fn install_empty(
+    store: &Store,
+    id: &PartitionId,
+    start: u64,
+    files: &[NamedFile],
+) -> Result<(), StorageError> {
+    let staging = store.stage(id)?;
+    let laid_out = staging.write_empty_log(start).and_then(|()| {
+        files
+            .iter()
+            .try_for_each(|(name, bytes)| staging.write_file(name, bytes))
+    });
+    match laid_out {
+        Ok(()) => staging.install(),
+        Err(e) => {
+            staging.abandon();
+            Err(e)
+        }
     }
 }
 

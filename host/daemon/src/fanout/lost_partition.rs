@@ -11,8 +11,8 @@
 //!   partitions' tails, as a cursor reads them), or at the operator's `start_offset` if higher
 //!   (the last high watermark seen, so consumers of the partition never meet an offset again).
 //! - **The loss is counted.** Each link from the partition gets an offset file at the first
-//!   offset its child does not hold (its attach point when the child holds nothing; the new
-//!   start for a remote child, whose copies cannot be read here). Its cursor finds the
+//!   offset its child does not hold (its attach point when the child holds nothing, or when
+//!   it is a remote child, whose copies cannot be read here). Its cursor finds the
 //!   offsets below the new start and counts them as dropped, as for records retention took.
 //!
 //! The log and the offset files are laid out in the staging area and installed together, then
@@ -20,11 +20,12 @@
 
 use std::sync::Arc;
 
-use narad_storage::cursor::{CursorRecord, cursor_file_name, format};
 use narad_storage::{Damage, PartitionId, PartitionState, StorageError, Store};
 
 use crate::blocking::BlockingError;
-use crate::cluster::recreate::{LinkLoss, RecreateReport};
+use crate::cluster::recreate::{
+    RecreateReport, feeding, install_empty, link_losses, new_start, resume_files,
+};
 use crate::fanout::position::provenance::scan_child_tails_with_copies;
 use crate::metastore::link::epoch_bytes;
 use crate::metastore::{LinkMeta, Metastore, MetastoreError};
@@ -117,74 +118,22 @@ pub(crate) async fn recreate_lost(
     for link in &links {
         held.push(highest_held(store, &snapshot, link, partition).await?);
     }
-    let floor = held.iter().flatten().map(|h| h + 1).max().unwrap_or(0);
-    let start = floor.max(start_offset.unwrap_or(0));
-    let losses: Vec<LinkLoss> = links
-        .iter()
-        .zip(&held)
-        .map(|(link, &holds)| {
-            let resume = match holds {
-                Some(h) => h + 1,
-                None if link.remote.is_some() => start,
-                None => link
-                    .attach_offsets
-                    .as_ref()
-                    .map_or(start, |o| o.get(partition as usize).copied().unwrap_or(0)),
-            }
-            .min(start);
-            LinkLoss {
-                child: link.child.clone(),
-                child_holds_up_to: holds,
-                resume_offset: resume,
-                dropped_at_most: start - resume,
-            }
-        })
-        .collect();
-    let files: Vec<(String, Vec<u8>)> = links
-        .iter()
-        .zip(&losses)
-        .map(|(link, loss)| {
-            let record = CursorRecord {
-                epoch: link.attach_epoch.clone(),
-                next_offset: loss.resume_offset,
-            };
-            format::encode(&record)
-                .map(|(bytes, _)| (cursor_file_name(&link.child), bytes))
-                .map_err(|e| RecreateLostError::Link {
-                    child: link.child.clone(),
-                    reason: e.to_string(),
-                })
-        })
-        .collect::<Result<_, _>>()?;
+    let start = new_start(&held, start_offset);
+    let losses = link_losses(&links, &held, partition, start);
+    let files = resume_files(&links, &losses)
+        .map_err(|(child, reason)| RecreateLostError::Link { child, reason })?;
 
     let config = crate::topics::log_config(meta, segment_bytes);
     let (lay_store, lay_id) = (Arc::clone(store), id.clone());
     crate::blocking::run(move || {
-        let staging = lay_store.stage(&lay_id)?;
-        let laid_out = staging.write_empty_log(start).and_then(|()| {
-            files
-                .iter()
-                .try_for_each(|(name, bytes)| staging.write_file(name, bytes))
-        });
-        match laid_out {
-            Ok(()) => staging.install()?,
-            Err(e) => {
-                staging.abandon();
-                return Err(e);
-            }
-        }
+        install_empty(&lay_store, &lay_id, start, &files)?;
         // The quarantined registration goes; the new one finds the directory in place.
         lay_store.forget_partition(&lay_id);
         lay_store.create_partition(&lay_id, config)
     })
     .await??;
 
-    let fed_by: Vec<String> = snapshot
-        .links
-        .values()
-        .filter(|l| l.child == topic)
-        .map(|l| l.parent.clone())
-        .collect();
+    let fed_by = feeding(&snapshot, topic);
     tracing::warn!(partition = %id, start_offset = start,
         dropped_at_most = losses.iter().map(|l| l.dropped_at_most).sum::<u64>(),
         fed_by = ?fed_by,

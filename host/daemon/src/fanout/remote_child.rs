@@ -467,14 +467,16 @@ mod tests {
         }
     }
 
-    fn bucket() -> EncodedBatch {
-        let records: Vec<StoredRecord> = (0..3)
-            .map(|o| StoredRecord {
+    /// A bucket of three keyed records with `values` (`None`: a null value).
+    fn bucket_with(values: [Option<&str>; 3]) -> EncodedBatch {
+        let records: Vec<StoredRecord> = (0..3u64)
+            .zip(values)
+            .map(|(o, value)| StoredRecord {
                 offset: o,
                 committed_at_ms: 0,
                 key: Some(Bytes::from(format!("k{o}"))),
                 headers: Vec::new(),
-                value: Some(Bytes::from(format!("v{o}"))),
+                value: value.map(|v| Bytes::copy_from_slice(v.as_bytes())),
                 origin: None,
             })
             .collect();
@@ -485,6 +487,10 @@ mod tests {
             parent_offsets: vec![40, 41, 42],
         };
         EncodedBatch::encode(&records, Some(&origin)).unwrap()
+    }
+
+    fn bucket() -> EncodedBatch {
+        bucket_with([Some("v0"), Some("v1"), Some("v2")])
     }
 
     /// A sender to `target`'s topic `copy` (3 partitions), telling `hook` what it sent.
@@ -520,24 +526,7 @@ mod tests {
 
     /// [`bucket`] with the value of its middle record null.
     fn bucket_with_a_null() -> EncodedBatch {
-        let mut records: Vec<StoredRecord> = (0..3)
-            .map(|o| StoredRecord {
-                offset: o,
-                committed_at_ms: 0,
-                key: Some(Bytes::from(format!("k{o}"))),
-                headers: Vec::new(),
-                value: Some(Bytes::from(format!("v{o}"))),
-                origin: None,
-            })
-            .collect();
-        records[1].value = None;
-        let origin = BatchOrigin {
-            epoch: [0xab; 8],
-            parent_partition: 1,
-            slab_start: 40,
-            parent_offsets: vec![40, 41, 42],
-        };
-        EncodedBatch::encode(&records, Some(&origin)).unwrap()
+        bucket_with([Some("v0"), None, Some("v2")])
     }
 
     /// A target answering as a narad from before null values: 400 with its refusal for a

@@ -137,6 +137,23 @@ fn segment_bytes(dir: &Path) -> u64 {
     total
 }
 
+/// Runs `narad admin rebuild-metastore` on `data`; returns what it printed, failing the test if
+/// it did.
+fn rebuild(data: &Path) -> String {
+    let rebuilt = Command::new(narad_binary())
+        .args(["admin", "rebuild-metastore", "--data-dir"])
+        .arg(data)
+        .output()
+        .expect("run rebuild");
+    let text = String::from_utf8_lossy(&rebuilt.stdout).into_owned();
+    assert!(
+        rebuilt.status.success(),
+        "rebuild failed: {text}{}",
+        String::from_utf8_lossy(&rebuilt.stderr)
+    );
+    text
+}
+
 #[test]
 fn a_lost_metastore_refuses_to_start_and_a_rebuild_brings_every_record_back() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -165,17 +182,7 @@ fn a_lost_metastore_refuses_to_start_and_a_rebuild_brings_every_record_back() {
         "the refused start touched no record"
     );
 
-    let rebuilt = Command::new(narad_binary())
-        .args(["admin", "rebuild-metastore", "--data-dir"])
-        .arg(&data)
-        .output()
-        .expect("run rebuild");
-    let text = String::from_utf8_lossy(&rebuilt.stdout).into_owned();
-    assert!(
-        rebuilt.status.success(),
-        "rebuild failed: {text}{}",
-        String::from_utf8_lossy(&rebuilt.stderr)
-    );
+    let text = rebuild(&data);
     assert!(
         text.contains("orders") && text.contains("retention"),
         "{text}"
@@ -204,13 +211,7 @@ fn a_rebuild_makes_a_missing_partition_in_between_empty_and_says_so() {
     metastore_files::remove_all(&data);
     std::fs::remove_dir_all(data.join("topics/orders/p00001")).expect("lose partition 1");
 
-    let rebuilt = Command::new(narad_binary())
-        .args(["admin", "rebuild-metastore", "--data-dir"])
-        .arg(&data)
-        .output()
-        .expect("run rebuild");
-    let text = String::from_utf8_lossy(&rebuilt.stdout).into_owned();
-    assert!(rebuilt.status.success(), "rebuild failed: {text}");
+    let text = rebuild(&data);
     assert!(
         text.contains("[1] had no directory"),
         "the rebuild names the partition it could not find:\n{text}"
