@@ -146,6 +146,25 @@ async fn a_null_value_stays_apart_from_an_empty_one_and_is_copied_to_children_as
     }
 }
 
+#[tokio::test]
+async fn a_daemon_writing_frame_format_1_stores_a_null_value_empty() {
+    let d = Daemon::start_with(|c| c.original_frames = true).await;
+    d.create_topic("orders", 1).await;
+    d.produce("orders", json!([{"value": null}, {"value": "v"}]))
+        .await;
+    let values: Vec<Value> = d
+        .fetch_all("orders", 0)
+        .await
+        .iter()
+        .map(|r| r["value"].clone())
+        .collect();
+    assert_eq!(
+        values,
+        [json!(""), json!("v")],
+        "what older builds can read"
+    );
+}
+
 async fn rejected(d: &Daemon, body: Value, status: StatusCode, hint: &str) {
     let before = d.high_watermarks("orders").await;
     let (got, answer) = d.post("/v1/topics/orders/records", body.clone()).await;
