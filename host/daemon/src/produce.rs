@@ -12,6 +12,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+/// What a narad from before null values answers (with a 400) to a record with `"value": null`:
+/// a sender that gets it sends those values empty, as that narad stores them
+/// (`fanout::remote_child`, `api::forward`).
+pub const NULL_VALUE_REFUSED_BEFORE: &str =
+    "\"value\" (text) or \"value_b64\" (base64) is required";
+
 use narad_storage::{
     AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, PartitionState, ReadOptions,
     StorageError, Store,

@@ -213,6 +213,8 @@ pub struct Forwarder {
     /// This node's metadata revision now, sent along so the owner first catches up with what
     /// this node knows (a topic it just created); see `internal::REVISION_HEADER`.
     revision: Option<std::sync::Arc<dyn Fn() -> i64 + Send + Sync>>,
+    /// Whether an owner was found to predate null values (logged once).
+    old_owner_seen: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -246,6 +248,7 @@ impl Forwarder {
             marker,
             max_fetch_answer_bytes: fetch_answer_cap(limits),
             revision: None,
+            old_owner_seen: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -271,8 +274,46 @@ impl Forwarder {
     /// Sends `request` (records with explicit partitions) to the owner at `base_url` as
     /// `POST {base_url}/v1/topics/{topic}/records`, marked as forwarded, with
     /// `authorization` if the client sent one. Returns the owner's answer when it is a
-    /// success; an error status is [`HopError::Refused`].
+    /// success; an error status is [`HopError::Refused`]. An owner from before null values
+    /// refuses `"value": null`; the request then goes once more with those values empty, as
+    /// that owner stores them (in a cluster being upgraded), and the forwarder logs it once.
     pub async fn produce(
+        &self,
+        base_url: &str,
+        topic: &str,
+        request: &ProduceRequest,
+        authorization: Option<&HeaderValue>,
+    ) -> Result<ProduceResponse, HopError> {
+        let answer = self
+            .send_produce(base_url, topic, request, authorization)
+            .await;
+        let old_owner = matches!(
+            &answer,
+            Err(HopError::Refused { status, message, .. })
+                if *status == StatusCode::BAD_REQUEST
+                    && message.contains(crate::produce::NULL_VALUE_REFUSED_BEFORE)
+        );
+        if !old_owner || !request.records.iter().any(|r| r.value == Some(None)) {
+            return answer;
+        }
+        if !self
+            .old_owner_seen
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(owner = %base_url,
+                "a partition owner refuses null values (a narad from before them): forwarding them as empty values, as it stores them");
+        }
+        let mut emptied = request.clone();
+        for record in &mut emptied.records {
+            if record.value == Some(None) {
+                record.value = Some(Some(String::new()));
+            }
+        }
+        self.send_produce(base_url, topic, &emptied, authorization)
+            .await
+    }
+
+    async fn send_produce(
         &self,
         base_url: &str,
         topic: &str,
@@ -1204,6 +1245,105 @@ mod tests {
             let _ = axum::serve(listener, app).await;
         });
         (url, owner)
+    }
+
+    /// A partition owner answering as a narad from before null values: 400 with its refusal
+    /// for a request holding `"value": null`, else one offset per record. Keeps every body.
+    async fn old_owner() -> (String, Arc<Mutex<Vec<ProduceRequest>>>) {
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&bodies);
+        let app = axum::Router::new().route(
+            "/v1/topics/{topic}/records",
+            axum::routing::post(move |body: Bytes| {
+                let kept = Arc::clone(&kept);
+                async move {
+                    let request: ProduceRequest = serde_json::from_slice(&body).unwrap();
+                    let null = request.records.iter().any(|r| r.value == Some(None));
+                    let count = request.records.len();
+                    kept.lock().unwrap().push(request);
+                    if null {
+                        return ApiError::bad_request(format!(
+                            "records[0]: {}",
+                            crate::produce::NULL_VALUE_REFUSED_BEFORE
+                        ))
+                        .into_response();
+                    }
+                    let offsets = (0..count as u64)
+                        .map(|offset| OffsetJson {
+                            partition: 1,
+                            offset,
+                        })
+                        .collect();
+                    Json(ProduceResponse { offsets }).into_response()
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (url, bodies)
+    }
+
+    #[tokio::test]
+    async fn a_null_value_reaches_an_owner_from_before_null_values_as_an_empty_one() {
+        let (url, bodies) = old_owner().await;
+        let request = ProduceRequest {
+            records: vec![
+                ProduceRecordJson {
+                    value: Some(None),
+                    partition: Some(1),
+                    ..ProduceRecordJson::default()
+                },
+                ProduceRecordJson {
+                    value: Some(Some("v".into())),
+                    partition: Some(1),
+                    ..ProduceRecordJson::default()
+                },
+            ],
+        };
+        let answer = forwarder()
+            .produce(&url, "orders", &request, None)
+            .await
+            .unwrap();
+        assert_eq!(answer.offsets.len(), 2);
+        let bodies = bodies.lock().unwrap();
+        assert_eq!(bodies.len(), 2, "refused once, then taken");
+        assert_eq!(bodies[0].records[0].value, Some(None));
+        assert_eq!(bodies[1].records[0].value, Some(Some(String::new())));
+        assert_eq!(bodies[1].records[1].value, Some(Some("v".into())));
+    }
+
+    #[tokio::test]
+    async fn any_other_refusal_is_not_sent_again() {
+        let (url, bodies) = old_owner().await;
+        // No null value: the owner takes it; a 400 for another reason is returned as it is.
+        let request = ProduceRequest {
+            records: vec![ProduceRecordJson {
+                value: Some(Some("v".into())),
+                partition: Some(1),
+                ..ProduceRecordJson::default()
+            }],
+        };
+        forwarder()
+            .produce(&url, "orders", &request, None)
+            .await
+            .unwrap();
+        let (fake, owner) = fake_owner().await;
+        let bad = ProduceRequest {
+            records: vec![ProduceRecordJson {
+                value: Some(None),
+                ..ProduceRecordJson::default()
+            }],
+        };
+        let err = forwarder()
+            .produce(&fake, "orders", &bad, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HopError::Refused { .. }), "{err}");
+        assert_eq!(owner.received.lock().unwrap().len(), 1);
+        assert_eq!(bodies.lock().unwrap().len(), 1);
     }
 
     /// An address nothing listens on.

@@ -39,9 +39,7 @@ use crate::metastore::RemoteTarget;
 /// The header every copy carries its origin in.
 pub(crate) const ORIGIN_HEADER: &str = "narad-origin";
 
-/// What a target built before null values answers (with a 400) to `"value": null`.
-pub(crate) const OLD_TARGET_REFUSAL: &str =
-    "\"value\" (text) or \"value_b64\" (base64) is required";
+use crate::produce::NULL_VALUE_REFUSED_BEFORE as OLD_TARGET_REFUSAL;
 
 /// Most records per request to the target (its default limit is 10,000).
 pub(crate) const MAX_RECORDS_PER_REQUEST: usize = 1_000;
