@@ -12,18 +12,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use narad_storage::{
+    AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, PartitionState, ProducerStamp,
+    ReadOptions, StorageError, Store,
+};
+
+use crate::blocking::BlockingError;
+
 /// What a narad from before null values answers (with a 400) to a record with `"value": null`:
 /// a sender that gets it sends those values empty, as that narad stores them
 /// (`fanout::remote_child`, `api::forward`).
 pub const NULL_VALUE_REFUSED_BEFORE: &str =
     "\"value\" (text) or \"value_b64\" (base64) is required";
-
-use narad_storage::{
-    AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, PartitionState, ReadOptions,
-    StorageError, Store,
-};
-
-use crate::blocking::BlockingError;
 
 /// Errors from [`Producer::produce`] and [`Producer::commit`].
 #[derive(Debug, thiserror::Error)]
@@ -170,29 +170,35 @@ impl Producer {
         partition: PartitionId,
         batch: AppendBatch,
     ) -> Result<Appended, ProduceError> {
-        self.check_fence()?;
-        let store = Arc::clone(&self.store);
-        let id = partition.clone();
-        crate::blocking::run(move || store.append(&id, batch))
-            .await?
-            .map_err(|source| ProduceError::Append {
-                partition,
-                source,
-                committed_partitions: Vec::new(),
-            })
+        self.commit_with(partition, move |store, id| store.append(id, batch))
+            .await
     }
 
-    /// Commits a batch already encoded (an idempotent Kafka producer's, stamped with it) to
-    /// `partition` on this node, as [`Producer::commit`] does.
-    pub async fn commit_encoded(
+    /// Commits `records` of an idempotent Kafka producer to `partition`, as
+    /// [`Producer::commit`] does, stamped with the producer (so its batches are known again
+    /// after a restart).
+    pub async fn commit_stamped(
         &self,
         partition: PartitionId,
-        mut batch: EncodedBatch,
+        records: Vec<NewRecord>,
+        stamp: ProducerStamp,
+    ) -> Result<Appended, ProduceError> {
+        self.commit_with(partition, move |store, id| {
+            store.append_encoded(id, &mut EncodedBatch::encode_stamped(&records, stamp)?)
+        })
+        .await
+    }
+
+    /// Runs `append` (encode + append on the store) on the blocking pool, fenced.
+    async fn commit_with(
+        &self,
+        partition: PartitionId,
+        append: impl FnOnce(&Store, &PartitionId) -> narad_storage::Result<Appended> + Send + 'static,
     ) -> Result<Appended, ProduceError> {
         self.check_fence()?;
         let store = Arc::clone(&self.store);
         let id = partition.clone();
-        crate::blocking::run(move || store.append_encoded(&id, &mut batch))
+        crate::blocking::run(move || append(&store, &id))
             .await?
             .map_err(|source| ProduceError::Append {
                 partition,

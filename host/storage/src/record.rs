@@ -143,6 +143,25 @@ impl EncodedBatch {
         })
     }
 
+    /// Rewrites the batch in the frame layout builds from before null values and producer
+    /// stamps read (null values empty, no stamp), if it uses either; unchanged otherwise.
+    pub fn to_original_layout(&mut self) -> crate::Result<()> {
+        if !crate::log::format::uses_newer_flags(&self.frame) {
+            return Ok(());
+        }
+        let mut decoded = self.decode().map_err(|e| {
+            crate::StorageError::io(
+                "rewriting a batch in the original frame layout",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
+        for record in &mut decoded.records {
+            record.value.get_or_insert_with(Bytes::new);
+        }
+        *self = EncodedBatch::encode(&decoded.records, decoded.origin.as_ref())?;
+        Ok(())
+    }
+
     /// Number of records in the batch.
     pub fn record_count(&self) -> u32 {
         self.count

@@ -777,27 +777,11 @@ impl Store {
         self.original_frames.store(on, Ordering::Relaxed);
     }
 
-    /// `batch` as the original frame layout has it, when [`Store::write_original_frames`] is
-    /// on and it uses a newer flag; unchanged otherwise.
+    /// `batch` in the original frame layout when [`Store::write_original_frames`] is on.
     fn in_original_layout(&self, batch: &mut EncodedBatch) -> Result<()> {
-        use crate::log::format::{FLAG_NULL_VALUES, FLAG_PRODUCER};
-        if !self.original_frames.load(Ordering::Relaxed) {
-            return Ok(());
+        if self.original_frames.load(Ordering::Relaxed) {
+            batch.to_original_layout()?;
         }
-        let flags = u16::from_le_bytes([batch.frame[34], batch.frame[35]]);
-        if flags & (FLAG_NULL_VALUES | FLAG_PRODUCER) == 0 {
-            return Ok(());
-        }
-        let mut decoded = batch.decode().map_err(|e| {
-            StorageError::io(
-                "rewriting a batch in the original frame layout",
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            )
-        })?;
-        for record in &mut decoded.records {
-            record.value.get_or_insert_with(bytes::Bytes::new);
-        }
-        *batch = EncodedBatch::encode(&decoded.records, decoded.origin.as_ref())?;
         Ok(())
     }
 
@@ -902,16 +886,21 @@ impl Store {
     pub fn read(&self, id: &PartitionId, opts: &ReadOptions) -> Result<ReadResult> {
         let p = self.partition(id)?;
         self.stamp(&p);
-        // A partition sealed for a move still serves reads from its closed log.
+        let log = self.readable_log(&p)?;
+        log.read(opts).map_err(|e| self.log_error(&p, e))
+    }
+
+    /// The log reads of `p` go to: the closed log a partition sealed for a move keeps serving
+    /// reads from, else the open log (opened if closed).
+    fn readable_log(&self, p: &Partition) -> Result<Arc<Log>> {
         let sealed = match &*log::read(&p.slot) {
             Slot::Sealed(Some(l)) => Some(Arc::clone(l)),
             _ => None,
         };
-        if let Some(log) = sealed {
-            return log.read(opts).map_err(|e| self.log_error(&p, e));
+        match sealed {
+            Some(log) => Ok(log),
+            None => self.open_log(p),
         }
-        let log = self.open_log(&p)?;
-        log.read(opts).map_err(|e| self.log_error(&p, e))
     }
 
     /// The batches idempotent producers wrote ([`crate::EncodedBatch::encode_stamped`]) in
@@ -920,14 +909,7 @@ impl Store {
     pub fn producer_batches(&self, id: &PartitionId, max_bytes: u64) -> Result<Vec<StampedBatch>> {
         let p = self.partition(id)?;
         self.stamp(&p);
-        let sealed = match &*log::read(&p.slot) {
-            Slot::Sealed(Some(l)) => Some(Arc::clone(l)),
-            _ => None,
-        };
-        let log = match sealed {
-            Some(log) => log,
-            None => self.open_log(&p)?,
-        };
+        let log = self.readable_log(&p)?;
         log.producer_batches(max_bytes)
             .map_err(|e| self.log_error(&p, e))
     }

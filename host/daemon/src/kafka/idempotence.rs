@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use narad_storage::{PartitionId, StampedBatch};
+use narad_storage::{PartitionId, StampedBatch, Store};
 
 /// Batches remembered per producer and partition: 5, Kafka's own (a producer has at most
 /// `max.in.flight.requests.per.connection` = 5 batches unanswered when idempotent).
@@ -160,7 +160,7 @@ pub(crate) struct Idempotence {
     /// ([`narad_storage::Store::incarnation`]) of the log that was read.
     seeded: Mutex<HashMap<PartitionId, u64>>,
     /// Bounds the logs read for producers' batches at once ([`SEED_READS_AT_ONCE`]).
-    pub(crate) seed_reads: tokio::sync::Semaphore,
+    seed_reads: tokio::sync::Semaphore,
 }
 
 impl Idempotence {
@@ -175,10 +175,46 @@ impl Idempotence {
         }
     }
 
+    /// Reads `partition`'s log for producers' recent batches ([`Idempotence::seed`]) unless
+    /// that log, as registered now, was read already: the first idempotent batch a partition
+    /// gets after a start (or after it came back to this node) does it, so a retry of a batch
+    /// written before is answered with its offsets, not written twice. `Err` says why the log
+    /// could not be read.
+    pub(crate) async fn learn_from_log(
+        &self,
+        store: &Arc<Store>,
+        partition: &PartitionId,
+    ) -> Result<(), String> {
+        let Some(incarnation) = store.incarnation(partition) else {
+            // Not registered here: the append that follows says so.
+            return Ok(());
+        };
+        if !self.needs_seed(partition, incarnation) {
+            return Ok(());
+        }
+        let Ok(_turn) = self.seed_reads.acquire().await else {
+            return Ok(());
+        };
+        // Another batch may have read it while this one waited its turn.
+        if !self.needs_seed(partition, incarnation) {
+            return Ok(());
+        }
+        let (store, id) = (Arc::clone(store), partition.clone());
+        let batches = crate::blocking::run(move || store.producer_batches(&id, SEED_WINDOW_BYTES))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|read| read.map_err(|e| e.to_string()))
+            .map_err(|reason| {
+                format!("reading the recent producer batches of {partition}: {reason}")
+            })?;
+        self.seed(partition, incarnation, &batches);
+        Ok(())
+    }
+
     /// Whether `partition`'s log, as registered now (`incarnation`), has not been read for
     /// producers' batches yet: never since start, or only an earlier registration of it (the
     /// partition moved away and back, and other nodes may have written to it meanwhile).
-    pub(crate) fn needs_seed(&self, partition: &PartitionId, incarnation: u64) -> bool {
+    fn needs_seed(&self, partition: &PartitionId, incarnation: u64) -> bool {
         self.seeded
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

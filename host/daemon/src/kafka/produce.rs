@@ -16,11 +16,11 @@ use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
 use kafka_protocol::protocol::StrBytes;
-use narad_storage::{AppendBatch, EncodedBatch, PartitionId, ProducerStamp, StorageError};
+use narad_storage::{AppendBatch, PartitionId, ProducerStamp, StorageError};
 use tokio::task::JoinSet;
 
 use super::KafkaDeps;
-use super::idempotence::{CachedBatch, SEED_WINDOW_BYTES, Verdict, last_sequence};
+use super::idempotence::{CachedBatch, Verdict, last_sequence};
 use super::records::{BatchLimits, ProducedBatch, decode_produced};
 
 /// Answers a Produce request; `None` for `acks = 0`, which gets no answer.
@@ -175,32 +175,10 @@ async fn produce_partition(
         ..
     } = batch;
     let count = batch.records.len();
-    let incarnation = deps.store.incarnation(&id);
-    if let Some(incarnation) = incarnation
-        && deps.idempotence.needs_seed(&id, incarnation)
-        && let Ok(_turn) = deps.idempotence.seed_reads.acquire().await
-        // Another batch may have read it while this one waited its turn.
-        && deps.idempotence.needs_seed(&id, incarnation)
-    {
-        // First idempotent batch on this partition since start: learn the recent batches of
-        // every producer from the log (their frames are stamped), so a retry of a batch
-        // written before a restart is still answered with its offsets, not written twice.
-        let (store, scan_id) = (Arc::clone(&deps.store), id.clone());
-        let found =
-            crate::blocking::run(move || store.producer_batches(&scan_id, SEED_WINDOW_BYTES))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|read| read.map_err(|e| e.to_string()));
-        match found {
-            Ok(batches) => deps.idempotence.seed(&id, incarnation, &batches),
-            Err(reason) => {
-                return Err((
-                    ResponseError::KafkaStorageError,
-                    format!("reading the recent producer batches of {id}: {reason}"),
-                ));
-            }
-        }
-    }
+    deps.idempotence
+        .learn_from_log(&deps.store, &id)
+        .await
+        .map_err(|reason| (ResponseError::KafkaStorageError, reason))?;
     let entry = deps.idempotence.entry(producer_id, &id);
     let mut state = entry.lock().await;
     match state.check(producer_epoch, base_sequence, count) {
@@ -244,20 +222,12 @@ async fn commit(
 ) -> Result<Done, (ResponseError, String)> {
     let topic = id.topic.clone();
     let committed = if batch.producer_id >= 0 {
-        // Stamped with its producer, so the batch is known again after a restart.
         let stamp = ProducerStamp {
             producer_id: batch.producer_id,
             epoch: batch.producer_epoch,
             base_sequence: batch.base_sequence,
         };
-        match EncodedBatch::encode_stamped(&batch.records, stamp) {
-            Ok(encoded) => deps.producer.commit_encoded(id.clone(), encoded).await,
-            Err(source) => Err(crate::produce::ProduceError::Append {
-                partition: id.clone(),
-                source,
-                committed_partitions: Vec::new(),
-            }),
-        }
+        deps.producer.commit_stamped(id, batch.records, stamp).await
     } else {
         deps.producer
             .commit(

@@ -323,6 +323,12 @@ pub fn encode_stamped_batch<R: RecordParts>(
     Ok(body_crc)
 }
 
+/// Whether an encoded frame uses a flag that builds before null values and producer stamps
+/// refuse ([`FLAG_NULL_VALUES`], [`FLAG_PRODUCER`]).
+pub fn uses_newer_flags(frame: &[u8]) -> bool {
+    frame.len() >= HEADER_LEN && u16_at(frame, 34) & (FLAG_NULL_VALUES | FLAG_PRODUCER) != 0
+}
+
 /// Fills the base offset and commit time of an encoded frame and its CRC, combining the
 /// header's CRC with `body_crc` (what [`encode_batch`] returned) instead of reading the body
 /// again. Sealing the same frame again (a retried append) gives the right CRC for the new
