@@ -19,9 +19,36 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// Says why this node must not take writes now (`None`: it may): in cluster mode, a node whose
-/// lease renewals etcd has not confirmed for nearly a TTL fences itself.
-pub type WriteFence = dyn Fn() -> Option<String> + Send + Sync;
+/// The lease a write began under ([`WriteFence::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteTerm(pub i64);
+
+/// Keeps a node the cluster may count as dead from taking writes, and from acknowledging one
+/// it cannot be sure to keep. In cluster mode a node fences itself when etcd has not confirmed
+/// a lease renewal for nearly a TTL, and after it joined again until it has read what changed
+/// while it was away; a write that began under one lease and ended under another is not
+/// acknowledged, since its partition may have been given to another node in between.
+pub trait WriteFence: Send + Sync {
+    /// Before a write: the term it runs under, or why this node takes no writes now.
+    fn admit(&self) -> Result<WriteTerm, String>;
+
+    /// After the write is durable, before it is acknowledged: `Ok` when the node held the
+    /// lease of `term` all along, is not fenced and still serves `partition`; otherwise why
+    /// the write must not be acknowledged (it may or may not be stored).
+    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String>;
+}
+
+/// A fence that only says whether the node takes writes now (tests, and simple callers):
+/// admitted writes are confirmed unless it is fenced by then.
+impl<F: Fn() -> Option<String> + Send + Sync> WriteFence for F {
+    fn admit(&self) -> Result<WriteTerm, String> {
+        self().map_or(Ok(WriteTerm(0)), Err)
+    }
+
+    fn confirm(&self, _term: WriteTerm, _partition: &PartitionId) -> Result<(), String> {
+        self().map_or(Ok(()), Err)
+    }
+}
 
 /// Answers who owns a partition.
 pub trait PartitionOwnership: Send + Sync + 'static {

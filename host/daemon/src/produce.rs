@@ -47,13 +47,15 @@ pub enum ProduceError {
     /// The blocking task running an append panicked or was cancelled.
     #[error("append task failed: {0}")]
     Task(#[from] BlockingError),
-    /// Cluster mode: this node has lost touch with etcd for nearly its lease TTL, so peers may
-    /// soon count it dead; it takes no writes until its lease is renewed. Nothing was written.
+    /// Cluster mode: this node has lost touch with etcd for nearly its lease TTL (peers may
+    /// soon count it dead), or joined again and has not yet read what changed meanwhile: it
+    /// takes no writes (nothing was written), or it lost its lease while the write was in
+    /// progress (the write is not acknowledged: it may or may not be stored; retry).
     #[error("{0}")]
     Fenced(String),
 }
 
-pub use crate::ownership::WriteFence;
+pub use crate::ownership::{WriteFence, WriteTerm};
 
 /// One record of a produce request, already decoded and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +81,7 @@ pub struct Producer {
     /// Next round-robin position per topic, for keyless records.
     round_robin: Mutex<HashMap<String, u64>>,
     /// Cluster mode: refuses every write while the node is fenced.
-    fence: Option<Arc<WriteFence>>,
+    fence: Option<Arc<dyn WriteFence>>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -103,15 +105,32 @@ impl Producer {
 
     /// This producer, refusing every write while `fence` says why not
     /// ([`ProduceError::Fenced`]).
-    pub(crate) fn with_fence(mut self, fence: Arc<WriteFence>) -> Producer {
+    pub(crate) fn with_fence(mut self, fence: Arc<dyn WriteFence>) -> Producer {
         self.fence = Some(fence);
         self
     }
 
-    fn check_fence(&self) -> Result<(), ProduceError> {
-        match self.fence.as_ref().and_then(|fence| fence()) {
-            Some(reason) => Err(ProduceError::Fenced(reason)),
-            None => Ok(()),
+    /// Before a write: the term it runs under (`None` on one node), or
+    /// [`ProduceError::Fenced`].
+    fn admit(&self) -> Result<Option<WriteTerm>, ProduceError> {
+        self.fence
+            .as_ref()
+            .map(|fence| fence.admit().map_err(ProduceError::Fenced))
+            .transpose()
+    }
+
+    /// After a durable write to `partition`, before it is acknowledged: whether the node kept
+    /// its lease (and the partition) all along ([`WriteFence::confirm`]).
+    fn confirm(
+        &self,
+        term: Option<WriteTerm>,
+        partition: &PartitionId,
+    ) -> Result<(), ProduceError> {
+        match (&self.fence, term) {
+            (Some(fence), Some(term)) => {
+                fence.confirm(term, partition).map_err(ProduceError::Fenced)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -195,16 +214,18 @@ impl Producer {
         partition: PartitionId,
         append: impl FnOnce(&Store, &PartitionId) -> narad_storage::Result<Appended> + Send + 'static,
     ) -> Result<Appended, ProduceError> {
-        self.check_fence()?;
+        let term = self.admit()?;
         let store = Arc::clone(&self.store);
         let id = partition.clone();
-        crate::blocking::run(move || append(&store, &id))
+        let appended = crate::blocking::run(move || append(&store, &id))
             .await?
             .map_err(|source| ProduceError::Append {
-                partition,
+                partition: partition.clone(),
                 source,
                 committed_partitions: Vec::new(),
-            })
+            })?;
+        self.confirm(term, &partition)?;
+        Ok(appended)
     }
 
     /// Places `records` on `topic` (with `partitions` partitions), groups them per partition
@@ -217,7 +238,7 @@ impl Producer {
         partitions: u32,
         records: Vec<ProduceRecord>,
     ) -> Result<Vec<Placed>, ProduceError> {
-        self.check_fence()?;
+        let term = self.admit()?;
         let placement = self.place(topic, partitions, &records);
         let mut groups: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
         // Position of each record inside its partition's batch.
@@ -275,6 +296,9 @@ impl Producer {
                 source,
                 committed_partitions,
             });
+        }
+        for &p in bases.keys() {
+            self.confirm(term, &PartitionId::new(topic, p))?;
         }
         Ok(placement
             .iter()

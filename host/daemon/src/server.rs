@@ -84,6 +84,12 @@ pub enum ServerError {
         /// The client's error.
         source: etcd_client::Error,
     },
+    /// The watched copy of the metadata did not reach etcd's latest metadata write within a
+    /// lease TTL of joining.
+    #[error(
+        "the watched copy of the metadata did not catch up with etcd within a lease TTL after joining"
+    )]
+    MetadataBehind,
     /// The HTTP client for calls between nodes could not be built (TLS set-up).
     #[error("cannot build the client for calls between nodes: {0}")]
     Http(String),
@@ -215,11 +221,7 @@ pub async fn run_server(
     store.write_original_frames(config.original_frames);
     let producer = Arc::new(match &cluster {
         // Fenced (etcd silent for nearly a lease TTL): no produce takes a write here.
-        Some(context) => {
-            let membership = Arc::clone(&context.membership);
-            Producer::new(Arc::clone(&store))
-                .with_fence(Arc::new(move || membership.fence_reason()))
-        }
+        Some(context) => Producer::new(Arc::clone(&store)).with_fence(context.fence()),
         None => Producer::new(Arc::clone(&store)),
     });
     let plugins = Arc::new({
@@ -273,14 +275,14 @@ pub async fn run_server(
         let ownership = Arc::clone(&context.ownership);
         let owners: Arc<crate::cluster::receiver::OwnerLookup> =
             Arc::new(move |id: &PartitionId| ownership.owner_at(id));
-        let membership = Arc::clone(&context.membership);
         Arc::new(
             crate::cluster::receiver::CommitReceiver::new(
                 context.node_id().to_owned(),
                 Arc::clone(&store),
                 owners,
             )
-            .with_fence(Arc::new(move || membership.fence_reason()))
+            .with_fence(context.fence())
+            .with_parents(context.parents())
             .counting_reused_on(cluster_metrics.reused_origin_records.clone()),
         )
     });
@@ -310,10 +312,8 @@ pub async fn run_server(
                             Arc::clone(&fanout_metrics),
                         )
                         .with_local_receiver(Arc::clone(receiver))
-                        .with_fence({
-                            let membership = Arc::clone(&context.membership);
-                            Arc::new(move || membership.fence_reason())
-                        }),
+                        .with_fence(context.fence())
+                        .with_parents(context.parents()),
                     )
                 }
                 _ => Arc::clone(&producer) as Arc<dyn ChildCommitter>,
@@ -605,10 +605,16 @@ async fn start_cluster(
         )
         .await?,
     );
+    // The metadata was read before the key existed: a partition re-created elsewhere in
+    // between (allowed only while this node had no key) must be known before anything is
+    // served as this node's.
+    if !membership.catch_up(&metastore).await? {
+        return Err(ServerError::MetadataBehind);
+    }
     {
-        let membership = Arc::clone(&membership);
+        let (membership, metastore) = (Arc::clone(&membership), Arc::clone(&metastore));
         let shutdown = shutdown.clone();
-        tokio::spawn(async move { membership.keep_alive(shutdown).await });
+        tokio::spawn(async move { membership.keep_alive(shutdown, Some(metastore)).await });
     }
     let peers = Arc::new(
         crate::cluster::peers::PeerDirectory::start(

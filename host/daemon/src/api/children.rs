@@ -511,6 +511,7 @@ async fn new_link(
                 "cannot read the attach point of {parent} ({reason}); no link was created, try again"
             ),
         )
+        .retry_after(1)
     };
     let bounds = super::internal::gather_bounds(state, parent, parent_partitions)
         .await

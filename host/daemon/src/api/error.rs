@@ -19,6 +19,7 @@ pub struct ApiError {
     status: StatusCode,
     message: String,
     extra: Map<String, Value>,
+    retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -28,7 +29,15 @@ impl ApiError {
             status,
             message: message.into(),
             extra: Map::new(),
+            retry_after_secs: None,
         }
+    }
+
+    /// Asks the client to retry after `secs` seconds (`Retry-After`): for a refusal that
+    /// passes by itself (an owner that is away, a node that is fenced).
+    pub(crate) fn retry_after(mut self, secs: u64) -> ApiError {
+        self.retry_after_secs = Some(secs);
+        self
     }
 
     /// 400: the request is malformed or asks for something invalid.
@@ -73,7 +82,14 @@ impl IntoResponse for ApiError {
         let mut body = Map::new();
         body.insert("error".to_owned(), Value::String(self.message));
         body.extend(self.extra);
-        (self.status, Json(Value::Object(body))).into_response()
+        let mut response = (self.status, Json(Value::Object(body))).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        response
     }
 }
 
@@ -132,7 +148,9 @@ impl From<StorageError> for ApiError {
 impl From<MetastoreError> for ApiError {
     fn from(err: MetastoreError) -> ApiError {
         match &err {
-            MetastoreError::TopicExists { .. } | MetastoreError::OwnerChanged { .. } => {
+            MetastoreError::TopicExists { .. }
+            | MetastoreError::OwnerChanged { .. }
+            | MetastoreError::OwnerAlive { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())
             }
             MetastoreError::UnknownTopic { .. } => ApiError::not_found(err.to_string()),
@@ -197,7 +215,9 @@ impl From<ProduceError> for ApiError {
                 e
             }
             ProduceError::Task(e) => ApiError::internal(e.to_string()),
-            ProduceError::Fenced(reason) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason),
+            ProduceError::Fenced(reason) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason).retry_after(1)
+            }
         }
     }
 }

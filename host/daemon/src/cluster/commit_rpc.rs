@@ -20,8 +20,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::commit_wire::{
     CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, MAX_COMMITS_PER_CALL,
-    MAX_IN_ORDER_REQUEST_BYTES, WireError, decode_answers, decode_in_order, encode_answers,
-    encode_in_order,
+    MAX_IN_ORDER_REQUEST_BYTES, PARENT_GENERATION_HEADER, WireError, decode_answers,
+    decode_in_order, encode_answers, encode_in_order,
 };
 use super::receiver::CommitReceiver;
 
@@ -69,10 +69,18 @@ pub enum CallError {
 /// The axum handler of [`COMMIT_PATH`]; the state is this node's receiver.
 pub(crate) async fn commit_route(
     State(receiver): State<Arc<CommitReceiver>>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    let parent_generation = match parent_generation(&headers) {
+        Ok(generation) => generation,
+        Err(answer) => return answer,
+    };
     let request = match CommitRequest::decode(&body) {
-        Ok(request) => request,
+        Ok(mut request) => {
+            request.parent_generation = parent_generation;
+            request
+        }
         Err(e) => {
             let status = match e {
                 WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -99,10 +107,20 @@ pub(crate) async fn commit_route(
 /// The axum handler of [`COMMIT_IN_ORDER_PATH`]; the state is this node's receiver.
 pub(crate) async fn commit_in_order_route(
     State(receiver): State<Arc<CommitReceiver>>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    let parent_generation = match parent_generation(&headers) {
+        Ok(generation) => generation,
+        Err(answer) => return answer,
+    };
     let requests = match decode_in_order(&body) {
-        Ok(requests) => requests,
+        Ok(mut requests) => {
+            for request in &mut requests {
+                request.parent_generation = parent_generation;
+            }
+            requests
+        }
         Err(e) => {
             let status = match e {
                 WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -130,6 +148,27 @@ pub(crate) async fn commit_in_order_route(
         encode_answers(&answers),
     )
         .into_response()
+}
+
+/// The parent generation a commit call names ([`PARENT_GENERATION_HEADER`]), if any; a 400
+/// for one that is not a number.
+#[allow(clippy::result_large_err)] // the error is the answer itself, returned at once
+fn parent_generation(headers: &axum::http::HeaderMap) -> Result<Option<u64>, Response> {
+    let Some(value) = headers.get(PARENT_GENERATION_HEADER) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("{PARENT_GENERATION_HEADER} must be a generation number"),
+            )
+                .into_response()
+        })
 }
 
 /// The body limit of [`COMMIT_IN_ORDER_PATH`], for mounting it.
@@ -169,7 +208,9 @@ impl CommitClient {
     ) -> Result<CommitResponse, CallError> {
         let body = request.encode();
         debug_assert!(body.len() <= MAX_COMMIT_REQUEST_BYTES);
-        let answer = self.post(base_url, COMMIT_PATH, body).await?;
+        let answer = self
+            .post(base_url, COMMIT_PATH, body, request.parent_generation)
+            .await?;
         CommitResponse::decode(&answer.bytes).map_err(|e| answer.bad(e.to_string()))
     }
 
@@ -182,8 +223,14 @@ impl CommitClient {
         requests: &[CommitRequest],
     ) -> Result<Vec<CommitResponse>, CallError> {
         debug_assert!((1..=MAX_COMMITS_PER_CALL).contains(&requests.len()));
+        let parent_generation = requests.first().and_then(|r| r.parent_generation);
         let answer = self
-            .post(base_url, COMMIT_IN_ORDER_PATH, encode_in_order(requests))
+            .post(
+                base_url,
+                COMMIT_IN_ORDER_PATH,
+                encode_in_order(requests),
+                parent_generation,
+            )
             .await?;
         let answers = decode_answers(&answer.bytes).map_err(|e| answer.bad(e.to_string()))?;
         if answers.len() != requests.len() {
@@ -198,7 +245,13 @@ impl CommitClient {
 
     /// Posts `body` to `path` on the node advertising `base_url`, presenting the peer secret:
     /// the body of a successful answer, or why there is none.
-    async fn post(&self, base_url: &str, path: &str, body: Vec<u8>) -> Result<Answer, CallError> {
+    async fn post(
+        &self,
+        base_url: &str,
+        path: &str,
+        body: Vec<u8>,
+        parent_generation: Option<u64>,
+    ) -> Result<Answer, CallError> {
         let url = format!("{}{path}", base_url.trim_end_matches('/'));
         let unreachable = |source| CallError::Unreachable {
             url: url.clone(),
@@ -211,6 +264,9 @@ impl CommitClient {
             .body(body);
         if let Some(secret) = &self.bearer {
             call = call.bearer_auth(secret);
+        }
+        if let Some(generation) = parent_generation {
+            call = call.header(PARENT_GENERATION_HEADER, generation);
         }
         let response = call.send().await.map_err(unreachable)?;
         let success = response.status().is_success();

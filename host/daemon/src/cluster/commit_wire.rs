@@ -47,7 +47,17 @@ pub(crate) struct CommitRequest {
     /// after the message (module doc), never inside it.
     #[serde(skip)]
     pub null_values: Vec<u32>,
+    /// The generation at which the sender owns the parent partition, when it says
+    /// ([`PARENT_GENERATION_HEADER`]); the receiver refuses a stale one.
+    #[serde(skip)]
+    pub parent_generation: Option<u64>,
 }
+
+/// The HTTP header a commit call names the sender's parent generation in
+/// ([`CommitRequest::parent_generation`]; one per call: an in-order call's commits come from
+/// one cursor). A header rather than a field, so that nodes of the version before it (which
+/// ignore it) and after it keep copying during a rolling upgrade.
+pub(crate) const PARENT_GENERATION_HEADER: &str = "x-narad-parent-generation";
 
 /// One record of a commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +162,7 @@ impl CommitRequest {
             slab_start: origin.slab_start,
             records,
             null_values,
+            parent_generation: None,
         })
     }
 

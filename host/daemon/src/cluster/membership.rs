@@ -10,25 +10,41 @@
 //!   deletes the old node key at once), so a node that was killed comes back in one round trip,
 //!   not after the TTL. Only the lease this data dir recorded is revoked.
 //! - **Self-fencing.** [`Membership::is_fenced`] turns true when no renewal has been confirmed
-//!   for [`FENCE_FRACTION`] of the TTL: by then etcd may be about to let the key go and peers to
-//!   count the node dead, so the node stops taking writes before that can happen, not after.
+//!   for [`FENCE_FRACTION`] of the TTL etcd granted (not the one asked for: etcd counts whole
+//!   seconds): by then etcd may be about to let the key go and peers to count the node dead,
+//!   so the node stops taking writes before that can happen, not after.
 //! - **Re-joining.** When etcd reports the lease gone (expired while etcd or the network was
-//!   away), the node grants a new lease and creates its key again, under the same rule as at
-//!   start: if another process took the id meanwhile, this one stays fenced and says so.
+//!   away, or the process was stopped), the node grants a new lease and creates its key again,
+//!   under the same rule as at start: if another process took the id meanwhile, this one stays
+//!   fenced and says so. While it was counted dead its partitions may have been given to other
+//!   nodes, and its watched copy of the metadata does not know it yet: it stays fenced until
+//!   that copy reflects a linearizable read made after the key was back
+//!   ([`Membership::catch_up`]). A re-creation only takes a partition while its owner has no
+//!   key, so what the read shows is every change made while this node was counted dead.
+//! - **Terms.** Each lease is a term ([`Membership::lease_id`]). A write that began under one
+//!   term and ends under another (or fenced) is not acknowledged: the node may have been
+//!   counted dead in between ([`NodeFence`]).
 //! - **Leaving.** [`Membership::leave`] revokes the lease: peers see the node gone at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
+use crate::metastore::{EtcdMetastore, MetastoreError};
 use crate::shutdown::ShutdownSignal;
 
 /// Renewals per TTL: at 3, two renewals in a row can be lost before the node fences itself.
 pub(crate) const RENEWALS_PER_TTL: u32 = 3;
+
+/// After a failed renewal, the next comes this many times sooner than a regular one.
+const RETRY_DIVISOR: u32 = 5;
+
+/// Shortest wait between renewal tries after a failure.
+const MIN_RENEWAL_RETRY: Duration = Duration::from_millis(100);
 
 /// Fraction of the TTL without a confirmed renewal after which the node fences itself (stops
 /// taking writes): "nearly a TTL", leaving a fifth of it as margin for clock rate and the
@@ -123,8 +139,13 @@ pub struct Membership {
     prefix: String,
     record: NodeRecord,
     ttl: Duration,
+    /// The TTL etcd granted the current lease, in ms (the fence and renewals are paced by it).
+    granted_ttl_ms: AtomicU64,
     lease_dir: PathBuf,
     lease_id: AtomicI64,
+    /// Set when the lease was found gone; cleared once the watched metadata is known to
+    /// reflect everything written while the node was counted dead.
+    catching_up: AtomicBool,
     /// When the last confirmed renewal (or the grant) was *sent*: etcd's expiry is at least a
     /// TTL after that.
     renewed_at: Mutex<Instant>,
@@ -152,8 +173,10 @@ impl Membership {
             prefix,
             record,
             ttl,
+            granted_ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
             lease_dir,
             lease_id: AtomicI64::new(0),
+            catching_up: AtomicBool::new(false),
             renewed_at: Mutex::new(Instant::now()),
             renewals: AtomicU64::new(0),
             renewal_failures: AtomicU64::new(0),
@@ -168,9 +191,14 @@ impl Membership {
         &self.record
     }
 
-    /// The lease TTL.
+    /// The lease TTL asked for (`--lease-ttl-ms`).
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The TTL etcd granted the current lease: whole seconds, at least the one asked for.
+    pub(crate) fn granted_ttl(&self) -> Duration {
+        Duration::from_millis(self.granted_ttl_ms.load(Ordering::Acquire))
     }
 
     /// The etcd lease currently holding the node key.
@@ -195,16 +223,29 @@ impl Membership {
     /// True when no renewal has been confirmed for [`FENCE_FRACTION`] of the TTL: the node must
     /// not take writes (its peers may soon count it dead).
     pub(crate) fn is_fenced(&self) -> bool {
+        self.lease_silent() || self.catching_up.load(Ordering::Acquire)
+    }
+
+    /// True when no renewal has been confirmed for [`FENCE_FRACTION`] of the granted TTL.
+    fn lease_silent(&self) -> bool {
         let renewed_at = *self
             .renewed_at
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        renewed_at.elapsed() >= self.ttl.mul_f64(FENCE_FRACTION)
+        renewed_at.elapsed() >= self.granted_ttl().mul_f64(FENCE_FRACTION)
     }
 
     /// Why this node takes no writes now, when [`Membership::is_fenced`]; `None` otherwise.
     pub(crate) fn fence_reason(&self) -> Option<String> {
-        if !self.is_fenced() {
+        if !self.lease_silent() {
+            if self.catching_up.load(Ordering::Acquire) {
+                return Some(format!(
+                    "node {} lost its lease and joined again; it takes no writes until its copy \
+                     of the metadata shows what changed while it was counted dead (its \
+                     partitions may be served elsewhere now); retry",
+                    self.record().id
+                ));
+            }
             return None;
         }
         let silent = self
@@ -218,7 +259,7 @@ impl Membership {
              while peers may count it dead; reads go on; retry",
             self.record().id,
             silent.as_millis(),
-            self.ttl.as_millis()
+            self.granted_ttl().as_millis()
         ))
     }
 
@@ -258,13 +299,16 @@ impl Membership {
     /// Grants a lease and creates the node key with it, if absent.
     async fn register(&self) -> Result<()> {
         let sent = Instant::now();
-        let ttl_secs = i64::try_from(self.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        // etcd counts whole seconds: round up, so the lease is never shorter than asked.
+        let ttl_secs =
+            i64::try_from(self.ttl.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX);
         let mut lease = self.client.lease_client();
         let granted = lease
             .grant(ttl_secs, None)
             .await
             .map_err(etcd("granting the node lease"))?;
         let lease_id = granted.id();
+        let granted_ms = u64::try_from(granted.ttl().max(1)).unwrap_or(1) * 1000;
         let key = self.node_key(&self.record.id);
         let value = serde_json::to_vec(&self.record).map_err(|e| MembershipError::BadRecord {
             key: key.clone(),
@@ -299,6 +343,7 @@ impl Membership {
                 holder,
             });
         }
+        self.granted_ttl_ms.store(granted_ms, Ordering::Release);
         self.lease_id.store(lease_id, Ordering::Release);
         self.record_renewal(sent);
         self.write_lease_file(lease_id)
@@ -360,23 +405,53 @@ impl Membership {
     /// Renews the lease [`RENEWALS_PER_TTL`] times per TTL until `shutdown`, registering
     /// again when etcd reports the lease gone. Never returns an error: failures are logged,
     /// counted and retried; [`Membership::is_fenced`] tells the rest of the node.
-    pub(crate) async fn keep_alive(&self, shutdown: ShutdownSignal) {
-        let every = self.ttl / RENEWALS_PER_TTL;
-        let mut ticker = tokio::time::interval(every);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
+    ///
+    /// With `metadata` (the node's watched copy), a node that had to join again stays fenced
+    /// until [`Membership::catch_up`] succeeds, tried again on every tick until it does.
+    pub(crate) async fn keep_alive(
+        &self,
+        shutdown: ShutdownSignal,
+        metadata: Option<std::sync::Arc<EtcdMetastore>>,
+    ) {
+        let every = self.granted_ttl() / RENEWALS_PER_TTL;
+        // After a failed renewal the next comes sooner, so a node whose etcd was away for a
+        // moment takes writes again within a fraction of a second of its return, not a
+        // renewal period later.
+        let soon = (every / RETRY_DIVISOR).max(MIN_RENEWAL_RETRY);
+        let mut failed_in_a_row = 0u32;
         loop {
+            let wait = if failed_in_a_row > 0 { soon } else { every };
             tokio::select! {
                 _ = shutdown.wait() => return,
-                _ = ticker.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
             }
             let result = tokio::time::timeout(every, self.renew_once()).await;
+            let renewed = matches!(result, Ok(Ok(true)));
+            if renewed && failed_in_a_row > 0 {
+                tracing::info!(
+                    failed = failed_in_a_row,
+                    fenced = self.is_fenced(),
+                    "lease renewed again after failed renewals"
+                );
+            }
+            failed_in_a_row = if renewed {
+                0
+            } else {
+                failed_in_a_row.saturating_add(1)
+            };
+            // The first failure of a run is a warning; the quick retries after it are not.
+            let loud = failed_in_a_row == 1;
             match result {
                 Ok(Ok(true)) => {}
                 Ok(Ok(false)) => {
+                    // Fenced from here until the metadata is read again: the re-join below
+                    // would otherwise lift the fence on a copy that still names this node
+                    // the owner of partitions given away while it was counted dead.
+                    self.catching_up.store(true, Ordering::Release);
                     tracing::warn!(
                         node = %self.record.id,
-                        "the node lease is gone (expired while etcd was unreachable?); joining again"
+                        "the node lease is gone (expired while etcd was unreachable, or the \
+                         process was stopped); joining again"
                     );
                     if let Err(e) = self.register().await {
                         self.renewal_failures.fetch_add(1, Ordering::Relaxed);
@@ -385,14 +460,55 @@ impl Membership {
                 }
                 Ok(Err(e)) => {
                     self.renewal_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, fenced = self.is_fenced(), "lease renewal failed");
+                    if loud {
+                        tracing::warn!(error = %e, fenced = self.is_fenced(),
+                            "lease renewal failed; retrying every {} ms", soon.as_millis());
+                    } else {
+                        tracing::debug!(error = %e, fenced = self.is_fenced(), "lease renewal failed");
+                    }
                 }
                 Err(_) => {
                     self.renewal_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(fenced = self.is_fenced(), "lease renewal timed out");
+                    if loud {
+                        tracing::warn!(
+                            fenced = self.is_fenced(),
+                            "lease renewal timed out; retrying every {} ms",
+                            soon.as_millis()
+                        );
+                    } else {
+                        tracing::debug!(fenced = self.is_fenced(), "lease renewal timed out");
+                    }
+                }
+            }
+            if self.catching_up.load(Ordering::Acquire)
+                && !self.lease_silent()
+                && let Some(metadata) = &metadata
+            {
+                match self.catch_up(metadata).await {
+                    Ok(true) => tracing::info!(
+                        node = %self.record.id,
+                        "joined again with a current copy of the metadata; taking writes"
+                    ),
+                    Ok(false) => tracing::warn!(
+                        "the metadata copy has not caught up after the re-join; writes stay fenced"
+                    ),
+                    Err(e) => tracing::warn!(error = %e,
+                        "could not read the metadata after the re-join; writes stay fenced"),
                 }
             }
         }
+    }
+
+    /// Reads the metadata's revision linearizably and waits (at most a granted TTL) until
+    /// `metadata`'s watched copy reflects it; then, and only then, a node that joined again
+    /// takes writes. `Ok(false)`: the copy did not get there in time (still fenced).
+    pub(crate) async fn catch_up(&self, metadata: &EtcdMetastore) -> Result<bool, MetastoreError> {
+        let revision = metadata.linearizable_revision().await?;
+        if !metadata.wait_for(revision, self.granted_ttl()).await {
+            return Ok(false);
+        }
+        self.catching_up.store(false, Ordering::Release);
+        Ok(true)
     }
 
     /// Leaves the cluster: revokes the lease, so peers see the node gone at once.
@@ -575,7 +691,7 @@ mod tests {
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
             let node = node.clone();
-            tokio::spawn(async move { node.keep_alive(signal).await })
+            tokio::spawn(async move { node.keep_alive(signal, None).await })
         };
         // Someone (or an expiry while etcd was away) ends the lease: the key goes with it.
         let mut lease = client(&etcd).await.lease_client();
@@ -623,7 +739,7 @@ mod tests {
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
             let node = node.clone();
-            tokio::spawn(async move { node.keep_alive(signal).await })
+            tokio::spawn(async move { node.keep_alive(signal, None).await })
         };
         // Renewals keep it unfenced past one TTL.
         tokio::time::sleep(ttl + ttl / 2).await;
@@ -641,5 +757,77 @@ mod tests {
         trigger.trigger();
         renewing.await.unwrap();
         fenced_at.expect("a node that cannot renew must fence itself");
+    }
+
+    #[tokio::test]
+    async fn a_ttl_etcd_cannot_grant_exactly_is_rounded_up_and_the_fence_follows_the_granted_one() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let node = Membership::join(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            record("n1", 7001),
+            Duration::from_millis(2900),
+            dir.path(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(node.granted_ttl(), Duration::from_secs(3));
+        let reason = {
+            *node.renewed_at.lock().unwrap() -= Duration::from_millis(2450);
+            node.fence_reason()
+                .expect("fenced past 0.8 of the granted TTL")
+        };
+        assert!(reason.contains("TTL is 3000 ms"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_node_that_joined_again_stays_fenced_until_its_metadata_copy_has_caught_up() {
+        let etcd = TestEtcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let node = std::sync::Arc::new(
+            Membership::join(
+                client(&etcd).await,
+                PREFIX.to_owned(),
+                record("n1", 7001),
+                Duration::from_secs(3),
+                dir.path(),
+            )
+            .await
+            .unwrap(),
+        );
+        let (trigger, signal) = crate::shutdown::channel();
+        let metadata = EtcdMetastore::with_cache(
+            client(&etcd).await,
+            PREFIX.to_owned(),
+            crate::metastore::cache::CacheTiming::default(),
+            signal.clone(),
+        )
+        .await
+        .unwrap();
+        // Renewing without a metadata copy to catch up with: a re-joined node stays fenced.
+        let renewing = {
+            let node = node.clone();
+            tokio::spawn(async move { node.keep_alive(signal, None).await })
+        };
+        let old_lease = node.lease_id();
+        let mut lease = client(&etcd).await.lease_client();
+        lease.revoke(old_lease).await.unwrap();
+        let rejoined = tokio::time::timeout(Duration::from_secs(10), async {
+            while node.lease_id() == old_lease {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(rejoined.is_ok(), "the node must join again");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let reason = node
+            .fence_reason()
+            .expect("fenced until the metadata is read again");
+        assert!(reason.contains("joined again"), "{reason}");
+        assert!(node.catch_up(&metadata).await.unwrap());
+        assert_eq!(node.fence_reason(), None);
+        trigger.trigger();
+        renewing.await.unwrap();
     }
 }

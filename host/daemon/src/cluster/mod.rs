@@ -6,6 +6,8 @@
 //!   handler and a fail-fast client;
 //! - [`dedupe`]: the exact window of origins a child partition holds, which absorbs a
 //!   repeated child commit;
+//! - [`fence`]: the write fence: no write taken, or acknowledged, by a node that may be
+//!   counted dead;
 //! - [`identity`]: which data dir a node id serves from, checked before it joins;
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
 //! - [`metrics`]: lease, live-node and watch health on `/metrics`;
@@ -24,6 +26,7 @@
 pub(crate) mod commit_rpc;
 pub(crate) mod commit_wire;
 pub(crate) mod dedupe;
+pub(crate) mod fence;
 pub mod identity;
 pub(crate) mod membership;
 pub(crate) mod metrics;
@@ -83,6 +86,23 @@ pub(crate) fn peer_client() -> Result<reqwest::Client, reqwest::Error> {
 }
 
 impl ClusterContext {
+    /// The write fence of this node ([`fence::NodeFence`]).
+    pub(crate) fn fence(&self) -> std::sync::Arc<dyn crate::ownership::WriteFence> {
+        std::sync::Arc::new(fence::NodeFence::new(
+            std::sync::Arc::clone(&self.membership),
+            std::sync::Arc::clone(&self.ownership),
+        ))
+    }
+
+    /// The parent partition of a commit's records, from the watched metadata
+    /// ([`ownership::ClusterOwnership::parent_of`]).
+    pub(crate) fn parents(&self) -> std::sync::Arc<receiver::ParentLookup> {
+        let ownership = std::sync::Arc::clone(&self.ownership);
+        std::sync::Arc::new(move |child: &str, epoch: [u8; 8], parent_partition: u32| {
+            ownership.parent_of(child, epoch, parent_partition)
+        })
+    }
+
     /// This node's id.
     pub(crate) fn node_id(&self) -> &str {
         &self.membership.record().id

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use narad_storage::PartitionId;
 
+use super::receiver::ParentSeen;
 use crate::metastore::{EtcdMetastore, PartitionOwner};
 use crate::ownership::{NodeId, PartitionOwnership};
 
@@ -43,6 +44,41 @@ impl ClusterOwnership {
         };
         let topic = snapshot.topics.get(&partition.topic)?;
         topic.owners.get(partition.partition as usize).cloned()
+    }
+
+    /// The parent partition of records copied into `child` under attach `epoch` from parent
+    /// partition `parent_partition`, with its owner: what a commit's sender and receiver
+    /// check that the sender still owns.
+    pub(crate) fn parent_of(
+        &self,
+        child: &str,
+        epoch: [u8; 8],
+        parent_partition: u32,
+    ) -> ParentSeen {
+        let snapshot = match self.metastore.cached_snapshot() {
+            Some(Ok(snapshot)) => snapshot,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read links from the metadata copy");
+                return ParentSeen::UnknownLink;
+            }
+            None => return ParentSeen::UnknownLink,
+        };
+        let epoch = hex::encode(epoch);
+        let Some(link) = snapshot
+            .links
+            .values()
+            .find(|l| l.child == child && l.attach_epoch == epoch)
+        else {
+            return ParentSeen::UnknownLink;
+        };
+        let owner = snapshot
+            .topics
+            .get(&link.parent)
+            .and_then(|t| t.owners.get(parent_partition as usize).cloned());
+        ParentSeen::Partition {
+            parent: PartitionId::new(link.parent.clone(), parent_partition),
+            owner,
+        }
     }
 }
 

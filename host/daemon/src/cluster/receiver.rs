@@ -4,6 +4,11 @@
 //! 1. **Fence**: the partition must be this node's at exactly the generation the sender saw;
 //!    otherwise nothing is appended and the answer is [`CommitResponse::NotOwner`], so a sender
 //!    with a stale view (the partition moved) refreshes it instead of writing to an old copy.
+//!    The sender must also still own the parent partition: a commit names the generation at
+//!    which its sender owns it, and one below what this node's metadata shows (or below a
+//!    re-creation's fence, [`CommitReceiver::highest_origin`]) comes from a node that was
+//!    counted dead and replaced; it is refused, so the children never get a copy of a log the
+//!    re-created partition gives other records' offsets to.
 //! 2. **Dedupe**: records whose origin the partition already holds ([`OriginWindow`]) are
 //!    dropped. The window is built from the partition's tail the first time the partition is
 //!    committed to after a start, so a slab repeated across a crash of either node is absorbed.
@@ -24,6 +29,39 @@ use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
 pub(crate) type OwnerLookup = dyn Fn(&PartitionId) -> Option<PartitionOwner> + Send + Sync;
+
+/// What this node's metadata says of the parent partition a commit's records come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ParentSeen {
+    /// No link into the child topic has the commit's attach epoch (detached, or not known
+    /// here yet).
+    UnknownLink,
+    /// The link's parent partition, with its owner if the metadata names one.
+    Partition {
+        /// The parent partition.
+        parent: PartitionId,
+        /// Its owner.
+        owner: Option<PartitionOwner>,
+    },
+}
+
+/// The parent partition of records committed to `child` under `epoch` from parent partition
+/// `parent_partition`, as this node's metadata says.
+pub(crate) type ParentLookup = dyn Fn(&str, [u8; 8], u32) -> ParentSeen + Send + Sync;
+
+/// How long a re-creation's fence on a parent partition's old generations outlives a copy of
+/// the metadata that does not show the re-creation: long enough for any commit in flight when
+/// it was set, short enough that a re-creation that failed (the old owner came back first)
+/// does not stall that owner's cursors for good.
+const PARENT_FENCE_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The lowest parent generation commits from one parent partition under one attach epoch may
+/// name, set by a re-creation before it reads what the child holds.
+#[derive(Debug, Clone, Copy)]
+struct ParentFence {
+    min_generation: u64,
+    set_at: std::time::Instant,
+}
 
 /// What [`CommitReceiver::commit_in_order`] does with one request once it is deduplicated.
 enum Plan {
@@ -50,8 +88,10 @@ pub(crate) struct CommitReceiver {
     owners: Arc<OwnerLookup>,
     windows: Mutex<HashMap<PartitionId, Arc<Mutex<Option<GenerationWindow>>>>>,
     window_capacity: usize,
-    fence: Option<Arc<crate::ownership::WriteFence>>,
+    fence: Option<Arc<dyn crate::ownership::WriteFence>>,
     reused: prometheus_client::metrics::counter::Counter,
+    parents: Option<Arc<ParentLookup>>,
+    parent_fences: Mutex<HashMap<([u8; 8], u32), ParentFence>>,
 }
 
 impl CommitReceiver {
@@ -65,7 +105,16 @@ impl CommitReceiver {
             window_capacity: WINDOW_ORIGINS,
             fence: None,
             reused: prometheus_client::metrics::counter::Counter::default(),
+            parents: None,
+            parent_fences: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This receiver, checking with `parents` that the sender of a commit naming a parent
+    /// generation still owns the parent partition at it (module doc).
+    pub(crate) fn with_parents(mut self, parents: Arc<ParentLookup>) -> CommitReceiver {
+        self.parents = Some(parents);
+        self
     }
 
     /// This receiver, counting on `counter` the records it appends under a held origin with
@@ -78,8 +127,12 @@ impl CommitReceiver {
         self
     }
 
-    /// This receiver, refusing every commit while `fence` says why not (the node lost etcd).
-    pub(crate) fn with_fence(mut self, fence: Arc<crate::ownership::WriteFence>) -> CommitReceiver {
+    /// This receiver, refusing every commit while `fence` says why not (the node lost etcd),
+    /// and acknowledging none `fence` does not confirm once it is durable.
+    pub(crate) fn with_fence(
+        mut self,
+        fence: Arc<dyn crate::ownership::WriteFence>,
+    ) -> CommitReceiver {
         self.fence = Some(fence);
         self
     }
@@ -114,9 +167,10 @@ impl CommitReceiver {
             });
         }
         let id = PartitionId::new(topic, partition);
-        if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
-            return refuse_all(CommitResponse::Failed { reason });
-        }
+        let term = match self.fence.as_ref().map(|fence| fence.admit()).transpose() {
+            Ok(term) => term,
+            Err(reason) => return refuse_all(CommitResponse::Failed { reason }),
+        };
         let owner = (self.owners)(&id);
         match &owner {
             Some(o) if o.node == self.node && o.generation == generation => {
@@ -145,6 +199,11 @@ impl CommitReceiver {
         let mut window = slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Checked under the partition's lock: a re-creation's fence set while this waited for
+        // it is seen here (`highest_origin`).
+        if let Some(reason) = requests.iter().find_map(|r| self.stale_parent(r)) {
+            return refuse_all(CommitResponse::Failed { reason });
+        }
         // A window belongs to one generation: a partition that moved away and came back holds
         // records appended elsewhere meanwhile, so its window is built again from its tail.
         if window.as_ref().map(|(generation, _)| *generation) != Some(generation) {
@@ -158,7 +217,86 @@ impl CommitReceiver {
                 reason: "dedupe window missing".to_owned(),
             });
         };
-        self.append_in_order(&id, window, requests)
+        let answers = self.append_in_order(&id, window, requests);
+        // Durable now; acknowledged only if the node kept its lease and the partition
+        // throughout (a node stopped mid-commit past its lease may have been replaced).
+        let confirmed = match (&self.fence, term) {
+            (Some(fence), Some(term)) => fence.confirm(term, &id),
+            _ => Ok(()),
+        }
+        .and_then(|()| match (self.owners)(&id) {
+            Some(o) if o.node == self.node && o.generation == generation => Ok(()),
+            _ => Err(format!(
+                "child partition {id} changed owner while a commit to it was in progress: not \
+                 acknowledged (it may or may not be stored); retry"
+            )),
+        });
+        match confirmed {
+            Ok(()) => answers,
+            Err(reason) => answers
+                .into_iter()
+                .map(|answer| match answer {
+                    CommitResponse::Committed { .. } => CommitResponse::Failed {
+                        reason: reason.clone(),
+                    },
+                    other => other,
+                })
+                .collect(),
+        }
+    }
+
+    /// Why `request` must not be appended because its sender no longer owns the parent
+    /// partition at the generation it names (module doc); `None` when it may be. A request
+    /// that names no parent generation (a sender from before it was sent) is not checked.
+    fn stale_parent(&self, request: &CommitRequest) -> Option<String> {
+        let claimed = request.parent_generation?;
+        let key = (request.epoch, request.parent_partition);
+        let seen = self
+            .parents
+            .as_ref()
+            .map(|parents| parents(&request.topic, request.epoch, request.parent_partition));
+        let cached = match &seen {
+            Some(ParentSeen::UnknownLink) => {
+                return Some(format!(
+                    "no link into {} has attach epoch {} in node {}'s metadata (detached, or not \
+                     known here yet): nothing appended",
+                    request.topic,
+                    hex::encode(request.epoch),
+                    self.node
+                ));
+            }
+            Some(ParentSeen::Partition { owner, .. }) => owner.as_ref().map(|o| o.generation),
+            None => None,
+        };
+        let mut fences = self
+            .parent_fences
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fenced_below = match fences.get(&key) {
+            // The metadata shows the re-creation now (it checks from here on), or the
+            // re-creation did not happen in time: the fence has done its work.
+            Some(fence)
+                if cached.is_some_and(|g| g >= fence.min_generation)
+                    || fence.set_at.elapsed() > PARENT_FENCE_TTL =>
+            {
+                fences.remove(&key);
+                None
+            }
+            Some(fence) => Some(fence.min_generation),
+            None => None,
+        };
+        let least = cached.max(fenced_below)?;
+        (claimed < least).then(|| {
+            let parent = match &seen {
+                Some(ParentSeen::Partition { parent, .. }) => parent.to_string(),
+                _ => format!("partition {}", request.parent_partition),
+            };
+            format!(
+                "the sender owned parent {parent} at generation {claimed}, but it is at \
+                 generation {least} now (re-created or moved while the sender was counted \
+                 dead): a stale sender's copies are refused"
+            )
+        })
     }
 
     /// Deduplicates `requests` against `window` and appends what is left of them together,
@@ -301,11 +439,17 @@ impl CommitReceiver {
     /// remembers (its dedupe window, built from its tail if no commit built it yet): a parent
     /// partition re-created empty must start above it, or its new records would be dropped
     /// as copies of the old ones. Only the owner answers. Blocking.
+    ///
+    /// With `fence_below`, commits from that parent partition under that epoch naming a lower
+    /// parent generation are refused from now on (until this node's metadata shows the
+    /// partition at that generation or later, or [`PARENT_FENCE_TTL`] passes): a re-creation
+    /// sets it before it reads, so nothing its old owner sends can land above the answer.
     pub(crate) fn highest_origin(
         &self,
         id: &PartitionId,
         epoch: [u8; 8],
         parent_partition: u32,
+        fence_below: Option<u64>,
     ) -> Result<Option<u64>, HighestOriginError> {
         let owner = (self.owners)(id);
         let generation = match &owner {
@@ -324,6 +468,20 @@ impl CommitReceiver {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             Arc::clone(windows.entry(id.clone()).or_default())
         };
+        if let Some(min_generation) = fence_below {
+            self.parent_fences
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(
+                    (epoch, parent_partition),
+                    ParentFence {
+                        min_generation,
+                        set_at: std::time::Instant::now(),
+                    },
+                );
+        }
+        // Taken after the fence is set: a commit still appending holds it, so what it
+        // appends is in the answer, and every later one sees the fence.
         let mut window = slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -780,5 +938,153 @@ mod tests {
             }
         ));
         assert!(stored_values(&store).is_empty());
+    }
+
+    /// A receiver whose metadata gives parent partition `orders/0` (the link into `audit`
+    /// with epoch `[1; 8]`) to node `n2` at `parent_generation`.
+    fn receiver_with_parent(store: &Arc<Store>, parent_generation: u64) -> CommitReceiver {
+        receiver(store, "n1", 3).with_parents(Arc::new(move |child: &str, epoch, partition| {
+            if child != "audit" || epoch != [1; 8] {
+                return ParentSeen::UnknownLink;
+            }
+            ParentSeen::Partition {
+                parent: PartitionId::new("orders", partition),
+                owner: Some(PartitionOwner {
+                    node: "n2".to_owned(),
+                    generation: parent_generation,
+                    moving_to: None,
+                }),
+            }
+        }))
+    }
+
+    fn from_parent_at(generation: u64, offsets: &[u64]) -> CommitRequest {
+        let mut request = request(3, offsets);
+        request.parent_generation = Some(generation);
+        request
+    }
+
+    #[test]
+    fn a_commit_from_a_parent_owner_at_an_older_generation_is_refused_and_nothing_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let rx = receiver_with_parent(&store, 5);
+        // The sender of a re-created (or moved) partition's old generation: refused.
+        let refused = rx.commit(from_parent_at(4, &[0, 1]));
+        assert!(
+            matches!(&refused, CommitResponse::Failed { reason } if reason.contains("generation 5")),
+            "{refused:?}"
+        );
+        assert!(stored_values(&store).is_empty());
+        // The current owner, and one this copy of the metadata has not caught up with yet.
+        for (generation, offsets) in [(5, [0, 1]), (6, [2, 3])] {
+            let answer = rx.commit(from_parent_at(generation, &offsets));
+            assert!(
+                matches!(answer, CommitResponse::Committed { appended: 2, .. }),
+                "{answer:?}"
+            );
+        }
+        // A sender from before parent generations were sent is not checked.
+        let answer = rx.commit(request(3, &[4]));
+        assert!(
+            matches!(answer, CommitResponse::Committed { appended: 1, .. }),
+            "{answer:?}"
+        );
+        // A link this node does not know (detached): nothing appended.
+        let mut unknown = from_parent_at(5, &[5]);
+        unknown.epoch = [9; 8];
+        let answer = rx.commit(unknown);
+        assert!(
+            matches!(answer, CommitResponse::Failed { .. }),
+            "{answer:?}"
+        );
+        assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3", "r4"]);
+    }
+
+    #[test]
+    fn a_re_creations_fence_refuses_the_old_owner_before_the_metadata_shows_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        // The metadata here still shows the old owner at generation 5.
+        let rx = receiver_with_parent(&store, 5);
+        let answer = rx.commit(from_parent_at(5, &[0, 1]));
+        assert!(
+            matches!(answer, CommitResponse::Committed { .. }),
+            "{answer:?}"
+        );
+        // A re-creation asks what the child holds, fencing generations below 6.
+        let id = PartitionId::new("audit", 0);
+        assert_eq!(rx.highest_origin(&id, [1; 8], 0, Some(6)).unwrap(), Some(1));
+        // The old owner's next commit would land above the answer: refused.
+        let refused = rx.commit(from_parent_at(5, &[2, 3]));
+        assert!(
+            matches!(refused, CommitResponse::Failed { .. }),
+            "{refused:?}"
+        );
+        // The new owner's commits go in.
+        let answer = rx.commit(from_parent_at(6, &[2, 3]));
+        assert!(
+            matches!(answer, CommitResponse::Committed { appended: 2, .. }),
+            "{answer:?}"
+        );
+        // Asking without a fence (an older re-creating node) fences nothing.
+        let rx = receiver_with_parent(&store, 5);
+        assert_eq!(rx.highest_origin(&id, [1; 8], 0, None).unwrap(), Some(3));
+        let answer = rx.commit(from_parent_at(5, &[4]));
+        assert!(
+            matches!(answer, CommitResponse::Committed { appended: 1, .. }),
+            "{answer:?}"
+        );
+    }
+
+    #[test]
+    fn a_commit_made_durable_after_the_node_lost_its_lease_is_not_acknowledged() {
+        use crate::ownership::{WriteFence, WriteTerm};
+        use std::sync::atomic::{AtomicI64, Ordering};
+
+        /// A fence whose lease changes when the test says (the node was stopped past its
+        /// lease while the append ran, and joined again).
+        struct Lease(AtomicI64);
+        impl WriteFence for Lease {
+            fn admit(&self) -> Result<WriteTerm, String> {
+                Ok(WriteTerm(self.0.load(Ordering::SeqCst)))
+            }
+            fn confirm(&self, term: WriteTerm, _: &PartitionId) -> Result<(), String> {
+                if term.0 == self.0.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("lost its lease".to_owned())
+                }
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let lease = Arc::new(Lease(AtomicI64::new(1)));
+        let rx = receiver(&store, "n1", 3).with_fence(Arc::clone(&lease) as Arc<dyn WriteFence>);
+        let answer = rx.commit(request(3, &[0]));
+        assert!(
+            matches!(answer, CommitResponse::Committed { .. }),
+            "{answer:?}"
+        );
+        // The store's append stands in for the pause: the lease turns over under it.
+        let turned = Arc::new(Lease(AtomicI64::new(1)));
+        struct TurnsOver(Arc<Lease>);
+        impl WriteFence for TurnsOver {
+            fn admit(&self) -> Result<WriteTerm, String> {
+                let term = self.0.admit();
+                self.0.0.fetch_add(1, Ordering::SeqCst);
+                term
+            }
+            fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String> {
+                self.0.confirm(term, partition)
+            }
+        }
+        let rx = receiver(&store, "n1", 3).with_fence(Arc::new(TurnsOver(turned)));
+        let answer = rx.commit(request(3, &[1]));
+        assert!(
+            matches!(&answer, CommitResponse::Failed { reason } if reason.contains("lost its lease")),
+            "{answer:?}"
+        );
     }
 }

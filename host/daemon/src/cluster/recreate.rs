@@ -71,6 +71,11 @@ pub(crate) struct HighestOriginRequest {
     pub epoch: String,
     /// The parent partition.
     pub parent_partition: u32,
+    /// The owner record's generation once re-created: commits from the parent partition's
+    /// old owner (lower generations) are refused from this call on, so nothing it still
+    /// sends can land above the answer. Absent from older senders.
+    #[serde(default)]
+    pub fence_below: Option<u64>,
 }
 
 /// The answer to a [`HighestOriginRequest`].
@@ -278,7 +283,10 @@ impl Recreator {
             .collect();
         let mut held = Vec::with_capacity(links.len());
         for link in &links {
-            held.push(self.highest_held(&snapshot, &id, link).await?);
+            held.push(
+                self.highest_held(&snapshot, &id, link, owner.generation + 1)
+                    .await?,
+            );
         }
         let start = new_start(&held, start_offset);
         let losses = link_losses(links.iter().copied(), &held, partition, start);
@@ -292,7 +300,7 @@ impl Recreator {
         if let Err(e) = self
             .cluster
             .metastore
-            .set_owner(topic, partition, owner.clone(), new_owner.clone())
+            .set_owner_of_dead_node(topic, partition, owner.clone(), new_owner.clone())
             .await
         {
             // Someone else changed the record first: the empty copy is not ours to serve.
@@ -326,6 +334,7 @@ impl Recreator {
         snapshot: &Snapshot,
         id: &PartitionId,
         link: &LinkMeta,
+        fence_below: u64,
     ) -> Result<Option<u64>, RecreateError> {
         let Some(child) = snapshot.topics.get(&link.child) else {
             return Ok(None);
@@ -351,24 +360,21 @@ impl Recreator {
                 .map(|o| o.node.clone())
                 .unwrap_or_default();
             let (cluster, receiver) = (Arc::clone(&self.cluster), Arc::clone(&self.receiver));
-            let (id, epoch_text) = (id.clone(), link.attach_epoch.clone());
+            let id = id.clone();
+            let question = HighestOriginRequest {
+                epoch: link.attach_epoch.clone(),
+                parent_partition: id.partition,
+                fence_below: Some(fence_below),
+            };
             asks.spawn(async move {
-                ask(
-                    &cluster,
-                    &receiver,
-                    &child_id,
-                    &node,
-                    epoch,
-                    &epoch_text,
-                    id.partition,
-                )
-                .await
-                .map_err(|reason| RecreateError::ChildUnknown {
-                    partition: id,
-                    child: child_id,
-                    node,
-                    reason,
-                })
+                ask(&cluster, &receiver, &child_id, &node, epoch, question)
+                    .await
+                    .map_err(|reason| RecreateError::ChildUnknown {
+                        partition: id,
+                        child: child_id,
+                        node,
+                        reason,
+                    })
             });
         }
         while let Some(done) = asks.join_next().await {
@@ -509,30 +515,26 @@ fn joined(
     done.map_err(|e| RecreateError::Task(BlockingError::from(e)))?
 }
 
-/// Asks the owner `node` of `child` (this node, through `receiver`, or another) for the
-/// highest offset of `parent_partition` under `epoch` it remembers.
+/// Asks the owner `node` of `child` (this node, through `receiver`, or another) the
+/// `request` (`epoch` is its attach epoch, decoded): the highest offset of its parent
+/// partition it remembers, fencing the old generations.
 async fn ask(
     cluster: &ClusterContext,
     receiver: &Arc<CommitReceiver>,
     child: &PartitionId,
     node: &str,
     epoch: [u8; 8],
-    epoch_text: &str,
-    parent_partition: u32,
+    request: HighestOriginRequest,
 ) -> Result<Option<u64>, String> {
     if node == cluster.node_id() {
         let (receiver, child) = (Arc::clone(receiver), child.clone());
         return crate::blocking::run(move || {
-            receiver.highest_origin(&child, epoch, parent_partition)
+            receiver.highest_origin(&child, epoch, request.parent_partition, request.fence_below)
         })
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string());
     }
-    let request = HighestOriginRequest {
-        epoch: epoch_text.to_owned(),
-        parent_partition,
-    };
     let answer = cluster
         .post_peer(
             node,
@@ -578,9 +580,10 @@ pub(crate) async fn highest_origin_route(
             .into_response();
     };
     let id = PartitionId::new(topic, partition);
-    let answer =
-        crate::blocking::run(move || receiver.highest_origin(&id, epoch, request.parent_partition))
-            .await;
+    let answer = crate::blocking::run(move || {
+        receiver.highest_origin(&id, epoch, request.parent_partition, request.fence_below)
+    })
+    .await;
     match answer {
         Ok(Ok(highest)) => axum::Json(HighestOrigin { highest }).into_response(),
         Ok(Err(e @ HighestOriginError::NotOwner { .. })) => {

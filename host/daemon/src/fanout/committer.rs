@@ -114,6 +114,17 @@ pub enum ChildCommitError {
         /// Why this node is fenced.
         reason: String,
     },
+    /// This node does not own the parent partition the bucket's records come from (its
+    /// metadata gives it to another node, or at another generation, or knows no link with
+    /// the bucket's attach epoch): a cursor left running on a partition that was moved or
+    /// re-created away copies nothing more; the reconciler stops it.
+    #[error("not committing to child partition {partition}: {reason}")]
+    NotParentOwner {
+        /// The child partition.
+        partition: PartitionId,
+        /// What the metadata says of the parent partition.
+        reason: String,
+    },
     /// The child partition's owner is not alive (its lease is gone): nothing was sent, so a
     /// dead owner costs no connect timeout per try.
     #[error("waiting for the owner of child partition {partition} (node {node}): it is not alive")]

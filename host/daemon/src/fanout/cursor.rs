@@ -941,7 +941,9 @@ impl Cursor {
     ) -> Result<(), CursorExit> {
         let dropped = log_start.saturating_sub(from);
         tracing::warn!(parent = %self.parent, child = %self.key.child, from, to = log_start, dropped,
-            "cursor fell behind the parent's retention; skipping aged-out records");
+            "the cursor's position is below the parent's log start (records aged out by \
+             retention, or the partition was re-created after a loss); skipping them, counted \
+             as dropped");
         match offsets.past_aged_out(log_start).await {
             Ok(()) => {
                 self.status.add_dropped(dropped);

@@ -32,7 +32,7 @@ use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure, one_at_
 use super::metrics::{ChildLabels, FanoutMetrics};
 use crate::cluster::commit_rpc::{CallError, CommitClient};
 use crate::cluster::commit_wire::{CommitRequest, CommitResponse, MAX_COMMITS_PER_CALL};
-use crate::cluster::receiver::{CommitReceiver, OwnerLookup};
+use crate::cluster::receiver::{CommitReceiver, OwnerLookup, ParentLookup, ParentSeen};
 use crate::produce::Producer;
 
 /// The address a live node advertises (e.g. `http://10.0.0.5:7070`), `None` when the node is
@@ -55,7 +55,10 @@ pub(crate) struct ClusterCommitter {
     /// exactly as one from another node (one window per partition, whoever sends).
     receiver: Option<Arc<CommitReceiver>>,
     /// Why this node sends nothing now (it lost etcd), if it does not.
-    fence: Option<Arc<crate::ownership::WriteFence>>,
+    fence: Option<Arc<dyn crate::ownership::WriteFence>>,
+    /// The owner of each bucket's parent partition: a bucket is sent only while this node
+    /// owns it, and names the generation it owns it at.
+    parents: Option<Arc<ParentLookup>>,
 }
 
 impl std::fmt::Debug for ClusterCommitter {
@@ -90,6 +93,7 @@ impl ClusterCommitter {
             metrics,
             receiver: None,
             fence: None,
+            parents: None,
         }
     }
 
@@ -105,14 +109,24 @@ impl ClusterCommitter {
     /// renew its lease): the buckets wait in memory and are retried, as for a dead owner.
     pub(crate) fn with_fence(
         mut self,
-        fence: Arc<crate::ownership::WriteFence>,
+        fence: Arc<dyn crate::ownership::WriteFence>,
     ) -> ClusterCommitter {
         self.fence = Some(fence);
         self
     }
 
-    /// The request for one bucket of `partition`, owned at `generation`.
+    /// The same committer, sending a bucket only while `parents` says this node owns the
+    /// parent partition its records come from, and naming the generation it owns it at (the
+    /// receiver refuses a stale one).
+    pub(crate) fn with_parents(mut self, parents: Arc<ParentLookup>) -> ClusterCommitter {
+        self.parents = Some(parents);
+        self
+    }
+
+    /// The request for one bucket of `partition`, owned at `generation`, naming the parent
+    /// generation this node owns the records' parent partition at.
     fn request(
+        &self,
         partition: &PartitionId,
         batch: &EncodedBatch,
         generation: u64,
@@ -123,10 +137,44 @@ impl ClusterCommitter {
                 partition: partition.clone(),
                 source,
             })?;
-        CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
-            .ok_or_else(|| ChildCommitError::NoProvenance {
-                partition: partition.clone(),
-            })
+        let mut request =
+            CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
+                .ok_or_else(|| ChildCommitError::NoProvenance {
+                    partition: partition.clone(),
+                })?;
+        request.parent_generation = self.parent_generation(partition, &request)?;
+        Ok(request)
+    }
+
+    /// The generation at which this node owns the parent partition of `request`'s records;
+    /// [`ChildCommitError::NotParentOwner`] when it does not (`None` without a lookup).
+    fn parent_generation(
+        &self,
+        partition: &PartitionId,
+        request: &CommitRequest,
+    ) -> Result<Option<u64>, ChildCommitError> {
+        let Some(parents) = &self.parents else {
+            return Ok(None);
+        };
+        let refuse = |reason: String| ChildCommitError::NotParentOwner {
+            partition: partition.clone(),
+            reason,
+        };
+        match parents(&request.topic, request.epoch, request.parent_partition) {
+            ParentSeen::Partition {
+                owner: Some(owner), ..
+            } if owner.node == self.node => Ok(Some(owner.generation)),
+            ParentSeen::Partition { parent, owner } => Err(refuse(format!(
+                "parent partition {parent} is served by {}, not by this node {}",
+                owner.map_or_else(|| "no node".to_owned(), |o| format!("node {}", o.node)),
+                self.node
+            ))),
+            ParentSeen::UnknownLink => Err(refuse(format!(
+                "no link into {} has attach epoch {} (detached)",
+                request.topic,
+                hex::encode(request.epoch)
+            ))),
+        }
     }
 
     /// Sends one bucket to `node`, which owns `partition` at `generation` as this node sees
@@ -139,7 +187,7 @@ impl ClusterCommitter {
         generation: u64,
         base_url: &str,
     ) -> Result<Appended, ChildCommitError> {
-        let request = Self::request(partition, batch, generation)?;
+        let request = self.request(partition, batch, generation)?;
         let sent = request.records.len();
         let answer = self
             .runtime
@@ -221,7 +269,7 @@ impl ChildCommitter for ClusterCommitter {
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
-        if let Some(reason) = self.fence.as_ref().and_then(|fence| fence()) {
+        if let Some(Err(reason)) = self.fence.as_ref().map(|fence| fence.admit()) {
             return Err(ChildCommitError::Fenced {
                 partition: partition.clone(),
                 reason,
@@ -236,7 +284,7 @@ impl ChildCommitter for ClusterCommitter {
         if owner.node == self.node {
             return match &self.receiver {
                 Some(receiver) => {
-                    let request = Self::request(partition, batch, owner.generation)?;
+                    let request = self.request(partition, batch, owner.generation)?;
                     let sent = request.records.len();
                     let answer = receiver.commit(request);
                     self.accept(partition, &owner.node, owner.generation, sent, answer)
@@ -263,12 +311,15 @@ impl ChildCommitter for ClusterCommitter {
         partition: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> Result<(), InOrderFailure> {
-        let fenced = self.fence.as_ref().and_then(|fence| fence()).is_some();
+        let fenced = self
+            .fence
+            .as_ref()
+            .is_some_and(|fence| fence.admit().is_err());
         let owner = (self.owners)(partition).filter(|_| !fenced);
         let requests = owner.as_ref().and_then(|owner| {
             batches
                 .iter()
-                .map(|batch| Self::request(partition, batch, owner.generation))
+                .map(|batch| self.request(partition, batch, owner.generation))
                 .collect::<Result<Vec<CommitRequest>, _>>()
                 .ok()
         });

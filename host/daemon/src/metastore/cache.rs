@@ -58,8 +58,14 @@ impl Default for CacheTiming {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CacheView {
     /// The etcd revision the copy reflects (every event up to it is applied); 0 before the
-    /// first read.
+    /// first read. After a full read this is etcd's revision at the read, which counts writes
+    /// under other prefixes too: a peer's copy, moved only by this prefix's events, may never
+    /// reach it. Send [`CacheView::data_revision`] to others instead.
     pub(crate) revision: i64,
+    /// The newest modification revision among the keys the copy holds or saw deleted: the
+    /// revision of the metadata itself. A peer whose copy reflects it holds everything this
+    /// copy does (every metadata write bumps a key the copy keeps).
+    pub(crate) data_revision: i64,
     /// Every key under the prefix (the prefix stripped), with its value.
     pub entries: Arc<BTreeMap<String, Vec<u8>>>,
 }
@@ -140,6 +146,12 @@ async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_clie
         .get(prefix, Some(GetOptions::new().with_prefix()))
         .await?;
     let revision = response.header().map_or(0, |h| h.revision());
+    let data_revision = response
+        .kvs()
+        .iter()
+        .map(etcd_client::KeyValue::mod_revision)
+        .max()
+        .unwrap_or(0);
     let entries = response
         .kvs()
         .iter()
@@ -151,6 +163,7 @@ async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_clie
         .collect();
     Ok(CacheView {
         revision,
+        data_revision,
         entries: Arc::new(entries),
     })
 }
@@ -264,9 +277,11 @@ impl WatchLoop {
         self.sender.send_if_modified(|view| {
             let mut entries: Option<BTreeMap<String, Vec<u8>>> = None;
             let mut revision = view.revision;
+            let mut newest_event = view.data_revision;
             for event in response.events() {
                 let Some(kv) = event.kv() else { continue };
                 revision = revision.max(kv.mod_revision());
+                newest_event = newest_event.max(kv.mod_revision());
                 let Some(key) = kv
                     .key()
                     .strip_prefix(self.prefix.as_bytes())
@@ -295,6 +310,7 @@ impl WatchLoop {
             if let Some(map) = entries {
                 view.entries = Arc::new(map);
             }
+            view.data_revision = newest_event;
             view.revision = revision;
             changed
         });
@@ -335,6 +351,40 @@ mod tests {
             .entries
             .get(key)
             .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// A node started after writes outside the prefix (node keys, leases) must not name
+    /// etcd's revision to its peers: their copies, moved only by this prefix's events, would
+    /// never reach it, and every call they serve for it would wait its full limit.
+    #[tokio::test]
+    async fn the_revision_a_copy_names_to_peers_is_its_metadatas_whatever_was_written_elsewhere() {
+        let etcd = TestEtcd::start();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let (trigger, signal) = crate::shutdown::channel();
+        let running =
+            PrefixCache::start(client.clone(), PREFIX.to_owned(), quick(), signal.clone())
+                .await
+                .unwrap();
+        let mut kv = client.kv_client();
+        let written = kv.put(format!("{PREFIX}a"), "1", None).await.unwrap();
+        let written = written.header().unwrap().revision();
+        kv.put("/narad-test/nodes/n9", "elsewhere", None)
+            .await
+            .unwrap();
+        assert!(running.wait_for(written, Duration::from_secs(10)).await);
+        let restarted = PrefixCache::start(client.clone(), PREFIX.to_owned(), quick(), signal)
+            .await
+            .unwrap();
+        assert_eq!(restarted.view().data_revision, written);
+        assert!(
+            restarted.view().revision > written,
+            "a full read is at etcd's revision"
+        );
+        assert_eq!(running.view().data_revision, written);
+        // The peer that has every metadata write is seen as caught up at once.
+        let named = restarted.view().data_revision;
+        assert!(running.wait_for(named, Duration::from_millis(1)).await);
+        trigger.trigger();
     }
 
     #[tokio::test]

@@ -29,7 +29,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
@@ -37,8 +39,8 @@ use tokio::sync::Mutex;
 use super::cache::{CacheHealth, CacheTiming, PrefixCache};
 use super::transition;
 use super::{
-    BoxFuture, Change, LinkMeta, LinkTopics, Metastore, MetastoreError, Outcome, PluginVersion,
-    Result, Snapshot, TopicMeta, Versions,
+    BoxFuture, Change, LinkMeta, LinkTopics, Metastore, MetastoreError, Outcome, PartitionOwner,
+    PluginVersion, Result, Snapshot, TopicMeta, Versions,
 };
 use crate::shutdown::ShutdownSignal;
 
@@ -171,10 +173,40 @@ impl EtcdMetastore {
         }
     }
 
-    /// The etcd revision the watched copy reflects (0 without one): a node passes it along
-    /// with a call to another node, which waits to have seen as much ([`Self::wait_for`]).
+    /// The revision of the metadata in the watched copy (0 without one): a node passes it
+    /// along with a call to another node, which waits to have seen as much
+    /// ([`Self::wait_for`]). It is the newest write to the metadata the copy holds, not etcd's
+    /// revision at the copy's last read: that one also counts writes no peer's copy ever
+    /// sees (node keys, leases), and a peer would wait for it in vain.
     pub(crate) fn cache_revision(&self) -> i64 {
-        self.cache.as_ref().map_or(0, |c| c.view().revision)
+        self.cache.as_ref().map_or(0, |c| c.view().data_revision)
+    }
+
+    /// The revision of the newest write to the metadata, read linearizably (through etcd's
+    /// leader): once the watched copy reflects it ([`Self::wait_for`]), the copy holds every
+    /// metadata write committed before this call began.
+    pub(crate) async fn linearizable_revision(&self) -> Result<i64> {
+        let mut kv = self.client.kv_client();
+        let newest = kv
+            .get(
+                format!("{}{META}", self.prefix),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only()
+                        .with_sort(SortTarget::Mod, SortOrder::Descend)
+                        .with_limit(1),
+                ),
+            )
+            .await
+            .map_err(|source| MetastoreError::Unavailable {
+                context: "reading the metadata's revision from etcd".to_owned(),
+                source: Box::new(source),
+            })?;
+        Ok(newest
+            .kvs()
+            .first()
+            .map_or(0, etcd_client::KeyValue::mod_revision))
     }
 
     /// Waits until the watched copy reflects `revision`, for at most `limit`; returns whether
@@ -184,6 +216,44 @@ impl EtcdMetastore {
             Some(cache) => cache.wait_for(revision, limit).await,
             None => true,
         }
+    }
+
+    /// Gives partition `partition` of `topic`, owned by the dead node `expected.node`, to
+    /// `owner`, if its record is still `expected` and that node is still dead (no node key) at
+    /// the moment of the write: a node that comes back first keeps its partition
+    /// ([`MetastoreError::OwnerAlive`]), and one that comes back after finds the new owner in
+    /// the metadata it reads when it re-joins.
+    pub(crate) async fn set_owner_of_dead_node(
+        &self,
+        topic: &str,
+        partition: u32,
+        expected: PartitionOwner,
+        owner: PartitionOwner,
+    ) -> Result<TopicMeta> {
+        let dead = expected.node.clone();
+        let change = Change::SetOwner {
+            topic: topic.to_owned(),
+            partition,
+            expected,
+            owner,
+        };
+        self.apply_while_dead(change, Some(&dead))
+            .await
+            .and_then(Outcome::into_topic)
+    }
+
+    /// Applies `change` in compare-and-swap rounds; with `dead`, only while that node has no
+    /// key.
+    async fn apply_while_dead(&self, change: Change, dead: Option<&str>) -> Result<Outcome> {
+        let _queued = self.write_lock.lock().await;
+        for _ in 0..MAX_WRITE_ROUNDS {
+            if let Some(outcome) = self.try_apply(&change, dead).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(MetastoreError::Contended {
+            rounds: MAX_WRITE_ROUNDS,
+        })
     }
 
     /// The key prefix this metastore reads and writes under.
@@ -269,7 +339,7 @@ impl EtcdMetastore {
 
     /// One compare-and-swap round: `Ok(Some(outcome))` when it landed (or changed nothing),
     /// `Ok(None)` when another write landed first.
-    async fn try_apply(&self, change: &Change) -> Result<Option<Outcome>> {
+    async fn try_apply(&self, change: &Change, dead: Option<&str>) -> Result<Option<Outcome>> {
         let read = self.read(false).await?;
         let before = read.snapshot.clone();
         let mut next = read.snapshot;
@@ -299,13 +369,18 @@ impl EtcdMetastore {
                 None,
             ));
         }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                self.key(VERSIONS),
-                CompareOp::Equal,
-                read.versions_revision,
-            )])
-            .and_then(puts);
+        let mut compares = vec![Compare::mod_revision(
+            self.key(VERSIONS),
+            CompareOp::Equal,
+            read.versions_revision,
+        )];
+        let mut otherwise = Vec::new();
+        if let Some(node) = dead {
+            let key = format!("{}nodes/{node}", self.prefix);
+            compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            otherwise.push(TxnOp::get(key, None));
+        }
+        let txn = Txn::new().when(compares).and_then(puts).or_else(otherwise);
         let mut kv = self.client.kv_client();
         let response = kv
             .txn(txn)
@@ -315,6 +390,14 @@ impl EtcdMetastore {
                 source: Box::new(source),
             })?;
         if !response.succeeded() {
+            let alive = response.op_responses().into_iter().any(
+                |op| matches!(op, etcd_client::TxnOpResponse::Get(get) if !get.kvs().is_empty()),
+            );
+            if let (true, Some(node)) = (alive, dead) {
+                return Err(MetastoreError::OwnerAlive {
+                    node: node.to_owned(),
+                });
+            }
             return Ok(None);
         }
         if let Some(cache) = &self.cache {
@@ -410,17 +493,7 @@ impl Metastore for EtcdMetastore {
     }
 
     fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
-        Box::pin(async move {
-            let _queued = self.write_lock.lock().await;
-            for _ in 0..MAX_WRITE_ROUNDS {
-                if let Some(outcome) = self.try_apply(&change).await? {
-                    return Ok(outcome);
-                }
-            }
-            Err(MetastoreError::Contended {
-                rounds: MAX_WRITE_ROUNDS,
-            })
-        })
+        Box::pin(self.apply_while_dead(change, None))
     }
 }
 

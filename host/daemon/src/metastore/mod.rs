@@ -449,6 +449,16 @@ pub enum MetastoreError {
         /// The record found, described.
         found: String,
     },
+    /// A dead node's partition was to get a new owner, but the node is alive again (its key
+    /// came back before the write): nothing changed.
+    #[error(
+        "node {node} is alive again: its partitions are not re-created while it lives (move \
+         them with `narad partition move`, which loses nothing)"
+    )]
+    OwnerAlive {
+        /// The node.
+        node: String,
+    },
     /// A background task running a blocking write was cancelled or panicked.
     #[error("metastore write task failed: {0}")]
     Task(String),

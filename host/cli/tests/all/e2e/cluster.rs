@@ -13,14 +13,14 @@ use serde_json::{Value, json};
 use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
 
 /// Longest wait for the cluster to converge (nodes seen, records copied).
-const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Short leases, so a test never waits out the 10 s default.
 const LEASE_TTL_MS: &str = "3000";
 
 /// A real etcd and three nodes `n1`, `n2`, `n3` of one cluster.
-struct Cluster {
-    nodes: Vec<Daemon>,
+pub(super) struct Cluster {
+    pub(super) nodes: Vec<Daemon>,
     _etcd: TestEtcd,
     _dir: tempfile::TempDir,
 }
@@ -39,12 +39,12 @@ fn cluster_args<'a>(etcd: &'a str, cluster: &'a str, node: &'a str) -> Vec<&'a s
 }
 
 impl Cluster {
-    fn start(name: &str) -> Cluster {
+    pub(super) fn start(name: &str) -> Cluster {
         Cluster::start_with(name, &[])
     }
 
     /// [`Cluster::start`] with `extra` arguments for every node.
-    fn start_with(name: &str, extra: &[&str]) -> Cluster {
+    pub(super) fn start_with(name: &str, extra: &[&str]) -> Cluster {
         let etcd = TestEtcd::start();
         let endpoint = etcd.endpoint();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -67,7 +67,7 @@ impl Cluster {
 
     /// What each node says about `parent`'s children, and the end of its log: for a failure
     /// message.
-    fn diagnostics(&self, parent: &str) -> String {
+    pub(super) fn diagnostics(&self, parent: &str) -> String {
         let client = http_client();
         let mut text = String::new();
         for (i, node) in self.nodes.iter().enumerate() {
@@ -90,12 +90,12 @@ impl Cluster {
         text
     }
 
-    fn url(&self, node: usize) -> String {
+    pub(super) fn url(&self, node: usize) -> String {
         self.nodes[node].url()
     }
 
     /// Creates `name` through n1 with `partitions` partitions placed as `placement`.
-    fn create(&self, name: &str, partitions: u32, placement: Value) {
+    pub(super) fn create(&self, name: &str, partitions: u32, placement: Value) {
         let (status, body) = send_json(
             &http_client(),
             Method::POST,
@@ -107,7 +107,7 @@ impl Cluster {
     }
 
     /// Attaches `child` to `parent` through n1 with the attach `body`.
-    fn attach(&self, parent: &str, child: &str, body: Value) {
+    pub(super) fn attach(&self, parent: &str, child: &str, body: Value) {
         let (status, answer) = send_json(
             &http_client(),
             Method::PUT,
@@ -119,7 +119,7 @@ impl Cluster {
     }
 
     /// Waits until every node lists `count` live nodes.
-    fn wait_for_nodes(&self, count: usize) {
+    pub(super) fn wait_for_nodes(&self, count: usize) {
         let client = http_client();
         let deadline = Instant::now() + CONVERGE_TIMEOUT;
         for node in &self.nodes {
@@ -142,7 +142,7 @@ impl Cluster {
     }
 }
 
-fn ok(status: u16, body: &Value, what: &str) {
+pub(super) fn ok(status: u16, body: &Value, what: &str) {
     assert!((200..300).contains(&status), "{what}: {status} {body}");
 }
 
@@ -385,7 +385,7 @@ fn a_second_process_with_a_live_node_id_refuses_to_start() {
 }
 
 /// The live nodes n1 lists.
-fn live_nodes(cluster: &Cluster) -> Vec<String> {
+pub(super) fn live_nodes(cluster: &Cluster) -> Vec<String> {
     let (status, body) = send_json(
         &http_client(),
         Method::GET,
@@ -1576,7 +1576,7 @@ fn a_pause_and_a_seek_asked_of_any_node_reach_the_cursor_on_its_parents_owner() 
 }
 
 /// `POST /v1/topics/{topic}/partitions/{partition}/recreate` through `base` with `body`.
-fn recreate(base: &str, topic: &str, partition: u32, body: Value) -> (u16, Value) {
+pub(super) fn recreate(base: &str, topic: &str, partition: u32, body: Value) -> (u16, Value) {
     send_json(
         &http_client(),
         Method::POST,

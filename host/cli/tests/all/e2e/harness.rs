@@ -176,6 +176,26 @@ impl Daemon {
         }
     }
 
+    /// Stops the process with SIGSTOP (a hung node: its sockets stay open, nothing runs);
+    /// [`Daemon::resume`] lets it run again.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a process stopped by [`Daemon::pause`] run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("a running daemon");
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {pid}: {status}");
+    }
+
     /// Starts the daemon again on the same data directory (after [`Daemon::kill9`]).
     pub fn restart(&mut self) {
         self.kill9();

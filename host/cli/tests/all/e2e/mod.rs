@@ -4,6 +4,7 @@
 
 mod cli;
 mod cluster;
+mod cluster_failures;
 mod crash_produce;
 mod demo;
 mod disk_damage;

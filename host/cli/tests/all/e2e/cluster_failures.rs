@@ -1,0 +1,295 @@
+//! Cluster mode under partial failure: three real nodes on a real etcd, one of them hung
+//! (SIGSTOP) or dead while a keyed load runs, every acknowledgement recorded and checked.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate};
+use crate::e2e::harness::{http_client, send_json};
+
+/// A value the load got acknowledged (a 200), and when its request was sent.
+struct Acknowledged {
+    value: String,
+    sent_at: Instant,
+}
+
+/// Producers writing keyed records of `topic` through `base`, each request from its own
+/// thread, until `stop`; what they got acknowledged, with when.
+fn keyed_load(
+    base: &str,
+    topic: &'static str,
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Acknowledged>>> {
+    (0..threads)
+        .map(|t| {
+            let (base, stop) = (base.to_owned(), Arc::clone(stop));
+            std::thread::spawn(move || {
+                let client = http_client();
+                let mut acknowledged = Vec::new();
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let values: Vec<String> = (n..n + 5).map(|i| format!("t{t}-v{i}")).collect();
+                    let records: Vec<Value> = values
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| json!({"key": format!("k{}", (n + i) % 7), "value": v}))
+                        .collect();
+                    n += 5;
+                    let sent_at = Instant::now();
+                    let answer = send_json(
+                        &client,
+                        Method::POST,
+                        &format!("{base}/v1/topics/{topic}/records"),
+                        Some(&json!({"records": records})),
+                    );
+                    if let Ok((200, _)) = answer {
+                        acknowledged.extend(
+                            values
+                                .into_iter()
+                                .map(|value| Acknowledged { value, sent_at }),
+                        );
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                acknowledged
+            })
+        })
+        .collect()
+}
+
+/// Every record `topic`/`partition` holds, from its log start, read through `base`.
+fn whole_partition(base: &str, topic: &str, partition: u32) -> Vec<Value> {
+    let client = http_client();
+    let mut records = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let url = format!(
+            "{base}/v1/topics/{topic}/partitions/{partition}/records?offset={offset}&max=1000"
+        );
+        let (status, body) = send_json(&client, Method::GET, &url, None).expect("fetch");
+        if status == 416 && offset == 0 {
+            offset = body["log_start_offset"].as_u64().expect("log_start_offset");
+            continue;
+        }
+        assert_eq!(status, 200, "fetch {url}: {body}");
+        records.extend(body["records"].as_array().cloned().unwrap_or_default());
+        let next = body["next_offset"].as_u64().expect("next_offset");
+        if next >= body["high_watermark"].as_u64().expect("high_watermark") {
+            return records;
+        }
+        offset = next;
+    }
+}
+
+/// The live nodes as node `base` lists them.
+fn live_as_seen_by(base: &str) -> Vec<String> {
+    let (status, body) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{base}/v1/nodes"),
+        None,
+    )
+    .expect("nodes");
+    assert_eq!(status, 200, "{body}");
+    body["nodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .filter_map(|n| n["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The engine's critical promise under a hung node: a parent owner paused (SIGSTOP) past its
+/// lease, its partition re-created elsewhere with `--accept-loss`, then let run again, must
+/// acknowledge nothing it then loses, and its cursors must copy nothing more of its old log
+/// into the children (whose origins the re-created partition gives to other records).
+#[test]
+fn a_parent_owner_back_from_a_pause_past_its_lease_acknowledges_nothing_it_loses_and_forks_no_child()
+ {
+    let cluster = Cluster::start("zombie");
+    cluster.create("orders", 1, json!(["n1"]));
+    cluster.create("copy", 2, json!(["n2", "n3"]));
+    cluster.attach("orders", "copy", json!({}));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Straight to n1, the owner: requests that arrive while it is paused wait in its socket
+    // buffers and are served the moment it runs again.
+    let load = keyed_load(&cluster.url(0), "orders", 6, &stop);
+    std::thread::sleep(Duration::from_millis(1500));
+
+    cluster.nodes[0].pause();
+    // Every request sent from here on reaches n1 stopped (a signal takes effect in
+    // microseconds; the margin is for a busy machine): it can only be served after the pause.
+    std::thread::sleep(Duration::from_millis(100));
+    let paused_at = Instant::now();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while live_as_seen_by(&cluster.url(1)).contains(&"n1".to_owned()) {
+        assert!(Instant::now() < deadline, "n1's lease never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let report = loop {
+        let (status, body) = recreate(
+            &cluster.url(1),
+            "orders",
+            0,
+            json!({"on": "n2", "accept_loss": true}),
+        );
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let start = report["start_offset"].as_u64().expect("start_offset");
+    cluster.nodes[0].resume();
+    std::thread::sleep(Duration::from_secs(4));
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged: Vec<Acknowledged> = load
+        .into_iter()
+        .flat_map(|t| t.join().expect("load thread"))
+        .collect();
+
+    // Everything acknowledged of what was sent after the pause is in the re-created partition
+    // (what n1 took before it lived only on its disk: the loss the operator accepted, even
+    // when n1's answer came out after the pause). Requests n1 got while it was stopped are
+    // among them: served the moment it runs again, by a node counted dead.
+    let after_pause: Vec<&String> = acknowledged
+        .iter()
+        .filter(|a| a.sent_at > paused_at)
+        .map(|a| &a.value)
+        .collect();
+    assert!(
+        !after_pause.is_empty(),
+        "the load got nothing acknowledged after the pause"
+    );
+    let parent = whole_partition(&cluster.url(1), "orders", 0);
+    let by_offset: HashMap<u64, &Value> = parent
+        .iter()
+        .map(|r| (r["offset"].as_u64().expect("offset"), r))
+        .collect();
+    let held: std::collections::HashSet<&str> =
+        parent.iter().filter_map(|r| r["value"].as_str()).collect();
+    let lost: Vec<&&String> = after_pause
+        .iter()
+        .filter(|v| !held.contains(v.as_str()))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} records acknowledged after the pause are gone (first: {}); re-created at {start}\n{}",
+        lost.len(),
+        after_pause.len(),
+        lost[0],
+        cluster.diagnostics("orders")
+    );
+
+    // The child: every record of the re-created log arrives; no copy carries the origin of a
+    // record of the new log with other content (a copy of the old log under a reused origin);
+    // each key's copies keep their parent order.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let copies: Vec<Value> = loop {
+        let copies: Vec<Value> = (0..2)
+            .flat_map(|p| whole_partition(&cluster.url(1), "copy", p))
+            .collect();
+        let origins: std::collections::HashSet<u64> = copies
+            .iter()
+            .filter_map(|r| r["origin"]["offset"].as_u64())
+            .collect();
+        if by_offset.keys().all(|o| origins.contains(o)) {
+            break copies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the child never got the re-created log's records\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let forked: Vec<String> = copies
+        .iter()
+        .filter_map(|copy| {
+            let origin = copy["origin"]["offset"].as_u64()?;
+            let original = by_offset.get(&origin)?;
+            (original["value"] != copy["value"]).then(|| {
+                format!(
+                    "offset {origin}: parent {} child {}",
+                    original["value"], copy["value"]
+                )
+            })
+        })
+        .collect();
+    assert!(
+        forked.is_empty(),
+        "{} copies carry the origin of another record (first: {}); re-created at {start}\n{}",
+        forked.len(),
+        forked[0],
+        cluster.diagnostics("orders")
+    );
+    for p in 0..2 {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        for copy in whole_partition(&cluster.url(1), "copy", p) {
+            let (Some(key), Some(origin)) =
+                (copy["key"].as_str(), copy["origin"]["offset"].as_u64())
+            else {
+                continue;
+            };
+            let previous = last.insert(key.to_owned(), origin);
+            assert!(
+                previous.is_none_or(|previous| previous <= origin),
+                "copy/{p}: key {key} went back from parent offset {previous:?} to {origin}"
+            );
+        }
+    }
+}
+
+/// A node restarted after writes outside the metadata (here the key of its own old lease,
+/// expired) once named etcd's revision on every call it forwarded; owners never reached it
+/// and held each call for their full wait (2 s per hop). It names the metadata's revision.
+#[test]
+fn a_request_forwarded_by_a_restarted_node_is_not_held_for_a_revision_its_owner_cannot_reach() {
+    let mut cluster = Cluster::start("forward-after-restart");
+    cluster.create("orders", 1, json!(["n2"]));
+    let client = http_client();
+    let produce = |base: &str, value: &str| {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{base}/v1/topics/orders/records"),
+            Some(&json!({"records": [{"value": value}]})),
+        )
+        .expect("produce");
+        assert_eq!(status, 200, "{body}");
+    };
+    produce(&cluster.url(0), "before");
+    cluster.nodes[0].kill9();
+    // n1's old key goes with its lease: a write to etcd no copy of the metadata sees.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while live_as_seen_by(&cluster.url(1)).contains(&"n1".to_owned()) {
+        assert!(Instant::now() < deadline, "n1's lease never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.nodes[0].restart();
+    cluster.wait_for_nodes(3);
+    let started = Instant::now();
+    for i in 0..3 {
+        produce(&cluster.url(0), &format!("after-{i}"));
+    }
+    let took = started.elapsed();
+    let owner_log = cluster.nodes[1].log();
+    assert!(
+        !owner_log.contains("did not reach a caller's revision"),
+        "the owner held forwarded calls for a revision it could not reach ({took:?} for three \
+         produces)\n{owner_log}"
+    );
+}

@@ -1,0 +1,69 @@
+//! The write fence of a cluster node: what keeps a node that may be counted dead from taking,
+//! and from acknowledging, writes.
+//!
+//! A write is admitted under the node's current lease (its term) and acknowledged only if,
+//! once it is durable, the node still holds that lease, is not fenced and still serves the
+//! partition. A node stopped (or cut off) mid-write past its lease comes back to find all
+//! three checked: its partition may have been re-created elsewhere while it was counted
+//! dead, and a write stored only in its old copy must not be answered as kept.
+
+use std::sync::Arc;
+
+use narad_storage::PartitionId;
+
+use super::membership::Membership;
+use super::ownership::ClusterOwnership;
+use crate::ownership::{PartitionOwnership, WriteFence, WriteTerm};
+
+/// [`WriteFence`] of a node in cluster mode.
+pub(crate) struct NodeFence {
+    membership: Arc<Membership>,
+    ownership: Arc<ClusterOwnership>,
+}
+
+impl NodeFence {
+    /// The fence of the node `membership` registers, serving what `ownership` says.
+    pub(crate) fn new(membership: Arc<Membership>, ownership: Arc<ClusterOwnership>) -> NodeFence {
+        NodeFence {
+            membership,
+            ownership,
+        }
+    }
+}
+
+impl WriteFence for NodeFence {
+    fn admit(&self) -> Result<WriteTerm, String> {
+        let term = WriteTerm(self.membership.lease_id());
+        match self.membership.fence_reason() {
+            Some(reason) => Err(reason),
+            None => Ok(term),
+        }
+    }
+
+    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String> {
+        // The term is read before the fence: a lease lost after this read is caught by the
+        // fence (the renewal that would have kept it never came, so the node is fenced).
+        let now = WriteTerm(self.membership.lease_id());
+        if let Some(reason) = self.membership.fence_reason() {
+            return Err(format!(
+                "{reason} (a write in progress was not acknowledged: it may or may not be stored)"
+            ));
+        }
+        let me = self.ownership.local_node();
+        if now != term {
+            return Err(format!(
+                "node {me} lost its lease while a write to {partition} was in progress (it may \
+                 have been counted dead meanwhile): the write is not acknowledged, it may or may \
+                 not be stored; retry"
+            ));
+        }
+        match self.ownership.owner(partition) {
+            Some(owner) if &owner == me => Ok(()),
+            other => Err(format!(
+                "partition {partition} is no longer served by node {me} (the metadata names {}): \
+                 a write in progress was not acknowledged, it may or may not be stored; retry",
+                other.map_or_else(|| "no owner".to_owned(), |o| format!("node {o}"))
+            )),
+        }
+    }
+}
