@@ -246,15 +246,18 @@ impl CommitReceiver {
     }
 
     /// Why `request` must not be appended because its sender no longer owns the parent
-    /// partition at the generation it names (module doc); `None` when it may be. A request
-    /// that names no parent generation (a sender from before it was sent) is not checked.
+    /// partition at the generation it names (module doc), or because no link into the topic
+    /// has its epoch, or the link's parent has no such partition; `None` when it may be. A
+    /// request that names no parent generation (a sender from before it was sent) is checked
+    /// only for its link and parent partition.
     fn stale_parent(&self, request: &CommitRequest) -> Option<String> {
-        let claimed = request.parent_generation?;
         let key = (request.epoch, request.parent_partition);
         let seen = self
             .parents
             .as_ref()
             .map(|parents| parents(&request.topic, request.epoch, request.parent_partition));
+        // Whoever sends: the records must come from a link into this topic with that epoch,
+        // from a partition its parent has.
         let cached = match &seen {
             Some(ParentSeen::UnknownLink) => {
                 return Some(format!(
@@ -265,9 +268,22 @@ impl CommitReceiver {
                     self.node
                 ));
             }
-            Some(ParentSeen::Partition { owner, .. }) => owner.as_ref().map(|o| o.generation),
+            Some(ParentSeen::Partition {
+                parent,
+                owner: None,
+            }) => {
+                return Some(format!(
+                    "parent partition {parent} of the link into {} is not in node {}'s \
+                     metadata: nothing appended",
+                    request.topic, self.node
+                ));
+            }
+            Some(ParentSeen::Partition {
+                owner: Some(owner), ..
+            }) => Some(owner.generation),
             None => None,
         };
+        let claimed = request.parent_generation?;
         let mut fences = self
             .parent_fences
             .lock()
@@ -996,6 +1012,14 @@ mod tests {
         let answer = rx.commit(unknown);
         assert!(
             matches!(answer, CommitResponse::Failed { .. }),
+            "{answer:?}"
+        );
+        // Naming no generation does not get a forged origin past the link check.
+        let mut forged = request(3, &[6]);
+        forged.epoch = [9; 8];
+        let answer = rx.commit(forged);
+        assert!(
+            matches!(&answer, CommitResponse::Failed { reason } if reason.contains("no link")),
             "{answer:?}"
         );
         assert_eq!(stored_values(&store), ["r0", "r1", "r2", "r3", "r4"]);

@@ -5,8 +5,12 @@
 //! crosses it:
 //! - a frame larger than `max-request-bytes` (or smaller than a header) is refused before its
 //!   body is read;
-//! - the bytes of all requests in flight share `max-buffered-request-bytes`: a request waits
-//!   (its connection unread, so TCP pushes back on the client) until its bytes fit;
+//! - the bytes of all requests in flight share `max-buffered-request-bytes`, taken as they
+//!   arrive ([`FRAME_CHUNK_BYTES`] at a time), never on the strength of the size a frame
+//!   declares: a client that sends a large size and then nothing holds one chunk, not the
+//!   budget. A request waits (its connection unread, so TCP pushes back on the client) until
+//!   its next chunk fits, and a frame not read whole within [`TRANSFER_TIMEOUT`] closes its
+//!   connection, returning what it held;
 //! - connections past the cap are closed at once;
 //! - an idle connection is closed after [`IDLE_TIMEOUT`], a request or response that does not
 //!   move within [`TRANSFER_TIMEOUT`] closes its connection.
@@ -23,7 +27,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 
 use super::metrics::CloseReason;
@@ -33,6 +37,10 @@ use super::{
 
 /// Bytes of the smallest request header: API key, version, correlation id (2 + 2 + 4).
 const MIN_FRAME_BYTES: usize = 8;
+
+/// A request body is read, and its bytes taken from the buffered-bytes budget, this much at
+/// a time.
+pub(crate) const FRAME_CHUNK_BYTES: usize = 64 * 1024;
 
 /// How the listener is bounded.
 #[derive(Debug, Clone)]
@@ -47,13 +55,9 @@ pub(crate) struct ListenOptions {
 /// shutdown grace for requests in progress.
 pub(crate) async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: ListenOptions) {
     let max_frame = usize::try_from(deps.limits.max_request_bytes).unwrap_or(usize::MAX);
-    // Permits are bytes; one frame never needs more than the whole budget.
-    let budget_bytes = usize::try_from(deps.limits.max_buffered_request_bytes)
-        .unwrap_or(usize::MAX)
-        .clamp(1, Semaphore::MAX_PERMITS);
-    let budget = Arc::new(Semaphore::new(budget_bytes));
+    // One frame never needs more than the whole budget.
     let limits = FrameLimits {
-        max_frame: max_frame.min(budget_bytes),
+        max_frame: max_frame.min(super::buffered_capacity(&deps.limits)),
     };
     let mut connections = JoinSet::new();
     loop {
@@ -79,10 +83,9 @@ pub(crate) async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: 
             continue;
         }
         let deps = Arc::clone(&deps);
-        let budget = Arc::clone(&budget);
         connections.spawn(async move {
             deps.metrics.connections.inc();
-            let reason = serve_connection(stream, peer, &deps, &budget, limits).await;
+            let reason = serve_connection(stream, peer, &deps, limits).await;
             deps.metrics.connections.dec();
             deps.metrics.closed(reason);
             tracing::debug!(%peer, reason = reason.as_str(), "kafka connection closed");
@@ -114,7 +117,6 @@ async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
     deps: &Arc<KafkaDeps>,
-    budget: &Semaphore,
     limits: FrameLimits,
 ) -> CloseReason {
     let _ = stream.set_nodelay(true);
@@ -155,24 +157,18 @@ async fn serve_connection(
             );
             return CloseReason::Oversized;
         }
-        // `len` is at most the budget, which fits the semaphore's u32 interface only when
-        // it is below 4 GiB: larger budgets are counted in u32-sized steps.
-        let Ok(permits) = u32::try_from(len) else {
-            return CloseReason::Oversized;
-        };
-        let _held = tokio::select! {
+        let read = tokio::select! {
             () = deps.shutdown.wait() => return CloseReason::Shutdown,
-            permit = budget.acquire_many(permits) => match permit {
-                Ok(p) => p,
-                Err(_) => return CloseReason::Shutdown,
-            },
+            read = tokio::time::timeout(
+                TRANSFER_TIMEOUT,
+                read_frame(&mut stream, len, &deps.buffered),
+            ) => read,
         };
-        let mut frame = BytesMut::zeroed(len);
-        match tokio::time::timeout(TRANSFER_TIMEOUT, stream.read_exact(&mut frame)).await {
+        let (frame, _held) = match read {
             Err(_) => return CloseReason::ReadTimeout,
-            Ok(Err(_)) => return CloseReason::ClientClosed,
-            Ok(Ok(_)) => {}
-        }
+            Ok(Err(reason)) => return reason,
+            Ok(Ok(read)) => read,
+        };
         let frame = frame.freeze();
         let answer = match answer(deps, &advertised, peer, frame).await {
             Ok(Some(bytes)) => bytes,
@@ -185,6 +181,37 @@ async fn serve_connection(
             Ok(Ok(())) => {}
         }
     }
+}
+
+/// Reads a frame body of `len` bytes, taking each chunk's bytes from `budget` before it is
+/// read; returns the body and what it holds of the budget.
+async fn read_frame<'a>(
+    stream: &mut TcpStream,
+    len: usize,
+    budget: &'a Semaphore,
+) -> Result<(BytesMut, Option<SemaphorePermit<'a>>), CloseReason> {
+    let mut frame = BytesMut::new();
+    let mut held: Option<SemaphorePermit<'a>> = None;
+    while frame.len() < len {
+        let chunk = (len - frame.len()).min(FRAME_CHUNK_BYTES);
+        // A chunk is far below the semaphore's u32 interface.
+        let permits = u32::try_from(chunk).map_err(|_| CloseReason::Oversized)?;
+        let permit = budget
+            .acquire_many(permits)
+            .await
+            .map_err(|_| CloseReason::Shutdown)?;
+        match &mut held {
+            Some(held) => held.merge(permit),
+            None => held = Some(permit),
+        }
+        let start = frame.len();
+        frame.resize(start + chunk, 0);
+        stream
+            .read_exact(&mut frame[start..])
+            .await
+            .map_err(|_| CloseReason::ClientClosed)?;
+    }
+    Ok((frame, held))
 }
 
 /// Decodes one request frame, handles it and encodes the answer (size prefix included).

@@ -5,7 +5,10 @@
 //! (`Store::wait_for_data`, no polling) for up to `max_wait_ms` (capped by `max-wait-ms`),
 //! and ends at once on shutdown. Sizes: `partition_max_bytes` per partition and `max_bytes`
 //! for the whole answer, both capped by `max-fetch-bytes`; as in Kafka, the first partition
-//! with records returns at least one record whatever the limits.
+//! with records returns at least one record whatever the limits. The answer is charged what
+//! it encodes to (record and batch overhead included, so records with empty values cost what
+//! they send), and a partition named twice in one request is read once: the repeat is
+//! answered `INVALID_REQUEST` with no records. Reading and encoding run on the blocking pool.
 //!
 //! Incremental fetch sessions (KIP-227) are refused the way the protocol allows: a request
 //! that asks for a new session gets a full answer with session id 0 ("no session"), one that
@@ -14,13 +17,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use std::collections::HashSet;
+
+use bytes::{Bytes, BytesMut};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchRequest;
 use kafka_protocol::messages::fetch_response::{
     FetchResponse, FetchableTopicResponse, PartitionData,
 };
-use narad_storage::{PartitionId, ReadOptions, ReadResult, StorageError, Store};
+use narad_storage::{PartitionId, ReadOptions, ReadResult, StorageError, Store, StoredRecord};
 use tokio::task::JoinSet;
 
 use super::KafkaDeps;
@@ -42,9 +47,21 @@ struct Wanted {
     max_bytes: usize,
 }
 
+/// Most bytes one record adds to an answer beyond its payload: length, attributes,
+/// timestamp and offset deltas, key and value lengths and the header count, each at its
+/// longest varint.
+const RECORD_OVERHEAD_BYTES: usize = 36;
+
+/// Most bytes one header adds beyond its name and value (their two lengths).
+const HEADER_OVERHEAD_BYTES: usize = 10;
+
+/// Bytes of a record batch's header (the v2 format's fixed 61).
+const BATCH_OVERHEAD_BYTES: usize = 61;
+
 /// What reading one partition gave.
 enum Read {
-    Records(ReadResult),
+    /// Its records, encoded as the answer carries them.
+    Records(ReadResult, Bytes),
     Failed {
         error: ResponseError,
         high_watermark: i64,
@@ -72,6 +89,7 @@ pub(crate) async fn handle(
     let snapshot = deps.metastore.snapshot().await.ok();
     let fetch_cap = usize::try_from(deps.limits.max_fetch_bytes).unwrap_or(usize::MAX);
     let mut wanted = Vec::new();
+    let mut named: HashSet<(String, i32)> = HashSet::new();
     for (t, topic) in request.topics.into_iter().enumerate() {
         let mut answer = FetchableTopicResponse::default();
         answer.topic = topic.topic.clone();
@@ -81,8 +99,16 @@ pub(crate) async fn handle(
         for (p, partition) in topic.partitions.into_iter().enumerate() {
             let mut data = PartitionData::default();
             data.partition_index = partition.partition;
-            data.records = None;
+            // Empty, never null, for a partition that fails too: librdkafka cannot parse a null
+            // record set (`invalid MessageSetSize -1`) and would never reset its position.
+            data.records = Some(Bytes::new());
             let index = u32::try_from(partition.partition).ok();
+            if !named.insert((name.clone(), partition.partition)) {
+                // Read once per request, whatever the request repeats.
+                data.error_code = ResponseError::InvalidRequest.code();
+                answer.partitions.push(data);
+                continue;
+            }
             match (meta, index) {
                 (Some(meta), Some(index)) if index < meta.partitions => {
                     let id = PartitionId::new(name.clone(), index);
@@ -122,14 +148,7 @@ pub(crate) async fn handle(
         // A record counts at least one byte, so records with empty payloads still satisfy
         // `min_bytes = 1`, as their encoded form would.
         let (records, bytes) = reads.iter().fold((0usize, 0usize), |(n, b), r| match r {
-            Read::Records(result) => (
-                n + result.records.len(),
-                b + result
-                    .records
-                    .iter()
-                    .map(|r| r.payload_bytes().max(1))
-                    .sum::<usize>(),
-            ),
+            Read::Records(result, encoded) => (n + result.records.len(), b + encoded.len()),
             Read::Failed { .. } => (n, b),
         });
         let failed = reads.iter().any(|r| matches!(r, Read::Failed { .. }));
@@ -147,7 +166,7 @@ pub(crate) async fn handle(
             .iter()
             .zip(&reads)
             .map(|(w, r)| match r {
-                Read::Records(result) => (w.id.clone(), result.next_offset),
+                Read::Records(result, _) => (w.id.clone(), result.next_offset),
                 Read::Failed { .. } => (w.id.clone(), w.offset),
             })
             .collect();
@@ -163,7 +182,7 @@ pub(crate) async fn handle(
             continue;
         };
         match read {
-            Read::Records(result) => {
+            Read::Records(result, encoded) => {
                 let high = i64::try_from(result.high_watermark).unwrap_or(i64::MAX);
                 data.high_watermark = high;
                 data.last_stable_offset = high;
@@ -172,9 +191,7 @@ pub(crate) async fn handle(
                 }
                 deps.metrics
                     .fetched(&w.id.topic, result.records.len() as u64);
-                let mut out = BytesMut::new();
-                encode_fetched(&result.records, &mut out);
-                data.records = Some(out.freeze());
+                data.records = Some(encoded);
             }
             Read::Failed {
                 error,
@@ -215,13 +232,22 @@ async fn read_all(
                     // The answer is full: this partition says where it is, without records.
                     return read_one(&store, &id, offset, 1, 0);
                 }
-                let read = read_one(&store, &id, offset, max_records, max_bytes.min(left).max(1));
-                if let Read::Records(result) = &read
-                    && !result.records.is_empty()
-                {
-                    first = false;
-                    let used: usize = result.records.iter().map(|r| r.payload_bytes()).sum();
-                    left = left.saturating_sub(used);
+                let allowed = max_bytes.min(left).max(1);
+                let mut read = read_one(&store, &id, offset, max_records, allowed);
+                if let Read::Records(result, encoded) = &mut read {
+                    // What fits once encoded; the first partition with records keeps one.
+                    let keep = fitting(&result.records, allowed).max(usize::from(first));
+                    if keep < result.records.len() {
+                        result.records.truncate(keep);
+                        result.next_offset = result.records.last().map_or(offset, |r| r.offset + 1);
+                    }
+                    let mut out = BytesMut::new();
+                    encode_fetched(&result.records, &mut out);
+                    *encoded = out.freeze();
+                    if !result.records.is_empty() {
+                        first = false;
+                        left = left.saturating_sub(encoded.len());
+                    }
                 }
                 read
             })
@@ -238,6 +264,28 @@ async fn read_all(
             })
             .collect()
     })
+}
+
+/// How many of `records`, from the first, fit in `budget` bytes once encoded (an upper bound
+/// on their encoded size: every record's longest overhead, and a batch header for each run of
+/// equal commit times, as [`encode_fetched`] makes them).
+fn fitting(records: &[StoredRecord], budget: usize) -> usize {
+    let mut used = 0usize;
+    let mut batch_at = None;
+    for (i, record) in records.iter().enumerate() {
+        let mut cost = record.payload_bytes()
+            + RECORD_OVERHEAD_BYTES
+            + record.headers.len() * HEADER_OVERHEAD_BYTES;
+        if batch_at != Some(record.committed_at_ms) {
+            batch_at = Some(record.committed_at_ms);
+            cost += BATCH_OVERHEAD_BYTES;
+        }
+        used = used.saturating_add(cost);
+        if used > budget {
+            return i;
+        }
+    }
+    records.len()
 }
 
 /// One partition from `offset`; `max_records` 0 reads nothing but the positions.
@@ -269,7 +317,7 @@ fn read_one(
                 result.records.clear();
                 result.next_offset = offset;
             }
-            Read::Records(result)
+            Read::Records(result, Bytes::new())
         }
         Err(e) => {
             let error = match &e {

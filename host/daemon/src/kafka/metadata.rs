@@ -3,12 +3,12 @@
 //! are the live nodes that run a Kafka listener (ids from [`broker_id`], addresses from their
 //! node records), and each partition's leader is its owner when that node is one of them. Topics come from the metastore; an
 //! unknown topic is UNKNOWN_TOPIC_OR_PARTITION and is never created, whatever
-//! `allow_auto_topic_creation` says.
+//! `allow_auto_topic_creation` says. A topic named several times is answered once.
 
 use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::metadata_request::MetadataRequest;
+use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
 use kafka_protocol::messages::metadata_response::{
     MetadataResponse, MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
@@ -75,7 +75,9 @@ pub(crate) async fn handle(
             .values()
             .map(|meta| describe(deps, &brokers, meta, version))
             .collect(),
-        Some(wanted) => wanted
+        // Each topic once, however often the request names it: an answer is bounded by what
+        // exists, not by how the request repeats it.
+        Some(wanted) => dedup_by_name(wanted)
             .into_iter()
             .map(|t| match t.name {
                 Some(name) => match snapshot.topics.get(name.0.as_str()) {
@@ -98,6 +100,20 @@ pub(crate) async fn handle(
             .collect(),
     };
     response
+}
+
+/// `wanted` with every topic named again after its first mention left out (topics asked by
+/// id only are kept as they come: each is answered with an error and no partitions).
+fn dedup_by_name(wanted: Vec<MetadataRequestTopic>) -> Vec<MetadataRequestTopic> {
+    let mut seen = std::collections::HashSet::new();
+    wanted
+        .into_iter()
+        .filter(|t| {
+            t.name
+                .as_ref()
+                .is_none_or(|name| seen.insert(name.0.clone()))
+        })
+        .collect()
 }
 
 /// The brokers a Metadata answer names.

@@ -95,6 +95,11 @@ pub(crate) struct KafkaDeps {
     pub(crate) producer_ids: init_producer_id::ProducerIds,
     /// Cluster mode: the live nodes are the brokers, partition owners their leaders.
     pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
+    /// `max-buffered-request-bytes` as permits (one per byte): the bytes of requests in
+    /// flight, and what their batches decompressed to, share it.
+    pub(crate) buffered: Arc<tokio::sync::Semaphore>,
+    /// Produce requests decoding their batches now ([`produce::DECODE_SLOTS`]).
+    pub(crate) decode_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl KafkaDeps {
@@ -109,6 +114,8 @@ impl KafkaDeps {
         metrics: Arc<metrics::KafkaMetrics>,
     ) -> KafkaDeps {
         KafkaDeps {
+            buffered: Arc::new(tokio::sync::Semaphore::new(buffered_capacity(&limits))),
+            decode_slots: Arc::new(tokio::sync::Semaphore::new(produce::DECODE_SLOTS)),
             limits,
             store,
             metastore,
@@ -130,6 +137,14 @@ impl KafkaDeps {
         self.cluster = cluster;
         self
     }
+}
+
+/// `max-buffered-request-bytes` as a count of permits (one per byte, within what a semaphore
+/// holds).
+pub(crate) fn buffered_capacity(limits: &Limits) -> usize {
+    usize::try_from(limits.max_buffered_request_bytes)
+        .unwrap_or(usize::MAX)
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
 }
 
 /// The Kafka broker id of cluster node `node`: the same on every node and across restarts

@@ -6,7 +6,16 @@
 //! The client chose the partition (Kafka's default partitioner is the murmur2 hash narad
 //! places keyed records with), so a record lands where the HTTP produce would put it.
 //! Partitions of one request commit concurrently; each partition's answer is its own.
+//!
+//! What one request can make the daemon spend is bounded by the request, not by what its
+//! batches claim: a partition named twice is refused (`INVALID_REQUEST`), so nothing is
+//! decoded or written twice; the batches of a request decompress, one after another, to at
+//! most `max-request-bytes` together (past that, `MESSAGE_TOO_LARGE`); decoding runs on the
+//! blocking pool, [`DECODE_SLOTS`] requests at a time, never on the async workers that serve
+//! every other client; and the decompressed bytes are held against
+//! `max-buffered-request-bytes`, like the request's own, until the request is answered.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,11 +26,12 @@ use kafka_protocol::messages::produce_response::{
 };
 use kafka_protocol::protocol::StrBytes;
 use narad_storage::{AppendBatch, PartitionId, ProducerStamp, StorageError};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
 use super::KafkaDeps;
 use super::idempotence::{CachedBatch, Verdict, last_sequence};
-use super::records::{BatchLimits, ProducedBatch, decode_produced};
+use super::records::{BatchError, BatchLimits, ProducedBatch, decode_produced};
 
 /// Answers a Produce request; `None` for `acks = 0`, which gets no answer.
 pub(crate) async fn handle(
@@ -52,12 +62,12 @@ pub(crate) async fn handle(
     let limits = BatchLimits {
         max_records: deps.limits.max_batch_records as usize,
         max_record_bytes: usize::try_from(deps.limits.max_record_bytes).unwrap_or(usize::MAX),
-        max_decompressed_bytes: usize::try_from(deps.limits.max_request_bytes)
-            .unwrap_or(usize::MAX),
+        max_decompressed_bytes: decompressed_cap(&deps.limits),
     };
 
     let mut response = ProduceResponse::default();
-    let mut tasks = JoinSet::new();
+    let mut jobs = Vec::new();
+    let mut named = HashSet::new();
     for (t, topic_data) in request.topic_data.into_iter().enumerate() {
         let mut topic = TopicProduceResponse::default();
         topic.name = topic_data.name.clone();
@@ -72,6 +82,14 @@ pub(crate) async fn handle(
             topic.partition_responses.push(answer);
             let refused = if let Some((error, message)) = refuse_all {
                 Some((error, message.to_owned()))
+            } else if !named.insert((name.clone(), data.index)) {
+                Some((
+                    ResponseError::InvalidRequest,
+                    format!(
+                        "partition {} of topic {name} is named more than once in one request",
+                        data.index
+                    ),
+                ))
             } else if let Err(e) = &snapshot {
                 Some((ResponseError::UnknownServerError, format!("metastore: {e}")))
             } else {
@@ -79,11 +97,11 @@ pub(crate) async fn handle(
                     (Some(meta), Ok(index)) if index < meta.partitions => {
                         let id = PartitionId::new(name.clone(), index);
                         if deps.ownership.is_local(&id) {
-                            let deps = Arc::clone(deps);
-                            let records = data.records.unwrap_or_default();
-                            tasks.spawn(async move {
-                                let result = produce_partition(&deps, id, records, &limits).await;
-                                (t, p, result)
+                            jobs.push(Job {
+                                t,
+                                p,
+                                id,
+                                records: data.records.unwrap_or_default(),
                             });
                             None
                         } else {
@@ -110,6 +128,24 @@ pub(crate) async fn handle(
         }
         response.responses.push(topic);
     }
+
+    let (decoded, _held) = decode_all(deps, jobs, limits).await;
+    let mut tasks = JoinSet::new();
+    for (t, p, id, batch) in decoded {
+        match batch {
+            Ok(batch) => {
+                let deps = Arc::clone(deps);
+                tasks.spawn(async move { (t, p, produce_partition(&deps, id, batch).await) });
+            }
+            Err((error, message)) => {
+                let answer = response
+                    .responses
+                    .get_mut(t)
+                    .and_then(|topic| topic.partition_responses.get_mut(p));
+                set_error(answer, error, message, with_message);
+            }
+        }
+    }
     while let Some(joined) = tasks.join_next().await {
         let Ok((t, p, result)) = joined else {
             // A panicked task: its partition keeps the error set below.
@@ -131,6 +167,149 @@ pub(crate) async fn handle(
         }
     }
     (acks != 0).then_some(response)
+}
+
+/// Most bytes the batches of one request may decompress to together: `max-request-bytes`,
+/// and never more than what `max-buffered-request-bytes` leaves beside the largest request
+/// (both are held at once, so a request alone always fits).
+pub(crate) fn decompressed_cap(limits: &crate::config::Limits) -> usize {
+    let request = usize::try_from(limits.max_request_bytes).unwrap_or(usize::MAX);
+    let budget = super::buffered_capacity(limits);
+    request.min(budget.saturating_sub(request.min(budget)))
+}
+
+/// Requests whose batches decode (decompress) at once, each on the blocking pool: the bound
+/// on decompression's CPU and transient memory, whatever the number of connections.
+pub(crate) const DECODE_SLOTS: usize = 2;
+
+/// One partition's batch of a request, to decode and commit.
+struct Job {
+    /// Index of its topic in the answer, and of the partition within it.
+    t: usize,
+    p: usize,
+    id: PartitionId,
+    records: Bytes,
+}
+
+/// A job's batch, decoded or refused.
+type Decoded = (
+    usize,
+    usize,
+    PartitionId,
+    Result<ProducedBatch, (ResponseError, String)>,
+);
+
+/// Decodes every job's batch, one after another on the blocking pool, holding a decode slot;
+/// together they may decompress to at most `limits.max_decompressed_bytes`. Returns the
+/// batches and the permits their decompressed bytes hold in the buffered-bytes budget (kept
+/// until the request is answered).
+async fn decode_all(
+    deps: &KafkaDeps,
+    jobs: Vec<Job>,
+    limits: BatchLimits,
+) -> (Vec<Decoded>, Option<OwnedSemaphorePermit>) {
+    if jobs.is_empty() {
+        return (Vec::new(), None);
+    }
+    let refuse_all = |jobs: Vec<Job>, error: ResponseError, message: String| {
+        jobs.into_iter()
+            .map(|job| (job.t, job.p, job.id, Err((error, message.clone()))))
+            .collect()
+    };
+    let named: Vec<(usize, usize, PartitionId)> =
+        jobs.iter().map(|j| (j.t, j.p, j.id.clone())).collect();
+    let Ok(_slot) = Arc::clone(&deps.decode_slots).acquire_owned().await else {
+        return (
+            refuse_all(
+                jobs,
+                ResponseError::RequestTimedOut,
+                "shutting down".to_owned(),
+            ),
+            None,
+        );
+    };
+    let decoded = crate::blocking::run(move || {
+        let mut left = limits.max_decompressed_bytes;
+        jobs.into_iter()
+            .map(|job| {
+                let limits = BatchLimits {
+                    max_decompressed_bytes: left,
+                    ..limits
+                };
+                let batch = decode_produced(job.records, &limits).map_err(|e| {
+                    let message = match e {
+                        BatchError::TooLarge(_) => format!(
+                            "{e} (a request's batches may decompress to {} bytes together: \
+                             max-request-bytes)",
+                            limits.max_decompressed_bytes
+                        ),
+                        _ => e.to_string(),
+                    };
+                    (e.error(), message)
+                });
+                if let Ok(batch) = &batch {
+                    left = left.saturating_sub(batch.decompressed_bytes);
+                }
+                (job.t, job.p, job.id, batch)
+            })
+            .collect::<Vec<Decoded>>()
+    })
+    .await;
+    let decoded = match decoded {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            tracing::error!(error = %e, "kafka produce: decode task failed");
+            let message = format!("decoding failed inside the daemon: {e}");
+            let failed = named
+                .into_iter()
+                .map(|(t, p, id)| {
+                    (
+                        t,
+                        p,
+                        id,
+                        Err((ResponseError::UnknownServerError, message.clone())),
+                    )
+                })
+                .collect();
+            return (failed, None);
+        }
+    };
+    let bytes: usize = decoded
+        .iter()
+        .filter_map(|(_, _, _, b)| b.as_ref().ok().map(|b| b.decompressed_bytes))
+        .sum();
+    if bytes == 0 {
+        return (decoded, None);
+    }
+    // Held like the request's own bytes; the slot is kept while waiting, so at most
+    // DECODE_SLOTS decoded requests wait for room.
+    let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+    let held = tokio::time::timeout(
+        super::TRANSFER_TIMEOUT,
+        Arc::clone(&deps.buffered).acquire_many_owned(permits),
+    )
+    .await;
+    match held {
+        Ok(Ok(permit)) => (decoded, Some(permit)),
+        _ => {
+            let message = format!(
+                "the {bytes} decompressed bytes of this request found no room in \
+                 max-buffered-request-bytes in time; retry"
+            );
+            let refused = decoded
+                .into_iter()
+                .map(|(t, p, id, _)| {
+                    (
+                        t,
+                        p,
+                        id,
+                        Err((ResponseError::RequestTimedOut, message.clone())),
+                    )
+                })
+                .collect();
+            (refused, None)
+        }
+    }
 }
 
 /// Produce v8 is where a partition's answer carries an error message.
@@ -161,10 +340,8 @@ struct Done {
 async fn produce_partition(
     deps: &KafkaDeps,
     id: PartitionId,
-    records: Bytes,
-    limits: &BatchLimits,
+    batch: ProducedBatch,
 ) -> Result<Done, (ResponseError, String)> {
-    let batch = decode_produced(records, limits).map_err(|e| (e.error(), e.to_string()))?;
     if batch.producer_id < 0 {
         return commit(deps, id, batch).await;
     }

@@ -23,6 +23,8 @@ const BATCH_HEADER_BYTES: usize = 61;
 const MAGIC_AT: usize = 16;
 /// Offset of the attributes, where the CRC-covered part starts.
 const ATTRIBUTES_AT: usize = 21;
+/// Offset of the last offset delta (the batch's record count less one).
+const LAST_OFFSET_DELTA_AT: usize = 23;
 /// Offset of the CRC.
 const CRC_AT: usize = 17;
 /// Attribute bits of a transactional batch and of a control batch.
@@ -43,6 +45,9 @@ pub(crate) struct ProducedBatch {
     pub(crate) base_sequence: i32,
     /// The records, in batch order.
     pub records: Vec<NewRecord>,
+    /// Bytes the records section decompressed to (0 for an uncompressed batch, whose records
+    /// are slices of the request's own bytes).
+    pub(crate) decompressed_bytes: usize,
 }
 
 /// Bounds a produced batch must keep.
@@ -52,7 +57,8 @@ pub(crate) struct BatchLimits {
     pub max_records: usize,
     /// Largest record, key + value + headers (`max-record-bytes`).
     pub max_record_bytes: usize,
-    /// Most bytes the records section may decompress to (`max-request-bytes`).
+    /// Most bytes the records section may decompress to (what is left of the request's
+    /// `max-request-bytes` of decompressed records).
     pub(crate) max_decompressed_bytes: usize,
 }
 
@@ -147,22 +153,46 @@ pub(crate) fn decode_produced(
         });
     }
     let section = data.slice(BATCH_HEADER_BYTES..total);
-    let mut body = compression::decompress(codec, section, limits.max_decompressed_bytes).map_err(
-        |e| match e {
-            compression::DecompressError::TooLarge { .. } => BatchError::TooLarge(e.to_string()),
-            other => BatchError::Corrupt(other.to_string()),
-        },
-    )?;
+    let compressed = !matches!(codec, Codec::None);
+    // The cap is on what decompression makes; uncompressed records are the request's bytes.
+    let cap = if compressed {
+        limits.max_decompressed_bytes
+    } else {
+        usize::MAX
+    };
+    let mut body = compression::decompress(codec, section, cap).map_err(|e| match e {
+        compression::DecompressError::TooLarge { .. } => BatchError::TooLarge(e.to_string()),
+        other => BatchError::Corrupt(other.to_string()),
+    })?;
+    let decompressed_bytes = if compressed { body.len() } else { 0 };
     // Every record takes at least one byte: more claimed than bytes left is a lie.
     if count > body.len() {
         return Err(corrupt("more records claimed than bytes present"));
     }
+    // As Kafka checks: the batch's last offset delta names its last record.
+    let last_offset_delta = i32::from_be_bytes([
+        data[LAST_OFFSET_DELTA_AT],
+        data[LAST_OFFSET_DELTA_AT + 1],
+        data[LAST_OFFSET_DELTA_AT + 2],
+        data[LAST_OFFSET_DELTA_AT + 3],
+    ]);
+    if i64::from(last_offset_delta) != i64::from(info.record_count) - 1 {
+        return Err(BatchError::Invalid(format!(
+            "last offset delta {last_offset_delta} does not match the batch's {count} records"
+        )));
+    }
     let mut records = Vec::with_capacity(count);
     for i in 0..count {
-        let record = decode_record(&mut body).map_err(|e| match e {
+        let (record, offset_delta) = decode_record(&mut body).map_err(|e| match e {
             RecordError::Corrupt(what) => BatchError::Corrupt(format!("record {i}: {what}")),
             RecordError::Invalid(what) => BatchError::Invalid(format!("record {i}: {what}")),
         })?;
+        if usize::try_from(offset_delta).ok() != Some(i) {
+            return Err(BatchError::Invalid(format!(
+                "record {i} has offset delta {offset_delta}; a batch's records are numbered \
+                 0, 1, 2, ... in order"
+            )));
+        }
         let size = record.payload_bytes();
         if size > limits.max_record_bytes {
             return Err(BatchError::TooLarge(format!(
@@ -181,6 +211,7 @@ pub(crate) fn decode_produced(
         producer_epoch: info.producer_epoch,
         base_sequence: info.base_sequence,
         records,
+        decompressed_bytes,
     })
 }
 
@@ -206,7 +237,8 @@ fn length(buf: &mut Bytes, what: &str) -> Result<Option<usize>, RecordError> {
     }
 }
 
-fn decode_record(buf: &mut Bytes) -> Result<NewRecord, RecordError> {
+/// One record and the offset delta it states.
+fn decode_record(buf: &mut Bytes) -> Result<(NewRecord, i32), RecordError> {
     let corrupt = |what: &str| RecordError::Corrupt(what.to_owned());
     let len = length(buf, "record length")?.ok_or_else(|| corrupt("null record length"))?;
     let mut rec = buf.split_to(len);
@@ -215,7 +247,7 @@ fn decode_record(buf: &mut Bytes) -> Result<NewRecord, RecordError> {
     }
     let _attributes = rec.split_to(1);
     let _timestamp_delta = get_varlong(&mut rec).ok_or_else(|| corrupt("truncated timestamp"))?;
-    let _offset_delta = get_varint(&mut rec).ok_or_else(|| corrupt("truncated offset delta"))?;
+    let offset_delta = get_varint(&mut rec).ok_or_else(|| corrupt("truncated offset delta"))?;
     let key = length(&mut rec, "key length")?.map(|n| rec.split_to(n));
     // A null value (a tombstone) stays null.
     let value = length(&mut rec, "value length")?.map(|n| rec.split_to(n));
@@ -234,11 +266,14 @@ fn decode_record(buf: &mut Bytes) -> Result<NewRecord, RecordError> {
     if !rec.is_empty() {
         return Err(corrupt("bytes after the record's headers"));
     }
-    Ok(NewRecord {
-        key,
-        headers: out,
-        value,
-    })
+    Ok((
+        NewRecord {
+            key,
+            headers: out,
+            value,
+        },
+        offset_delta,
+    ))
 }
 
 /// Appends `records` (consecutive offsets of one partition) to `out` as v2 batches, one per
@@ -432,6 +467,24 @@ mod tests {
             .collect();
         assert_eq!(names, [("n", &b"1"[..]), ("n", &b"2"[..])]);
         assert_eq!(batch.producer_id, -1);
+    }
+
+    #[test]
+    fn a_batch_whose_last_offset_delta_does_not_name_its_last_record_is_refused() {
+        let records = vec![stored(0, 5, "k", &[]), stored(1, 5, "k", &[])];
+        let mut out = BytesMut::new();
+        encode_fetched(&records, &mut out);
+        assert!(decode_produced(out.clone().freeze(), &LIMITS).is_ok());
+        // Claim a last offset delta of 7 for two records, the CRC fixed to match.
+        out[LAST_OFFSET_DELTA_AT..LAST_OFFSET_DELTA_AT + 4].copy_from_slice(&7i32.to_be_bytes());
+        let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
+        out[CRC_AT..ATTRIBUTES_AT].copy_from_slice(&crc.to_be_bytes());
+        let err = decode_produced(out.freeze(), &LIMITS).unwrap_err();
+        assert!(matches!(err, BatchError::Invalid(_)), "{err}");
+        assert_eq!(
+            err.error(),
+            kafka_protocol::error::ResponseError::InvalidRecord
+        );
     }
 
     #[test]

@@ -22,18 +22,26 @@ use crate::e2e::harness::{Daemon, fetch_all, http_client, send_json};
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A daemon with its Kafka listener on a free loopback port.
-struct KafkaDaemon {
-    daemon: Daemon,
-    kafka: SocketAddr,
+pub(super) struct KafkaDaemon {
+    pub(super) daemon: Daemon,
+    pub(super) kafka: SocketAddr,
 }
 
-fn start(dir: &Path) -> KafkaDaemon {
+pub(super) fn start(dir: &Path) -> KafkaDaemon {
+    start_with(dir, &[])
+}
+
+/// [`start`] with `extra` daemon arguments.
+pub(super) fn start_with(dir: &Path, extra: &[&str]) -> KafkaDaemon {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
     let kafka = SocketAddr::from(([127, 0, 0, 1], port));
-    let daemon = Daemon::start_with(&dir.join("data"), &["--kafka-listen", &kafka.to_string()]);
+    let listen = kafka.to_string();
+    let mut args = vec!["--kafka-listen", listen.as_str()];
+    args.extend_from_slice(extra);
+    let daemon = Daemon::start_with(&dir.join("data"), &args);
     KafkaDaemon { daemon, kafka }
 }
 
@@ -41,7 +49,7 @@ fn ok(status: u16, body: &Value, what: &str) {
     assert!((200..300).contains(&status), "{what}: {status} {body}");
 }
 
-fn create_topic(base: &str, name: &str, partitions: u32) {
+pub(super) fn create_topic(base: &str, name: &str, partitions: u32) {
     let (status, body) = send_json(
         &http_client(),
         Method::POST,
@@ -474,7 +482,12 @@ fn malformed_oversized_and_unoffered_requests_close_their_connection_and_the_dae
 }
 
 /// One request-response exchange with the crate's client-side codecs, on `stream`.
-fn exchange<Req, Resp>(stream: &mut TcpStream, api_key: i16, version: i16, request: &Req) -> Resp
+pub(super) fn exchange<Req, Resp>(
+    stream: &mut TcpStream,
+    api_key: i16,
+    version: i16,
+    request: &Req,
+) -> Resp
 where
     Req: kafka_protocol::protocol::Encodable,
     Resp: kafka_protocol::protocol::Decodable,

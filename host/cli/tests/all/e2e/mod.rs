@@ -14,6 +14,7 @@ mod file_modes;
 mod harness;
 mod http_limits;
 mod kafka;
+mod kafka_bounds;
 mod metastore_crash;
 mod metastore_loss;
 mod plugin_limits;
