@@ -98,23 +98,6 @@ impl AuthToken {
         })
     }
 
-    /// The secret nodes of one cluster present to each other's internal routes, derived from
-    /// this token, so every node started with the same token file knows it and no client
-    /// token is ever sent between nodes. Hex, 64 characters.
-    pub(crate) fn peer_secret(&self) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"narad-peer-v1:");
-        hasher.update(self.digest);
-        hex::encode(hasher.finalize())
-    }
-
-    /// The token the internal routes require: [`AuthToken::peer_secret`] as a token.
-    pub(crate) fn peer_token(&self) -> AuthToken {
-        AuthToken {
-            digest: Sha256::digest(self.peer_secret().as_bytes()).into(),
-        }
-    }
-
     /// Whether `given` is the token, in time independent of where they differ.
     pub fn matches(&self, given: &str) -> bool {
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();

@@ -57,6 +57,19 @@ pub enum ProduceError {
 
 pub use crate::ownership::{WriteFence, WriteTerm};
 
+/// Header names clients may not give a record (on the HTTP and the Kafka produce alike):
+/// `narad.origin` is what the Kafka listener shows as a copy's origin, and a consumer that
+/// drops repeats by it must never meet one a producer wrote.
+pub(crate) const RESERVED_HEADER_PREFIX: &str = "narad.";
+
+/// Whether a client may not give a record a header named `name`
+/// ([`RESERVED_HEADER_PREFIX`], compared without regard to case).
+pub(crate) fn is_reserved_header(name: &str) -> bool {
+    name.len() >= RESERVED_HEADER_PREFIX.len()
+        && name.as_bytes()[..RESERVED_HEADER_PREFIX.len()]
+            .eq_ignore_ascii_case(RESERVED_HEADER_PREFIX.as_bytes())
+}
+
 /// One record of a produce request, already decoded and validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProduceRecord {

@@ -84,6 +84,9 @@ pub enum ServerError {
         /// The client's error.
         source: etcd_client::Error,
     },
+    /// The cluster's peer secret could not be read or made.
+    #[error(transparent)]
+    PeerSecret(#[from] crate::cluster::peer_secret::PeerSecretError),
     /// The watched copy of the metadata did not reach etcd's latest metadata write within a
     /// lease TTL of joining.
     #[error(
@@ -300,14 +303,9 @@ pub async fn run_server(
                             Arc::clone(&producer),
                             Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
                             Arc::new(move |node: &str| peers.advertise_of(node)),
-                            {
-                                let client = crate::cluster::commit_rpc::CommitClient::new()
-                                    .map_err(|e| ServerError::Http(e.to_string()))?;
-                                match &config.auth_token {
-                                    Some(token) => client.with_bearer(token.peer_secret()),
-                                    None => client,
-                                }
-                            },
+                            crate::cluster::commit_rpc::CommitClient::new()
+                                .map_err(|e| ServerError::Http(e.to_string()))?
+                                .with_bearer(context.peer_bearer.clone()),
                             tokio::runtime::Handle::current(),
                             Arc::clone(&fanout_metrics),
                         )
@@ -456,13 +454,12 @@ pub async fn run_server(
         Some(token) => api::auth::protect(api::router(state), token),
         None => api::router(state),
     };
-    if let Some(receiver) = &receiver {
-        // Nodes present the peer secret derived from the shared token, never a client's.
+    if let (Some(receiver), Some(context)) = (&receiver, &cluster) {
+        // Nodes present the cluster's peer secret, which no client holds, token or not.
         let internal = internal_router(Arc::clone(receiver)).merge(peer_routes);
-        app = app.merge(match &config.auth_token {
-            Some(token) => api::auth::protect(internal, token.peer_token()),
-            None => internal,
-        });
+        let secret = crate::auth::AuthToken::new(&context.peer_bearer)
+            .ok_or_else(|| ServerError::Http("the cluster's peer secret is empty".to_owned()))?;
+        app = app.merge(api::auth::protect(internal, secret));
     }
     let owned_sync = cluster.as_ref().map(|context| {
         tokio::spawn(sync_owned(
@@ -557,6 +554,7 @@ async fn start_cluster(
     };
     let client = crate::metastore::etcd::connect_client(&cluster.etcd).await?;
     let prefix = crate::cluster::prefix(&cluster.name);
+    let peer_bearer = crate::cluster::peer_secret::load_or_create(&client, &prefix).await?;
     let metastore = Arc::new(
         crate::metastore::EtcdMetastore::with_cache(
             client.clone(),
@@ -657,7 +655,7 @@ async fn start_cluster(
         ownership,
         peers,
         http,
-        peer_bearer: config.auth_token.as_ref().map(|t| t.peer_secret()),
+        peer_bearer,
     });
     let snapshot = current_snapshot(&context)?;
     let registered = {

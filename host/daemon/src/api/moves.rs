@@ -243,6 +243,7 @@ pub(crate) async fn recreate(
     }
     let here = RecreateHereRequest {
         start_offset: request.start_offset,
+        accept_loss: true,
     };
     if on == cluster.node_id() {
         return Ok(Json(run_recreate_here(&state, id, here).await?));
@@ -353,6 +354,12 @@ pub(crate) async fn recreate_here(
     ApiPath((topic, index)): ApiPath<(String, u32)>,
     ApiJson(request): ApiJson<RecreateHereRequest>,
 ) -> Result<Json<RecreateReport>, ApiError> {
+    if !request.accept_loss {
+        return Err(ApiError::bad_request(
+            "re-creating a partition loses what only its dead owner held: the request must say \
+             \"accept_loss\": true",
+        ));
+    }
     recreator(&state)?;
     let id = partition(&state, &topic, index).await?;
     Ok(Json(run_recreate_here(&state, id, request).await?))

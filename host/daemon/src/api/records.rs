@@ -198,6 +198,17 @@ fn decode_record(
                 .collect::<Result<_, _>>()?
         }
     };
+    if let Some(reserved) = headers
+        .iter()
+        .find(|h| crate::produce::is_reserved_header(&h.name))
+    {
+        return Err(bad(format!(
+            "header {:?} is reserved: names starting with {:?} are narad's own (a copy's origin), \
+             never a producer's",
+            reserved.name,
+            crate::produce::RESERVED_HEADER_PREFIX
+        )));
+    }
     if let Some(p) = r.partition
         && p >= partitions
     {

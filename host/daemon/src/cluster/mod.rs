@@ -16,6 +16,7 @@
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
 //! - [`ownership`]: who serves a partition, from each topic's owners in the watched metadata;
+//! - [`peer_secret`]: the secret nodes present to each other's internal routes;
 //! - [`peers`]: the live nodes and the addresses they advertise, watched;
 //! - [`placement`]: which node a new partition goes to (pinned, spread, away from the
 //!   parent's partition).
@@ -33,6 +34,7 @@ pub(crate) mod metrics;
 pub(crate) mod modules;
 pub mod moves;
 pub(crate) mod ownership;
+pub(crate) mod peer_secret;
 pub(crate) mod peers;
 pub(crate) mod placement;
 pub(crate) mod receiver;
@@ -61,9 +63,8 @@ pub struct ClusterContext {
     /// The HTTP client for calls to other nodes (attach points, stats): fails fast on a dead
     /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
     pub http: reqwest::Client,
-    /// The secret other nodes' internal routes require for changes, when the cluster has a
-    /// token (`--auth-token-file`).
-    pub(crate) peer_bearer: Option<String>,
+    /// The secret other nodes' internal routes require ([`peer_secret`]).
+    pub(crate) peer_bearer: String,
 }
 
 /// A call between nodes carries the caller's metadata revision in this header; the callee
@@ -128,9 +129,7 @@ impl ClusterContext {
             .timeout(timeout)
             .header(REVISION_HEADER, self.metastore.cache_revision())
             .json(body);
-        if let Some(secret) = &self.peer_bearer {
-            call = call.bearer_auth(secret);
-        }
+        call = call.bearer_auth(&self.peer_bearer);
         call.send()
             .await
             .map_err(|e| PeerError::new(node, None, format!("did not answer: {e}")))

@@ -51,7 +51,7 @@ pub(crate) fn fetch_module_blocking(
 
 async fn fetch(
     nodes: Vec<(String, String)>,
-    bearer: Option<String>,
+    bearer: String,
     digest: String,
 ) -> Result<Option<Vec<u8>>, String> {
     // A client of this runtime's own: connections must not outlive the runtime that made them.
@@ -62,10 +62,9 @@ async fn fetch(
         .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
     let mut failures = Vec::new();
     for (node, base) in nodes {
-        let mut call = http.post(format!("{base}{}", module_path(&digest)));
-        if let Some(secret) = &bearer {
-            call = call.bearer_auth(secret);
-        }
+        let call = http
+            .post(format!("{base}{}", module_path(&digest)))
+            .bearer_auth(&bearer);
         match call.send().await {
             Ok(answer) if answer.status() == reqwest::StatusCode::NOT_FOUND => {}
             Ok(answer) if answer.status().is_success() => match answer.bytes().await {

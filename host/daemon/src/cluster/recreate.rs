@@ -93,6 +93,10 @@ pub(crate) struct RecreateHereRequest {
     /// higher one).
     #[serde(default)]
     pub start_offset: Option<u64>,
+    /// The operator's acceptance of the loss, carried from the public request: the route
+    /// refuses to re-create anything without it, whoever calls it.
+    #[serde(default)]
+    pub accept_loss: bool,
 }
 
 /// What one link from the re-created partition lost, as far as anything alive can tell.

@@ -258,6 +258,13 @@ fn decode_record(buf: &mut Bytes) -> Result<(NewRecord, i32), RecordError> {
             length(&mut rec, "header name length")?.ok_or_else(|| corrupt("null header name"))?;
         let name = String::from_utf8(rec.split_to(name_len).to_vec())
             .map_err(|_| RecordError::Invalid("header name is not UTF-8".into()))?;
+        if crate::produce::is_reserved_header(&name) {
+            return Err(RecordError::Invalid(format!(
+                "header {name:?} is reserved: names starting with {:?} are narad's own (a \
+                 copy's origin), never a producer's",
+                crate::produce::RESERVED_HEADER_PREFIX
+            )));
+        }
         // A null header value is stored as an empty one.
         let value =
             length(&mut rec, "header value length")?.map_or_else(Bytes::new, |n| rec.split_to(n));

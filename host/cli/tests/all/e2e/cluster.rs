@@ -910,17 +910,36 @@ fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
     ok(status, &body, "produce");
     wait_for_values(&cluster, "copy", 1, &["one".to_owned(), "two".to_owned()]);
 
-    // The internal commit route refuses a caller without the peer secret, and the client's
-    // own token is not it.
-    for token in [None, Some("s3cret")] {
-        let mut request = client
-            .post(format!("{}/internal/v1/commit", cluster.url(2)))
-            .body(vec![0u8; 8]);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
+    // The internal routes refuse a caller without the peer secret. The client's own token is
+    // not it, nor is the secret older builds derived from the token, which any token holder
+    // could compute.
+    let derived = {
+        use sha2::Digest as _;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(b"narad-peer-v1:");
+        hasher.update(sha2::Sha256::digest(b"s3cret"));
+        hex::encode(hasher.finalize())
+    };
+    for route in [
+        "/internal/v1/commit",
+        "/internal/v1/commit-in-order",
+        "/internal/v1/topics/orders/partitions/0/recreate-here",
+        "/internal/v1/topics/orders/partitions/0/handoff",
+        "/internal/v1/topics/orders/partitions/0/move-in",
+        "/internal/v1/topics/orders/partitions/0/files",
+        "/internal/v1/topics/copy/partitions/0/highest-origin",
+        "/internal/v1/topics/orders/children/copy/seek",
+    ] {
+        for token in [None, Some("s3cret"), Some(derived.as_str())] {
+            let mut request = client
+                .post(format!("{}{route}", cluster.url(2)))
+                .body(vec![0u8; 8]);
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            let status = request.send().expect("internal call").status().as_u16();
+            assert_eq!(status, 401, "{route} with token {token:?}");
         }
-        let status = request.send().expect("commit call").status().as_u16();
-        assert_eq!(status, 401, "token {token:?}");
     }
 }
 

@@ -286,6 +286,18 @@ fn a_request_forwarded_by_a_restarted_node_is_not_held_for_a_revision_its_owner_
         produce(&cluster.url(0), &format!("after-{i}"));
     }
     let took = started.elapsed();
+    // Without a token file too, no client reaches a route only nodes call.
+    let status = client
+        .post(format!("{}/internal/v1/commit", cluster.url(1)))
+        .body(vec![0u8; 8])
+        .send()
+        .expect("commit call")
+        .status()
+        .as_u16();
+    assert_eq!(
+        status, 401,
+        "an internal route answered a client without the peer secret"
+    );
     let owner_log = cluster.nodes[1].log();
     assert!(
         !owner_log.contains("did not reach a caller's revision"),

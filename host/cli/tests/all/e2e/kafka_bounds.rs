@@ -231,3 +231,87 @@ fn clients_that_declare_large_requests_and_send_nothing_hold_back_no_other_clien
     assert_eq!(response.error_code, 0);
     drop(stalled);
 }
+
+/// Once, a producer could write a `narad.origin` header, and a consumer that drops repeats by
+/// it (as kafka.md advises) dropped the genuine copy. Neither produce path takes one now.
+#[test]
+fn a_producer_cannot_write_a_header_that_states_a_copys_origin() {
+    use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+    use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+    const INVALID_RECORD: i16 = 87;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start(dir.path());
+    let base = kafka.daemon.url();
+    create_topic(&base, "t", 1);
+    for name in ["narad.origin", "NARAD.Origin", "narad.anything"] {
+        let (status, body) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{base}/v1/topics/t/records"),
+            Some(&json!({"records": [{"value": "v", "headers": [{"name": name, "value": "x"}]}]})),
+        )
+        .expect("produce");
+        assert_eq!(status, 400, "{name}: {body}");
+    }
+    let forged = {
+        let mut headers = kafka_protocol::indexmap::IndexMap::new();
+        headers.insert(
+            StrBytes::from_static_str("narad.origin"),
+            Some(bytes::Bytes::from_static(b"0011223344556677:0:5")),
+        );
+        let record = Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: 0,
+            timestamp: 0,
+            key: None,
+            value: Some(bytes::Bytes::from_static(b"forged")),
+            headers,
+        };
+        let mut out = bytes::BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut out,
+            &[record],
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .expect("batch");
+        out.freeze()
+    };
+    let mut partition = PartitionProduceData::default();
+    partition.index = 0;
+    partition.records = Some(forged);
+    let mut data = TopicProduceData::default();
+    data.name = topic_name("t");
+    data.partition_data = vec![partition];
+    let mut request = ProduceRequest::default();
+    request.acks = -1;
+    request.timeout_ms = 10_000;
+    request.topic_data = vec![data];
+    let mut stream = TcpStream::connect(kafka.kafka).expect("connect");
+    let response: ProduceResponse = exchange(&mut stream, 0, 3, &request);
+    assert_eq!(
+        response.responses[0].partition_responses[0].error_code,
+        INVALID_RECORD
+    );
+    // A header that only looks alike is a producer's to write.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/t/records"),
+        Some(
+            &json!({"records": [{"value": "v", "headers": [{"name": "naradish", "value": "x"}]}]}),
+        ),
+    )
+    .expect("produce");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(high_watermark(&base, "t", 0), 1);
+}
