@@ -75,17 +75,43 @@ pub fn raise_to_hard() -> FdLimit {
     after
 }
 
-/// The connection cap when none is configured: half of what the soft limit leaves after
-/// [`FD_RESERVE`] (the other half stays for partition segments and cursor files), clamped to
+/// The connection cap of each listener when none is configured: half of what the soft limit
+/// leaves after [`FD_RESERVE`] goes to connections (the other half stays for partition logs
+/// and cursor files), all of it to the HTTP listener alone, or half each when a Kafka
+/// listener runs too (`listeners` = 2), clamped to
 /// [`MIN_CONNECTIONS`]..=[`MAX_DEFAULT_CONNECTIONS`].
-pub(crate) fn default_max_connections(limit: FdLimit) -> u32 {
-    let soft = limit.soft.unwrap_or(UNLIMITED_TARGET_FDS);
-    let share = soft.saturating_sub(FD_RESERVE) / 2;
+pub(crate) fn default_max_connections(limit: FdLimit, listeners: u64) -> u32 {
+    let share = files_share(limit) / listeners.max(1);
     let capped = share.clamp(
         u64::from(MIN_CONNECTIONS),
         u64::from(MAX_DEFAULT_CONNECTIONS),
     );
     u32::try_from(capped).unwrap_or(MAX_DEFAULT_CONNECTIONS)
+}
+
+/// Descriptors one open partition log may hold: its active segment, its high-watermark file,
+/// an older segment a read has open, and a cursor file beside it.
+pub(crate) const DESCRIPTORS_PER_OPEN_LOG: u64 = 4;
+
+/// The fewest logs kept open at once, whatever the limit.
+pub(crate) const MIN_OPEN_LOGS: u64 = 64;
+
+/// Most partition logs open at once: the half of the descriptors beyond [`FD_RESERVE`] that
+/// connections do not get, [`DESCRIPTORS_PER_OPEN_LOG`] each. Opening one more closes the
+/// least recently used, so a request naming thousands of partitions cannot run the daemon
+/// out of descriptors.
+pub(crate) fn default_max_open_logs(limit: FdLimit) -> usize {
+    let logs = (files_share(limit) / DESCRIPTORS_PER_OPEN_LOG).max(MIN_OPEN_LOGS);
+    usize::try_from(logs).unwrap_or(usize::MAX)
+}
+
+/// Half of the descriptors beyond [`FD_RESERVE`].
+fn files_share(limit: FdLimit) -> u64 {
+    limit
+        .soft
+        .unwrap_or(UNLIMITED_TARGET_FDS)
+        .saturating_sub(FD_RESERVE)
+        / 2
 }
 
 #[cfg(test)]
@@ -101,18 +127,35 @@ mod tests {
 
     #[test]
     fn the_default_cap_leaves_half_of_the_descriptors_beyond_the_reserve_to_files() {
-        assert_eq!(default_max_connections(soft(4096)), 1536);
-        assert_eq!(default_max_connections(soft(1024)), MIN_CONNECTIONS);
-        assert_eq!(default_max_connections(soft(256)), MIN_CONNECTIONS);
+        assert_eq!(default_max_connections(soft(4096), 1), 1536);
+        assert_eq!(default_max_connections(soft(1024), 1), MIN_CONNECTIONS);
+        assert_eq!(default_max_connections(soft(256), 1), MIN_CONNECTIONS);
         assert_eq!(
-            default_max_connections(soft(524_288)),
+            default_max_connections(soft(524_288), 1),
             MAX_DEFAULT_CONNECTIONS
         );
         let unlimited = FdLimit {
             soft: None,
             hard: None,
         };
-        assert_eq!(default_max_connections(unlimited), MAX_DEFAULT_CONNECTIONS);
+        assert_eq!(
+            default_max_connections(unlimited, 1),
+            MAX_DEFAULT_CONNECTIONS
+        );
+    }
+
+    #[test]
+    fn a_kafka_listener_shares_the_connections_half_and_logs_keep_the_other() {
+        // 4096 - 1024 = 3072: 1536 for connections, 1536 for files.
+        assert_eq!(default_max_connections(soft(4096), 2), 768);
+        assert_eq!(default_max_open_logs(soft(4096)), 384);
+        // Connections of both listeners and open logs together stay within the limit.
+        let limit = soft(20_000);
+        let used = 2 * u64::from(default_max_connections(limit, 2))
+            + DESCRIPTORS_PER_OPEN_LOG * default_max_open_logs(limit) as u64
+            + FD_RESERVE;
+        assert!(used <= 20_000, "{used}");
+        assert_eq!(default_max_open_logs(soft(1024)), MIN_OPEN_LOGS as usize);
     }
 
     #[test]

@@ -222,6 +222,14 @@ pub async fn run_server(
         }
     };
     store.write_original_frames(config.original_frames);
+    // Descriptors: connections of each listener and open logs each get their share.
+    let listeners: u64 = if config.kafka_listen.is_some() { 2 } else { 1 };
+    let max_open_logs = crate::fdlimit::default_max_open_logs(crate::fdlimit::current());
+    store.limit_open_logs(max_open_logs);
+    tracing::info!(
+        max_open_logs,
+        "partition logs open at once at most (the least recently used close first)"
+    );
     let producer = Arc::new(match &cluster {
         // Fenced (etcd silent for nearly a lease TTL): no produce takes a write here.
         Some(context) => Producer::new(Arc::clone(&store)).with_fence(context.fence()),
@@ -361,7 +369,7 @@ pub async fn run_server(
         );
         let options = crate::kafka::connection::ListenOptions {
             max_connections: config.http.max_connections.unwrap_or_else(|| {
-                crate::fdlimit::default_max_connections(crate::fdlimit::current())
+                crate::fdlimit::default_max_connections(crate::fdlimit::current(), listeners)
             }),
             shutdown_grace: config.http.shutdown_grace,
         };
@@ -495,7 +503,8 @@ pub async fn run_server(
         },
     );
 
-    let derived_cap = || crate::fdlimit::default_max_connections(crate::fdlimit::current());
+    let derived_cap =
+        || crate::fdlimit::default_max_connections(crate::fdlimit::current(), listeners);
     let http_options = crate::http_server::ServeOptions {
         max_connections: config.http.max_connections.unwrap_or_else(derived_cap),
         header_read_timeout: config.http.header_read_timeout,

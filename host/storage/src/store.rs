@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -178,6 +178,12 @@ pub struct Store {
     original_frames: std::sync::atomic::AtomicBool,
     /// Appends and syncs of every log this store opens (see [`Store::append_stats`]).
     append_counters: Arc<log::AppendCounters>,
+    /// Most logs open at once ([`Store::limit_open_logs`]; no limit until set).
+    max_open_logs: AtomicUsize,
+    /// Logs opened since the open ones were last counted, plus that count: an upper bound on
+    /// the logs open now, so the count (a pass over every partition) runs only when it could
+    /// be over the limit.
+    open_logs_bound: AtomicUsize,
     /// Read-back buffers every open log shares.
     verify_buffers: Arc<log::writer::VerifyBuffers>,
     /// Buffers large reads of every open log are lent.
@@ -293,6 +299,8 @@ impl Store {
             registrations: AtomicU64::new(0),
             original_frames: std::sync::atomic::AtomicBool::new(false),
             append_counters: Arc::default(),
+            max_open_logs: AtomicUsize::new(usize::MAX),
+            open_logs_bound: AtomicUsize::new(0),
             verify_buffers: Arc::default(),
             read_buffers: Arc::default(),
             _lock: lock,
@@ -658,7 +666,7 @@ impl Store {
         } else if let Some(e) = p.broken_error(&slot) {
             return Err(e);
         }
-        match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
+        let opened = match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
             Ok(mut l) => {
                 l.counters = Arc::clone(&self.append_counters);
                 l.verify_buffers = Arc::clone(&self.verify_buffers);
@@ -687,6 +695,63 @@ impl Store {
                 })
             }
             Err(OpenError::Io(e)) => Err(self.log_error(p, e)),
+        };
+        drop(slot);
+        if opened.is_ok() {
+            self.keep_open_logs_within_limit(&p.id);
+        }
+        opened
+    }
+
+    /// Caps the logs open at once at `max` (each holds descriptors: its segment and
+    /// high-watermark files). Opening one more closes the least recently used others, down to
+    /// nine tenths of `max`, as idle closing would; they reopen on their next use. A request
+    /// naming thousands of partitions then cannot take every descriptor the daemon has.
+    pub fn limit_open_logs(&self, max: usize) {
+        self.max_open_logs.store(max.max(1), Ordering::Relaxed);
+    }
+
+    /// After `opened` was opened: when the logs open could be over the limit, counts them and
+    /// closes the least recently used (never `opened`) down to nine tenths of it.
+    fn keep_open_logs_within_limit(&self, opened: &PartitionId) {
+        let max = self.max_open_logs.load(Ordering::Relaxed);
+        if self.open_logs_bound.fetch_add(1, Ordering::Relaxed) < max {
+            return;
+        }
+        let parts: Vec<Arc<Partition>> = log::read(&self.partitions).values().cloned().collect();
+        let mut open: Vec<(i64, Arc<Partition>)> = parts
+            .into_iter()
+            .filter(|p| &p.id != opened)
+            .filter(|p| matches!(p.slot.try_read().as_deref(), Ok(Slot::Open(_))))
+            .map(|p| (p.last_access_ms.load(Ordering::Relaxed), p))
+            .collect();
+        let target = (max / 10 * 9).max(1);
+        // `opened` is open too.
+        let counted = open.len() + 1;
+        let excess = counted.saturating_sub(target);
+        open.sort_by_key(|(at, _)| *at);
+        let mut closed = 0;
+        for (_, p) in open.into_iter().take(excess) {
+            // A log busy right now is left open; the next pass finds it idle.
+            let Ok(mut slot) = p.slot.try_write() else {
+                continue;
+            };
+            if let Slot::Open(l) = &*slot {
+                if let Err(e) = l.close() {
+                    tracing::warn!(partition = %p.id, error = %e, "closing a log to stay within the open-log limit failed");
+                }
+                *slot = Slot::Closed;
+                closed += 1;
+            }
+        }
+        self.open_logs_bound
+            .store(counted - closed, Ordering::Relaxed);
+        if closed > 0 {
+            tracing::debug!(
+                closed,
+                max,
+                "closed the least recently used logs to stay within the open-log limit"
+            );
         }
     }
 

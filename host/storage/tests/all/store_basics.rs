@@ -290,6 +290,49 @@ fn an_idle_log_is_closed_and_reopens_on_demand() {
 }
 
 #[test]
+fn opening_logs_past_the_limit_closes_the_least_recently_used_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let ids: Vec<_> = (0..40).map(|p| pid("t", p)).collect();
+    {
+        let store = real_store(dir.path(), clock.clone());
+        for id in &ids {
+            store.create_partition(id, LogConfig::default()).unwrap();
+            store.append(id, batch(&["x"])).unwrap();
+            clock.advance(1);
+        }
+        store.close().unwrap();
+    }
+    let store = real_store(dir.path(), clock.clone());
+    for id in &ids {
+        store.create_partition(id, LogConfig::default()).unwrap();
+    }
+    store.limit_open_logs(10);
+    let open = |store: &narad_storage::Store| {
+        ids.iter()
+            .filter(|id| store.peek(id).unwrap().state == PartitionState::Open)
+            .count()
+    };
+    // One request reading every partition, as a fetch naming them all would.
+    for id in &ids {
+        clock.advance(1);
+        let read = store.read(id, &read_from(0)).unwrap();
+        assert_eq!(read.records.len(), 1, "{id}");
+        assert!(
+            open(&store) <= 10,
+            "{} logs open after reading {id}",
+            open(&store)
+        );
+    }
+    // The most recent stays open; an evicted one reopens on its next use with its records.
+    assert_eq!(store.peek(&ids[39]).unwrap().state, PartitionState::Open);
+    assert_eq!(store.peek(&ids[0]).unwrap().state, PartitionState::Closed);
+    store.append(&ids[0], batch(&["y"])).unwrap();
+    assert_eq!(store.read(&ids[0], &read_from(0)).unwrap().records.len(), 2);
+    assert!(open(&store) <= 10);
+}
+
+#[test]
 fn peek_reports_no_high_watermark_for_a_log_that_was_not_closed_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0_MS));

@@ -315,3 +315,78 @@ fn a_producer_cannot_write_a_header_that_states_a_copys_origin() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(high_watermark(&base, "t", 0), 1);
 }
+
+/// Once, one Fetch naming every partition of a large topic opened every log (two descriptors
+/// each) and ran the daemon out of descriptors: produce and describe of other partitions
+/// answered 500 "Too many open files" until idle logs closed, minutes later.
+#[test]
+fn reading_a_thousand_partitions_at_once_leaves_descriptors_for_everyone_else() {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::messages::{FetchRequest, FetchResponse};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let kafka_addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let listen = kafka_addr.to_string();
+    let daemon = crate::e2e::harness::Daemon::start_under(
+        &dir.path().join("data"),
+        &["prlimit", "--nofile=1536:1536"],
+        &["--kafka-listen", &listen],
+    );
+    let base = daemon.url();
+    create_topic(&base, "wide", 1000);
+    create_topic(&base, "other", 1);
+    // One record in every partition (keyless records go round-robin), so each log has files.
+    let records: Vec<Value> = (0..1000)
+        .map(|i| json!({"value": format!("v{i}")}))
+        .collect();
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/wide/records"),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    assert_eq!(status, 200, "{body}");
+    let mut topic = FetchTopic::default();
+    topic.topic = topic_name("wide");
+    topic.partitions = (0..1000)
+        .map(|p| {
+            let mut partition = FetchPartition::default();
+            partition.partition = p;
+            partition.fetch_offset = 0;
+            partition.partition_max_bytes = 1024;
+            partition
+        })
+        .collect();
+    let mut request = FetchRequest::default();
+    request.replica_id = kafka_protocol::messages::BrokerId(-1);
+    request.max_wait_ms = 0;
+    request.min_bytes = 0;
+    request.max_bytes = 1024 * 1024;
+    request.topics = vec![topic];
+    let mut stream = TcpStream::connect(kafka_addr).expect("connect");
+    let response: FetchResponse = exchange(&mut stream, 1, 4, &request);
+    let failed: Vec<i32> = response.responses[0]
+        .partitions
+        .iter()
+        .filter(|p| p.error_code != 0)
+        .map(|p| p.partition_index)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "partitions answered with an error: {failed:?}"
+    );
+    for (topic, partition) in [("other", 0), ("wide", 999), ("wide", 0)] {
+        let (status, body) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{base}/v1/topics/{topic}/records"),
+            Some(&json!({"records": [{"value": "after the wide fetch", "partition": partition}]})),
+        )
+        .expect("produce");
+        assert_eq!(status, 200, "{topic}/{partition}: {body}");
+    }
+}
