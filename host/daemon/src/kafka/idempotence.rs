@@ -308,14 +308,6 @@ impl Idempotence {
         entry
     }
 
-    /// Forgets every partition's state of `producer_id` (its epoch was bumped or it is gone).
-    pub(crate) fn forget_producer(&self, producer_id: i64) {
-        self.entries
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .retain(|(id, _), _| *id != producer_id);
-    }
-
     /// Entries held now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -3,9 +3,11 @@
 //! Ids come from a counter that starts at the start time in milliseconds shifted left by
 //! 20 bits, so a restarted daemon hands out ids above every id of its previous runs (unless
 //! the clock went back, or a run handed out more than a million ids per millisecond it
-//! lasted): a new producer can never inherit the sequences of an old one. A producer that
-//! asks again with its id and epoch (Kafka 2.5+ does so after a timeout) keeps its id with
-//! the epoch raised by one, and its old sequence state is dropped.
+//! lasted): a new producer can never inherit the sequences of an old one. As a Kafka broker
+//! does for a producer without a transactional id, every request gets a new id, whatever id
+//! and epoch it names: naming another producer's id must not reset that producer's sequence
+//! state (its retries would then be written twice). A producer that asks again after a
+//! timeout (Kafka 2.5+ does) starts over under its new id.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -61,19 +63,8 @@ pub(crate) fn handle(deps: &KafkaDeps, request: InitProducerIdRequest) -> InitPr
         response.producer_epoch = -1;
         return response;
     }
-    let ProducerId(old) = request.producer_id;
-    let (id, epoch) =
-        if old >= 0 && request.producer_epoch >= 0 && request.producer_epoch < i16::MAX {
-            deps.idempotence.forget_producer(old);
-            (old, request.producer_epoch + 1)
-        } else {
-            if old >= 0 {
-                deps.idempotence.forget_producer(old);
-            }
-            (deps.producer_ids.next(), 0)
-        };
-    response.producer_id = ProducerId(id);
-    response.producer_epoch = epoch;
+    response.producer_id = ProducerId(deps.producer_ids.next());
+    response.producer_epoch = 0;
     response
 }
 

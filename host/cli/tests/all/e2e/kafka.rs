@@ -520,7 +520,7 @@ where
 }
 
 /// Produce v3 of one batch to partition 0 of `topic`; returns (error code, base offset).
-fn produce_batch(
+pub(super) fn produce_batch(
     stream: &mut TcpStream,
     topic: &str,
     producer: (i64, i16),

@@ -390,3 +390,38 @@ fn reading_a_thousand_partitions_at_once_leaves_descriptors_for_everyone_else() 
         assert_eq!(status, 200, "{topic}/{partition}: {body}");
     }
 }
+
+/// Once, an InitProducerId naming another producer's id and epoch took that id over and
+/// dropped its sequence state, so the real producer's next retry was written twice.
+#[test]
+fn naming_another_producers_id_gets_a_new_id_and_leaves_its_retries_deduplicated() {
+    use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start(dir.path());
+    let base = kafka.daemon.url();
+    create_topic(&base, "t", 1);
+    let mut stream = TcpStream::connect(kafka.kafka).expect("connect");
+    let real: InitProducerIdResponse =
+        exchange(&mut stream, 22, 0, &InitProducerIdRequest::default());
+    let producer = (real.producer_id.0, real.producer_epoch);
+    assert_eq!(
+        super::kafka::produce_batch(&mut stream, "t", producer, 0, &["a"]),
+        (0, 0)
+    );
+    let mut takeover = InitProducerIdRequest::default();
+    takeover.producer_id = ProducerId(producer.0);
+    takeover.producer_epoch = producer.1;
+    let mut other = TcpStream::connect(kafka.kafka).expect("connect");
+    let answer: InitProducerIdResponse = exchange(&mut other, 22, 4, &takeover);
+    assert_eq!(answer.error_code, 0);
+    assert_ne!(
+        answer.producer_id.0, producer.0,
+        "another producer's id was handed out"
+    );
+    // The real producer's retry is still known: answered with its first offsets, not written.
+    assert_eq!(
+        super::kafka::produce_batch(&mut stream, "t", producer, 0, &["a"]),
+        (0, 0)
+    );
+    assert_eq!(high_watermark(&base, "t", 0), 1);
+}
