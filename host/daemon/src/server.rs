@@ -618,11 +618,12 @@ async fn start_cluster(
     if !membership.catch_up(&metastore).await? {
         return Err(ServerError::MetadataBehind);
     }
-    {
-        let (membership, metastore) = (Arc::clone(&membership), Arc::clone(&metastore));
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move { membership.keep_alive(shutdown, Some(metastore)).await });
-    }
+    spawn_lease_keeper(
+        Arc::clone(&membership),
+        Arc::clone(&metastore),
+        cluster.etcd.clone(),
+        shutdown.clone(),
+    )?;
     let peers = Arc::new(
         crate::cluster::peers::PeerDirectory::start(
             client,
@@ -699,6 +700,42 @@ async fn start_cluster(
         "joined the cluster"
     );
     Ok((store, context))
+}
+
+/// Renews the node's lease on a thread and runtime of its own, with an etcd client of its
+/// own: no work on the daemon's async workers (a decode, a burst of requests) can delay a
+/// renewal until the node fences itself and its peers count it dead. The thread ends with
+/// `shutdown`.
+fn spawn_lease_keeper(
+    membership: Arc<Membership>,
+    metastore: Arc<crate::metastore::EtcdMetastore>,
+    endpoints: Vec<String>,
+    shutdown: ShutdownSignal,
+) -> Result<(), ServerError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("narad-lease")
+        .build()
+        .map_err(|e| ServerError::Http(format!("cannot build the lease runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("narad-lease".to_owned())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let client = match crate::metastore::etcd::connect_client(&endpoints).await {
+                    Ok(client) => Some(client),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no etcd client of the lease thread's own; \
+                            renewing through the daemon's");
+                        None
+                    }
+                };
+                membership
+                    .keep_alive(shutdown, Some(metastore), client)
+                    .await;
+            });
+        })
+        .map_err(|e| ServerError::Http(format!("cannot start the lease thread: {e}")))?;
+    Ok(())
 }
 
 impl From<crate::cluster::identity::IdentityError> for ServerError {

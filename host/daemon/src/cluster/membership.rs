@@ -298,11 +298,16 @@ impl Membership {
 
     /// Grants a lease and creates the node key with it, if absent.
     async fn register(&self) -> Result<()> {
+        self.register_with(&self.client).await
+    }
+
+    /// [`Membership::register`] through `client`.
+    async fn register_with(&self, client: &Client) -> Result<()> {
         let sent = Instant::now();
         // etcd counts whole seconds: round up, so the lease is never shorter than asked.
         let ttl_secs =
             i64::try_from(self.ttl.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX);
-        let mut lease = self.client.lease_client();
+        let mut lease = client.lease_client();
         let granted = lease
             .grant(ttl_secs, None)
             .await
@@ -322,7 +327,7 @@ impl Membership {
                 Some(PutOptions::new().with_lease(lease_id)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut kv = self.client.kv_client();
+        let mut kv = client.kv_client();
         let response = kv.txn(txn).await.map_err(etcd("creating the node key"))?;
         if !response.succeeded() {
             let _ = lease.revoke(lease_id).await;
@@ -377,9 +382,9 @@ impl Membership {
 
     /// One renewal: `Ok(true)` when etcd confirmed it, `Ok(false)` when etcd says the lease is
     /// gone (expired or revoked) and the node must register again.
-    async fn renew_once(&self) -> Result<bool> {
+    async fn renew_once(&self, client: &Client) -> Result<bool> {
         let sent = Instant::now();
-        let mut lease = self.client.lease_client();
+        let mut lease = client.lease_client();
         let (mut keeper, mut stream) = match lease.keep_alive(self.lease_id()).await {
             Err(e) if is_lease_not_found(&e) => return Ok(false),
             other => other.map_err(etcd("opening the lease keep-alive stream"))?,
@@ -407,12 +412,17 @@ impl Membership {
     /// counted and retried; [`Membership::is_fenced`] tells the rest of the node.
     ///
     /// With `metadata` (the node's watched copy), a node that had to join again stays fenced
-    /// until [`Membership::catch_up`] succeeds, tried again on every tick until it does.
+    /// until [`Membership::catch_up`] succeeds, tried again on every tick until it does. With
+    /// `client`, renewals and re-joins go through it (a client of the runtime this runs on:
+    /// the daemon renews on a thread of its own, so no load on the data path delays a
+    /// renewal); without, through the client the node joined with.
     pub(crate) async fn keep_alive(
         &self,
         shutdown: ShutdownSignal,
         metadata: Option<std::sync::Arc<EtcdMetastore>>,
+        client: Option<Client>,
     ) {
+        let client = client.unwrap_or_else(|| self.client.clone());
         let every = self.granted_ttl() / RENEWALS_PER_TTL;
         // After a failed renewal the next comes sooner, so a node whose etcd was away for a
         // moment takes writes again within a fraction of a second of its return, not a
@@ -425,7 +435,7 @@ impl Membership {
                 _ = shutdown.wait() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            let result = tokio::time::timeout(every, self.renew_once()).await;
+            let result = tokio::time::timeout(every, self.renew_once(&client)).await;
             let renewed = matches!(result, Ok(Ok(true)));
             if renewed && failed_in_a_row > 0 {
                 tracing::info!(
@@ -453,7 +463,7 @@ impl Membership {
                         "the node lease is gone (expired while etcd was unreachable, or the \
                          process was stopped); joining again"
                     );
-                    if let Err(e) = self.register().await {
+                    if let Err(e) = self.register_with(&client).await {
                         self.renewal_failures.fetch_add(1, Ordering::Relaxed);
                         tracing::error!(error = %e, "could not join the cluster again; writes stay fenced");
                     }
@@ -691,7 +701,7 @@ mod tests {
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
             let node = node.clone();
-            tokio::spawn(async move { node.keep_alive(signal, None).await })
+            tokio::spawn(async move { node.keep_alive(signal, None, None).await })
         };
         // Someone (or an expiry while etcd was away) ends the lease: the key goes with it.
         let mut lease = client(&etcd).await.lease_client();
@@ -739,7 +749,7 @@ mod tests {
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
             let node = node.clone();
-            tokio::spawn(async move { node.keep_alive(signal, None).await })
+            tokio::spawn(async move { node.keep_alive(signal, None, None).await })
         };
         // Renewals keep it unfenced past one TTL.
         tokio::time::sleep(ttl + ttl / 2).await;
@@ -808,7 +818,7 @@ mod tests {
         // Renewing without a metadata copy to catch up with: a re-joined node stays fenced.
         let renewing = {
             let node = node.clone();
-            tokio::spawn(async move { node.keep_alive(signal, None).await })
+            tokio::spawn(async move { node.keep_alive(signal, None, None).await })
         };
         let old_lease = node.lease_id();
         let mut lease = client(&etcd).await.lease_client();
@@ -829,5 +839,64 @@ mod tests {
         assert_eq!(node.fence_reason(), None);
         trigger.trigger();
         renewing.await.unwrap();
+    }
+
+    /// The daemon renews on a runtime of its own with a client of its own, so a node whose
+    /// async workers are all busy (a burst of CPU work on them) still renews in time.
+    #[test]
+    fn renewals_on_a_runtime_of_their_own_go_on_while_the_daemons_workers_are_all_busy() {
+        let etcd = TestEtcd::start();
+        let daemon = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ttl = Duration::from_secs(3);
+        let node = daemon.block_on(async {
+            std::sync::Arc::new(
+                Membership::join(
+                    client(&etcd).await,
+                    PREFIX.to_owned(),
+                    record("n1", 7001),
+                    ttl,
+                    dir.path(),
+                )
+                .await
+                .unwrap(),
+            )
+        });
+        let (trigger, signal) = crate::shutdown::channel();
+        let keeper = {
+            let (node, endpoint) = (node.clone(), etcd.endpoint());
+            std::thread::spawn(move || {
+                let own = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                own.block_on(async move {
+                    let client = connect_client(&[endpoint]).await.unwrap();
+                    node.keep_alive(signal, None, Some(client)).await;
+                });
+            })
+        };
+        // The daemon's only worker is taken for three TTLs.
+        daemon.spawn(async { std::thread::sleep(Duration::from_secs(9)) });
+        let mut fenced_at = None;
+        let watched = std::time::Instant::now();
+        while watched.elapsed() < Duration::from_secs(7) {
+            if node.is_fenced() {
+                fenced_at = Some(watched.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        trigger.trigger();
+        keeper.join().unwrap();
+        assert_eq!(
+            fenced_at, None,
+            "the node fenced itself while its workers were busy"
+        );
+        drop(daemon);
     }
 }
