@@ -346,8 +346,7 @@ impl Cursor {
             };
             let oldest = records.first().map(|r| r.committed_at_ms);
             let now_ms = self.deps.clock.now_ms();
-            self.status
-                .set_due_lag(gate::due_lag_seconds(oldest, delay_ms, now_ms));
+            self.status.committing(oldest, delay_ms, now_ms);
             let mut counts = vec![records.len()];
             let mut slabs = vec![first];
             // The slabs read ahead that follow this one join its commit, up to the limit.

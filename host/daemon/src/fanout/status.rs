@@ -130,6 +130,9 @@ struct Inner {
     next_offset: Option<u64>,
     high_watermark: Option<u64>,
     due_lag_seconds: f64,
+    /// The slab being committed now: its oldest record's commit time and the link's delay,
+    /// so the due lag keeps rising while the commit waits ([`CursorStatus::refresh`]).
+    committing: Option<(i64, u64)>,
     dropped: u64,
     parent_end_rewinds: u64,
     skipped_by_seek: u64,
@@ -188,6 +191,7 @@ impl CursorStatus {
                 next_offset: None,
                 high_watermark: None,
                 due_lag_seconds: 0.0,
+                committing: None,
                 dropped: 0,
                 parent_end_rewinds: 0,
                 skipped_by_seek: 0,
@@ -236,6 +240,7 @@ impl CursorStatus {
     /// Records the cursor's durable position and the parent's high watermark.
     pub(crate) fn set_position(&self, next_offset: u64, high_watermark: u64) {
         let mut inner = self.lock();
+        inner.committing = None;
         inner.next_offset = Some(next_offset);
         inner.high_watermark = Some(high_watermark.max(next_offset));
         let lag = high_watermark.saturating_sub(next_offset);
@@ -243,6 +248,49 @@ impl CursorStatus {
             .lag_messages
             .get_or_create(&self.labels)
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
+    }
+
+    /// A slab whose oldest record was committed at `oldest_committed_at_ms` is being committed
+    /// to the child (of a link with `delay_ms`); its due lag is set now and kept rising by
+    /// [`CursorStatus::refresh`] until the cursor's position moves.
+    pub(crate) fn committing(
+        &self,
+        oldest_committed_at_ms: Option<i64>,
+        delay_ms: u64,
+        now_ms: i64,
+    ) {
+        self.lock().committing = oldest_committed_at_ms.map(|at| (at, delay_ms));
+        self.set_due_lag(super::gate::due_lag_seconds(
+            oldest_committed_at_ms,
+            delay_ms,
+            now_ms,
+        ));
+    }
+
+    /// Brings the lag series up to date without the cursor: the parent's high watermark as
+    /// it is now, and the due lag of a slab still waiting for its commit. A cursor stalled on
+    /// a dead child owner sets neither itself, and its lag must keep rising, or a lag alert
+    /// never fires (the reconciler calls this every tick).
+    pub(crate) fn refresh(&self, parent_high_watermark: Option<u64>, now_ms: i64) {
+        let (position, committing) = {
+            let inner = self.lock();
+            (inner.next_offset, inner.committing)
+        };
+        if let (Some(next), Some(high)) = (position, parent_high_watermark) {
+            let mut inner = self.lock();
+            // Only forward: a position the cursor moved meanwhile wins.
+            if inner.next_offset == Some(next) {
+                let high = high.max(next).max(inner.high_watermark.unwrap_or(0));
+                inner.high_watermark = Some(high);
+                self.metrics
+                    .lag_messages
+                    .get_or_create(&self.labels)
+                    .set(i64::try_from(high - next).unwrap_or(i64::MAX));
+            }
+        }
+        if let Some((oldest, delay_ms)) = committing {
+            self.set_due_lag(super::gate::due_lag_seconds(Some(oldest), delay_ms, now_ms));
+        }
     }
 
     /// Records how far behind the due frontier the cursor is.
@@ -490,6 +538,30 @@ impl FanoutView {
         &self.shadows
     }
 
+    /// Refreshes the lag series of every cursor on this node ([`CursorStatus::refresh`]),
+    /// with each parent partition's high watermark from `high_watermark` (which must not
+    /// open a log: `Store::peek`).
+    pub(crate) fn refresh_lags(
+        &self,
+        high_watermark: impl Fn(&str, u32) -> Option<u64>,
+        now_ms: i64,
+    ) {
+        let statuses: Vec<(String, u32, Arc<CursorStatus>)> = {
+            let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+            cursors
+                .iter()
+                .flat_map(|((parent, _), by_partition)| {
+                    by_partition
+                        .iter()
+                        .map(|(p, s)| (parent.clone(), *p, Arc::clone(s)))
+                })
+                .collect()
+        };
+        for (parent, partition, status) in statuses {
+            status.refresh(high_watermark(&parent, partition), now_ms);
+        }
+    }
+
     /// Reports of the cursors running for `parent -> child`, by parent partition.
     pub fn reports(&self, parent: &str, child: &str) -> Vec<CursorReport> {
         let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
@@ -583,6 +655,29 @@ mod tests {
             },
             Arc::new(FanoutMetrics::default()),
         )
+    }
+
+    #[test]
+    fn a_cursor_waiting_in_a_commit_has_its_lag_and_due_lag_kept_rising_until_it_moves() {
+        let status = status();
+        status.set_position(40, 40);
+        // A delay-10 s slab whose oldest record was committed at t = 100 s, read at t = 115 s.
+        status.committing(Some(100_000), 10_000, 115_000);
+        assert_eq!(status.report().due_lag_seconds, 5.0);
+        // The commit waits while the parent grows and time passes.
+        status.refresh(Some(90), 145_000);
+        let report = status.report();
+        assert_eq!(report.lag_messages, Some(50));
+        assert_eq!(report.due_lag_seconds, 35.0);
+        // Once it moves, the cursor's own figures win again.
+        status.set_position(60, 90);
+        status.refresh(Some(95), 160_000);
+        let report = status.report();
+        assert_eq!(report.lag_messages, Some(35));
+        assert_eq!(
+            report.due_lag_seconds, 35.0,
+            "no slab waits now: the due lag is not re-aged"
+        );
     }
 
     #[test]

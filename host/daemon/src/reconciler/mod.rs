@@ -115,9 +115,26 @@ impl Reconciler {
         }
     }
 
+    /// Keeps every cursor's lag series current, also for cursors stalled in a commit, from
+    /// each parent partition's high watermark as the store knows it (a peek, which opens no
+    /// log).
+    fn refresh_lags(&self) {
+        let store = &self.deps.store;
+        self.view.refresh_lags(
+            |parent, partition| {
+                store
+                    .peek(&narad_storage::PartitionId::new(parent, partition))
+                    .ok()
+                    .and_then(|stats| stats.high_watermark)
+            },
+            self.deps.clock.now_ms(),
+        );
+    }
+
     /// One tick: reap exited cursors, then run a full pass when the schedule says so.
     pub async fn tick(&mut self) {
         self.reap_exited().await;
+        self.refresh_lags();
         let versions = match self.deps.metastore.versions().await {
             Ok(v) => v,
             Err(error) => {

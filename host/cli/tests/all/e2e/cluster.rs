@@ -800,6 +800,33 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
         .expect("on-n3 listed");
     let error = on_n3["partitions"][0]["last_error"].as_str().unwrap_or("");
     assert!(error.contains("n3"), "{on_n3}");
+    // Its lag keeps rising on n1 (the owner of orders/0) while its cursor waits in a commit,
+    // so a lag alert fires; it used to freeze where the stalled slab left it.
+    let lag = || {
+        let text = client
+            .get(format!("{}/metrics", cluster.url(0)))
+            .send()
+            .and_then(|r| r.text())
+            .expect("metrics");
+        text.lines()
+            .find(|l| {
+                l.starts_with("narad_fanout_lag_messages{")
+                    && l.contains("child=\"on-n3\"")
+                    && l.contains("partition=\"0\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("the stalled cursor's lag series")
+    };
+    let first = lag();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while lag() <= first {
+        assert!(
+            Instant::now() < deadline,
+            "the lag of the stalled link stayed at {first} while records kept arriving"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     cluster.nodes[2].restart();
     std::thread::sleep(Duration::from_millis(500));
