@@ -116,6 +116,7 @@ impl RouterFactory for NoLinks {
 
 fn topic(name: String, partitions: u32) -> TopicMeta {
     TopicMeta {
+        writable_as_child: false,
         name,
         partitions,
         retention_ms: None,

@@ -207,6 +207,7 @@ impl Rig {
         .await??;
         self.metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: name.to_owned(),
                 partitions,
                 retention_ms: None,

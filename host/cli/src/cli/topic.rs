@@ -252,6 +252,7 @@ mod tests {
             retention_bytes: None,
             created_at: 1_764_460_800_123,
             owners: Vec::new(),
+            writable_as_child: false,
         }
     }
 

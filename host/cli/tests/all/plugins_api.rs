@@ -335,6 +335,7 @@ async fn a_name_resolves_to_its_newest_version_and_a_digest_pins_one() {
     for name in ["orders", "audit"] {
         metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: name.into(),
                 partitions: 1,
                 retention_ms: None,

@@ -41,6 +41,7 @@ pub(crate) async fn produce(
     ApiJson(req): ApiJson<ProduceRequest>,
 ) -> Result<Response, ApiError> {
     let topic = require_topic(&state, &topic_name).await?;
+    super::topic_config::require_writable(&state, &topic).await?;
     let mut records = decode_batch(req, topic.partitions, &topic.name, &state.limits)?;
     // Place every record now so ownership is checked for each target partition.
     let placement = state

@@ -1,4 +1,5 @@
-//! `PATCH /v1/topics/{t}`: change a topic's retention.
+//! `PATCH /v1/topics/{t}`: change a topic's retention, and whether producers may write to it
+//! while it is a fan-out child.
 
 use axum::Json;
 use axum::extract::State;
@@ -19,6 +20,9 @@ pub(crate) struct TopicChange {
     /// New size limit per partition in bytes (`null`: no cap).
     #[serde(default, deserialize_with = "present")]
     pub retention_bytes: Option<Option<u64>>,
+    /// Whether producers may write to the topic while it is a fan-out child.
+    #[serde(default)]
+    pub writable_as_child: Option<bool>,
 }
 
 /// Tells a field given as `null` (`Some(None)`) from a field left out (`None`).
@@ -34,12 +38,47 @@ pub(crate) async fn update(
     ApiJson(change): ApiJson<TopicChange>,
 ) -> Result<Json<TopicInfo>, ApiError> {
     let current = super::topics::require_topic(&state, &name).await?;
-    let retention_ms = change.retention_ms.unwrap_or(current.retention_ms);
-    let retention_bytes = change.retention_bytes.unwrap_or(current.retention_bytes);
-    let topic = state
-        .topics
-        .set_retention(&name, retention_ms, retention_bytes)
-        .await?;
-    tracing::info!(topic = %name, ?retention_ms, ?retention_bytes, "retention changed");
+    let mut topic = current.clone();
+    if change.retention_ms.is_some() || change.retention_bytes.is_some() {
+        let retention_ms = change.retention_ms.unwrap_or(current.retention_ms);
+        let retention_bytes = change.retention_bytes.unwrap_or(current.retention_bytes);
+        topic = state
+            .topics
+            .set_retention(&name, retention_ms, retention_bytes)
+            .await?;
+        tracing::info!(topic = %name, ?retention_ms, ?retention_bytes, "retention changed");
+    }
+    if let Some(writable) = change.writable_as_child {
+        topic = state
+            .metastore
+            .set_writable_as_child(&name, writable)
+            .await?;
+        tracing::info!(topic = %name, writable, "producers may write to it as a fan-out child: {writable}");
+    }
     Ok(Json(topic.into()))
+}
+
+/// Refuses a produce to `topic` while it is a fan-out child that does not let producers
+/// write to it (403): a child holds only what its cursors copied.
+pub(crate) async fn require_writable(
+    state: &AppState,
+    topic: &crate::metastore::TopicMeta,
+) -> Result<(), ApiError> {
+    if topic.writable_as_child {
+        return Ok(());
+    }
+    let parents = state.metastore.parents_of(&topic.name).await?;
+    match parents.first() {
+        None => Ok(()),
+        Some(parent) => Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "topic {} is a fan-out child of {parent}: it holds only what its cursors copy, \
+                 and producers may not write to it; to allow them, PATCH /v1/topics/{} with \
+                 {{\"writable_as_child\": true}}",
+                topic.name, topic.name
+            ),
+        )
+        .with("parents", parents.clone())),
+    }
 }

@@ -28,6 +28,7 @@ impl From<TopicMeta> for TopicInfo {
             retention_bytes: t.retention_bytes,
             created_at: t.created_at_ms,
             owners: t.owners.into_iter().map(|o| o.node).collect(),
+            writable_as_child: t.writable_as_child,
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct TopicInfo {
     /// Cluster mode: the node that owns each partition, by index; absent on a single node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<String>,
+    /// Whether producers may write to the topic while it is a fan-out child (`PATCH` it with
+    /// `"writable_as_child": true`); a child is written only by its cursors otherwise.
+    #[serde(default)]
+    pub writable_as_child: bool,
 }
 
 /// `POST /v1/topics/{t}/partitions/{p}/move` body.

@@ -684,6 +684,7 @@ mod tests {
         snapshot.topics.insert(
             "t".to_owned(),
             TopicMeta {
+                writable_as_child: false,
                 name: "t".to_owned(),
                 partitions: 4,
                 retention_ms: None,

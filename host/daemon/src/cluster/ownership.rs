@@ -134,6 +134,7 @@ mod tests {
         let (n2, _t2) = node_view(&etcd, "n2").await;
         n1.metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: "orders".to_owned(),
                 partitions: 3,
                 retention_ms: None,
@@ -172,6 +173,7 @@ mod tests {
         let (n1, _t1) = node_view(&etcd, "n1").await;
         n1.metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: "legacy".to_owned(),
                 partitions: 1,
                 retention_ms: None,

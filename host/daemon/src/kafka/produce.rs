@@ -76,6 +76,16 @@ pub(crate) async fn handle(
             Ok(snapshot) => snapshot.topics.get(&name).cloned(),
             Err(_) => None,
         };
+        // A fan-out child holds only what its cursors copy, unless the topic lets producers
+        // write to it.
+        let child_of = match (&snapshot, &meta) {
+            (Ok(snapshot), Some(meta)) if !meta.writable_as_child => {
+                crate::metastore::parents_in(snapshot, &name)
+                    .into_iter()
+                    .next()
+            }
+            _ => None,
+        };
         for (p, data) in topic_data.partition_data.into_iter().enumerate() {
             let mut answer = PartitionProduceResponse::default();
             answer.index = data.index;
@@ -92,6 +102,14 @@ pub(crate) async fn handle(
                 ))
             } else if let Err(e) = &snapshot {
                 Some((ResponseError::UnknownServerError, format!("metastore: {e}")))
+            } else if let Some(parent) = &child_of {
+                Some((
+                    ResponseError::TopicAuthorizationFailed,
+                    format!(
+                        "topic {name} is a fan-out child of {parent}: only its cursors write to \
+                         it (PATCH /v1/topics/{name} with writable_as_child to allow producers)"
+                    ),
+                ))
             } else {
                 match (&meta, u32::try_from(data.index)) {
                     (Some(meta), Ok(index)) if index < meta.partitions => {

@@ -9,6 +9,7 @@ use super::{
 
 fn topic(name: &str, partitions: u32, retention_ms: Option<u64>) -> TopicMeta {
     TopicMeta {
+        writable_as_child: false,
         name: name.to_owned(),
         partitions,
         retention_ms,
@@ -64,9 +65,56 @@ pub(crate) async fn run(store: &dyn Metastore) {
     attach_with_new_child(store).await;
     link_views(store).await;
     owners(store).await;
+    child_writes(store).await;
     let confirmed = store.confirm().await.unwrap();
     assert_eq!(confirmed, store.snapshot().await.unwrap());
     assert_eq!(confirmed.versions, store.versions().await.unwrap());
+}
+
+/// A child's parents are known cheaply, and whether producers may write to it is a setting
+/// kept with the topic.
+async fn child_writes(store: &dyn Metastore) {
+    store
+        .create_topic(topic("cw-parent", 1, None))
+        .await
+        .unwrap();
+    store
+        .create_topic(topic("cw-child", 1, None))
+        .await
+        .unwrap();
+    assert!(store.parents_of("cw-child").await.unwrap().is_empty());
+    store
+        .attach_link(link("cw-parent", "cw-child", 0, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(store.parents_of("cw-child").await.unwrap(), ["cw-parent"]);
+    assert!(
+        !store
+            .topic("cw-child")
+            .await
+            .unwrap()
+            .unwrap()
+            .writable_as_child
+    );
+    let before = store.versions().await.unwrap();
+    let set = store.set_writable_as_child("cw-child", true).await.unwrap();
+    assert!(set.writable_as_child);
+    assert!(
+        store
+            .topic("cw-child")
+            .await
+            .unwrap()
+            .unwrap()
+            .writable_as_child
+    );
+    assert_eq!(store.versions().await.unwrap().topics, before.topics + 1);
+    // Setting it again changes nothing.
+    store.set_writable_as_child("cw-child", true).await.unwrap();
+    assert_eq!(store.versions().await.unwrap().topics, before.topics + 1);
+    assert!(matches!(
+        store.set_writable_as_child("nope", true).await,
+        Err(MetastoreError::UnknownTopic { .. })
+    ));
 }
 
 async fn topics(store: &dyn Metastore) {

@@ -489,7 +489,22 @@ impl Metastore for EtcdMetastore {
     }
 
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
-        Box::pin(async move { Ok(self.local_snapshot().await?.topics.remove(name)) })
+        Box::pin(async move {
+            // With the watched copy: a refcount and a lookup, not a copy of every topic.
+            match self.cached_snapshot() {
+                Some(snapshot) => Ok(snapshot?.topics.get(name).cloned()),
+                None => Ok(self.read(true).await?.snapshot.topics.remove(name)),
+            }
+        })
+    }
+
+    fn parents_of<'a>(&'a self, child: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            match self.cached_snapshot() {
+                Some(snapshot) => Ok(super::parents_in(&*snapshot?, child)),
+                None => Ok(super::parents_in(&self.read(true).await?.snapshot, child)),
+            }
+        })
     }
 
     fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {

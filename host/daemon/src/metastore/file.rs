@@ -724,6 +724,12 @@ impl Metastore for FileMetastore {
         Box::pin(async move { Ok(found) })
     }
 
+    fn parents_of<'a>(&'a self, child: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        // A scan of the links under the lock, no copy of the rest of the metadata.
+        let parents = super::parents_in(&self.inner.lock(), child);
+        Box::pin(async move { Ok(parents) })
+    }
+
     fn apply(&self, change: Change) -> BoxFuture<'_, Result<Outcome>> {
         self.update(change)
     }
@@ -737,6 +743,7 @@ mod tests {
 
     fn topic(name: &str, partitions: u32) -> TopicMeta {
         TopicMeta {
+            writable_as_child: false,
             name: name.to_owned(),
             partitions,
             retention_ms: Some(3_600_000),

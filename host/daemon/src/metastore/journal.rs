@@ -106,7 +106,9 @@ impl Touched {
                         .cloned(),
                 );
             }
-            Change::GrowPartitions { name, .. } | Change::SetRetention { name, .. } => {
+            Change::GrowPartitions { name, .. }
+            | Change::SetRetention { name, .. }
+            | Change::SetWritableAsChild { name, .. } => {
                 t.topics.insert(name.clone());
             }
             Change::SetOwner { topic, .. } => {

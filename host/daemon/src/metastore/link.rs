@@ -306,6 +306,7 @@ mod tests {
 
     fn topic(name: &str, retention_ms: Option<u64>) -> TopicMeta {
         TopicMeta {
+            writable_as_child: false,
             name: name.into(),
             partitions: 1,
             retention_ms,

@@ -71,6 +71,11 @@ pub struct TopicMeta {
     /// what it was before cluster mode).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<PartitionOwner>,
+    /// Whether producers may write to this topic while it is a fan-out child. Off by default:
+    /// a child holds only what its cursors copied. No effect on a topic that is no child.
+    /// Written only when on, so metadata without it reads as before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable_as_child: bool,
 }
 
 /// The owner of one partition in cluster mode. Changed only as a whole, by a write that
@@ -187,6 +192,7 @@ pub struct LinkTopics {
 /// target's, as recorded at the attach.
 fn remote_child_topic(name: &str, remote: &RemoteTarget, attached_at_ms: i64) -> TopicMeta {
     TopicMeta {
+        writable_as_child: false,
         name: name.to_owned(),
         partitions: remote.partitions,
         retention_ms: None,
@@ -530,6 +536,7 @@ fn recovery_hint(path: &std::path::Path, backup: Option<&std::path::Path>) -> St
 #[cfg(test)]
 pub(crate) fn test_topic(name: &str, partitions: u32) -> TopicMeta {
     TopicMeta {
+        writable_as_child: false,
         name: name.to_owned(),
         partitions,
         retention_ms: None,
@@ -580,6 +587,17 @@ pub trait Metastore: Send + Sync + 'static {
         Box::pin(async move {
             let mut snapshot = self.snapshot().await?;
             Ok(LinkTopics::take_from(&mut snapshot, parent, child))
+        })
+    }
+
+    /// The parents of the links into `child` (empty: it is no fan-out child), as
+    /// [`Metastore::snapshot`] would show them. Every produce asks (children are written only
+    /// by their cursors unless the topic allows it), so a backend whose snapshot copies
+    /// everything overrides this default.
+    fn parents_of<'a>(&'a self, child: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
+        Box::pin(async move {
+            let snapshot = self.snapshot().await?;
+            Ok(parents_in(&snapshot, child))
         })
     }
 
@@ -636,6 +654,19 @@ pub trait Metastore: Send + Sync + 'static {
             name: name.to_owned(),
             retention_ms,
             retention_bytes,
+        };
+        typed(self.apply(change), Outcome::into_topic)
+    }
+
+    /// Lets producers write to `name` while it is a fan-out child (`writable`), or not.
+    fn set_writable_as_child<'a>(
+        &'a self,
+        name: &'a str,
+        writable: bool,
+    ) -> BoxFuture<'a, Result<TopicMeta>> {
+        let change = Change::SetWritableAsChild {
+            name: name.to_owned(),
+            writable,
         };
         typed(self.apply(change), Outcome::into_topic)
     }
@@ -755,6 +786,16 @@ pub trait Metastore: Send + Sync + 'static {
         };
         typed(self.apply(change), Outcome::into_plugins)
     }
+}
+
+/// The parents of the links into `child` in `snapshot`.
+pub(crate) fn parents_in(snapshot: &Snapshot, child: &str) -> Vec<String> {
+    snapshot
+        .links
+        .values()
+        .filter(|l| l.child == child)
+        .map(|l| l.parent.clone())
+        .collect()
 }
 
 /// Maps the outcome of [`Metastore::apply`] to the typed answer of one change.

@@ -57,6 +57,13 @@ pub enum Change {
         /// Size limit per partition in bytes.
         retention_bytes: Option<u64>,
     },
+    /// Let producers write to a topic while it is a fan-out child, or not.
+    SetWritableAsChild {
+        /// Topic name.
+        name: String,
+        /// Whether they may.
+        writable: bool,
+    },
     /// Record a link between existing topics.
     AttachLink(LinkMeta),
     /// Record a new child topic and its link together.
@@ -294,6 +301,17 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 topic.retention_ms != retention_ms || topic.retention_bytes != retention_bytes;
             topic.retention_ms = retention_ms;
             topic.retention_bytes = retention_bytes;
+            Ok((
+                Outcome::Topic(topic.clone()),
+                domains_if(changed, Domain::Topics),
+            ))
+        }
+        Change::SetWritableAsChild { name, writable } => {
+            let Some(topic) = s.topics.get_mut(&name) else {
+                return Err(MetastoreError::UnknownTopic { name });
+            };
+            let changed = topic.writable_as_child != writable;
+            topic.writable_as_child = writable;
             Ok((
                 Outcome::Topic(topic.clone()),
                 domains_if(changed, Domain::Topics),

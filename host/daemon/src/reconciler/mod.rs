@@ -586,6 +586,7 @@ mod tests {
                 .unwrap();
             metastore
                 .create_topic(TopicMeta {
+                    writable_as_child: false,
                     name: name.into(),
                     partitions: 1,
                     retention_ms: None,

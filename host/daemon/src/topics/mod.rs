@@ -139,6 +139,7 @@ fn check_new_topic(spec: &NewTopic) -> Result<TopicMeta, TopicError> {
         ));
     }
     Ok(TopicMeta {
+        writable_as_child: false,
         name: spec.name.clone(),
         partitions: spec.partitions,
         retention_ms: spec.retention_ms,
@@ -634,6 +635,7 @@ impl TopicService {
                 crate::blocking::run(move || set_aside::take_back(&data, &entry_id, &dest))
                     .await??;
                 let meta = TopicMeta {
+                    writable_as_child: false,
                     name: entry.topic.clone(),
                     partitions,
                     retention_ms: None,

@@ -202,6 +202,7 @@ mod tests {
     fn snapshot(owners: Vec<PartitionOwner>) -> Snapshot {
         let mut snapshot = Snapshot::default();
         let topic = TopicMeta {
+            writable_as_child: false,
             name: "orders".to_owned(),
             partitions: u32::try_from(owners.len()).unwrap(),
             retention_ms: None,

@@ -155,6 +155,7 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
     for topic in &report.topics {
         metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: topic.name.clone(),
                 partitions: topic.partitions,
                 retention_ms: None,

@@ -404,6 +404,7 @@ mod tests {
 
     fn meta(name: &str, partitions: u32) -> TopicMeta {
         TopicMeta {
+            writable_as_child: false,
             name: name.to_owned(),
             partitions,
             retention_ms: None,

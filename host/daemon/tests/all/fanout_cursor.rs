@@ -213,6 +213,7 @@ async fn fixture(
         }
         metastore
             .create_topic(TopicMeta {
+                writable_as_child: false,
                 name: name.into(),
                 partitions,
                 retention_ms: None,

@@ -2,6 +2,7 @@
 //! ports in temporary data directories, drives them over HTTP and the CLI, and kills them
 //! with SIGKILL where the promise is about a crash.
 
+mod child_writes;
 mod cli;
 mod cluster;
 mod cluster_failures;

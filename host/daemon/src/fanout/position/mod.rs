@@ -389,6 +389,7 @@ mod tests {
                 )
                 .unwrap();
             real.create_topic(TopicMeta {
+                writable_as_child: false,
                 name: name.into(),
                 partitions: 1,
                 retention_ms: None,
