@@ -99,13 +99,18 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// The body must end here: the walk knew every field.
+    /// The fields end here. Bytes after the last field are ignored, as a Kafka broker ignores
+    /// them: librdkafka sends three on a Metadata request for every topic, and refusing them
+    /// closed the connection of every librdkafka client that listed topics. They are within
+    /// the frame, whose size is already bounded, and no count in them is trusted.
     fn end(&self) -> Walk {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(ShapeError("bytes after the last field"))
+        if !self.buf.is_empty() {
+            tracing::trace!(
+                bytes = self.buf.len(),
+                "kafka: ignoring bytes after a request's last field"
+            );
         }
+        Ok(())
     }
 
     /// Tagged fields, when flexible.
@@ -127,7 +132,8 @@ impl Reader<'_> {
 }
 
 /// Checks the body (after the request header) of `api` at `version`: every array count
-/// within the bytes left, every field where the version puts it, nothing after the last.
+/// within the bytes left, every field where the version puts it (bytes after the last are
+/// ignored, as Kafka brokers ignore them).
 pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
     let v = version;
     match api {

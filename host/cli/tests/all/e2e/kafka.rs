@@ -406,6 +406,34 @@ fn frame(api_key: i16, version: i16, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// librdkafka (kcat, confluent-kafka) sends three bytes after the last field of a Metadata
+/// request for every topic (`AdminClient.list_topics()`); a Kafka broker ignores them, and so
+/// must narad, or every librdkafka client that lists topics loses its connection.
+#[test]
+fn a_metadata_request_with_bytes_after_its_last_field_is_answered_as_kafka_answers_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(dir.path());
+    create_topic(&node.daemon.url(), "t", 1);
+    // Metadata v4: every topic (null array), allow auto-creation false, then 3 stray bytes.
+    let mut body = (-1i32).to_be_bytes().to_vec();
+    body.push(0);
+    body.extend_from_slice(&[0, 0, 0]);
+    let (answer, closed) = send_raw(node.kafka, &frame(3, 4, &body));
+    assert!(!closed, "the connection was closed");
+    assert!(answer.len() > 8, "no answer: {answer:?}");
+    let size = u32::from_be_bytes([answer[0], answer[1], answer[2], answer[3]]) as usize;
+    assert_eq!(answer.len(), 4 + size, "one whole answer");
+    assert_eq!(
+        &answer[4..8],
+        &7i32.to_be_bytes(),
+        "the request's correlation id"
+    );
+    assert!(
+        answer.windows(3).any(|w| w == [0, 1, b't']),
+        "the answer names topic t"
+    );
+}
+
 #[test]
 fn malformed_oversized_and_unoffered_requests_close_their_connection_and_the_daemon_serves_on() {
     let dir = tempfile::tempdir().expect("tempdir");
