@@ -247,6 +247,10 @@ settings! {
     /// Address of the Kafka protocol listener (produce, fetch, metadata for Kafka clients;
     /// see docs/kafka.md), e.g. 127.0.0.1:9092.
     kafka_listen: String, "ADDR", OptionalSocketAddress, shown "off, no Kafka listener";
+    /// The HOST:PORT Kafka clients are told to reach this node's Kafka listener at (Metadata
+    /// names it as this broker): for clients that come through a forwarded port (a container
+    /// port, an SSH tunnel, a Kubernetes service) and cannot reach the listen address.
+    kafka_advertise: String, "HOST:PORT", OptionalHostPort, shown "the address a client connected to (one node); the --advertise host and the Kafka listener's port (cluster)";
     /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379):
     /// turns cluster mode on, with the metadata in etcd (see docs/cluster.md).
     etcd: String, "URLS", EtcdEndpoints, shown "off, one node with the embedded metastore";
@@ -508,6 +512,35 @@ impl Check<Option<String>> for OptionalSocketAddress {
     }
 }
 
+/// A `HOST:PORT` clients can reach (a name or an address; an IPv6 address in brackets), or
+/// unset.
+struct OptionalHostPort;
+impl Check<Option<String>> for OptionalHostPort {
+    type Out = Option<(String, u16)>;
+    fn check(
+        key: &'static str,
+        value: Option<String>,
+    ) -> Result<Option<(String, u16)>, ConfigError> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let bad = || ConfigError::BadValue {
+            key,
+            message: format!("{value:?}: expected HOST:PORT, such as kafka.example.com:9092"),
+        };
+        let (host, port) = value.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if host.is_empty() || port == 0 || host.contains(['/', ' ']) {
+            return Err(bad());
+        }
+        Ok(Some((host.to_owned(), port)))
+    }
+}
+
 /// A bearer-token file, read now so that a bad file stops the daemon at start.
 struct TokenFile;
 impl Check<Option<PathBuf>> for TokenFile {
@@ -692,6 +725,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Kafka protocol listen address; `None`: no Kafka listener.
     pub(crate) kafka_listen: Option<SocketAddr>,
+    /// Where Kafka clients are told this broker is (`--kafka-advertise`), as host and port.
+    pub(crate) kafka_advertise: Option<(String, u16)>,
     /// API limits.
     pub limits: Limits,
     /// Interval between retention passes.
@@ -721,6 +756,7 @@ impl Config {
             data_dir: data_dir.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             kafka_listen: None,
+            kafka_advertise: None,
             limits: Limits::default(),
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
@@ -810,6 +846,7 @@ impl Config {
             data_dir: s.data_dir,
             listen: s.listen,
             kafka_listen: s.kafka_listen,
+            kafka_advertise: s.kafka_advertise,
             limits: Limits {
                 max_record_bytes: s.max_record_bytes,
                 max_request_bytes: s.max_request_bytes,

@@ -365,7 +365,8 @@ pub async fn run_server(
                 shutdown.clone(),
                 metrics,
             )
-            .with_cluster(cluster.clone()),
+            .with_cluster(cluster.clone())
+            .advertising(config.kafka_advertise.clone()),
         );
         let options = crate::kafka::connection::ListenOptions {
             max_connections: config.http.max_connections.unwrap_or_else(|| {
@@ -594,8 +595,12 @@ async fn start_cluster(
         .advertise
         .clone()
         .unwrap_or_else(|| format!("http://{local_addr}"));
-    // Kafka clients reach this node at the advertised host and the Kafka listener's port.
-    let kafka = kafka_addr.map(|addr| format!("{}:{}", url_host(&advertise), addr.port()));
+    // Kafka clients reach this node at --kafka-advertise, or at the advertised host and the
+    // Kafka listener's port.
+    let kafka = kafka_addr.map(|addr| match &config.kafka_advertise {
+        Some((host, port)) => format!("{host}:{port}"),
+        None => format!("{}:{}", url_host(&advertise), addr.port()),
+    });
     let record = NodeRecord {
         id: cluster.node_id.clone(),
         advertise,

@@ -120,12 +120,13 @@ async fn serve_connection(
     limits: FrameLimits,
 ) -> CloseReason {
     let _ = stream.set_nodelay(true);
-    let advertised = match stream.local_addr() {
-        Ok(addr) => Advertised {
+    let advertised = match (&deps.advertise, stream.local_addr()) {
+        (Some(advertised), _) => advertised.clone(),
+        (None, Ok(addr)) => Advertised {
             host: addr.ip().to_string(),
             port: i32::from(addr.port()),
         },
-        Err(_) => return CloseReason::ClientClosed,
+        (None, Err(_)) => return CloseReason::ClientClosed,
     };
     loop {
         // Wait for the size prefix: idle time, ended by shutdown.

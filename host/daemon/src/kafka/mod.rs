@@ -100,6 +100,9 @@ pub(crate) struct KafkaDeps {
     pub(crate) buffered: Arc<tokio::sync::Semaphore>,
     /// Produce requests decoding their batches now ([`produce::DECODE_SLOTS`]).
     pub(crate) decode_slots: Arc<tokio::sync::Semaphore>,
+    /// Where clients are told this broker is (`--kafka-advertise`); `None`: the address each
+    /// client connected to.
+    pub(crate) advertise: Option<Advertised>,
 }
 
 impl KafkaDeps {
@@ -116,6 +119,7 @@ impl KafkaDeps {
         KafkaDeps {
             buffered: Arc::new(tokio::sync::Semaphore::new(buffered_capacity(&limits))),
             decode_slots: Arc::new(tokio::sync::Semaphore::new(produce::DECODE_SLOTS)),
+            advertise: None,
             limits,
             store,
             metastore,
@@ -127,6 +131,16 @@ impl KafkaDeps {
             producer_ids: init_producer_id::ProducerIds::from_clock(),
             cluster: None,
         }
+    }
+
+    /// The same dependencies, telling clients this broker is at `advertise` (`None`: the
+    /// address each client connected to).
+    pub(crate) fn advertising(mut self, advertise: Option<(String, u16)>) -> KafkaDeps {
+        self.advertise = advertise.map(|(host, port)| Advertised {
+            host,
+            port: i32::from(port),
+        });
+        self
     }
 
     /// The same dependencies in cluster mode (`None`: one node).
@@ -172,7 +186,7 @@ pub(crate) fn broker_id_clash<'a>(
 /// listener bound to `0.0.0.0` still names an address the client can use.
 #[derive(Debug, Clone)]
 pub(crate) struct Advertised {
-    /// Host (an IP address as text).
+    /// Host (an IP address as text, or the name `--kafka-advertise` gives).
     pub host: String,
     /// Port.
     pub port: i32,

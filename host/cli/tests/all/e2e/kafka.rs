@@ -716,3 +716,44 @@ fn an_idempotent_producers_retry_after_a_kill_9_and_restart_is_not_written_twice
         .collect();
     assert_eq!(values, ["a", "b", "x", "c", "d"], "each batch stored once");
 }
+
+/// A client that reaches the listener through a forwarded port (a container port, an SSH
+/// tunnel, a Kubernetes service) must be told the address it can reach, not the one the
+/// daemon listens on.
+#[test]
+fn metadata_names_the_broker_at_the_advertised_kafka_address() {
+    use kafka_protocol::messages::{MetadataRequest, MetadataResponse};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start_with(
+        dir.path(),
+        &["--kafka-advertise", "kafka.example.test:19092"],
+    );
+    let mut stream = TcpStream::connect(node.kafka).expect("connect");
+    let response: MetadataResponse = exchange(&mut stream, 3, 4, &MetadataRequest::default());
+    let brokers: Vec<(String, i32)> = response
+        .brokers
+        .iter()
+        .map(|b| (b.host.to_string(), b.port))
+        .collect();
+    assert_eq!(brokers, [("kafka.example.test".to_owned(), 19092)]);
+    // A value that is no HOST:PORT stops the start with a clear error.
+    let output = Command::new(crate::e2e::harness::narad_binary())
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .args([
+            "--kafka-listen",
+            "127.0.0.1:0",
+            "--kafka-advertise",
+            "no-port",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("narad serve");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("kafka-advertise") && stderr.contains("HOST:PORT"),
+        "{stderr}"
+    );
+}
