@@ -1462,6 +1462,7 @@ mod tests {
             described,
             [
                 "kafka-listen",
+                "kafka-advertise",
                 "etcd",
                 "cluster",
                 "node-id",
