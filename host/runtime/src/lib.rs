@@ -44,6 +44,7 @@ pub mod error;
 mod gate;
 mod hostlog;
 pub mod instance;
+mod interface;
 pub mod limits;
 pub mod plugin;
 pub mod precheck;

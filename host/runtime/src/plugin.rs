@@ -106,6 +106,9 @@ impl Plugin {
     pub fn load(runtime: &Runtime, bytes: &[u8]) -> Result<Plugin, LoadError> {
         check_header(bytes)?;
         precheck::check(&runtime.inner.limits, bytes)?;
+        // Imports and exports before the compile: a module that can never load costs no
+        // compile (seconds at the limits) to find out.
+        crate::interface::check(bytes)?;
         let digest = Digest::of(bytes);
         runtime
             .inner
@@ -268,7 +271,7 @@ fn check_imports(module: &Module) -> Result<(), LoadError> {
 }
 
 /// The signature each required function export must have: (name, params, results, text).
-const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
+pub(crate) const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
     (symbols::ABI_VERSION, &[], &[Ty::I32], "func () -> i32"),
     (symbols::ALLOC, &[Ty::I32], &[Ty::I32], "func (i32) -> i32"),
     (
@@ -287,12 +290,20 @@ const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
 ];
 
 #[derive(Clone, Copy)]
-enum Ty {
+pub(crate) enum Ty {
     I32,
     I64,
 }
 
 impl Ty {
+    /// Whether `ty`, as wasmparser reads it before a compile, is this type.
+    pub(crate) fn matches_parsed(self, ty: &wasmparser::ValType) -> bool {
+        match self {
+            Ty::I32 => *ty == wasmparser::ValType::I32,
+            Ty::I64 => *ty == wasmparser::ValType::I64,
+        }
+    }
+
     fn matches(self, ty: &ValType) -> bool {
         match self {
             Ty::I32 => ty.is_i32(),

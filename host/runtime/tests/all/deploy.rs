@@ -53,6 +53,41 @@ fn a_module_that_does_not_validate_is_a_compile_error() {
     assert!(matches!(err, LoadError::Compile { .. }), "{err:?}");
 }
 
+/// Imports and exports are read before the compile: a module that can never load costs no
+/// compile (seconds for one at the module limits) to refuse.
+#[test]
+fn a_module_with_a_forbidden_import_or_a_missing_export_is_refused_before_any_compile() {
+    let runtime = runtime();
+    let mut wasi = Spec::new("wasi");
+    wasi.imports = r#"(import "wasi_snapshot_preview1" "fd_write" (func (param i32 i32 i32 i32) (result i32)))"#;
+    let mut bad_log = Spec::new("badlog");
+    bad_log.imports = r#"(import "narad" "log" (func (param i64)))"#;
+    let mut no_export = Spec::new("no-last-error");
+    no_export.omit_export = Some("narad_last_error");
+    for (spec, what) in [
+        (wasi, "wasi"),
+        (bad_log, "badlog"),
+        (no_export, "no export"),
+    ] {
+        let bytes = wat::parse_str(spec.wat()).unwrap();
+        let err = Plugin::load(&runtime, &bytes).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LoadError::ForbiddenImport { .. }
+                    | LoadError::WrongImportType { .. }
+                    | LoadError::MissingExport { .. }
+            ),
+            "{what}: {err:?}"
+        );
+    }
+    assert_eq!(runtime.compiles(), 0, "nothing was compiled");
+    // A module that passes is compiled once, as before.
+    let good = wat::parse_str(Spec::new("good").wat()).unwrap();
+    Plugin::load(&runtime, &good).unwrap();
+    assert_eq!(runtime.compiles(), 1);
+}
+
 #[test]
 fn a_wasi_import_is_forbidden_by_name() {
     let mut spec = Spec::new("wasi");

@@ -816,11 +816,20 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
             })
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse::<u64>().ok())
-            .expect("the stalled cursor's lag series")
     };
-    let first = lag();
+    // The series goes with a cursor that stops and comes back with it.
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    while lag() <= first {
+    let first = loop {
+        if let Some(lag) = lag() {
+            break lag;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no lag series for the stalled cursor"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    while lag().is_none_or(|lag| lag <= first) {
         assert!(
             Instant::now() < deadline,
             "the lag of the stalled link stayed at {first} while records kept arriving"
