@@ -1,6 +1,9 @@
 //! Log output: `tracing` events to stderr, filtered by `RUST_LOG` (default: `info` for the
 //! daemon, `warn` for client commands so their stdout stays clean), as text for people or one
-//! JSON object per line for log shippers (`--log-format json`).
+//! JSON object per line for log shippers (`--log-format json`). Text is coloured only when
+//! stderr is a terminal (and `NO_COLOR` is unset): a file or a pipe gets plain text.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
@@ -19,8 +22,10 @@ pub enum LogFormat {
 pub fn init(format: LogFormat, default_level: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -211,3 +211,16 @@ fn every_data_directory_entry_is_owner_only_under_umask_zero_and_older_wide_ones
         "after a start on a data directory with 0644/0755 entries",
     );
 }
+
+/// A log written to a file (or a pipe) is plain text: colour codes are for terminals only.
+#[test]
+fn a_daemon_logging_to_a_file_writes_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = crate::e2e::harness::Daemon::start(&dir.path().join("data"));
+    let log = daemon.log();
+    assert!(log.contains("narad serving"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a log file:\n{log}"
+    );
+}
