@@ -777,6 +777,20 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    // Both cursors of orders/0 have started and know their position before n3 dies. (A
+    // cursor that starts while a child owner is down waits for that owner to read the
+    // child's tail, before it has a position: issue 27, item 1.)
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for child in ["on-n3", "beside"] {
+        while !listed_partition(&cluster.url(0), "orders", child)["next_offset"].is_u64() {
+            assert!(
+                Instant::now() < deadline,
+                "{}",
+                cluster.diagnostics("orders")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     std::thread::sleep(Duration::from_millis(800));
     cluster.nodes[2].kill9();
     std::thread::sleep(Duration::from_millis(1500));
