@@ -4,8 +4,8 @@
 //! A module that imports something else, or lacks an export, can never load; finding that
 //! out after compiling it cost a full compile (seconds for a module at the limits) per
 //! attempt. [`check`] reads the type, import, function, memory and export sections with
-//! wasmparser and answers with the same errors the checks after the compile give (they stay,
-//! and agree). Sections are read as they come; nothing here validates code.
+//! wasmparser; it is the one place these rules live. Sections are read as they come; nothing
+//! here validates code (the compile does, after).
 
 use wasmparser::{ExternalKind, FuncType, Imports, Parser, Payload, TypeRef, ValType};
 
@@ -112,7 +112,7 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), LoadError> {
             });
         }
     }
-    for (name, params, results, expected) in crate::plugin::FUNCTION_EXPORTS {
+    for (name, params, results, expected) in FUNCTION_EXPORTS {
         let Some((kind, index)) = find(name) else {
             return Err(LoadError::MissingExport { name });
         };
@@ -126,13 +126,13 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), LoadError> {
                     .params()
                     .iter()
                     .zip(params)
-                    .all(|(p, want)| want.matches_parsed(p))
+                    .all(|(p, want)| want.matches(p))
                 && ty.results().len() == results.len()
                 && ty
                     .results()
                     .iter()
                     .zip(results)
-                    .all(|(r, want)| want.matches_parsed(r))
+                    .all(|(r, want)| want.matches(r))
         });
         if !ok {
             return Err(LoadError::WrongExportType {
@@ -143,6 +143,41 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), LoadError> {
         }
     }
     Ok(())
+}
+
+/// The signature each required function export must have: (name, params, results, text).
+const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
+    (symbols::ABI_VERSION, &[], &[Ty::I32], "func () -> i32"),
+    (symbols::ALLOC, &[Ty::I32], &[Ty::I32], "func (i32) -> i32"),
+    (
+        symbols::DEALLOC,
+        &[Ty::I32, Ty::I32],
+        &[],
+        "func (i32, i32)",
+    ),
+    (
+        symbols::ROUTE,
+        &[Ty::I32, Ty::I32, Ty::I32],
+        &[Ty::I32],
+        "func (i32, i32, i32) -> i32",
+    ),
+    (symbols::LAST_ERROR, &[], &[Ty::I64], "func () -> i64"),
+];
+
+/// A value type the ABI's signatures use.
+#[derive(Clone, Copy)]
+enum Ty {
+    I32,
+    I64,
+}
+
+impl Ty {
+    fn matches(self, ty: &ValType) -> bool {
+        match self {
+            Ty::I32 => *ty == ValType::I32,
+            Ty::I64 => *ty == ValType::I64,
+        }
+    }
 }
 
 /// Checks one import: only the log call, with its signature.

@@ -6,12 +6,13 @@
 //! 1. the bytes are a core Wasm module (magic and version), and its shape is within the
 //!    module limits ([`crate::precheck`]: function count and sizes, locals, segments), checked
 //!    before anything is compiled;
-//! 2. it compiles (wasmtime validates it), from the `.wasm` or from our own compiled cache;
-//! 3. it imports nothing but `narad.log(i32, i32, i32)`: no WASI, no clock, no randomness;
-//! 4. it exports `memory` and the five ABI functions with their exact signatures;
-//! 5. exactly one `narad.manifest` section, valid JSON, a valid name, `abi` 1;
-//! 6. `narad_abi_version()` returns 1;
-//! 7. it routes the built-in test slab under production limits without trapping, overrunning,
+//! 2. it imports nothing but `narad.log(i32, i32, i32)` (no WASI, no clock, no randomness),
+//!    and exports `memory` and the five ABI functions with their exact signatures, also
+//!    checked before the compile (`interface`);
+//! 3. it compiles (wasmtime validates it), from the `.wasm` or from our own compiled cache;
+//! 4. exactly one `narad.manifest` section, valid JSON, a valid name, `abi` 1;
+//! 5. `narad_abi_version()` returns 1;
+//! 6. it routes the built-in test slab under production limits without trapping, overrunning,
 //!    breaking the protocol or answering out of range (with its manifest's `probe_config`, or
 //!    an empty config, to which a bad-config answer is accepted: see [`crate::testslab`]).
 //!
@@ -22,9 +23,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
-use wasmtime::{ExternType, InstancePre, Module, ValType};
+use wasmtime::{InstancePre, Module};
 
-use narad_abi::{ABI_VERSION, MANIFEST_SECTION, Manifest, Needs, symbols};
+use narad_abi::{ABI_VERSION, MANIFEST_SECTION, Manifest, Needs};
 
 use crate::cache::CacheOutcome;
 use crate::engine::Runtime;
@@ -117,16 +118,16 @@ impl Plugin {
     }
 
     /// Reads what a module says about itself without compiling it: the header, the shape
-    /// check under `runtime`'s limits and the manifest (checks 1 and 5 of the module doc, and
-    /// the limits). For listings: a module that passes may still fail the checks that need
-    /// its code (imports, exports, the test slab).
+    /// check under `runtime`'s limits and the manifest (checks 1 and 4 of the module doc, and
+    /// the limits). For listings: a module that passes may still fail the other checks
+    /// (imports and exports, the compile, the test slab).
     pub fn inspect(runtime: &Runtime, bytes: &[u8]) -> Result<Manifest, LoadError> {
         check_header(bytes)?;
         precheck::check(&runtime.inner.limits, bytes)?;
         read_manifest(bytes)
     }
 
-    /// Checks 2 to 7 of the module doc, for the one load of `digest` in flight.
+    /// Checks 3 to 6 of the module doc, for the one load of `digest` in flight.
     fn compile_and_check(
         runtime: &Runtime,
         digest: Digest,
@@ -143,8 +144,6 @@ impl Plugin {
         .map_err(|e| LoadError::Compile {
             message: format!("{e:#}"),
         })?;
-        check_imports(&module)?;
-        check_exports(&module)?;
         let manifest = read_manifest(bytes)?;
         let needs = manifest.needs;
         let pre =
@@ -244,139 +243,6 @@ fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
         return Err(LoadError::NotCoreModule { version });
     }
     Ok(())
-}
-
-fn check_imports(module: &Module) -> Result<(), LoadError> {
-    for import in module.imports() {
-        if import.module() != symbols::IMPORT_MODULE || import.name() != symbols::IMPORT_LOG {
-            return Err(LoadError::ForbiddenImport {
-                module: import.module().to_owned(),
-                name: import.name().to_owned(),
-            });
-        }
-        let ok = match import.ty() {
-            ExternType::Func(f) => {
-                f.params().len() == 3 && f.params().all(|p| p.is_i32()) && f.results().len() == 0
-            }
-            _ => false,
-        };
-        if !ok {
-            return Err(LoadError::WrongImportType {
-                expected: "func (i32, i32, i32)",
-                found: describe(&import.ty()),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The signature each required function export must have: (name, params, results, text).
-pub(crate) const FUNCTION_EXPORTS: [(&str, &[Ty], &[Ty], &str); 5] = [
-    (symbols::ABI_VERSION, &[], &[Ty::I32], "func () -> i32"),
-    (symbols::ALLOC, &[Ty::I32], &[Ty::I32], "func (i32) -> i32"),
-    (
-        symbols::DEALLOC,
-        &[Ty::I32, Ty::I32],
-        &[],
-        "func (i32, i32)",
-    ),
-    (
-        symbols::ROUTE,
-        &[Ty::I32, Ty::I32, Ty::I32],
-        &[Ty::I32],
-        "func (i32, i32, i32) -> i32",
-    ),
-    (symbols::LAST_ERROR, &[], &[Ty::I64], "func () -> i64"),
-];
-
-#[derive(Clone, Copy)]
-pub(crate) enum Ty {
-    I32,
-    I64,
-}
-
-impl Ty {
-    /// Whether `ty`, as wasmparser reads it before a compile, is this type.
-    pub(crate) fn matches_parsed(self, ty: &wasmparser::ValType) -> bool {
-        match self {
-            Ty::I32 => *ty == wasmparser::ValType::I32,
-            Ty::I64 => *ty == wasmparser::ValType::I64,
-        }
-    }
-
-    fn matches(self, ty: &ValType) -> bool {
-        match self {
-            Ty::I32 => ty.is_i32(),
-            Ty::I64 => ty.is_i64(),
-        }
-    }
-}
-
-fn check_exports(module: &Module) -> Result<(), LoadError> {
-    for name in symbols::REQUIRED_EXPORTS {
-        if module.get_export(name).is_none() {
-            return Err(LoadError::MissingExport { name });
-        }
-    }
-    match module.get_export(symbols::MEMORY) {
-        Some(ExternType::Memory(m)) if !m.is_64() && !m.is_shared() => {}
-        Some(other) => {
-            return Err(LoadError::WrongExportType {
-                name: symbols::MEMORY,
-                expected: "memory (32-bit, not shared)",
-                found: describe(&other),
-            });
-        }
-        None => {
-            return Err(LoadError::MissingExport {
-                name: symbols::MEMORY,
-            });
-        }
-    }
-    for (name, params, results, expected) in FUNCTION_EXPORTS {
-        let Some(ty) = module.get_export(name) else {
-            return Err(LoadError::MissingExport { name });
-        };
-        let ok = match &ty {
-            ExternType::Func(f) => {
-                f.params().len() == params.len()
-                    && f.params().zip(params).all(|(p, want)| want.matches(&p))
-                    && f.results().len() == results.len()
-                    && f.results().zip(results).all(|(r, want)| want.matches(&r))
-            }
-            _ => false,
-        };
-        if !ok {
-            return Err(LoadError::WrongExportType {
-                name,
-                expected,
-                found: describe(&ty),
-            });
-        }
-    }
-    Ok(())
-}
-
-fn describe(ty: &ExternType) -> String {
-    match ty {
-        ExternType::Func(f) => {
-            let params: Vec<String> = f.params().map(|p| p.to_string()).collect();
-            let results: Vec<String> = f.results().map(|r| r.to_string()).collect();
-            if results.is_empty() {
-                format!("func ({})", params.join(", "))
-            } else {
-                format!("func ({}) -> {}", params.join(", "), results.join(", "))
-            }
-        }
-        ExternType::Memory(m) => format!(
-            "memory ({}{})",
-            if m.is_64() { "64-bit" } else { "32-bit" },
-            if m.is_shared() { ", shared" } else { "" }
-        ),
-        ExternType::Table(_) => "table".to_owned(),
-        ExternType::Global(_) => "global".to_owned(),
-        ExternType::Tag(_) => "tag".to_owned(),
-    }
 }
 
 /// Finds and parses the one `narad.manifest` custom section.
