@@ -592,19 +592,24 @@ mod tests {
 
     const PREFIX: &str = "/narad-test/members/";
 
+    /// A node joined under [`PREFIX`] with `record`, `ttl` and data dir `dir`.
+    async fn joined(etcd: &TestEtcd, record: NodeRecord, ttl: Duration, dir: &Path) -> Membership {
+        Membership::join(client(etcd).await, PREFIX.to_owned(), record, ttl, dir)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn a_joined_node_is_listed_with_its_address_and_gone_once_it_leaves() {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
-        let node = Membership::join(
-            client(&etcd).await,
-            PREFIX.to_owned(),
+        let node = joined(
+            &etcd,
             record("n1", 7001),
             Duration::from_secs(30),
             dir.path(),
         )
-        .await
-        .unwrap();
+        .await;
         let listed = node.live_nodes().await.unwrap();
         assert_eq!(listed, vec![record("n1", 7001)]);
         assert!(!node.is_fenced());
@@ -616,15 +621,13 @@ mod tests {
     async fn a_second_process_with_the_same_node_id_is_refused_while_the_first_lives() {
         let etcd = TestEtcd::start();
         let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let _first = Membership::join(
-            client(&etcd).await,
-            PREFIX.to_owned(),
+        let _first = joined(
+            &etcd,
             record("n1", 7001),
             Duration::from_secs(30),
             dir_a.path(),
         )
-        .await
-        .unwrap();
+        .await;
         let second = Membership::join(
             client(&etcd).await,
             PREFIX.to_owned(),
@@ -652,15 +655,13 @@ mod tests {
     async fn a_restart_on_the_same_data_dir_does_not_wait_out_the_previous_lease() {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
-        let crashed = Membership::join(
-            client(&etcd).await,
-            PREFIX.to_owned(),
+        let crashed = joined(
+            &etcd,
             record("n1", 7001),
             Duration::from_secs(60),
             dir.path(),
         )
-        .await
-        .unwrap();
+        .await;
         let old_lease = crashed.lease_id();
         drop(crashed); // no leave(): as after kill -9
         let restarted = tokio::time::timeout(
@@ -688,15 +689,13 @@ mod tests {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let node = std::sync::Arc::new(
-            Membership::join(
-                client(&etcd).await,
-                PREFIX.to_owned(),
+            joined(
+                &etcd,
                 record("n1", 7001),
                 Duration::from_secs(3),
                 dir.path(),
             )
-            .await
-            .unwrap(),
+            .await,
         );
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
@@ -735,17 +734,7 @@ mod tests {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let ttl = Duration::from_secs(2);
-        let node = std::sync::Arc::new(
-            Membership::join(
-                client(&etcd).await,
-                PREFIX.to_owned(),
-                record("n1", 7001),
-                ttl,
-                dir.path(),
-            )
-            .await
-            .unwrap(),
-        );
+        let node = std::sync::Arc::new(joined(&etcd, record("n1", 7001), ttl, dir.path()).await);
         let (trigger, signal) = crate::shutdown::channel();
         let renewing = {
             let node = node.clone();
@@ -773,15 +762,13 @@ mod tests {
     async fn a_ttl_etcd_cannot_grant_exactly_is_rounded_up_and_the_fence_follows_the_granted_one() {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
-        let node = Membership::join(
-            client(&etcd).await,
-            PREFIX.to_owned(),
+        let node = joined(
+            &etcd,
             record("n1", 7001),
             Duration::from_millis(2900),
             dir.path(),
         )
-        .await
-        .unwrap();
+        .await;
         assert_eq!(node.granted_ttl(), Duration::from_secs(3));
         let reason = {
             *node.renewed_at.lock().unwrap() -= Duration::from_millis(2450);
@@ -796,15 +783,13 @@ mod tests {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let node = std::sync::Arc::new(
-            Membership::join(
-                client(&etcd).await,
-                PREFIX.to_owned(),
+            joined(
+                &etcd,
                 record("n1", 7001),
                 Duration::from_secs(3),
                 dir.path(),
             )
-            .await
-            .unwrap(),
+            .await,
         );
         let (trigger, signal) = crate::shutdown::channel();
         let metadata = EtcdMetastore::with_cache(
@@ -854,17 +839,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ttl = Duration::from_secs(3);
         let node = daemon.block_on(async {
-            std::sync::Arc::new(
-                Membership::join(
-                    client(&etcd).await,
-                    PREFIX.to_owned(),
-                    record("n1", 7001),
-                    ttl,
-                    dir.path(),
-                )
-                .await
-                .unwrap(),
-            )
+            std::sync::Arc::new(joined(&etcd, record("n1", 7001), ttl, dir.path()).await)
         });
         let (trigger, signal) = crate::shutdown::channel();
         let keeper = {

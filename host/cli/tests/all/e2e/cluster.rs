@@ -1655,6 +1655,28 @@ pub(super) fn recreate(base: &str, topic: &str, partition: u32, body: Value) -> 
     .expect("recreate")
 }
 
+/// Re-creates `topic`/`partition` on node `on`, asked of `base`, retrying while the old
+/// owner still counts as alive (409) until its lease is gone; the report.
+pub(super) fn recreate_once_dead(base: &str, topic: &str, partition: u32, on: &str) -> Value {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (status, body) = recreate(
+            base,
+            topic,
+            partition,
+            json!({"on": on, "accept_loss": true}),
+        );
+        if status == 200 {
+            return body;
+        }
+        assert!(
+            status == 409 && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The children listing's entry for `child` of `parent`, partition 0, read through `base`.
 fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
     let (_, children) = send_json(
@@ -1741,23 +1763,7 @@ fn a_dead_nodes_partition_recreated_elsewhere_starts_above_every_copy_and_counts
     );
 
     // Once n3's lease is gone, asked of n2, done by n1.
-    let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    let report = loop {
-        let (status, body) = recreate(
-            &cluster.url(1),
-            "orders",
-            0,
-            json!({"on": "n1", "accept_loss": true}),
-        );
-        if status == 200 {
-            break body;
-        }
-        assert!(
-            status == 409 && Instant::now() < deadline,
-            "{status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let report = recreate_once_dead(&cluster.url(1), "orders", 0, "n1");
     // Above every offset a child holds, so no new record is taken for a copy of an old one.
     assert_eq!(report["start_offset"], 200, "{report}");
     assert_eq!(

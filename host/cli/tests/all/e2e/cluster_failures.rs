@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate};
+use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate_once_dead};
 use crate::e2e::harness::{http_client, send_json};
 
 /// A value the load got acknowledged (a 200), and when its request was sent.
@@ -135,23 +135,7 @@ fn a_parent_owner_back_from_a_pause_past_its_lease_acknowledges_nothing_it_loses
         assert!(Instant::now() < deadline, "n1's lease never ended");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let deadline = Instant::now() + CONVERGE_TIMEOUT;
-    let report = loop {
-        let (status, body) = recreate(
-            &cluster.url(1),
-            "orders",
-            0,
-            json!({"on": "n2", "accept_loss": true}),
-        );
-        if status == 200 {
-            break body;
-        }
-        assert!(
-            status == 409 && Instant::now() < deadline,
-            "{status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let report = recreate_once_dead(&cluster.url(1), "orders", 0, "n2");
     let start = report["start_offset"].as_u64().expect("start_offset");
     cluster.nodes[0].resume();
     std::thread::sleep(Duration::from_secs(4));
