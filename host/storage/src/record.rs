@@ -53,8 +53,9 @@ pub struct BatchOrigin {
     pub epoch: [u8; 8],
     /// Index of the parent partition the records were copied from.
     pub parent_partition: u32,
-    /// First parent offset of the slab the batch belongs to: a cursor that lost its offset
-    /// file restarts there, repeating at most that slab.
+    /// First parent offset of the first slab of the commit the batch belongs to (a cursor
+    /// commits a few consecutive slabs together): a cursor that lost its offset file restarts
+    /// there, repeating at most that commit.
     pub slab_start: u64,
     /// One parent offset per record, in record order.
     pub parent_offsets: Vec<u64>,
@@ -210,7 +211,7 @@ pub struct RecordOrigin {
     pub parent_partition: u32,
     /// Offset of the record in the parent partition.
     pub parent_offset: u64,
-    /// First parent offset of the slab the record was copied in.
+    /// First parent offset of the first slab of the commit the record was copied in.
     pub slab_start: u64,
 }
 

@@ -21,7 +21,8 @@ pub(crate) struct SlabOrigin {
     pub epoch: [u8; 8],
     /// The parent partition the slab was read from.
     pub parent_partition: u32,
-    /// First parent offset of the slab (of the whole slab, also on a retry of part of it).
+    /// Where a cursor that lost its offset file resumes: the first parent offset of the first
+    /// slab of the commit this slab is part of (also on a retry of part of it).
     pub slab_start: u64,
 }
 

@@ -584,7 +584,18 @@ impl Cursor {
     /// again slab by slab, in slab order ([`Cursor::finish`]); a slab whose routing
     /// failed, and every slab after it, are delivered that way too. Returns once every slab
     /// is acknowledged.
-    async fn deliver_together(&self, slabs: Vec<AheadSlab>) -> Result<Acknowledged, CursorExit> {
+    async fn deliver_together(
+        &self,
+        mut slabs: Vec<AheadSlab>,
+    ) -> Result<Acknowledged, CursorExit> {
+        // Every batch of the commit names its first slab's start: a later slab's batch can
+        // land on one child partition while an earlier slab's fails on another, so only
+        // that start is safe to resume from when the offset file is lost.
+        if let Some(start) = slabs.first().map(|s| s.delivery.origin.slab_start) {
+            for slab in &mut slabs {
+                slab.resume_at(start);
+            }
+        }
         let mut routed = Vec::with_capacity(slabs.len());
         let mut deliveries = Vec::with_capacity(slabs.len());
         // False once a slab could not be routed: it and the ones after it go one by one.
@@ -1035,6 +1046,17 @@ impl Ahead {
 struct AheadSlab {
     delivery: Delivery,
     routed: Option<RoutedAhead>,
+}
+
+impl AheadSlab {
+    /// Names `start` as where a cursor that lost its offset file resumes, in the origin of
+    /// every batch of this slab (those routed ahead included).
+    fn resume_at(&mut self, start: u64) {
+        self.delivery.origin.slab_start = start;
+        for bucket in self.routed.iter_mut().flat_map(|r| r.buckets.iter_mut()) {
+            bucket.origin.slab_start = start;
+        }
+    }
 }
 
 /// The buckets of a slab routed ahead, and the child's partition count they were routed

@@ -536,7 +536,7 @@ async fn while_a_slab_stalls_the_pipelined_cursor_files_only_the_slab_before_it(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backlog_is_committed_two_slabs_at_a_time_each_batch_with_its_own_origin() {
+async fn a_backlog_is_committed_two_slabs_at_a_time_each_batch_naming_its_commits_start() {
     // Four slabs of backlog, one child partition: one batch per slab.
     let f = fixture(1, 1, LogConfig::default()).await;
     let slab = narad_host::fanout::SLAB_MAX_RECORDS as u64;
@@ -568,11 +568,14 @@ async fn a_backlog_is_committed_two_slabs_at_a_time_each_batch_with_its_own_orig
     for (i, record) in copied.iter().enumerate() {
         let origin = record.origin.as_ref().unwrap();
         assert_eq!(origin.parent_offset, i as u64, "in parent order");
-        assert_eq!(
-            origin.slab_start,
-            i as u64 / slab * slab,
-            "each batch names its own slab's start, also the second of a commit"
-        );
+        // Where a cursor without its offset file resumes: the start of the first slab of
+        // the batch's commit, also for the second slab of a commit.
+        let commit_start = match i as u64 / slab {
+            0 => 0,
+            1 | 2 => slab,
+            _ => 3 * slab,
+        };
+        assert_eq!(origin.slab_start, commit_start, "record {i}");
     }
 }
 
@@ -616,6 +619,48 @@ async fn a_slab_committed_with_the_one_before_never_lands_ahead_of_its_failed_bu
         );
     }
     assert_eq!(all_child_values(&f.store, 2), expected(0..3 * slab));
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_offset_file_after_a_partly_failed_two_slab_commit_delivers_every_record() {
+    // The second and third slabs commit together; the second's bucket for partition 1 fails,
+    // so partition 0 holds the third slab while partition 1 lacks the second. The offset
+    // file (past the first slab) is then lost: the position rebuilt from the child must not
+    // start past the second slab.
+    let f = fixture(1, 2, LogConfig::default()).await;
+    let slab = narad_host::fanout::SLAB_MAX_RECORDS as u32;
+    produce(&f.store, 0..3 * slab);
+    *f.committer.refused_slab.lock().unwrap() = Some((1, u64::from(slab)));
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the second slab's bucket to be retried", || {
+        running.commit_retries() >= 2
+    })
+    .await;
+    let third_in_partition_0 = child_values(&f.store, 0)
+        .iter()
+        .any(|v| v[1..].parse::<u32>().unwrap() >= 2 * slab);
+    assert!(
+        third_in_partition_0,
+        "the scenario needs the third slab in partition 0"
+    );
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+    let path = cursor_path(&f.store, &PartitionId::new("parent", 0), "child");
+    f.fault.remove_file(&path).unwrap();
+    *f.committer.refused_slab.lock().unwrap() = None;
+    f.metastore.detach_link("parent", "child").await.unwrap();
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("every slab copied", || {
+        running.status.report().next_offset == Some(u64::from(3 * slab))
+    })
+    .await;
+    let held: std::collections::BTreeSet<String> =
+        all_child_values(&f.store, 2).into_iter().collect();
+    let missing = expected(0..3 * slab)
+        .into_iter()
+        .filter(|v| !held.contains(v))
+        .count();
+    assert_eq!(missing, 0, "records skipped");
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 

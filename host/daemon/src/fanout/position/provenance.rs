@@ -1,11 +1,14 @@
 //! Finding where a cursor got to from what its child holds.
 //!
 //! Every batch a cursor commits carries its origin: the attach epoch, the parent partition, the
-//! parent offset of each record, and the first parent offset of the slab it came from. The
-//! newest such batch in the child therefore names the newest slab that reached the child, in
-//! whole or in part; every slab before it reached the child whole (a cursor reads a slab only
-//! after the previous one is committed). Restarting at that slab's start repeats at most one
-//! slab and skips nothing.
+//! parent offset of each record, and the first parent offset of the first slab of the commit it
+//! came in (a cursor commits up to [`crate::fanout::SLABS_PER_COMMIT`] consecutive slabs
+//! together). The newest such batch in the child therefore names the newest commit that
+//! reached the child, in whole or in part; every commit before it reached the child whole (a
+//! cursor starts a commit only after the previous one is acknowledged by every child
+//! partition). Within one commit a later slab's batch can land on one child partition while an
+//! earlier slab's fails on another, which is why the batch names its commit's start and not
+//! its own slab's. Restarting at that start repeats at most one commit and skips nothing.
 //!
 //! The copies also tell whether the parent still holds what was copied. A parent that lost its
 //! tail (a torn tail cut after a crash, with no high-watermark file to refuse the cut) gives
