@@ -79,6 +79,10 @@ pub(crate) const DEFAULT_RETENTION_CHECK_INTERVAL_MS: u64 = 30_000;
 /// Default idle time after which a partition log is closed, in milliseconds (5 min, the
 /// storage crate's default).
 pub(crate) const DEFAULT_IDLE_CLOSE_AFTER_MS: u64 = 5 * 60 * 1000;
+/// Default `--group-initial-rebalance-delay-ms`: 3 s, Kafka's.
+pub(crate) const DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS: u64 = 3_000;
+/// Default `--group-offsets-retention-ms`: 7 days, Kafka's.
+pub(crate) const DEFAULT_GROUP_OFFSETS_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 /// Default wait before a failed partition is reopened on its next use, in milliseconds (10 s,
 /// the storage crate's `DEFAULT_FAILED_REOPEN_AFTER`).
 pub(crate) const DEFAULT_FAILED_REOPEN_AFTER_MS: u64 = 10 * 1000;
@@ -292,6 +296,12 @@ settings! {
     /// A partition that failed (its disk refused a write or a sync) is reopened, with the same
     /// recovery as a restart, on its first use this long after failing, in milliseconds.
     failed_reopen_after_ms: u64, "MS", Positive, default DEFAULT_FAILED_REOPEN_AFTER_MS;
+    /// How long a consumer group with no members waits, when one joins, for more to join
+    /// before it assigns partitions (Kafka's group.initial.rebalance.delay.ms).
+    group_initial_rebalance_delay_ms: u64, "MS", Any, default DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS;
+    /// How long the committed offsets of a consumer group with no members are kept after its
+    /// last commit (Kafka's offsets.retention.minutes), in milliseconds.
+    group_offsets_retention_ms: u64, "MS", Positive, default DEFAULT_GROUP_OFFSETS_RETENTION_MS;
     /// Segment size at which a partition log rolls to a new file, in bytes.
     segment_bytes: u64, "BYTES", Positive, default DEFAULT_SEGMENT_BYTES;
     /// Segment frame layout written: 2 keeps null values (Kafka tombstones) and stamps
@@ -699,6 +709,27 @@ impl Default for HttpLimits {
     }
 }
 
+/// Settings of the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupsConfig {
+    /// How long a rebalance of a group that had no members waits for more to join, so
+    /// consumers started together share one generation (Kafka's
+    /// `group.initial.rebalance.delay.ms`).
+    pub initial_rebalance_delay: Duration,
+    /// How long the offsets of a group with no members are kept after its last commit
+    /// (Kafka's `offsets.retention.minutes`); also the retention of the offsets topic.
+    pub offsets_retention: Duration,
+}
+
+impl Default for GroupsConfig {
+    fn default() -> GroupsConfig {
+        GroupsConfig {
+            initial_rebalance_delay: Duration::from_millis(DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS),
+            offsets_retention: Duration::from_millis(DEFAULT_GROUP_OFFSETS_RETENTION_MS),
+        }
+    }
+}
+
 /// Cluster mode's settings (`--etcd` and the flags that go with it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
@@ -747,6 +778,8 @@ pub struct Config {
     pub http: HttpLimits,
     /// Cluster mode; `None`: one node with the embedded metastore.
     pub cluster: Option<ClusterConfig>,
+    /// The consumer group coordinator's settings.
+    pub groups: GroupsConfig,
 }
 
 impl Config {
@@ -767,6 +800,7 @@ impl Config {
             plugin_limits: narad_runtime::Limits::default(),
             http: HttpLimits::default(),
             cluster: None,
+            groups: GroupsConfig::default(),
         }
     }
 
@@ -858,6 +892,10 @@ impl Config {
                 max_buffered_request_bytes: s.max_buffered_request_bytes,
             },
             retention_check_interval: ms(s.retention_check_interval_ms),
+            groups: GroupsConfig {
+                initial_rebalance_delay: ms(s.group_initial_rebalance_delay_ms),
+                offsets_retention: ms(s.group_offsets_retention_ms),
+            },
             idle_close_after: ms(s.idle_close_after_ms),
             failed_reopen_after: ms(s.failed_reopen_after_ms),
             segment_bytes: s.segment_bytes,

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["cluster"],
     &["produce"],
     &["topics"],
-    &["plugins"],
+    &["plugins", "groups"],
     &["fanout"],
     &["reconciler"],
     &["api", "kafka"],

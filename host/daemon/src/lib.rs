@@ -56,6 +56,7 @@ pub mod config;
 mod durable;
 pub mod fanout;
 pub mod fdlimit;
+pub mod groups;
 pub(crate) mod http_server;
 pub(crate) mod kafka;
 #[cfg(test)]

@@ -355,6 +355,15 @@ pub async fn run_server(
     kafka_metrics.register(&mut registry);
     let kafka = kafka_listener.map(|listener| {
         let metrics = kafka_metrics;
+        let coordinator = Arc::new(crate::groups::Coordinator::new(
+            Arc::clone(&store),
+            Arc::clone(&producer),
+            Arc::clone(&metastore),
+            Arc::clone(&ownership),
+            Arc::clone(&topics),
+            config.groups,
+        ));
+        coordinator.spawn(shutdown.clone());
         let deps = Arc::new(
             crate::kafka::KafkaDeps::new(
                 config.limits.clone(),
@@ -366,6 +375,7 @@ pub async fn run_server(
                 metrics,
             )
             .with_cluster(cluster.clone())
+            .with_groups(coordinator)
             .advertising(config.kafka_advertise.clone()),
         );
         let options = crate::kafka::connection::ListenOptions {

@@ -317,6 +317,8 @@ pub async fn attach(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
+    crate::topics::check_not_internal(&parent)?;
+    crate::topics::check_not_internal(&child)?;
     let parent_topic = require_topic(&state, &parent).await?;
     crate::topics::check_name(&child)?;
     if req.remote.is_some() {

@@ -64,6 +64,15 @@ pub(crate) async fn require_writable(
     state: &AppState,
     topic: &crate::metastore::TopicMeta,
 ) -> Result<(), ApiError> {
+    if crate::topics::is_internal(&topic.name) {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "topic {} is internal to narad: only the daemon writes to it",
+                topic.name
+            ),
+        ));
+    }
     if topic.writable_as_child {
         return Ok(());
     }

@@ -2,9 +2,11 @@
 //!
 //! Produce and Fetch stop at 9 and 12: from 13 on they name topics by id, which narad topics
 //! do not have. Produce 3 and Fetch 4 are the floor because they are where the v2 record
-//! format starts (librdkafka uses it only when they are offered). Consumer-group, admin and
-//! transaction APIs are not offered: clients see that here and refuse those features
-//! themselves, and a request for them anyway closes the connection, as a Kafka broker does.
+//! format starts (librdkafka uses it only when they are offered). The consumer group APIs
+//! stop where KIP-848's member epochs begin (OffsetCommit 9, OffsetFetch 9) and before
+//! ListGroups' type filter (5) and DescribeGroups 6. Admin and transaction APIs are not
+//! offered: clients see that here and refuse those features themselves, and a request for
+//! them anyway closes the connection, as a Kafka broker does.
 
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
@@ -17,6 +19,16 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Metadata, 1, 12),
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::InitProducerId, 0, 4),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 8),
+    (ApiKey::ListGroups, 0, 4),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// Whether `version` of `api` is handled.
@@ -63,11 +75,22 @@ mod tests {
                 (2, 1, 7),
                 (3, 1, 12),
                 (18, 0, 3),
-                (22, 0, 4)
+                (22, 0, 4),
+                (10, 0, 4),
+                (11, 0, 9),
+                (14, 0, 5),
+                (12, 0, 4),
+                (13, 0, 5),
+                (8, 2, 8),
+                (9, 1, 8),
+                (16, 0, 4),
+                (15, 0, 5),
+                (42, 0, 2),
             ]
         );
         assert!(!offered(ApiKey::Produce, 13));
-        assert!(!offered(ApiKey::FindCoordinator, 0));
+        assert!(!offered(ApiKey::OffsetCommit, 9));
+        assert!(!offered(ApiKey::CreateTopics, 2));
         assert!(offered(ApiKey::Fetch, 4));
     }
 }

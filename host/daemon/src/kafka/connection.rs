@@ -252,8 +252,8 @@ async fn answer(
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decode(api_key, version, frame)
     }));
-    let request = match decoded {
-        Ok(Ok(request)) => request,
+    let (request, client_id) = match decoded {
+        Ok(Ok(decoded)) => decoded,
         Ok(Err(e)) => {
             tracing::info!(%peer, api = ?api_key, version, error = %e, "kafka: malformed request; closing");
             return Err(CloseReason::BadFrame);
@@ -263,18 +263,23 @@ async fn answer(
             return Err(CloseReason::BadFrame);
         }
     };
-    match super::handle(deps, advertised, version, request).await {
+    let client = super::groups::Client {
+        id: client_id,
+        host: format!("/{}", peer.ip()),
+    };
+    match super::handle(deps, advertised, &client, version, request).await {
         Outcome::Respond(response) => encode(correlation_id, api_key, version, &response).map(Some),
         Outcome::Silent => Ok(None),
     }
 }
 
-/// The request header, then the body at `version`.
-fn decode(api_key: ApiKey, version: i16, mut frame: Bytes) -> anyhow::Result<Request> {
+/// The request header, then the body at `version`; with the header's client id.
+fn decode(api_key: ApiKey, version: i16, mut frame: Bytes) -> anyhow::Result<(Request, String)> {
     let header = RequestHeader::decode(&mut frame, api_key.request_header_version(version))?;
     debug_assert_eq!(header.request_api_version, version);
     super::shape::check(api_key, version, &frame)?;
-    Request::decode(api_key, version, &mut frame)
+    let client_id = header.client_id.map(|c| c.to_string()).unwrap_or_default();
+    Ok((Request::decode(api_key, version, &mut frame)?, client_id))
 }
 
 /// Size prefix, response header, body.

@@ -149,6 +149,21 @@ fn brokers(deps: &KafkaDeps, advertised: &Advertised) -> Brokers {
     Brokers { this, all }
 }
 
+/// The broker id, host and port of `node` as Metadata names it (`None`: not a live node with
+/// a Kafka listener).
+pub(crate) fn broker_address(
+    deps: &KafkaDeps,
+    advertised: &Advertised,
+    node: &str,
+) -> Option<(BrokerId, String, i32)> {
+    let brokers = brokers(deps, advertised);
+    let id = match &deps.cluster {
+        None => BrokerId(NODE_ID),
+        Some(_) => BrokerId(broker_id(node)),
+    };
+    brokers.all.into_iter().find(|(b, _, _)| *b == id)
+}
+
 /// The broker that leads partition `p` of `meta`: its owner when that is a listed broker.
 fn leader(deps: &KafkaDeps, brokers: &Brokers, meta: &TopicMeta, p: u32) -> Option<BrokerId> {
     match &deps.cluster {

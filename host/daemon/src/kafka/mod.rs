@@ -25,6 +25,7 @@ pub(crate) mod api_versions;
 pub(crate) mod compression;
 pub(crate) mod connection;
 pub(crate) mod fetch;
+pub(crate) mod groups;
 pub(crate) mod idempotence;
 pub(crate) mod init_producer_id;
 pub(crate) mod list_offsets;
@@ -39,9 +40,14 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, FetchRequest, FetchResponse,
-    InitProducerIdRequest, InitProducerIdResponse, ListOffsetsRequest, ListOffsetsResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DeleteGroupsRequest, DeleteGroupsResponse,
+    DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
+    InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ProduceRequest, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 use narad_storage::Store;
@@ -95,6 +101,9 @@ pub(crate) struct KafkaDeps {
     pub(crate) producer_ids: init_producer_id::ProducerIds,
     /// Cluster mode: the live nodes are the brokers, partition owners their leaders.
     pub cluster: Option<Arc<crate::cluster::ClusterContext>>,
+    /// The consumer group coordinator (`None`: the group APIs answer
+    /// COORDINATOR_NOT_AVAILABLE).
+    pub(crate) groups: Option<Arc<crate::groups::Coordinator>>,
     /// `max-buffered-request-bytes` as permits (one per byte): the bytes of requests in
     /// flight, and what their batches decompressed to, share it.
     pub(crate) buffered: Arc<tokio::sync::Semaphore>,
@@ -130,7 +139,14 @@ impl KafkaDeps {
             idempotence: idempotence::Idempotence::new(idempotence::MAX_PRODUCER_PARTITIONS),
             producer_ids: init_producer_id::ProducerIds::from_clock(),
             cluster: None,
+            groups: None,
         }
+    }
+
+    /// The same dependencies with the consumer group coordinator.
+    pub(crate) fn with_groups(mut self, groups: Arc<crate::groups::Coordinator>) -> KafkaDeps {
+        self.groups = Some(groups);
+        self
     }
 
     /// The same dependencies, telling clients this broker is at `advertise` (`None`: the
@@ -207,6 +223,26 @@ pub(crate) enum Request {
     ListOffsets(ListOffsetsRequest),
     /// InitProducerId.
     InitProducerId(InitProducerIdRequest),
+    /// FindCoordinator.
+    FindCoordinator(FindCoordinatorRequest),
+    /// JoinGroup.
+    JoinGroup(JoinGroupRequest),
+    /// SyncGroup.
+    SyncGroup(SyncGroupRequest),
+    /// Heartbeat.
+    Heartbeat(HeartbeatRequest),
+    /// LeaveGroup.
+    LeaveGroup(LeaveGroupRequest),
+    /// OffsetCommit.
+    OffsetCommit(OffsetCommitRequest),
+    /// OffsetFetch.
+    OffsetFetch(OffsetFetchRequest),
+    /// ListGroups.
+    ListGroups(ListGroupsRequest),
+    /// DescribeGroups.
+    DescribeGroups(DescribeGroupsRequest),
+    /// DeleteGroups.
+    DeleteGroups(DeleteGroupsRequest),
 }
 
 impl Request {
@@ -228,6 +264,24 @@ impl Request {
             ApiKey::InitProducerId => {
                 Request::InitProducerId(InitProducerIdRequest::decode(body, version)?)
             }
+            ApiKey::FindCoordinator => {
+                Request::FindCoordinator(FindCoordinatorRequest::decode(body, version)?)
+            }
+            ApiKey::JoinGroup => Request::JoinGroup(JoinGroupRequest::decode(body, version)?),
+            ApiKey::SyncGroup => Request::SyncGroup(SyncGroupRequest::decode(body, version)?),
+            ApiKey::Heartbeat => Request::Heartbeat(HeartbeatRequest::decode(body, version)?),
+            ApiKey::LeaveGroup => Request::LeaveGroup(LeaveGroupRequest::decode(body, version)?),
+            ApiKey::OffsetCommit => {
+                Request::OffsetCommit(OffsetCommitRequest::decode(body, version)?)
+            }
+            ApiKey::OffsetFetch => Request::OffsetFetch(OffsetFetchRequest::decode(body, version)?),
+            ApiKey::ListGroups => Request::ListGroups(ListGroupsRequest::decode(body, version)?),
+            ApiKey::DescribeGroups => {
+                Request::DescribeGroups(DescribeGroupsRequest::decode(body, version)?)
+            }
+            ApiKey::DeleteGroups => {
+                Request::DeleteGroups(DeleteGroupsRequest::decode(body, version)?)
+            }
             other => anyhow::bail!("{other:?} is not offered"),
         })
     }
@@ -248,6 +302,26 @@ pub(crate) enum Response {
     ListOffsets(ListOffsetsResponse),
     /// InitProducerId.
     InitProducerId(InitProducerIdResponse),
+    /// FindCoordinator.
+    FindCoordinator(FindCoordinatorResponse),
+    /// JoinGroup.
+    JoinGroup(JoinGroupResponse),
+    /// SyncGroup.
+    SyncGroup(SyncGroupResponse),
+    /// Heartbeat.
+    Heartbeat(HeartbeatResponse),
+    /// LeaveGroup.
+    LeaveGroup(LeaveGroupResponse),
+    /// OffsetCommit.
+    OffsetCommit(OffsetCommitResponse),
+    /// OffsetFetch.
+    OffsetFetch(OffsetFetchResponse),
+    /// ListGroups.
+    ListGroups(ListGroupsResponse),
+    /// DescribeGroups.
+    DescribeGroups(DescribeGroupsResponse),
+    /// DeleteGroups.
+    DeleteGroups(DeleteGroupsResponse),
 }
 
 impl Response {
@@ -260,6 +334,16 @@ impl Response {
             Response::Fetch(r) => r.encode(out, version),
             Response::ListOffsets(r) => r.encode(out, version),
             Response::InitProducerId(r) => r.encode(out, version),
+            Response::FindCoordinator(r) => r.encode(out, version),
+            Response::JoinGroup(r) => r.encode(out, version),
+            Response::SyncGroup(r) => r.encode(out, version),
+            Response::Heartbeat(r) => r.encode(out, version),
+            Response::LeaveGroup(r) => r.encode(out, version),
+            Response::OffsetCommit(r) => r.encode(out, version),
+            Response::OffsetFetch(r) => r.encode(out, version),
+            Response::ListGroups(r) => r.encode(out, version),
+            Response::DescribeGroups(r) => r.encode(out, version),
+            Response::DeleteGroups(r) => r.encode(out, version),
         }
     }
 }
@@ -272,13 +356,23 @@ pub(crate) enum Outcome {
     Silent,
 }
 
-/// Handles one decoded request at `version`.
+/// Handles one decoded request at `version` from `client`.
 pub(crate) async fn handle(
     deps: &Arc<KafkaDeps>,
     advertised: &Advertised,
+    client: &groups::Client,
     version: i16,
     request: Request,
 ) -> Outcome {
+    if let Some(api) = request.group_api() {
+        deps.metrics.request(api);
+        return Outcome::Respond(match &deps.groups {
+            Some(coordinator) => {
+                handle_group(deps, coordinator, advertised, client, version, request).await
+            }
+            None => groups::unavailable(request),
+        });
+    }
     match request {
         Request::ApiVersions => {
             deps.metrics.request(ApiKey::ApiVersions);
@@ -313,6 +407,74 @@ pub(crate) async fn handle(
                 deps, req,
             )))
         }
+        // Taken above.
+        Request::FindCoordinator(_)
+        | Request::JoinGroup(_)
+        | Request::SyncGroup(_)
+        | Request::Heartbeat(_)
+        | Request::LeaveGroup(_)
+        | Request::OffsetCommit(_)
+        | Request::OffsetFetch(_)
+        | Request::ListGroups(_)
+        | Request::DescribeGroups(_)
+        | Request::DeleteGroups(_) => Outcome::Silent,
+    }
+}
+
+impl Request {
+    /// The API of a consumer group request, `None` for the others.
+    fn group_api(&self) -> Option<ApiKey> {
+        Some(match self {
+            Request::FindCoordinator(_) => ApiKey::FindCoordinator,
+            Request::JoinGroup(_) => ApiKey::JoinGroup,
+            Request::SyncGroup(_) => ApiKey::SyncGroup,
+            Request::Heartbeat(_) => ApiKey::Heartbeat,
+            Request::LeaveGroup(_) => ApiKey::LeaveGroup,
+            Request::OffsetCommit(_) => ApiKey::OffsetCommit,
+            Request::OffsetFetch(_) => ApiKey::OffsetFetch,
+            Request::ListGroups(_) => ApiKey::ListGroups,
+            Request::DescribeGroups(_) => ApiKey::DescribeGroups,
+            Request::DeleteGroups(_) => ApiKey::DeleteGroups,
+            _ => return None,
+        })
+    }
+}
+
+/// Handles a consumer group request ([`groups`]).
+async fn handle_group(
+    deps: &Arc<KafkaDeps>,
+    coordinator: &crate::groups::Coordinator,
+    advertised: &Advertised,
+    client: &groups::Client,
+    version: i16,
+    request: Request,
+) -> Response {
+    match request {
+        Request::FindCoordinator(req) => Response::FindCoordinator(
+            groups::find_coordinator(deps, coordinator, advertised, req, version).await,
+        ),
+        Request::JoinGroup(req) => {
+            Response::JoinGroup(groups::join_group(coordinator, client, req, version).await)
+        }
+        Request::SyncGroup(req) => Response::SyncGroup(groups::sync_group(coordinator, req).await),
+        Request::Heartbeat(req) => Response::Heartbeat(groups::heartbeat(coordinator, req).await),
+        Request::LeaveGroup(req) => {
+            Response::LeaveGroup(groups::leave_group(coordinator, req, version).await)
+        }
+        Request::OffsetCommit(req) => {
+            Response::OffsetCommit(groups::offset_commit(deps, coordinator, req).await)
+        }
+        Request::OffsetFetch(req) => {
+            Response::OffsetFetch(groups::offset_fetch(coordinator, req, version).await)
+        }
+        Request::ListGroups(req) => Response::ListGroups(groups::list_groups(coordinator, req).await),
+        Request::DescribeGroups(req) => {
+            Response::DescribeGroups(groups::describe_groups(coordinator, req).await)
+        }
+        Request::DeleteGroups(req) => {
+            Response::DeleteGroups(groups::delete_groups(coordinator, req).await)
+        }
+        other => groups::unavailable(other),
     }
 }
 
@@ -350,7 +512,102 @@ mod tests {
 
     /// Every request kind with a topic, an unknown topic and a partition past the end.
     fn requests(version: i16, api: ApiKey) -> Request {
+        use kafka_protocol::messages::{
+            GroupId, join_group_request, leave_group_request, offset_commit_request,
+            offset_fetch_request, sync_group_request,
+        };
+        let group = || GroupId(StrBytes::from_static_str("g"));
         match api {
+            ApiKey::FindCoordinator => {
+                let mut req = FindCoordinatorRequest::default();
+                req.key = StrBytes::from_static_str("g");
+                req.coordinator_keys = vec![StrBytes::from_static_str("g")];
+                Request::FindCoordinator(req)
+            }
+            ApiKey::JoinGroup => {
+                let mut req = JoinGroupRequest::default();
+                req.group_id = group();
+                req.session_timeout_ms = 10_000;
+                req.rebalance_timeout_ms = 10_000;
+                req.protocol_type = StrBytes::from_static_str("consumer");
+                let mut protocol = join_group_request::JoinGroupRequestProtocol::default();
+                protocol.name = StrBytes::from_static_str("range");
+                req.protocols = vec![protocol];
+                // A first join of v4+ is answered at once (MEMBER_ID_REQUIRED); before v4
+                // it would wait out the initial delay, so those ask as an unknown member.
+                if version < 4 {
+                    req.member_id = StrBytes::from_static_str("unknown");
+                }
+                Request::JoinGroup(req)
+            }
+            ApiKey::SyncGroup => {
+                let mut req = SyncGroupRequest::default();
+                req.group_id = group();
+                req.member_id = StrBytes::from_static_str("m");
+                let mut a = sync_group_request::SyncGroupRequestAssignment::default();
+                a.member_id = StrBytes::from_static_str("m");
+                req.assignments = vec![a];
+                Request::SyncGroup(req)
+            }
+            ApiKey::Heartbeat => {
+                let mut req = HeartbeatRequest::default();
+                req.group_id = group();
+                Request::Heartbeat(req)
+            }
+            ApiKey::LeaveGroup => {
+                let mut req = LeaveGroupRequest::default();
+                req.group_id = group();
+                req.member_id = StrBytes::from_static_str("m");
+                let mut m = leave_group_request::MemberIdentity::default();
+                m.member_id = StrBytes::from_static_str("m");
+                req.members = vec![m];
+                Request::LeaveGroup(req)
+            }
+            ApiKey::OffsetCommit => {
+                let mut req = OffsetCommitRequest::default();
+                req.group_id = group();
+                req.generation_id_or_member_epoch = -1;
+                req.topics = ["t", "missing"]
+                    .map(|n| {
+                        let mut t = offset_commit_request::OffsetCommitRequestTopic::default();
+                        t.name = name(n);
+                        t.partitions = [0, 5]
+                            .map(|index| {
+                                let mut p =
+                                    offset_commit_request::OffsetCommitRequestPartition::default();
+                                p.partition_index = index;
+                                p.committed_offset = 1;
+                                p
+                            })
+                            .to_vec();
+                        t
+                    })
+                    .to_vec();
+                Request::OffsetCommit(req)
+            }
+            ApiKey::OffsetFetch => {
+                let mut req = OffsetFetchRequest::default();
+                req.group_id = group();
+                let mut t = offset_fetch_request::OffsetFetchRequestTopic::default();
+                t.name = name("t");
+                t.partition_indexes = vec![0, 1];
+                req.topics = Some(vec![t]);
+                let mut g = offset_fetch_request::OffsetFetchRequestGroup::default();
+                g.group_id = group();
+                req.groups = vec![g];
+                Request::OffsetFetch(req)
+            }
+            ApiKey::ListGroups => Request::ListGroups(ListGroupsRequest::default()),
+            ApiKey::DescribeGroups => {
+                let mut req = DescribeGroupsRequest::default();
+                req.groups = vec![group()];
+                Request::DescribeGroups(req)
+            }
+            ApiKey::DeleteGroups => {
+                let mut req = DeleteGroupsRequest::default();
+                req.groups_names = vec![group()];
+                Request::DeleteGroups(req)
+            }
             ApiKey::ApiVersions => Request::ApiVersions,
             ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),
             ApiKey::Metadata => {
@@ -465,22 +722,48 @@ mod tests {
             )
             .unwrap();
         let (_trigger, shutdown) = crate::shutdown::channel();
-        let deps = Arc::new(KafkaDeps::new(
-            Limits::default(),
+        let producer = Arc::new(Producer::new(Arc::clone(&store)));
+        let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
+        let topics = Arc::new(crate::topics::TopicService::new(
             Arc::clone(&store),
-            metastore,
-            Arc::new(Producer::new(Arc::clone(&store))),
-            Arc::new(SingleNode::default()),
-            shutdown,
-            Arc::new(metrics::KafkaMetrics::default()),
+            Arc::clone(&metastore),
+            Arc::clone(&producer),
+            1 << 20,
         ));
+        let coordinator = Arc::new(crate::groups::Coordinator::new(
+            Arc::clone(&store),
+            Arc::clone(&producer),
+            Arc::clone(&metastore),
+            Arc::clone(&ownership),
+            topics,
+            crate::groups::GroupsConfig::default(),
+        ));
+        let deps = Arc::new(
+            KafkaDeps::new(
+                Limits::default(),
+                Arc::clone(&store),
+                metastore,
+                producer,
+                ownership,
+                shutdown,
+                Arc::new(metrics::KafkaMetrics::default()),
+            )
+            .with_groups(coordinator),
+        );
         let advertised = Advertised {
             host: "127.0.0.1".into(),
             port: 9092,
         };
         for &(api, min, max) in api_versions::OFFERED {
             for version in min..=max {
-                let outcome = handle(&deps, &advertised, version, requests(version, api)).await;
+                let outcome = handle(
+                    &deps,
+                    &advertised,
+                    &groups::Client::default(),
+                    version,
+                    requests(version, api),
+                )
+                .await;
                 let Outcome::Respond(response) = outcome else {
                     panic!("{api:?} v{version} answered nothing");
                 };

@@ -102,6 +102,11 @@ pub(crate) async fn handle(
                 ))
             } else if let Err(e) = &snapshot {
                 Some((ResponseError::UnknownServerError, format!("metastore: {e}")))
+            } else if crate::topics::is_internal(&name) {
+                Some((
+                    ResponseError::TopicAuthorizationFailed,
+                    format!("topic {name} is internal to narad: only the daemon writes to it"),
+                ))
             } else if let Some(parent) = &child_of {
                 Some((
                     ResponseError::TopicAuthorizationFailed,

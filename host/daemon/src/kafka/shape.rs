@@ -6,7 +6,9 @@
 //! allocation failure aborts the daemon (upstream: kafka-protocol-rs pull requests 152, 161
 //! and 200, open). Every element takes at least one byte on the wire, so a count above the
 //! bytes left cannot be honest. The walk knows the array-bearing requests offered
-//! (Metadata, Produce, Fetch, ListOffsets) at every offered version; ApiVersions and
+//! (Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup,
+//! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups) at every
+//! offered version, and Heartbeat, which has none, field by field; ApiVersions and
 //! InitProducerId have no arrays. Remove this when the crate bounds its own allocations.
 
 use kafka_protocol::messages::ApiKey;
@@ -104,6 +106,8 @@ impl Reader<'_> {
     /// closed the connection of every librdkafka client that listed topics. They are within
     /// the frame, whose size is already bounded, and no count in them is trusted.
     fn end(&self) -> Walk {
+        #[cfg(test)]
+        tests::LEFT_AT_END.with(|left| left.set(Some(self.buf.len())));
         if !self.buf.is_empty() {
             tracing::trace!(
                 bytes = self.buf.len(),
@@ -246,6 +250,195 @@ pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
             r.tags()?;
             r.end()
         }
+        ApiKey::FindCoordinator => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 3,
+            };
+            if v <= 3 {
+                r.string()?; // key
+            }
+            if v >= 1 {
+                r.skip(1)?; // key type
+            }
+            if v >= 4 {
+                r.array(Reader::string)?; // coordinator keys
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::JoinGroup => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 6,
+            };
+            r.string()?; // group id
+            r.skip(4)?; // session timeout
+            if v >= 1 {
+                r.skip(4)?; // rebalance timeout
+            }
+            r.string()?; // member id
+            if v >= 5 {
+                r.string()?; // group instance id
+            }
+            r.string()?; // protocol type
+            r.array(|r| {
+                r.string()?; // name
+                r.bytes()?; // metadata
+                r.tags()
+            })?;
+            if v >= 8 {
+                r.string()?; // reason
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::SyncGroup => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 4,
+            };
+            r.string()?; // group id
+            r.skip(4)?; // generation id
+            r.string()?; // member id
+            if v >= 3 {
+                r.string()?; // group instance id
+            }
+            if v >= 5 {
+                r.string()?; // protocol type
+                r.string()?; // protocol name
+            }
+            r.array(|r| {
+                r.string()?; // member id
+                r.bytes()?; // assignment
+                r.tags()
+            })?;
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::Heartbeat => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 4,
+            };
+            r.string()?; // group id
+            r.skip(4)?; // generation id
+            r.string()?; // member id
+            if v >= 3 {
+                r.string()?; // group instance id
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::LeaveGroup => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 4,
+            };
+            r.string()?; // group id
+            if v <= 2 {
+                r.string()?; // member id
+            } else {
+                r.array(|r| {
+                    r.string()?; // member id
+                    r.string()?; // group instance id
+                    if v >= 5 {
+                        r.string()?; // reason
+                    }
+                    r.tags()
+                })?;
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::OffsetCommit => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 8,
+            };
+            r.string()?; // group id
+            r.skip(4)?; // generation id or member epoch
+            r.string()?; // member id
+            if v >= 7 {
+                r.string()?; // group instance id
+            }
+            if v <= 4 {
+                r.skip(8)?; // retention time
+            }
+            r.array(|r| {
+                r.string()?; // name
+                r.array(|r| {
+                    r.skip(4 + 8)?; // partition index, committed offset
+                    if v >= 6 {
+                        r.skip(4)?; // committed leader epoch
+                    }
+                    r.string()?; // committed metadata
+                    r.tags()
+                })?;
+                r.tags()
+            })?;
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::OffsetFetch => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 6,
+            };
+            // A topic, and its partition indexes.
+            let topic = |r: &mut Reader| {
+                r.string()?;
+                r.array(|r| r.skip(4))?;
+                r.tags()
+            };
+            if v <= 7 {
+                r.string()?; // group id
+                r.array(topic)?;
+            } else {
+                r.array(|r| {
+                    r.string()?; // group id
+                    r.array(topic)?;
+                    r.tags()
+                })?;
+            }
+            if v >= 7 {
+                r.skip(1)?; // require stable
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::ListGroups => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 3,
+            };
+            if v >= 4 {
+                r.array(Reader::string)?; // states filter
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::DescribeGroups => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 5,
+            };
+            r.array(Reader::string)?; // groups
+            if v >= 3 {
+                r.skip(1)?; // include authorized operations
+            }
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::DeleteGroups => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 2,
+            };
+            r.array(Reader::string)?; // group names
+            r.tags()?;
+            r.end()
+        }
         // No arrays (ApiVersions, InitProducerId), or not offered (refused before this).
         _ => Ok(()),
     }
@@ -254,18 +447,65 @@ pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
 #[cfg(test)]
 mod tests {
     use bytes::{Bytes, BytesMut};
-    use kafka_protocol::messages::produce_request;
     use kafka_protocol::messages::{
-        FetchRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, TopicName,
+        DeleteGroupsRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest, GroupId,
+        HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, ListGroupsRequest,
+        ListOffsetsRequest, MetadataRequest, OffsetCommitRequest, OffsetFetchRequest,
+        ProduceRequest, SyncGroupRequest, TopicName,
     };
-    use kafka_protocol::messages::{fetch_request, list_offsets_request, metadata_request};
+    use kafka_protocol::messages::{
+        fetch_request, join_group_request, leave_group_request, list_offsets_request,
+        metadata_request, offset_commit_request, offset_fetch_request, produce_request,
+        sync_group_request,
+    };
     use kafka_protocol::protocol::{Encodable, StrBytes};
 
     use super::*;
     use crate::kafka::api_versions::OFFERED;
 
+    thread_local! {
+        /// The bytes left after the last field, when a walk last reached its end.
+        pub(super) static LEFT_AT_END: std::cell::Cell<Option<usize>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// The consumer-group APIs about to be offered, with their lowest and highest version.
+    const GROUP_APIS: &[(ApiKey, i16, i16)] = &[
+        (ApiKey::FindCoordinator, 0, 4),
+        (ApiKey::JoinGroup, 0, 9),
+        (ApiKey::SyncGroup, 0, 5),
+        (ApiKey::Heartbeat, 0, 4),
+        (ApiKey::LeaveGroup, 0, 5),
+        (ApiKey::OffsetCommit, 2, 8),
+        (ApiKey::OffsetFetch, 1, 8),
+        (ApiKey::ListGroups, 0, 4),
+        (ApiKey::DescribeGroups, 0, 5),
+        (ApiKey::DeleteGroups, 0, 2),
+    ];
+
+    /// Every (api, version) offered now or about to be, once each.
+    fn versions() -> Vec<(ApiKey, i16)> {
+        let mut all = Vec::new();
+        for &(api, min, max) in OFFERED.iter().chain(GROUP_APIS) {
+            for version in min..=max {
+                if !all.contains(&(api, version)) {
+                    all.push((api, version));
+                }
+            }
+        }
+        all
+    }
+
     fn name(s: &'static str) -> TopicName {
         TopicName(StrBytes::from_static_str(s))
+    }
+
+    fn text(s: &'static str) -> StrBytes {
+        StrBytes::from_static_str(s)
+    }
+
+    fn group(s: &'static str) -> GroupId {
+        GroupId(text(s))
     }
 
     /// Requests with two of every array element, as the crate's client side encodes them.
@@ -311,6 +551,130 @@ mod tests {
                 req.topics = vec![topic.clone(), topic];
                 req.encode(&mut out, version).unwrap();
             }
+            ApiKey::FindCoordinator => {
+                let mut req = FindCoordinatorRequest::default();
+                if version <= 3 {
+                    req.key = text("payments");
+                } else {
+                    req.coordinator_keys = vec![text("payments"), text("billing")];
+                }
+                if version >= 1 {
+                    req.key_type = 1;
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::JoinGroup => {
+                let mut protocol = join_group_request::JoinGroupRequestProtocol::default();
+                protocol.name = text("range");
+                protocol.metadata = Bytes::from_static(b"\0\x01subscription");
+                let mut req = JoinGroupRequest::default();
+                req.group_id = group("payments");
+                req.member_id = text("member-1");
+                if version >= 5 {
+                    req.group_instance_id = Some(text("instance-1"));
+                }
+                req.protocol_type = text("consumer");
+                req.protocols = vec![protocol.clone(), protocol];
+                req.reason = Some(text("rejoin"));
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::SyncGroup => {
+                let mut assignment = sync_group_request::SyncGroupRequestAssignment::default();
+                assignment.member_id = text("member-1");
+                assignment.assignment = Bytes::from_static(b"\0\x01assignment");
+                let mut req = SyncGroupRequest::default();
+                req.group_id = group("payments");
+                req.member_id = text("member-1");
+                if version >= 3 {
+                    req.group_instance_id = Some(text("instance-1"));
+                }
+                req.protocol_type = Some(text("consumer"));
+                req.protocol_name = Some(text("range"));
+                req.assignments = vec![assignment.clone(), assignment];
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::Heartbeat => {
+                let mut req = HeartbeatRequest::default();
+                req.group_id = group("payments");
+                req.generation_id = 3;
+                req.member_id = text("member-1");
+                if version >= 3 {
+                    req.group_instance_id = Some(text("instance-1"));
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::LeaveGroup => {
+                let mut req = LeaveGroupRequest::default();
+                req.group_id = group("payments");
+                if version <= 2 {
+                    req.member_id = text("member-1");
+                } else {
+                    let mut member = leave_group_request::MemberIdentity::default();
+                    member.member_id = text("member-1");
+                    member.group_instance_id = Some(text("instance-1"));
+                    member.reason = Some(text("shutdown"));
+                    req.members = vec![member.clone(), member];
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::OffsetCommit => {
+                let mut partition = offset_commit_request::OffsetCommitRequestPartition::default();
+                partition.committed_offset = 42;
+                partition.committed_metadata = Some(text("meta"));
+                let mut topic = offset_commit_request::OffsetCommitRequestTopic::default();
+                topic.name = name("orders");
+                topic.partitions = vec![partition.clone(), partition];
+                let mut req = OffsetCommitRequest::default();
+                req.group_id = group("payments");
+                req.member_id = text("member-1");
+                if version >= 7 {
+                    req.group_instance_id = Some(text("instance-1"));
+                }
+                req.topics = vec![topic.clone(), topic];
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::OffsetFetch => {
+                let mut req = OffsetFetchRequest::default();
+                if version <= 7 {
+                    let mut topic = offset_fetch_request::OffsetFetchRequestTopic::default();
+                    topic.name = name("orders");
+                    topic.partition_indexes = vec![0, 1];
+                    req.group_id = group("payments");
+                    req.topics = Some(vec![topic.clone(), topic]);
+                } else {
+                    let mut topic = offset_fetch_request::OffsetFetchRequestTopics::default();
+                    topic.name = name("orders");
+                    topic.partition_indexes = vec![0, 1];
+                    let mut one = offset_fetch_request::OffsetFetchRequestGroup::default();
+                    one.group_id = group("payments");
+                    one.topics = Some(vec![topic.clone(), topic]);
+                    req.groups = vec![one.clone(), one];
+                }
+                if version >= 7 {
+                    req.require_stable = true;
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::ListGroups => {
+                let mut req = ListGroupsRequest::default();
+                if version >= 4 {
+                    req.states_filter = vec![text("Stable"), text("Empty")];
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::DescribeGroups => {
+                let mut req = DescribeGroupsRequest::default();
+                req.groups = vec![group("payments"), group("billing")];
+                if version >= 3 {
+                    req.include_authorized_operations = true;
+                }
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::DeleteGroups => {
+                let mut req = DeleteGroupsRequest::default();
+                req.groups_names = vec![group("payments"), group("billing")];
+                req.encode(&mut out, version).unwrap();
+            }
             _ => return None,
         }
         Some(out.to_vec())
@@ -319,23 +683,30 @@ mod tests {
     #[test]
     fn every_offered_version_of_an_honest_request_passes_the_walk_whole() {
         let mut walked = 0;
-        for &(api, min, max) in OFFERED {
-            for version in min..=max {
-                let Some(body) = encoded(api, version) else {
-                    continue;
-                };
-                assert_eq!(check(api, version, &body), Ok(()), "{api:?} v{version}");
-                // Cut anywhere inside, it is refused or passes, never panics.
-                for cut in 0..body.len() {
-                    let _ = check(api, version, &body[..cut]);
-                }
-                walked += 1;
+        for (api, version) in versions() {
+            let Some(body) = encoded(api, version) else {
+                continue;
+            };
+            LEFT_AT_END.with(|left| left.set(None));
+            assert_eq!(check(api, version, &body), Ok(()), "{api:?} v{version}");
+            // Every field walked, none left over.
+            assert_eq!(
+                LEFT_AT_END.with(std::cell::Cell::get),
+                Some(0),
+                "{api:?} v{version}"
+            );
+            // Cut anywhere inside, it is refused or passes, never panics.
+            for cut in 0..body.len() {
+                let _ = check(api, version, &body[..cut]);
             }
+            walked += 1;
         }
         assert_eq!(
             walked,
-            12 + 7 + 9 + 7,
-            "Metadata, Produce, Fetch and ListOffsets versions"
+            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3,
+            "Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup, \
+             Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and \
+             DeleteGroups versions"
         );
     }
 
@@ -348,5 +719,116 @@ mod tests {
         let mut produce = vec![0xff, 0xff, 0, 1, 0, 0, 0, 10];
         produce.extend_from_slice(&1_000_000i32.to_be_bytes());
         assert!(check(ApiKey::Produce, 3, &produce).is_err());
+    }
+
+    /// A string, legacy (i16 length) or compact (varint length + 1).
+    fn string(flexible: bool, s: &str) -> Vec<u8> {
+        let mut out = if flexible {
+            vec![u8::try_from(s.len() + 1).unwrap()]
+        } else {
+            Vec::from(i16::try_from(s.len()).unwrap().to_be_bytes())
+        };
+        out.extend_from_slice(s.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_hostile_count_in_the_first_array_of_each_group_api_is_refused() {
+        // The fields before the first array of each API at a version, Heartbeat having none
+        // and FindCoordinator and ListGroups none before their flexible versions.
+        let cases: Vec<(ApiKey, i16, Vec<u8>)> = vec![
+            (ApiKey::FindCoordinator, 4, vec![0]),
+            (
+                ApiKey::JoinGroup,
+                0,
+                [
+                    string(false, "g"),
+                    vec![0; 4],
+                    string(false, "m"),
+                    string(false, "consumer"),
+                ]
+                .concat(),
+            ),
+            (
+                ApiKey::JoinGroup,
+                6,
+                [
+                    string(true, "g"),
+                    vec![0; 8],
+                    string(true, "m"),
+                    vec![0], // null group instance id
+                    string(true, "consumer"),
+                ]
+                .concat(),
+            ),
+            (
+                ApiKey::SyncGroup,
+                0,
+                [string(false, "g"), vec![0; 4], string(false, "m")].concat(),
+            ),
+            (
+                ApiKey::SyncGroup,
+                5,
+                [
+                    string(true, "g"),
+                    vec![0; 4],
+                    string(true, "m"),
+                    vec![0, 0, 0], // null group instance id, protocol type and name
+                ]
+                .concat(),
+            ),
+            (ApiKey::LeaveGroup, 3, string(false, "g")),
+            (ApiKey::LeaveGroup, 4, string(true, "g")),
+            (
+                ApiKey::OffsetCommit,
+                2,
+                [
+                    string(false, "g"),
+                    vec![0; 4],
+                    string(false, "m"),
+                    vec![0; 8],
+                ]
+                .concat(),
+            ),
+            (
+                ApiKey::OffsetCommit,
+                8,
+                [string(true, "g"), vec![0; 4], string(true, "m"), vec![0]].concat(),
+            ),
+            (ApiKey::OffsetFetch, 1, string(false, "g")),
+            (ApiKey::OffsetFetch, 6, string(true, "g")),
+            (ApiKey::OffsetFetch, 8, vec![]),
+            (ApiKey::ListGroups, 4, vec![]),
+            (ApiKey::DescribeGroups, 0, vec![]),
+            (ApiKey::DescribeGroups, 5, vec![]),
+            (ApiKey::DeleteGroups, 0, vec![]),
+            (ApiKey::DeleteGroups, 2, vec![]),
+        ];
+        let flexible = |api, v| match api {
+            ApiKey::FindCoordinator | ApiKey::ListGroups => v >= 3,
+            ApiKey::JoinGroup | ApiKey::OffsetFetch => v >= 6,
+            ApiKey::OffsetCommit => v >= 8,
+            ApiKey::DescribeGroups => v >= 5,
+            ApiKey::DeleteGroups => v >= 2,
+            _ => v >= 4,
+        };
+        for (api, version, before) in cases {
+            let (hostile, empty) = if flexible(api, version) {
+                // 2^32 - 1, so a count of 2^32 - 2.
+                (vec![0xff, 0xff, 0xff, 0xff, 0x0f], vec![1])
+            } else {
+                (Vec::from(i32::MAX.to_be_bytes()), vec![0; 4])
+            };
+            let after = [0u8; 16];
+            let body = [before.clone(), hostile, after.to_vec()].concat();
+            assert_eq!(
+                check(api, version, &body),
+                Err(ShapeError("array count exceeds the bytes left")),
+                "{api:?} v{version}"
+            );
+            // The same fields with an empty array pass: the count above was where read.
+            let body = [before, empty, after.to_vec()].concat();
+            assert_eq!(check(api, version, &body), Ok(()), "{api:?} v{version}");
+        }
     }
 }

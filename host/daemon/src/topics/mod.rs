@@ -124,6 +124,26 @@ pub(crate) fn check_partition_count(count: u32) -> Result<(), TopicError> {
     Ok(())
 }
 
+/// Names starting with this are the daemon's own topics (the consumer group offsets):
+/// clients cannot create, delete or produce to them, nor link them.
+pub(crate) const INTERNAL_PREFIX: &str = "__narad";
+
+/// Whether `name` is one of the daemon's own topics ([`INTERNAL_PREFIX`]).
+pub(crate) fn is_internal(name: &str) -> bool {
+    name.starts_with(INTERNAL_PREFIX)
+}
+
+/// Refuses a client's change to one of the daemon's own topics.
+pub(crate) fn check_not_internal(name: &str) -> Result<(), TopicError> {
+    match is_internal(name) {
+        true => Err(TopicError::Invalid(format!(
+            "topic {name:?} is internal to narad (names starting with {INTERNAL_PREFIX:?} are \
+             reserved): clients cannot create, delete, produce to or link it"
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// Checks a create request and turns it into the topic to record.
 fn check_new_topic(spec: &NewTopic) -> Result<TopicMeta, TopicError> {
     check_name(&spec.name)?;
@@ -438,8 +458,15 @@ impl TopicService {
         })
     }
 
-    /// Validates and creates a topic with its partition directories.
+    /// Validates and creates a topic with its partition directories. Names reserved for the
+    /// daemon's own topics are refused ([`INTERNAL_PREFIX`]).
     pub async fn create(&self, spec: NewTopic) -> Result<TopicMeta, TopicError> {
+        check_not_internal(&spec.name)?;
+        self.create_internal(spec).await
+    }
+
+    /// [`TopicService::create`] without the reserved-name check: for the daemon's own topics.
+    pub(crate) async fn create_internal(&self, spec: NewTopic) -> Result<TopicMeta, TopicError> {
         let mut meta = check_new_topic(&spec)?;
         meta.owners = self.place(
             &meta.name,
@@ -467,6 +494,8 @@ impl TopicService {
         spec: NewTopic,
         link: LinkMeta,
     ) -> Result<(TopicMeta, LinkMeta), TopicError> {
+        check_not_internal(&spec.name)?;
+        check_not_internal(&link.parent)?;
         let mut meta = check_new_topic(&spec)?;
         if self.cluster.is_some() {
             // A child with its parent's count is placed partition by partition away from the
@@ -523,6 +552,7 @@ impl TopicService {
     /// with it when `remove_links`; else a topic in any link is refused
     /// ([`MetastoreError::TopicHasLinks`]), in the same metastore step as the delete.
     pub async fn delete(&self, name: &str, remove_links: bool) -> Result<TopicMeta, TopicError> {
+        check_not_internal(name)?;
         let _admin = self.admin.lock().await;
         if self.metastore.topic(name).await?.is_none() {
             return Err(MetastoreError::UnknownTopic {
@@ -548,6 +578,8 @@ impl TopicService {
 
     /// Raises a topic's partition count to `count` (grow only; the same count is a no-op).
     pub async fn grow(&self, name: &str, count: u32) -> Result<TopicMeta, TopicError> {
+        // The offsets topic's partition count places every group: it never changes.
+        check_not_internal(name)?;
         check_partition_count(count)?;
         let _admin = self.admin.lock().await;
         let Some(current) = self.metastore.topic(name).await? else {

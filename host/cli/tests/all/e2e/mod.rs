@@ -16,6 +16,7 @@ mod harness;
 mod http_limits;
 mod kafka;
 mod kafka_bounds;
+mod kafka_groups;
 mod metastore_crash;
 mod metastore_loss;
 mod plugin_limits;

@@ -1,0 +1,77 @@
+"""A kafka-python consumer in a group, or an admin query, for the e2e tests.
+
+consume BOOTSTRAP TOPIC GROUP IDLE_SECS
+    Subscribes as a member of GROUP, commits (synchronously) after every poll that brought
+    records, and prints one JSON line per event: {"assigned": [partitions]} when its
+    assignment changes, {"p": partition, "o": offset, "v": value} per record. Exits (leaving
+    the group) once it has read a record and then IDLE_SECS pass without one, or after 50 s.
+
+offsets BOOTSTRAP GROUP
+    Prints {"groups": [...], "offsets": {"topic/partition": offset}} from the admin client.
+"""
+
+import json
+import sys
+import time
+
+from kafka import KafkaAdminClient, KafkaConsumer
+
+
+def emit(event):
+    print(json.dumps(event), flush=True)
+
+
+def consume(bootstrap, topic, group, idle_secs):
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=500,
+        max_poll_interval_ms=20000,
+        request_timeout_ms=30000,
+    )
+    assigned = None
+    last_record = None
+    started = time.time()
+    while time.time() - started < 50:
+        batches = consumer.poll(timeout_ms=200)
+        now_assigned = sorted(tp.partition for tp in consumer.assignment())
+        if now_assigned != assigned:
+            assigned = now_assigned
+            emit({"assigned": assigned})
+        got = False
+        for records in batches.values():
+            for record in records:
+                got = True
+                emit({"p": record.partition, "o": record.offset, "v": record.value.decode()})
+        if got:
+            consumer.commit()
+            last_record = time.time()
+        elif last_record is not None and time.time() - last_record > idle_secs:
+            break
+    consumer.close()
+
+
+def offsets(bootstrap, group):
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    listed = admin.list_groups()
+    groups = sorted(g["group_id"] if isinstance(g, dict) else g[0] for g in listed)
+    found = admin.list_group_offsets({group: None})[group]
+    emit({
+        "groups": groups,
+        "offsets": {f"{tp.topic}/{tp.partition}": meta.offset for tp, meta in found.items()},
+    })
+    admin.close()
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "consume":
+        consume(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
+    elif mode == "offsets":
+        offsets(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(f"unknown mode {mode}")

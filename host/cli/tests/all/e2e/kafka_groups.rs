@@ -1,0 +1,288 @@
+//! Kafka consumer groups with the real kafka-python client against the real binary: members
+//! of one group split a topic's partitions and read every record once, committed offsets
+//! survive `kill -9` of the daemon, and a member killed without leaving is replaced after
+//! its session timeout with nothing lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::harness::{http_client, send_json};
+use super::kafka::{KafkaDaemon, create_topic, run, script, start_with};
+
+/// Bound on waiting for a group to settle or records to be read; generous for a busy machine.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A kafka-python group member running in the background, its JSON lines collected.
+struct Member {
+    child: Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Member {
+    fn start(kafka: &KafkaDaemon, topic: &str, group: &str, idle_secs: u32) -> Member {
+        let mut child = Command::new("python3")
+            .arg(script("python_group.py"))
+            .args([
+                "consume",
+                &kafka.kafka.to_string(),
+                topic,
+                group,
+                &idle_secs.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 could not start; scripts/test-all installs kafka-python");
+        let stdout = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(value) = serde_json::from_str(&line) {
+                    sink.lock().expect("lines").push(value);
+                }
+            }
+        });
+        Member { child, lines }
+    }
+
+    /// Its latest assignment.
+    fn assigned(&self) -> Option<Vec<u64>> {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .rev()
+            .find_map(|l| l.get("assigned"))
+            .map(|a| {
+                a.as_array()
+                    .expect("array")
+                    .iter()
+                    .map(|p| p.as_u64().expect("partition"))
+                    .collect()
+            })
+    }
+
+    /// Every record it read: (partition, offset, value).
+    fn records(&self) -> Vec<(u64, u64, String)> {
+        self.lines
+            .lock()
+            .expect("lines")
+            .iter()
+            .filter_map(|l| {
+                Some((
+                    l.get("p")?.as_u64()?,
+                    l.get("o")?.as_u64()?,
+                    l.get("v")?.as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Waits for it to exit on its own (idle), then kills it if it did not.
+    fn finish(mut self) -> Vec<(u64, u64, String)> {
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if self.child.try_wait().expect("wait").is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The reader thread drains what is left once the pipe closes.
+        std::thread::sleep(Duration::from_millis(100));
+        self.records()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `members` hold disjoint assignments that together cover `partitions`.
+fn wait_for_split(members: &[&Member], partitions: u64) {
+    wait_for("the group to assign every partition once", || {
+        let assigned: Vec<Vec<u64>> = members.iter().filter_map(|m| m.assigned()).collect();
+        if assigned.len() != members.len() || assigned.iter().any(Vec::is_empty) {
+            return false;
+        }
+        let all: Vec<u64> = assigned.concat();
+        let distinct: BTreeSet<u64> = all.iter().copied().collect();
+        all.len() as u64 == partitions && distinct.len() as u64 == partitions
+    });
+}
+
+fn produce(base: &str, topic: &str, values: std::ops::Range<u32>) {
+    let records: Vec<Value> = values
+        .map(|i| json!({"key": format!("k{}", i % 13), "value": format!("v{i}")}))
+        .collect();
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/records"),
+        Some(&json!({ "records": records })),
+    )
+    .expect("produce");
+    assert!((200..300).contains(&status), "produce: {status} {body}");
+}
+
+fn values(records: &[(u64, u64, String)]) -> Vec<String> {
+    let mut values: Vec<String> = records.iter().map(|(_, _, v)| v.clone()).collect();
+    values.sort();
+    values
+}
+
+fn expected(range: std::ops::Range<u32>) -> Vec<String> {
+    let mut values: Vec<String> = range.map(|i| format!("v{i}")).collect();
+    values.sort();
+    values
+}
+
+/// The admin client's view: groups listed and `group`'s committed offsets.
+fn admin_offsets(kafka: &KafkaDaemon, group: &str) -> (Vec<String>, BTreeMap<String, i64>) {
+    let mut command = Command::new("python3");
+    command
+        .arg(script("python_group.py"))
+        .args(["offsets", &kafka.kafka.to_string(), group]);
+    let out = run(command, b"", "python3 python_group.py offsets");
+    let answer: Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let groups = answer["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .map(|g| g.as_str().expect("name").to_owned())
+        .collect();
+    let offsets = answer["offsets"]
+        .as_object()
+        .expect("offsets")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_i64().expect("offset")))
+        .collect();
+    (groups, offsets)
+}
+
+fn start_daemon(dir: &std::path::Path) -> KafkaDaemon {
+    start_with(dir, &["--group-initial-rebalance-delay-ms", "500"])
+}
+
+#[test]
+fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resumes_after_kill_9()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut kafka = start_daemon(dir.path());
+    create_topic(&kafka.daemon.url(), "orders", 4);
+
+    let a = Member::start(&kafka, "orders", "billing", 3);
+    let b = Member::start(&kafka, "orders", "billing", 3);
+    wait_for_split(&[&a, &b], 4);
+    produce(&kafka.daemon.url(), "orders", 0..200);
+    let (read_a, read_b) = (a.finish(), b.finish());
+    assert!(!read_a.is_empty() && !read_b.is_empty(), "both members read");
+    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    assert_eq!(values(&both), expected(0..200), "every record exactly once");
+    let parts_a: BTreeSet<u64> = read_a.iter().map(|r| r.0).collect();
+    let parts_b: BTreeSet<u64> = read_b.iter().map(|r| r.0).collect();
+    assert!(parts_a.is_disjoint(&parts_b), "a partition read by both members");
+
+    // What the group committed is what was read: each partition's next offset.
+    let mut next: BTreeMap<String, i64> = BTreeMap::new();
+    for (p, o, _) in &both {
+        let e = next.entry(format!("orders/{p}")).or_default();
+        *e = (*e).max(*o as i64 + 1);
+    }
+    let (groups, mut committed) = admin_offsets(&kafka, "billing");
+    assert!(groups.contains(&"billing".to_owned()), "listed: {groups:?}");
+    // A member commits its position on every partition it holds, 0 on one that got nothing.
+    committed.retain(|_, offset| *offset > 0);
+    assert_eq!(committed, next);
+
+    // The offsets topic is the daemon's own: clients cannot write to it, delete it or make
+    // one like it.
+    let base = kafka.daemon.url();
+    let client = http_client();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{base}/v1/topics/__narad_groups/records"),
+        Some(&json!({"records": [{"value": "forged"}]})),
+    )
+    .expect("produce");
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = send_json(
+        &client,
+        Method::DELETE,
+        &format!("{base}/v1/topics/__narad_groups"),
+        None,
+    )
+    .expect("delete");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&json!({"name": "__narad_mine", "partitions": 1})),
+    )
+    .expect("create");
+    assert_eq!(status, 400, "{body}");
+
+    // The committed offsets are durable: after kill -9 a new member reads only what came
+    // after them.
+    kafka.daemon.restart();
+    produce(&kafka.daemon.url(), "orders", 200..230);
+    let c = Member::start(&kafka, "orders", "billing", 3);
+    let read_c = c.finish();
+    assert_eq!(values(&read_c), expected(200..230));
+}
+
+#[test]
+fn a_member_killed_without_leaving_is_replaced_after_its_session_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    create_topic(&kafka.daemon.url(), "orders", 4);
+
+    let mut a = Member::start(&kafka, "orders", "billing", 30);
+    let b = Member::start(&kafka, "orders", "billing", 15);
+    wait_for_split(&[&a, &b], 4);
+    produce(&kafka.daemon.url(), "orders", 0..100);
+    wait_for("both members to read", || {
+        a.records().len() + b.records().len() >= 100
+    });
+    let read_a = a.records();
+    a.kill9();
+    // Written while the dead member still holds its partitions: its session (6 s) must run
+    // out before the survivor takes them over and reads these.
+    produce(&kafka.daemon.url(), "orders", 100..160);
+    wait_for("the survivor to take every partition", || {
+        b.assigned().is_some_and(|p| p.len() == 4)
+    });
+    let read_b = b.finish();
+    let mut all = values(&read_a);
+    all.extend(values(&read_b));
+    all.sort();
+    all.dedup();
+    assert_eq!(all, expected(0..160), "a record was lost");
+}
