@@ -724,7 +724,9 @@ pub struct GroupsConfig {
 impl Default for GroupsConfig {
     fn default() -> GroupsConfig {
         GroupsConfig {
-            initial_rebalance_delay: Duration::from_millis(DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS),
+            initial_rebalance_delay: Duration::from_millis(
+                DEFAULT_GROUP_INITIAL_REBALANCE_DELAY_MS,
+            ),
             offsets_retention: Duration::from_millis(DEFAULT_GROUP_OFFSETS_RETENTION_MS),
         }
     }

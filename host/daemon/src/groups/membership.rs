@@ -504,7 +504,7 @@ impl Group {
         self.not_before = None;
         self.generation += 1;
         if self.members.is_empty() {
-            self.to_empty();
+            self.become_empty();
             return;
         }
         self.protocol = self.choose_protocol();
@@ -533,7 +533,7 @@ impl Group {
         }
     }
 
-    fn to_empty(&mut self) {
+    fn become_empty(&mut self) {
         self.state = State::Empty;
         self.protocol = None;
         self.protocol_type = None;
@@ -722,7 +722,7 @@ impl Group {
             State::Stable | State::CompletingRebalance => {
                 if self.members.is_empty() {
                     self.generation += 1;
-                    self.to_empty();
+                    self.become_empty();
                 } else {
                     self.prepare_rebalance(now);
                 }
@@ -905,7 +905,8 @@ mod tests {
         // An old generation's commit is refused once the new one is under way.
         assert_eq!(g.check_commit(&b, 1), Err(code::ILLEGAL_GENERATION));
         assert_eq!(g.check_commit(&b, 2), Err(code::REBALANCE_IN_PROGRESS));
-        let sync = now_answer_or_wait(g.sync(&b, 2, vec![(b.clone(), Bytes::from_static(b"AB"))], t2));
+        let sync =
+            now_answer_or_wait(g.sync(&b, 2, vec![(b.clone(), Bytes::from_static(b"AB"))], t2));
         assert_eq!(sync.assignment, Bytes::from_static(b"AB"));
         assert_eq!(g.check_commit(&b, 2), Ok(()));
     }
@@ -922,7 +923,10 @@ mod tests {
             let t = t0 + Duration::from_secs(s);
             assert_eq!(g.heartbeat(&b, 1, t), code::REBALANCE_IN_PROGRESS);
             g.tick(t);
-            assert!(ra.try_recv().is_err(), "answered at {s} s, before the deadline");
+            assert!(
+                ra.try_recv().is_err(),
+                "answered at {s} s, before the deadline"
+            );
         }
         g.tick(t0 + REBALANCE);
         assert_eq!(take(&mut ra).generation, 2);
@@ -970,7 +974,10 @@ mod tests {
         assert_eq!(other.error, code::INCONSISTENT_GROUP_PROTOCOL);
         let mut bad = args("", &["range"]);
         bad.session_timeout = Duration::from_millis(10);
-        assert_eq!(now_answer(g.join(bad, t0)).error, code::INVALID_SESSION_TIMEOUT);
+        assert_eq!(
+            now_answer(g.join(bad, t0)).error,
+            code::INVALID_SESSION_TIMEOUT
+        );
     }
 
     #[test]

@@ -183,16 +183,19 @@ impl Coordinator {
                 };
                 match self.topics.create_internal(spec).await {
                     Ok(meta) => {
-                        tracing::info!(topic = offsets::TOPIC, "created the consumer group offsets topic");
+                        tracing::info!(
+                            topic = offsets::TOPIC,
+                            "created the consumer group offsets topic"
+                        );
                         meta
                     }
-                    Err(crate::topics::TopicError::Metastore(MetastoreError::TopicExists { .. })) => {
-                        match self.metastore.topic(offsets::TOPIC).await {
-                            Ok(Some(meta)) => meta,
-                            Ok(None) => return Err(GroupError::Loading),
-                            Err(e) => return Err(unavailable(&e)),
-                        }
-                    }
+                    Err(crate::topics::TopicError::Metastore(MetastoreError::TopicExists {
+                        ..
+                    })) => match self.metastore.topic(offsets::TOPIC).await {
+                        Ok(Some(meta)) => meta,
+                        Ok(None) => return Err(GroupError::Loading),
+                        Err(e) => return Err(unavailable(&e)),
+                    },
                     Err(e) => return Err(unavailable(&e)),
                 }
             }
@@ -287,7 +290,11 @@ impl Coordinator {
             .cloned()
             .collect();
         if had || !gone.is_empty() {
-            tracing::info!(partition = p, groups = gone.len(), "no longer coordinating the groups of an offsets partition");
+            tracing::info!(
+                partition = p,
+                groups = gone.len(),
+                "no longer coordinating the groups of an offsets partition"
+            );
         }
         for group in gone {
             if let Some(group) = groups.remove(&group) {
@@ -502,7 +509,11 @@ impl Coordinator {
             .is_some_and(|o| o.get(group).is_some_and(|g| !g.entries.is_empty()));
         Ok(GroupDescription {
             state: if has_offsets { "Empty" } else { "Dead" },
-            protocol_type: if has_offsets { "consumer".to_owned() } else { String::new() },
+            protocol_type: if has_offsets {
+                "consumer".to_owned()
+            } else {
+                String::new()
+            },
             protocol: String::new(),
             members: Vec::new(),
         })
@@ -568,7 +579,10 @@ impl Coordinator {
                 }
             }
             let groups = std::mem::take(
-                &mut *coordinator.groups.lock().unwrap_or_else(PoisonError::into_inner),
+                &mut *coordinator
+                    .groups
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
             );
             for (_, group) in groups {
                 group.unload();
@@ -589,7 +603,8 @@ impl Coordinator {
     /// without members whose last commit is older than the retention.
     async fn maintain(&self) {
         let partitions = self.partitions.load(Ordering::Relaxed);
-        let retention_ms = i64::try_from(self.config.offsets_retention.as_millis()).unwrap_or(i64::MAX);
+        let retention_ms =
+            i64::try_from(self.config.offsets_retention.as_millis()).unwrap_or(i64::MAX);
         let loaded: Vec<u32> = self
             .slots
             .lock()

@@ -101,10 +101,8 @@ impl GroupOffsets {
     pub(crate) fn apply(&mut self, committed: &[Committed]) {
         for entry in committed {
             self.last_write_ms = self.last_write_ms.max(entry.commit_ms);
-            self.entries.insert(
-                (entry.topic.clone(), entry.partition),
-                entry.clone(),
-            );
+            self.entries
+                .insert((entry.topic.clone(), entry.partition), entry.clone());
         }
     }
 }
@@ -207,7 +205,10 @@ mod tests {
                 )
                 .unwrap();
         };
-        write("a", GroupRecord::Offsets(vec![committed("t", 0, 5, 1), committed("t", 1, 7, 1)]));
+        write(
+            "a",
+            GroupRecord::Offsets(vec![committed("t", 0, 5, 1), committed("t", 1, 7, 1)]),
+        );
         write("b", GroupRecord::Offsets(vec![committed("t", 0, 9, 2)]));
         write("a", GroupRecord::Offsets(vec![committed("t", 0, 6, 3)]));
         write("b", GroupRecord::Deleted);

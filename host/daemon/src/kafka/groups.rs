@@ -291,6 +291,9 @@ pub(crate) async fn leave_group(
     response
 }
 
+/// Partitions of one topic of an OffsetCommit, each with the error only it gets.
+type PartitionRefusals = Vec<(i32, Option<i16>)>;
+
 /// OffsetCommit: every offset of a known partition committed durably in one record before
 /// the answer.
 pub(crate) async fn offset_commit(
@@ -301,18 +304,26 @@ pub(crate) async fn offset_commit(
     let group = request.group_id.0.to_string();
     let now = crate::topics::now_ms();
     let mut partition_counts: HashMap<String, Option<u32>> = HashMap::new();
-    let mut answers: Vec<(TopicName, Vec<(i32, Option<i16>)>)> = Vec::new();
+    // Per topic, each partition with its own refusal (`None`: committed with the rest).
+    let mut answers: Vec<(TopicName, PartitionRefusals)> = Vec::new();
     let mut entries = Vec::new();
     for topic in &request.topics {
         let name = topic.name.0.to_string();
         if !partition_counts.contains_key(&name) {
-            let count = deps.metastore.topic(&name).await.ok().flatten().map(|t| t.partitions);
+            let count = deps
+                .metastore
+                .topic(&name)
+                .await
+                .ok()
+                .flatten()
+                .map(|t| t.partitions);
             partition_counts.insert(name.clone(), count);
         }
         let count = partition_counts.get(&name).copied().flatten();
         let mut partitions = Vec::new();
         for p in &topic.partitions {
-            let known = count.is_some_and(|c| u32::try_from(p.partition_index).is_ok_and(|i| i < c));
+            let known =
+                count.is_some_and(|c| u32::try_from(p.partition_index).is_ok_and(|i| i < c));
             let refusal = if !known {
                 Some(UNKNOWN_TOPIC_OR_PARTITION)
             } else if p

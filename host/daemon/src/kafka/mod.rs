@@ -467,7 +467,9 @@ async fn handle_group(
         Request::OffsetFetch(req) => {
             Response::OffsetFetch(groups::offset_fetch(coordinator, req, version).await)
         }
-        Request::ListGroups(req) => Response::ListGroups(groups::list_groups(coordinator, req).await),
+        Request::ListGroups(req) => {
+            Response::ListGroups(groups::list_groups(coordinator, req).await)
+        }
         Request::DescribeGroups(req) => {
             Response::DescribeGroups(groups::describe_groups(coordinator, req).await)
         }

@@ -190,8 +190,7 @@ fn start_daemon(dir: &std::path::Path) -> KafkaDaemon {
 }
 
 #[test]
-fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resumes_after_kill_9()
-{
+fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resumes_after_kill_9() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut kafka = start_daemon(dir.path());
     create_topic(&kafka.daemon.url(), "orders", 4);
@@ -201,12 +200,18 @@ fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resu
     wait_for_split(&[&a, &b], 4);
     produce(&kafka.daemon.url(), "orders", 0..200);
     let (read_a, read_b) = (a.finish(), b.finish());
-    assert!(!read_a.is_empty() && !read_b.is_empty(), "both members read");
+    assert!(
+        !read_a.is_empty() && !read_b.is_empty(),
+        "both members read"
+    );
     let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
     assert_eq!(values(&both), expected(0..200), "every record exactly once");
     let parts_a: BTreeSet<u64> = read_a.iter().map(|r| r.0).collect();
     let parts_b: BTreeSet<u64> = read_b.iter().map(|r| r.0).collect();
-    assert!(parts_a.is_disjoint(&parts_b), "a partition read by both members");
+    assert!(
+        parts_a.is_disjoint(&parts_b),
+        "a partition read by both members"
+    );
 
     // What the group committed is what was read: each partition's next offset.
     let mut next: BTreeMap<String, i64> = BTreeMap::new();
