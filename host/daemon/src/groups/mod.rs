@@ -410,19 +410,9 @@ impl Coordinator {
         if !held.contains_key(group) && held.len() >= MAX_GROUPS_PER_PARTITION {
             return Err(GroupError::TooManyGroups);
         }
-        let record = GroupRecord::Offsets(entries.clone())
-            .to_record(group)
-            .map_err(|e| GroupError::Unavailable(e.to_string()))?;
-        self.producer
-            .commit(
-                id.clone(),
-                AppendBatch {
-                    records: vec![record],
-                    origin: None,
-                },
-            )
+        self.append(&id, group, &GroupRecord::Offsets(entries.clone()))
             .await
-            .map_err(|e| GroupError::Unavailable(format!("committing offsets to {id}: {e}")))?;
+            .map_err(|e| GroupError::Unavailable(format!("committing offsets: {e}")))?;
         held.entry(group.to_owned()).or_default().apply(&entries);
         Ok(code::NONE)
     }
@@ -535,25 +525,34 @@ impl Coordinator {
         if !held.contains_key(group) {
             return Ok(code::GROUP_ID_NOT_FOUND);
         }
-        let record = GroupRecord::Deleted
-            .to_record(group)
-            .map_err(|e| GroupError::Unavailable(e.to_string()))?;
-        self.producer
-            .commit(
-                id.clone(),
-                AppendBatch {
-                    records: vec![record],
-                    origin: None,
-                },
-            )
+        self.append(&id, group, &GroupRecord::Deleted)
             .await
-            .map_err(|e| GroupError::Unavailable(format!("deleting group offsets in {id}: {e}")))?;
+            .map_err(|e| GroupError::Unavailable(format!("deleting group offsets: {e}")))?;
         held.remove(group);
         self.groups
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(group);
         Ok(code::NONE)
+    }
+
+    /// Writes one record of `group` to its partition `id` of the offsets topic through the
+    /// produce path; `Ok` once it is committed there.
+    async fn append(
+        &self,
+        id: &PartitionId,
+        group: &str,
+        record: &GroupRecord,
+    ) -> Result<(), String> {
+        let record = record.to_record(group).map_err(|e| e.to_string())?;
+        let batch = AppendBatch {
+            records: vec![record],
+            origin: None,
+        };
+        match self.producer.commit(id.clone(), batch).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("writing to {id}: {e}")),
+        }
     }
 
     /// Checks sessions and rebalance deadlines every [`TICK`], and every [`MAINTENANCE`]
@@ -658,18 +657,8 @@ impl Coordinator {
                         ..c.clone()
                     })
                     .collect();
-                let Ok(record) = GroupRecord::Offsets(entries.clone()).to_record(&group) else {
-                    continue;
-                };
                 let written = self
-                    .producer
-                    .commit(
-                        id.clone(),
-                        AppendBatch {
-                            records: vec![record],
-                            origin: None,
-                        },
-                    )
+                    .append(&id, &group, &GroupRecord::Offsets(entries.clone()))
                     .await;
                 match written {
                     Ok(_) => offsets.apply(&entries),

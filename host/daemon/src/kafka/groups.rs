@@ -382,7 +382,11 @@ pub(crate) async fn offset_commit(
 
 /// One group's committed offsets, for [`offset_fetch`]: `(topic, partitions)` with
 /// `(partition, offset, leader epoch, metadata)`, or the group's error code.
-type Fetched = Result<Vec<(String, Vec<(i32, i64, i32, Option<String>)>)>, i16>;
+type Fetched = Result<FetchedTopics, i16>;
+
+/// Committed offsets by topic: `(topic, partitions)` with `(partition, offset, leader epoch,
+/// metadata)`.
+type FetchedTopics = Vec<(String, Vec<(i32, i64, i32, Option<String>)>)>;
 
 async fn fetch_group(
     coordinator: &Coordinator,
@@ -441,74 +445,89 @@ pub(crate) async fn offset_fetch(
 ) -> OffsetFetchResponse {
     let mut response = OffsetFetchResponse::default();
     if version < 8 {
-        let group = request.group_id.0.to_string();
         let topics = request.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
-        match fetch_group(coordinator, &group, topics).await {
+        match fetch_group(coordinator, &request.group_id.0, topics).await {
             Ok(found) => {
-                response.topics = found
-                    .into_iter()
-                    .map(|(topic, partitions)| {
-                        let mut t = OffsetFetchResponseTopic::default();
-                        t.name = TopicName(text(&topic));
-                        t.partitions = partitions
-                            .into_iter()
-                            .map(|(index, offset, epoch, metadata)| {
-                                let mut p = OffsetFetchResponsePartition::default();
-                                p.partition_index = index;
-                                p.committed_offset = offset;
-                                p.committed_leader_epoch = epoch;
-                                p.metadata = metadata.as_deref().map(text);
-                                p
-                            })
-                            .collect();
-                        t
-                    })
-                    .collect();
+                response.topics = shape_fetched(found, |name, partitions| {
+                    let mut t = OffsetFetchResponseTopic::default();
+                    t.name = name;
+                    t.partitions = partitions
+                        .into_iter()
+                        .map(|(index, offset, epoch, metadata)| {
+                            let mut p = OffsetFetchResponsePartition::default();
+                            p.partition_index = index;
+                            p.committed_offset = offset;
+                            p.committed_leader_epoch = epoch;
+                            p.metadata = metadata;
+                            p
+                        })
+                        .collect();
+                    t
+                })
             }
             Err(code) => response.error_code = code,
         }
         return response;
     }
     for asked in request.groups {
-        let group = asked.group_id.0.to_string();
         let topics = asked.topics.map(|ts| {
             ts.into_iter()
                 .map(|t| (t.name.0.to_string(), t.partition_indexes))
                 .collect()
         });
         let mut answer = OffsetFetchResponseGroup::default();
-        answer.group_id = asked.group_id;
-        match fetch_group(coordinator, &group, topics).await {
+        match fetch_group(coordinator, &asked.group_id.0, topics).await {
             Ok(found) => {
-                answer.topics = found
-                    .into_iter()
-                    .map(|(topic, partitions)| {
-                        let mut t = OffsetFetchResponseTopics::default();
-                        t.name = TopicName(text(&topic));
-                        t.partitions = partitions
-                            .into_iter()
-                            .map(|(index, offset, epoch, metadata)| {
-                                let mut p = OffsetFetchResponsePartitions::default();
-                                p.partition_index = index;
-                                p.committed_offset = offset;
-                                p.committed_leader_epoch = epoch;
-                                p.metadata = metadata.as_deref().map(text);
-                                p
-                            })
-                            .collect();
-                        t
-                    })
-                    .collect();
+                answer.topics = shape_fetched(found, |name, partitions| {
+                    let mut t = OffsetFetchResponseTopics::default();
+                    t.name = name;
+                    t.partitions = partitions
+                        .into_iter()
+                        .map(|(index, offset, epoch, metadata)| {
+                            let mut p = OffsetFetchResponsePartitions::default();
+                            p.partition_index = index;
+                            p.committed_offset = offset;
+                            p.committed_leader_epoch = epoch;
+                            p.metadata = metadata;
+                            p
+                        })
+                        .collect();
+                    t
+                })
             }
             Err(code) => answer.error_code = code,
         }
+        answer.group_id = asked.group_id;
         response.groups.push(answer);
     }
     response
+}
+
+/// A fetched partition as the wire wants it: `(partition, offset, leader epoch, metadata)`.
+type FetchedPartition = (i32, i64, i32, Option<StrBytes>);
+
+/// Turns [`fetch_group`]'s answer into the response's topics; `topic` builds one of the
+/// version's topic types (before v8 and from v8 they differ only in name).
+fn shape_fetched<T>(
+    found: FetchedTopics,
+    topic: impl Fn(TopicName, Vec<FetchedPartition>) -> T,
+) -> Vec<T> {
+    found
+        .into_iter()
+        .map(|(name, partitions)| {
+            let partitions = partitions
+                .into_iter()
+                .map(|(index, offset, epoch, metadata)| {
+                    (index, offset, epoch, metadata.as_deref().map(text))
+                })
+                .collect();
+            topic(TopicName(text(&name)), partitions)
+        })
+        .collect()
 }
 
 /// ListGroups: the groups this node coordinates.

@@ -469,31 +469,12 @@ mod tests {
             const { std::cell::Cell::new(None) };
     }
 
-    /// The consumer-group APIs about to be offered, with their lowest and highest version.
-    const GROUP_APIS: &[(ApiKey, i16, i16)] = &[
-        (ApiKey::FindCoordinator, 0, 4),
-        (ApiKey::JoinGroup, 0, 9),
-        (ApiKey::SyncGroup, 0, 5),
-        (ApiKey::Heartbeat, 0, 4),
-        (ApiKey::LeaveGroup, 0, 5),
-        (ApiKey::OffsetCommit, 2, 8),
-        (ApiKey::OffsetFetch, 1, 8),
-        (ApiKey::ListGroups, 0, 4),
-        (ApiKey::DescribeGroups, 0, 5),
-        (ApiKey::DeleteGroups, 0, 2),
-    ];
-
-    /// Every (api, version) offered now or about to be, once each.
+    /// Every (api, version) offered.
     fn versions() -> Vec<(ApiKey, i16)> {
-        let mut all = Vec::new();
-        for &(api, min, max) in OFFERED.iter().chain(GROUP_APIS) {
-            for version in min..=max {
-                if !all.contains(&(api, version)) {
-                    all.push((api, version));
-                }
-            }
-        }
-        all
+        OFFERED
+            .iter()
+            .flat_map(|&(api, min, max)| (min..=max).map(move |version| (api, version)))
+            .collect()
     }
 
     fn name(s: &'static str) -> TopicName {

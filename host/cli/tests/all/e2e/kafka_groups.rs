@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::harness::{http_client, send_json};
-use super::kafka::{KafkaDaemon, create_topic, run, script, start_with};
+use super::kafka::{KafkaDaemon, create_topic, exchange, run, script, start_with};
 
 /// Bound on waiting for a group to settle or records to be read; generous for a busy machine.
 const WAIT: Duration = Duration::from_secs(60);
@@ -24,22 +24,44 @@ struct Member {
     lines: Arc<Mutex<Vec<Value>>>,
 }
 
+/// Which client library a member runs.
+#[derive(Clone, Copy)]
+enum Library {
+    KafkaPython,
+    /// confluent-kafka (librdkafka) with this `partition.assignment.strategy`.
+    Librdkafka(&'static str),
+}
+
 impl Member {
+    /// A kafka-python member.
     fn start(kafka: &KafkaDaemon, topic: &str, group: &str, idle_secs: u32) -> Member {
+        Member::start_with(kafka, topic, group, idle_secs, Library::KafkaPython)
+    }
+
+    fn start_with(
+        kafka: &KafkaDaemon,
+        topic: &str,
+        group: &str,
+        idle_secs: u32,
+        library: Library,
+    ) -> Member {
+        let (bootstrap, idle) = (kafka.kafka.to_string(), idle_secs.to_string());
+        let mut args = vec![bootstrap.as_str(), topic, group, idle.as_str()];
+        match library {
+            Library::KafkaPython => args.insert(0, "consume"),
+            Library::Librdkafka(strategy) => {
+                args.insert(0, "consume-librdkafka");
+                args.push(strategy);
+            }
+        }
         let mut child = Command::new("python3")
             .arg(script("python_group.py"))
-            .args([
-                "consume",
-                &kafka.kafka.to_string(),
-                topic,
-                group,
-                &idle_secs.to_string(),
-            ])
+            .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("python3 could not start; scripts/test-all installs kafka-python");
+            .expect("python3 could not start; scripts/test-all installs the Kafka clients");
         let stdout = child.stdout.take().expect("stdout");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&lines);
@@ -214,16 +236,11 @@ fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resu
     );
 
     // What the group committed is what was read: each partition's next offset.
-    let mut next: BTreeMap<String, i64> = BTreeMap::new();
-    for (p, o, _) in &both {
-        let e = next.entry(format!("orders/{p}")).or_default();
-        *e = (*e).max(*o as i64 + 1);
-    }
     let (groups, mut committed) = admin_offsets(&kafka, "billing");
     assert!(groups.contains(&"billing".to_owned()), "listed: {groups:?}");
     // A member commits its position on every partition it holds, 0 on one that got nothing.
     committed.retain(|_, offset| *offset > 0);
-    assert_eq!(committed, next);
+    assert_eq!(committed, next_offsets("orders", &both));
 
     // The offsets topic is the daemon's own: clients cannot write to it, delete it or make
     // one like it.
@@ -290,4 +307,191 @@ fn a_member_killed_without_leaving_is_replaced_after_its_session_and_nothing_is_
     all.sort();
     all.dedup();
     assert_eq!(all, expected(0..160), "a record was lost");
+}
+
+/// Each partition's next offset after `records`, as `topic/partition`.
+fn next_offsets(topic: &str, records: &[(u64, u64, String)]) -> BTreeMap<String, i64> {
+    let mut next: BTreeMap<String, i64> = BTreeMap::new();
+    for (p, o, _) in records {
+        let e = next.entry(format!("{topic}/{p}")).or_default();
+        *e = (*e).max(*o as i64 + 1);
+    }
+    next
+}
+
+#[test]
+fn librdkafka_and_kafka_python_share_a_group_cooperative_members_split_and_kcat_g_reads_all() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    create_topic(&kafka.daemon.url(), "orders", 4);
+
+    // One member of each library in one group: they agree on a common assignor (range) and
+    // split the partitions.
+    let a = Member::start(&kafka, "orders", "billing", 3);
+    let b = Member::start_with(&kafka, "orders", "billing", 3, Library::Librdkafka("range"));
+    wait_for_split(&[&a, &b], 4);
+    produce(&kafka.daemon.url(), "orders", 0..200);
+    let (read_a, read_b) = (a.finish(), b.finish());
+    assert!(
+        !read_a.is_empty() && !read_b.is_empty(),
+        "both members read"
+    );
+    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    assert_eq!(values(&both), expected(0..200), "every record exactly once");
+    let (_, mut committed) = admin_offsets(&kafka, "billing");
+    committed.retain(|_, offset| *offset > 0);
+    assert_eq!(committed, next_offsets("orders", &both));
+
+    // librdkafka's incremental (cooperative-sticky) rebalancing, a second group on the same
+    // topic: it reads everything again, once.
+    let c = Member::start_with(
+        &kafka,
+        "orders",
+        "search",
+        3,
+        Library::Librdkafka("cooperative-sticky"),
+    );
+    let d = Member::start_with(
+        &kafka,
+        "orders",
+        "search",
+        3,
+        Library::Librdkafka("cooperative-sticky"),
+    );
+    wait_for_split(&[&c, &d], 4);
+    let (read_c, read_d) = (c.finish(), d.finish());
+    let both: Vec<(u64, u64, String)> = read_c.iter().chain(&read_d).cloned().collect();
+    assert_eq!(values(&both), expected(0..200), "every record exactly once");
+
+    // kcat's balanced consumer reads the topic to its end and commits where it stopped.
+    let mut kcat = Command::new("kcat");
+    kcat.args([
+        "-b",
+        &kafka.kafka.to_string(),
+        "-G",
+        "audit",
+        "-o",
+        "beginning",
+        "-e",
+        "-f",
+        "%p %o %s\n",
+        "orders",
+    ]);
+    let out = run(kcat, b"", "kcat -G");
+    let read: Vec<(u64, u64, String)> = out
+        .lines()
+        .map(|line| {
+            let mut parts = line.splitn(3, ' ');
+            let mut field = || parts.next().expect("kcat line: partition offset value");
+            (
+                field().parse().expect("partition"),
+                field().parse().expect("offset"),
+                field().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(values(&read), expected(0..200));
+    let (groups, committed) = admin_offsets(&kafka, "audit");
+    assert!(groups.contains(&"audit".to_owned()), "listed: {groups:?}");
+    assert_eq!(committed, next_offsets("orders", &read));
+}
+
+/// A member that joined, was assigned, and then fell silent (a paused or partitioned process)
+/// is removed when the group rebalances without it; when it comes back its commit must be
+/// refused, or it would overwrite what its successor committed.
+#[test]
+fn a_zombie_members_commit_after_the_group_moved_on_is_refused() {
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::{
+        FindCoordinatorRequest, FindCoordinatorResponse, GroupId, JoinGroupRequest,
+        JoinGroupResponse, OffsetCommitRequest, OffsetCommitResponse, SyncGroupRequest,
+        SyncGroupResponse, TopicName,
+    };
+    use kafka_protocol::protocol::StrBytes;
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    const ILLEGAL_GENERATION: i16 = 22;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    create_topic(&kafka.daemon.url(), "orders", 4);
+    let group = GroupId(StrBytes::from_static_str("billing"));
+    let mut zombie = std::net::TcpStream::connect(kafka.kafka).expect("connect");
+    zombie.set_read_timeout(Some(WAIT)).expect("read timeout");
+
+    // The zombie's life: find the coordinator, join (a 2 s rebalance timeout, so the group
+    // does not wait long for it later), lead generation 1 and take every partition.
+    wait_for("the coordinator", || {
+        let mut find = FindCoordinatorRequest::default();
+        find.key = StrBytes::from_static_str("billing");
+        let found: FindCoordinatorResponse = exchange(&mut zombie, 10, 1, &find);
+        found.error_code == 0
+    });
+    // ConsumerProtocolSubscription v0: version, topics ["orders"], no user data.
+    let mut subscription = vec![0, 0, 0, 0, 0, 1, 0, 6];
+    subscription.extend_from_slice(b"orders");
+    subscription.extend_from_slice(&[0xff; 4]);
+    let mut protocol = JoinGroupRequestProtocol::default();
+    protocol.name = StrBytes::from_static_str("range");
+    protocol.metadata = bytes::Bytes::from(subscription);
+    let mut join = JoinGroupRequest::default();
+    join.group_id = group.clone();
+    join.session_timeout_ms = 30_000;
+    join.rebalance_timeout_ms = 2_000;
+    join.protocol_type = StrBytes::from_static_str("consumer");
+    join.protocols = vec![protocol];
+    let joined: JoinGroupResponse = exchange(&mut zombie, 11, 2, &join);
+    assert_eq!(joined.error_code, 0, "join");
+    assert_eq!(joined.leader, joined.member_id, "alone, it leads");
+    let mut assignment = SyncGroupRequestAssignment::default();
+    assignment.member_id = joined.member_id.clone();
+    let mut sync = SyncGroupRequest::default();
+    sync.group_id = group.clone();
+    sync.generation_id = joined.generation_id;
+    sync.member_id = joined.member_id.clone();
+    sync.assignments = vec![assignment];
+    let synced: SyncGroupResponse = exchange(&mut zombie, 14, 1, &sync);
+    assert_eq!(synced.error_code, 0, "sync");
+
+    // A real consumer joins; the silent zombie does not join again and is dropped, and the
+    // consumer is given every partition.
+    let successor = Member::start(&kafka, "orders", "billing", 3);
+    wait_for("the successor to hold every partition", || {
+        successor.assigned().is_some_and(|p| p.len() == 4)
+    });
+    produce(&kafka.daemon.url(), "orders", 0..50);
+    wait_for("the successor to read", || successor.records().len() >= 50);
+
+    // The zombie wakes up and commits for its old generation.
+    let mut partition = OffsetCommitRequestPartition::default();
+    partition.partition_index = 0;
+    partition.committed_offset = 999;
+    let mut topic = OffsetCommitRequestTopic::default();
+    topic.name = TopicName(StrBytes::from_static_str("orders"));
+    topic.partitions = vec![partition];
+    let mut commit = OffsetCommitRequest::default();
+    commit.group_id = group;
+    commit.generation_id_or_member_epoch = joined.generation_id;
+    commit.member_id = joined.member_id.clone();
+    commit.retention_time_ms = -1;
+    commit.topics = vec![topic];
+    let answer: OffsetCommitResponse = exchange(&mut zombie, 8, 2, &commit);
+    let refused = answer.topics[0].partitions[0].error_code;
+    assert!(
+        refused == UNKNOWN_MEMBER_ID || refused == ILLEGAL_GENERATION,
+        "the zombie's commit was answered {refused}"
+    );
+
+    let read = successor.finish();
+    assert_eq!(values(&read), expected(0..50));
+    let (_, mut committed) = admin_offsets(&kafka, "billing");
+    committed.retain(|_, offset| *offset > 0);
+    assert_eq!(
+        committed,
+        next_offsets("orders", &read),
+        "what the successor committed stands"
+    );
 }
