@@ -331,6 +331,7 @@ pub async fn run_server(
                 Arc::new(api::internal::HttpTails::new(Arc::clone(context)))
                     as Arc<dyn crate::fanout::position::RemoteTails>
             }),
+            node: cluster.as_ref().map(|context| context.node_id().to_owned()),
         });
         let registry_for_loader = Arc::clone(&plugins);
         let routers = Arc::new(

@@ -218,6 +218,7 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
         clock: Arc::new(narad_storage::SystemClock),
         timing: narad_host::fanout::FanoutTiming::default(),
         remote_tails: None,
+        node: None,
     });
     let mut reconciler = Reconciler::new(
         deps,

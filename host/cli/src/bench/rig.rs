@@ -175,6 +175,7 @@ impl Rig {
             clock: Arc::new(SystemClock) as Arc<dyn Clock>,
             timing,
             remote_tails: None,
+            node: None,
         });
         let loader = Arc::clone(&registry);
         let routers = WasmRouterFactory::new(Arc::new(move |digest: &str| {

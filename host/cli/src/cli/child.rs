@@ -146,6 +146,15 @@ pub enum ChildCommand {
         #[arg(long)]
         offset: u64,
     },
+    /// Show the gap ledger of a child: every range of parent offsets its cursors moved past
+    /// without copying (aged out by retention, lost with a re-created partition, or skipped
+    /// by a seek), why, when and on which node. Kept across restarts and moves.
+    Gaps {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+    },
     /// List a parent's children with each parent partition's progress.
     List {
         /// Parent topic.
@@ -264,6 +273,14 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 )?;
             }
         }
+        ChildCommand::Gaps { parent, child } => {
+            let gaps = client.child_gaps(&parent, &child).await?;
+            if json {
+                print_json(&gaps)?;
+            } else {
+                out!("{}", gaps_text(&gaps))?;
+            }
+        }
         ChildCommand::List { parent } => {
             let list = client.list_children(&parent).await?;
             if json {
@@ -288,6 +305,52 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
         ChildCommand::Shadow(command) => super::shadow::run(&client, json, command).await?,
     }
     Ok(())
+}
+
+/// The ledger as text: a line per range, then what is missing.
+fn gaps_text(link: &narad_host::api::gaps::LinkGaps) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    let ranges: usize = link.partitions.iter().map(|p| p.gaps.len()).sum();
+    let _ = writeln!(
+        text,
+        "{} -> {}: {} records lost, {} ranges on record",
+        link.parent, link.child, link.lost, ranges
+    );
+    for partition in &link.partitions {
+        for gap in &partition.gaps {
+            let node = gap
+                .node
+                .as_deref()
+                .map(|n| format!(" on {n}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                text,
+                "  partition {}: offsets {}..{} ({}) {} at {}{node}",
+                partition.partition,
+                gap.from,
+                gap.to,
+                super::human::plural(gap.len(), "record"),
+                gap.reason,
+                super::human::rfc3339_utc(gap.at_ms),
+            );
+        }
+        let older = partition.older;
+        if older.lost + older.skipped > 0 {
+            let _ = writeln!(
+                text,
+                "  partition {}: older ranges no longer listed: {} records lost, {} skipped by seeks",
+                partition.partition, older.lost, older.skipped
+            );
+        }
+    }
+    if !link.complete {
+        let _ = writeln!(
+            text,
+            "  (not every parent partition answered: a cursor not running, or its node away)"
+        );
+    }
+    text
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {

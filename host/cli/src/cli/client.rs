@@ -448,6 +448,22 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/topics/{parent}/children/{child}/gaps`: what the link's cursors moved past
+    /// without copying.
+    pub async fn child_gaps(
+        &self,
+        parent: &str,
+        child: &str,
+    ) -> Result<narad_host::api::gaps::LinkGaps, ApiCallError> {
+        self.call::<(), _>(
+            Method::GET,
+            &format!("/v1/topics/{parent}/children/{child}/gaps"),
+            None,
+            None,
+        )
+        .await
+    }
+
     /// `GET /v1/topics/{parent}/children`: every child with per-partition progress.
     pub async fn list_children(&self, parent: &str) -> Result<ChildList, ApiCallError> {
         self.call::<(), _>(

@@ -831,15 +831,7 @@ pub async fn list(
     if query.local {
         return Ok(Json(listing));
     }
-    let mut remote_owners: Vec<String> = topic
-        .owners
-        .iter()
-        .map(|o| o.node.clone())
-        .filter(|n| n != cluster.node_id())
-        .collect();
-    remote_owners.sort();
-    remote_owners.dedup();
-    let calls: Vec<_> = remote_owners
+    let calls: Vec<_> = other_owners(&topic, cluster)
         .into_iter()
         .map(|node| {
             let (cluster, parent) = (Arc::clone(cluster), parent.clone());
@@ -877,6 +869,22 @@ pub async fn list(
             && child.partitions.iter().all(|p| p.lag_messages.is_some());
     }
     Ok(Json(listing))
+}
+
+/// The nodes other than this one that own a partition of `topic`, each once.
+pub(super) fn other_owners(
+    topic: &crate::metastore::TopicMeta,
+    cluster: &crate::cluster::ClusterContext,
+) -> Vec<String> {
+    let mut nodes: Vec<String> = topic
+        .owners
+        .iter()
+        .map(|o| o.node.clone())
+        .filter(|n| n != cluster.node_id())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }
 
 /// The children listing of node `node` for `parent`, its own cursors only.

@@ -8,6 +8,8 @@
 //! - [`children`]: `PUT/PATCH/DELETE /v1/topics/{parent}/children/{child}`, `.../pause`,
 //!   `.../resume`, `.../seek`,
 //!   `GET /v1/topics/{parent}/children`;
+//! - [`gaps`]: `GET /v1/topics/{parent}/children/{child}/gaps` (what a link's cursors moved
+//!   past without copying);
 //! - [`shadow`]: `PUT/GET/DELETE /v1/topics/{parent}/children/{child}/shadow` (a candidate
 //!   chain routing a copy of the link's slabs, compared, never committed);
 //! - [`moves`]: `POST /v1/topics/{t}/partitions/{p}/move` and `.../recreate`, and the internal
@@ -29,6 +31,7 @@ pub mod children;
 pub mod error;
 pub(crate) mod extract;
 pub(crate) mod forward;
+pub mod gaps;
 pub(crate) mod health;
 pub(crate) mod internal;
 pub(crate) mod metrics;
@@ -169,6 +172,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/topics/{parent}/children/{child}/seek",
             post(children::seek),
         )
+        .route("/v1/topics/{parent}/children/{child}/gaps", get(gaps::list))
         .route(
             "/v1/topics/{parent}/children/{child}/shadow",
             put(shadow::set).get(shadow::show).delete(shadow::clear),

@@ -33,6 +33,7 @@
 
 use std::sync::Arc;
 
+use narad_storage::cursor::gaps::{self, Gap, GapLedger, GapReason, gaps_file_name};
 use narad_storage::cursor::{CursorRecord, cursor_file_name, format};
 use narad_storage::{PartitionId, StorageError, Store};
 use serde::{Deserialize, Serialize};
@@ -396,8 +397,14 @@ impl Recreator {
         links: &[&LinkMeta],
         losses: &[LinkLoss],
     ) -> Result<(), RecreateError> {
-        let files = resume_files(links.iter().copied(), losses)
-            .map_err(|(child, reason)| RecreateError::OffsetFile { child, reason })?;
+        let files = resume_files(
+            links.iter().copied(),
+            losses,
+            start,
+            Some(self.cluster.node_id()),
+            narad_storage::Clock::now_ms(&narad_storage::SystemClock),
+        )
+        .map_err(|(child, reason)| RecreateError::OffsetFile { child, reason })?;
         let target = self
             .store
             .data_dir()
@@ -468,25 +475,39 @@ pub(crate) fn link_losses<'a>(
 /// A file to lay out beside a new log: its name and bytes.
 pub(crate) type NamedFile = (String, Vec<u8>);
 
-/// Each link's offset file at its loss's resume offset; `Err` names the child whose file could
-/// not be encoded, and why.
+/// Each link's offset file at its loss's resume offset, and its gap ledger with the range
+/// `[resume, start)` on record as `recreated` (by `node`, at `at_ms`), so the cursor that skips
+/// those offsets counts them under the reason they were lost for; `Err` names the child whose
+/// file could not be encoded, and why.
 pub(crate) fn resume_files<'a>(
     links: impl IntoIterator<Item = &'a LinkMeta>,
     losses: &[LinkLoss],
+    start: u64,
+    node: Option<&str>,
+    at_ms: i64,
 ) -> Result<Vec<NamedFile>, (String, String)> {
-    links
-        .into_iter()
-        .zip(losses)
-        .map(|(link, loss)| {
-            let record = CursorRecord {
-                epoch: link.attach_epoch.clone(),
-                next_offset: loss.resume_offset,
-            };
-            format::encode(&record)
-                .map(|(bytes, _)| (cursor_file_name(&link.child), bytes))
-                .map_err(|e| (link.child.clone(), e.to_string()))
-        })
-        .collect()
+    let mut files = Vec::new();
+    for (link, loss) in links.into_iter().zip(losses) {
+        let record = CursorRecord {
+            epoch: link.attach_epoch.clone(),
+            next_offset: loss.resume_offset,
+        };
+        let (bytes, _) =
+            format::encode(&record).map_err(|e| (link.child.clone(), e.to_string()))?;
+        files.push((cursor_file_name(&link.child), bytes));
+        let mut ledger = GapLedger::new(link.attach_epoch.clone());
+        ledger.add(Gap {
+            from: loss.resume_offset,
+            to: start,
+            reason: GapReason::Recreated,
+            at_ms,
+            node: node.map(str::to_owned),
+        });
+        if !ledger.gaps.is_empty() {
+            files.push((gaps_file_name(&link.child), gaps::encode(&ledger)));
+        }
+    }
+    Ok(files)
 }
 
 /// Lays an empty log starting at `start`, with `files` beside it, out in the staging area and

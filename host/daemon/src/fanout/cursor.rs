@@ -13,6 +13,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use narad_storage::cursor::gaps::GapReason;
 use narad_storage::fs::FileSystem;
 use narad_storage::{Clock, PartitionId, StorageError, Store, StoredRecord};
 
@@ -20,6 +21,7 @@ use super::advance::{Durability, OffsetFile};
 use super::bucket::{SlabOrigin, bucket};
 use super::commit::{Acknowledged, commit, commit_slabs};
 use super::committer::{ChildCommitError, ChildCommitter};
+use super::gap_book::GapBook;
 use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
 use super::shadow::{Shadow, ShadowSlab};
@@ -65,6 +67,8 @@ pub struct CursorDeps {
     /// other nodes own. `None` on one node, where every child partition must be here (a
     /// missing one is an error).
     pub remote_tails: Option<Arc<dyn super::position::RemoteTails>>,
+    /// Cluster mode: this node's id, written with every range on a cursor's gap ledger.
+    pub node: Option<String>,
 }
 
 /// A link as the cursors of this node see it: its metadata, swapped when the link changes,
@@ -246,11 +250,18 @@ impl Cursor {
                 }
             }
         };
+        // The losses on record: counted from the start, and the book every new one goes in.
+        let gaps = loop {
+            match GapBook::open(&self.deps, &self.key, &self.status).await {
+                Ok(gaps) => break gaps,
+                Err(e) => self.stall(e).await?,
+            }
+        };
         self.status
             .set_position(offsets.next_offset(), offsets.next_offset());
         self.status.running();
         let mut unsaved = None;
-        let stopped = self.copy(&offsets, epoch, &mut unsaved).await;
+        let stopped = self.copy(&offsets, &gaps, epoch, &mut unsaved).await;
         // Told to stop (a move, a shutdown): the delivered slab not on file yet is written, and
         // the position synced, so the cursor that resumes from this file (here or on the node
         // the partition moves to) repeats nothing, even after a power loss.
@@ -285,6 +296,7 @@ impl Cursor {
     async fn copy(
         &self,
         offsets: &OffsetFile,
+        gaps: &GapBook,
         epoch: [u8; 8],
         unsaved: &mut Option<Delivered>,
     ) -> Result<Infallible, CursorExit> {
@@ -298,7 +310,7 @@ impl Cursor {
                 self.save(offsets, unsaved.as_ref(), Durability::Now)
                     .await?;
                 *unsaved = None;
-                let resumed_at = self.while_paused(offsets, next).await?;
+                let resumed_at = self.while_paused(offsets, gaps, next).await?;
                 if resumed_at != next {
                     // Sought elsewhere: what was read ahead is not the next slab any more.
                     ahead.clear();
@@ -326,7 +338,8 @@ impl Cursor {
                     self.save(offsets, unsaved.as_ref(), Durability::Now)
                         .await?;
                     *unsaved = None;
-                    self.nothing_to_copy(offsets, from, delay_ms, why).await?;
+                    self.nothing_to_copy(offsets, gaps, from, delay_ms, why)
+                        .await?;
                     next = offsets.next_offset();
                     continue;
                 }
@@ -475,7 +488,12 @@ impl Cursor {
     /// Waits while the link has this cursor's partition paused, keeping its lag current
     /// (records keep arriving in the parent) and carrying out operators' seeks. Returns the
     /// position to go on from.
-    async fn while_paused(&self, offsets: &OffsetFile, mut next: u64) -> Result<u64, CursorExit> {
+    async fn while_paused(
+        &self,
+        offsets: &OffsetFile,
+        gaps: &GapBook,
+        mut next: u64,
+    ) -> Result<u64, CursorExit> {
         tracing::info!(parent = %self.parent, child = %self.key.child, next_offset = next, "cursor paused");
         self.status.paused();
         loop {
@@ -500,7 +518,9 @@ impl Cursor {
             if let Ok(Ok((start, high))) = bounds {
                 self.status.set_position(next, high);
                 if let Some(order) = self.status.take_seek() {
-                    let done = self.seek(offsets, next, order.offset, start, high).await;
+                    let done = self
+                        .seek(offsets, gaps, next, order.offset, start, high)
+                        .await;
                     if let Ok(done) = &done {
                         next = done.to;
                         self.status.set_position(next, high);
@@ -525,6 +545,7 @@ impl Cursor {
     async fn seek(
         &self,
         offsets: &OffsetFile,
+        gaps: &GapBook,
         from: u64,
         to: u64,
         start: u64,
@@ -536,11 +557,13 @@ impl Cursor {
                 self.parent
             ));
         }
-        offsets.seek(to).await.map_err(|e| e.to_string())?;
         let skipped = to.saturating_sub(from);
         if skipped > 0 {
-            self.status.add_skipped_by_seek(skipped);
+            // On record before the move: a crash in between leaves the range on record and
+            // the position before it, and the skip is the operator's to order again.
+            gaps.record(from, to, GapReason::Seek, &self.status).await?;
         }
+        offsets.seek(to).await.map_err(|e| e.to_string())?;
         tracing::warn!(parent = %self.parent, child = %self.key.child, from, to, skipped,
             replayed = from.saturating_sub(to), "operator seek of a paused cursor: position moved on purpose");
         Ok(super::status::SeekDone {
@@ -880,6 +903,7 @@ impl Cursor {
     async fn nothing_to_copy(
         &self,
         offsets: &OffsetFile,
+        gaps: &GapBook,
         from: u64,
         delay_ms: u64,
         why: NoRecords,
@@ -897,7 +921,7 @@ impl Cursor {
                     .await
             }
             NoRecords::BelowLogStart { log_start } => {
-                self.skip_aged_out(offsets, from, log_start).await
+                self.skip_aged_out(offsets, gaps, from, log_start).await
             }
         }
     }
@@ -946,6 +970,7 @@ impl Cursor {
     async fn skip_aged_out(
         &self,
         offsets: &OffsetFile,
+        gaps: &GapBook,
         from: u64,
         log_start: u64,
     ) -> Result<(), CursorExit> {
@@ -954,9 +979,15 @@ impl Cursor {
             "the cursor's position is below the parent's log start (records aged out by \
              retention, or the partition was re-created after a loss); skipping them, counted \
              as dropped");
+        // On record before the move (see `gap_book`): never a skip that is not on record.
+        if let Err(e) = gaps
+            .record(from, log_start, GapReason::Retention, &self.status)
+            .await
+        {
+            return self.stall(e).await;
+        }
         match offsets.past_aged_out(log_start).await {
             Ok(()) => {
-                self.status.add_dropped(dropped);
                 self.status.set_position(log_start, log_start);
                 self.status.running();
                 Ok(())

@@ -12,8 +12,9 @@
 //!   (the last high watermark seen, so consumers of the partition never meet an offset again).
 //! - **The loss is counted.** Each link from the partition gets an offset file at the first
 //!   offset its child does not hold (its attach point when the child holds nothing, or when
-//!   it is a remote child, whose copies cannot be read here). Its cursor finds the
-//!   offsets below the new start and counts them as dropped, as for records retention took.
+//!   it is a remote child, whose copies cannot be read here), and a gap ledger with the range
+//!   up to the new start on record as `recreated`. Its cursor finds the offsets below the new
+//!   start and counts them as dropped, under that reason.
 //!
 //! The log and the offset files are laid out in the staging area and installed together, then
 //! registered: the cursors that stalled on the lost partition resume by themselves.
@@ -120,8 +121,14 @@ pub(crate) async fn recreate_lost(
     }
     let start = new_start(&held, start_offset);
     let losses = link_losses(&links, &held, partition, start);
-    let files = resume_files(&links, &losses)
-        .map_err(|(child, reason)| RecreateLostError::Link { child, reason })?;
+    let files = resume_files(
+        &links,
+        &losses,
+        start,
+        None,
+        narad_storage::Clock::now_ms(&narad_storage::SystemClock),
+    )
+    .map_err(|(child, reason)| RecreateLostError::Link { child, reason })?;
 
     let config = crate::topics::log_config(meta, segment_bytes);
     let (lay_store, lay_id) = (Arc::clone(store), id.clone());

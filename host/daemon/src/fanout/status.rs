@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
+use narad_storage::cursor::gaps::GapLedger;
+
 use super::cursor::CursorKey;
 use super::metrics::{ChildLabels, CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
@@ -136,6 +138,8 @@ struct Inner {
     dropped: u64,
     parent_end_rewinds: u64,
     skipped_by_seek: u64,
+    /// The cursor's gap ledger as last written.
+    gaps: Option<Arc<GapLedger>>,
     state: CursorState,
     /// The current stall is a remote target's refusal.
     refused: bool,
@@ -195,6 +199,7 @@ impl CursorStatus {
                 dropped: 0,
                 parent_end_rewinds: 0,
                 skipped_by_seek: 0,
+                gaps: None,
                 state: CursorState::Running,
                 refused: false,
                 last_error: None,
@@ -302,14 +307,31 @@ impl CursorStatus {
             .set(seconds);
     }
 
-    /// Counts `count` records skipped by drop-behind.
-    pub(crate) fn add_dropped(&self, count: u64) {
+    /// Sets the records lost (`lost`: retention, re-creation) and skipped by seeks
+    /// (`skipped`) to the totals of the cursor's gap ledger, which outlives the process.
+    pub(crate) fn set_gap_totals(&self, lost: u64, skipped: u64) {
         let mut inner = self.lock();
-        inner.dropped += count;
+        inner.dropped = lost;
+        let more_skipped = skipped.saturating_sub(inner.skipped_by_seek);
+        inner.skipped_by_seek += more_skipped;
         self.metrics
             .dropped_messages
             .get_or_create(&self.labels)
-            .set(i64::try_from(inner.dropped).unwrap_or(i64::MAX));
+            .set(i64::try_from(lost).unwrap_or(i64::MAX));
+        self.metrics
+            .seek_skipped
+            .get_or_create(&self.labels)
+            .inc_by(more_skipped);
+    }
+
+    /// Keeps `ledger` (as just written) for [`CursorStatus::gaps`].
+    pub(crate) fn set_gaps(&self, ledger: &GapLedger) {
+        self.lock().gaps = Some(Arc::new(ledger.clone()));
+    }
+
+    /// The cursor's gap ledger; `None` before the cursor has read it.
+    pub fn gaps(&self) -> Option<Arc<GapLedger>> {
+        self.lock().gaps.clone()
     }
 
     /// Counts a fully committed slab of `records` records.
@@ -395,15 +417,6 @@ impl CursorStatus {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-    }
-
-    /// Counts records a forward seek skipped.
-    pub(crate) fn add_skipped_by_seek(&self, count: u64) {
-        self.lock().skipped_by_seek += count;
-        self.metrics
-            .seek_skipped
-            .get_or_create(&self.labels)
-            .inc_by(count);
     }
 
     /// Counts what a remote child's target acknowledged (`bytes`), or one request it did not
@@ -568,6 +581,21 @@ impl FanoutView {
         cursors
             .get(&(parent.to_string(), child.to_string()))
             .map(|by_partition| by_partition.values().map(|s| s.report()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The gap ledgers of the cursors running for `parent -> child`, by parent partition (a
+    /// cursor that has not read its ledger yet is left out).
+    pub fn gaps(&self, parent: &str, child: &str) -> Vec<(u32, Arc<GapLedger>)> {
+        let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
+        cursors
+            .get(&(parent.to_string(), child.to_string()))
+            .map(|by_partition| {
+                by_partition
+                    .iter()
+                    .filter_map(|(p, s)| Some((*p, s.gaps()?)))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

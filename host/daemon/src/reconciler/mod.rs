@@ -487,6 +487,11 @@ impl Reconciler {
                 Ok(()) => tracing::info!(path = %path.display(), "removed orphan cursor file"),
                 Err(error) => tracing::warn!(%error, "cannot remove orphan cursor file"),
             }
+            // Its gap ledger goes with it: the link whose losses it lists is gone.
+            let ledger = path.with_file_name(cursor_file::gaps::gaps_file_name(&child));
+            if let Err(error) = cursor_file::gaps::remove(self.deps.fs.as_ref(), &ledger) {
+                tracing::warn!(%error, "cannot remove an orphan cursor's gap ledger");
+            }
         }
     }
 }
@@ -659,6 +664,7 @@ mod tests {
             clock: Arc::new(narad_storage::SystemClock),
             timing: TIMING,
             remote_tails: None,
+            node: None,
         });
         let mut reconciler = Reconciler::new(
             deps,
@@ -709,6 +715,7 @@ mod tests {
             clock: Arc::new(narad_storage::SystemClock),
             timing: TIMING,
             remote_tails: None,
+            node: None,
         });
         let metrics = Arc::new(FanoutMetrics::default());
         let mut reconciler = Reconciler::new(
@@ -799,6 +806,7 @@ mod tests {
             clock: Arc::new(narad_storage::SystemClock),
             timing: TIMING,
             remote_tails: None,
+            node: None,
         });
         let factory = Arc::new(CountingFactory::default());
         let view = Arc::new(FanoutView::default());

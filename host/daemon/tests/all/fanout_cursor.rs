@@ -24,6 +24,7 @@ use narad_host::metastore::{
     BoxFuture, Change, FileMetastore, LinkTopics, Metastore, Outcome, Snapshot, TopicMeta, Versions,
 };
 use narad_host::shutdown;
+use narad_storage::cursor::gaps::{self, GapLedger, GapReason, GapsLoad};
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::fault::{CrashMode, Fault, FaultFs, FaultOp};
 use narad_storage::fs::FileSystem;
@@ -337,6 +338,7 @@ fn spawn_cursor_on(
         clock: Arc::clone(&f.clock) as Arc<dyn Clock>,
         timing: TIMING,
         remote_tails: None,
+        node: None,
     });
     let key = CursorKey {
         parent: "parent".into(),
@@ -834,6 +836,16 @@ async fn a_paused_cursor_seeks_back_to_replay_and_forward_to_skip_counting_only_
     assert_eq!((forward.from, forward.to, forward.skipped), (30, 60, 30));
     let report = running.status.report();
     assert_eq!((report.skipped_by_seek, report.dropped_messages), (30, 0));
+    let ledger = gap_ledger(&f).expect("a ledger");
+    assert_eq!(
+        ledger
+            .gaps
+            .iter()
+            .map(|g| (g.from, g.to, g.reason))
+            .collect::<Vec<_>>(),
+        vec![(30, 60, GapReason::Seek)],
+        "only the forward seek is on record"
+    );
 
     running.runtime.set_meta(meta);
     wait_for("the copy to go on from the sought position", || {
@@ -980,6 +992,61 @@ async fn a_cursor_behind_the_log_start_skips_and_counts_exactly_the_aged_out_rec
         expected(log_start as u32..50)
     );
     assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+/// The gap ledger beside the offset file.
+fn gap_ledger(f: &Fixture) -> Option<GapLedger> {
+    let offsets = cursor_path(&f.store, &PartitionId::new("parent", 0), "child");
+    let path = offsets.with_file_name(gaps::gaps_file_name("child"));
+    match gaps::load(&f.fault, &path).unwrap() {
+        GapsLoad::Found(ledger) => Some(ledger),
+        GapsLoad::Missing => None,
+        GapsLoad::Damaged(reason) => panic!("damaged ledger: {reason}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aged_out_records_are_on_the_gap_ledger_and_stay_counted_after_a_restart() {
+    let config = LogConfig {
+        segment_bytes: 256,
+        retention_ms: None,
+        retention_bytes: Some(1),
+    };
+    let f = fixture(1, 1, config).await;
+    produce(&f.store, 0..50);
+    f.store.enforce_retention().unwrap();
+    let log_start = f
+        .store
+        .peek(&PartitionId::new("parent", 0))
+        .unwrap()
+        .log_start_offset;
+    assert!(log_start > 0 && log_start < 50, "partial log: {log_start}");
+    let meta = link(vec![0], 0);
+    let running = start(&f, meta.clone()).await;
+    wait_for("the copy", || {
+        running.status.report().next_offset == Some(50)
+    })
+    .await;
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+    let ledger = gap_ledger(&f).expect("a ledger");
+    assert_eq!(ledger.epoch, meta.attach_epoch);
+    assert_eq!(
+        ledger
+            .gaps
+            .iter()
+            .map(|g| (g.from, g.to, g.reason))
+            .collect::<Vec<_>>(),
+        vec![(0, log_start, GapReason::Retention)]
+    );
+
+    // A new process: the loss is still counted, from the ledger.
+    let again = spawn_cursor(&f, meta);
+    wait_for("the restarted cursor", || {
+        again.status.report().next_offset == Some(50)
+    })
+    .await;
+    assert_eq!(again.status.report().dropped_messages, log_start);
+    assert_eq!(again.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

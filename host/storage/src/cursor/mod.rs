@@ -23,6 +23,7 @@
 //! restarts (the attach point) is the cursor's decision, not this module's.
 
 pub mod format;
+pub mod gaps;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -121,7 +122,8 @@ pub fn list_cursor_children(fs: &dyn FileSystem, partition_dir: &Path) -> Result
         .collect())
 }
 
-fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>> {
+/// The bytes of `path`, at most `max + 1` of them (so a longer file is seen as too long).
+fn read_whole(fs: &dyn FileSystem, path: &Path, max: usize) -> Result<Option<Vec<u8>>> {
     let file = match fs.open(path, OpenMode::Read) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -130,7 +132,7 @@ fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>> {
     let len = file.len().map_err(io_err("stat", path))?;
     let len = usize::try_from(len)
         .unwrap_or(usize::MAX)
-        .min(format::MAX_CURSOR_FILE_BYTES + 1);
+        .min(max.saturating_add(1));
     let mut bytes = vec![0u8; len];
     file.read_exact_at(&mut bytes, 0)
         .map_err(io_err("read", path))?;
@@ -142,7 +144,7 @@ fn read_whole(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>> {
 pub fn load(fs: &dyn FileSystem, path: &Path) -> Result<CursorLoad> {
     let mut attempt = 0;
     loop {
-        let Some(bytes) = read_whole(fs, path)? else {
+        let Some(bytes) = read_whole(fs, path, format::MAX_CURSOR_FILE_BYTES)? else {
             return Ok(CursorLoad::Missing);
         };
         match format::decode(&bytes) {

@@ -1825,6 +1825,36 @@ fn a_dead_nodes_partition_recreated_elsewhere_starts_above_every_copy_and_counts
     let listed = listed_partition(&cluster.url(0), "orders", "audit");
     assert_eq!(listed["dropped_messages"], 100, "{listed}");
     assert_eq!(listed["node"], "n1", "{listed}");
+    // On the link's gap ledger, asked of another node: the range, why, and where.
+    let (status, gaps) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children/audit/gaps", cluster.url(1)),
+        None,
+    )
+    .expect("gaps");
+    ok(status, &gaps, "gaps");
+    let p0 = gaps["partitions"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["partition"] == 0))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (p0["lost"].as_u64(), p0["node"].as_str()),
+        (Some(100), Some("n1")),
+        "{gaps}"
+    );
+    let range = &p0["gaps"][0];
+    assert_eq!(
+        (range["reason"].as_str(), range["node"].as_str()),
+        (Some("recreated"), Some("n1")),
+        "{gaps}"
+    );
+    assert_eq!(
+        range["to"].as_u64().unwrap_or(0) - range["from"].as_u64().unwrap_or(0),
+        100,
+        "{gaps}"
+    );
 
     // n3 comes back: the metadata no longer names it, so it serves nothing of its old copy;
     // a produce through it lands on n1's log.

@@ -437,4 +437,60 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
     );
     let p0 = describe_partition0(&client, &daemon.url(), "orders");
     assert_eq!(p0["log_start_offset"], 10, "{p0}");
+
+    // The loss is on the link's gap ledger, under the reason it happened for, and stays
+    // counted after a restart (from the ledger, not the process that saw it).
+    let recreated = json!([{"from": 5, "to": 10, "reason": "recreated"}]);
+    let ledger = |daemon: &Daemon| {
+        let (status, body) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children/copy/gaps", daemon.url()),
+            None,
+        )
+        .expect("gaps");
+        ok(status, &body, "gaps");
+        body
+    };
+    let ranges = |body: &Value| -> Value {
+        body["partitions"][0]["gaps"]
+            .as_array()
+            .map(|gaps| {
+                gaps.iter()
+                    .map(|g| json!({"from": g["from"], "to": g["to"], "reason": g["reason"]}))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = ledger(&daemon);
+    assert_eq!(ranges(&before), recreated, "{before}");
+    assert_eq!(
+        (before["lost"].as_u64(), before["complete"].as_bool()),
+        (Some(5), Some(true))
+    );
+    daemon.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let after = ledger(&daemon);
+        if after["complete"] == true {
+            assert_eq!(ranges(&after), recreated, "{after}");
+            assert_eq!(after["lost"], 5, "{after}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cursor did not start: {after}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let metrics = reqwest::blocking::get(format!("{}/metrics", daemon.url()))
+        .and_then(|r| r.text())
+        .expect("metrics");
+    let dropped = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("narad_fanout_child_dropped_messages{") && l.contains("child=\"copy\"")
+        })
+        .unwrap_or_default();
+    assert!(dropped.ends_with(" 5"), "after a restart: {dropped:?}");
 }

@@ -436,6 +436,7 @@ mod tests {
             clock: Arc::new(narad_storage::SystemClock),
             timing: crate::fanout::FanoutTiming::default(),
             remote_tails: None,
+            node: None,
         });
         let key = CursorKey {
             parent: "parent".into(),

@@ -1,0 +1,118 @@
+//! `GET /v1/topics/{parent}/children/{child}/gaps`: the gap ledger of a link, per parent
+//! partition: every range of parent offsets its cursors moved past without copying, why, when
+//! and on which node. In cluster mode the ledgers of the partitions other nodes own are asked
+//! of those nodes, concurrently, as the children listing is.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use narad_storage::cursor::gaps::{Gap, OlderGaps};
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::children::{ChildListQuery, other_owners};
+use super::error::ApiError;
+use super::extract::{ApiPath, ApiQuery};
+use super::topics::require_topic;
+
+/// One parent partition's ledger.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionGaps {
+    /// The parent partition.
+    pub partition: u32,
+    /// Cluster mode: the node whose cursor holds this ledger (the partition's owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Records lost (retention, re-creation), the ranges folded into `older` included: the
+    /// count `narad_fanout_child_dropped_messages` shows.
+    pub lost: u64,
+    /// Records operators' forward seeks skipped (not a loss).
+    pub skipped_by_seek: u64,
+    /// The ranges, oldest first (at most `narad_storage::cursor::gaps::MAX_GAPS`).
+    pub gaps: Vec<Gap>,
+    /// Totals of older ranges no longer listed one by one.
+    pub older: OlderGaps,
+}
+
+/// The answer: the link's ledgers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkGaps {
+    /// The parent topic.
+    pub parent: String,
+    /// The child topic.
+    pub child: String,
+    /// Records lost over every partition listed.
+    pub lost: u64,
+    /// Whether every parent partition answered (a partition whose cursor does not run, or
+    /// whose node did not answer, is missing).
+    pub complete: bool,
+    /// Per parent partition, in order.
+    pub partitions: Vec<PartitionGaps>,
+}
+
+/// `GET /v1/topics/{parent}/children/{child}/gaps`.
+pub async fn list(
+    State(state): State<AppState>,
+    ApiPath((parent, child)): ApiPath<(String, String)>,
+    ApiQuery(query): ApiQuery<ChildListQuery>,
+) -> Result<Json<LinkGaps>, ApiError> {
+    let topic = require_topic(&state, &parent).await?;
+    let snapshot = state.metastore.snapshot().await?;
+    if !snapshot
+        .links
+        .contains_key(&(parent.clone(), child.clone()))
+    {
+        return Err(ApiError::not_found(format!(
+            "{child} is not a child of {parent}"
+        )));
+    }
+    let here = state.cluster.as_ref().map(|c| c.node_id().to_owned());
+    let mut partitions: Vec<PartitionGaps> = state
+        .fanout
+        .gaps(&parent, &child)
+        .into_iter()
+        .map(|(partition, ledger)| PartitionGaps {
+            partition,
+            node: here.clone(),
+            lost: ledger.lost(),
+            skipped_by_seek: ledger.skipped_by_seek(),
+            gaps: ledger.gaps.clone(),
+            older: ledger.older,
+        })
+        .collect();
+    if let (Some(cluster), false) = (&state.cluster, query.local) {
+        let calls: Vec<_> = other_owners(&topic, cluster)
+            .into_iter()
+            .map(|node| {
+                let cluster = Arc::clone(cluster);
+                let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true");
+                tokio::spawn(async move {
+                    let answer: Result<LinkGaps, String> =
+                        super::internal::peer_get(&cluster, &node, &path).await;
+                    (node, answer)
+                })
+            })
+            .collect();
+        for call in calls {
+            let Ok((node, answer)) = call.await else {
+                continue;
+            };
+            match answer {
+                Ok(theirs) => partitions.extend(theirs.partitions),
+                Err(reason) => {
+                    tracing::debug!(%node, %reason, "a node's gap ledgers could not be listed");
+                }
+            }
+        }
+    }
+    partitions.sort_by_key(|p| p.partition);
+    partitions.dedup_by_key(|p| p.partition);
+    Ok(Json(LinkGaps {
+        lost: partitions.iter().map(|p| p.lost).sum(),
+        complete: partitions.len() == topic.partitions as usize,
+        parent,
+        child,
+        partitions,
+    }))
+}
