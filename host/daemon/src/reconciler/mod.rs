@@ -62,6 +62,17 @@ struct RunningLink {
     runtime: Arc<LinkRuntime>,
 }
 
+/// Awaits a cursor's task that has ended (or is told to stop, at shutdown), logs its exit and
+/// takes its status off the view and its series off `/metrics`.
+async fn finish(view: &FanoutView, key: &CursorKey, running: RunningCursor, what: &str) {
+    match running.task.await {
+        Ok(exit) => tracing::info!(?key, ?exit, "{what}"),
+        Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
+    }
+    running.status.retire();
+    view.remove(key);
+}
+
 /// The reconciler's state between ticks.
 pub struct Reconciler {
     deps: Arc<CursorDeps>,
@@ -71,6 +82,10 @@ pub struct Reconciler {
     view: Arc<FanoutView>,
     schedule: Schedule,
     cursors: HashMap<CursorKey, RunningCursor>,
+    /// Cursors told to stop whose tasks have not ended yet (one stuck in a commit to a hung
+    /// node sees the stop only when the commit returns). Reaped at each tick, never awaited
+    /// by one: a stuck cursor holds back nothing but its own successor.
+    stopping: HashMap<CursorKey, RunningCursor>,
     links: HashMap<(String, String), RunningLink>,
     /// The last partition the orphan sweep visited: the next sweep starts after it.
     sweep_after: Option<sweep_order::SweepMark>,
@@ -93,6 +108,7 @@ impl Reconciler {
             view,
             schedule: Schedule::new(),
             cursors: HashMap::new(),
+            stopping: HashMap::new(),
             links: HashMap::new(),
             sweep_after: None,
         }
@@ -111,7 +127,11 @@ impl Reconciler {
         }
         let keys: Vec<CursorKey> = self.cursors.keys().cloned().collect();
         for key in keys {
-            self.stop_cursor(&key).await;
+            self.stop_cursor(&key);
+        }
+        // Shutting down: each writes its last position before the process ends.
+        for (key, running) in self.stopping.drain() {
+            finish(&self.view, &key, running, "cursor stopped").await;
         }
     }
 
@@ -181,14 +201,20 @@ impl Reconciler {
             .collect();
         for key in finished {
             if let Some(running) = self.cursors.remove(&key) {
-                match running.task.await {
-                    Ok(exit) => tracing::info!(?key, ?exit, "cursor exited"),
-                    Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
-                }
-                running.status.retire();
-                self.view.remove(&key);
+                finish(&self.view, &key, running, "cursor exited").await;
             }
             self.schedule.cursor_exited();
+        }
+        let stopped: Vec<CursorKey> = self
+            .stopping
+            .iter()
+            .filter(|(_, running)| running.task.is_finished())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in stopped {
+            if let Some(running) = self.stopping.remove(&key) {
+                finish(&self.view, &key, running, "cursor stopped").await;
+            }
         }
     }
 
@@ -266,7 +292,7 @@ impl Reconciler {
         let running: BTreeSet<CursorKey> = self.cursors.keys().cloned().collect();
         for action in reducer::reconcile(&desired, &running) {
             match action {
-                Action::Stop(key) => self.stop_cursor(&key).await,
+                Action::Stop(key) => self.stop_cursor(&key),
                 Action::Start(key) => {
                     if !self.start_cursor(key) {
                         clean = false;
@@ -275,6 +301,14 @@ impl Reconciler {
             }
         }
         clean
+    }
+
+    /// Awaits every stopping cursor (tests: nothing left running when a test ends).
+    #[cfg(test)]
+    async fn reap_all(&mut self) {
+        for (key, running) in self.stopping.drain() {
+            finish(&self.view, &key, running, "cursor stopped").await;
+        }
     }
 
     /// Starts, replaces or stops each link's shadow to match the metadata. A shadow is never
@@ -356,6 +390,13 @@ impl Reconciler {
         let Some(link) = self.links.get(&(key.parent.clone(), key.child.clone())) else {
             return false;
         };
+        // The cursor it replaces (same offset file) has not ended yet: two would write it.
+        // Tried again at the next tick.
+        if self.stopping.keys().any(|old| {
+            old.parent == key.parent && old.partition == key.partition && old.child == key.child
+        }) {
+            return false;
+        }
         if link.runtime.meta().attach_epoch != key.epoch {
             return false;
         }
@@ -386,15 +427,12 @@ impl Reconciler {
         true
     }
 
-    async fn stop_cursor(&mut self, key: &CursorKey) {
+    /// Tells the cursor `key` to stop and lists it as stopping; it is reaped once its task
+    /// ends (see [`Reconciler::reap_exited`]), without this tick waiting for it.
+    fn stop_cursor(&mut self, key: &CursorKey) {
         if let Some(running) = self.cursors.remove(key) {
             running.stop.trigger();
-            match running.task.await {
-                Ok(exit) => tracing::info!(?key, ?exit, "cursor stopped"),
-                Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
-            }
-            running.status.retire();
-            self.view.remove(key);
+            self.stopping.insert(key.clone(), running);
         }
     }
 
@@ -766,7 +804,158 @@ mod tests {
         };
         let keys: Vec<&CursorKey> = reconciler.cursors.keys().collect();
         assert_eq!(keys, [&key]);
-        reconciler.stop_cursor(&key).await;
+        reconciler.stop_cursor(&key);
+        reconciler.reap_all().await;
+    }
+
+    /// Commits to the local store, except that commits to topic `child` hang (as on a child
+    /// owner stopped with SIGSTOP) until released.
+    struct HangingCommitter {
+        store: Arc<Store>,
+        hung: Arc<(Mutex<bool>, std::sync::Condvar)>,
+        entered: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl ChildCommitter for HangingCommitter {
+        fn commit(
+            &self,
+            partition: &PartitionId,
+            batch: &mut EncodedBatch,
+        ) -> Result<Appended, ChildCommitError> {
+            if partition.topic == "child" {
+                self.entered
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (lock, released) = &*self.hung;
+                let mut hung = lock.lock().unwrap();
+                while *hung {
+                    hung = released.wait(hung).unwrap();
+                }
+            }
+            Ok(self.store.append_encoded(partition, batch)?)
+        }
+    }
+
+    /// Releases a [`HangingCommitter`] when dropped, so a failing test ends instead of
+    /// leaving its runtime waiting on the hung commit.
+    struct Release(Arc<(Mutex<bool>, std::sync::Condvar)>);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            *self
+                .0
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+            self.0.1.notify_all();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cursor_stuck_in_a_commit_delays_neither_the_tick_nor_another_links_start() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, store, metastore) = one_link("").await;
+        let parent = PartitionId::new("parent", 0);
+        store
+            .append(
+                &parent,
+                AppendBatch {
+                    records: vec![NewRecord {
+                        key: None,
+                        headers: Vec::new(),
+                        value: Some(Bytes::from_static(b"v0")),
+                    }],
+                    origin: None,
+                },
+            )
+            .unwrap();
+        let hung = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
+        let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let release = Release(Arc::clone(&hung));
+        let deps = Arc::new(CursorDeps {
+            store: Arc::clone(&store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer: Arc::new(HangingCommitter {
+                store: Arc::clone(&store),
+                hung: Arc::clone(&hung),
+                entered: Arc::clone(&entered),
+            }),
+            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: TIMING,
+            remote_tails: None,
+            node: None,
+        });
+        let view = Arc::new(FanoutView::default());
+        let mut reconciler = Reconciler::new(
+            deps,
+            Arc::new(SingleNode::default()),
+            Arc::new(NativeFactory),
+            Arc::new(FanoutMetrics::default()),
+            Arc::clone(&view),
+        );
+        reconciler.tick().await;
+        wait_for("the cursor to be stuck in its commit", || {
+            entered.load(SeqCst) > 0
+        })
+        .await;
+
+        // Detach the stuck link and attach another: the tick that stops the first must not
+        // wait for its commit, and the second link's cursor starts in that same tick.
+        metastore.detach_link("parent", "child").await.unwrap();
+        store
+            .create_partition(&PartitionId::new("other", 0), LogConfig::default())
+            .unwrap();
+        metastore
+            .create_topic(TopicMeta {
+                writable_as_child: false,
+                name: "other".into(),
+                partitions: 1,
+                retention_ms: None,
+                retention_bytes: None,
+                created_at_ms: 0,
+                owners: Vec::new(),
+            })
+            .await
+            .unwrap();
+        metastore
+            .attach_link(LinkMeta {
+                parent: "parent".into(),
+                child: "other".into(),
+                attach_epoch: "00112233445566bb".into(),
+                attach_offsets: Some(vec![0]),
+                delay_ms: 0,
+                router: vec![plugin()],
+                config: String::new(),
+                attached_at_ms: 0,
+                paused: Vec::new(),
+                shadow: None,
+                remote: None,
+            })
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), reconciler.tick())
+            .await
+            .expect("a tick waited for a cursor stuck in a commit");
+        assert!(view.status("parent", "other", 0).is_some(), "not started");
+        assert!(
+            view.status("parent", "child", 0).is_some(),
+            "the stuck cursor left the view before its task ended"
+        );
+
+        // Released, the stuck cursor ends and is reaped at the next tick.
+        drop(release);
+        wait_for("the stopped cursor to end", || {
+            reconciler.stopping.values().all(|r| r.task.is_finished())
+        })
+        .await;
+        reconciler.tick().await;
+        assert!(reconciler.stopping.is_empty());
+        assert!(view.status("parent", "child", 0).is_none());
+        let keys: Vec<CursorKey> = reconciler.cursors.keys().cloned().collect();
+        for key in keys {
+            reconciler.stop_cursor(&key);
+        }
+        reconciler.reap_all().await;
     }
 
     /// Counts the chains it builds: the links' own and the shadows' candidates.
@@ -878,6 +1067,7 @@ mod tests {
         assert_eq!(factory.real.load(SeqCst), 1);
         let keys: Vec<&CursorKey> = reconciler.cursors.keys().collect();
         assert_eq!(keys, [&key]);
-        reconciler.stop_cursor(&key).await;
+        reconciler.stop_cursor(&key);
+        reconciler.reap_all().await;
     }
 }
