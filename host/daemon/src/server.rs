@@ -464,6 +464,10 @@ pub async fn run_server(
                     .with_revision({
                         let metastore = Arc::clone(&context.metastore);
                         Arc::new(move || metastore.cache_revision())
+                    })
+                    .with_liveness({
+                        let context = Arc::clone(context);
+                        Arc::new(move |node: &str| context.peers.advertise_of(node).is_some())
                     }),
             )),
             None => None,

@@ -110,6 +110,15 @@ pub enum HopError {
         /// The client's error.
         source: reqwest::Error,
     },
+    /// The owner lost its lease while the request was in flight: it acknowledges nothing
+    /// more, but may have written the records before it stopped.
+    #[error("{url} lost its lease (node {node} is no longer alive) before it answered")]
+    OwnerLost {
+        /// The URL called.
+        url: String,
+        /// The owner's id.
+        node: String,
+    },
     /// The owner's answer is larger than the cap.
     #[error("the answer of {url} is larger than {limit} bytes")]
     AnswerTooLarge {
@@ -162,6 +171,7 @@ impl HopError {
         matches!(
             self,
             HopError::NoAnswer { .. }
+                | HopError::OwnerLost { .. }
                 | HopError::AnswerTooLarge { .. }
                 | HopError::BadAnswer { .. }
                 | HopError::Task(_)
@@ -215,7 +225,16 @@ pub struct Forwarder {
     revision: Option<std::sync::Arc<dyn Fn() -> i64 + Send + Sync>>,
     /// Whether an owner was found to predate null values (logged once).
     old_owner_seen: std::sync::atomic::AtomicBool,
+    /// Whether a node is alive (holds its lease): a produce to an owner that loses it is
+    /// answered then, not when the request times out.
+    alive: Option<Liveness>,
 }
+
+/// Whether node `id` is alive (holds its lease).
+pub(crate) type Liveness = std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// How often a forwarded produce looks whether its owner is still alive.
+const OWNER_CHECK_EVERY: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for Forwarder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -249,7 +268,45 @@ impl Forwarder {
             max_fetch_answer_bytes: fetch_answer_cap(limits),
             revision: None,
             old_owner_seen: std::sync::atomic::AtomicBool::new(false),
+            alive: None,
         })
+    }
+
+    /// The same forwarder, giving up on a produce as soon as `alive(owner)` is false: an
+    /// owner whose lease is gone acknowledges nothing more (it is fenced), so waiting for its
+    /// answer until the request times out (40 s by default) only holds the client.
+    pub(crate) fn with_liveness(mut self, alive: Liveness) -> Forwarder {
+        self.alive = Some(alive);
+        self
+    }
+
+    /// Runs `call` to `owner` (at `url`) until it ends or the owner is no longer alive,
+    /// whichever comes first.
+    async fn while_alive<T>(
+        &self,
+        owner: &str,
+        url: &str,
+        call: impl std::future::Future<Output = Result<T, HopError>>,
+    ) -> Result<T, HopError> {
+        let Some(alive) = self.alive.clone() else {
+            return call.await;
+        };
+        let lost = async {
+            let mut every = tokio::time::interval(OWNER_CHECK_EVERY);
+            loop {
+                every.tick().await;
+                if !alive(owner) {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            answer = call => answer,
+            () = lost => Err(HopError::OwnerLost {
+                url: url.to_owned(),
+                node: owner.to_owned(),
+            }),
+        }
     }
 
     /// The same forwarder, sending `revision()` with every call.
@@ -759,6 +816,18 @@ fn produce_failure(
             .with("owner", node.as_str()),
             retry_after.clone(),
         ),
+        HopError::OwnerLost { .. } => (
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "node {node}, which serves partitions {parts:?} of {topic}, lost its lease \
+                     before it answered; it may have written these records, so retry with the \
+                     same producer if duplicates matter{summary}"
+                ),
+            )
+            .with("owner", node.as_str()),
+            Some(HeaderValue::from(OWNER_DOWN_RETRY_AFTER_SECS)),
+        ),
         HopError::Encode(_) => (
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -861,12 +930,12 @@ pub(crate) async fn send_groups(
             let body = encode_records(records, &group.indices);
             let forwarder = Arc::clone(forwarder);
             let url = group.url.clone();
+            let node = group.node.clone();
             let topic = topic.to_owned();
             let authorization = authorization.clone();
             tokio::spawn(async move {
-                forwarder
-                    .produce(&url, &topic, &body, authorization.as_ref())
-                    .await
+                let call = forwarder.produce(&url, &topic, &body, authorization.as_ref());
+                forwarder.while_alive(&node, &url, call).await
             })
         })
         .collect();

@@ -65,6 +65,38 @@ impl Cluster {
         cluster
     }
 
+    /// [`Cluster::start_with`], each node also serving Kafka on a free loopback port; returns
+    /// the Kafka addresses too, by node.
+    pub(super) fn start_with_kafka(name: &str, extra: &[&str]) -> (Cluster, Vec<String>) {
+        let etcd = TestEtcd::start();
+        let endpoint = etcd.endpoint();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut kafka = Vec::new();
+        let nodes = ["n1", "n2", "n3"]
+            .iter()
+            .map(|id| {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("free port")
+                    .port();
+                let addr = format!("127.0.0.1:{port}");
+                let mut args = cluster_args(&endpoint, name, id);
+                args.extend_from_slice(&["--kafka-listen", &addr]);
+                args.extend_from_slice(extra);
+                let daemon = Daemon::start_with(&dir.path().join(id), &args);
+                kafka.push(addr);
+                daemon
+            })
+            .collect();
+        let cluster = Cluster {
+            nodes,
+            _etcd: etcd,
+            _dir: dir,
+        };
+        cluster.wait_for_nodes(3);
+        (cluster, kafka)
+    }
+
     /// What each node says about `parent`'s children, and the end of its log: for a failure
     /// message.
     pub(super) fn diagnostics(&self, parent: &str) -> String {
@@ -1065,31 +1097,7 @@ fn a_topic_deleted_through_one_node_is_set_aside_on_the_others_and_a_new_one_sta
 
 #[test]
 fn a_kafka_client_bootstrapped_on_one_node_produces_to_every_owner_and_reads_back() {
-    let etcd = TestEtcd::start();
-    let endpoint = etcd.endpoint();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut kafka = Vec::new();
-    let nodes = ["n1", "n2", "n3"]
-        .iter()
-        .map(|id| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("free port")
-                .port();
-            let addr = format!("127.0.0.1:{port}");
-            let mut args = cluster_args(&endpoint, "kafka-across", id);
-            args.extend_from_slice(&["--kafka-listen", &addr]);
-            let daemon = Daemon::start_with(&dir.path().join(id), &args);
-            kafka.push(addr);
-            daemon
-        })
-        .collect();
-    let cluster = Cluster {
-        nodes,
-        _etcd: etcd,
-        _dir: dir,
-    };
-    cluster.wait_for_nodes(3);
+    let (cluster, kafka) = Cluster::start_with_kafka("kafka-across", &[]);
     let client = http_client();
     let (status, body) = send_json(
         &client,

@@ -289,3 +289,42 @@ fn a_request_forwarded_by_a_restarted_node_is_not_held_for_a_revision_its_owner_
          produces)\n{owner_log}"
     );
 }
+
+/// A produce forwarded to an owner that hangs (SIGSTOP) waited for the whole request timeout
+/// (40 s) before its answer, long after the owner's lease was gone and it could acknowledge
+/// nothing more. It is answered once the owner is no longer alive: a retriable 503 that says
+/// the records may have been written.
+#[test]
+fn a_produce_forwarded_to_an_owner_that_hangs_is_answered_once_its_lease_is_gone() {
+    let cluster = Cluster::start("forward-to-hung");
+    cluster.create("orders", 1, json!(["n2"]));
+    let client = http_client();
+    let produce = |value: &str| {
+        send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/orders/records", cluster.url(0)),
+            Some(&json!({"records": [{"value": value}]})),
+        )
+        .expect("produce")
+    };
+    let (status, body) = produce("before");
+    assert_eq!(status, 200, "{body}");
+
+    cluster.nodes[1].pause();
+    let started = Instant::now();
+    let (status, body) = produce("while hung");
+    let took = started.elapsed();
+    cluster.nodes[1].resume();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("lost its lease")),
+        "{body}"
+    );
+    assert_eq!(body["uncertain_partitions"], json!([0]), "{body}");
+    // The lease is 3 s; the request timeout 40 s. Half of that is a bound no healthy run
+    // comes near and the old behaviour cannot meet.
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+}

@@ -452,8 +452,12 @@ fn malformed_oversized_and_unoffered_requests_close_their_connection_and_the_dae
     closed("an unknown API key", &frame(999, 0, &[]));
     closed("Fetch 13 (topic ids, not offered)", &frame(1, 13, &[]));
     closed(
-        "FindCoordinator (consumer groups, not offered)",
-        &frame(10, 1, &[0, 1, b'g', 0]),
+        "ElectLeaders (not offered: narad has no replicas to elect among)",
+        &frame(43, 0, &[0, 0, 0, 0, 0, 0, 0, 0]),
+    );
+    closed(
+        "FindCoordinator 5 (a version past the offered 0 to 4)",
+        &frame(10, 5, &[0, 0]),
     );
     closed("a truncated Metadata body", &frame(3, 1, &[0, 0]));
     // Topic arrays claiming two billion entries, in both array encodings: refused before

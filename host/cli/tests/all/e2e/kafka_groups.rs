@@ -19,14 +19,14 @@ use super::kafka::{KafkaDaemon, create_topic, exchange, run, script, start_with}
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A kafka-python group member running in the background, its JSON lines collected.
-struct Member {
+pub(super) struct Member {
     child: Child,
     lines: Arc<Mutex<Vec<Value>>>,
 }
 
 /// Which client library a member runs.
 #[derive(Clone, Copy)]
-enum Library {
+pub(super) enum Library {
     KafkaPython,
     /// confluent-kafka (librdkafka) with this `partition.assignment.strategy`.
     Librdkafka(&'static str),
@@ -35,7 +35,13 @@ enum Library {
 impl Member {
     /// A kafka-python member.
     fn start(kafka: &KafkaDaemon, topic: &str, group: &str, idle_secs: u32) -> Member {
-        Member::start_with(kafka, topic, group, idle_secs, Library::KafkaPython)
+        Member::start_on(
+            &kafka.kafka.to_string(),
+            topic,
+            group,
+            idle_secs,
+            Library::KafkaPython,
+        )
     }
 
     fn start_with(
@@ -45,8 +51,19 @@ impl Member {
         idle_secs: u32,
         library: Library,
     ) -> Member {
-        let (bootstrap, idle) = (kafka.kafka.to_string(), idle_secs.to_string());
-        let mut args = vec![bootstrap.as_str(), topic, group, idle.as_str()];
+        Member::start_on(&kafka.kafka.to_string(), topic, group, idle_secs, library)
+    }
+
+    /// A member bootstrapped on `bootstrap` (`host:port`).
+    pub(super) fn start_on(
+        bootstrap: &str,
+        topic: &str,
+        group: &str,
+        idle_secs: u32,
+        library: Library,
+    ) -> Member {
+        let idle = idle_secs.to_string();
+        let mut args = vec![bootstrap, topic, group, idle.as_str()];
         match library {
             Library::KafkaPython => args.insert(0, "consume"),
             Library::Librdkafka(strategy) => {
@@ -76,7 +93,7 @@ impl Member {
     }
 
     /// Its latest assignment.
-    fn assigned(&self) -> Option<Vec<u64>> {
+    pub(super) fn assigned(&self) -> Option<Vec<u64>> {
         self.lines
             .lock()
             .expect("lines")
@@ -93,7 +110,7 @@ impl Member {
     }
 
     /// Every record it read: (partition, offset, value).
-    fn records(&self) -> Vec<(u64, u64, String)> {
+    pub(super) fn records(&self) -> Vec<(u64, u64, String)> {
         self.lines
             .lock()
             .expect("lines")
@@ -109,7 +126,7 @@ impl Member {
     }
 
     /// Waits for it to exit on its own (idle), then kills it if it did not.
-    fn finish(mut self) -> Vec<(u64, u64, String)> {
+    pub(super) fn finish(mut self) -> Vec<(u64, u64, String)> {
         let deadline = Instant::now() + WAIT;
         while Instant::now() < deadline {
             if self.child.try_wait().expect("wait").is_some() {
@@ -137,7 +154,7 @@ impl Drop for Member {
     }
 }
 
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+pub(super) fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -146,7 +163,7 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// Waits until `members` hold disjoint assignments that together cover `partitions`.
-fn wait_for_split(members: &[&Member], partitions: u64) {
+pub(super) fn wait_for_split(members: &[&Member], partitions: u64) {
     wait_for("the group to assign every partition once", || {
         let assigned: Vec<Vec<u64>> = members.iter().filter_map(|m| m.assigned()).collect();
         if assigned.len() != members.len() || assigned.iter().any(Vec::is_empty) {
@@ -158,7 +175,7 @@ fn wait_for_split(members: &[&Member], partitions: u64) {
     });
 }
 
-fn produce(base: &str, topic: &str, values: std::ops::Range<u32>) {
+pub(super) fn produce(base: &str, topic: &str, values: std::ops::Range<u32>) {
     let records: Vec<Value> = values
         .map(|i| json!({"key": format!("k{}", i % 13), "value": format!("v{i}")}))
         .collect();
@@ -172,13 +189,13 @@ fn produce(base: &str, topic: &str, values: std::ops::Range<u32>) {
     assert!((200..300).contains(&status), "produce: {status} {body}");
 }
 
-fn values(records: &[(u64, u64, String)]) -> Vec<String> {
+pub(super) fn values(records: &[(u64, u64, String)]) -> Vec<String> {
     let mut values: Vec<String> = records.iter().map(|(_, _, v)| v.clone()).collect();
     values.sort();
     values
 }
 
-fn expected(range: std::ops::Range<u32>) -> Vec<String> {
+pub(super) fn expected(range: std::ops::Range<u32>) -> Vec<String> {
     let mut values: Vec<String> = range.map(|i| format!("v{i}")).collect();
     values.sort();
     values
@@ -186,10 +203,18 @@ fn expected(range: std::ops::Range<u32>) -> Vec<String> {
 
 /// The admin client's view: groups listed and `group`'s committed offsets.
 fn admin_offsets(kafka: &KafkaDaemon, group: &str) -> (Vec<String>, BTreeMap<String, i64>) {
+    admin_offsets_on(&kafka.kafka.to_string(), group)
+}
+
+/// [`admin_offsets`] from an admin client bootstrapped on `bootstrap`.
+pub(super) fn admin_offsets_on(
+    bootstrap: &str,
+    group: &str,
+) -> (Vec<String>, BTreeMap<String, i64>) {
     let mut command = Command::new("python3");
     command
         .arg(script("python_group.py"))
-        .args(["offsets", &kafka.kafka.to_string(), group]);
+        .args(["offsets", bootstrap, group]);
     let out = run(command, b"", "python3 python_group.py offsets");
     let answer: Value = serde_json::from_str(out.trim()).expect("one JSON line");
     let groups = answer["groups"]
@@ -310,7 +335,7 @@ fn a_member_killed_without_leaving_is_replaced_after_its_session_and_nothing_is_
 }
 
 /// Each partition's next offset after `records`, as `topic/partition`.
-fn next_offsets(topic: &str, records: &[(u64, u64, String)]) -> BTreeMap<String, i64> {
+pub(super) fn next_offsets(topic: &str, records: &[(u64, u64, String)]) -> BTreeMap<String, i64> {
     let mut next: BTreeMap<String, i64> = BTreeMap::new();
     for (p, o, _) in records {
         let e = next.entry(format!("{topic}/{p}")).or_default();

@@ -6,6 +6,7 @@ mod child_writes;
 mod cli;
 mod cluster;
 mod cluster_failures;
+mod cluster_groups;
 mod crash_produce;
 mod demo;
 mod disk_damage;

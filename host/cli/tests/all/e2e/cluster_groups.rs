@@ -1,0 +1,84 @@
+//! Kafka consumer groups on a three-node cluster on a real etcd: the group's coordinator is the
+//! owner of its partition of the offsets topic, members bootstrapped on the other nodes find it
+//! there, and its committed offsets outlive `kill -9` of that node.
+
+use std::net::TcpStream;
+
+use kafka_protocol::messages::{FindCoordinatorRequest, FindCoordinatorResponse};
+use kafka_protocol::protocol::StrBytes;
+
+use super::cluster::Cluster;
+use super::kafka::exchange;
+use super::kafka_groups::{
+    Library, Member, admin_offsets_on, expected, next_offsets, produce, values, wait_for,
+    wait_for_split,
+};
+
+/// The index (in `kafka`) of the node FindCoordinator names for `group`, asked of `kafka[0]`.
+fn coordinator_of(kafka: &[String], group: &'static str) -> usize {
+    let mut found = None;
+    wait_for("the group's coordinator", || {
+        let Ok(mut stream) = TcpStream::connect(&kafka[0]) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(30)));
+        let mut find = FindCoordinatorRequest::default();
+        find.key = StrBytes::from_static_str(group);
+        let answer: FindCoordinatorResponse = exchange(&mut stream, 10, 1, &find);
+        if answer.error_code != 0 {
+            return false;
+        }
+        let addr = format!("{}:{}", answer.host.as_str(), answer.port);
+        found = kafka.iter().position(|k| *k == addr);
+        assert!(found.is_some(), "{addr} is none of the nodes {kafka:?}");
+        true
+    });
+    found.unwrap_or_default()
+}
+
+#[test]
+fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coordinator() {
+    let (mut cluster, kafka) =
+        Cluster::start_with_kafka("groups", &["--group-initial-rebalance-delay-ms", "500"]);
+    cluster.create("orders", 4, serde_json::json!(["n1", "n2", "n3", "n1"]));
+    let coordinator = coordinator_of(&kafka, "billing");
+    let others: Vec<usize> = (0..3).filter(|&i| i != coordinator).collect();
+
+    // Two members, each bootstrapped on a node that is not the coordinator.
+    let a = Member::start_on(
+        &kafka[others[0]],
+        "orders",
+        "billing",
+        3,
+        Library::KafkaPython,
+    );
+    let b = Member::start_on(
+        &kafka[others[1]],
+        "orders",
+        "billing",
+        3,
+        Library::Librdkafka("range"),
+    );
+    wait_for_split(&[&a, &b], 4);
+    produce(&cluster.url(others[0]), "orders", 0..200);
+    let (read_a, read_b) = (a.finish(), b.finish());
+    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    assert_eq!(values(&both), expected(0..200), "every record exactly once");
+    let (groups, mut committed) = admin_offsets_on(&kafka[others[1]], "billing");
+    assert!(groups.contains(&"billing".to_owned()), "listed: {groups:?}");
+    committed.retain(|_, offset| *offset > 0);
+    assert_eq!(committed, next_offsets("orders", &both));
+
+    // The coordinator dies and comes back: the group's offsets are on its disk, durable.
+    cluster.nodes[coordinator].restart();
+    cluster.wait_for_nodes(3);
+    produce(&cluster.url(others[0]), "orders", 200..230);
+    let c = Member::start_on(
+        &kafka[others[1]],
+        "orders",
+        "billing",
+        3,
+        Library::KafkaPython,
+    );
+    assert_eq!(values(&c.finish()), expected(200..230));
+}
