@@ -139,6 +139,10 @@ pub enum CursorExit {
     LinkGone(LinkGone),
     /// Its start could not be confirmed against the metastore; retried on a later tick.
     Deferred(Deferred),
+    /// Paused by an operator while stalled on a slab: the slab is dropped (nothing of it is
+    /// on file) and the cursor waits paused, where it can be sought past the slab. Handled
+    /// inside the cursor; [`run_cursor`] never returns it.
+    PausedWhileStalled,
 }
 
 /// Why a cursor's link is no longer the one it serves. The `Display` text is what the cursor's
@@ -410,6 +414,19 @@ impl Cursor {
                         end: last + 1,
                     })
                 }
+                // Paused while stalled: the slabs are dropped (their buckets that did land are
+                // copied again on resume, as after a crash) and the loop waits paused at their
+                // start, the position the slabs before them end at.
+                Err(CursorExit::PausedWhileStalled) => {
+                    if saved.is_err() {
+                        *unsaved = before;
+                    }
+                    ahead.clear();
+                    tracing::info!(parent = %self.key.parent, partition = self.key.partition,
+                        child = %self.key.child, at = from,
+                        "paused while stalled: the stalled slab is dropped and copied again from its start on resume");
+                    continue;
+                }
                 Err(exit) => {
                     if saved.is_err() {
                         *unsaved = before;
@@ -664,6 +681,7 @@ impl Cursor {
             Some(Ok(acknowledged)) => Ok(acknowledged),
             Some(Err(failed)) => {
                 self.commit_failed(delivery, failed).await?;
+                self.unless_paused()?;
                 self.finish(delivery).await
             }
             None => self.finish(delivery).await,
@@ -676,12 +694,27 @@ impl Cursor {
     async fn finish(&self, delivery: &mut Delivery) -> Result<Acknowledged, CursorExit> {
         loop {
             let Some(buckets) = self.route_slab(delivery).await? else {
+                self.unless_paused()?;
                 continue;
             };
             match commit(buckets, &self.committer, &self.deps.timing).await {
                 Ok(acknowledged) => return Ok(acknowledged),
-                Err(failed) => self.commit_failed(delivery, failed).await?,
+                Err(failed) => {
+                    self.commit_failed(delivery, failed).await?;
+                    self.unless_paused()?;
+                }
             }
+        }
+    }
+
+    /// After a failed try of a slab: [`CursorExit::PausedWhileStalled`] if an operator has
+    /// paused this cursor meanwhile. A healthy cursor finishes its slab before it pauses; a
+    /// stalled one would never get there, and pausing it is how an operator gets past a
+    /// slab that cannot be delivered (a seek while paused).
+    fn unless_paused(&self) -> Result<(), CursorExit> {
+        match self.current_link()?.paused.contains(&self.key.partition) {
+            true => Err(CursorExit::PausedWhileStalled),
+            false => Ok(()),
         }
     }
 

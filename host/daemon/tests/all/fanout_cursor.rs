@@ -1370,6 +1370,63 @@ async fn a_router_that_panics_stalls_the_cursor_without_skipping_the_slab() {
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
+/// Fails every slab that holds the record `v5` (answers no decisions): a poison record.
+struct PoisonRouter;
+
+impl SlabRouter for PoisonRouter {
+    fn route(
+        &mut self,
+        _input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        let poisoned = records
+            .iter()
+            .any(|r| r.value.as_deref() == Some(b"v5".as_slice()));
+        Ok(if poisoned {
+            Vec::new()
+        } else {
+            vec![0; records.len()]
+        })
+    }
+}
+
+/// Tried as a new operator would: a cursor stalled on a poison record answered "paused" to a
+/// pause and stayed stalled, and a seek then said "not paused", so nothing got past the record
+/// but swapping the router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_stalled_on_a_poison_record_pauses_and_is_sought_past_it() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..10);
+    let meta = link(vec![0], 0);
+    f.metastore.attach_link(meta.clone()).await.unwrap();
+    let running = spawn_cursor_routing(&f, meta.clone(), Box::new(PoisonRouter));
+    wait_for("the cursor to stall on the poison record", || {
+        running.status.report().state == CursorState::Stalled
+    })
+    .await;
+
+    running.runtime.set_meta(LinkMeta {
+        paused: vec![0],
+        ..meta.clone()
+    });
+    wait_for("the stalled cursor to pause", || {
+        running.status.report().state == CursorState::Paused
+    })
+    .await;
+    // Nothing of the stalled slab is on file: the position is still before it.
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(0));
+    let sought = running.status.order_seek(6).await.unwrap().unwrap();
+    assert_eq!((sought.from, sought.to, sought.skipped), (0, 6, 6));
+
+    running.runtime.set_meta(meta);
+    wait_for("the records after the poison one copied", || {
+        file_position(&f).map(|r| r.next_offset) == Some(10)
+    })
+    .await;
+    assert_eq!(child_values(&f.store, 0), expected(6..10));
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
 /// The file metastore, counting the cursor's reads: whole snapshots and one-link views.
 struct CountingMetastore {
     inner: Arc<FileMetastore>,
