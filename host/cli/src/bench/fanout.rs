@@ -344,6 +344,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
     let timing = narad_host::fanout::FanoutTiming {
         offset_sync_every: options.offset_sync_every,
         slabs_per_commit: options.slabs_per_commit,
+        no_progress_after: narad_host::fanout::NO_PROGRESS_AFTER,
         ..narad_host::fanout::FanoutTiming::default()
     };
     let rig = Arc::new(Rig::open(&work.path().join("data"), timing).await?);

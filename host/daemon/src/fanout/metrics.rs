@@ -67,6 +67,9 @@ pub struct FanoutMetrics {
     pub lag_messages: Family<CursorLabels, Gauge<i64, AtomicI64>>,
     /// `narad_fanout_due_lag_seconds`: how far behind the due frontier the cursor runs.
     pub due_lag_seconds: Family<CursorLabels, Gauge<f64, AtomicU64>>,
+    /// `narad_fanout_last_progress_timestamp_seconds`: when the cursor's position last moved
+    /// or it last found nothing to copy (Unix seconds).
+    pub(crate) last_progress: Family<CursorLabels, Gauge<f64, AtomicU64>>,
     /// `narad_fanout_child_dropped_messages`: records skipped because they aged out of the
     /// parent before the cursor reached them. A gauge so the series keeps the engine's exact
     /// name (Prometheus counters get a `_total` suffix); it only grows while the cursor runs.
@@ -116,6 +119,11 @@ impl FanoutMetrics {
             "narad_fanout_due_lag_seconds",
             "Seconds the oldest due, uncopied record has waited past its due time (the health signal for delay children)",
             self.due_lag_seconds.clone(),
+        );
+        registry.register(
+            "narad_fanout_last_progress_timestamp_seconds",
+            "When the cursor's position last moved or it last found nothing to copy (Unix seconds); a cursor with records to copy that has not moved for 120 s is reported stalled",
+            self.last_progress.clone(),
         );
         registry.register(
             "narad_fanout_child_dropped_messages",
@@ -183,6 +191,7 @@ impl FanoutMetrics {
     pub(crate) fn remove_cursor(&self, labels: &CursorLabels) {
         self.lag_messages.remove(labels);
         self.due_lag_seconds.remove(labels);
+        self.last_progress.remove(labels);
         self.dropped_messages.remove(labels);
         self.records_copied.remove(labels);
         self.slabs.remove(labels);

@@ -131,6 +131,12 @@ pub const OFFSET_SYNC_EVERY: Duration = Duration::from_millis(50);
 /// cursor holds to twice this many slabs (those committing and those read ahead).
 pub const SLABS_PER_COMMIT: usize = 2;
 
+/// A running cursor that has records to copy and has not moved its position for this long is
+/// reported `stalled` ("no progress for N s"), whatever holds it: a commit or read that does
+/// not return shows as trouble, not as a healthy cursor. Longer than the slowest healthy
+/// slab (a remote child's commit may take 90 s before it fails and is retried).
+pub const NO_PROGRESS_AFTER: Duration = Duration::from_secs(120);
+
 /// Every wait of a cursor, and how many slabs it commits together, carried to it with its
 /// clock (`CursorDeps`). [`Default`] gives the constants above; tests shorten the waits
 /// instead of sleeping for seconds.
@@ -157,6 +163,9 @@ pub struct FanoutTiming {
     /// Most consecutive slabs committed together ([`SLABS_PER_COMMIT`]); 1 commits each slab
     /// on its own, as the reference engine does (0 counts as 1).
     pub slabs_per_commit: usize,
+    /// How long a running cursor with records to copy may go without moving its position
+    /// before it is reported stalled, whatever holds it ([`NO_PROGRESS_AFTER`]).
+    pub no_progress_after: Duration,
 }
 
 impl FanoutTiming {
@@ -182,6 +191,7 @@ impl Default for FanoutTiming {
             remote_backoff_max: REMOTE_BACKOFF_MAX,
             offset_sync_every: OFFSET_SYNC_EVERY,
             slabs_per_commit: SLABS_PER_COMMIT,
+            no_progress_after: NO_PROGRESS_AFTER,
         }
     }
 }

@@ -98,6 +98,10 @@ pub struct CursorReport {
     /// When `previous_error` was last recorded (Unix ms, this node's clock).
     #[serde(default)]
     pub previous_error_at_ms: Option<i64>,
+    /// When the cursor's position last moved, or it last found nothing to copy (Unix ms, the
+    /// node's clock).
+    #[serde(default)]
+    pub last_progress_at_ms: Option<i64>,
     /// Cluster mode: the node that runs this cursor (the parent partition's owner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -140,6 +144,10 @@ struct Inner {
     skipped_by_seek: u64,
     /// The cursor's gap ledger as last written.
     gaps: Option<Arc<GapLedger>>,
+    /// When the position last moved, or the cursor last found nothing to copy (monotonic,
+    /// and the wall clock for the report).
+    progress_at: std::time::Instant,
+    progress_at_ms: i64,
     state: CursorState,
     /// The current stall is a remote target's refusal.
     refused: bool,
@@ -200,6 +208,8 @@ impl CursorStatus {
                 parent_end_rewinds: 0,
                 skipped_by_seek: 0,
                 gaps: None,
+                progress_at: std::time::Instant::now(),
+                progress_at_ms: wall_clock_ms(),
                 state: CursorState::Running,
                 refused: false,
                 last_error: None,
@@ -216,6 +226,9 @@ impl CursorStatus {
     fn publish_zeros(&self) {
         let m = &self.metrics;
         let _ = m.dropped_messages.get_or_create(&self.labels);
+        m.last_progress
+            .get_or_create(&self.labels)
+            .set(wall_clock_ms() as f64 / 1000.0);
         let _ = m.records_copied.get_or_create(&self.labels);
         let _ = m.slabs.get_or_create(&self.labels);
         let _ = m.commit_retries.get_or_create(&self.labels);
@@ -245,6 +258,12 @@ impl CursorStatus {
     /// Records the cursor's durable position and the parent's high watermark.
     pub(crate) fn set_position(&self, next_offset: u64, high_watermark: u64) {
         let mut inner = self.lock();
+        inner.progress_at = std::time::Instant::now();
+        inner.progress_at_ms = wall_clock_ms();
+        self.metrics
+            .last_progress
+            .get_or_create(&self.labels)
+            .set(inner.progress_at_ms as f64 / 1000.0);
         inner.committing = None;
         inner.next_offset = Some(next_offset);
         inner.high_watermark = Some(high_watermark.max(next_offset));
@@ -276,11 +295,17 @@ impl CursorStatus {
     /// it is now, and the due lag of a slab still waiting for its commit. A cursor stalled on
     /// a dead child owner sets neither itself, and its lag must keep rising, or a lag alert
     /// never fires (the reconciler calls this every tick).
-    pub(crate) fn refresh(&self, parent_high_watermark: Option<u64>, now_ms: i64) {
+    pub(crate) fn refresh(
+        &self,
+        parent_high_watermark: Option<u64>,
+        now_ms: i64,
+        no_progress_after: std::time::Duration,
+    ) {
         let (position, committing) = {
             let inner = self.lock();
             (inner.next_offset, inner.committing)
         };
+        self.check_progress(parent_high_watermark, no_progress_after);
         if let (Some(next), Some(high)) = (position, parent_high_watermark) {
             let mut inner = self.lock();
             // Only forward: a position the cursor moved meanwhile wins.
@@ -296,6 +321,29 @@ impl CursorStatus {
         if let Some((oldest, delay_ms)) = committing {
             self.set_due_lag(super::gate::due_lag_seconds(Some(oldest), delay_ms, now_ms));
         }
+    }
+
+    /// Reports a running cursor stalled when it has records to copy (`high` past its position)
+    /// and its position has not moved for `after`: something it waits on does not return.
+    /// Cleared as any stall is, once the cursor is healthy again.
+    fn check_progress(&self, high: Option<u64>, after: std::time::Duration) {
+        let idle_for = {
+            let inner = self.lock();
+            let has_work =
+                matches!((inner.next_offset, high), (Some(next), Some(high)) if high > next);
+            if inner.state != CursorState::Running || !has_work {
+                return;
+            }
+            inner.progress_at.elapsed()
+        };
+        if idle_for < after {
+            return;
+        }
+        self.stalled(format!(
+            "no progress for {} s while records wait to be copied: a commit or read that does \
+             not return (a hung child owner or disk?)",
+            idle_for.as_secs()
+        ));
     }
 
     /// Records how far behind the due frontier the cursor is.
@@ -519,6 +567,7 @@ impl CursorStatus {
             last_error_at_ms: inner.last_error.as_ref().map(|&(_, at)| at),
             previous_error: inner.previous_error.as_ref().map(|(text, _)| text.clone()),
             previous_error_at_ms: inner.previous_error.as_ref().map(|&(_, at)| at),
+            last_progress_at_ms: Some(inner.progress_at_ms),
             node: None,
             refused: inner.refused,
             remote_state: None,
@@ -558,6 +607,7 @@ impl FanoutView {
         &self,
         high_watermark: impl Fn(&str, u32) -> Option<u64>,
         now_ms: i64,
+        no_progress_after: std::time::Duration,
     ) {
         let statuses: Vec<(String, u32, Arc<CursorStatus>)> = {
             let cursors = self.cursors.lock().unwrap_or_else(PoisonError::into_inner);
@@ -571,7 +621,11 @@ impl FanoutView {
                 .collect()
         };
         for (parent, partition, status) in statuses {
-            status.refresh(high_watermark(&parent, partition), now_ms);
+            status.refresh(
+                high_watermark(&parent, partition),
+                now_ms,
+                no_progress_after,
+            );
         }
     }
 
@@ -693,19 +747,50 @@ mod tests {
         status.committing(Some(100_000), 10_000, 115_000);
         assert_eq!(status.report().due_lag_seconds, 5.0);
         // The commit waits while the parent grows and time passes.
-        status.refresh(Some(90), 145_000);
+        status.refresh(Some(90), 145_000, crate::fanout::NO_PROGRESS_AFTER);
         let report = status.report();
         assert_eq!(report.lag_messages, Some(50));
         assert_eq!(report.due_lag_seconds, 35.0);
         // Once it moves, the cursor's own figures win again.
         status.set_position(60, 90);
-        status.refresh(Some(95), 160_000);
+        status.refresh(Some(95), 160_000, crate::fanout::NO_PROGRESS_AFTER);
         let report = status.report();
         assert_eq!(report.lag_messages, Some(35));
         assert_eq!(
             report.due_lag_seconds, 35.0,
             "no slab waits now: the due lag is not re-aged"
         );
+    }
+
+    #[test]
+    fn a_running_cursor_with_work_that_does_not_move_is_reported_stalled_and_an_idle_one_is_not() {
+        let bound = std::time::Duration::from_millis(20);
+        let idle = status();
+        idle.set_position(40, 40);
+        let paused = status();
+        paused.set_position(10, 40);
+        paused.paused();
+        let stuck = status();
+        stuck.set_position(10, 40);
+        stuck.refresh(Some(40), 0, bound);
+        assert_eq!(stuck.report().state, CursorState::Running, "not yet");
+        std::thread::sleep(bound * 2);
+        for s in [&idle, &paused, &stuck] {
+            s.refresh(Some(40), 0, bound);
+        }
+        assert_eq!(idle.report().state, CursorState::Running, "nothing to copy");
+        assert_eq!(paused.report().state, CursorState::Paused);
+        let report = stuck.report();
+        assert_eq!(report.state, CursorState::Stalled);
+        assert!(
+            report
+                .last_error
+                .is_some_and(|e| e.starts_with("no progress for")),
+        );
+        // Moving again clears it, as any stall.
+        stuck.set_position(20, 40);
+        stuck.running();
+        assert_eq!(stuck.report().last_error, None);
     }
 
     #[test]

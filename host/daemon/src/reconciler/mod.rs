@@ -148,6 +148,7 @@ impl Reconciler {
                     .and_then(|stats| stats.high_watermark)
             },
             self.deps.clock.now_ms(),
+            self.deps.timing.no_progress_after,
         );
     }
 
@@ -566,6 +567,7 @@ mod tests {
         remote_backoff_max: Duration::from_millis(50),
         offset_sync_every: crate::fanout::OFFSET_SYNC_EVERY,
         slabs_per_commit: crate::fanout::SLABS_PER_COMMIT,
+        no_progress_after: Duration::from_millis(300),
     };
 
     /// Commits child buckets straight to the local store.
@@ -898,6 +900,27 @@ mod tests {
             entered.load(SeqCst) > 0
         })
         .await;
+        // Its position does not move while it has a record to copy: after the bound (300 ms
+        // here), the tick reports it stalled, though nothing failed.
+        let stuck = view.status("parent", "child", 0).expect("listed");
+        let deadline = Instant::now() + WAIT;
+        while stuck.report().state != crate::fanout::status::CursorState::Stalled {
+            assert!(
+                Instant::now() < deadline,
+                "never reported: {:?}",
+                stuck.report()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            reconciler.refresh_lags();
+        }
+        assert!(
+            stuck
+                .report()
+                .last_error
+                .is_some_and(|e| e.contains("no progress for")),
+            "{:?}",
+            stuck.report()
+        );
 
         // Detach the stuck link and attach another: the tick that stops the first must not
         // wait for its commit, and the second link's cursor starts in that same tick.

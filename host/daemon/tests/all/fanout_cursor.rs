@@ -51,6 +51,7 @@ const TIMING: FanoutTiming = FanoutTiming {
     // it leaves durable.
     offset_sync_every: Duration::from_secs(3600),
     slabs_per_commit: narad_host::fanout::SLABS_PER_COMMIT,
+    no_progress_after: narad_host::fanout::NO_PROGRESS_AFTER,
 };
 
 /// Routes keyed records by Kafka's partitioner and keyless ones to partition 0.

@@ -238,6 +238,7 @@ mod tests {
             last_error_at_ms: None,
             previous_error: None,
             previous_error_at_ms: None,
+            last_progress_at_ms: None,
             node: None,
             refused: false,
             remote_state: None,
