@@ -831,20 +831,10 @@ pub async fn list(
     if query.local {
         return Ok(Json(listing));
     }
-    let calls: Vec<_> = other_owners(&topic, cluster)
-        .into_iter()
-        .map(|node| {
-            let (cluster, parent) = (Arc::clone(cluster), parent.clone());
-            tokio::spawn(async move {
-                let answer = remote_list(&cluster, &parent, &node).await;
-                (node, answer)
-            })
-        })
-        .collect();
-    for call in calls {
-        let Ok((node, answer)) = call.await else {
-            continue;
-        };
+    let path = format!("/v1/topics/{parent}/children?local=true");
+    let answers: Vec<(String, Result<ChildList, String>)> =
+        super::internal::ask_other_owners(cluster, &topic, &path).await;
+    for (node, answer) in answers {
         match answer {
             Ok(remote) => {
                 for theirs in remote.children {
@@ -869,36 +859,6 @@ pub async fn list(
             && child.partitions.iter().all(|p| p.lag_messages.is_some());
     }
     Ok(Json(listing))
-}
-
-/// The nodes other than this one that own a partition of `topic`, each once.
-pub(super) fn other_owners(
-    topic: &crate::metastore::TopicMeta,
-    cluster: &crate::cluster::ClusterContext,
-) -> Vec<String> {
-    let mut nodes: Vec<String> = topic
-        .owners
-        .iter()
-        .map(|o| o.node.clone())
-        .filter(|n| n != cluster.node_id())
-        .collect();
-    nodes.sort();
-    nodes.dedup();
-    nodes
-}
-
-/// The children listing of node `node` for `parent`, its own cursors only.
-async fn remote_list(
-    cluster: &crate::cluster::ClusterContext,
-    parent: &str,
-    node: &str,
-) -> Result<ChildList, String> {
-    super::internal::peer_get(
-        cluster,
-        node,
-        &format!("/v1/topics/{parent}/children?local=true"),
-    )
-    .await
 }
 
 /// The listing from this node's cursors and store.

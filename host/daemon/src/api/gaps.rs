@@ -3,15 +3,13 @@
 //! and on which node. In cluster mode the ledgers of the partitions other nodes own are asked
 //! of those nodes, concurrently, as the children listing is.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::State;
 use narad_storage::cursor::gaps::{Gap, OlderGaps};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::children::{ChildListQuery, other_owners};
+use super::children::ChildListQuery;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use super::topics::require_topic;
@@ -82,22 +80,10 @@ pub async fn list(
         })
         .collect();
     if let (Some(cluster), false) = (&state.cluster, query.local) {
-        let calls: Vec<_> = other_owners(&topic, cluster)
-            .into_iter()
-            .map(|node| {
-                let cluster = Arc::clone(cluster);
-                let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true");
-                tokio::spawn(async move {
-                    let answer: Result<LinkGaps, String> =
-                        super::internal::peer_get(&cluster, &node, &path).await;
-                    (node, answer)
-                })
-            })
-            .collect();
-        for call in calls {
-            let Ok((node, answer)) = call.await else {
-                continue;
-            };
+        let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true");
+        let answers: Vec<(String, Result<LinkGaps, String>)> =
+            super::internal::ask_other_owners(cluster, &topic, &path).await;
+        for (node, answer) in answers {
             match answer {
                 Ok(theirs) => partitions.extend(theirs.partitions),
                 Err(reason) => {

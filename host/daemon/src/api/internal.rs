@@ -79,6 +79,44 @@ pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
         .map_err(|e| format!("node {node} answered something else: {e}"))
 }
 
+/// Asks each node other than this one that owns a partition of `topic` for `path` (a
+/// `?local=true` listing), concurrently; returns each node's answer. A call whose task failed
+/// is left out, as a node that did not answer.
+pub(crate) async fn ask_other_owners<T>(
+    cluster: &std::sync::Arc<crate::cluster::ClusterContext>,
+    topic: &crate::metastore::TopicMeta,
+    path: &str,
+) -> Vec<(String, Result<T, String>)>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+{
+    let mut nodes: Vec<String> = topic
+        .owners
+        .iter()
+        .map(|o| o.node.clone())
+        .filter(|n| n != cluster.node_id())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    let calls: Vec<_> = nodes
+        .into_iter()
+        .map(|node| {
+            let (cluster, path) = (std::sync::Arc::clone(cluster), path.to_owned());
+            tokio::spawn(async move {
+                let answer = peer_get(&cluster, &node, &path).await;
+                (node, answer)
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(calls.len());
+    for call in calls {
+        if let Ok(answer) = call.await {
+            answers.push(answer);
+        }
+    }
+    answers
+}
+
 /// `GET /internal/v1/topics/{t}/high-watermarks` answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct HighWatermarks {

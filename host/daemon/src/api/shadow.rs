@@ -8,8 +8,6 @@
 //! one; in cluster mode a `GET` asks the other owners of the parent's partitions for theirs
 //! (`?local=true`, concurrently) and sums them.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
@@ -157,31 +155,10 @@ pub(crate) async fn show(
     } else {
         status.running = false;
     }
-    let mut owners: Vec<String> = view
-        .parent
-        .owners
-        .iter()
-        .map(|o| o.node.clone())
-        .filter(|n| n != cluster.node_id())
-        .collect();
-    owners.sort();
-    owners.dedup();
     let path = format!("/v1/topics/{parent}/children/{child}/shadow?local=true");
-    let calls: Vec<_> = owners
-        .into_iter()
-        .map(|node| {
-            let (cluster, path) = (Arc::clone(cluster), path.clone());
-            tokio::spawn(async move {
-                let answer: Result<ShadowStatus, String> =
-                    super::internal::peer_get(&cluster, &node, &path).await;
-                (node, answer)
-            })
-        })
-        .collect();
-    for call in calls {
-        let Ok((node, answer)) = call.await else {
-            continue;
-        };
+    let answers: Vec<(String, Result<ShadowStatus, String>)> =
+        super::internal::ask_other_owners(cluster, &view.parent, &path).await;
+    for (node, answer) in answers {
         match answer {
             // Another node that has not seen this shadow yet (or an older one) has nothing of
             // it to add.

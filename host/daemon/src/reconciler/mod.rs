@@ -672,6 +672,25 @@ mod tests {
         (dir, store, metastore)
     }
 
+    /// The cursors' dependencies over `store` and `metastore` (real files, the system clock,
+    /// [`TIMING`]), committing through `committer`.
+    fn test_deps(
+        store: &Arc<Store>,
+        metastore: &Arc<FileMetastore>,
+        committer: Arc<dyn ChildCommitter>,
+    ) -> Arc<CursorDeps> {
+        Arc::new(CursorDeps {
+            store: Arc::clone(store),
+            fs: Arc::new(narad_storage::fs::RealFs),
+            committer,
+            metastore: Arc::clone(metastore) as Arc<dyn Metastore>,
+            clock: Arc::new(narad_storage::SystemClock),
+            timing: TIMING,
+            remote_tails: None,
+            node: None,
+        })
+    }
+
     async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + WAIT;
         while !done() {
@@ -747,16 +766,11 @@ mod tests {
                 },
             )
             .unwrap();
-        let deps = Arc::new(CursorDeps {
-            store: Arc::clone(&store),
-            fs: Arc::new(narad_storage::fs::RealFs),
-            committer: Arc::new(StoreCommitter(Arc::clone(&store))),
-            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
-            clock: Arc::new(narad_storage::SystemClock),
-            timing: TIMING,
-            remote_tails: None,
-            node: None,
-        });
+        let deps = test_deps(
+            &store,
+            &metastore,
+            Arc::new(StoreCommitter(Arc::clone(&store))),
+        );
         let metrics = Arc::new(FanoutMetrics::default());
         let mut reconciler = Reconciler::new(
             deps,
@@ -873,20 +887,15 @@ mod tests {
         let hung = Arc::new((Mutex::new(true), std::sync::Condvar::new()));
         let entered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let release = Release(Arc::clone(&hung));
-        let deps = Arc::new(CursorDeps {
-            store: Arc::clone(&store),
-            fs: Arc::new(narad_storage::fs::RealFs),
-            committer: Arc::new(HangingCommitter {
+        let deps = test_deps(
+            &store,
+            &metastore,
+            Arc::new(HangingCommitter {
                 store: Arc::clone(&store),
                 hung: Arc::clone(&hung),
                 entered: Arc::clone(&entered),
             }),
-            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
-            clock: Arc::new(narad_storage::SystemClock),
-            timing: TIMING,
-            remote_tails: None,
-            node: None,
-        });
+        );
         let view = Arc::new(FanoutView::default());
         let mut reconciler = Reconciler::new(
             deps,
@@ -1010,16 +1019,11 @@ mod tests {
     {
         use std::sync::atomic::Ordering::SeqCst;
         let (_dir, store, metastore) = one_link("real config").await;
-        let deps = Arc::new(CursorDeps {
-            store: Arc::clone(&store),
-            fs: Arc::new(narad_storage::fs::RealFs),
-            committer: Arc::new(StoreCommitter(Arc::clone(&store))),
-            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
-            clock: Arc::new(narad_storage::SystemClock),
-            timing: TIMING,
-            remote_tails: None,
-            node: None,
-        });
+        let deps = test_deps(
+            &store,
+            &metastore,
+            Arc::new(StoreCommitter(Arc::clone(&store))),
+        );
         let factory = Arc::new(CountingFactory::default());
         let view = Arc::new(FanoutView::default());
         let mut reconciler = Reconciler::new(

@@ -964,7 +964,7 @@ async fn a_corrupt_offset_file_resumes_from_the_childs_newest_slab_without_a_gap
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cursor_behind_the_log_start_skips_and_counts_exactly_the_aged_out_records() {
+async fn a_cursor_behind_the_log_start_skips_counts_and_records_exactly_the_aged_out_records() {
     let config = LogConfig {
         segment_bytes: 256,
         retention_ms: None,
@@ -982,7 +982,8 @@ async fn a_cursor_behind_the_log_start_skips_and_counts_exactly_the_aged_out_rec
         log_start > 0 && log_start < 50,
         "retention must leave a partial log: {log_start}"
     );
-    let running = start(&f, link(vec![0], 0)).await;
+    let meta = link(vec![0], 0);
+    let running = start(&f, meta.clone()).await;
     wait_for("the copy", || {
         running.status.report().next_offset == Some(50)
     })
@@ -993,6 +994,26 @@ async fn a_cursor_behind_the_log_start_skips_and_counts_exactly_the_aged_out_rec
         expected(log_start as u32..50)
     );
     assert_eq!(running.stop().await, CursorExit::Stopped);
+
+    // The skip is on the gap ledger, with its reason.
+    let ledger = gap_ledger(&f).expect("a ledger");
+    assert_eq!(ledger.epoch, meta.attach_epoch);
+    assert_eq!(
+        ledger
+            .gaps
+            .iter()
+            .map(|g| (g.from, g.to, g.reason))
+            .collect::<Vec<_>>(),
+        vec![(0, log_start, GapReason::Retention)]
+    );
+    // A new process: the loss is still counted, from the ledger.
+    let again = spawn_cursor(&f, meta);
+    wait_for("the restarted cursor", || {
+        again.status.report().next_offset == Some(50)
+    })
+    .await;
+    assert_eq!(again.status.report().dropped_messages, log_start);
+    assert_eq!(again.stop().await, CursorExit::Stopped);
 }
 
 /// The gap ledger beside the offset file.
@@ -1004,50 +1025,6 @@ fn gap_ledger(f: &Fixture) -> Option<GapLedger> {
         GapsLoad::Missing => None,
         GapsLoad::Damaged(reason) => panic!("damaged ledger: {reason}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn aged_out_records_are_on_the_gap_ledger_and_stay_counted_after_a_restart() {
-    let config = LogConfig {
-        segment_bytes: 256,
-        retention_ms: None,
-        retention_bytes: Some(1),
-    };
-    let f = fixture(1, 1, config).await;
-    produce(&f.store, 0..50);
-    f.store.enforce_retention().unwrap();
-    let log_start = f
-        .store
-        .peek(&PartitionId::new("parent", 0))
-        .unwrap()
-        .log_start_offset;
-    assert!(log_start > 0 && log_start < 50, "partial log: {log_start}");
-    let meta = link(vec![0], 0);
-    let running = start(&f, meta.clone()).await;
-    wait_for("the copy", || {
-        running.status.report().next_offset == Some(50)
-    })
-    .await;
-    assert_eq!(running.stop().await, CursorExit::Stopped);
-    let ledger = gap_ledger(&f).expect("a ledger");
-    assert_eq!(ledger.epoch, meta.attach_epoch);
-    assert_eq!(
-        ledger
-            .gaps
-            .iter()
-            .map(|g| (g.from, g.to, g.reason))
-            .collect::<Vec<_>>(),
-        vec![(0, log_start, GapReason::Retention)]
-    );
-
-    // A new process: the loss is still counted, from the ledger.
-    let again = spawn_cursor(&f, meta);
-    wait_for("the restarted cursor", || {
-        again.status.report().next_offset == Some(50)
-    })
-    .await;
-    assert_eq!(again.status.report().dropped_messages, log_start);
-    assert_eq!(again.stop().await, CursorExit::Stopped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

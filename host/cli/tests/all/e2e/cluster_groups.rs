@@ -10,8 +10,8 @@ use kafka_protocol::protocol::StrBytes;
 use super::cluster::Cluster;
 use super::kafka::exchange;
 use super::kafka_groups::{
-    Library, Member, admin_offsets_on, expected, next_offsets, produce, values, wait_for,
-    wait_for_split,
+    Library, Member, admin_offsets_on, expected, finish_pair, next_offsets, produce, values,
+    wait_for, wait_for_split,
 };
 
 /// The index (in `kafka`) of the node FindCoordinator names for `group`, asked of `kafka[0]`.
@@ -61,8 +61,7 @@ fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coor
     );
     wait_for_split(&[&a, &b], 4);
     produce(&cluster.url(others[0]), "orders", 0..200);
-    let (read_a, read_b) = (a.finish(), b.finish());
-    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    let both = finish_pair(a, b);
     assert_eq!(values(&both), expected(0..200), "every record exactly once");
     let (groups, mut committed) = admin_offsets_on(&kafka[others[1]], "billing");
     assert!(groups.contains(&"billing".to_owned()), "listed: {groups:?}");

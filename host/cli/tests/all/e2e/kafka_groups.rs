@@ -175,6 +175,23 @@ pub(super) fn wait_for_split(members: &[&Member], partitions: u64) {
     });
 }
 
+/// Waits for both members to finish; each must have read, no partition may have been read by
+/// both. Returns what they read together.
+pub(super) fn finish_pair(a: Member, b: Member) -> Vec<(u64, u64, String)> {
+    let (read_a, read_b) = (a.finish(), b.finish());
+    assert!(
+        !read_a.is_empty() && !read_b.is_empty(),
+        "both members read"
+    );
+    let parts_a: BTreeSet<u64> = read_a.iter().map(|r| r.0).collect();
+    let parts_b: BTreeSet<u64> = read_b.iter().map(|r| r.0).collect();
+    assert!(
+        parts_a.is_disjoint(&parts_b),
+        "a partition read by both members"
+    );
+    read_a.into_iter().chain(read_b).collect()
+}
+
 pub(super) fn produce(base: &str, topic: &str, values: std::ops::Range<u32>) {
     let records: Vec<Value> = values
         .map(|i| json!({"key": format!("k{}", i % 13), "value": format!("v{i}")}))
@@ -246,19 +263,8 @@ fn two_members_split_the_partitions_read_every_record_once_and_a_new_member_resu
     let b = Member::start(&kafka, "orders", "billing", 3);
     wait_for_split(&[&a, &b], 4);
     produce(&kafka.daemon.url(), "orders", 0..200);
-    let (read_a, read_b) = (a.finish(), b.finish());
-    assert!(
-        !read_a.is_empty() && !read_b.is_empty(),
-        "both members read"
-    );
-    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    let both = finish_pair(a, b);
     assert_eq!(values(&both), expected(0..200), "every record exactly once");
-    let parts_a: BTreeSet<u64> = read_a.iter().map(|r| r.0).collect();
-    let parts_b: BTreeSet<u64> = read_b.iter().map(|r| r.0).collect();
-    assert!(
-        parts_a.is_disjoint(&parts_b),
-        "a partition read by both members"
-    );
 
     // What the group committed is what was read: each partition's next offset.
     let (groups, mut committed) = admin_offsets(&kafka, "billing");
@@ -356,12 +362,7 @@ fn librdkafka_and_kafka_python_share_a_group_cooperative_members_split_and_kcat_
     let b = Member::start_with(&kafka, "orders", "billing", 3, Library::Librdkafka("range"));
     wait_for_split(&[&a, &b], 4);
     produce(&kafka.daemon.url(), "orders", 0..200);
-    let (read_a, read_b) = (a.finish(), b.finish());
-    assert!(
-        !read_a.is_empty() && !read_b.is_empty(),
-        "both members read"
-    );
-    let both: Vec<(u64, u64, String)> = read_a.iter().chain(&read_b).cloned().collect();
+    let both = finish_pair(a, b);
     assert_eq!(values(&both), expected(0..200), "every record exactly once");
     let (_, mut committed) = admin_offsets(&kafka, "billing");
     committed.retain(|_, offset| *offset > 0);
@@ -384,8 +385,7 @@ fn librdkafka_and_kafka_python_share_a_group_cooperative_members_split_and_kcat_
         Library::Librdkafka("cooperative-sticky"),
     );
     wait_for_split(&[&c, &d], 4);
-    let (read_c, read_d) = (c.finish(), d.finish());
-    let both: Vec<(u64, u64, String)> = read_c.iter().chain(&read_d).cloned().collect();
+    let both = finish_pair(c, d);
     assert_eq!(values(&both), expected(0..200), "every record exactly once");
 
     // kcat's balanced consumer reads the topic to its end and commits where it stopped.
