@@ -315,6 +315,21 @@ impl Client {
         .await
     }
 
+    /// `PATCH /v1/topics/{t}` with `change` (retention, `writable_as_child`).
+    pub async fn change_topic(
+        &self,
+        topic: &str,
+        change: &serde_json::Value,
+    ) -> Result<TopicInfo, ApiCallError> {
+        self.call(
+            Method::PATCH,
+            &format!("/v1/topics/{topic}"),
+            Some(change),
+            None,
+        )
+        .await
+    }
+
     /// `POST /v1/topics/{t}/partitions`.
     pub async fn grow_partitions(
         &self,

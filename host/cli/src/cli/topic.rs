@@ -45,6 +45,22 @@ pub enum TopicCommand {
         /// Topic name.
         name: String,
     },
+    /// Change a topic's retention, or whether producers may write to it while it is a
+    /// fan-out child. What is not given keeps its value.
+    Set {
+        /// Topic name.
+        name: String,
+        /// Delete records older than this many milliseconds; `none` keeps them forever.
+        #[arg(long, value_name = "MS|none", value_parser = parse_limit)]
+        retention_ms: Option<Limit>,
+        /// Trim each partition to about this many bytes; `none` removes the cap.
+        #[arg(long, value_name = "BYTES|none", value_parser = parse_limit)]
+        retention_bytes: Option<Limit>,
+        /// Whether producers may write to the topic while it is a fan-out child (a child
+        /// refuses them by default: its records are the copier's).
+        #[arg(long, value_name = "true|false")]
+        writable_as_child: Option<bool>,
+    },
     /// Raise a topic's partition count (it can never shrink).
     Grow {
         /// Topic name.
@@ -62,6 +78,19 @@ pub enum TopicCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// A retention limit given on the command line: a number, or `none` for no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit(Option<u64>);
+
+fn parse_limit(text: &str) -> Result<Limit, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Limit(None));
+    }
+    text.parse::<u64>()
+        .map(|n| Limit(Some(n)))
+        .map_err(|_| format!("{text:?} is neither a whole number nor `none`"))
 }
 
 fn topic_rows(topics: &[TopicInfo]) -> String {
@@ -213,6 +242,47 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
                 print_json(&d)?;
             } else {
                 out!("{}", describe_text(&d))?;
+            }
+        }
+        TopicCommand::Set {
+            name,
+            retention_ms,
+            retention_bytes,
+            writable_as_child,
+        } => {
+            let mut change = serde_json::Map::new();
+            if let Some(Limit(ms)) = retention_ms {
+                change.insert("retention_ms".into(), serde_json::json!(ms));
+            }
+            if let Some(Limit(bytes)) = retention_bytes {
+                change.insert("retention_bytes".into(), serde_json::json!(bytes));
+            }
+            if let Some(writable) = writable_as_child {
+                change.insert("writable_as_child".into(), serde_json::json!(writable));
+            }
+            if change.is_empty() {
+                anyhow::bail!(
+                    "nothing to change: give --retention-ms, --retention-bytes or \
+                     --writable-as-child"
+                );
+            }
+            let t = client
+                .change_topic(&name, &serde_json::Value::Object(change))
+                .await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                let limit = |v: Option<u64>, unit: &str| {
+                    v.map_or_else(|| "none".to_owned(), |v| format!("{v} {unit}"))
+                };
+                outln!(
+                    "topic {}: retention {} / {} per partition; producers may write to it as a \
+                     fan-out child: {}",
+                    t.name,
+                    limit(t.retention_ms, "ms"),
+                    limit(t.retention_bytes, "bytes"),
+                    t.writable_as_child
+                )?;
             }
         }
         TopicCommand::Grow { name, partitions } => {

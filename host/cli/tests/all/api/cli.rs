@@ -73,6 +73,48 @@ async fn topic_commands_print_tables_and_json() {
     )
     .await;
     assert!(out.status.success(), "{out:?}");
+
+    // Retention and child writes change through `topic set`; `none` lifts a limit.
+    let out = run(
+        &d.url,
+        &[
+            "topic",
+            "set",
+            "orders",
+            "--retention-ms",
+            "3600000",
+            "--writable-as-child",
+            "true",
+        ],
+        None,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let (_, body) = d.get("/v1/topics/orders").await;
+    assert_eq!(
+        (&body["retention_ms"], &body["writable_as_child"]),
+        (&serde_json::json!(3_600_000), &serde_json::json!(true)),
+        "{body}"
+    );
+    let out = run(
+        &d.url,
+        &["topic", "set", "orders", "--retention-ms", "none"],
+        None,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let (_, body) = d.get("/v1/topics/orders").await;
+    assert!(body["retention_ms"].is_null(), "{body}");
+    assert_eq!(body["writable_as_child"], true, "left as it was: {body}");
+    let out = run(&d.url, &["topic", "set", "orders"], None).await;
+    assert!(!out.status.success(), "nothing to change");
+    let out = run(
+        &d.url,
+        &["topic", "set", "orders", "--retention-bytes", "lots"],
+        None,
+    )
+    .await;
+    assert!(!out.status.success(), "not a number");
     let out = run(&d.url, &["topic", "delete", "orders"], None).await;
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
