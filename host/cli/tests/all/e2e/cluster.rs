@@ -45,14 +45,42 @@ impl Cluster {
 
     /// [`Cluster::start`] with `extra` arguments for every node.
     pub(super) fn start_with(name: &str, extra: &[&str]) -> Cluster {
+        Cluster::start_nodes(name, |_| extra.iter().map(|a| (*a).to_owned()).collect())
+    }
+
+    /// [`Cluster::start_with`], each node also serving Kafka on a free loopback port; returns
+    /// the Kafka addresses too, by node.
+    pub(super) fn start_with_kafka(name: &str, extra: &[&str]) -> (Cluster, Vec<String>) {
+        let kafka: Vec<String> = (0..3)
+            .map(|_| {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .expect("free port")
+                    .port();
+                format!("127.0.0.1:{port}")
+            })
+            .collect();
+        let cluster = Cluster::start_nodes(name, |node| {
+            let mut args = vec!["--kafka-listen".to_owned(), kafka[node].clone()];
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args
+        });
+        (cluster, kafka)
+    }
+
+    /// Three nodes on a new etcd, node `i` started with `args_of(i)` after the cluster
+    /// arguments; returns once every node sees the three.
+    fn start_nodes(name: &str, args_of: impl Fn(usize) -> Vec<String>) -> Cluster {
         let etcd = TestEtcd::start();
         let endpoint = etcd.endpoint();
         let dir = tempfile::tempdir().expect("tempdir");
         let nodes = ["n1", "n2", "n3"]
             .iter()
-            .map(|id| {
+            .enumerate()
+            .map(|(i, id)| {
+                let extra = args_of(i);
                 let mut args = cluster_args(&endpoint, name, id);
-                args.extend_from_slice(extra);
+                args.extend(extra.iter().map(String::as_str));
                 Daemon::start_with(&dir.path().join(id), &args)
             })
             .collect();
@@ -63,38 +91,6 @@ impl Cluster {
         };
         cluster.wait_for_nodes(3);
         cluster
-    }
-
-    /// [`Cluster::start_with`], each node also serving Kafka on a free loopback port; returns
-    /// the Kafka addresses too, by node.
-    pub(super) fn start_with_kafka(name: &str, extra: &[&str]) -> (Cluster, Vec<String>) {
-        let etcd = TestEtcd::start();
-        let endpoint = etcd.endpoint();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut kafka = Vec::new();
-        let nodes = ["n1", "n2", "n3"]
-            .iter()
-            .map(|id| {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .expect("free port")
-                    .port();
-                let addr = format!("127.0.0.1:{port}");
-                let mut args = cluster_args(&endpoint, name, id);
-                args.extend_from_slice(&["--kafka-listen", &addr]);
-                args.extend_from_slice(extra);
-                let daemon = Daemon::start_with(&dir.path().join(id), &args);
-                kafka.push(addr);
-                daemon
-            })
-            .collect();
-        let cluster = Cluster {
-            nodes,
-            _etcd: etcd,
-            _dir: dir,
-        };
-        cluster.wait_for_nodes(3);
-        (cluster, kafka)
     }
 
     /// What each node says about `parent`'s children, and the end of its log: for a failure
