@@ -154,6 +154,9 @@ pub enum ChildCommand {
         parent: String,
         /// Child topic.
         child: String,
+        /// The newest ranges listed per parent partition (default 20, at most 1,000).
+        #[arg(long, value_name = "N")]
+        ranges: Option<usize>,
     },
     /// List a parent's children with each parent partition's progress.
     List {
@@ -273,8 +276,12 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 )?;
             }
         }
-        ChildCommand::Gaps { parent, child } => {
-            let gaps = client.child_gaps(&parent, &child).await?;
+        ChildCommand::Gaps {
+            parent,
+            child,
+            ranges,
+        } => {
+            let gaps = client.child_gaps(&parent, &child, ranges).await?;
             if json {
                 print_json(&gaps)?;
             } else {
@@ -333,6 +340,13 @@ fn gaps_text(link: &narad_host::api::gaps::LinkGaps) -> String {
                 super::human::plural(gap.len(), "record"),
                 gap.reason,
                 super::human::rfc3339_utc(gap.at_ms),
+            );
+        }
+        if partition.unlisted > 0 {
+            let _ = writeln!(
+                text,
+                "  partition {}: {} older ranges not listed (--ranges N lists more)",
+                partition.partition, partition.unlisted
             );
         }
         let older = partition.older;

@@ -469,10 +469,12 @@ impl Client {
         &self,
         parent: &str,
         child: &str,
+        ranges: Option<usize>,
     ) -> Result<narad_host::api::gaps::LinkGaps, ApiCallError> {
+        let query = ranges.map(|n| format!("?ranges={n}")).unwrap_or_default();
         self.call::<(), _>(
             Method::GET,
-            &format!("/v1/topics/{parent}/children/{child}/gaps"),
+            &format!("/v1/topics/{parent}/children/{child}/gaps{query}"),
             None,
             None,
         )

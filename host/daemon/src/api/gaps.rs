@@ -9,10 +9,26 @@ use narad_storage::cursor::gaps::{Gap, OlderGaps};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::children::ChildListQuery;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use super::topics::require_topic;
+
+/// Ranges listed per parent partition unless the query asks for more: a link of 1,024 parent
+/// partitions answers in about 2 MB at most.
+pub const DEFAULT_RANGES_PER_PARTITION: usize = 20;
+
+/// `GET .../gaps` query string.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GapsQuery {
+    /// Only this node's cursors (what nodes ask each other).
+    #[serde(default)]
+    pub local: bool,
+    /// The newest ranges listed per parent partition: [`DEFAULT_RANGES_PER_PARTITION`] when
+    /// absent, at most a ledger's `MAX_GAPS`.
+    #[serde(default)]
+    pub ranges: Option<usize>,
+}
 
 /// One parent partition's ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,8 +43,12 @@ pub struct PartitionGaps {
     pub lost: u64,
     /// Records operators' forward seeks skipped (not a loss).
     pub skipped_by_seek: u64,
-    /// The ranges, oldest first (at most `narad_storage::cursor::gaps::MAX_GAPS`).
+    /// The newest ranges, oldest of them first (`ranges` of the query at most).
     pub gaps: Vec<Gap>,
+    /// Ranges on the ledger not listed here (older than those listed); their records are in
+    /// `lost` and `skipped_by_seek`.
+    #[serde(default)]
+    pub unlisted: usize,
     /// Totals of older ranges no longer listed one by one.
     pub older: OlderGaps,
 }
@@ -53,8 +73,12 @@ pub struct LinkGaps {
 pub async fn list(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
-    ApiQuery(query): ApiQuery<ChildListQuery>,
+    ApiQuery(query): ApiQuery<GapsQuery>,
 ) -> Result<Json<LinkGaps>, ApiError> {
+    let ranges = query
+        .ranges
+        .unwrap_or(DEFAULT_RANGES_PER_PARTITION)
+        .min(narad_storage::cursor::gaps::MAX_GAPS);
     let topic = require_topic(&state, &parent).await?;
     let snapshot = state.metastore.snapshot().await?;
     if !snapshot
@@ -70,17 +94,21 @@ pub async fn list(
         .fanout
         .gaps(&parent, &child)
         .into_iter()
-        .map(|(partition, ledger)| PartitionGaps {
-            partition,
-            node: here.clone(),
-            lost: ledger.lost(),
-            skipped_by_seek: ledger.skipped_by_seek(),
-            gaps: ledger.gaps.clone(),
-            older: ledger.older,
+        .map(|(partition, ledger)| {
+            let unlisted = ledger.gaps.len().saturating_sub(ranges);
+            PartitionGaps {
+                partition,
+                node: here.clone(),
+                lost: ledger.lost(),
+                skipped_by_seek: ledger.skipped_by_seek(),
+                gaps: ledger.gaps.get(unlisted..).unwrap_or_default().to_vec(),
+                unlisted,
+                older: ledger.older,
+            }
         })
         .collect();
     if let (Some(cluster), false) = (&state.cluster, query.local) {
-        let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true");
+        let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true&ranges={ranges}");
         let answers: Vec<(String, Result<LinkGaps, String>)> =
             super::internal::ask_other_owners(cluster, &topic, &path).await;
         for (node, answer) in answers {

@@ -468,6 +468,28 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
         (before["lost"].as_u64(), before["complete"].as_bool()),
         (Some(5), Some(true))
     );
+    // The answer lists at most the newest `ranges` per partition and counts the rest.
+    let (status, none_listed) = send_json(
+        &client,
+        Method::GET,
+        &format!(
+            "{}/v1/topics/orders/children/copy/gaps?ranges=0",
+            daemon.url()
+        ),
+        None,
+    )
+    .expect("gaps");
+    ok(status, &none_listed, "gaps");
+    let p0 = &none_listed["partitions"][0];
+    assert_eq!(
+        (
+            p0["gaps"].as_array().map(Vec::len),
+            &p0["unlisted"],
+            &p0["lost"]
+        ),
+        (Some(0), &json!(1), &json!(5)),
+        "{none_listed}"
+    );
     daemon.restart();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
