@@ -467,7 +467,7 @@ pub async fn run_server(
                     })
                     .with_liveness({
                         let context = Arc::clone(context);
-                        Arc::new(move |node: &str| context.peers.advertise_of(node).is_some())
+                        Arc::new(move |node: &str| context.peers.is_live(node))
                     }),
             )),
             None => None,
