@@ -251,6 +251,8 @@ impl Rig {
                 attached_at_ms: now_ms(),
                 paused: Vec::new(),
                 shadow: None,
+                on_gap: Default::default(),
+                accepted_gaps: Vec::new(),
                 remote: None,
             })
             .await

@@ -1,4 +1,4 @@
-//! `narad child attach|detach|list|set-router|pause|resume|seek|shadow`: the children API
+//! `narad child attach|detach|list|set|set-router|pause|resume|seek|gaps|shadow`: the children API
 //! (`/v1/topics/{parent}/children`); `shadow` is [`super::shadow`].
 
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use super::duration::{format_duration, parse_duration};
 use super::{human, table};
 use narad_host::api::children::{AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange};
 use narad_host::fanout::status::{CursorReport, CursorState};
+use narad_host::metastore::link::OnGap;
 
 /// `narad child`.
 #[derive(Debug, Args)]
@@ -103,6 +104,10 @@ pub enum ChildCommand {
         /// parent's whole retained history, then everything after).
         #[arg(long, value_name = "FROM", value_parser = parse_start, default_value = "attach")]
         start: AttachStart,
+        /// When records aged out of the parent before they were copied: `skip` them (written
+        /// on the gap ledger) or `halt` until an operator accepts the loss.
+        #[arg(long, value_name = "POLICY", value_parser = parse_on_gap, default_value = "skip")]
+        on_gap: OnGap,
     },
     /// Detach a child: copying stops; the child topic and its records stay.
     Detach {
@@ -122,7 +127,8 @@ pub enum ChildCommand {
         #[arg(long, value_delimiter = ',', value_name = "P,...")]
         partitions: Option<Vec<u32>>,
     },
-    /// Resume paused cursors exactly where they stopped.
+    /// Resume paused cursors exactly where they stopped; with --accept-gap, halted cursors
+    /// skip the records that aged out before they copied them (written on the gap ledger).
     Resume {
         /// Parent topic.
         parent: String,
@@ -131,6 +137,10 @@ pub enum ChildCommand {
         /// Only these parent partitions (comma-separated; default: every one).
         #[arg(long, value_delimiter = ',', value_name = "P,...")]
         partitions: Option<Vec<u32>>,
+        /// Accept the loss each halted cursor (`on_gap: halt`) reports now: it skips to the
+        /// parent's oldest record and goes on.
+        #[arg(long)]
+        accept_gap: bool,
     },
     /// Move a paused cursor: back, and the records from there are copied again; forward, and
     /// the records in between are skipped (counted as skipped by seek, not as dropped).
@@ -162,6 +172,18 @@ pub enum ChildCommand {
     List {
         /// Parent topic.
         parent: String,
+    },
+    /// Change what a child's cursors do when records aged out of the parent before they
+    /// were copied: `skip` them (written on the gap ledger) or `halt` until an operator
+    /// accepts the loss (`narad child resume --accept-gap`).
+    Set {
+        /// Parent topic.
+        parent: String,
+        /// Child topic.
+        child: String,
+        /// `skip` or `halt`.
+        #[arg(long, value_name = "POLICY", value_parser = parse_on_gap)]
+        on_gap: OnGap,
     },
     /// Swap a child's router chain (and config), effective at each cursor's next slab.
     SetRouter {
@@ -199,6 +221,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             remote_topic,
             remote_token_file,
             start,
+            on_gap,
         } => {
             let delay_ms = match (delay, delay_ms) {
                 (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -219,6 +242,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 config: config.read()?,
                 remote,
                 start: (start != AttachStart::Attach).then_some(start),
+                on_gap: (on_gap != OnGap::Skip).then_some(on_gap),
             };
             let link = client.attach_child(&parent, &child, &req).await?;
             print_link(json, "attached", &link)?;
@@ -232,20 +256,24 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             child,
             partitions,
         } => {
-            let link = client
-                .set_child_paused(&parent, &child, partitions, true)
+            let answer = client
+                .set_child_paused(&parent, &child, partitions, true, false)
                 .await?;
-            print_paused(json, &link)?;
+            print_paused(json, &answer)?;
         }
         ChildCommand::Resume {
             parent,
             child,
             partitions,
+            accept_gap,
         } => {
-            let link = client
-                .set_child_paused(&parent, &child, partitions, false)
+            let answer = client
+                .set_child_paused(&parent, &child, partitions, false, accept_gap)
                 .await?;
-            print_paused(json, &link)?;
+            if accept_gap && answer.gaps_accepted.is_empty() && !json {
+                outln!("{parent} -> {child}: no cursor was halted before a gap; nothing accepted")?;
+            }
+            print_paused(json, &answer)?;
         }
         ChildCommand::Seek {
             parent,
@@ -296,6 +324,28 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 out!("{}", list_text(&list))?;
             }
         }
+        ChildCommand::Set {
+            parent,
+            child,
+            on_gap,
+        } => {
+            let req = RouterChange {
+                on_gap: Some(on_gap),
+                ..RouterChange::default()
+            };
+            let link = client.set_child_router(&parent, &child, &req).await?;
+            if json {
+                print_json(&link)?;
+            } else {
+                outln!(
+                    "{parent} -> {child}: on a gap, cursors now {}",
+                    match link.on_gap {
+                        OnGap::Skip => "skip it (written on the gap ledger)",
+                        OnGap::Halt => "halt until an operator accepts it",
+                    }
+                )?;
+            }
+        }
         ChildCommand::SetRouter {
             parent,
             child,
@@ -305,6 +355,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             let req = RouterChange {
                 router,
                 config: config.read()?,
+                on_gap: None,
             };
             let link = client.set_child_router(&parent, &child, &req).await?;
             print_link(json, "changed the router of", &link)?;
@@ -381,9 +432,22 @@ fn router_names(link: &LinkInfo) -> String {
 }
 
 /// What a pause or resume left paused.
-fn print_paused(json: bool, link: &LinkInfo) -> anyhow::Result<()> {
+fn print_paused(json: bool, answer: &narad_host::api::children::PauseInfo) -> anyhow::Result<()> {
     if json {
-        return print_json(link);
+        return print_json(answer);
+    }
+    let link = &answer.link;
+    for gap in &answer.gaps_accepted {
+        outln!(
+            "{} -> {} partition {}: accepted the loss of offsets {} to {} ({} records, more if \
+             retention removed more since); it goes on from the parent's oldest record",
+            link.parent,
+            link.name,
+            gap.partition,
+            gap.from,
+            gap.to,
+            gap.to.saturating_sub(gap.from)
+        )?;
     }
     if link.paused.is_empty() {
         outln!("{} -> {}: every cursor copies", link.parent, link.name)?;
@@ -521,6 +585,17 @@ fn state_text(p: &CursorReport) -> String {
     match (p.state, p.remote_state) {
         (CursorState::Stalled, Some(remote)) => text(serde_json::to_value(remote)),
         (state, _) => text(serde_json::to_value(state)),
+    }
+}
+
+/// Parses `--on-gap`: `skip` or `halt`.
+fn parse_on_gap(text: &str) -> Result<OnGap, String> {
+    match text {
+        "skip" => Ok(OnGap::Skip),
+        "halt" => Ok(OnGap::Halt),
+        other => Err(format!(
+            "{other:?} is not a gap policy: give skip (go on, the loss on the gap ledger) or halt (wait for an operator)"
+        )),
     }
 }
 

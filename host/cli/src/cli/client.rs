@@ -428,19 +428,24 @@ impl Client {
         .await
     }
 
-    /// `POST /v1/topics/{parent}/children/{child}/pause` (`paused`) or `/resume`.
+    /// `POST /v1/topics/{parent}/children/{child}/pause` (`paused`) or `/resume` (accepting
+    /// the gaps halted cursors stand before, with `accept_gap`).
     pub async fn set_child_paused(
         &self,
         parent: &str,
         child: &str,
         partitions: Option<Vec<u32>>,
         paused: bool,
-    ) -> Result<LinkInfo, ApiCallError> {
+        accept_gap: bool,
+    ) -> Result<narad_host::api::children::PauseInfo, ApiCallError> {
         let action = if paused { "pause" } else { "resume" };
         self.call(
             Method::POST,
             &format!("/v1/topics/{parent}/children/{child}/{action}"),
-            Some(&narad_host::api::children::PauseRequest { partitions }),
+            Some(&narad_host::api::children::PauseRequest {
+                partitions,
+                accept_gap,
+            }),
             None,
         )
         .await

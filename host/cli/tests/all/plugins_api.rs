@@ -278,6 +278,8 @@ fn link(router: Vec<PluginRef>) -> LinkMeta {
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        on_gap: Default::default(),
+        accepted_gaps: Vec::new(),
         remote: None,
     }
 }

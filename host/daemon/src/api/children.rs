@@ -23,7 +23,7 @@ use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::topics::require_topic;
 use crate::fanout::status::CursorReport;
 use crate::metastore::Snapshot;
-use crate::metastore::link::{LinkMeta, PluginRef, new_epoch};
+use crate::metastore::link::{AcceptedGap, LinkMeta, OnGap, PluginRef, new_epoch};
 use crate::topics::NewTopic;
 
 /// The chain a link gets when the attach names none: it reproduces the engine's routing rules
@@ -56,6 +56,10 @@ pub struct AttachRequest {
     /// record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<AttachStart>,
+    /// What a cursor does when records it has not copied aged out of the parent: `skip` (the
+    /// default; the range goes on the gap ledger) or `halt` (it waits for an operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_gap: Option<OnGap>,
 }
 
 /// Where a new link's cursors begin in each parent partition.
@@ -98,8 +102,9 @@ pub struct RemoteInfo {
     pub token_file: bool,
 }
 
-/// `PATCH /v1/topics/{parent}/children/{child}` body: a new chain, a new config, or both.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `PATCH /v1/topics/{parent}/children/{child}` body: a new chain, a new config, a new gap
+/// policy, or several.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterChange {
     /// The new chain; absent (or empty), the link keeps its chain, pinned versions included.
@@ -108,6 +113,9 @@ pub struct RouterChange {
     /// A new config, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<Value>,
+    /// A new gap policy, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_gap: Option<OnGap>,
 }
 
 /// A plugin of a chain in answers.
@@ -144,6 +152,12 @@ pub struct LinkInfo {
     /// For a remote child, where its records go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteInfo>,
+    /// What a cursor does when records it has not copied aged out: `skip` or `halt`.
+    #[serde(default)]
+    pub on_gap: OnGap,
+    /// Gaps an operator accepted, one per parent partition at most.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_gaps: Vec<AcceptedGap>,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -163,6 +177,8 @@ impl From<&LinkMeta> for LinkInfo {
                 partitions: r.partitions,
                 token_file: r.token_file.is_some(),
             }),
+            on_gap: link.on_gap,
+            accepted_gaps: link.accepted_gaps.clone(),
         }
     }
 }
@@ -208,6 +224,10 @@ pub struct ChildInfo {
     /// For a remote child, where its records go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteInfo>,
+    /// What a cursor does when records it has not copied aged out: `skip` or `halt` (a
+    /// halted cursor reports `"state": "halted"` and the range in `halted_gap`).
+    #[serde(default)]
+    pub on_gap: OnGap,
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
@@ -543,6 +563,8 @@ async fn new_link(
         attached_at_ms: crate::topics::now_ms(),
         paused: Vec::new(),
         shadow: None,
+        on_gap: req.on_gap.unwrap_or_default(),
+        accepted_gaps: Vec::new(),
         remote: None,
     })
 }
@@ -562,9 +584,12 @@ pub(crate) async fn set_router(
         )));
     };
     if req.router.is_empty() && req.config.is_none() {
-        return Err(ApiError::bad_request(
-            "nothing to change: give \"router\", \"config\" or both",
-        ));
+        let Some(on_gap) = req.on_gap else {
+            return Err(ApiError::bad_request(
+                "nothing to change: give \"router\", \"config\", \"on_gap\" or several",
+            ));
+        };
+        return set_on_gap(&state, &parent, &child, on_gap).await;
     }
     let router = if req.router.is_empty() {
         current.router.clone()
@@ -588,6 +613,25 @@ pub(crate) async fn set_router(
         .set_link_router(&parent, &child, router, config)
         .await?;
     tracing::info!(%parent, %child, "router changed");
+    match req.on_gap {
+        Some(on_gap) => set_on_gap(&state, &parent, &child, on_gap).await,
+        None => Ok(Json(LinkInfo::from(&link))),
+    }
+}
+
+/// Records a link's new gap policy; its cursors follow it at their next gap (a halted one
+/// goes on at once under `skip`).
+async fn set_on_gap(
+    state: &AppState,
+    parent: &str,
+    child: &str,
+    on_gap: OnGap,
+) -> Result<Json<LinkInfo>, ApiError> {
+    let link = state
+        .metastore
+        .set_gap_policy(parent, child, Some(on_gap), Vec::new())
+        .await?;
+    tracing::info!(%parent, %child, ?on_gap, "gap policy changed");
     Ok(Json(LinkInfo::from(&link)))
 }
 
@@ -608,6 +652,35 @@ pub struct PauseRequest {
     /// The parent partitions; absent: every one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partitions: Option<Vec<u32>>,
+    /// Resume only: the halted cursors of these partitions skip the gap they halted before
+    /// (it goes on the gap ledger as lost to retention).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_gap: bool,
+}
+
+/// The answer to a pause or a resume: the link as recorded now, and the gaps a resume with
+/// `accept_gap` accepted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PauseInfo {
+    /// The link.
+    #[serde(flatten)]
+    pub link: LinkInfo,
+    /// The gaps accepted by this resume, each as its halted cursor reported it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps_accepted: Vec<AcceptedRange>,
+}
+
+/// A gap a resume accepted: the halted cursor of parent partition `partition` skips from its
+/// position `from` to the parent's oldest record (`to` when it last looked; later if
+/// retention removes more first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptedRange {
+    /// The parent partition.
+    pub partition: u32,
+    /// The cursor's position.
+    pub from: u64,
+    /// The parent's oldest record, as the cursor last saw it.
+    pub to: u64,
 }
 
 /// `POST /v1/topics/{parent}/children/{child}/pause`: the cursors of the partitions finish the
@@ -617,17 +690,18 @@ pub async fn pause(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     body: axum::body::Bytes,
-) -> Result<Json<LinkInfo>, ApiError> {
+) -> Result<Json<PauseInfo>, ApiError> {
     set_paused(&state, &parent, &child, &body, true).await
 }
 
 /// `POST /v1/topics/{parent}/children/{child}/resume`: the cursors go on exactly from their
-/// position on file.
+/// position on file. With `"accept_gap": true`, each cursor of the partitions that is halted
+/// before a gap (as the cluster-wide listing shows it now) has that gap accepted first.
 pub async fn resume(
     State(state): State<AppState>,
     ApiPath((parent, child)): ApiPath<(String, String)>,
     body: axum::body::Bytes,
-) -> Result<Json<LinkInfo>, ApiError> {
+) -> Result<Json<PauseInfo>, ApiError> {
     set_paused(&state, &parent, &child, &body, false).await
 }
 
@@ -637,7 +711,7 @@ async fn set_paused(
     child: &str,
     body: &[u8],
     paused: bool,
-) -> Result<Json<LinkInfo>, ApiError> {
+) -> Result<Json<PauseInfo>, ApiError> {
     // No body at all means every partition, so `curl -X POST .../pause` works.
     let request: PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
         PauseRequest::default()
@@ -645,6 +719,16 @@ async fn set_paused(
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?
     };
+    let mut gaps_accepted = Vec::new();
+    if request.accept_gap {
+        if paused {
+            return Err(ApiError::bad_request(
+                "\"accept_gap\" goes with a resume, not a pause",
+            ));
+        }
+        gaps_accepted =
+            accept_halted_gaps(state, parent, child, request.partitions.as_deref()).await?;
+    }
     let partitions = request.partitions;
     let link = state
         .metastore
@@ -652,7 +736,63 @@ async fn set_paused(
         .await?;
     let what = if paused { "paused" } else { "resumed" };
     tracing::info!(%parent, %child, ?partitions, now_paused = ?link.paused, "fan-out cursors {what}");
-    Ok(Json(LinkInfo::from(&link)))
+    Ok(Json(PauseInfo {
+        link: LinkInfo::from(&link),
+        gaps_accepted,
+    }))
+}
+
+/// Records as accepted the gap each halted cursor of `parent -> child` (of `partitions`, or
+/// every one) reports now. Only a gap a cursor reports is accepted, at the exact position it
+/// halted at: a cursor that halts later, elsewhere, halts again.
+async fn accept_halted_gaps(
+    state: &AppState,
+    parent: &str,
+    child: &str,
+    partitions: Option<&[u32]>,
+) -> Result<Vec<AcceptedRange>, ApiError> {
+    let Json(listing) = list(
+        State(state.clone()),
+        ApiPath(parent.to_owned()),
+        ApiQuery(ChildListQuery::default()),
+    )
+    .await?;
+    let Some(link) = listing.children.iter().find(|c| c.name == child) else {
+        return Err(ApiError::from(
+            crate::metastore::MetastoreError::UnknownLink {
+                parent: parent.to_owned(),
+                child: child.to_owned(),
+            },
+        ));
+    };
+    let ranges: Vec<AcceptedRange> = link
+        .partitions
+        .iter()
+        .filter(|r| partitions.is_none_or(|chosen| chosen.contains(&r.partition)))
+        .filter_map(|r| {
+            r.halted_gap.map(|gap| AcceptedRange {
+                partition: r.partition,
+                from: gap.from,
+                to: gap.to,
+            })
+        })
+        .collect();
+    if ranges.is_empty() {
+        return Ok(ranges);
+    }
+    let accept = ranges
+        .iter()
+        .map(|r| AcceptedGap {
+            partition: r.partition,
+            from: r.from,
+        })
+        .collect();
+    state
+        .metastore
+        .set_gap_policy(parent, child, None, accept)
+        .await?;
+    tracing::warn!(%parent, %child, ?ranges, "gaps accepted by an operator: the halted cursors skip what aged out");
+    Ok(ranges)
 }
 
 /// `POST /v1/topics/{parent}/children/{child}/seek` body.
@@ -908,6 +1048,7 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
             lag_complete,
             partitions,
             remote: LinkInfo::from(link).remote,
+            on_gap: link.on_gap,
         });
     }
     Ok(ChildList { children })

@@ -26,7 +26,7 @@ use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
 use super::shadow::{Shadow, ShadowSlab};
 use super::slab::{NoRecords, SlabError, SlabRead, read_slab};
-use super::status::CursorStatus;
+use super::status::{CursorStatus, HaltedGap};
 use super::{FanoutTiming, gate};
 use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
 use crate::metastore::{Metastore, MetastoreError};
@@ -999,7 +999,8 @@ impl Cursor {
         self.pause(wait.max(Duration::from_millis(1))).await
     }
 
-    /// The position aged out of the parent: skip to its log start, counting the records lost.
+    /// The position aged out of the parent: skip to its log start, counting the records lost,
+    /// unless the link halts on a gap the operator has not accepted.
     async fn skip_aged_out(
         &self,
         offsets: &OffsetFile,
@@ -1007,6 +1008,9 @@ impl Cursor {
         from: u64,
         log_start: u64,
     ) -> Result<(), CursorExit> {
+        if !self.current_link()?.may_skip_gap(self.key.partition, from) {
+            return self.halt_before_gap(from, log_start).await;
+        }
         let dropped = log_start.saturating_sub(from);
         tracing::warn!(parent = %self.parent, child = %self.key.child, from, to = log_start, dropped,
             "the cursor's position is below the parent's log start (records aged out by \
@@ -1026,6 +1030,43 @@ impl Cursor {
                 Ok(())
             }
             Err(e) => self.stall(e.to_string()).await,
+        }
+    }
+
+    /// `on_gap: halt`: stays before the records `[from, log_start)` that aged out, reporting
+    /// them, until the link changes (an acceptance, a pause, a new policy) or a back-off
+    /// passes; the loop then reads again, so records restored in the parent are copied and
+    /// nothing is skipped without the operator's word.
+    async fn halt_before_gap(&self, from: u64, log_start: u64) -> Result<(), CursorExit> {
+        let gap = HaltedGap {
+            from,
+            to: log_start,
+        };
+        if self.status.report().halted_gap != Some(gap) {
+            tracing::warn!(parent = %self.parent, child = %self.key.child, from, to = log_start,
+                lost = log_start.saturating_sub(from),
+                "halted: records the cursor has not copied aged out of the parent; the link \
+                 halts on a gap, so nothing is skipped until an operator accepts it");
+        }
+        let changed = self.link.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        self.status.halted(
+            gap,
+            format!(
+                "halted before parent offsets {from} to {log_start} ({} records): they aged out \
+                 of {} before they were copied; accept the loss with `narad child resume {} {} \
+                 --accept-gap`, or pause and seek",
+                log_start.saturating_sub(from),
+                self.parent,
+                self.key.parent,
+                self.key.child
+            ),
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(self.deps.timing.retry_backoff) => Ok(()),
+            _ = changed => Ok(()),
+            _ = self.stop.wait() => Err(CursorExit::Stopped),
         }
     }
 

@@ -58,6 +58,8 @@ pub enum StateLabel {
     stalled,
     /// Paused by an operator.
     paused,
+    /// Halted before records that aged out of the parent (`on_gap: halt`).
+    halted,
 }
 
 /// Every fan-out series.

@@ -34,6 +34,19 @@ pub enum CursorState {
     /// Paused by an operator (`POST .../pause`): its position is on file and it copies
     /// nothing until resumed; its lag keeps counting.
     Paused,
+    /// Stopped before records it has not copied that aged out of the parent, on a link with
+    /// `on_gap: halt`: `halted_gap` names them. It skips nothing until an operator accepts the
+    /// loss (`resume --accept-gap`) or moves it (pause, seek).
+    Halted,
+}
+
+/// The records a halted cursor would lose: parent offsets `[from, to)`, gone from the parent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HaltedGap {
+    /// The cursor's position.
+    pub from: u64,
+    /// The parent's oldest record when the cursor last looked.
+    pub to: u64,
 }
 
 /// How a remote child's cursor is doing, as its listing names it.
@@ -84,8 +97,11 @@ pub struct CursorReport {
     /// Records operators' forward seeks skipped on purpose (not dropped).
     #[serde(default)]
     pub skipped_by_seek: u64,
-    /// Running, waiting, stalled or paused.
+    /// Running, waiting, stalled, paused or halted.
     pub state: CursorState,
+    /// A halted cursor: the parent offsets it would lose by going on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_gap: Option<HaltedGap>,
     /// Why the cursor is stalled now; `None` once it is healthy again. Escaped and cut to
     /// [`MAX_ERROR_TEXT_BYTES`].
     pub last_error: Option<String>,
@@ -151,6 +167,8 @@ struct Inner {
     state: CursorState,
     /// The current stall is a remote target's refusal.
     refused: bool,
+    /// What a halted cursor would lose.
+    halted: Option<HaltedGap>,
     /// The current error and when it was recorded.
     last_error: Option<(String, i64)>,
     /// The last error of the previous trouble and when it was recorded.
@@ -212,6 +230,7 @@ impl CursorStatus {
                 progress_at_ms: wall_clock_ms(),
                 state: CursorState::Running,
                 refused: false,
+                halted: None,
                 last_error: None,
                 previous_error: None,
             }),
@@ -506,10 +525,20 @@ impl CursorStatus {
         self.set_state(CursorState::Stalled, Some(reason));
     }
 
+    /// Marks the cursor halted before `gap` (a link with `on_gap: halt`), with the reason an
+    /// operator reads.
+    pub(crate) fn halted(&self, gap: HaltedGap, reason: String) {
+        self.lock().halted = Some(gap);
+        self.set_state(CursorState::Halted, Some(reason));
+    }
+
     fn set_state(&self, state: CursorState, error: Option<String>) {
         let mut inner = self.lock();
         let changed = inner.state != state;
         inner.state = state;
+        if state != CursorState::Halted {
+            inner.halted = None;
+        }
         match error {
             Some(reason) => {
                 let shown = narad_runtime::text::sanitize(&reason, MAX_ERROR_TEXT_BYTES);
@@ -535,6 +564,7 @@ impl CursorStatus {
             (StateLabel::waiting, state == CursorState::Waiting),
             (StateLabel::stalled, state == CursorState::Stalled),
             (StateLabel::paused, state == CursorState::Paused),
+            (StateLabel::halted, state == CursorState::Halted),
         ] {
             self.metrics
                 .state
@@ -563,6 +593,7 @@ impl CursorStatus {
             parent_end_rewinds: inner.parent_end_rewinds,
             skipped_by_seek: inner.skipped_by_seek,
             state: inner.state,
+            halted_gap: inner.halted,
             last_error: inner.last_error.as_ref().map(|(text, _)| text.clone()),
             last_error_at_ms: inner.last_error.as_ref().map(|&(_, at)| at),
             previous_error: inner.previous_error.as_ref().map(|(text, _)| text.clone()),

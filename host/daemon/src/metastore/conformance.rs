@@ -31,6 +31,8 @@ fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> Lin
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        on_gap: Default::default(),
+        accepted_gaps: Vec::new(),
         remote: None,
     }
 }

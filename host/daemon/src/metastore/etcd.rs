@@ -534,6 +534,8 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             remote: None,
         }
     }

@@ -122,7 +122,8 @@ impl Touched {
             Change::DetachLink { parent, child }
             | Change::SetLinkRouter { parent, child, .. }
             | Change::SetPaused { parent, child, .. }
-            | Change::SetShadow { parent, child, .. } => link(&mut t, parent, child),
+            | Change::SetShadow { parent, child, .. }
+            | Change::SetGapPolicy { parent, child, .. } => link(&mut t, parent, child),
             Change::AddPlugin(_) | Change::RemovePlugin { .. } => t.plugins = true,
         }
         t

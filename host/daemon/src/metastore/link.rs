@@ -76,6 +76,58 @@ pub struct LinkMeta {
     /// local child and in records written before remote children existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteTarget>,
+    /// What a cursor does when records it has not copied aged out of the parent: skip them
+    /// onto the gap ledger (the default), or halt before them until an operator accepts.
+    #[serde(default, skip_serializing_if = "OnGap::is_skip")]
+    pub on_gap: OnGap,
+    /// Gaps an operator accepted (`resume --accept-gap`), at most one per parent partition:
+    /// a halted cursor of that partition at that position skips and goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_gaps: Vec<AcceptedGap>,
+}
+
+impl LinkMeta {
+    /// Whether the cursor of `partition`, at parent offset `from` and about to lose records
+    /// that aged out, may skip them: the link skips on a gap, or an operator accepted this
+    /// one.
+    pub fn may_skip_gap(&self, partition: u32, from: u64) -> bool {
+        self.on_gap == OnGap::Skip
+            || self
+                .accepted_gaps
+                .iter()
+                .any(|a| a.partition == partition && a.from == from)
+    }
+}
+
+/// What a link's cursor does when the parent no longer holds records it has not copied
+/// (retention removed them first).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnGap {
+    /// Skip to the parent's oldest record, writing the range onto the gap ledger.
+    #[default]
+    Skip,
+    /// Stop before the range (state `halted`, naming it) until an operator accepts the loss
+    /// or moves the cursor.
+    Halt,
+}
+
+impl OnGap {
+    /// True for [`OnGap::Skip`] (the default, left out of the stored record).
+    pub fn is_skip(&self) -> bool {
+        *self == OnGap::Skip
+    }
+}
+
+/// A loss an operator accepted: the halted cursor of parent partition `partition`, at
+/// position `from`, may skip what aged out from there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptedGap {
+    /// The parent partition.
+    pub partition: u32,
+    /// The position the cursor halted at.
+    pub from: u64,
 }
 
 /// Where a remote child's records go: a topic of another narad, reached over its public API.
@@ -328,6 +380,8 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             remote: None,
         }
     }

@@ -755,6 +755,25 @@ pub trait Metastore: Send + Sync + 'static {
         typed(self.apply(change), Outcome::into_link)
     }
 
+    /// Sets what the cursors of the link `parent -> child` do on a gap (`on_gap`, `None`
+    /// keeps it) and records the gaps in `accept` as accepted; returns the link as recorded
+    /// now.
+    fn set_gap_policy<'a>(
+        &'a self,
+        parent: &'a str,
+        child: &'a str,
+        on_gap: Option<link::OnGap>,
+        accept: Vec<link::AcceptedGap>,
+    ) -> BoxFuture<'a, Result<LinkMeta>> {
+        let change = Change::SetGapPolicy {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            on_gap,
+            accept,
+        };
+        typed(self.apply(change), Outcome::into_link)
+    }
+
     /// Replaces the owner record of partition `partition` of `topic` with `owner`, if it is
     /// still `expected` (else [`MetastoreError::OwnerChanged`]): every step of a planned move.
     fn set_owner<'a>(

@@ -17,7 +17,7 @@
 //! Versions: every applied change raises the counter of each domain it changed by one and no
 //! other; a refused change or a no-op changes nothing.
 
-use super::link::{LinkRuleError, ShadowSpec, check_attach, check_retention};
+use super::link::{AcceptedGap, LinkRuleError, OnGap, ShadowSpec, check_attach, check_retention};
 use super::{
     Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
     TopicMeta,
@@ -124,6 +124,18 @@ pub enum Change {
         child: String,
         /// The shadow, or `None` to clear it.
         shadow: Option<ShadowSpec>,
+    },
+    /// Change what a link's cursors do on a gap (`Some`), and record gaps an operator
+    /// accepted (each replacing the one accepted before on its parent partition).
+    SetGapPolicy {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+        /// The new policy; `None` keeps it.
+        on_gap: Option<OnGap>,
+        /// Gaps accepted now.
+        accept: Vec<AcceptedGap>,
     },
     /// Record an uploaded plugin version.
     AddPlugin(PluginVersion),
@@ -447,6 +459,48 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 domains_if(changed, Domain::Links),
             ))
         }
+        Change::SetGapPolicy {
+            parent,
+            child,
+            on_gap,
+            accept,
+        } => {
+            let count = match s.topics.get(&parent) {
+                Some(topic) => topic.partitions,
+                None => return Err(MetastoreError::UnknownTopic { name: parent }),
+            };
+            if let Some(bad) = accept.iter().find(|a| a.partition >= count) {
+                return Err(MetastoreError::NoSuchPartition {
+                    topic: parent,
+                    partition: bad.partition,
+                    partitions: count,
+                });
+            }
+            let Some(link) = s.links.get_mut(&(parent.clone(), child.clone())) else {
+                return Err(MetastoreError::UnknownLink { parent, child });
+            };
+            let before = (link.on_gap, link.accepted_gaps.clone());
+            if let Some(on_gap) = on_gap {
+                link.on_gap = on_gap;
+            }
+            // One accepted gap per partition: the newest acceptance replaces an older one,
+            // which its cursor has passed (or never reached) by now.
+            let mut accepted: std::collections::BTreeMap<u32, u64> = link
+                .accepted_gaps
+                .iter()
+                .map(|a| (a.partition, a.from))
+                .collect();
+            accepted.extend(accept.iter().map(|a| (a.partition, a.from)));
+            link.accepted_gaps = accepted
+                .into_iter()
+                .map(|(partition, from)| AcceptedGap { partition, from })
+                .collect();
+            let changed = before != (link.on_gap, link.accepted_gaps.clone());
+            Ok((
+                Outcome::Link(link.clone()),
+                domains_if(changed, Domain::Links),
+            ))
+        }
         Change::AddPlugin(plugin) => {
             if let Some(existing) = s
                 .plugins
@@ -633,6 +687,8 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             remote: Some(crate::metastore::RemoteTarget {
                 url: "http://127.0.0.1:7070".into(),
                 topic: "copy".into(),
@@ -778,6 +834,8 @@ mod tests {
                         attached_at_ms: 0,
                         paused: Vec::new(),
                         shadow: None,
+                        on_gap: Default::default(),
+                        accepted_gaps: Vec::new(),
                         remote: None,
                     },
                 },
@@ -884,6 +942,8 @@ mod tests {
             attached_at_ms: 0,
             paused: Vec::new(),
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             remote: None,
         };
         let set = |partitions: Option<Vec<u32>>, paused: bool| Change::SetPaused {
@@ -920,6 +980,80 @@ mod tests {
                 child: "nope".into(),
                 partitions: None,
                 paused: true,
+            },
+        ] {
+            assert!(apply(&mut state, bad.clone()).is_err(), "{bad:?}");
+            assert_eq!(state, before);
+        }
+    }
+
+    #[test]
+    fn a_gap_policy_change_keeps_one_accepted_gap_per_partition_and_refuses_unknown_ones() {
+        let link = LinkMeta {
+            parent: "p".into(),
+            child: "c".into(),
+            attach_epoch: "00112233445566aa".into(),
+            attach_offsets: Some(vec![0; 4]),
+            delay_ms: 0,
+            router: Vec::new(),
+            config: String::new(),
+            attached_at_ms: 0,
+            paused: Vec::new(),
+            shadow: None,
+            on_gap: OnGap::Halt,
+            accepted_gaps: Vec::new(),
+            remote: None,
+        };
+        let accept = |gaps: &[(u32, u64)]| Change::SetGapPolicy {
+            parent: "p".into(),
+            child: "c".into(),
+            on_gap: None,
+            accept: gaps
+                .iter()
+                .map(|&(partition, from)| AcceptedGap { partition, from })
+                .collect(),
+        };
+        let mut state = Snapshot::default();
+        apply(&mut state, Change::CreateTopic(topic("p", 4))).unwrap();
+        apply(&mut state, Change::CreateTopic(topic("c", 4))).unwrap();
+        apply(&mut state, Change::AttachLink(link)).unwrap();
+        let now = |s: &Snapshot| {
+            let link = &s.links[&("p".to_owned(), "c".to_owned())];
+            let gaps: Vec<(u32, u64)> = link
+                .accepted_gaps
+                .iter()
+                .map(|a| (a.partition, a.from))
+                .collect();
+            (link.on_gap, gaps)
+        };
+        let (_, changed) = apply(&mut state, accept(&[(2, 10), (0, 5)])).unwrap();
+        assert!(changed);
+        assert_eq!(now(&state), (OnGap::Halt, vec![(0, 5), (2, 10)]));
+        // A newer acceptance on a partition replaces the older one there.
+        apply(&mut state, accept(&[(2, 40)])).unwrap();
+        assert_eq!(now(&state), (OnGap::Halt, vec![(0, 5), (2, 40)]));
+        let (_, changed) = apply(&mut state, accept(&[(2, 40)])).unwrap();
+        assert!(!changed, "the same acceptance again changes nothing");
+        let skip = Change::SetGapPolicy {
+            parent: "p".into(),
+            child: "c".into(),
+            on_gap: Some(OnGap::Skip),
+            accept: Vec::new(),
+        };
+        apply(&mut state, skip).unwrap();
+        assert_eq!(now(&state), (OnGap::Skip, vec![(0, 5), (2, 40)]));
+        // The stored record leaves the default policy out.
+        let stored = serde_json::to_value(&state.links[&("p".to_owned(), "c".to_owned())]).unwrap();
+        assert!(stored.get("on_gap").is_none(), "{stored}");
+
+        let before = state.clone();
+        for bad in [
+            accept(&[(4, 0)]),
+            Change::SetGapPolicy {
+                parent: "p".into(),
+                child: "nope".into(),
+                on_gap: Some(OnGap::Halt),
+                accept: Vec::new(),
             },
         ] {
             assert!(apply(&mut state, bad.clone()).is_err(), "{bad:?}");
@@ -970,6 +1104,8 @@ mod tests {
             attached_at_ms: 0,
             paused: vec![1],
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             remote: None,
         };
         apply(&mut state, Change::AttachLink(link.clone())).unwrap();
@@ -1008,6 +1144,8 @@ mod tests {
                     assert_eq!(
                         LinkMeta {
                             shadow: None,
+                            on_gap: Default::default(),
+                            accepted_gaps: Vec::new(),
                             ..now.clone()
                         },
                         link

@@ -374,6 +374,8 @@ impl Reconciler {
             router: spec.router.clone(),
             config: spec.config.clone(),
             shadow: None,
+            on_gap: Default::default(),
+            accepted_gaps: Vec::new(),
             ..meta.clone()
         };
         crate::blocking::run(move || routers.build_candidate(&candidate)).await?
@@ -665,6 +667,8 @@ mod tests {
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
+                on_gap: Default::default(),
+                accepted_gaps: Vec::new(),
                 remote: None,
             })
             .await
@@ -961,6 +965,8 @@ mod tests {
                 attached_at_ms: 0,
                 paused: Vec::new(),
                 shadow: None,
+                on_gap: Default::default(),
+                accepted_gaps: Vec::new(),
                 remote: None,
             })
             .await

@@ -18,8 +18,8 @@ use narad_host::fanout::cursor::{
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::position::{Deferred, cursor_path};
 use narad_host::fanout::route::{RouteFailure, RouteInput, SlabRouter};
-use narad_host::fanout::status::{CursorState, CursorStatus};
-use narad_host::metastore::link::{LinkMeta, PluginRef, PluginVersion};
+use narad_host::fanout::status::{CursorState, CursorStatus, HaltedGap};
+use narad_host::metastore::link::{AcceptedGap, LinkMeta, OnGap, PluginRef, PluginVersion};
 use narad_host::metastore::{
     BoxFuture, Change, FileMetastore, LinkTopics, Metastore, Outcome, Snapshot, TopicMeta, Versions,
 };
@@ -271,6 +271,8 @@ fn link(attach_offsets: Vec<u64>, delay_ms: u64) -> LinkMeta {
         attached_at_ms: 0,
         paused: Vec::new(),
         shadow: None,
+        on_gap: Default::default(),
+        accepted_gaps: Vec::new(),
         remote: None,
     }
 }
@@ -1014,6 +1016,127 @@ async fn a_cursor_behind_the_log_start_skips_counts_and_records_exactly_the_aged
     .await;
     assert_eq!(again.status.report().dropped_messages, log_start);
     assert_eq!(again.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_halts_on_a_gap_skips_nothing_until_the_exact_gap_is_accepted() {
+    let config = LogConfig {
+        segment_bytes: 256,
+        retention_ms: None,
+        retention_bytes: Some(1),
+    };
+    let f = fixture(1, 1, config).await;
+    produce(&f.store, 0..50);
+    f.store.enforce_retention().unwrap();
+    let log_start = f
+        .store
+        .peek(&PartitionId::new("parent", 0))
+        .unwrap()
+        .log_start_offset;
+    assert!(
+        log_start > 0 && log_start < 50,
+        "a partial log: {log_start}"
+    );
+    let meta = LinkMeta {
+        on_gap: OnGap::Halt,
+        ..link(vec![0], 0)
+    };
+    let running = start(&f, meta.clone()).await;
+    wait_for("the cursor to halt", || {
+        running.status.report().state == CursorState::Halted
+    })
+    .await;
+    let report = running.status.report();
+    assert_eq!(
+        report.halted_gap,
+        Some(HaltedGap {
+            from: 0,
+            to: log_start
+        })
+    );
+    assert!(
+        report
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("--accept-gap")),
+        "the reason says how to go on: {report:?}"
+    );
+    // An acceptance of another position (an older halt) does not cover this one.
+    running.runtime.set_meta(LinkMeta {
+        accepted_gaps: vec![AcceptedGap {
+            partition: 0,
+            from: 7,
+        }],
+        ..meta.clone()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(running.status.report().state, CursorState::Halted);
+    assert_eq!(running.status.report().dropped_messages, 0);
+    assert!(all_child_values(&f.store, 1).is_empty());
+    assert!(
+        gap_ledger(&f).is_none_or(|l| l.gaps.is_empty()),
+        "nothing on the ledger"
+    );
+    assert_eq!(file_position(&f).map(|r| r.next_offset), Some(0));
+
+    running.runtime.set_meta(LinkMeta {
+        accepted_gaps: vec![AcceptedGap {
+            partition: 0,
+            from: 0,
+        }],
+        ..meta.clone()
+    });
+    wait_for("the copy after the acceptance", || {
+        running.status.report().next_offset == Some(50)
+    })
+    .await;
+    assert_eq!(running.status.report().state, CursorState::Running);
+    assert_eq!(running.status.report().halted_gap, None);
+    assert_eq!(running.status.report().dropped_messages, log_start);
+    assert_eq!(
+        all_child_values(&f.store, 1),
+        expected(log_start as u32..50)
+    );
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+    let ledger = gap_ledger(&f).expect("a ledger");
+    assert_eq!(
+        ledger
+            .gaps
+            .iter()
+            .map(|g| (g.from, g.to, g.reason))
+            .collect::<Vec<_>>(),
+        vec![(0, log_start, GapReason::Retention)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_halted_cursor_goes_on_when_its_link_is_set_to_skip() {
+    let config = LogConfig {
+        segment_bytes: 256,
+        retention_ms: None,
+        retention_bytes: Some(1),
+    };
+    let f = fixture(1, 1, config).await;
+    produce(&f.store, 0..50);
+    f.store.enforce_retention().unwrap();
+    let meta = LinkMeta {
+        on_gap: OnGap::Halt,
+        ..link(vec![0], 0)
+    };
+    let running = start(&f, meta.clone()).await;
+    wait_for("the cursor to halt", || {
+        running.status.report().state == CursorState::Halted
+    })
+    .await;
+    running.runtime.set_meta(LinkMeta {
+        on_gap: OnGap::Skip,
+        ..meta
+    });
+    wait_for("the copy after the policy change", || {
+        running.status.report().next_offset == Some(50)
+    })
+    .await;
+    assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
 /// The gap ledger beside the offset file.

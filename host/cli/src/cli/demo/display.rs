@@ -80,6 +80,11 @@ pub fn rows(
                 row.due_lag_seconds = row.due_lag_seconds.max(p.due_lag_seconds);
                 row.dropped += p.dropped_messages;
                 state = Some(match (state, p.state) {
+                    // Halted waits for an operator: it outranks a stall, which retries.
+                    (_, CursorState::Halted) | (Some(CursorState::Halted), _) => {
+                        row.last_error = p.last_error.clone().or(row.last_error.take());
+                        CursorState::Halted
+                    }
                     (_, CursorState::Stalled) | (Some(CursorState::Stalled), _) => {
                         row.last_error = p.last_error.clone().or(row.last_error.take());
                         CursorState::Stalled
@@ -96,6 +101,7 @@ pub fn rows(
                     CursorState::Waiting => "waiting",
                     CursorState::Stalled => "stalled",
                     CursorState::Paused => "paused",
+                    CursorState::Halted => "halted",
                 }
                 .into();
             }
@@ -232,6 +238,7 @@ mod tests {
             due_lag_seconds: f64::from(p),
             dropped_messages: 1,
             state,
+            halted_gap: None,
             last_error: (state == CursorState::Stalled).then(|| "plugin trapped".to_owned()),
             parent_end_rewinds: 0,
             skipped_by_seek: 0,
@@ -269,6 +276,7 @@ mod tests {
                     partition(1, 30, 3, CursorState::Stalled),
                 ],
                 remote: None,
+                on_gap: Default::default(),
             }],
         };
         let attach = BTreeMap::from([("a".to_owned(), vec![5, 10])]);

@@ -632,3 +632,181 @@ fn a_paused_child_stays_paused_across_a_restart_and_resumes_with_every_record_on
     let wanted: Vec<String> = (0..40).map(|i| format!("v{i}")).collect();
     assert_eq!(copied, wanted);
 }
+
+/// Runs the real `narad` command line against `base`; returns its standard output.
+fn narad_cli(base: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(crate::e2e::harness::narad_binary())
+        .args([args[0], "--url", base])
+        .args(&args[1..])
+        .output()
+        .expect("run narad");
+    assert!(
+        out.status.success(),
+        "narad {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The oldest offset `topic`'s partition 0 still stores.
+fn log_start(client: &reqwest::blocking::Client, base: &str, topic: &str) -> u64 {
+    let (status, body) = send_json(
+        client,
+        Method::GET,
+        &format!("{base}/v1/topics/{topic}"),
+        None,
+    )
+    .expect("describe");
+    ok(status, &body, "describe");
+    body["partition_stats"][0]["log_start_offset"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no log start: {body}"))
+}
+
+/// The ranges on the link's gap ledger, and the records it counts lost.
+fn ledger(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    parent: &str,
+    child: &str,
+) -> (Value, Value) {
+    let (status, body) = send_json(
+        client,
+        Method::GET,
+        &format!("{base}/v1/topics/{parent}/children/{child}/gaps"),
+        None,
+    )
+    .expect("gaps");
+    ok(status, &body, "gaps");
+    let ranges: Vec<Value> = body["partitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["gaps"].as_array().cloned().unwrap_or_default())
+        .map(|g| json!({"from": g["from"], "to": g["to"], "reason": g["reason"]}))
+        .collect();
+    (Value::Array(ranges), body["lost"].clone())
+}
+
+#[test]
+fn a_child_that_halts_on_a_gap_skips_nothing_until_an_operator_accepts_it_then_ledgers_it_exactly()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Small segments and quick retention passes, so retention overtakes a paused child.
+    let mut daemon = Daemon::start_with(
+        dir.path(),
+        &[
+            "--segment-bytes",
+            "512",
+            "--retention-check-interval-ms",
+            "100",
+        ],
+    );
+    let client = http_client();
+    let base = daemon.url();
+    create_topic(&client, &base, "orders", 1);
+    create_topic(&client, &base, "copy", 1);
+    let attached = narad_cli(
+        &base,
+        &["child", "attach", "orders", "copy", "--on-gap", "halt"],
+    );
+    assert!(attached.contains("attached"), "{attached}");
+    let paused = narad_cli(&base, &["child", "pause", "orders", "copy"]);
+    assert!(paused.contains("paused"), "{paused}");
+    // Batches of ten: a segment rolls between batches, never inside one.
+    for batch in 0..20 {
+        let records: Vec<Value> = (batch * 10..batch * 10 + 10)
+            .map(|i| json!({"value": format!("record-{i:04}")}))
+            .collect();
+        produce(&client, &base, "orders", records);
+    }
+    narad_cli(&base, &["topic", "set", "orders", "--retention-bytes", "1"]);
+    let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+    let lost = loop {
+        let start = log_start(&client, &base, "orders");
+        if start > 0 {
+            // Let the pass finish: only the active segment stays.
+            std::thread::sleep(Duration::from_millis(500));
+            let settled = log_start(&client, &base, "orders");
+            if settled == start {
+                break start;
+            }
+            continue;
+        }
+        assert!(Instant::now() < deadline, "retention never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(lost < 200, "the active segment stays: {lost}");
+
+    // Resumed, the cursor halts before the records retention took: nothing skipped, nothing
+    // on the ledger, nothing copied, also after a restart.
+    narad_cli(&base, &["child", "resume", "orders", "copy"]);
+    let link = wait_for_state(&client, &base, "orders", "copy", "halted", None);
+    assert_eq!(link["on_gap"], "halt", "{link}");
+    let cursor = &link["partitions"][0];
+    assert_eq!(
+        cursor["halted_gap"],
+        json!({"from": 0, "to": lost}),
+        "{link}"
+    );
+    assert_eq!(cursor["next_offset"], 0, "{link}");
+    assert_eq!(cursor["dropped_messages"], 0, "{link}");
+    assert!(
+        cursor["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--accept-gap")),
+        "the listing says how to go on: {link}"
+    );
+    let listing = narad_cli(&base, &["child", "list", "orders"]);
+    assert!(listing.contains("halted"), "{listing}");
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("narad_fanout_cursor_state{")
+                && l.contains("state=\"halted\"")
+                && l.ends_with(" 1")),
+        "the halted state is on /metrics"
+    );
+    daemon.restart();
+    let base = daemon.url();
+    wait_for_state(&client, &base, "orders", "copy", "halted", None);
+    assert_eq!(
+        ledger(&client, &base, "orders", "copy"),
+        (json!([]), json!(0))
+    );
+    assert!(fetch_all(&client, &base, "copy", 0).is_empty());
+
+    // The operator accepts: the cursor skips exactly what retention took, writes it on the
+    // ledger, and copies the rest in order.
+    let accepted = narad_cli(
+        &base,
+        &["child", "resume", "orders", "copy", "--accept-gap"],
+    );
+    assert!(
+        accepted.contains(&format!(
+            "accepted the loss of offsets 0 to {lost} ({lost} records"
+        )),
+        "{accepted}"
+    );
+    wait_caught_up(&client, &base, "orders", "copy");
+    let copied = values_of(&fetch_all(&client, &base, "copy", 0));
+    let wanted: Vec<String> = (lost..200).map(|i| format!("record-{i:04}")).collect();
+    assert_eq!(copied, wanted);
+    assert_eq!(
+        ledger(&client, &base, "orders", "copy"),
+        (
+            json!([{"from": 0, "to": lost, "reason": "retention"}]),
+            json!(lost)
+        )
+    );
+    let again = narad_cli(
+        &base,
+        &["child", "resume", "orders", "copy", "--accept-gap"],
+    );
+    assert!(again.contains("no cursor was halted"), "{again}");
+}
