@@ -95,6 +95,10 @@ pub struct PoisonRecord {
     /// The error routing it gives (alone, or as the last record of the shortest failing
     /// prefix when it only fails in company).
     pub error: PluginError,
+    /// Whether routing it alone fails too: the record itself is what the chain cannot
+    /// route, not the company it is in (a slab too slow as a whole, a plugin whose state
+    /// breaks after so many records).
+    pub alone: bool,
 }
 
 /// A chain of plugin instances for one link.
@@ -425,14 +429,15 @@ impl Chain {
             }
         }
         let index = failing_len - 1;
-        let error = self
-            .search_route(ctx, &records[index..=index])
-            .err()
-            .unwrap_or(failing);
+        let (error, alone) = match self.search_route(ctx, &records[index..=index]) {
+            Err(error) => (error, true),
+            Ok(_) => (failing, false),
+        };
         Some(PoisonRecord {
             index,
             parent_offset: records[index].parent_offset(),
             error,
+            alone,
         })
     }
 }

@@ -1162,7 +1162,7 @@ async fn copy_backlog(
         Some(json_body(&RouterChange {
             router: DEFAULT_ROUTER.iter().map(|s| (*s).to_owned()).collect(),
             config: Some(serde_json::Value::String(String::new())),
-            on_gap: None,
+            ..RouterChange::default()
         })?),
     )
     .await?;

@@ -253,6 +253,7 @@ impl Rig {
                 shadow: None,
                 on_gap: Default::default(),
                 accepted_gaps: Vec::new(),
+                dead_letter: None,
                 remote: None,
             })
             .await

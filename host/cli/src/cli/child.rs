@@ -108,6 +108,10 @@ pub enum ChildCommand {
         /// on the gap ledger) or `halt` until an operator accepts the loss.
         #[arg(long, value_name = "POLICY", value_parser = parse_on_gap, default_value = "skip")]
         on_gap: OnGap,
+        /// A topic (it must exist) that takes, whole, each record the router chain cannot
+        /// route, so the rest of the slab goes on; without it such a record stalls the cursor.
+        #[arg(long, value_name = "TOPIC")]
+        dead_letter: Option<String>,
     },
     /// Detach a child: copying stops; the child topic and its records stay.
     Detach {
@@ -174,16 +178,22 @@ pub enum ChildCommand {
         parent: String,
     },
     /// Change what a child's cursors do when records aged out of the parent before they
-    /// were copied: `skip` them (written on the gap ledger) or `halt` until an operator
-    /// accepts the loss (`narad child resume --accept-gap`).
+    /// were copied (--on-gap), or when the router chain cannot route a record
+    /// (--dead-letter).
+    #[command(group(clap::ArgGroup::new("change").required(true).multiple(true)))]
     Set {
         /// Parent topic.
         parent: String,
         /// Child topic.
         child: String,
-        /// `skip` or `halt`.
-        #[arg(long, value_name = "POLICY", value_parser = parse_on_gap)]
-        on_gap: OnGap,
+        /// `skip` the records (written on the gap ledger) or `halt` until an operator
+        /// accepts the loss (`narad child resume --accept-gap`).
+        #[arg(long, value_name = "POLICY", value_parser = parse_on_gap, group = "change")]
+        on_gap: Option<OnGap>,
+        /// The topic that takes records the chain cannot route; "" removes it (such a record
+        /// then stalls the cursor).
+        #[arg(long, value_name = "TOPIC", group = "change")]
+        dead_letter: Option<String>,
     },
     /// Swap a child's router chain (and config), effective at each cursor's next slab.
     SetRouter {
@@ -222,6 +232,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             remote_token_file,
             start,
             on_gap,
+            dead_letter,
         } => {
             let delay_ms = match (delay, delay_ms) {
                 (Some(d), _) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -243,6 +254,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 remote,
                 start: (start != AttachStart::Attach).then_some(start),
                 on_gap: (on_gap != OnGap::Skip).then_some(on_gap),
+                dead_letter,
             };
             let link = client.attach_child(&parent, &child, &req).await?;
             print_link(json, "attached", &link)?;
@@ -328,9 +340,11 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             parent,
             child,
             on_gap,
+            dead_letter,
         } => {
             let req = RouterChange {
-                on_gap: Some(on_gap),
+                on_gap,
+                dead_letter,
                 ..RouterChange::default()
             };
             let link = client.set_child_router(&parent, &child, &req).await?;
@@ -338,10 +352,14 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                 print_json(&link)?;
             } else {
                 outln!(
-                    "{parent} -> {child}: on a gap, cursors now {}",
+                    "{parent} -> {child}: on a gap, cursors {}; a record the chain cannot route {}",
                     match link.on_gap {
                         OnGap::Skip => "skip it (written on the gap ledger)",
                         OnGap::Halt => "halt until an operator accepts it",
+                    },
+                    match &link.dead_letter {
+                        Some(topic) => format!("goes to the dead-letter topic {topic}"),
+                        None => "stalls the cursor until the chain is fixed".to_owned(),
                     }
                 )?;
             }
@@ -355,7 +373,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             let req = RouterChange {
                 router,
                 config: config.read()?,
-                on_gap: None,
+                ..RouterChange::default()
             };
             let link = client.set_child_router(&parent, &child, &req).await?;
             print_link(json, "changed the router of", &link)?;
@@ -510,6 +528,7 @@ pub fn list_text(list: &ChildList) -> String {
                 c.remote
                     .as_ref()
                     .map_or_else(|| "-".into(), |r| format!("{} at {}", r.topic, r.url)),
+                c.dead_letter.clone().unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -541,13 +560,19 @@ pub fn list_text(list: &ChildList) -> String {
             }
         }
     }
-    let mut header = vec!["CHILD", "DELAY", "ROUTER", "EPOCH"];
-    if list.children.iter().any(|c| c.remote.is_some()) {
-        header.push("REMOTE");
-    } else {
-        children.iter_mut().for_each(|row| {
-            row.pop();
-        });
+    let mut header = vec!["CHILD", "DELAY", "ROUTER", "EPOCH", "REMOTE", "DEAD_LETTER"];
+    // Optional columns, shown only when a child has them (last first, by index).
+    let shown = [
+        list.children.iter().any(|c| c.remote.is_some()),
+        list.children.iter().any(|c| c.dead_letter.is_some()),
+    ];
+    for (i, shown) in shown.iter().enumerate().rev() {
+        if !shown {
+            header.remove(4 + i);
+            children.iter_mut().for_each(|row| {
+                row.remove(4 + i);
+            });
+        }
     }
     let mut out = table::render(&header, &children);
     out.push('\n');

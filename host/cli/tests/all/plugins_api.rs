@@ -280,6 +280,7 @@ fn link(router: Vec<PluginRef>) -> LinkMeta {
         shadow: None,
         on_gap: Default::default(),
         accepted_gaps: Vec::new(),
+        dead_letter: None,
         remote: None,
     }
 }

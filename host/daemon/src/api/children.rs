@@ -22,8 +22,8 @@ use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::topics::require_topic;
 use crate::fanout::status::CursorReport;
-use crate::metastore::Snapshot;
 use crate::metastore::link::{AcceptedGap, LinkMeta, OnGap, PluginRef, new_epoch};
+use crate::metastore::{PolicyChange, Snapshot};
 use crate::topics::NewTopic;
 
 /// The chain a link gets when the attach names none: it reproduces the engine's routing rules
@@ -60,6 +60,10 @@ pub struct AttachRequest {
     /// default; the range goes on the gap ledger) or `halt` (it waits for an operator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_gap: Option<OnGap>,
+    /// A local topic that takes each record the router chain cannot route, so the rest of
+    /// the slab goes on (default: none; such a record stalls the cursor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 /// Where a new link's cursors begin in each parent partition.
@@ -116,6 +120,25 @@ pub struct RouterChange {
     /// A new gap policy, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_gap: Option<OnGap>,
+    /// A new dead-letter topic, when given; `""` removes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
+}
+
+impl RouterChange {
+    /// The policy part of the change (gap policy, dead-letter topic), `None` when it has
+    /// none.
+    fn policy(&self) -> Option<PolicyChange> {
+        let change = PolicyChange {
+            on_gap: self.on_gap,
+            accept: Vec::new(),
+            dead_letter: self
+                .dead_letter
+                .clone()
+                .map(|topic| (!topic.is_empty()).then_some(topic)),
+        };
+        (change != PolicyChange::default()).then_some(change)
+    }
 }
 
 /// A plugin of a chain in answers.
@@ -158,6 +181,9 @@ pub struct LinkInfo {
     /// Gaps an operator accepted, one per parent partition at most.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_gaps: Vec<AcceptedGap>,
+    /// The topic that takes records the chain cannot route, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -179,6 +205,7 @@ impl From<&LinkMeta> for LinkInfo {
             }),
             on_gap: link.on_gap,
             accepted_gaps: link.accepted_gaps.clone(),
+            dead_letter: link.dead_letter.clone(),
         }
     }
 }
@@ -228,6 +255,9 @@ pub struct ChildInfo {
     /// halted cursor reports `"state": "halted"` and the range in `halted_gap`).
     #[serde(default)]
     pub on_gap: OnGap,
+    /// The topic that takes records the chain cannot route, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
@@ -565,6 +595,7 @@ async fn new_link(
         shadow: None,
         on_gap: req.on_gap.unwrap_or_default(),
         accepted_gaps: Vec::new(),
+        dead_letter: req.dead_letter.filter(|topic| !topic.is_empty()),
         remote: None,
     })
 }
@@ -583,13 +614,15 @@ pub(crate) async fn set_router(
             "{child:?} is not a child of {parent:?}"
         )));
     };
+    let policy = req.policy();
     if req.router.is_empty() && req.config.is_none() {
-        let Some(on_gap) = req.on_gap else {
+        let Some(policy) = policy else {
             return Err(ApiError::bad_request(
-                "nothing to change: give \"router\", \"config\", \"on_gap\" or several",
+                "nothing to change: give \"router\", \"config\", \"on_gap\", \"dead_letter\" \
+                 or several",
             ));
         };
-        return set_on_gap(&state, &parent, &child, on_gap).await;
+        return set_policy(&state, &parent, &child, policy).await;
     }
     let router = if req.router.is_empty() {
         current.router.clone()
@@ -613,25 +646,26 @@ pub(crate) async fn set_router(
         .set_link_router(&parent, &child, router, config)
         .await?;
     tracing::info!(%parent, %child, "router changed");
-    match req.on_gap {
-        Some(on_gap) => set_on_gap(&state, &parent, &child, on_gap).await,
+    match policy {
+        Some(policy) => set_policy(&state, &parent, &child, policy).await,
         None => Ok(Json(LinkInfo::from(&link))),
     }
 }
 
-/// Records a link's new gap policy; its cursors follow it at their next gap (a halted one
-/// goes on at once under `skip`).
-async fn set_on_gap(
+/// Records a link's new gap policy or dead-letter topic; its cursors follow them at their
+/// next gap or unroutable record (a halted one goes on at once under `skip`).
+async fn set_policy(
     state: &AppState,
     parent: &str,
     child: &str,
-    on_gap: OnGap,
+    policy: PolicyChange,
 ) -> Result<Json<LinkInfo>, ApiError> {
     let link = state
         .metastore
-        .set_gap_policy(parent, child, Some(on_gap), Vec::new())
+        .set_link_policy(parent, child, policy.clone())
         .await?;
-    tracing::info!(%parent, %child, ?on_gap, "gap policy changed");
+    tracing::info!(%parent, %child, on_gap = ?policy.on_gap, dead_letter = ?policy.dead_letter,
+        "link policy changed");
     Ok(Json(LinkInfo::from(&link)))
 }
 
@@ -789,7 +823,14 @@ async fn accept_halted_gaps(
         .collect();
     state
         .metastore
-        .set_gap_policy(parent, child, None, accept)
+        .set_link_policy(
+            parent,
+            child,
+            PolicyChange {
+                accept,
+                ..PolicyChange::default()
+            },
+        )
         .await?;
     tracing::warn!(%parent, %child, ?ranges, "gaps accepted by an operator: the halted cursors skip what aged out");
     Ok(ranges)
@@ -1049,6 +1090,7 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
             partitions,
             remote: LinkInfo::from(link).remote,
             on_gap: link.on_gap,
+            dead_letter: link.dead_letter.clone(),
         });
     }
     Ok(ChildList { children })

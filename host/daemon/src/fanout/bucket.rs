@@ -71,6 +71,7 @@ pub(crate) fn bucket(
         let offset = records.get(refused.index).map_or(0, |r| r.offset);
         RouteFailure {
             plugin: None,
+            poison: None,
             kind: RouteFailureKind::OutOfRange,
             message: format!(
                 "the router sent parent offset {offset} to partition {}, but the child has {child_partitions}",

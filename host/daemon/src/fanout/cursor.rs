@@ -21,6 +21,7 @@ use super::advance::{Durability, OffsetFile};
 use super::bucket::{SlabOrigin, bucket};
 use super::commit::{Acknowledged, commit, commit_slabs};
 use super::committer::{ChildCommitError, ChildCommitter};
+use super::dead_letter;
 use super::gap_book::GapBook;
 use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
@@ -734,14 +735,70 @@ impl Cursor {
                 return Ok(None);
             }
         };
-        match self.route_under(delivery, &view).await {
-            Ok(buckets) => Ok(Some(buckets)),
-            Err(failure) => {
-                delivery.attempt = delivery.attempt.saturating_add(1);
-                self.route_failed(&failure).await?;
-                Ok(None)
+        loop {
+            if delivery.pending.is_empty() {
+                // Every record left was set aside: nothing for the child.
+                return Ok(Some(Vec::new()));
+            }
+            let failure = match self.route_under(delivery, &view).await {
+                Ok(buckets) => return Ok(Some(buckets)),
+                Err(failure) => failure,
+            };
+            delivery.attempt = delivery.attempt.saturating_add(1);
+            let dead_letter = self.current_link()?.dead_letter.clone();
+            match (dead_letter, failure.poison.as_ref().filter(|p| p.alone)) {
+                (Some(topic), Some(poison)) => {
+                    if let Err(reason) = self.set_aside(delivery, &topic, poison).await {
+                        self.stall(format!("{failure}; setting it aside failed: {reason}"))
+                            .await?;
+                        return Ok(None);
+                    }
+                    // The rest of the slab is routed again at once.
+                }
+                _ => {
+                    self.route_failed(&failure).await?;
+                    return Ok(None);
+                }
             }
         }
+    }
+
+    /// Commits the record `poison` names to the dead-letter `topic` and takes it out of the
+    /// slab ([`super::dead_letter`]).
+    async fn set_aside(
+        &self,
+        delivery: &mut Delivery,
+        topic: &str,
+        poison: &super::route::PoisonFound,
+    ) -> Result<(), String> {
+        let Some(index) = delivery
+            .pending
+            .iter()
+            .position(|r| r.offset == poison.offset)
+        else {
+            return Err(format!(
+                "parent offset {} is not among the slab's records",
+                poison.offset
+            ));
+        };
+        let letter = dead_letter::letter(&delivery.pending[index], &self.key, poison);
+        let target = dead_letter::commit_letter(
+            &self.committer,
+            self.deps.metastore.as_ref(),
+            topic,
+            letter,
+            delivery.origin,
+        )
+        .await?;
+        let mut rest = (*delivery.pending).clone();
+        rest.remove(index);
+        delivery.pending = Arc::new(rest);
+        self.status.dead_lettered();
+        self.status.route_failed();
+        tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+            offset = poison.offset, plugin = %poison.plugin, kind = %poison.kind, error = %poison.error,
+            dead_letter = %target, "a record the router chain cannot route was set aside in the dead-letter topic");
+        Ok(())
     }
 
     /// Steps 2 and 3 for a slab read ahead, while the commit before it runs: as

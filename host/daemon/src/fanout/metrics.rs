@@ -94,6 +94,9 @@ pub struct FanoutMetrics {
     /// `narad_fanout_seek_skipped_records_total`: records an operator's forward seek skipped
     /// on purpose (never counted as dropped).
     pub(crate) seek_skipped: Family<CursorLabels, Counter>,
+    /// `narad_fanout_dead_lettered_records_total`: records the router chain could not route
+    /// that the cursor committed to the link's dead-letter topic instead of the child.
+    pub(crate) dead_lettered: Family<CursorLabels, Counter>,
     /// `narad_fanout_remote_sent_bytes_total`: key, value and header bytes a remote child's
     /// target acknowledged (repeats after a failed slab included).
     pub(crate) remote_sent_bytes: Family<CursorLabels, Counter>,
@@ -168,6 +171,11 @@ impl FanoutMetrics {
             self.seek_skipped.clone(),
         );
         registry.register(
+            "narad_fanout_dead_lettered_records",
+            "Records the router chain could not route that were committed, whole, to the link's dead-letter topic instead of the child",
+            self.dead_lettered.clone(),
+        );
+        registry.register(
             "narad_fanout_remote_sent_bytes",
             "Key, value and header bytes a remote child's target acknowledged (repeats included)",
             self.remote_sent_bytes.clone(),
@@ -179,7 +187,7 @@ impl FanoutMetrics {
         );
         registry.register(
             "narad_fanout_cursor_state",
-            "1 for the state each cursor is in (running, waiting, stalled, paused), 0 for the others",
+            "1 for the state each cursor is in (running, waiting, stalled, paused, halted), 0 for the others",
             self.state.clone(),
         );
         registry.register(
@@ -202,6 +210,7 @@ impl FanoutMetrics {
         self.rewinds.remove(labels);
         self.parent_end_rewinds.remove(labels);
         self.seek_skipped.remove(labels);
+        self.dead_lettered.remove(labels);
         self.remote_sent_bytes.remove(labels);
         self.remote_send_failures.remove(labels);
         for state in [
@@ -209,6 +218,7 @@ impl FanoutMetrics {
             StateLabel::waiting,
             StateLabel::stalled,
             StateLabel::paused,
+            StateLabel::halted,
         ] {
             self.state.remove(&StateLabels {
                 parent: labels.parent.clone(),

@@ -57,6 +57,7 @@ pub(crate) mod bucket;
 pub(crate) mod commit;
 pub mod committer;
 pub mod cursor;
+pub(crate) mod dead_letter;
 pub(crate) mod gap_book;
 pub(crate) mod gate;
 pub(crate) mod lost_partition;

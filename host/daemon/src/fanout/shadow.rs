@@ -642,6 +642,7 @@ mod tests {
         ) -> Result<Vec<u32>, RouteFailure> {
             Err(RouteFailure {
                 plugin: Some("hostile@00".into()),
+                poison: None,
                 kind: RouteFailureKind::Plugin(FailureKind::Trap),
                 message: "plugin hostile trapped".into(),
             })

@@ -97,6 +97,10 @@ pub struct CursorReport {
     /// Records operators' forward seeks skipped on purpose (not dropped).
     #[serde(default)]
     pub skipped_by_seek: u64,
+    /// Records the router chain could not route that went to the link's dead-letter topic
+    /// (since this cursor started).
+    #[serde(default)]
+    pub dead_lettered: u64,
     /// Running, waiting, stalled, paused or halted.
     pub state: CursorState,
     /// A halted cursor: the parent offsets it would lose by going on.
@@ -158,6 +162,7 @@ struct Inner {
     dropped: u64,
     parent_end_rewinds: u64,
     skipped_by_seek: u64,
+    dead_lettered: u64,
     /// The cursor's gap ledger as last written.
     gaps: Option<Arc<GapLedger>>,
     /// When the position last moved, or the cursor last found nothing to copy (monotonic,
@@ -225,6 +230,7 @@ impl CursorStatus {
                 dropped: 0,
                 parent_end_rewinds: 0,
                 skipped_by_seek: 0,
+                dead_lettered: 0,
                 gaps: None,
                 progress_at: std::time::Instant::now(),
                 progress_at_ms: wall_clock_ms(),
@@ -255,6 +261,7 @@ impl CursorStatus {
         let _ = m.rewinds.get_or_create(&self.labels);
         let _ = m.parent_end_rewinds.get_or_create(&self.labels);
         let _ = m.seek_skipped.get_or_create(&self.labels);
+        let _ = m.dead_lettered.get_or_create(&self.labels);
         // Zero for a local child, so every cursor has the same series.
         let _ = m.remote_sent_bytes.get_or_create(&self.labels);
         let _ = m.remote_send_failures.get_or_create(&self.labels);
@@ -525,6 +532,12 @@ impl CursorStatus {
         self.set_state(CursorState::Stalled, Some(reason));
     }
 
+    /// Counts a record committed to the link's dead-letter topic.
+    pub(crate) fn dead_lettered(&self) {
+        self.lock().dead_lettered += 1;
+        self.metrics.dead_lettered.get_or_create(&self.labels).inc();
+    }
+
     /// Marks the cursor halted before `gap` (a link with `on_gap: halt`), with the reason an
     /// operator reads.
     pub(crate) fn halted(&self, gap: HaltedGap, reason: String) {
@@ -592,6 +605,7 @@ impl CursorStatus {
             dropped_messages: inner.dropped,
             parent_end_rewinds: inner.parent_end_rewinds,
             skipped_by_seek: inner.skipped_by_seek,
+            dead_lettered: inner.dead_lettered,
             state: inner.state,
             halted_gap: inner.halted,
             last_error: inner.last_error.as_ref().map(|(text, _)| text.clone()),

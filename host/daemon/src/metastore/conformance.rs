@@ -33,6 +33,7 @@ fn link(parent: &str, child: &str, delay_ms: u64, router: Vec<PluginRef>) -> Lin
         shadow: None,
         on_gap: Default::default(),
         accepted_gaps: Vec::new(),
+        dead_letter: None,
         remote: None,
     }
 }

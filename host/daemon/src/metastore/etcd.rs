@@ -536,6 +536,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         }
     }

@@ -123,7 +123,7 @@ impl Touched {
             | Change::SetLinkRouter { parent, child, .. }
             | Change::SetPaused { parent, child, .. }
             | Change::SetShadow { parent, child, .. }
-            | Change::SetGapPolicy { parent, child, .. } => link(&mut t, parent, child),
+            | Change::SetLinkPolicy { parent, child, .. } => link(&mut t, parent, child),
             Change::AddPlugin(_) | Change::RemovePlugin { .. } => t.plugins = true,
         }
         t

@@ -84,6 +84,11 @@ pub struct LinkMeta {
     /// a halted cursor of that partition at that position skips and goes on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_gaps: Vec<AcceptedGap>,
+    /// A local topic that takes, whole, each record the router chain cannot route (found
+    /// by the poison search, failing on its own), so the rest of its slab goes on; `None`:
+    /// such a record stalls the cursor until the chain is fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<String>,
 }
 
 impl LinkMeta {
@@ -237,6 +242,22 @@ pub enum LinkRuleError {
         "{0:?} is both a local topic and a remote child's name; give the remote child another name"
     )]
     RemoteChildIsATopic(String),
+    /// A link's dead-letter topic is not a topic of this narad.
+    #[error("the dead-letter topic {0:?} does not exist; create it first")]
+    DeadLetterUnknown(String),
+    /// A link's dead-letter topic is its own parent or child.
+    #[error(
+        "the dead-letter topic of {parent:?} -> {child:?} cannot be the parent or the child itself"
+    )]
+    DeadLetterIsLinked {
+        /// Parent.
+        parent: String,
+        /// Child.
+        child: String,
+    },
+    /// A remote child was given a dead-letter topic.
+    #[error("a dead-letter topic is for local children; {0:?} is a remote child")]
+    DeadLetterOnRemote(String),
     /// A chain (a shadow's candidate) has no plugin, or more than a chain may hold.
     #[error("a router is a chain of 1 to {max} plugins; got {len}")]
     ChainLength {
@@ -245,6 +266,30 @@ pub enum LinkRuleError {
         /// The limit ([`narad_runtime::MAX_CHAIN_LEN`]).
         max: usize,
     },
+}
+
+/// Checks `link`'s dead-letter topic, if it names one: a local topic that exists, neither
+/// its parent nor its child, and the link not a remote child.
+pub(crate) fn check_dead_letter(
+    topics: &BTreeMap<String, TopicMeta>,
+    link: &LinkMeta,
+) -> Result<(), LinkRuleError> {
+    let Some(topic) = &link.dead_letter else {
+        return Ok(());
+    };
+    if link.remote.is_some() {
+        return Err(LinkRuleError::DeadLetterOnRemote(link.child.clone()));
+    }
+    if *topic == link.parent || *topic == link.child {
+        return Err(LinkRuleError::DeadLetterIsLinked {
+            parent: link.parent.clone(),
+            child: link.child.clone(),
+        });
+    }
+    match topics.contains_key(topic) {
+        true => Ok(()),
+        false => Err(LinkRuleError::DeadLetterUnknown(topic.clone())),
+    }
 }
 
 /// Checks the rules for attaching `link`, given the topics and the links that exist.
@@ -256,6 +301,7 @@ pub(crate) fn check_attach(
     if link.parent == link.child {
         return Err(LinkRuleError::SelfLink(link.parent.clone()));
     }
+    check_dead_letter(topics, link)?;
     if link.delay_ms > MAX_DELAY_MS {
         return Err(LinkRuleError::DelayTooLong {
             delay_ms: link.delay_ms,
@@ -382,6 +428,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         }
     }

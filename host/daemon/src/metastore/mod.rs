@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 pub use etcd::EtcdMetastore;
 pub use file::FileMetastore;
 pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, RemoteTarget, ShadowSpec};
-pub use transition::{Change, Outcome};
+pub use transition::{Change, Outcome, PolicyChange};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
 /// (native `async fn` in traits is not object safe).
@@ -755,21 +755,19 @@ pub trait Metastore: Send + Sync + 'static {
         typed(self.apply(change), Outcome::into_link)
     }
 
-    /// Sets what the cursors of the link `parent -> child` do on a gap (`on_gap`, `None`
-    /// keeps it) and records the gaps in `accept` as accepted; returns the link as recorded
-    /// now.
-    fn set_gap_policy<'a>(
+    /// Changes what the cursors of the link `parent -> child` do on a gap or on a record
+    /// they cannot route, and records accepted gaps ([`PolicyChange`]); returns the link as
+    /// recorded now.
+    fn set_link_policy<'a>(
         &'a self,
         parent: &'a str,
         child: &'a str,
-        on_gap: Option<link::OnGap>,
-        accept: Vec<link::AcceptedGap>,
+        change: PolicyChange,
     ) -> BoxFuture<'a, Result<LinkMeta>> {
-        let change = Change::SetGapPolicy {
+        let change = Change::SetLinkPolicy {
             parent: parent.to_owned(),
             child: child.to_owned(),
-            on_gap,
-            accept,
+            change,
         };
         typed(self.apply(change), Outcome::into_link)
     }

@@ -17,11 +17,24 @@
 //! Versions: every applied change raises the counter of each domain it changed by one and no
 //! other; a refused change or a no-op changes nothing.
 
-use super::link::{AcceptedGap, LinkRuleError, OnGap, ShadowSpec, check_attach, check_retention};
+use super::link::{
+    AcceptedGap, LinkRuleError, OnGap, ShadowSpec, check_attach, check_dead_letter, check_retention,
+};
 use super::{
     Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
     TopicMeta,
 };
+
+/// What a [`Change::SetLinkPolicy`] changes of a link; what is `None` (or empty) stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PolicyChange {
+    /// What its cursors do on a gap.
+    pub on_gap: Option<OnGap>,
+    /// Gaps accepted now, each replacing the one accepted before on its parent partition.
+    pub accept: Vec<AcceptedGap>,
+    /// Its dead-letter topic: `Some(None)` clears it.
+    pub dead_letter: Option<Option<String>>,
+}
 
 /// One change to the metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,17 +138,15 @@ pub enum Change {
         /// The shadow, or `None` to clear it.
         shadow: Option<ShadowSpec>,
     },
-    /// Change what a link's cursors do on a gap (`Some`), and record gaps an operator
-    /// accepted (each replacing the one accepted before on its parent partition).
-    SetGapPolicy {
+    /// Change what a link's cursors do on a gap or on a record they cannot route, and
+    /// record gaps an operator accepted (see [`PolicyChange`]).
+    SetLinkPolicy {
         /// Parent.
         parent: String,
         /// Child.
         child: String,
-        /// The new policy; `None` keeps it.
-        on_gap: Option<OnGap>,
-        /// Gaps accepted now.
-        accept: Vec<AcceptedGap>,
+        /// What changes.
+        change: PolicyChange,
     },
     /// Record an uploaded plugin version.
     AddPlugin(PluginVersion),
@@ -459,11 +470,15 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 domains_if(changed, Domain::Links),
             ))
         }
-        Change::SetGapPolicy {
+        Change::SetLinkPolicy {
             parent,
             child,
-            on_gap,
-            accept,
+            change:
+                PolicyChange {
+                    on_gap,
+                    accept,
+                    dead_letter,
+                },
         } => {
             let count = match s.topics.get(&parent) {
                 Some(topic) => topic.partitions,
@@ -479,9 +494,15 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             let Some(link) = s.links.get_mut(&(parent.clone(), child.clone())) else {
                 return Err(MetastoreError::UnknownLink { parent, child });
             };
-            let before = (link.on_gap, link.accepted_gaps.clone());
+            let before = link.clone();
             if let Some(on_gap) = on_gap {
                 link.on_gap = on_gap;
+            }
+            if let Some(dead_letter) = dead_letter {
+                let mut changed = link.clone();
+                changed.dead_letter = dead_letter;
+                check_dead_letter(&s.topics, &changed)?;
+                link.dead_letter = changed.dead_letter;
             }
             // One accepted gap per partition: the newest acceptance replaces an older one,
             // which its cursor has passed (or never reached) by now.
@@ -495,7 +516,7 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 .into_iter()
                 .map(|(partition, from)| AcceptedGap { partition, from })
                 .collect();
-            let changed = before != (link.on_gap, link.accepted_gaps.clone());
+            let changed = before != *link;
             Ok((
                 Outcome::Link(link.clone()),
                 domains_if(changed, Domain::Links),
@@ -689,6 +710,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: Some(crate::metastore::RemoteTarget {
                 url: "http://127.0.0.1:7070".into(),
                 topic: "copy".into(),
@@ -836,6 +858,7 @@ mod tests {
                         shadow: None,
                         on_gap: Default::default(),
                         accepted_gaps: Vec::new(),
+                        dead_letter: None,
                         remote: None,
                     },
                 },
@@ -944,6 +967,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         };
         let set = |partitions: Option<Vec<u32>>, paused: bool| Change::SetPaused {
@@ -988,7 +1012,8 @@ mod tests {
     }
 
     #[test]
-    fn a_gap_policy_change_keeps_one_accepted_gap_per_partition_and_refuses_unknown_ones() {
+    fn a_link_policy_change_keeps_one_accepted_gap_per_partition_and_names_only_a_real_dead_letter_topic()
+     {
         let link = LinkMeta {
             parent: "p".into(),
             child: "c".into(),
@@ -1002,16 +1027,19 @@ mod tests {
             shadow: None,
             on_gap: OnGap::Halt,
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         };
-        let accept = |gaps: &[(u32, u64)]| Change::SetGapPolicy {
+        let accept = |gaps: &[(u32, u64)]| Change::SetLinkPolicy {
             parent: "p".into(),
             child: "c".into(),
-            on_gap: None,
-            accept: gaps
-                .iter()
-                .map(|&(partition, from)| AcceptedGap { partition, from })
-                .collect(),
+            change: PolicyChange {
+                accept: gaps
+                    .iter()
+                    .map(|&(partition, from)| AcceptedGap { partition, from })
+                    .collect(),
+                ..PolicyChange::default()
+            },
         };
         let mut state = Snapshot::default();
         apply(&mut state, Change::CreateTopic(topic("p", 4))).unwrap();
@@ -1034,11 +1062,13 @@ mod tests {
         assert_eq!(now(&state), (OnGap::Halt, vec![(0, 5), (2, 40)]));
         let (_, changed) = apply(&mut state, accept(&[(2, 40)])).unwrap();
         assert!(!changed, "the same acceptance again changes nothing");
-        let skip = Change::SetGapPolicy {
+        let skip = Change::SetLinkPolicy {
             parent: "p".into(),
             child: "c".into(),
-            on_gap: Some(OnGap::Skip),
-            accept: Vec::new(),
+            change: PolicyChange {
+                on_gap: Some(OnGap::Skip),
+                ..PolicyChange::default()
+            },
         };
         apply(&mut state, skip).unwrap();
         assert_eq!(now(&state), (OnGap::Skip, vec![(0, 5), (2, 40)]));
@@ -1046,14 +1076,39 @@ mod tests {
         let stored = serde_json::to_value(&state.links[&("p".to_owned(), "c".to_owned())]).unwrap();
         assert!(stored.get("on_gap").is_none(), "{stored}");
 
+        // A dead-letter topic: an existing topic, neither end of the link; `Some(None)` clears.
+        let dead_letter = |topic: Option<&str>| Change::SetLinkPolicy {
+            parent: "p".into(),
+            child: "c".into(),
+            change: PolicyChange {
+                dead_letter: Some(topic.map(str::to_owned)),
+                ..PolicyChange::default()
+            },
+        };
+        apply(&mut state, Change::CreateTopic(topic("dlq", 1))).unwrap();
+        apply(&mut state, dead_letter(Some("dlq"))).unwrap();
+        let named = |s: &Snapshot| {
+            s.links[&("p".to_owned(), "c".to_owned())]
+                .dead_letter
+                .clone()
+        };
+        assert_eq!(named(&state).as_deref(), Some("dlq"));
+        apply(&mut state, dead_letter(None)).unwrap();
+        assert_eq!(named(&state), None);
+
         let before = state.clone();
         for bad in [
+            dead_letter(Some("missing")),
+            dead_letter(Some("p")),
+            dead_letter(Some("c")),
             accept(&[(4, 0)]),
-            Change::SetGapPolicy {
+            Change::SetLinkPolicy {
                 parent: "p".into(),
                 child: "nope".into(),
-                on_gap: Some(OnGap::Halt),
-                accept: Vec::new(),
+                change: PolicyChange {
+                    on_gap: Some(OnGap::Halt),
+                    ..PolicyChange::default()
+                },
             },
         ] {
             assert!(apply(&mut state, bad.clone()).is_err(), "{bad:?}");
@@ -1106,6 +1161,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         };
         apply(&mut state, Change::AttachLink(link.clone())).unwrap();
@@ -1146,6 +1202,7 @@ mod tests {
                             shadow: None,
                             on_gap: Default::default(),
                             accepted_gaps: Vec::new(),
+                            dead_letter: None,
                             ..now.clone()
                         },
                         link

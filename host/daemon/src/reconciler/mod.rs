@@ -376,6 +376,7 @@ impl Reconciler {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             ..meta.clone()
         };
         crate::blocking::run(move || routers.build_candidate(&candidate)).await?
@@ -669,6 +670,7 @@ mod tests {
                 shadow: None,
                 on_gap: Default::default(),
                 accepted_gaps: Vec::new(),
+                dead_letter: None,
                 remote: None,
             })
             .await
@@ -967,6 +969,7 @@ mod tests {
                 shadow: None,
                 on_gap: Default::default(),
                 accepted_gaps: Vec::new(),
+                dead_letter: None,
                 remote: None,
             })
             .await

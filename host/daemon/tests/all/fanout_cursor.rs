@@ -273,6 +273,7 @@ fn link(attach_offsets: Vec<u64>, delay_ms: u64) -> LinkMeta {
         shadow: None,
         on_gap: Default::default(),
         accepted_gaps: Vec::new(),
+        dead_letter: None,
         remote: None,
     }
 }

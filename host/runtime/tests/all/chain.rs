@@ -254,6 +254,7 @@ fn bisect_names_the_poison_record() {
     assert_eq!(poison.index, 37);
     assert_eq!(poison.parent_offset, 5037);
     assert_eq!(poison.error.kind(), FailureKind::Trap);
+    assert!(poison.alone, "the record fails on its own too");
 }
 
 #[test]

@@ -242,6 +242,7 @@ mod tests {
             last_error: (state == CursorState::Stalled).then(|| "plugin trapped".to_owned()),
             parent_end_rewinds: 0,
             skipped_by_seek: 0,
+            dead_lettered: 0,
             last_error_at_ms: None,
             previous_error: None,
             previous_error_at_ms: None,
@@ -277,6 +278,7 @@ mod tests {
                 ],
                 remote: None,
                 on_gap: Default::default(),
+                dead_letter: None,
             }],
         };
         let attach = BTreeMap::from([("a".to_owned(), vec![5, 10])]);

@@ -8,6 +8,7 @@ mod cluster;
 mod cluster_failures;
 mod cluster_groups;
 mod crash_produce;
+mod dead_letter;
 mod demo;
 mod disk_damage;
 mod disk_full;

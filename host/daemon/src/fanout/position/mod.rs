@@ -413,6 +413,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         };
         real.attach_link(link.clone()).await.unwrap();

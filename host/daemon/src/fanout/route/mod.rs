@@ -53,6 +53,27 @@ pub struct RouteFailure {
     pub kind: RouteFailureKind,
     /// What happened, for operators.
     pub message: String,
+    /// The record a search of the failing slab found the chain cannot route, when one was
+    /// searched for (from the second try of a slab on).
+    pub poison: Option<Box<PoisonFound>>,
+}
+
+/// The record of a failing slab that the chain cannot route, as the poison search found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoisonFound {
+    /// Its parent offset.
+    pub offset: u64,
+    /// The plugin that fails on it (`name`).
+    pub plugin: String,
+    /// That plugin's digest (sha256, hex).
+    pub digest: String,
+    /// The failure's kind label (`trap`, `fuel`, ...).
+    pub kind: String,
+    /// The failure, as operators read it.
+    pub error: String,
+    /// Whether it fails on its own too (else only in the company of the records before it,
+    /// and it is not to be set aside).
+    pub alone: bool,
 }
 
 /// The kind of a [`RouteFailure`]. Its label ([`RouteFailureKind::as_str`], also its
@@ -262,6 +283,7 @@ pub(crate) async fn route_measured(
                     }
                     Err(payload) => Err(RouteFailure {
                         plugin: None,
+                        poison: None,
                         kind: RouteFailureKind::Panic,
                         message: format!(
                             "the router panicked: {}",
@@ -272,6 +294,7 @@ pub(crate) async fn route_measured(
             }
             Err(_) => Err(RouteFailure {
                 plugin: None,
+                poison: None,
                 kind: RouteFailureKind::Poisoned,
                 message: "the router's lock was poisoned by an earlier panic".into(),
             }),
@@ -284,6 +307,7 @@ pub(crate) async fn route_measured(
         Err(error) => (
             Err(RouteFailure {
                 plugin: None,
+                poison: None,
                 kind: RouteFailureKind::Panic,
                 message: format!("routing task failed: {error}"),
             }),
@@ -310,6 +334,7 @@ pub(crate) fn check_decisions(
     if decisions.len() != records.len() {
         return Err(RouteFailure {
             plugin: None,
+            poison: None,
             kind: RouteFailureKind::WrongLength,
             message: format!(
                 "the router returned {} decisions for {} records",

@@ -4,13 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_runtime::{
-    Chain, FailureKind, Plugin, PluginError, PluginStats, RouteContext, SlabRecord,
+    Chain, FailureKind, Plugin, PluginError, PluginStats, PoisonRecord, RouteContext, SlabRecord,
 };
 use narad_storage::StoredRecord;
 
 use super::{
-    PluginLoadError, RouteFailure, RouteFailureKind, RouteInput, RouterBuildError, RouterFactory,
-    SlabRouter,
+    PluginLoadError, PoisonFound, RouteFailure, RouteFailureKind, RouteInput, RouterBuildError,
+    RouterFactory, SlabRouter,
 };
 use crate::fanout::plugin_metrics::{PluginCallSample, RouteObserver};
 use crate::metastore::LinkMeta;
@@ -118,17 +118,28 @@ impl ChainRouter {
     }
 }
 
-fn failure(error: &PluginError, poison: Option<(u64, &PluginError)>) -> RouteFailure {
+fn failure(error: &PluginError, poison: Option<&PoisonRecord>) -> RouteFailure {
     let message = match poison {
-        Some((offset, poison_error)) => {
+        Some(poison) => {
             format!(
-                "{error}; the first record it cannot route is parent offset {offset}: {poison_error}"
+                "{error}; the first record it cannot route is parent offset {}: {}",
+                poison.parent_offset, poison.error
             )
         }
         None => error.to_string(),
     };
     RouteFailure {
         plugin: Some(format!("{}@{}", error.name, error.digest.to_hex())),
+        poison: poison.map(|p| {
+            Box::new(PoisonFound {
+                offset: p.parent_offset,
+                plugin: p.error.name.clone(),
+                digest: p.error.digest.to_hex(),
+                kind: p.error.kind().to_string(),
+                error: p.error.to_string(),
+                alone: p.alone,
+            })
+        }),
         kind: RouteFailureKind::Plugin(error.kind()),
         message,
     }
@@ -214,10 +225,7 @@ impl ChainRouter {
                 self.attempt_shift = self
                     .attempt_shift
                     .saturating_add(self.chain.last_search_routings());
-                Err(failure(
-                    &error,
-                    poison.as_ref().map(|p| (p.parent_offset, &p.error)),
-                ))
+                Err(failure(&error, poison.as_ref()))
             }
         }
     }
@@ -344,6 +352,7 @@ mod tests {
             shadow: None,
             on_gap: Default::default(),
             accepted_gaps: Vec::new(),
+            dead_letter: None,
             remote: None,
         }
     }
