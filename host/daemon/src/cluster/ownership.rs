@@ -67,7 +67,12 @@ impl ClusterOwnership {
         let Some(link) = snapshot
             .links
             .values()
-            .find(|l| l.child == child && l.attach_epoch == epoch)
+            // The link's child, or its dead-letter topic: a letter carries the origin a copy
+            // would, and is fenced and deduplicated as a copy is.
+            .find(|l| {
+                (l.child == child || l.dead_letter.as_deref() == Some(child))
+                    && l.attach_epoch == epoch
+            })
         else {
             return ParentSeen::UnknownLink;
         };

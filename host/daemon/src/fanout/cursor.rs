@@ -207,6 +207,7 @@ pub async fn run_cursor(
         status,
         stop,
         committer,
+        held: std::sync::Mutex::new(position::Held::default()),
     };
     match cursor.run().await {
         Err(exit) => exit,
@@ -238,6 +239,8 @@ struct Cursor {
     stop: ShutdownSignal,
     /// Where this cursor's buckets are committed.
     committer: Arc<dyn ChildCommitter>,
+    /// What the child held at or past the start position: not committed again.
+    held: std::sync::Mutex<position::Held>,
 }
 
 impl Cursor {
@@ -247,7 +250,13 @@ impl Cursor {
         // (0) Position: where the cursor starts, retried (stalled) until it can be opened.
         let offsets = loop {
             match position::open(&self.deps, &self.key, &self.link.meta(), &self.status).await {
-                Ok(Opened::File(offsets)) => break offsets,
+                Ok(Opened::File { offsets, held }) => {
+                    *self
+                        .held
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = held;
+                    break offsets;
+                }
                 Ok(Opened::Deferred(why)) => return Err(CursorExit::Deferred(why)),
                 Err(e) => {
                     self.stall(format!("cannot open the cursor position: {e}"))
@@ -328,9 +337,10 @@ impl Cursor {
             // (1) Read a slab (read ahead during the last delivery), or learn why there is none.
             let read = match ahead.pop_front() {
                 Some(read) => read,
-                None => {
-                    Ahead::from_read(self.read(from, delay_ms).await?, self.origin(epoch, from))
-                }
+                None => self.without_held(Ahead::from_read(
+                    self.read(from, delay_ms).await?,
+                    self.origin(epoch, from),
+                )),
             };
             let (first, mut high_watermark) = match read {
                 Ahead::Slab {
@@ -359,9 +369,8 @@ impl Cursor {
                 }
             };
             let records = &first.delivery.pending;
-            let Some(mut last) = records.last().map(|r| r.offset) else {
-                continue;
-            };
+            // The slab's last offset, whatever of it was already held by the child.
+            let mut last = first.delivery.end - 1;
             let oldest = records.first().map(|r| r.committed_at_ms);
             let now_ms = self.deps.clock.now_ms();
             self.status.committing(oldest, delay_ms, now_ms);
@@ -382,9 +391,7 @@ impl Cursor {
                         break;
                     }
                 };
-                let Some(end) = slab.delivery.pending.last().map(|r| r.offset) else {
-                    continue;
-                };
+                let end = slab.delivery.end - 1;
                 counts.push(slab.delivery.pending.len());
                 slabs.push(slab);
                 (last, high_watermark) = (end, high);
@@ -450,6 +457,31 @@ impl Cursor {
         }
     }
 
+    /// `read` without the records the child already held when the cursor started (a slab
+    /// repeated after a crash; [`position::Held`]), counted as deduplicated.
+    fn without_held(&self, mut read: Ahead) -> Ahead {
+        let Ahead::Slab { slab, .. } = &mut read else {
+            return read;
+        };
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.is_empty() {
+            return read;
+        }
+        let records = Arc::make_mut(&mut slab.delivery.pending);
+        let dropped = held.drop_held(records);
+        drop(held);
+        if dropped > 0 {
+            self.status.repeats_dropped(dropped as u64);
+            tracing::info!(parent = %self.key.parent, partition = self.key.partition,
+                child = %self.key.child, records = dropped, from = slab.delivery.origin.slab_start,
+                "records of a slab repeated after a restart are already in the child: not committed again");
+        }
+        read
+    }
+
     /// Most slabs committed together ([`FanoutTiming::slabs_per_commit`], at least 1).
     fn slabs_per_commit(&self) -> usize {
         self.deps.timing.slabs_per_commit.max(1)
@@ -476,17 +508,15 @@ impl Cursor {
         let up_to = self.slabs_per_commit();
         let mut reads = VecDeque::with_capacity(up_to);
         while reads.len() < up_to {
-            let read = Ahead::from_read(self.read(from, delay_ms).await?, self.origin(epoch, from));
+            let read = self.without_held(Ahead::from_read(
+                self.read(from, delay_ms).await?,
+                self.origin(epoch, from),
+            ));
             let after = match &read {
                 Ahead::Slab {
                     slab,
                     high_watermark,
-                } => slab
-                    .delivery
-                    .pending
-                    .last()
-                    .map(|r| r.offset + 1)
-                    .filter(|after| after < high_watermark),
+                } => Some(slab.delivery.end).filter(|after| after < high_watermark),
                 _ => None,
             };
             reads.push_back(read);
@@ -1233,6 +1263,9 @@ struct RoutedAhead {
 struct Delivery {
     /// The slab's records not known to be committed (all of them at first).
     pending: Arc<Vec<StoredRecord>>,
+    /// Past the slab's last record as read (its records already held by the child, or
+    /// committed, may be gone from `pending`).
+    end: u64,
     origin: SlabOrigin,
     /// The routing attempt number the next try hands the plugins.
     attempt: u32,
@@ -1244,7 +1277,11 @@ struct Delivery {
 
 impl Delivery {
     fn new(records: Vec<StoredRecord>, origin: SlabOrigin) -> Delivery {
+        let end = records
+            .last()
+            .map_or(origin.slab_start, |r| r.offset.saturating_add(1));
         Delivery {
+            end,
             pending: Arc::new(records),
             origin,
             attempt: 0,

@@ -532,6 +532,18 @@ impl CursorStatus {
         self.set_state(CursorState::Stalled, Some(reason));
     }
 
+    /// Counts `records` of a repeated slab the child already held, so not committed again
+    /// (on `narad_fanout_commit_deduplicated_records_total`, with the repeats child partitions
+    /// absorbed).
+    pub(crate) fn repeats_dropped(&self, records: u64) {
+        self.metrics
+            .commit_deduplicated
+            .get_or_create(&ChildLabels {
+                child: self.labels.child.clone(),
+            })
+            .inc_by(records);
+    }
+
     /// Counts a record committed to the link's dead-letter topic.
     pub(crate) fn dead_lettered(&self) {
         self.lock().dead_lettered += 1;

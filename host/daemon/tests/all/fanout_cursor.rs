@@ -911,6 +911,75 @@ async fn an_fsync_error_short_write_or_full_disk_on_a_child_commit_loses_and_dup
     }
 }
 
+/// Sends the records of each slab to child partitions in turn, starting at `next`: a stateful
+/// router, which places a repeated slab elsewhere than the first time.
+struct TurnRouter {
+    next: u32,
+}
+
+impl SlabRouter for TurnRouter {
+    fn route(
+        &mut self,
+        input: &RouteInput,
+        records: &[StoredRecord],
+    ) -> Result<Vec<u32>, RouteFailure> {
+        Ok(records
+            .iter()
+            .map(|_| {
+                let p = self.next % input.child_partition_count;
+                self.next += 1;
+                p
+            })
+            .collect())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_a_restarted_cursor_repeats_are_not_stored_again_wherever_its_router_puts_them() {
+    let f = fixture(1, 2, LogConfig::default()).await;
+    produce(&f.store, 0..20);
+    let meta = link(vec![0], 0);
+    f.metastore.attach_link(meta.clone()).await.unwrap();
+    let first = spawn_cursor_routing(&f, meta.clone(), Box::new(TurnRouter { next: 0 }));
+    wait_for("the first copy", || {
+        first.status.report().next_offset == Some(20)
+    })
+    .await;
+    assert_eq!(first.stop().await, CursorExit::Stopped);
+    // A crash left the offset file behind the child (as it may be by a commit or two).
+    let path = cursor_path(&f.store, &PartitionId::new("parent", 0), "child");
+    let fs: Arc<dyn FileSystem> = Arc::new(f.fault.clone());
+    CursorFile::anchor(
+        fs,
+        &path,
+        CursorRecord {
+            epoch: EPOCH.into(),
+            next_offset: 8,
+        },
+    )
+    .unwrap();
+    produce(&f.store, 20..30);
+    // The restarted router starts its turns elsewhere: offsets 8 to 19 go to the other
+    // partition than before.
+    let again = spawn_cursor_routing(&f, meta, Box::new(TurnRouter { next: 1 }));
+    wait_for("the copy after the restart", || {
+        again.status.report().next_offset == Some(30)
+    })
+    .await;
+    assert_eq!(again.stop().await, CursorExit::Stopped);
+    let mut values = all_child_values(&f.store, 2);
+    let stored = values.len();
+    values.sort();
+    values.dedup();
+    let mut wanted = expected(0..30);
+    wanted.sort();
+    assert_eq!(values, wanted, "every record");
+    assert_eq!(
+        stored, 30,
+        "each once: the repeated 8 to 19 were not stored again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offset_file_of_another_epoch_is_not_resumed() {
     let f = fixture(1, 1, LogConfig::default()).await;

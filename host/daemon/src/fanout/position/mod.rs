@@ -110,8 +110,16 @@ pub trait RemoteTails: Send + Sync {
 
 /// Where resolving a cursor's start ended.
 pub enum Opened {
-    /// The offset file, at the position the cursor starts from.
-    File(OffsetFile),
+    /// The offset file, at the position the cursor starts from, and what the child already
+    /// holds from there on.
+    File {
+        /// The offset file.
+        offsets: OffsetFile,
+        /// Copies the child's tails hold of parent records at or past the position (a slab
+        /// repeated after a crash, possibly routed to other child partitions the second
+        /// time): the cursor does not commit those records again ([`Held`]).
+        held: Held,
+    },
     /// The start cannot be written now; the cursor exits and is started again later.
     Deferred(Deferred),
 }
@@ -215,7 +223,8 @@ pub async fn open(
                 position = target;
             }
             let position =
-                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
+                rewind_past_reused_offsets(deps, &parent, key, position, copies.clone(), status)
+                    .await?;
             let fs = Arc::clone(&deps.fs);
             let rewound = position != record.next_offset;
             let file = blocking(move || {
@@ -230,10 +239,10 @@ pub async fn open(
                 }
             })
             .await??;
-            Ok(Opened::File(OffsetFile::new(
-                file,
-                deps.timing.offset_sync_every,
-            )))
+            Ok(Opened::File {
+                offsets: OffsetFile::new(file, deps.timing.offset_sync_every),
+                held: Held::from_position(copies, position),
+            })
         }
         other => {
             match &other {
@@ -265,7 +274,8 @@ pub async fn open(
             // Evidence or an attach point past the parent's end: the parent lost records since.
             let position = rewind_to_parent_end(position, high, key, status);
             let position =
-                rewind_past_reused_offsets(deps, &parent, key, position, copies, status).await?;
+                rewind_past_reused_offsets(deps, &parent, key, position, copies.clone(), status)
+                    .await?;
             let (fs, epoch_text) = (Arc::clone(&deps.fs), key.epoch.clone());
             let file = blocking(move || {
                 CursorFile::anchor(
@@ -278,11 +288,56 @@ pub async fn open(
                 )
             })
             .await??;
-            Ok(Opened::File(OffsetFile::new(
-                file,
-                deps.timing.offset_sync_every,
-            )))
+            Ok(Opened::File {
+                offsets: OffsetFile::new(file, deps.timing.offset_sync_every),
+                held: Held::from_position(copies, position),
+            })
         }
+    }
+}
+
+/// Copies of parent records, found in the child's tails when the cursor started, at or past
+/// the position it started from: after a crash, the offset file may be a commit or two
+/// behind the child, and those slabs are read again. A record whose copy the child holds with
+/// the same content (key, headers, value) is not committed again, whichever child partition
+/// it went to (a stateful router may place the repeat elsewhere, where no partition's window
+/// of origins would see it). Bounded as the tail scan is: the copies among the last
+/// [`provenance::MAX_TAIL_COPIES`] records of each child partition.
+#[derive(Debug, Default)]
+pub struct Held {
+    copies: provenance::TailCopies,
+}
+
+impl Held {
+    /// The copies of `copies` at or past `position`.
+    fn from_position(mut copies: provenance::TailCopies, position: u64) -> Held {
+        copies = copies.split_off(&position);
+        Held { copies }
+    }
+
+    /// Whether nothing is held (the common case: a clean start).
+    pub fn is_empty(&self) -> bool {
+        self.copies.is_empty()
+    }
+
+    /// Takes out of `records` (a slab read from its first offset on) those the child already
+    /// holds; returns how many. Forgets the copies below the slab: the cursor has passed
+    /// them. A slab read again (after a pause or a failed read) is filtered the same way.
+    pub(crate) fn drop_held(&mut self, records: &mut Vec<narad_storage::StoredRecord>) -> usize {
+        let Some(first) = records.first().map(|r| r.offset) else {
+            return 0;
+        };
+        self.copies = self.copies.split_off(&first);
+        if self.copies.is_empty() {
+            return 0;
+        }
+        let before = records.len();
+        records.retain(|record| {
+            self.copies
+                .get(&record.offset)
+                .is_none_or(|copies| !copies.contains(&provenance::fingerprint(record)))
+        });
+        before - records.len()
     }
 }
 
