@@ -314,3 +314,50 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
         "nothing twice"
     );
 }
+
+#[test]
+fn in_a_cluster_a_letter_goes_to_the_dead_letter_partition_on_another_node() {
+    let cluster = crate::e2e::cluster::Cluster::start("dead-letter");
+    let client = http_client();
+    let base = cluster.url(0);
+    let deployed = client
+        .post(format!("{base}/v1/plugins?name=trap-x"))
+        .body(trap_on_x())
+        .send()
+        .expect("deploy");
+    assert!(
+        deployed.status().is_success(),
+        "deploy: {:?}",
+        deployed.text()
+    );
+    // The parent's one partition on n1 (its cursor there), the child on n2, the dead-letter
+    // topic on n3: the letter is a commit to another node, fenced and deduplicated there.
+    cluster.create("orders", 1, json!(["n1"]));
+    cluster.create("copy", 1, json!(["n2"]));
+    cluster.create("orders-dlq", 1, json!(["n3"]));
+    cluster.attach(
+        "orders",
+        "copy",
+        json!({"router": ["trap-x"], "dead_letter": "orders-dlq"}),
+    );
+    let keys: Vec<String> = (0..12)
+        .map(|i| match i {
+            5 => "X-five".to_owned(),
+            i => format!("k{i}"),
+        })
+        .collect();
+    produce(&client, &base, &keys);
+    let copied = wait_for(&client, &base, "copy", 11);
+    let letters = wait_for(&client, &base, "orders-dlq", 1);
+    let wanted: Vec<String> = keys
+        .iter()
+        .filter(|k| !k.starts_with('X'))
+        .map(|k| format!("v-{k}"))
+        .collect();
+    assert_eq!(values(&copied), wanted);
+    assert_eq!(values(&letters), ["v-X-five"]);
+    assert_eq!(
+        header(&letters[0], "narad.dlq.offset").as_deref(),
+        Some("5")
+    );
+}
