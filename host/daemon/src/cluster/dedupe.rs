@@ -26,7 +26,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use narad_storage::{AppendBatch, BatchOrigin, NewRecord, RecordOrigin, StoredRecord};
+use narad_storage::{
+    AppendBatch, BatchOrigin, NewRecord, PartitionId, ReadOptions, RecordOrigin, StorageError,
+    Store, StoredRecord,
+};
 
 /// Origins remembered per child partition: 16 full slabs (4,096 records each), enough for
 /// every cursor feeding the partition to repeat its last slab, at about 56 bytes each (origin,
@@ -197,6 +200,55 @@ pub(crate) fn without_held(batch: AppendBatch, keep: &[bool]) -> (Option<AppendB
         }),
     };
     (Some(batch), dropped)
+}
+
+/// Bytes read per step by [`stored_at`].
+const STORED_AT_READ_BYTES: usize = 4 * 1024 * 1024;
+
+/// The records `id` stores at `offsets` (those still stored: an offset below the log start
+/// is left out), read in as few passes as their spread allows.
+pub(crate) fn stored_at(
+    store: &Store,
+    id: &PartitionId,
+    offsets: impl Iterator<Item = u64>,
+) -> Result<HashMap<u64, StoredRecord>, StorageError> {
+    let wanted: std::collections::BTreeSet<u64> = offsets.collect();
+    let mut found = HashMap::with_capacity(wanted.len());
+    let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) else {
+        return Ok(found);
+    };
+    let mut offset = first;
+    while offset <= last {
+        let read = match store.read(
+            id,
+            &ReadOptions {
+                offset,
+                max_records: usize::try_from(last - offset + 1).unwrap_or(usize::MAX),
+                max_bytes: STORED_AT_READ_BYTES,
+                max_committed_at_ms: None,
+            },
+        ) {
+            Ok(read) => read,
+            Err(StorageError::OffsetBelowLogStart { log_start, .. }) if log_start > offset => {
+                offset = log_start;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let next = read.next_offset;
+        found.extend(
+            read.records
+                .into_iter()
+                .filter(|r| wanted.contains(&r.offset))
+                .map(|r| (r.offset, r)),
+        );
+        if next <= offset || next >= read.high_watermark {
+            break;
+        }
+        // Skip the gap to the next offset wanted.
+        offset = wanted.range(next..).next().copied().unwrap_or(last + 1);
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store, StoredRecord};
 
 use super::commit_wire::{CommitRequest, CommitResponse};
-use super::dedupe::{OriginWindow, WINDOW_ORIGINS, same_content, without_held};
+use super::dedupe::{OriginWindow, WINDOW_ORIGINS, same_content, stored_at, without_held};
 use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
@@ -509,50 +509,13 @@ impl CommitReceiver {
             .and_then(|(_, w)| w.highest_offset(epoch, parent_partition)))
     }
 
-    /// The records `id` stores at `offsets` (those still stored: an offset below the log start
-    /// is left out), read in as few passes as their spread allows.
+    /// The records `id` stores at `offsets` ([`stored_at`]).
     fn stored_at(
         &self,
         id: &PartitionId,
         offsets: impl Iterator<Item = u64>,
     ) -> Result<HashMap<u64, StoredRecord>, StorageError> {
-        let wanted: std::collections::BTreeSet<u64> = offsets.collect();
-        let mut found = HashMap::with_capacity(wanted.len());
-        let (Some(&first), Some(&last)) = (wanted.first(), wanted.last()) else {
-            return Ok(found);
-        };
-        let mut offset = first;
-        while offset <= last {
-            let read = match self.store.read(
-                id,
-                &ReadOptions {
-                    offset,
-                    max_records: usize::try_from(last - offset + 1).unwrap_or(usize::MAX),
-                    max_bytes: REBUILD_READ_BYTES,
-                    max_committed_at_ms: None,
-                },
-            ) {
-                Ok(read) => read,
-                Err(StorageError::OffsetBelowLogStart { log_start, .. }) if log_start > offset => {
-                    offset = log_start;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let next = read.next_offset;
-            found.extend(
-                read.records
-                    .into_iter()
-                    .filter(|r| wanted.contains(&r.offset))
-                    .map(|r| (r.offset, r)),
-            );
-            if next <= offset || next >= read.high_watermark {
-                break;
-            }
-            // Skip the gap to the next offset wanted.
-            offset = wanted.range(next..).next().copied().unwrap_or(last + 1);
-        }
-        Ok(found)
+        stored_at(&self.store, id, offsets)
     }
 
     /// The window of `id`, from its last [`WINDOW_ORIGINS`] records.

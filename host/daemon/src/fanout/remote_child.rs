@@ -36,8 +36,8 @@ use tokio::runtime::Handle;
 use super::committer::{ChildCommitError, ChildCommitter};
 use crate::metastore::RemoteTarget;
 
-/// The header every copy carries its origin in.
-pub(crate) const ORIGIN_HEADER: &str = "narad-origin";
+/// The header every copy carries its origin in (a narad target leaves out a copy it holds).
+pub(crate) use crate::produce::copies::ORIGIN_HEADER;
 
 use crate::produce::NULL_VALUE_REFUSED_BEFORE as OLD_TARGET_REFUSAL;
 

@@ -8,6 +8,8 @@
 //! record goes where Kafka's default partitioner puts it
 //! ([`narad_abi::partition_for_key`]); a keyless record goes round-robin, per topic.
 
+pub(crate) mod copies;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -91,6 +93,8 @@ pub struct Placed {
 /// Places and commits records. Shared by every request (`Arc<Producer>`).
 pub struct Producer {
     store: Arc<Store>,
+    /// Remote children's copies already stored, per partition (see [`copies`]).
+    copies: Arc<copies::CopyWindows>,
     /// Next round-robin position per topic, for keyless records.
     round_robin: Mutex<HashMap<String, u64>>,
     /// Cluster mode: refuses every write while the node is fenced.
@@ -111,6 +115,7 @@ impl Producer {
     pub fn new(store: Arc<Store>) -> Producer {
         Producer {
             store,
+            copies: Arc::default(),
             round_robin: Mutex::new(HashMap::new()),
             fence: None,
         }
@@ -192,6 +197,7 @@ impl Producer {
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
             .remove(topic);
+        self.copies.forget_topic(topic);
     }
 
     /// Commits one batch to one partition: append + `fdatasync` + verify on the blocking
@@ -270,27 +276,22 @@ impl Producer {
         }
 
         let appends = groups.into_iter().map(|(p, group)| {
-            let store = Arc::clone(&self.store);
+            let (store, copies) = (Arc::clone(&self.store), Arc::clone(&self.copies));
             let id = PartitionId::new(topic, p);
+            // A remote child's copy already stored is not stored again ([`copies`]).
             move || {
-                let result = store.append(
-                    &id,
-                    AppendBatch {
-                        records: group,
-                        origin: None,
-                    },
-                );
+                let result = copies.append(&store, &id, group);
                 (id, result)
             }
         });
         // Every append runs to its end before anything is reported, a panicked one included.
-        let mut bases: HashMap<u32, u64> = HashMap::new();
+        let mut bases: HashMap<u32, Vec<u64>> = HashMap::new();
         let mut failure: Option<(PartitionId, StorageError)> = None;
         for outcome in crate::blocking::run_all(appends).await {
             let (id, result) = outcome?;
             match result {
-                Ok(appended) => {
-                    bases.insert(id.partition, appended.base_offset);
+                Ok(offsets) => {
+                    bases.insert(id.partition, offsets);
                 }
                 Err(source) => {
                     if failure.is_none() {
@@ -318,7 +319,11 @@ impl Producer {
             .zip(index_in_group)
             .map(|(&p, i)| Placed {
                 partition: p,
-                offset: bases.get(&p).copied().unwrap_or_default() + i,
+                offset: bases
+                    .get(&p)
+                    .and_then(|offsets| offsets.get(i as usize))
+                    .copied()
+                    .unwrap_or_default(),
             })
             .collect())
     }
