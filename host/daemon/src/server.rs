@@ -375,6 +375,13 @@ pub async fn run_server(
                 shutdown.clone(),
                 metrics,
             )
+            .with_admin(
+                Arc::clone(&topics),
+                match config.auth_token {
+                    Some(_) => crate::kafka::admin::AdminAccess::TokenRequired,
+                    None => crate::kafka::admin::AdminAccess::Open,
+                },
+            )
             .with_cluster(cluster.clone())
             .with_groups(coordinator)
             .advertising(config.kafka_advertise.clone()),

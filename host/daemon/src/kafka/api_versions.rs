@@ -4,9 +4,11 @@
 //! do not have. Produce 3 and Fetch 4 are the floor because they are where the v2 record
 //! format starts (librdkafka uses it only when they are offered). The consumer group APIs
 //! stop where KIP-848's member epochs begin (OffsetCommit 9, OffsetFetch 9) and before
-//! ListGroups' type filter (5) and DescribeGroups 6. Admin and transaction APIs are not
-//! offered: clients see that here and refuse those features themselves, and a request for
-//! them anyway closes the connection, as a Kafka broker does.
+//! ListGroups' type filter (5) and DescribeGroups 6. CreateTopics runs from 2 (Kafka 4
+//! dropped 0 and 1) to 5, before topic ids (7) and a version librdkafka and kafka-python do
+//! not use (6). Other admin APIs and
+//! the transaction APIs are not offered: clients see that here and refuse those features
+//! themselves, and a request for them anyway closes the connection, as a Kafka broker does.
 
 use kafka_protocol::messages::ApiKey;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
@@ -29,6 +31,7 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::CreateTopics, 2, 5),
 ];
 
 /// Whether `version` of `api` is handled.
@@ -86,11 +89,13 @@ mod tests {
                 (16, 0, 4),
                 (15, 0, 5),
                 (42, 0, 2),
+                (19, 2, 5),
             ]
         );
         assert!(!offered(ApiKey::Produce, 13));
         assert!(!offered(ApiKey::OffsetCommit, 9));
-        assert!(!offered(ApiKey::CreateTopics, 2));
+        assert!(!offered(ApiKey::CreateTopics, 6));
+        assert!(!offered(ApiKey::DeleteTopics, 0));
         assert!(offered(ApiKey::Fetch, 4));
     }
 }

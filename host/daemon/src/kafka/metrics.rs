@@ -182,6 +182,7 @@ impl KafkaMetrics {
             ApiKey::Metadata => "Metadata",
             ApiKey::ApiVersions => "ApiVersions",
             ApiKey::InitProducerId => "InitProducerId",
+            ApiKey::CreateTopics => "CreateTopics",
             _ => "other",
         };
         self.requests.get_or_create(&ApiLabels { api }).inc();

@@ -21,6 +21,7 @@
 //! Nothing here writes except through the produce path, so what a Kafka client produces is as
 //! durable, and fans out the same way, as what the HTTP API produces.
 
+pub(crate) mod admin;
 pub(crate) mod api_versions;
 pub(crate) mod compression;
 pub(crate) mod connection;
@@ -40,12 +41,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DeleteGroupsRequest, DeleteGroupsResponse,
-    DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest, FetchResponse,
-    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
-    InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, JoinGroupResponse,
-    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
-    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateTopicsRequest, CreateTopicsResponse,
+    DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
+    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
+    HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
+    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
     ProduceRequest, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
 };
@@ -112,6 +113,8 @@ pub(crate) struct KafkaDeps {
     /// Where clients are told this broker is (`--kafka-advertise`); `None`: the address each
     /// client connected to.
     pub(crate) advertise: Option<Advertised>,
+    /// Topic administration (CreateTopics); `None`: this listener creates no topic.
+    pub(crate) admin: Option<admin::KafkaAdmin>,
 }
 
 impl KafkaDeps {
@@ -126,6 +129,7 @@ impl KafkaDeps {
         metrics: Arc<metrics::KafkaMetrics>,
     ) -> KafkaDeps {
         KafkaDeps {
+            admin: None,
             buffered: Arc::new(tokio::sync::Semaphore::new(buffered_capacity(&limits))),
             decode_slots: Arc::new(tokio::sync::Semaphore::new(produce::DECODE_SLOTS)),
             advertise: None,
@@ -141,6 +145,16 @@ impl KafkaDeps {
             cluster: None,
             groups: None,
         }
+    }
+
+    /// The same dependencies, creating topics through `topics` as `access` allows.
+    pub(crate) fn with_admin(
+        mut self,
+        topics: Arc<crate::topics::TopicService>,
+        access: admin::AdminAccess,
+    ) -> KafkaDeps {
+        self.admin = Some(admin::KafkaAdmin { topics, access });
+        self
     }
 
     /// The same dependencies with the consumer group coordinator.
@@ -243,6 +257,8 @@ pub(crate) enum Request {
     DescribeGroups(DescribeGroupsRequest),
     /// DeleteGroups.
     DeleteGroups(DeleteGroupsRequest),
+    /// CreateTopics.
+    CreateTopics(CreateTopicsRequest),
 }
 
 impl Request {
@@ -281,6 +297,9 @@ impl Request {
             }
             ApiKey::DeleteGroups => {
                 Request::DeleteGroups(DeleteGroupsRequest::decode(body, version)?)
+            }
+            ApiKey::CreateTopics => {
+                Request::CreateTopics(CreateTopicsRequest::decode(body, version)?)
             }
             other => anyhow::bail!("{other:?} is not offered"),
         })
@@ -322,6 +341,8 @@ pub(crate) enum Response {
     DescribeGroups(DescribeGroupsResponse),
     /// DeleteGroups.
     DeleteGroups(DeleteGroupsResponse),
+    /// CreateTopics.
+    CreateTopics(CreateTopicsResponse),
 }
 
 impl Response {
@@ -344,6 +365,7 @@ impl Response {
             Response::ListGroups(r) => r.encode(out, version),
             Response::DescribeGroups(r) => r.encode(out, version),
             Response::DeleteGroups(r) => r.encode(out, version),
+            Response::CreateTopics(r) => r.encode(out, version),
         }
     }
 }
@@ -406,6 +428,12 @@ pub(crate) async fn handle(
             Outcome::Respond(Response::InitProducerId(init_producer_id::handle(
                 deps, req,
             )))
+        }
+        Request::CreateTopics(req) => {
+            deps.metrics.request(ApiKey::CreateTopics);
+            Outcome::Respond(Response::CreateTopics(
+                admin::create_topics(deps, req, version).await,
+            ))
         }
         // Taken above.
         Request::FindCoordinator(_)
@@ -610,6 +638,22 @@ mod tests {
                 req.groups_names = vec![group()];
                 Request::DeleteGroups(req)
             }
+            ApiKey::CreateTopics => {
+                let mut req = CreateTopicsRequest::default();
+                let mut topic =
+                    kafka_protocol::messages::create_topics_request::CreatableTopic::default();
+                topic.name = name("created");
+                topic.num_partitions = 2;
+                topic.replication_factor = -1;
+                let mut config =
+                    kafka_protocol::messages::create_topics_request::CreatableTopicConfig::default(
+                    );
+                config.name = StrBytes::from_static_str("retention.ms");
+                config.value = Some(StrBytes::from_static_str("60000"));
+                topic.configs = vec![config];
+                req.topics = vec![topic];
+                Request::CreateTopics(req)
+            }
             ApiKey::ApiVersions => Request::ApiVersions,
             ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),
             ApiKey::Metadata => {
@@ -737,7 +781,7 @@ mod tests {
             Arc::clone(&producer),
             Arc::clone(&metastore),
             Arc::clone(&ownership),
-            topics,
+            Arc::clone(&topics),
             crate::groups::GroupsConfig::default(),
         ));
         let deps = Arc::new(
@@ -750,6 +794,7 @@ mod tests {
                 shutdown,
                 Arc::new(metrics::KafkaMetrics::default()),
             )
+            .with_admin(topics, admin::AdminAccess::Open)
             .with_groups(coordinator),
         );
         let advertised = Advertised {

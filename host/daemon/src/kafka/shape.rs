@@ -7,7 +7,8 @@
 //! and 200, open). Every element takes at least one byte on the wire, so a count above the
 //! bytes left cannot be honest. The walk knows the array-bearing requests offered
 //! (Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup,
-//! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups) at every
+//! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups,
+//! CreateTopics) at every
 //! offered version, and Heartbeat, which has none, field by field; ApiVersions and
 //! InitProducerId have no arrays. Remove this when the crate bounds its own allocations.
 
@@ -439,6 +440,33 @@ pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
             r.tags()?;
             r.end()
         }
+        ApiKey::CreateTopics => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 5,
+            };
+            r.array(|r| {
+                r.string()?; // name
+                r.skip(4 + 2)?; // num partitions, replication factor
+                r.array(|r| {
+                    r.skip(4)?; // partition index
+                    r.array(|r| r.skip(4))?; // broker ids
+                    r.tags()
+                })?;
+                r.array(|r| {
+                    r.string()?; // name
+                    r.string()?; // value (nullable)
+                    r.tags()
+                })?;
+                r.tags()
+            })?;
+            r.skip(4)?; // timeout
+            if v >= 1 {
+                r.skip(1)?; // validate only
+            }
+            r.tags()?;
+            r.end()
+        }
         // No arrays (ApiVersions, InitProducerId), or not offered (refused before this).
         _ => Ok(()),
     }
@@ -656,6 +684,30 @@ mod tests {
                 req.groups_names = vec![group("payments"), group("billing")];
                 req.encode(&mut out, version).unwrap();
             }
+            ApiKey::CreateTopics => {
+                use kafka_protocol::messages::create_topics_request::{
+                    CreatableReplicaAssignment, CreatableTopic, CreatableTopicConfig,
+                };
+                let mut assignment = CreatableReplicaAssignment::default();
+                assignment.partition_index = 0;
+                assignment.broker_ids = vec![kafka_protocol::messages::BrokerId(1)];
+                let mut config = CreatableTopicConfig::default();
+                config.name = text("retention.ms");
+                config.value = Some(text("60000"));
+                let mut unset = CreatableTopicConfig::default();
+                unset.name = text("retention.bytes");
+                let mut topic = CreatableTopic::default();
+                topic.name = name("orders");
+                topic.num_partitions = 3;
+                topic.replication_factor = 1;
+                topic.assignments = vec![assignment];
+                topic.configs = vec![config, unset];
+                let mut req = kafka_protocol::messages::CreateTopicsRequest::default();
+                req.topics = vec![topic.clone(), topic];
+                req.timeout_ms = 30_000;
+                req.validate_only = version >= 1;
+                req.encode(&mut out, version).unwrap();
+            }
             _ => return None,
         }
         Some(out.to_vec())
@@ -684,10 +736,10 @@ mod tests {
         }
         assert_eq!(
             walked,
-            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3,
+            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3 + 4,
             "Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup, \
-             Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups and \
-             DeleteGroups versions"
+             Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, \
+             DeleteGroups and CreateTopics versions"
         );
     }
 
@@ -784,6 +836,14 @@ mod tests {
             (ApiKey::DescribeGroups, 5, vec![]),
             (ApiKey::DeleteGroups, 0, vec![]),
             (ApiKey::DeleteGroups, 2, vec![]),
+            (ApiKey::CreateTopics, 2, vec![]),
+            (ApiKey::CreateTopics, 5, vec![]),
+            // One topic, whose assignments array is the hostile one.
+            (
+                ApiKey::CreateTopics,
+                4,
+                [vec![0, 0, 0, 1], string(false, "t"), vec![0; 6]].concat(),
+            ),
         ];
         let flexible = |api, v| match api {
             ApiKey::FindCoordinator | ApiKey::ListGroups => v >= 3,
@@ -791,6 +851,7 @@ mod tests {
             ApiKey::OffsetCommit => v >= 8,
             ApiKey::DescribeGroups => v >= 5,
             ApiKey::DeleteGroups => v >= 2,
+            ApiKey::CreateTopics => v >= 5,
             _ => v >= 4,
         };
         for (api, version, before) in cases {

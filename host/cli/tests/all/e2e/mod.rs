@@ -17,6 +17,7 @@ mod file_modes;
 mod harness;
 mod http_limits;
 mod kafka;
+mod kafka_admin;
 mod kafka_bounds;
 mod kafka_groups;
 mod metastore_crash;

@@ -1,0 +1,88 @@
+//! Kafka admin on the real binary: topics created through CreateTopics by kafka-python and by
+//! librdkafka, as applications create theirs when they start.
+
+use std::process::Command;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::e2e::harness::{http_client, send_json};
+use crate::e2e::kafka::{run, script, start, start_with};
+
+/// `GET /v1/topics/{name}` through the HTTP API.
+fn describe(base: &str, name: &str) -> (u16, Value) {
+    send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{base}/v1/topics/{name}"),
+        None,
+    )
+    .expect("describe")
+}
+
+fn admin(args: &[String]) -> Value {
+    let mut command = Command::new("python3");
+    command.arg(script("python_admin.py")).args(args);
+    let out = run(command, b"", "python3 python_admin.py");
+    serde_json::from_str(out.trim()).expect("the script's JSON")
+}
+
+#[test]
+fn an_application_creates_its_topics_through_the_kafka_admin_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(dir.path());
+    let base = node.daemon.url();
+    let bootstrap = node.kafka.to_string();
+
+    // kafka-python: created with its partitions and retention; the same again is refused
+    // as existing.
+    let outcome = admin(&[
+        "create".into(),
+        bootstrap.clone(),
+        "events".into(),
+        "3".into(),
+        "3600000".into(),
+    ]);
+    assert_eq!(outcome["first"], "ok", "{outcome}");
+    assert_eq!(outcome["again"], "TopicAlreadyExistsError", "{outcome}");
+    let (status, topic) = describe(&base, "events");
+    assert_eq!(status, 200, "{topic}");
+    assert_eq!(topic["partitions"], 3, "{topic}");
+    assert_eq!(topic["retention_ms"], 3_600_000, "{topic}");
+
+    // librdkafka (confluent-kafka's AdminClient).
+    let outcome = admin(&[
+        "create-librdkafka".into(),
+        bootstrap.clone(),
+        "payments".into(),
+        "2".into(),
+    ]);
+    assert_eq!(outcome["result"], "ok", "{outcome}");
+    let (status, topic) = describe(&base, "payments");
+    assert_eq!(status, 200, "{topic}");
+    assert_eq!(topic["partitions"], 2, "{topic}");
+}
+
+#[test]
+fn while_the_daemon_requires_its_token_the_kafka_listener_creates_no_topic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token-for-the-test\n").expect("token file");
+    let node = start_with(
+        dir.path(),
+        &["--auth-token-file", token.to_str().expect("utf-8 path")],
+    );
+    let outcome = admin(&[
+        "create-librdkafka".into(),
+        node.kafka.to_string(),
+        "events".into(),
+        "1".into(),
+    ]);
+    let result = outcome["result"].as_str().unwrap_or_default();
+    assert!(
+        result.contains("TOPIC_AUTHORIZATION_FAILED") || result.contains("authoriz"),
+        "{outcome}"
+    );
+    let (status, _) = describe(&node.daemon.url(), "events");
+    assert_eq!(status, 404, "no topic was created");
+}

@@ -1,0 +1,290 @@
+//! Kafka admin: CreateTopics, so an application that creates its topics when it starts (Kafka
+//! Streams, Spring's `KafkaAdmin`, `kafka-topics.sh --create`, an admin client) runs unchanged.
+//!
+//! A topic is created exactly as `POST /v1/topics` creates it: the same name and partition
+//! checks, the same placement in cluster mode. What a request asks that narad has no notion of
+//! is answered with Kafka's error for it, never ignored: a replication factor other than 1 (or
+//! -1, the broker's default), replica assignments, or a config other than `retention.ms`,
+//! `retention.bytes`, `cleanup.policy=delete` and `min.insync.replicas=1`. While the daemon
+//! requires its API token for changes (`--auth-token-file`), the Kafka listener, which
+//! authenticates nobody yet, creates nothing: each topic gets TOPIC_AUTHORIZATION_FAILED.
+
+use std::collections::HashSet;
+
+use kafka_protocol::messages::CreateTopicsRequest;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicResult, CreateTopicsResponse,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::KafkaDeps;
+use crate::metastore::MetastoreError;
+use crate::topics::{MAX_PARTITIONS, NewTopic, TopicError};
+
+/// Kafka error codes this API answers with.
+mod code {
+    pub(super) const NONE: i16 = 0;
+    pub(super) const UNKNOWN_SERVER_ERROR: i16 = -1;
+    pub(super) const INVALID_TOPIC_EXCEPTION: i16 = 17;
+    pub(super) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    pub(super) const TOPIC_ALREADY_EXISTS: i16 = 36;
+    pub(super) const INVALID_PARTITIONS: i16 = 37;
+    pub(super) const INVALID_REPLICATION_FACTOR: i16 = 38;
+    pub(super) const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
+    pub(super) const INVALID_CONFIG: i16 = 40;
+    pub(super) const INVALID_REQUEST: i16 = 42;
+}
+
+/// Partitions of a topic created without a count (`num_partitions: -1`): Kafka's default
+/// `num.partitions`.
+const DEFAULT_PARTITIONS: u32 = 1;
+
+/// Whether this listener may change topics: not while the HTTP API requires a token for
+/// changes, since the Kafka listener authenticates nobody.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminAccess {
+    /// Topic changes are allowed.
+    Open,
+    /// The daemon requires its API token for changes: refused here.
+    TokenRequired,
+}
+
+/// What CreateTopics creates topics with.
+pub(crate) struct KafkaAdmin {
+    /// Creates topics, as the HTTP API does.
+    pub(crate) topics: std::sync::Arc<crate::topics::TopicService>,
+    /// Whether this listener may change topics.
+    pub(crate) access: AdminAccess,
+}
+
+/// A topic's refusal: Kafka's error code and the reason.
+type Refusal = (i16, String);
+
+/// Handles CreateTopics at `version`: every topic answered, in request order.
+pub(crate) async fn create_topics(
+    deps: &KafkaDeps,
+    req: CreateTopicsRequest,
+    version: i16,
+) -> CreateTopicsResponse {
+    let mut names = HashSet::new();
+    let repeated: HashSet<String> = req
+        .topics
+        .iter()
+        .map(|t| t.name.0.to_string())
+        .filter(|name| !names.insert(name.clone()))
+        .collect();
+    let mut response = CreateTopicsResponse::default();
+    for topic in req.topics {
+        let name = topic.name.0.to_string();
+        let outcome = if repeated.contains(&name) {
+            Err((
+                code::INVALID_REQUEST,
+                format!("topic {name:?} is named more than once in the request"),
+            ))
+        } else {
+            create_one(deps, &topic, req.validate_only).await
+        };
+        let mut result = CreatableTopicResult::default();
+        result.name = topic.name;
+        match outcome {
+            Ok(partitions) => {
+                result.error_code = code::NONE;
+                if version >= 5 {
+                    result.num_partitions = i32::try_from(partitions).unwrap_or(i32::MAX);
+                    result.replication_factor = 1;
+                }
+            }
+            Err((error_code, message)) => {
+                tracing::info!(topic = %name, error_code, %message, "kafka: CreateTopics refused");
+                result.error_code = error_code;
+                result.error_message = Some(StrBytes::from_string(message));
+                result.num_partitions = -1;
+                result.replication_factor = -1;
+            }
+        }
+        response.topics.push(result);
+    }
+    response
+}
+
+/// Checks and (unless `validate_only`) creates one topic; its partition count.
+async fn create_one(
+    deps: &KafkaDeps,
+    topic: &CreatableTopic,
+    validate_only: bool,
+) -> Result<u32, Refusal> {
+    let name = topic.name.0.to_string();
+    let Some(admin) = &deps.admin else {
+        return Err((
+            code::TOPIC_AUTHORIZATION_FAILED,
+            "this listener creates no topics: create them through the HTTP API".to_owned(),
+        ));
+    };
+    if admin.access == AdminAccess::TokenRequired {
+        return Err((
+            code::TOPIC_AUTHORIZATION_FAILED,
+            "this daemon requires its API token for changes and the Kafka listener \
+             authenticates nobody: create topics through the HTTP API (POST /v1/topics) or \
+             narad topic create"
+                .to_owned(),
+        ));
+    }
+    narad_storage::validate_topic_name(&name)
+        .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
+    let partitions = match topic.num_partitions {
+        -1 => DEFAULT_PARTITIONS,
+        n if n >= 1 && n as u64 <= u64::from(MAX_PARTITIONS) => n as u32,
+        n => {
+            return Err((
+                code::INVALID_PARTITIONS,
+                format!("num_partitions must be 1 to {MAX_PARTITIONS} (or -1 for 1); got {n}"),
+            ));
+        }
+    };
+    if !matches!(topic.replication_factor, -1 | 1) {
+        return Err((
+            code::INVALID_REPLICATION_FACTOR,
+            format!(
+                "narad keeps one copy of each partition (a cluster moves it, it does not \
+                 replicate it): replication_factor must be 1 or -1; got {}",
+                topic.replication_factor
+            ),
+        ));
+    }
+    if !topic.assignments.is_empty() {
+        return Err((
+            code::INVALID_REPLICA_ASSIGNMENT,
+            "replica assignments are not taken: narad places partitions itself (or as \
+             POST /v1/topics's \"placement\" says)"
+                .to_owned(),
+        ));
+    }
+    let (retention_ms, retention_bytes) = configs(topic)?;
+    if validate_only {
+        return match deps.metastore.topic(&name).await {
+            Ok(Some(_)) => Err((
+                code::TOPIC_ALREADY_EXISTS,
+                format!("topic {name:?} already exists"),
+            )),
+            Ok(None) => Ok(partitions),
+            Err(e) => Err((code::UNKNOWN_SERVER_ERROR, e.to_string())),
+        };
+    }
+    let created = admin
+        .topics
+        .create(NewTopic {
+            name: name.clone(),
+            partitions,
+            retention_ms,
+            retention_bytes,
+            placement: None,
+        })
+        .await
+        .map_err(refusal)?;
+    tracing::info!(topic = %created.name, partitions = created.partitions, "topic created through the Kafka listener");
+    Ok(created.partitions)
+}
+
+/// The retention a topic's configs ask for: `retention.ms` and `retention.bytes` (-1: no
+/// limit); `cleanup.policy=delete` and `min.insync.replicas=1` are what narad does anyway.
+fn configs(topic: &CreatableTopic) -> Result<(Option<u64>, Option<u64>), Refusal> {
+    let (mut ms, mut bytes) = (None, None);
+    for config in &topic.configs {
+        let key = config.name.as_str();
+        let value = config.value.as_ref().map(|v| v.as_str()).unwrap_or("");
+        let limit = || -> Result<Option<u64>, Refusal> {
+            match value.parse::<i64>() {
+                Ok(-1) => Ok(None),
+                Ok(n) if n > 0 => Ok(Some(n as u64)),
+                _ => Err((
+                    code::INVALID_CONFIG,
+                    format!("{key} must be a positive number or -1; got {value:?}"),
+                )),
+            }
+        };
+        match key {
+            "retention.ms" => ms = limit()?,
+            "retention.bytes" => bytes = limit()?,
+            "cleanup.policy" if value == "delete" => {}
+            "min.insync.replicas" if value == "1" => {}
+            "cleanup.policy" => {
+                return Err((
+                    code::INVALID_CONFIG,
+                    format!(
+                        "cleanup.policy={value}: narad does not compact; records leave by \
+                         retention only (cleanup.policy=delete)"
+                    ),
+                ));
+            }
+            other => {
+                return Err((
+                    code::INVALID_CONFIG,
+                    format!(
+                        "config {other}={value} is not one narad has: a topic takes \
+                         retention.ms and retention.bytes (and cleanup.policy=delete, \
+                         min.insync.replicas=1)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((ms, bytes))
+}
+
+/// Kafka's error for a create the topic service refused.
+fn refusal(error: TopicError) -> Refusal {
+    let code = match &error {
+        TopicError::Metastore(MetastoreError::TopicExists { .. }) => code::TOPIC_ALREADY_EXISTS,
+        TopicError::Metastore(MetastoreError::LinkRule(_)) | TopicError::Invalid(_) => {
+            code::INVALID_TOPIC_EXCEPTION
+        }
+        _ => code::UNKNOWN_SERVER_ERROR,
+    };
+    (code, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::create_topics_request::CreatableTopicConfig;
+
+    use super::*;
+
+    fn topic(configs: &[(&'static str, Option<&'static str>)]) -> CreatableTopic {
+        let mut topic = CreatableTopic::default();
+        topic.configs = configs
+            .iter()
+            .map(|&(name, value)| {
+                let mut config = CreatableTopicConfig::default();
+                config.name = StrBytes::from_static_str(name);
+                config.value = value.map(StrBytes::from_static_str);
+                config
+            })
+            .collect();
+        topic
+    }
+
+    #[test]
+    fn retention_configs_are_taken_and_what_narad_cannot_do_is_refused_by_name() {
+        assert_eq!(
+            configs(&topic(&[
+                ("retention.ms", Some("60000")),
+                ("retention.bytes", Some("-1")),
+                ("cleanup.policy", Some("delete")),
+                ("min.insync.replicas", Some("1")),
+            ])),
+            Ok((Some(60_000), None))
+        );
+        for (name, value, says) in [
+            ("cleanup.policy", "compact", "does not compact"),
+            ("retention.ms", "0", "positive number or -1"),
+            ("retention.bytes", "many", "positive number or -1"),
+            ("segment.bytes", "1024", "segment.bytes=1024"),
+            ("min.insync.replicas", "2", "min.insync.replicas=2"),
+        ] {
+            let refused = configs(&topic(&[(name, Some(value))])).unwrap_err();
+            assert_eq!(refused.0, code::INVALID_CONFIG, "{name}={value}");
+            assert!(refused.1.contains(says), "{name}={value}: {}", refused.1);
+        }
+    }
+}
