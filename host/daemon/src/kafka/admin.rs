@@ -1,5 +1,10 @@
-//! Kafka admin: CreateTopics, so an application that creates its topics when it starts (Kafka
-//! Streams, Spring's `KafkaAdmin`, `kafka-topics.sh --create`, an admin client) runs unchanged.
+//! Kafka admin: CreateTopics, DeleteTopics and CreatePartitions, so an application that
+//! manages its topics itself (Kafka Streams, Spring's `KafkaAdmin`, `kafka-topics.sh`, an
+//! admin client) runs unchanged.
+//!
+//! DeleteTopics deletes as `DELETE /v1/topics/{t}` without `force`: a topic in a fan-out link
+//! is refused (POLICY_VIOLATION, naming the links). CreatePartitions grows as `PATCH
+//! /v1/topics/{t}` does; Kafka's rule that the count must rise is kept (INVALID_PARTITIONS).
 //!
 //! A topic is created exactly as `POST /v1/topics` creates it: the same name and partition
 //! checks, the same placement in cluster mode. What a request asks that narad has no notion of
@@ -11,10 +16,15 @@
 
 use std::collections::HashSet;
 
-use kafka_protocol::messages::CreateTopicsRequest;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicResult, CreateTopicsResponse,
+};
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::{
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, DeleteTopicsRequest,
+    DeleteTopicsResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -26,6 +36,7 @@ use crate::topics::{MAX_PARTITIONS, NewTopic, TopicError};
 mod code {
     pub(super) const NONE: i16 = 0;
     pub(super) const UNKNOWN_SERVER_ERROR: i16 = -1;
+    pub(super) const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
     pub(super) const INVALID_TOPIC_EXCEPTION: i16 = 17;
     pub(super) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub(super) const TOPIC_ALREADY_EXISTS: i16 = 36;
@@ -34,6 +45,8 @@ mod code {
     pub(super) const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
     pub(super) const INVALID_CONFIG: i16 = 40;
     pub(super) const INVALID_REQUEST: i16 = 42;
+    pub(super) const POLICY_VIOLATION: i16 = 44;
+    pub(super) const UNKNOWN_TOPIC_ID: i16 = 100;
 }
 
 /// Partitions of a topic created without a count (`num_partitions: -1`): Kafka's default
@@ -108,6 +121,128 @@ pub(crate) async fn create_topics(
     response
 }
 
+/// The admin of this listener, or why it changes no topic.
+fn allowed(deps: &KafkaDeps) -> Result<&KafkaAdmin, Refusal> {
+    let Some(admin) = &deps.admin else {
+        return Err((
+            code::TOPIC_AUTHORIZATION_FAILED,
+            "this listener changes no topics: use the HTTP API".to_owned(),
+        ));
+    };
+    match admin.access {
+        AdminAccess::Open => Ok(admin),
+        AdminAccess::TokenRequired => Err((
+            code::TOPIC_AUTHORIZATION_FAILED,
+            "this daemon requires its API token for changes and the Kafka listener \
+             authenticates nobody: change topics through the HTTP API or the narad CLI"
+                .to_owned(),
+        )),
+    }
+}
+
+/// Handles DeleteTopics: each topic named (by name; a topic id, which narad topics do not
+/// have, is UNKNOWN_TOPIC_ID), answered in request order.
+pub(crate) async fn delete_topics(
+    deps: &KafkaDeps,
+    req: DeleteTopicsRequest,
+) -> DeleteTopicsResponse {
+    // Up to v5 the names come as a list; from v6 as topic states (a name or an id).
+    let named: Vec<Option<TopicName>> = match req.topics.is_empty() {
+        true => req.topic_names.into_iter().map(Some).collect(),
+        false => req.topics.into_iter().map(|t| t.name).collect(),
+    };
+    let mut response = DeleteTopicsResponse::default();
+    for name in named {
+        let mut result = DeletableTopicResult::default();
+        let outcome = match &name {
+            None => Err((
+                code::UNKNOWN_TOPIC_ID,
+                "narad topics have no ids: name the topic".to_owned(),
+            )),
+            Some(name) => delete_one(deps, &name.0).await,
+        };
+        if let Err((error_code, message)) = outcome {
+            tracing::info!(topic = ?name, error_code, %message, "kafka: DeleteTopics refused");
+            result.error_code = error_code;
+            result.error_message = Some(StrBytes::from_string(message));
+        }
+        result.name = name;
+        response.responses.push(result);
+    }
+    response
+}
+
+async fn delete_one(deps: &KafkaDeps, name: &str) -> Result<(), Refusal> {
+    let admin = allowed(deps)?;
+    let deleted = admin.topics.delete(name, false).await.map_err(refusal)?;
+    tracing::info!(topic = %deleted.name, "topic deleted through the Kafka listener");
+    Ok(())
+}
+
+/// Handles CreatePartitions: each topic grown to its `count`, answered in request order.
+pub(crate) async fn create_partitions(
+    deps: &KafkaDeps,
+    req: CreatePartitionsRequest,
+) -> CreatePartitionsResponse {
+    let mut response = CreatePartitionsResponse::default();
+    for topic in req.topics {
+        let mut result = CreatePartitionsTopicResult::default();
+        let name = topic.name.0.to_string();
+        let outcome = match topic.assignments {
+            Some(_) => Err((
+                code::INVALID_REPLICA_ASSIGNMENT,
+                "replica assignments are not taken: narad places partitions itself".to_owned(),
+            )),
+            None => grow_one(deps, &name, topic.count, req.validate_only).await,
+        };
+        if let Err((error_code, message)) = outcome {
+            tracing::info!(topic = %name, error_code, %message, "kafka: CreatePartitions refused");
+            result.error_code = error_code;
+            result.error_message = Some(StrBytes::from_string(message));
+        }
+        result.name = topic.name;
+        response.results.push(result);
+    }
+    response
+}
+
+async fn grow_one(
+    deps: &KafkaDeps,
+    name: &str,
+    count: i32,
+    validate_only: bool,
+) -> Result<(), Refusal> {
+    let admin = allowed(deps)?;
+    let current = match deps.metastore.topic(name).await {
+        Ok(Some(topic)) => topic.partitions,
+        Ok(None) => {
+            return Err((
+                code::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("topic {name:?} does not exist"),
+            ));
+        }
+        Err(e) => return Err((code::UNKNOWN_SERVER_ERROR, e.to_string())),
+    };
+    let count = match u32::try_from(count) {
+        Ok(count) if count > current && count <= MAX_PARTITIONS => count,
+        _ => {
+            return Err((
+                code::INVALID_PARTITIONS,
+                format!(
+                    "topic {name:?} has {current} partitions: the new count must be more, and \
+                     at most {MAX_PARTITIONS}; got {count}"
+                ),
+            ));
+        }
+    };
+    if validate_only {
+        return Ok(());
+    }
+    let grown = admin.topics.grow(name, count).await.map_err(refusal)?;
+    tracing::info!(topic = %grown.name, partitions = grown.partitions, "topic grown through the Kafka listener");
+    Ok(())
+}
+
 /// Checks and (unless `validate_only`) creates one topic; its partition count.
 async fn create_one(
     deps: &KafkaDeps,
@@ -115,21 +250,7 @@ async fn create_one(
     validate_only: bool,
 ) -> Result<u32, Refusal> {
     let name = topic.name.0.to_string();
-    let Some(admin) = &deps.admin else {
-        return Err((
-            code::TOPIC_AUTHORIZATION_FAILED,
-            "this listener creates no topics: create them through the HTTP API".to_owned(),
-        ));
-    };
-    if admin.access == AdminAccess::TokenRequired {
-        return Err((
-            code::TOPIC_AUTHORIZATION_FAILED,
-            "this daemon requires its API token for changes and the Kafka listener \
-             authenticates nobody: create topics through the HTTP API (POST /v1/topics) or \
-             narad topic create"
-                .to_owned(),
-        ));
-    }
+    let admin = allowed(deps)?;
     narad_storage::validate_topic_name(&name)
         .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
     let partitions = match topic.num_partitions {
@@ -236,6 +357,11 @@ fn configs(topic: &CreatableTopic) -> Result<(Option<u64>, Option<u64>), Refusal
 fn refusal(error: TopicError) -> Refusal {
     let code = match &error {
         TopicError::Metastore(MetastoreError::TopicExists { .. }) => code::TOPIC_ALREADY_EXISTS,
+        TopicError::Metastore(MetastoreError::UnknownTopic { .. }) => {
+            code::UNKNOWN_TOPIC_OR_PARTITION
+        }
+        TopicError::Metastore(MetastoreError::TopicHasLinks { .. }) => code::POLICY_VIOLATION,
+        TopicError::Metastore(MetastoreError::CannotShrink { .. }) => code::INVALID_PARTITIONS,
         TopicError::Metastore(MetastoreError::LinkRule(_)) | TopicError::Invalid(_) => {
             code::INVALID_TOPIC_EXCEPTION
         }

@@ -6,7 +6,8 @@
 //! stop where KIP-848's member epochs begin (OffsetCommit 9, OffsetFetch 9) and before
 //! ListGroups' type filter (5) and DescribeGroups 6. CreateTopics runs from 2 (Kafka 4
 //! dropped 0 and 1) to 5, before topic ids (7) and a version librdkafka and kafka-python do
-//! not use (6). Other admin APIs and
+//! not use (6); DeleteTopics 1 to 6 (a topic named by id is UNKNOWN_TOPIC_ID), and
+//! CreatePartitions 0 to 3. Other admin APIs and
 //! the transaction APIs are not offered: clients see that here and refuse those features
 //! themselves, and a request for them anyway closes the connection, as a Kafka broker does.
 
@@ -32,6 +33,8 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::CreateTopics, 2, 5),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::CreatePartitions, 0, 3),
 ];
 
 /// Whether `version` of `api` is handled.
@@ -90,12 +93,14 @@ mod tests {
                 (15, 0, 5),
                 (42, 0, 2),
                 (19, 2, 5),
+                (20, 1, 6),
+                (37, 0, 3),
             ]
         );
         assert!(!offered(ApiKey::Produce, 13));
         assert!(!offered(ApiKey::OffsetCommit, 9));
         assert!(!offered(ApiKey::CreateTopics, 6));
-        assert!(!offered(ApiKey::DeleteTopics, 0));
+        assert!(!offered(ApiKey::DescribeConfigs, 0));
         assert!(offered(ApiKey::Fetch, 4));
     }
 }

@@ -183,6 +183,8 @@ impl KafkaMetrics {
             ApiKey::ApiVersions => "ApiVersions",
             ApiKey::InitProducerId => "InitProducerId",
             ApiKey::CreateTopics => "CreateTopics",
+            ApiKey::DeleteTopics => "DeleteTopics",
+            ApiKey::CreatePartitions => "CreatePartitions",
             _ => "other",
         };
         self.requests.get_or_create(&ApiLabels { api }).inc();

@@ -41,14 +41,16 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreateTopicsRequest, CreateTopicsResponse,
-    DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest, DescribeGroupsResponse,
-    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest,
-    HeartbeatResponse, InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest,
-    JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
-    ListGroupsResponse, ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
-    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    ProduceRequest, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreatePartitionsRequest,
+    CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteGroupsRequest,
+    DeleteGroupsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeGroupsRequest,
+    DescribeGroupsResponse, FetchRequest, FetchResponse, FindCoordinatorRequest,
+    FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, InitProducerIdRequest,
+    InitProducerIdResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
+    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
+    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse,
+    SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 use narad_storage::Store;
@@ -259,6 +261,10 @@ pub(crate) enum Request {
     DeleteGroups(DeleteGroupsRequest),
     /// CreateTopics.
     CreateTopics(CreateTopicsRequest),
+    /// DeleteTopics.
+    DeleteTopics(DeleteTopicsRequest),
+    /// CreatePartitions.
+    CreatePartitions(CreatePartitionsRequest),
 }
 
 impl Request {
@@ -300,6 +306,12 @@ impl Request {
             }
             ApiKey::CreateTopics => {
                 Request::CreateTopics(CreateTopicsRequest::decode(body, version)?)
+            }
+            ApiKey::DeleteTopics => {
+                Request::DeleteTopics(DeleteTopicsRequest::decode(body, version)?)
+            }
+            ApiKey::CreatePartitions => {
+                Request::CreatePartitions(CreatePartitionsRequest::decode(body, version)?)
             }
             other => anyhow::bail!("{other:?} is not offered"),
         })
@@ -343,6 +355,10 @@ pub(crate) enum Response {
     DeleteGroups(DeleteGroupsResponse),
     /// CreateTopics.
     CreateTopics(CreateTopicsResponse),
+    /// DeleteTopics.
+    DeleteTopics(DeleteTopicsResponse),
+    /// CreatePartitions.
+    CreatePartitions(CreatePartitionsResponse),
 }
 
 impl Response {
@@ -366,6 +382,8 @@ impl Response {
             Response::DescribeGroups(r) => r.encode(out, version),
             Response::DeleteGroups(r) => r.encode(out, version),
             Response::CreateTopics(r) => r.encode(out, version),
+            Response::DeleteTopics(r) => r.encode(out, version),
+            Response::CreatePartitions(r) => r.encode(out, version),
         }
     }
 }
@@ -433,6 +451,18 @@ pub(crate) async fn handle(
             deps.metrics.request(ApiKey::CreateTopics);
             Outcome::Respond(Response::CreateTopics(
                 admin::create_topics(deps, req, version).await,
+            ))
+        }
+        Request::DeleteTopics(req) => {
+            deps.metrics.request(ApiKey::DeleteTopics);
+            Outcome::Respond(Response::DeleteTopics(
+                admin::delete_topics(deps, req).await,
+            ))
+        }
+        Request::CreatePartitions(req) => {
+            deps.metrics.request(ApiKey::CreatePartitions);
+            Outcome::Respond(Response::CreatePartitions(
+                admin::create_partitions(deps, req).await,
             ))
         }
         // Taken above.
@@ -653,6 +683,28 @@ mod tests {
                 topic.configs = vec![config];
                 req.topics = vec![topic];
                 Request::CreateTopics(req)
+            }
+            ApiKey::DeleteTopics => {
+                let mut req = DeleteTopicsRequest::default();
+                if version >= 6 {
+                    let mut state =
+                        kafka_protocol::messages::delete_topics_request::DeleteTopicState::default(
+                        );
+                    state.name = Some(name("missing"));
+                    req.topics = vec![state];
+                } else {
+                    req.topic_names = vec![name("missing")];
+                }
+                Request::DeleteTopics(req)
+            }
+            ApiKey::CreatePartitions => {
+                let mut req = CreatePartitionsRequest::default();
+                let mut topic =
+                    kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic::default();
+                topic.name = name("t");
+                topic.count = 1;
+                req.topics = vec![topic];
+                Request::CreatePartitions(req)
             }
             ApiKey::ApiVersions => Request::ApiVersions,
             ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),

@@ -8,7 +8,7 @@
 //! bytes left cannot be honest. The walk knows the array-bearing requests offered
 //! (Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup,
 //! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups,
-//! CreateTopics) at every
+//! CreateTopics, DeleteTopics, CreatePartitions) at every
 //! offered version, and Heartbeat, which has none, field by field; ApiVersions and
 //! InitProducerId have no arrays. Remove this when the crate bounds its own allocations.
 
@@ -467,6 +467,42 @@ pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
             r.tags()?;
             r.end()
         }
+        ApiKey::DeleteTopics => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 4,
+            };
+            if v >= 6 {
+                r.array(|r| {
+                    r.string()?; // name (nullable)
+                    r.skip(16)?; // topic id
+                    r.tags()
+                })?;
+            } else {
+                r.array(Reader::string)?; // topic names
+            }
+            r.skip(4)?; // timeout
+            r.tags()?;
+            r.end()
+        }
+        ApiKey::CreatePartitions => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 2,
+            };
+            r.array(|r| {
+                r.string()?; // name
+                r.skip(4)?; // count
+                r.array(|r| {
+                    r.array(|r| r.skip(4))?; // broker ids
+                    r.tags()
+                })?; // assignments (nullable)
+                r.tags()
+            })?;
+            r.skip(4 + 1)?; // timeout, validate only
+            r.tags()?;
+            r.end()
+        }
         // No arrays (ApiVersions, InitProducerId), or not offered (refused before this).
         _ => Ok(()),
     }
@@ -708,6 +744,38 @@ mod tests {
                 req.validate_only = version >= 1;
                 req.encode(&mut out, version).unwrap();
             }
+            ApiKey::DeleteTopics => {
+                let mut req = kafka_protocol::messages::DeleteTopicsRequest::default();
+                if version >= 6 {
+                    let mut state =
+                        kafka_protocol::messages::delete_topics_request::DeleteTopicState::default(
+                        );
+                    state.name = Some(name("orders"));
+                    req.topics = vec![state.clone(), state];
+                } else {
+                    req.topic_names = vec![name("orders"), name("payments")];
+                }
+                req.timeout_ms = 30_000;
+                req.encode(&mut out, version).unwrap();
+            }
+            ApiKey::CreatePartitions => {
+                use kafka_protocol::messages::create_partitions_request::{
+                    CreatePartitionsAssignment, CreatePartitionsTopic,
+                };
+                let mut assignment = CreatePartitionsAssignment::default();
+                assignment.broker_ids = vec![kafka_protocol::messages::BrokerId(1)];
+                let mut topic = CreatePartitionsTopic::default();
+                topic.name = name("orders");
+                topic.count = 6;
+                topic.assignments = Some(vec![assignment]);
+                let mut plain = topic.clone();
+                plain.assignments = None;
+                let mut req = kafka_protocol::messages::CreatePartitionsRequest::default();
+                req.topics = vec![topic, plain];
+                req.timeout_ms = 30_000;
+                req.validate_only = true;
+                req.encode(&mut out, version).unwrap();
+            }
             _ => return None,
         }
         Some(out.to_vec())
@@ -736,10 +804,10 @@ mod tests {
         }
         assert_eq!(
             walked,
-            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3 + 4,
+            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3 + 4 + 6 + 4,
             "Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup, \
              Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, \
-             DeleteGroups and CreateTopics versions"
+             DeleteGroups, CreateTopics, DeleteTopics and CreatePartitions versions"
         );
     }
 
@@ -838,6 +906,11 @@ mod tests {
             (ApiKey::DeleteGroups, 2, vec![]),
             (ApiKey::CreateTopics, 2, vec![]),
             (ApiKey::CreateTopics, 5, vec![]),
+            (ApiKey::DeleteTopics, 1, vec![]),
+            (ApiKey::DeleteTopics, 4, vec![]),
+            (ApiKey::DeleteTopics, 6, vec![]),
+            (ApiKey::CreatePartitions, 0, vec![]),
+            (ApiKey::CreatePartitions, 2, vec![]),
             // One topic, whose assignments array is the hostile one.
             (
                 ApiKey::CreateTopics,
@@ -852,6 +925,8 @@ mod tests {
             ApiKey::DescribeGroups => v >= 5,
             ApiKey::DeleteGroups => v >= 2,
             ApiKey::CreateTopics => v >= 5,
+            ApiKey::DeleteTopics => v >= 4,
+            ApiKey::CreatePartitions => v >= 2,
             _ => v >= 4,
         };
         for (api, version, before) in cases {

@@ -1037,19 +1037,7 @@ async fn a_corrupt_offset_file_resumes_from_the_childs_newest_slab_without_a_gap
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_behind_the_log_start_skips_counts_and_records_exactly_the_aged_out_records() {
-    let config = LogConfig {
-        segment_bytes: 256,
-        retention_ms: None,
-        retention_bytes: Some(1),
-    };
-    let f = fixture(1, 1, config).await;
-    produce(&f.store, 0..50);
-    f.store.enforce_retention().unwrap();
-    let log_start = f
-        .store
-        .peek(&PartitionId::new("parent", 0))
-        .unwrap()
-        .log_start_offset;
+    let (f, log_start) = behind_retention().await;
     assert!(
         log_start > 0 && log_start < 50,
         "retention must leave a partial log: {log_start}"
@@ -1090,32 +1078,12 @@ async fn a_cursor_behind_the_log_start_skips_counts_and_records_exactly_the_aged
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_that_halts_on_a_gap_skips_nothing_until_the_exact_gap_is_accepted() {
-    let config = LogConfig {
-        segment_bytes: 256,
-        retention_ms: None,
-        retention_bytes: Some(1),
-    };
-    let f = fixture(1, 1, config).await;
-    produce(&f.store, 0..50);
-    f.store.enforce_retention().unwrap();
-    let log_start = f
-        .store
-        .peek(&PartitionId::new("parent", 0))
-        .unwrap()
-        .log_start_offset;
+    let (f, log_start) = behind_retention().await;
     assert!(
         log_start > 0 && log_start < 50,
         "a partial log: {log_start}"
     );
-    let meta = LinkMeta {
-        on_gap: OnGap::Halt,
-        ..link(vec![0], 0)
-    };
-    let running = start(&f, meta.clone()).await;
-    wait_for("the cursor to halt", || {
-        running.status.report().state == CursorState::Halted
-    })
-    .await;
+    let (running, meta) = halted(&f).await;
     let report = running.status.report();
     assert_eq!(
         report.halted_gap,
@@ -1181,23 +1149,8 @@ async fn a_link_that_halts_on_a_gap_skips_nothing_until_the_exact_gap_is_accepte
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_halted_cursor_goes_on_when_its_link_is_set_to_skip() {
-    let config = LogConfig {
-        segment_bytes: 256,
-        retention_ms: None,
-        retention_bytes: Some(1),
-    };
-    let f = fixture(1, 1, config).await;
-    produce(&f.store, 0..50);
-    f.store.enforce_retention().unwrap();
-    let meta = LinkMeta {
-        on_gap: OnGap::Halt,
-        ..link(vec![0], 0)
-    };
-    let running = start(&f, meta.clone()).await;
-    wait_for("the cursor to halt", || {
-        running.status.report().state == CursorState::Halted
-    })
-    .await;
+    let (f, _) = behind_retention().await;
+    let (running, meta) = halted(&f).await;
     running.runtime.set_meta(LinkMeta {
         on_gap: OnGap::Skip,
         ..meta
@@ -1207,6 +1160,39 @@ async fn a_halted_cursor_goes_on_when_its_link_is_set_to_skip() {
     })
     .await;
     assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+/// A cursor of a link that halts on a gap, started on `f` and halted; with its link.
+async fn halted(f: &Fixture) -> (Running, LinkMeta) {
+    let meta = LinkMeta {
+        on_gap: OnGap::Halt,
+        ..link(vec![0], 0)
+    };
+    let running = start(f, meta.clone()).await;
+    wait_for("the cursor to halt", || {
+        running.status.report().state == CursorState::Halted
+    })
+    .await;
+    (running, meta)
+}
+
+/// Parent records 0 to 49 in 256-byte segments, of which retention (one byte) kept only the
+/// newest segment; with the parent's log start.
+async fn behind_retention() -> (Fixture, u64) {
+    let config = LogConfig {
+        segment_bytes: 256,
+        retention_ms: None,
+        retention_bytes: Some(1),
+    };
+    let f = fixture(1, 1, config).await;
+    produce(&f.store, 0..50);
+    f.store.enforce_retention().unwrap();
+    let log_start = f
+        .store
+        .peek(&PartitionId::new("parent", 0))
+        .unwrap()
+        .log_start_offset;
+    (f, log_start)
 }
 
 /// The gap ledger beside the offset file.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
+use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_cli, send_json};
 use narad_runtime::testkit::WatRouter;
 
 /// How long the copy may take. Generous for a busy CI machine: a healthy daemon needs one
@@ -41,6 +41,24 @@ fn trap_on_x() -> Vec<u8> {
         .wasm()
 }
 
+/// Deploys [`trap_on_x`] as `trap-x` through `base`; returns its digest.
+fn deploy_trap_on_x(client: &reqwest::blocking::Client, base: &str) -> String {
+    let deployed = client
+        .post(format!("{base}/v1/plugins?name=trap-x"))
+        .body(trap_on_x())
+        .send()
+        .expect("deploy");
+    assert!(
+        deployed.status().is_success(),
+        "deploy: {:?}",
+        deployed.text()
+    );
+    deployed.json::<Value>().expect("deploy answer")["digest"]
+        .as_str()
+        .expect("digest")
+        .to_owned()
+}
+
 fn ok(status: u16, body: &Value, what: &str) {
     assert!((200..300).contains(&status), "{what}: {status} {body}");
 }
@@ -54,21 +72,6 @@ fn call(
     let (status, answer) = send_json(client, method, url, body.as_ref()).expect(url);
     ok(status, &answer, url);
     answer
-}
-
-/// Runs the real `narad` command line against `base`; returns its standard output.
-fn narad(base: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new(narad_binary())
-        .args([args[0], "--url", base])
-        .args(&args[1..])
-        .output()
-        .expect("run narad");
-    assert!(
-        out.status.success(),
-        "narad {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Produces `keys` to `orders` as one batch, each with the value `v-{key}`; the poison record
@@ -147,20 +150,7 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
     let daemon = Daemon::start(dir.path());
     let client = http_client();
     let base = daemon.url();
-    let deployed = client
-        .post(format!("{base}/v1/plugins?name=trap-x"))
-        .body(trap_on_x())
-        .send()
-        .expect("deploy");
-    assert!(
-        deployed.status().is_success(),
-        "deploy: {:?}",
-        deployed.text()
-    );
-    let digest = deployed.json::<Value>().expect("deploy answer")["digest"]
-        .as_str()
-        .expect("digest")
-        .to_owned();
+    let digest = deploy_trap_on_x(&client, &base);
     for topic in ["orders", "copy", "orders-dlq"] {
         call(
             &client,
@@ -179,7 +169,7 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
     .expect("attach");
     assert_eq!(status, 400, "{refused}");
     assert!(refused.to_string().contains("does not exist"), "{refused}");
-    let attached = narad(
+    let attached = narad_cli(
         &base,
         &[
             "child",
@@ -259,7 +249,7 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
         ),
         "counted on /metrics"
     );
-    let listing = narad(&base, &["child", "list", "orders"]);
+    let listing = narad_cli(&base, &["child", "list", "orders"]);
     assert!(
         listing.contains("DEAD_LETTER") && listing.contains("orders-dlq"),
         "{listing}"
@@ -267,7 +257,7 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
 
     // Without a dead-letter topic the same kind of record stalls the link, skipping nothing;
     // naming one again lets it go on.
-    let changed = narad(
+    let changed = narad_cli(
         &base,
         &["child", "set", "orders", "copy", "--dead-letter", ""],
     );
@@ -290,7 +280,7 @@ fn a_record_the_chain_cannot_route_goes_whole_to_the_dead_letter_topic_and_the_r
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(fetch_all(&client, &base, "copy", 0).len(), 28);
-    narad(
+    narad_cli(
         &base,
         &[
             "child",
@@ -320,16 +310,7 @@ fn in_a_cluster_a_letter_goes_to_the_dead_letter_partition_on_another_node() {
     let cluster = crate::e2e::cluster::Cluster::start("dead-letter");
     let client = http_client();
     let base = cluster.url(0);
-    let deployed = client
-        .post(format!("{base}/v1/plugins?name=trap-x"))
-        .body(trap_on_x())
-        .send()
-        .expect("deploy");
-    assert!(
-        deployed.status().is_success(),
-        "deploy: {:?}",
-        deployed.text()
-    );
+    deploy_trap_on_x(&client, &base);
     // The parent's one partition on n1 (its cursor there), the child on n2, the dead-letter
     // topic on n3: the letter is a commit to another node, fenced and deduplicated there.
     cluster.create("orders", 1, json!(["n1"]));

@@ -9,7 +9,7 @@ use rand::Rng;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, fetch_all, http_client, send_json};
+use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_cli, send_json};
 
 /// How long a child may take to catch up after producers stop. Generous for a busy CI machine;
 /// a healthy daemon needs well under a second.
@@ -647,21 +647,6 @@ fn a_paused_child_stays_paused_across_a_restart_and_resumes_with_every_record_on
     let copied = values_of(&fetch_all(&client, &base, "copy", 0));
     let wanted: Vec<String> = (0..40).map(|i| format!("v{i}")).collect();
     assert_eq!(copied, wanted);
-}
-
-/// Runs the real `narad` command line against `base`; returns its standard output.
-fn narad_cli(base: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new(crate::e2e::harness::narad_binary())
-        .args([args[0], "--url", base])
-        .args(&args[1..])
-        .output()
-        .expect("run narad");
-    assert!(
-        out.status.success(),
-        "narad {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The oldest offset `topic`'s partition 0 still stores.

@@ -277,3 +277,19 @@ pub fn fetch_all(
         offset = next;
     }
 }
+
+/// Runs the real `narad` command line (`args[0]` its command) against the daemon at `base`;
+/// returns its standard output, failing the test with its standard error when it fails.
+pub fn narad_cli(base: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(narad_binary())
+        .args([args[0], "--url", base])
+        .args(&args[1..])
+        .output()
+        .expect("run narad");
+    assert!(
+        out.status.success(),
+        "narad {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,5 +1,5 @@
-//! Kafka admin on the real binary: topics created through CreateTopics by kafka-python and by
-//! librdkafka, as applications create theirs when they start.
+//! Kafka admin on the real binary: topics created (by kafka-python and by librdkafka), grown
+//! and deleted through the Kafka admin APIs, as applications manage theirs.
 
 use std::process::Command;
 
@@ -61,6 +61,42 @@ fn an_application_creates_its_topics_through_the_kafka_admin_api() {
     let (status, topic) = describe(&base, "payments");
     assert_eq!(status, 200, "{topic}");
     assert_eq!(topic["partitions"], 2, "{topic}");
+
+    // Grown to 5; the same count again is refused, as Kafka refuses it.
+    let outcome = admin(&[
+        "grow".into(),
+        bootstrap.clone(),
+        "payments".into(),
+        "5".into(),
+    ]);
+    assert_eq!(outcome["first"], "ok", "{outcome}");
+    assert_eq!(outcome["again"], "InvalidPartitionsError", "{outcome}");
+    assert_eq!(describe(&base, "payments").1["partitions"], 5);
+
+    // Deleted; a topic in a fan-out link is not, and neither is an unknown one.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::PUT,
+        &format!("{base}/v1/topics/events/children/events-copy"),
+        Some(&serde_json::json!({"partitions": 1})),
+    )
+    .expect("attach");
+    assert!((200..300).contains(&status), "{body}");
+    let outcome = admin(&[
+        "delete".into(),
+        bootstrap,
+        "payments".into(),
+        "events".into(),
+        "nothing-here".into(),
+    ]);
+    assert_eq!(outcome["payments"], "ok", "{outcome}");
+    assert_eq!(outcome["events"], "PolicyViolationError", "{outcome}");
+    assert_eq!(
+        outcome["nothing-here"], "UnknownTopicOrPartitionError",
+        "{outcome}"
+    );
+    assert_eq!(describe(&base, "payments").0, 404);
+    assert_eq!(describe(&base, "events").0, 200);
 }
 
 #[test]

@@ -42,16 +42,27 @@ fn attach(base: &str, body: &Value) -> (u16, Value) {
     .expect("attach")
 }
 
-/// Produces keyed records `v{n}` (key `k{n % 16}`) through `base` until `stop`; returns the
-/// values whose produce was acknowledged.
+/// Produces keyed records `v{n}` (key `k{n % 16}`) through `base` until `stop`, 20 per request
+/// 20 ms apart; returns the values whose produce was acknowledged.
 fn produce_until(base: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<u64>> {
+    produce_batches(base, 0, 20, Duration::from_millis(20), stop)
+}
+
+/// [`produce_until`] numbering from `first`, `batch` records per request, `pause` apart.
+fn produce_batches(
+    base: String,
+    first: u64,
+    batch: u64,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<u64>> {
     std::thread::spawn(move || {
         let client = http_client();
-        let (mut acknowledged, mut n) = (Vec::new(), 0u64);
+        let (mut acknowledged, mut n) = (Vec::new(), first);
         while !stop.load(Ordering::Relaxed) {
-            let batch: Vec<u64> = (n..n + 20).collect();
-            n += 20;
-            let records: Vec<Value> = batch
+            let values: Vec<u64> = (n..n + batch).collect();
+            n += batch;
+            let records: Vec<Value> = values
                 .iter()
                 .map(|i| json!({"key": format!("k{}", i % KEYS), "value": format!("v{i}")}))
                 .collect();
@@ -61,9 +72,9 @@ fn produce_until(base: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle
                 &format!("{base}/v1/topics/orders/records"),
                 Some(&json!({"records": records})),
             ) {
-                acknowledged.extend(batch);
+                acknowledged.extend(values);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(pause);
         }
         acknowledged
     })
@@ -368,7 +379,10 @@ fn a_remote_child_stores_each_copy_once_through_repeated_kill_9_of_its_source() 
     for round in 0..20u64 {
         let stop = Arc::new(AtomicBool::new(false));
         let producers: Vec<_> = (0..2)
-            .map(|w| produce_from(a.url(), (round * 2 + w) * 1_000_000, Arc::clone(&stop)))
+            .map(|w| {
+                let first = (round * 2 + w) * 1_000_000;
+                produce_batches(a.url(), first, 200, Duration::ZERO, Arc::clone(&stop))
+            })
             .collect();
         std::thread::sleep(Duration::from_millis(150 + 40 * (round % 5)));
         // Mid-copy: the restarted cursors send again what their offset files do not cover.
@@ -414,33 +428,4 @@ fn a_remote_child_stores_each_copy_once_through_repeated_kill_9_of_its_source() 
         records.len(),
         origins.len()
     );
-}
-
-/// [`produce_until`] numbering its records from `first`.
-fn produce_from(
-    base: String,
-    first: u64,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<u64>> {
-    std::thread::spawn(move || {
-        let client = http_client();
-        let (mut acknowledged, mut n) = (Vec::new(), first);
-        while !stop.load(Ordering::Relaxed) {
-            let batch: Vec<u64> = (n..n + 200).collect();
-            n += 200;
-            let records: Vec<Value> = batch
-                .iter()
-                .map(|i| json!({"key": format!("k{}", i % KEYS), "value": format!("v{i}")}))
-                .collect();
-            if let Ok((200, _)) = send_json(
-                &client,
-                Method::POST,
-                &format!("{base}/v1/topics/orders/records"),
-                Some(&json!({"records": records})),
-            ) {
-                acknowledged.extend(batch);
-            }
-        }
-        acknowledged
-    })
 }

@@ -7,6 +7,13 @@ create BOOTSTRAP NAME PARTITIONS RETENTION_MS
 
 create-librdkafka BOOTSTRAP NAME PARTITIONS
     confluent-kafka's AdminClient.create_topics (librdkafka). Prints {"result": "ok" | error}.
+
+grow BOOTSTRAP NAME COUNT
+    kafka-python's create_partitions to COUNT, then to COUNT again. Prints {"first": ...,
+    "again": ...} as create does.
+
+delete BOOTSTRAP NAME...
+    kafka-python's delete_topics, one call per name. Prints {"NAME": "ok" | error class}.
 """
 
 import json
@@ -51,12 +58,47 @@ def librdkafka(bootstrap, name, partitions):
     print(json.dumps({"result": result}), flush=True)
 
 
+def grow(bootstrap, name, count):
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewPartitions
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    outcome = {}
+    for attempt in ("first", "again"):
+        try:
+            admin.create_partitions({name: NewPartitions(total_count=count)})
+            outcome[attempt] = "ok"
+        except Exception as e:
+            outcome[attempt] = type(e).__name__
+    admin.close()
+    print(json.dumps(outcome), flush=True)
+
+
+def delete(bootstrap, names):
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    outcome = {}
+    for name in names:
+        try:
+            admin.delete_topics([name])
+            outcome[name] = "ok"
+        except Exception as e:
+            outcome[name] = type(e).__name__
+    admin.close()
+    print(json.dumps(outcome), flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "create":
         kafka_python(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif mode == "create-librdkafka":
         librdkafka(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif mode == "grow":
+        grow(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif mode == "delete":
+        delete(sys.argv[2], sys.argv[3:])
     else:
         raise SystemExit(f"unknown mode {mode}")
 
