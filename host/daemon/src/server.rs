@@ -354,8 +354,8 @@ pub async fn run_server(
     // the config (zeros when the listener is off).
     let kafka_metrics = Arc::new(crate::kafka::metrics::KafkaMetrics::default());
     kafka_metrics.register(&mut registry);
-    let kafka = kafka_listener.map(|listener| {
-        let metrics = kafka_metrics;
+    // The consumer groups come with the Kafka listener; the HTTP API lists them too.
+    let groups = kafka_listener.as_ref().map(|_| {
         let coordinator = Arc::new(crate::groups::Coordinator::new(
             Arc::clone(&store),
             Arc::clone(&producer),
@@ -365,27 +365,32 @@ pub async fn run_server(
             config.groups,
         ));
         coordinator.spawn(shutdown.clone());
-        let deps = Arc::new(
-            crate::kafka::KafkaDeps::new(
-                config.limits.clone(),
-                Arc::clone(&store),
-                Arc::clone(&metastore),
-                Arc::clone(&producer),
-                Arc::clone(&ownership),
-                shutdown.clone(),
-                metrics,
-            )
-            .with_admin(
-                Arc::clone(&topics),
-                match config.auth_token {
-                    Some(_) => crate::kafka::admin::AdminAccess::TokenRequired,
-                    None => crate::kafka::admin::AdminAccess::Open,
-                },
-            )
-            .with_cluster(cluster.clone())
-            .with_groups(coordinator)
-            .advertising(config.kafka_advertise.clone()),
-        );
+        coordinator
+    });
+    let kafka = kafka_listener.map(|listener| {
+        let metrics = kafka_metrics;
+        let mut deps = crate::kafka::KafkaDeps::new(
+            config.limits.clone(),
+            Arc::clone(&store),
+            Arc::clone(&metastore),
+            Arc::clone(&producer),
+            Arc::clone(&ownership),
+            shutdown.clone(),
+            metrics,
+        )
+        .with_admin(
+            Arc::clone(&topics),
+            match config.auth_token {
+                Some(_) => crate::kafka::admin::AdminAccess::TokenRequired,
+                None => crate::kafka::admin::AdminAccess::Open,
+            },
+        )
+        .with_cluster(cluster.clone())
+        .advertising(config.kafka_advertise.clone());
+        if let Some(coordinator) = &groups {
+            deps = deps.with_groups(Arc::clone(coordinator));
+        }
+        let deps = Arc::new(deps);
         let options = crate::kafka::connection::ListenOptions {
             max_connections: config.http.max_connections.unwrap_or_else(|| {
                 crate::fdlimit::default_max_connections(crate::fdlimit::current(), listeners)
@@ -450,6 +455,7 @@ pub async fn run_server(
         _ => None,
     };
     let state = AppState::new(AppInner {
+        groups,
         mover,
         recreator,
         limits: config.limits.clone(),

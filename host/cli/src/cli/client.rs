@@ -225,6 +225,21 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/groups`.
+    pub async fn list_groups(&self) -> Result<narad_host::api::groups::GroupList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/groups", None, None)
+            .await
+    }
+
+    /// `GET /v1/groups/{group}`.
+    pub async fn describe_group(
+        &self,
+        group: &str,
+    ) -> Result<narad_host::api::groups::GroupInfo, ApiCallError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/groups/{group}"), None, None)
+            .await
+    }
+
     /// `POST` (`on`) or `DELETE /v1/nodes/{id}/cordon`.
     pub async fn cordon(
         &self,

@@ -37,6 +37,7 @@ pub mod completions;
 pub mod consume;
 pub mod demo;
 pub mod duration;
+pub mod group;
 pub mod human;
 pub mod logging;
 pub mod node;
@@ -97,6 +98,8 @@ pub enum Command {
     Admin(admin::AdminArgs),
     /// List the live nodes of a cluster, or drain one (cluster mode: narad serve --etcd ...).
     Node(node::NodeArgs),
+    /// List the Kafka consumer groups, or show one's members, offsets and lag.
+    Group(group::GroupArgs),
     /// Move a partition to another node (cluster mode).
     Partition(partition::PartitionArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
@@ -168,6 +171,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Topic(args) => topic::run(args).await,
         Command::Node(args) => node::run(args).await,
+        Command::Group(args) => group::run(args).await,
         Command::Partition(args) => partition::run(args).await,
         Command::Produce(args) => produce::run(args).await,
         Command::Consume(args) => consume::run(args).await,

@@ -32,6 +32,7 @@ pub mod error;
 pub(crate) mod extract;
 pub(crate) mod forward;
 pub mod gaps;
+pub mod groups;
 pub(crate) mod health;
 pub(crate) mod internal;
 pub(crate) mod metrics;
@@ -101,6 +102,8 @@ pub struct AppInner {
     /// Runs this node's side of forced re-creations of a dead node's partitions (cluster
     /// mode).
     pub(crate) recreator: Option<Arc<crate::cluster::recreate::Recreator>>,
+    /// The Kafka listener's consumer groups (`None` without `--kafka-listen`).
+    pub(crate) groups: Option<Arc<crate::groups::Coordinator>>,
 }
 
 impl AppState {
@@ -182,6 +185,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(nodes::list))
+        .route("/v1/groups", get(groups::list))
+        .route("/v1/groups/{group}", get(groups::describe))
         .route(
             "/v1/nodes/{id}/cordon",
             post(nodes::cordon).delete(nodes::uncordon),

@@ -68,10 +68,34 @@ fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coor
     committed.retain(|_, offset| *offset > 0);
     assert_eq!(committed, next_offsets("orders", &both));
 
+    // An operator asks any node: the listing gathers the coordinators' groups, and the
+    // description comes from the coordinator, with the lag of partitions on all three nodes.
+    produce(&cluster.url(others[0]), "orders", 200..210);
+    let asked = cluster.url(others[1]);
+    let listed = crate::e2e::harness::narad_cli(&asked, &["group", "--json", "list"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("group list JSON");
+    let coordinator_id = format!("n{}", coordinator + 1);
+    assert!(
+        listed["groups"].as_array().is_some_and(|g| g
+            .iter()
+            .any(|g| g["group"] == "billing" && g["node"] == coordinator_id.as_str())),
+        "{listed}"
+    );
+    let (status, info) = crate::e2e::harness::send_json(
+        &crate::e2e::harness::http_client(),
+        reqwest::Method::GET,
+        &format!("{asked}/v1/groups/billing"),
+        None,
+    )
+    .expect("describe");
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["node"], coordinator_id.as_str(), "{info}");
+    assert_eq!(info["total_lag"], 10, "{info}");
+
     // The coordinator dies and comes back: the group's offsets are on its disk, durable.
     cluster.nodes[coordinator].restart();
     cluster.wait_for_nodes(3);
-    produce(&cluster.url(others[0]), "orders", 200..230);
+    produce(&cluster.url(others[0]), "orders", 210..230);
     let c = Member::start_on(
         &kafka[others[1]],
         "orders",

@@ -520,3 +520,91 @@ fn a_zombie_members_commit_after_the_group_moved_on_is_refused() {
         "what the successor committed stands"
     );
 }
+
+/// `GET /v1/groups/{group}`.
+fn group_info(base: &str, group: &str) -> Value {
+    let (status, body) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{base}/v1/groups/{group}"),
+        None,
+    )
+    .expect("describe group");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[test]
+fn an_operator_sees_each_groups_members_offsets_and_lag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    let base = kafka.daemon.url();
+    create_topic(&base, "orders", 2);
+    let listed = crate::e2e::harness::narad_cli(&base, &["group", "list"]);
+    assert!(listed.contains("no consumer groups"), "{listed}");
+
+    produce(&base, "orders", 0..50);
+    let member = Member::start(&kafka, "orders", "billing", 3);
+    wait_for("the member to read every record", || {
+        member.records().len() >= 50
+    });
+    // While it is a member: listed with both partitions, and nothing left to read once its
+    // commits are in.
+    let mut info = Value::Null;
+    wait_for("its commits to cover the topic", || {
+        info = group_info(&base, "billing");
+        info["total_lag"] == 0 && info["offsets"].as_array().is_some_and(|o| o.len() == 2)
+    });
+    assert_eq!(info["state"], "Stable", "{info}");
+    let members = info["members"].as_array().expect("members");
+    assert_eq!(members.len(), 1, "{info}");
+    assert_eq!(
+        members[0]["assigned"],
+        json!(["orders/0", "orders/1"]),
+        "{info}"
+    );
+    let read = member.finish();
+
+    // Gone, with 30 records produced since its last commit: they are the lag.
+    produce(&base, "orders", 50..80);
+    let info = group_info(&base, "billing");
+    assert_eq!(info["state"], "Empty", "{info}");
+    assert_eq!(info["total_lag"], 30, "{info}");
+    let committed: BTreeMap<String, i64> = info["offsets"]
+        .as_array()
+        .expect("offsets")
+        .iter()
+        .map(|o| {
+            (
+                format!("{}/{}", o["topic"].as_str().unwrap_or(""), o["partition"]),
+                o["committed"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(committed, next_offsets("orders", &read));
+    let lags: u64 = info["offsets"]
+        .as_array()
+        .expect("offsets")
+        .iter()
+        .map(|o| {
+            let (end, at) = (o["high_watermark"].as_u64(), o["committed"].as_u64());
+            assert_eq!(o["lag"].as_u64(), end.zip(at).map(|(e, c)| e - c), "{o}");
+            o["lag"].as_u64().unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(lags, 30);
+
+    let described = crate::e2e::harness::narad_cli(&base, &["group", "describe", "billing"]);
+    assert!(described.contains("group billing: Empty"), "{described}");
+    assert!(described.contains("total lag 30"), "{described}");
+    let listed = crate::e2e::harness::narad_cli(&base, &["group", "list"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains("billing") && l.contains("Empty")),
+        "{listed}"
+    );
+    let unknown = group_info(&base, "nobody");
+    assert_eq!(unknown["state"], "Dead", "{unknown}");
+    assert_eq!(unknown["offsets"], json!([]), "{unknown}");
+}

@@ -1,0 +1,269 @@
+//! Consumer groups over HTTP, for operators: which groups there are, and per group its members
+//! and how far each committed offset is behind its partition's end (the lag).
+//!
+//! The groups are the Kafka listener's ([`crate::groups`]): without `--kafka-listen` there are
+//! none, and these routes answer 404 saying so. In cluster mode a group lives on the node that
+//! owns its offsets partition: the listing gathers every such node's groups, and a group's
+//! description is asked of its coordinator.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiPath, ApiQuery};
+use crate::groups::{Coordinator, GroupError};
+
+/// One group of the listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSummary {
+    /// Group id.
+    pub group: String,
+    /// `Stable`, `PreparingRebalance`, `CompletingRebalance` or `Empty` (offsets only).
+    pub state: String,
+    /// Cluster mode: the coordinator node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// `GET /v1/groups` answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GroupList {
+    /// Every group known, by id.
+    pub groups: Vec<GroupSummary>,
+    /// Cluster mode: nodes that did not answer (their groups are missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unanswered: Vec<String>,
+}
+
+/// A member of a described group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupMember {
+    /// Member id.
+    pub member_id: String,
+    /// The client's `client.id`.
+    pub client_id: String,
+    /// The client's address.
+    pub client_host: String,
+    /// The partitions its assignment names, `topic/partition`.
+    pub assigned: Vec<String>,
+}
+
+/// One committed offset of a described group, with its lag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupOffset {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// The next offset the group reads.
+    pub committed: i64,
+    /// The partition's high watermark; `None` when its owner could not be asked.
+    pub high_watermark: Option<u64>,
+    /// Records between the committed offset and the end (0 when the commit is at or past it).
+    pub lag: Option<u64>,
+    /// When it was committed (the coordinator's clock, Unix ms).
+    pub committed_at_ms: i64,
+}
+
+/// `GET /v1/groups/{group}` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// Group id.
+    pub group: String,
+    /// Its state (`Dead` for a group with neither members nor offsets).
+    pub state: String,
+    /// The chosen assignor (empty without members).
+    pub protocol: String,
+    /// Members.
+    pub members: Vec<GroupMember>,
+    /// Committed offsets with their lag, by topic and partition.
+    pub offsets: Vec<GroupOffset>,
+    /// The sum of the known lags.
+    pub total_lag: u64,
+    /// Cluster mode: the coordinator node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// `?local=true`: only this node's groups (what nodes ask each other).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupQuery {
+    /// Only this node.
+    #[serde(default)]
+    pub local: bool,
+}
+
+fn coordinator(state: &AppState) -> Result<&Arc<Coordinator>, ApiError> {
+    state.groups.as_ref().ok_or_else(|| {
+        ApiError::not_found(
+            "this daemon has no consumer groups: they come with the Kafka listener (--kafka-listen)",
+        )
+    })
+}
+
+fn unavailable(error: GroupError) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string()).retry_after(1)
+}
+
+/// `GET /v1/groups`: every group, on every coordinator in cluster mode.
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<GroupQuery>,
+) -> Result<Json<GroupList>, ApiError> {
+    let coordinator = coordinator(&state)?;
+    let node = state.cluster.as_ref().map(|c| c.node_id().to_owned());
+    let mut listing = GroupList {
+        groups: coordinator
+            .list()
+            .await
+            .map_err(unavailable)?
+            .into_iter()
+            .map(|g| GroupSummary {
+                group: g.group,
+                state: g.state.to_owned(),
+                node: node.clone(),
+            })
+            .collect(),
+        unanswered: Vec::new(),
+    };
+    if let (Some(cluster), false) = (&state.cluster, query.local)
+        && let Some(topic) = state.metastore.topic(crate::groups::offsets::TOPIC).await?
+    {
+        let answers: Vec<(String, Result<GroupList, String>)> =
+            super::internal::ask_other_owners(cluster, &topic, "/v1/groups?local=true").await;
+        for (node, answer) in answers {
+            match answer {
+                Ok(theirs) => listing.groups.extend(theirs.groups),
+                Err(_) => listing.unanswered.push(node),
+            }
+        }
+    }
+    listing.groups.sort_by(|a, b| a.group.cmp(&b.group));
+    Ok(Json(listing))
+}
+
+/// `GET /v1/groups/{group}`: members, committed offsets and lag, from the group's coordinator.
+pub(crate) async fn describe(
+    State(state): State<AppState>,
+    ApiPath(group): ApiPath<String>,
+) -> Result<Json<GroupInfo>, ApiError> {
+    let coordinator = coordinator(&state)?;
+    if let Some(cluster) = &state.cluster {
+        let owner = coordinator
+            .coordinator_of(&group)
+            .await
+            .map_err(unavailable)?;
+        match owner {
+            Some(node) if node.0 != cluster.node_id() => {
+                let path = format!("/v1/groups/{group}");
+                return super::internal::peer_get(cluster, &node.0, &path)
+                    .await
+                    .map(Json)
+                    .map_err(|reason| {
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "the coordinator of group {group:?}, node {}, {reason}",
+                                node.0
+                            ),
+                        )
+                        .retry_after(1)
+                    });
+            }
+            Some(_) => {}
+            None => {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("group {group:?} has no coordinator now (its offsets partition has no owner)"),
+                )
+                .retry_after(1));
+            }
+        }
+    }
+    let described = coordinator.describe(&group).await.map_err(unavailable)?;
+    let committed = coordinator.fetch(&group, None).await.map_err(unavailable)?;
+    // The end of every partition with a commit, one gathering per topic.
+    let mut by_topic: BTreeMap<String, Vec<(u32, i64, i64)>> = BTreeMap::new();
+    for c in committed {
+        if let Ok(p) = u32::try_from(c.partition) {
+            by_topic
+                .entry(c.topic)
+                .or_default()
+                .push((p, c.offset, c.commit_ms));
+        }
+    }
+    let mut offsets = Vec::new();
+    for (topic, commits) in by_topic {
+        let partitions = state
+            .metastore
+            .topic(&topic)
+            .await?
+            .map_or(0, |t| t.partitions);
+        let bounds = super::internal::gather_bounds(&state, &topic, partitions)
+            .await
+            .unwrap_or_default();
+        for (partition, committed, at) in commits {
+            let high = bounds.get(partition as usize).map(|b| b.high_watermark);
+            offsets.push(GroupOffset {
+                topic: topic.clone(),
+                partition,
+                committed,
+                high_watermark: high,
+                lag: high.map(|h| h.saturating_sub(u64::try_from(committed).unwrap_or(0))),
+                committed_at_ms: at,
+            });
+        }
+    }
+    offsets.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(Json(GroupInfo {
+        total_lag: offsets.iter().filter_map(|o| o.lag).sum(),
+        group,
+        state: described.state.to_owned(),
+        protocol: described.protocol,
+        members: described
+            .members
+            .into_iter()
+            .map(|m| GroupMember {
+                assigned: assigned_partitions(&m.assignment),
+                member_id: m.member_id,
+                client_id: m.client_id,
+                client_host: m.client_host,
+            })
+            .collect(),
+        offsets,
+        node: state.cluster.as_ref().map(|c| c.node_id().to_owned()),
+    }))
+}
+
+/// The `topic/partition`s a consumer-protocol assignment names (empty when it is not one).
+fn assigned_partitions(assignment: &[u8]) -> Vec<String> {
+    use kafka_protocol::messages::ConsumerProtocolAssignment;
+    use kafka_protocol::protocol::Decodable;
+    let mut buf = bytes::Bytes::copy_from_slice(assignment);
+    if buf.len() < 2 {
+        return Vec::new();
+    }
+    let version = i16::from_be_bytes([buf[0], buf[1]]);
+    let _ = bytes::Buf::get_i16(&mut buf);
+    let Ok(decoded) = ConsumerProtocolAssignment::decode(&mut buf, version.clamp(0, 3)) else {
+        return Vec::new();
+    };
+    let mut named: Vec<String> = decoded
+        .assigned_partitions
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| format!("{}/{p}", t.topic.0))
+        })
+        .collect();
+    named.sort();
+    named
+}
