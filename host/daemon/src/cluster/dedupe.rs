@@ -202,7 +202,44 @@ pub(crate) fn without_held(batch: AppendBatch, keep: &[bool]) -> (Option<AppendB
     (Some(batch), dropped)
 }
 
-/// Bytes read per step by [`stored_at`].
+/// Calls `each` with every record among the last `count` of `id`, oldest first (from the log
+/// start when fewer are stored), read a few MiB at a time: how a window is filled again from
+/// a partition's tail.
+pub(crate) fn for_each_tail_record(
+    store: &Store,
+    id: &PartitionId,
+    count: usize,
+    mut each: impl FnMut(StoredRecord),
+) -> Result<(), StorageError> {
+    let end = store.high_watermark(id)?;
+    let mut offset = end.saturating_sub(count as u64);
+    loop {
+        let read = match store.read(
+            id,
+            &ReadOptions {
+                offset,
+                max_records: count,
+                max_bytes: STORED_AT_READ_BYTES,
+                max_committed_at_ms: None,
+            },
+        ) {
+            Ok(read) => read,
+            // Aged out below the start: begin at the oldest record still stored.
+            Err(StorageError::OffsetBelowLogStart { log_start, .. }) if log_start > offset => {
+                offset = log_start;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        read.records.into_iter().for_each(&mut each);
+        if read.next_offset >= read.high_watermark || read.next_offset == offset {
+            return Ok(());
+        }
+        offset = read.next_offset;
+    }
+}
+
+/// Bytes read per step by [`stored_at`] and [`for_each_tail_record`].
 const STORED_AT_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// The records `id` stores at `offsets` (those still stored: an offset below the log start

@@ -21,10 +21,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use narad_storage::{EncodedBatch, PartitionId, ReadOptions, StorageError, Store, StoredRecord};
+use narad_storage::{EncodedBatch, PartitionId, StorageError, Store, StoredRecord};
 
 use super::commit_wire::{CommitRequest, CommitResponse};
-use super::dedupe::{OriginWindow, WINDOW_ORIGINS, same_content, stored_at, without_held};
+use super::dedupe::{
+    OriginWindow, WINDOW_ORIGINS, for_each_tail_record, same_content, stored_at, without_held,
+};
 use crate::metastore::PartitionOwner;
 
 /// Who owns a partition, with its generation, as this node's metadata says.
@@ -77,9 +79,6 @@ enum Plan {
 
 /// A partition's window, with the ownership generation it was built for.
 type GenerationWindow = (u64, OriginWindow);
-
-/// Bytes read per step while rebuilding a window from a partition's tail.
-const REBUILD_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// Applies child commits addressed to this node.
 pub(crate) struct CommitReceiver {
@@ -520,38 +519,12 @@ impl CommitReceiver {
 
     /// The window of `id`, from its last [`WINDOW_ORIGINS`] records.
     fn rebuild(&self, id: &PartitionId) -> Result<OriginWindow, StorageError> {
-        let end = self.store.high_watermark(id)?;
-        let capacity = self.window_capacity as u64;
-        let mut offset = end.saturating_sub(capacity);
         let mut origins = Vec::new();
-        loop {
-            let read = match self.store.read(
-                id,
-                &ReadOptions {
-                    offset,
-                    max_records: self.window_capacity,
-                    max_bytes: REBUILD_READ_BYTES,
-                    max_committed_at_ms: None,
-                },
-            ) {
-                Ok(read) => read,
-                // Aged out below the start: begin at the oldest record still stored.
-                Err(StorageError::OffsetBelowLogStart { log_start, .. }) => {
-                    offset = log_start;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            origins.extend(
-                read.records
-                    .into_iter()
-                    .filter_map(|r| r.origin.map(|origin| (origin, r.offset))),
-            );
-            if read.next_offset >= read.high_watermark || read.next_offset == offset {
-                break;
+        for_each_tail_record(&self.store, id, self.window_capacity, |r| {
+            if let Some(origin) = r.origin {
+                origins.push((origin, r.offset));
             }
-            offset = read.next_offset;
-        }
+        })?;
         Ok(OriginWindow::rebuild(
             self.window_capacity,
             origins.iter().map(|(origin, at)| (origin, *at)),
@@ -585,7 +558,9 @@ fn failed(e: &StorageError) -> CommitResponse {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use narad_storage::{AppendBatch, BatchOrigin, LogConfig, NewRecord, StoreOptions};
+    use narad_storage::{
+        AppendBatch, BatchOrigin, LogConfig, NewRecord, ReadOptions, StoreOptions,
+    };
 
     use super::*;
 

@@ -17,18 +17,15 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use narad_storage::{AppendBatch, NewRecord, PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{AppendBatch, NewRecord, PartitionId, StorageError, Store};
 
-use crate::cluster::dedupe::{same_content, stored_at};
+use crate::cluster::dedupe::{for_each_tail_record, same_content, stored_at};
 
 /// The header a remote child's copy names its origin in.
 pub(crate) const ORIGIN_HEADER: &str = "narad-origin";
 
 /// Origin headers remembered per partition: as many as a child partition's window of origins.
 pub(crate) const WINDOW_COPIES: usize = crate::cluster::dedupe::WINDOW_ORIGINS;
-
-/// Bytes read per step while filling a window from a partition's tail.
-const REBUILD_READ_BYTES: usize = 4 * 1024 * 1024;
 
 /// The origin header of `record`, if it has one.
 fn origin_of(record: &NewRecord) -> Option<&[u8]> {
@@ -181,36 +178,12 @@ impl CopyWindows {
 
     /// The window of `id`, from the origin headers of its last records.
     fn rebuild(&self, store: &Store, id: &PartitionId) -> Result<Window, StorageError> {
-        let end = store.high_watermark(id)?;
-        let mut offset = end.saturating_sub(self.capacity as u64);
         let mut window = Window::default();
-        loop {
-            let read = match store.read(
-                id,
-                &ReadOptions {
-                    offset,
-                    max_records: self.capacity,
-                    max_bytes: REBUILD_READ_BYTES,
-                    max_committed_at_ms: None,
-                },
-            ) {
-                Ok(read) => read,
-                Err(StorageError::OffsetBelowLogStart { log_start, .. }) if log_start > offset => {
-                    offset = log_start;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            for record in &read.records {
-                if let Some(h) = record.headers.iter().find(|h| h.name == ORIGIN_HEADER) {
-                    window.remember(key_of(&h.value), record.offset, self.capacity);
-                }
+        for_each_tail_record(store, id, self.capacity, |record| {
+            if let Some(h) = record.headers.iter().find(|h| h.name == ORIGIN_HEADER) {
+                window.remember(key_of(&h.value), record.offset, self.capacity);
             }
-            if read.next_offset >= read.high_watermark || read.next_offset == offset {
-                break;
-            }
-            offset = read.next_offset;
-        }
+        })?;
         Ok(window)
     }
 }
