@@ -296,9 +296,11 @@ pub enum MetastoreError {
         /// The name.
         name: String,
     },
-    /// A delete that was not to remove links found the topic in some.
+    /// A delete that was not to remove links found the topic in some (as parent, child, or
+    /// dead-letter topic).
     #[error(
-        "topic {name:?} has fan-out links ({}); deleting it removes them",
+        "topic {name:?} has fan-out links ({}); deleting it removes them (a link that only \
+         sends its dead letters to it stays, without a dead-letter topic)",
         link_list(links)
     )]
     TopicHasLinks {

@@ -258,11 +258,12 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             if !s.topics.contains_key(&name) {
                 return Err(MetastoreError::UnknownTopic { name });
             }
+            let letters_here = |l: &LinkMeta| l.dead_letter.as_deref() == Some(name.as_str());
             if !remove_links {
                 let links: Vec<(String, String)> = s
                     .links
                     .iter()
-                    .filter(|(ends, l)| link_names_topic(ends, l, &name))
+                    .filter(|(ends, l)| link_names_topic(ends, l, &name) || letters_here(l))
                     .map(|(ends, _)| ends.clone())
                     .collect();
                 if !links.is_empty() {
@@ -274,8 +275,14 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             };
             let before = s.links.len();
             s.links.retain(|ends, l| !link_names_topic(ends, l, &name));
+            // A link that only sends its dead letters here stays, without a dead-letter topic.
+            let mut letters_cleared = false;
+            for link in s.links.values_mut().filter(|l| letters_here(l)) {
+                link.dead_letter = None;
+                letters_cleared = true;
+            }
             let mut domains = vec![Domain::Topics];
-            if s.links.len() != before {
+            if s.links.len() != before || letters_cleared {
                 domains.push(Domain::Links);
             }
             Ok((Outcome::Topic(topic), domains))
@@ -1095,6 +1102,26 @@ mod tests {
         assert_eq!(named(&state).as_deref(), Some("dlq"));
         apply(&mut state, dead_letter(None)).unwrap();
         assert_eq!(named(&state), None);
+        // A dead-letter topic in use is not deleted unseen: refused without force; with force
+        // the link stays and loses its dead-letter topic.
+        apply(&mut state, dead_letter(Some("dlq"))).unwrap();
+        let delete = |remove_links: bool| Change::DeleteTopic {
+            name: "dlq".into(),
+            remove_links,
+        };
+        let err = apply(&mut state, delete(false)).unwrap_err();
+        assert!(
+            matches!(&err, MetastoreError::TopicHasLinks { links, .. }
+                if links == &[("p".to_owned(), "c".to_owned())]),
+            "{err}"
+        );
+        apply(&mut state, delete(true)).unwrap();
+        assert_eq!(
+            named(&state),
+            None,
+            "the link stays, without a dead-letter topic"
+        );
+        apply(&mut state, Change::CreateTopic(topic("dlq", 1))).unwrap();
 
         let before = state.clone();
         for bad in [
