@@ -586,3 +586,14 @@ fn a_data_dir_that_cannot_be_made_is_said_once_with_its_cause_once() {
         "the cause is said once: {line}"
     );
 }
+
+#[test]
+fn narad_group_on_a_daemon_without_the_kafka_listener_says_where_groups_come_from() {
+    let (_dir, daemon) = daemon();
+    let out = narad(&daemon.url(), &["group", "list"], b"");
+    assert!(!out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--kafka-listen"), "{}", stderr(&out));
+    let out = narad(&daemon.url(), &["group", "describe", "billing"], b"");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--kafka-listen"), "{}", stderr(&out));
+}
