@@ -49,6 +49,22 @@ mod code {
     pub(super) const UNKNOWN_TOPIC_ID: i16 = 100;
 }
 
+/// Most topics one admin request changes: each is a metadata write and directories on disk,
+/// so a single request naming thousands (its frame allows that many) would hold the node's
+/// topic administration for all of them. The rest are refused (INVALID_REQUEST), unchanged.
+pub(crate) const MAX_TOPICS_PER_REQUEST: usize = 100;
+
+/// The refusal of a topic past [`MAX_TOPICS_PER_REQUEST`] in its request.
+fn too_many() -> Refusal {
+    (
+        code::INVALID_REQUEST,
+        format!(
+            "a request changes at most {MAX_TOPICS_PER_REQUEST} topics; send the others in \
+             another request"
+        ),
+    )
+}
+
 /// Partitions of a topic created without a count (`num_partitions: -1`): Kafka's default
 /// `num.partitions`.
 const DEFAULT_PARTITIONS: u32 = 1;
@@ -88,9 +104,11 @@ pub(crate) async fn create_topics(
         .filter(|name| !names.insert(name.clone()))
         .collect();
     let mut response = CreateTopicsResponse::default();
-    for topic in req.topics {
+    for (i, topic) in req.topics.into_iter().enumerate() {
         let name = topic.name.0.to_string();
-        let outcome = if repeated.contains(&name) {
+        let outcome = if i >= MAX_TOPICS_PER_REQUEST {
+            Err(too_many())
+        } else if repeated.contains(&name) {
             Err((
                 code::INVALID_REQUEST,
                 format!("topic {name:?} is named more than once in the request"),
@@ -152,9 +170,10 @@ pub(crate) async fn delete_topics(
         false => req.topics.into_iter().map(|t| t.name).collect(),
     };
     let mut response = DeleteTopicsResponse::default();
-    for name in named {
+    for (i, name) in named.into_iter().enumerate() {
         let mut result = DeletableTopicResult::default();
         let outcome = match &name {
+            _ if i >= MAX_TOPICS_PER_REQUEST => Err(too_many()),
             None => Err((
                 code::UNKNOWN_TOPIC_ID,
                 "narad topics have no ids: name the topic".to_owned(),
@@ -185,10 +204,11 @@ pub(crate) async fn create_partitions(
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let mut response = CreatePartitionsResponse::default();
-    for topic in req.topics {
+    for (i, topic) in req.topics.into_iter().enumerate() {
         let mut result = CreatePartitionsTopicResult::default();
         let name = topic.name.0.to_string();
         let outcome = match topic.assignments {
+            _ if i >= MAX_TOPICS_PER_REQUEST => Err(too_many()),
             Some(_) => Err((
                 code::INVALID_REPLICA_ASSIGNMENT,
                 "replica assignments are not taken: narad places partitions itself".to_owned(),
@@ -372,9 +392,62 @@ fn refusal(error: TopicError) -> Refusal {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use kafka_protocol::messages::create_topics_request::CreatableTopicConfig;
+    use narad_storage::{Store, StoreOptions};
 
     use super::*;
+    use crate::metastore::{FileMetastore, Metastore};
+    use crate::ownership::{PartitionOwnership, SingleNode};
+    use crate::produce::Producer;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_request_naming_ten_thousand_topics_changes_at_most_the_first_hundred() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+        let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir.path()).unwrap());
+        let producer = Arc::new(Producer::new(Arc::clone(&store)));
+        let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
+        let topics = Arc::new(crate::topics::TopicService::new(
+            Arc::clone(&store),
+            Arc::clone(&metastore),
+            producer.clone(),
+            1 << 20,
+        ));
+        let (_trigger, shutdown) = crate::shutdown::channel();
+        let deps = KafkaDeps::new(
+            crate::config::Limits::default(),
+            store,
+            Arc::clone(&metastore),
+            producer,
+            ownership,
+            shutdown,
+            Arc::new(super::super::metrics::KafkaMetrics::default()),
+        )
+        .with_admin(topics, AdminAccess::Open);
+        let mut req = CreateTopicsRequest::default();
+        req.topics = (0..10_000)
+            .map(|i| {
+                let mut topic = CreatableTopic::default();
+                topic.name = TopicName(StrBytes::from_string(format!("t{i}")));
+                topic.num_partitions = 1;
+                topic.replication_factor = -1;
+                topic
+            })
+            .collect();
+        let answer = create_topics(&deps, req, 5).await;
+        assert_eq!(answer.topics.len(), 10_000, "every topic answered");
+        let created = answer.topics.iter().filter(|t| t.error_code == 0).count();
+        assert_eq!(created, MAX_TOPICS_PER_REQUEST);
+        assert!(
+            answer.topics[MAX_TOPICS_PER_REQUEST..]
+                .iter()
+                .all(|t| t.error_code == code::INVALID_REQUEST)
+        );
+        let snapshot = metastore.snapshot().await.unwrap();
+        assert_eq!(snapshot.topics.len(), MAX_TOPICS_PER_REQUEST);
+    }
 
     fn topic(configs: &[(&'static str, Option<&'static str>)]) -> CreatableTopic {
         let mut topic = CreatableTopic::default();
