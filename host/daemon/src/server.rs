@@ -332,6 +332,7 @@ pub async fn run_server(
                     as Arc<dyn crate::fanout::position::RemoteTails>
             }),
             node: cluster.as_ref().map(|context| context.node_id().to_owned()),
+            leave_out_held: true,
         });
         let registry_for_loader = Arc::clone(&plugins);
         let routers = Arc::new(

@@ -570,7 +570,7 @@ pub async fn run_fanout(options: FanoutOptions) -> Result<FanoutReport, BenchErr
 
 /// Waits until every cursor's position reached its parent partition's high watermark;
 /// returns when each got there, measured from `start`.
-async fn wait_for_copy(
+pub(super) async fn wait_for_copy(
     cursors: &[RunningCursor],
     high: &[u64],
     start: Instant,

@@ -219,6 +219,7 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
         timing: narad_host::fanout::FanoutTiming::default(),
         remote_tails: None,
         node: None,
+        leave_out_held: true,
     });
     let mut reconciler = Reconciler::new(
         deps,

@@ -34,6 +34,7 @@ pub mod fill;
 pub mod idle;
 pub mod latency;
 pub mod metadata;
+pub mod once;
 pub mod produce;
 pub mod progress;
 pub mod raw_append;

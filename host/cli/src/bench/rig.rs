@@ -114,6 +114,9 @@ pub struct Rig {
     pub committer: Arc<CountingCommitter>,
     /// What every cursor uses.
     pub deps: Arc<CursorDeps>,
+    /// The same without the check that leaves out records a child already holds
+    /// ([`CursorDeps::leave_out_held`]): the baseline of `narad bench once`.
+    pub deps_without_held_check: Arc<CursorDeps>,
     /// The fan-out series the cursors update.
     pub metrics: Arc<FanoutMetrics>,
     routers: WasmRouterFactory,
@@ -167,16 +170,20 @@ impl Rig {
             commits: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
         });
-        let deps = Arc::new(CursorDeps {
-            store: Arc::clone(&store),
-            fs: Arc::new(fs.clone()),
-            committer: Arc::clone(&committer) as Arc<dyn ChildCommitter>,
-            metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
-            clock: Arc::new(SystemClock) as Arc<dyn Clock>,
-            timing,
-            remote_tails: None,
-            node: None,
-        });
+        let deps_of = |leave_out_held: bool| {
+            Arc::new(CursorDeps {
+                store: Arc::clone(&store),
+                fs: Arc::new(fs.clone()),
+                committer: Arc::clone(&committer) as Arc<dyn ChildCommitter>,
+                metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+                clock: Arc::new(SystemClock) as Arc<dyn Clock>,
+                timing,
+                remote_tails: None,
+                node: None,
+                leave_out_held,
+            })
+        };
+        let (deps, deps_without_held_check) = (deps_of(true), deps_of(false));
         let loader = Arc::clone(&registry);
         let routers = WasmRouterFactory::new(Arc::new(move |digest: &str| {
             loader.load(digest).map_err(Into::into)
@@ -188,6 +195,7 @@ impl Rig {
             registry,
             committer,
             deps,
+            deps_without_held_check,
             metrics: Arc::new(FanoutMetrics::default()),
             routers,
         })
@@ -291,6 +299,17 @@ impl Rig {
         partition: u32,
         stop: ShutdownSignal,
     ) -> RunningCursor {
+        self.spawn_cursor_on(&self.deps, link, partition, stop)
+    }
+
+    /// [`Rig::spawn_cursor`] with `deps` (one of the rig's).
+    pub fn spawn_cursor_on(
+        &self,
+        deps: &Arc<CursorDeps>,
+        link: &Arc<LinkRuntime>,
+        partition: u32,
+        stop: ShutdownSignal,
+    ) -> RunningCursor {
         let meta = link.meta();
         let key = CursorKey {
             parent: meta.parent.clone(),
@@ -307,7 +326,7 @@ impl Rig {
             Arc::clone(&self.metrics),
         ));
         let task = tokio::spawn(run_cursor(
-            Arc::clone(&self.deps),
+            Arc::clone(deps),
             key.clone(),
             Arc::clone(link),
             Arc::clone(&status),

@@ -1,5 +1,5 @@
-//! `narad bench produce|fanout|latency|cluster|metadata`: the end-to-end benchmarks (see
-//! [`crate::bench`]). `produce`, `fanout`, `latency` and `metadata` run in this process, `cluster` starts `narad serve` processes; all
+//! `narad bench produce|fanout|latency|cluster|metadata|once`: the end-to-end benchmarks (see
+//! [`crate::bench`]). `produce`, `fanout`, `latency`, `metadata` and `once` run in this process, `cluster` starts `narad serve` processes; all
 //! run on a fresh directory (removed afterwards) and print text, or one JSON object with
 //! `--json`. Progress goes to stderr on a terminal only.
 
@@ -15,6 +15,7 @@ use crate::bench::fanout::{self, FanoutOptions, run_fanout};
 use crate::bench::idle::{self, IdleOptions, run_idle};
 use crate::bench::latency::{self, LatencyOptions, run_latency};
 use crate::bench::metadata::{self, MetadataOptions, run_metadata};
+use crate::bench::once::{self, OnceOptions, run_once};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
 use crate::bench::size::ByteSize;
 
@@ -49,6 +50,34 @@ pub enum BenchCommand {
     /// Create thousands of topics one by one in the file metastore, timing each, then time
     /// the reconciler's tick over them (skipped, full pass, orphan sweep).
     Metadata(MetadataArgs),
+    /// Copy a parent into fresh children with and without the check that leaves out records
+    /// a child already holds, and produce a remote child's copies with and without the
+    /// target's window of copies, in alternating rounds; print both ratios (goal >= 0.95).
+    Once(OnceArgs),
+}
+
+/// `narad bench once`.
+#[derive(Debug, Args)]
+pub struct OnceArgs {
+    /// Parent records copied per variant and round.
+    #[arg(long, default_value_t = once::DEFAULT_RECORDS)]
+    pub records: u64,
+    /// Partitions of the parent, the children and the target topics.
+    #[arg(long, default_value_t = once::DEFAULT_PARTITIONS)]
+    pub partitions: u32,
+    /// Rounds, each running both variants of both sides (their order swapped every round).
+    #[arg(long, default_value_t = once::DEFAULT_ROUNDS)]
+    pub rounds: u32,
+    /// Records produced per variant and round on the target side.
+    #[arg(long, default_value_t = once::DEFAULT_TARGET_RECORDS)]
+    pub target_records: u64,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `narad bench metadata`.
@@ -322,6 +351,19 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             })
             .await
             .context("bench metadata")?;
+            print(a.json, &report, || report.to_text())
+        }
+        BenchCommand::Once(a) => {
+            let report = run_once(OnceOptions {
+                records: a.records,
+                partitions: a.partitions,
+                rounds: a.rounds,
+                target_records: a.target_records,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench once")?;
             print(a.json, &report, || report.to_text())
         }
     }

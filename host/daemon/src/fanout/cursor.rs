@@ -70,6 +70,10 @@ pub struct CursorDeps {
     pub remote_tails: Option<Arc<dyn super::position::RemoteTails>>,
     /// Cluster mode: this node's id, written with every range on a cursor's gap ledger.
     pub node: Option<String>,
+    /// Whether a starting cursor leaves out of the slabs it reads again the records its child
+    /// already holds ([`super::position::Held`]). The daemon always sets it; only the
+    /// baseline of `narad bench once` runs without, to measure what the check costs.
+    pub leave_out_held: bool,
 }
 
 /// A link as the cursors of this node see it: its metadata, swapped when the link changes,
@@ -250,13 +254,14 @@ impl Cursor {
         // (0) Position: where the cursor starts, retried (stalled) until it can be opened.
         let offsets = loop {
             match position::open(&self.deps, &self.key, &self.link.meta(), &self.status).await {
-                Ok(Opened::File { offsets, held }) => {
+                Ok(Opened::File { offsets, held }) if self.deps.leave_out_held => {
                     *self
                         .held
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) = held;
                     break offsets;
                 }
+                Ok(Opened::File { offsets, .. }) => break offsets,
                 Ok(Opened::Deferred(why)) => return Err(CursorExit::Deferred(why)),
                 Err(e) => {
                     self.stall(format!("cannot open the cursor position: {e}"))

@@ -694,6 +694,7 @@ mod tests {
             timing: TIMING,
             remote_tails: None,
             node: None,
+            leave_out_held: true,
         })
     }
 
@@ -730,6 +731,7 @@ mod tests {
             timing: TIMING,
             remote_tails: None,
             node: None,
+            leave_out_held: true,
         });
         let mut reconciler = Reconciler::new(
             deps,

@@ -343,6 +343,7 @@ fn spawn_cursor_on(
         timing: TIMING,
         remote_tails: None,
         node: None,
+        leave_out_held: true,
     });
     let key = CursorKey {
         parent: "parent".into(),

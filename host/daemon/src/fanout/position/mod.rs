@@ -495,6 +495,7 @@ mod tests {
             timing: crate::fanout::FanoutTiming::default(),
             remote_tails: None,
             node: None,
+            leave_out_held: true,
         });
         let key = CursorKey {
             parent: "parent".into(),
