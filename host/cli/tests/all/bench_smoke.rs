@@ -173,3 +173,36 @@ async fn idle_delay_cursors_all_wait_and_copy_nothing_early() {
         assert!(field(&json, path).is_f64(), "{path}: {json}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_once_runs_both_sides_with_and_without_the_checks_and_reports_their_ratios() {
+    use narad_cli::bench::once::{OnceOptions, run_once};
+    let dir = tempfile::tempdir().unwrap();
+    let report = run_once(OnceOptions {
+        records: 2_000,
+        partitions: 2,
+        rounds: 2,
+        target_records: 2_000,
+        dir: Some(dir.path().to_path_buf()),
+        progress: false,
+    })
+    .await
+    .unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(field(&json, "bench"), "once");
+    for side in ["cursor", "target"] {
+        let checked = positive(&json, &format!("{side}.checked_records_per_s"));
+        let unchecked = positive(&json, &format!("{side}.unchecked_records_per_s"));
+        let ratio = positive(&json, &format!("{side}.ratio"));
+        assert!((ratio - checked / unchecked).abs() < 1e-9 * ratio.max(1.0));
+        // One timing per round and variant.
+        for variant in ["checked_seconds", "unchecked_seconds"] {
+            let rounds = field(&json, &format!("{side}.{variant}"))
+                .as_array()
+                .unwrap();
+            assert_eq!(rounds.len(), 2, "{json}");
+        }
+    }
+    assert_eq!(field(&json, "goal_ratio"), 0.95);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
