@@ -43,6 +43,7 @@ pub mod log;
 pub mod name;
 pub mod record;
 pub mod store;
+pub mod time_search;
 pub mod transfer;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -240,6 +240,21 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/groups/{group}/reset-offsets`.
+    pub async fn reset_group_offsets(
+        &self,
+        group: &str,
+        request: &narad_host::api::groups::ResetOffsets,
+    ) -> Result<narad_host::api::groups::ResetDone, ApiCallError> {
+        self.call(
+            Method::POST,
+            &format!("/v1/groups/{group}/reset-offsets"),
+            Some(request),
+            None,
+        )
+        .await
+    }
+
     /// `POST` (`on`) or `DELETE /v1/nodes/{id}/cordon`.
     pub async fn cordon(
         &self,

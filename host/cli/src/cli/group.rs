@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 
 use super::{ClientArgs, human, table};
-use narad_host::api::groups::{GroupInfo, GroupList};
+use narad_host::api::groups::{GroupInfo, GroupList, ResetDone, ResetOffsets, ResetTo};
 
 /// `narad group`.
 #[derive(Debug, Args)]
@@ -28,6 +28,38 @@ pub enum GroupCommand {
         /// Group id.
         group: String,
     },
+    /// Move an empty group's committed offsets: to each partition's start or end, to an
+    /// offset, or to the first record committed at or after a time. Shows the plan; writes
+    /// it only with --execute (as kafka-consumer-groups.sh does).
+    ResetOffsets {
+        /// Group id.
+        group: String,
+        /// Where to: earliest, latest, an offset (e.g. 1200), or an RFC 3339 time
+        /// (e.g. 2026-12-03T18:00:00Z).
+        #[arg(long, value_parser = parse_reset_to)]
+        to: ResetTo,
+        /// A topic to reset (repeat for more); default: every topic the group has offsets for.
+        #[arg(long = "topic")]
+        topics: Vec<String>,
+        /// Write the new offsets (without it, nothing changes).
+        #[arg(long)]
+        execute: bool,
+    },
+}
+
+/// `--to`: earliest, latest, an offset or an RFC 3339 time.
+fn parse_reset_to(text: &str) -> Result<ResetTo, String> {
+    match text {
+        "earliest" => Ok(ResetTo::Earliest),
+        "latest" => Ok(ResetTo::Latest),
+        t if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) => t
+            .parse()
+            .map(ResetTo::Offset)
+            .map_err(|e| format!("{t:?} is not an offset: {e}")),
+        t => human::parse_rfc3339(t)
+            .map(ResetTo::TimestampMs)
+            .map_err(|e| format!("expected earliest, latest, an offset or a time: {e}")),
+    }
 }
 
 /// Runs a group command.
@@ -42,6 +74,28 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
                 out!("{}", list_text(&list))?;
             }
         }
+        GroupCommand::ResetOffsets {
+            group,
+            to,
+            topics,
+            execute,
+        } => {
+            let done = client
+                .reset_group_offsets(
+                    &group,
+                    &ResetOffsets {
+                        to,
+                        topics,
+                        execute,
+                    },
+                )
+                .await?;
+            if args.client.json {
+                outln!("{}", serde_json::to_string_pretty(&done)?)?;
+            } else {
+                out!("{}", reset_text(&done))?;
+            }
+        }
         GroupCommand::Describe { group } => {
             let info = client.describe_group(&group).await?;
             if args.client.json {
@@ -52,6 +106,35 @@ pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn reset_text(done: &ResetDone) -> String {
+    let rows: Vec<Vec<String>> = done
+        .offsets
+        .iter()
+        .map(|o| {
+            vec![
+                o.topic.clone(),
+                o.partition.to_string(),
+                o.from.map_or_else(|| "-".into(), |f| f.to_string()),
+                o.to.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = table::render(&["TOPIC", "PARTITION", "FROM", "TO"], &rows);
+    out.push_str(&if done.executed {
+        format!(
+            "group {}: {} reset\n",
+            done.group,
+            human::plural(done.offsets.len() as u64, "offset")
+        )
+    } else {
+        format!(
+            "group {}: nothing changed yet; run again with --execute to write these offsets\n",
+            done.group
+        )
+    });
+    out
 }
 
 fn list_text(list: &GroupList) -> String {

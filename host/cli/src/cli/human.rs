@@ -51,6 +51,86 @@ pub fn rfc3339_utc(ms: i64) -> String {
     )
 }
 
+/// RFC 3339 (`2026-12-03T18:00:00Z`, `2026-12-03T18:00:00.250+01:00`) as milliseconds since
+/// the Unix epoch; the error says what was expected.
+pub fn parse_rfc3339(text: &str) -> Result<i64, String> {
+    let bad = || {
+        format!(
+            "{text:?} is not an RFC 3339 time such as 2026-12-03T18:00:00Z or \
+             2026-12-03T19:00:00+01:00"
+        )
+    };
+    let b = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Result<i64, String> {
+        let part = text.get(range).ok_or_else(bad)?;
+        if part.is_empty() || !part.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        part.parse().map_err(|_| bad())
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return Err(bad());
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return Err(bad());
+    }
+    let (year, month, day) = (digits(0..4)?, digits(5..7)?, digits(8..10)?);
+    let (hour, minute, second) = (digits(11..13)?, digits(14..16)?, digits(17..19)?);
+    let mut at = 19;
+    let mut millis = 0;
+    if b[at] == b'.' {
+        let end = b[at + 1..]
+            .iter()
+            .position(|c| !c.is_ascii_digit())
+            .map_or(b.len(), |n| at + 1 + n);
+        let fraction = text.get(at + 1..end).ok_or_else(bad)?;
+        if fraction.is_empty() {
+            return Err(bad());
+        }
+        let padded: String = fraction.chars().chain("000".chars()).take(3).collect();
+        millis = padded.parse::<i64>().map_err(|_| bad())?;
+        at = end;
+    }
+    let offset_minutes = match text.get(at..) {
+        Some("Z" | "z") => 0,
+        Some(zone) if zone.len() == 6 && matches!(zone.as_bytes()[0], b'+' | b'-') => {
+            if zone.as_bytes()[3] != b':' {
+                return Err(bad());
+            }
+            let minutes = digits(at + 1..at + 3)? * 60 + digits(at + 4..at + 6)?;
+            if zone.starts_with('-') {
+                -minutes
+            } else {
+                minutes
+            }
+        }
+        _ => return Err(bad()),
+    };
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return Err(bad());
+    }
+    let days = days_from_civil(year, month as u32, day as u32);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_minutes * 60;
+    Ok(secs * 1000 + millis)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (the inverse of [`civil_from_days`],
+/// from the same source).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(month);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's
 /// `civil_from_days`, <https://howardhinnant.github.io/date_algorithms.html>): done by hand
 /// because this one conversion does not earn a date-time crate.
@@ -123,6 +203,35 @@ mod tests {
         assert_eq!(plural(1, "record"), "1 record");
         assert_eq!(plural(0, "record"), "0 records");
         assert_eq!(plural(2, "partition"), "2 partitions");
+    }
+
+    #[test]
+    fn rfc3339_times_parse_back_to_their_milliseconds() {
+        assert_eq!(parse_rfc3339("2025-11-30T00:00:00Z"), Ok(1_764_460_800_000));
+        assert_eq!(
+            parse_rfc3339("2025-11-30T01:00:00.123+01:00"),
+            Ok(1_764_460_800_123)
+        );
+        assert_eq!(
+            parse_rfc3339("2025-11-29T23:30:00.5-00:30"),
+            Ok(1_764_460_800_500)
+        );
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), Ok(-1_000));
+        for ms in [0, 951_782_400_000, 1_764_460_800_000, 4_102_444_799_000] {
+            assert_eq!(parse_rfc3339(&rfc3339_utc(ms)), Ok(ms));
+        }
+        for bad in [
+            "",
+            "2025-11-30",
+            "2025-11-30T00:00:00",
+            "2025-13-01T00:00:00Z",
+            "2025-11-30T00:00:00+0100",
+            "yesterday",
+            "2025-11-30T00:00:00.Z",
+        ] {
+            let error = parse_rfc3339(bad).unwrap_err();
+            assert!(error.contains("RFC 3339"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{ApiPath, ApiQuery};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::groups::{Coordinator, GroupError};
 
 /// One group of the listing.
@@ -240,6 +240,264 @@ pub(crate) async fn describe(
         offsets,
         node: state.cluster.as_ref().map(|c| c.node_id().to_owned()),
     }))
+}
+
+/// Where `POST /v1/groups/{group}/reset-offsets` moves the offsets: `"earliest"`,
+/// `"latest"`, `{"offset": N}` or `{"timestamp_ms": T}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetTo {
+    /// Each partition's oldest stored record.
+    Earliest,
+    /// Each partition's end: the group reads only what comes next.
+    Latest,
+    /// This offset, in every partition (kept within each partition's stored range).
+    Offset(u64),
+    /// Each partition's first record committed at or after this moment (Unix ms), or its end.
+    TimestampMs(i64),
+}
+
+/// `POST /v1/groups/{group}/reset-offsets` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetOffsets {
+    /// Where to.
+    pub to: ResetTo,
+    /// The topics whose partitions are reset; empty: every topic the group has offsets for.
+    #[serde(default)]
+    pub topics: Vec<String>,
+    /// Write the new offsets. Without it the answer is the plan and nothing changes, as
+    /// `kafka-consumer-groups.sh --reset-offsets` without `--execute`.
+    #[serde(default)]
+    pub execute: bool,
+}
+
+/// One partition of a reset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetEntry {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// The committed offset before (`None`: the group had none there).
+    pub from: Option<i64>,
+    /// The offset after.
+    pub to: u64,
+}
+
+/// `POST /v1/groups/{group}/reset-offsets` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResetDone {
+    /// Group id.
+    pub group: String,
+    /// Whether the offsets were written (`false`: the plan only).
+    pub executed: bool,
+    /// Every partition, by topic and partition.
+    pub offsets: Vec<ResetEntry>,
+    /// Cluster mode: the coordinator node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// Most topics one reset names.
+const MAX_RESET_TOPICS: usize = 100;
+
+/// `POST /v1/groups/{group}/reset-offsets`: moves an empty group's committed offsets (or
+/// shows where they would go), on the group's coordinator.
+pub(crate) async fn reset_offsets(
+    State(state): State<AppState>,
+    ApiPath(group): ApiPath<String>,
+    ApiJson(request): ApiJson<ResetOffsets>,
+) -> Result<Json<ResetDone>, ApiError> {
+    let coordinator = coordinator(&state)?;
+    if let Some(cluster) = &state.cluster {
+        let owner = coordinator
+            .coordinator_of(&group)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| no_coordinator(&group))?;
+        if owner.0 != cluster.node_id() {
+            return reset_on(cluster, &owner.0, &group, &request)
+                .await
+                .map(Json);
+        }
+    }
+    reset_here(&state, &group, request).await.map(Json)
+}
+
+/// `POST /internal/v1/groups/{group}/reset-offsets`: the reset on this node, the coordinator.
+pub(crate) async fn reset_offsets_local(
+    State(state): State<AppState>,
+    ApiPath(group): ApiPath<String>,
+    ApiJson(request): ApiJson<ResetOffsets>,
+) -> Result<Json<ResetDone>, ApiError> {
+    reset_here(&state, &group, request).await.map(Json)
+}
+
+fn no_coordinator(group: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("group {group:?} has no coordinator now (its offsets partition has no owner)"),
+    )
+    .retry_after(1)
+}
+
+/// The reset asked of `node`, the group's coordinator.
+async fn reset_on(
+    cluster: &crate::cluster::ClusterContext,
+    node: &str,
+    group: &str,
+    request: &ResetOffsets,
+) -> Result<ResetDone, ApiError> {
+    use crate::cluster::PeerError;
+    let failed = |e: PeerError| {
+        let status = e
+            .status
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .filter(|s| !s.is_success())
+            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        ApiError::new(status, format!("the coordinator of group {group:?}: {e}"))
+    };
+    let path = format!("/internal/v1/groups/{group}/reset-offsets");
+    let answer = cluster
+        .post_peer(node, &path, request, crate::cluster::PEER_CALL_TIMEOUT)
+        .await
+        .map_err(failed)?;
+    if !answer.status().is_success() {
+        return Err(failed(PeerError::refused(node, answer).await));
+    }
+    answer.json().await.map_err(|e| {
+        failed(PeerError::new(
+            node,
+            None,
+            format!("answered something else: {e}"),
+        ))
+    })
+}
+
+async fn reset_here(
+    state: &AppState,
+    group: &str,
+    request: ResetOffsets,
+) -> Result<ResetDone, ApiError> {
+    let coordinator = coordinator(state)?;
+    let described = coordinator.describe(group).await.map_err(unavailable)?;
+    if !described.members.is_empty() {
+        return Err(has_members(group, described.members.len()));
+    }
+    let committed = coordinator.fetch(group, None).await.map_err(unavailable)?;
+    let before: BTreeMap<(String, u32), i64> = committed
+        .iter()
+        .filter_map(|c| {
+            Some((
+                (c.topic.clone(), u32::try_from(c.partition).ok()?),
+                c.offset,
+            ))
+        })
+        .collect();
+    let mut topics = request.topics.clone();
+    if topics.is_empty() {
+        topics = before.keys().map(|(t, _)| t.clone()).collect();
+        topics.dedup();
+        if topics.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "group {group:?} has no committed offsets: name the topics to reset (--topic)"
+            )));
+        }
+    }
+    topics.sort();
+    topics.dedup();
+    if topics.len() > MAX_RESET_TOPICS {
+        return Err(ApiError::bad_request(format!(
+            "a reset names at most {MAX_RESET_TOPICS} topics, not {}",
+            topics.len()
+        )));
+    }
+    let mut offsets = Vec::new();
+    for topic in &topics {
+        let meta = super::topics::require_topic(state, topic).await?;
+        let gathered = |reason: String| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the partitions of {topic}: {reason}"),
+            )
+            .retry_after(1)
+        };
+        let bounds = super::internal::gather_bounds(state, topic, meta.partitions)
+            .await
+            .map_err(gathered)?;
+        let at_time = match request.to {
+            ResetTo::TimestampMs(ms) => Some(
+                super::internal::gather_offsets_at(state, topic, meta.partitions, ms)
+                    .await
+                    .map_err(gathered)?,
+            ),
+            _ => None,
+        };
+        for (p, b) in bounds.iter().enumerate() {
+            let partition = u32::try_from(p).unwrap_or(u32::MAX);
+            let start = b.log_start.unwrap_or(0);
+            let to = match request.to {
+                ResetTo::Earliest => start,
+                ResetTo::Latest => b.high_watermark,
+                ResetTo::Offset(n) => n.clamp(start, b.high_watermark.max(start)),
+                ResetTo::TimestampMs(_) => at_time
+                    .as_ref()
+                    .and_then(|found| found.get(p).copied().flatten())
+                    .unwrap_or(b.high_watermark),
+            };
+            offsets.push(ResetEntry {
+                topic: topic.clone(),
+                partition,
+                from: before.get(&(topic.clone(), partition)).copied(),
+                to,
+            });
+        }
+    }
+    if request.execute {
+        let now = crate::topics::now_ms();
+        let entries = offsets
+            .iter()
+            .map(|o| crate::groups::offsets::Committed {
+                topic: o.topic.clone(),
+                partition: i32::try_from(o.partition).unwrap_or(i32::MAX),
+                offset: i64::try_from(o.to).unwrap_or(i64::MAX),
+                leader_epoch: -1,
+                metadata: None,
+                commit_ms: now,
+            })
+            .collect();
+        let code = coordinator
+            .reset(group, entries)
+            .await
+            .map_err(unavailable)?;
+        if code == crate::groups::membership::code::NON_EMPTY_GROUP {
+            return Err(has_members(group, 1));
+        }
+        tracing::info!(group, to = ?request.to, partitions = offsets.len(),
+            "consumer group offsets reset by an operator");
+    }
+    Ok(ResetDone {
+        group: group.to_owned(),
+        executed: request.execute,
+        offsets,
+        node: state.cluster.as_ref().map(|c| c.node_id().to_owned()),
+    })
+}
+
+fn has_members(group: &str, members: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        format!(
+            "group {group:?} has {} now: stop its consumers first (their commits would replace \
+             the reset)",
+            if members == 1 {
+                "a member".to_owned()
+            } else {
+                format!("{members} members")
+            }
+        ),
+    )
 }
 
 /// The `topic/partition`s a consumer-protocol assignment names (empty when it is not one).

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::ApiPath;
+use super::extract::{ApiPath, ApiQuery};
 use super::topics::require_topic;
 use crate::fanout::position::RemoteTails;
 use crate::fanout::position::provenance::{self, ChildScan, TailCopies};
@@ -289,6 +289,123 @@ pub(crate) async fn gather_bounds(
                 .ok_or_else(|| format!("no answer for partition {p}"))
         })
         .collect()
+}
+
+/// `GET /internal/v1/topics/{t}/offsets-at` query string.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OffsetsAtQuery {
+    /// The moment, Unix ms.
+    pub ms: i64,
+}
+
+/// `GET /internal/v1/topics/{t}/offsets-at` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OffsetsAt {
+    /// The node that answered.
+    pub node: String,
+    /// Partition index -> the first offset committed at or after the moment (`None`: every
+    /// stored record is older), for the partitions that node owns.
+    pub partitions: BTreeMap<u32, Option<u64>>,
+}
+
+/// `GET /internal/v1/topics/{t}/offsets-at?ms=T`: for this node's partitions of `t`, the first
+/// offset committed at or after `T`.
+pub(crate) async fn offsets_at(
+    State(state): State<AppState>,
+    ApiPath(topic): ApiPath<String>,
+    ApiQuery(query): ApiQuery<OffsetsAtQuery>,
+) -> Result<Json<OffsetsAt>, ApiError> {
+    let meta = require_topic(&state, &topic).await?;
+    let mine: Vec<u32> = (0..meta.partitions)
+        .filter(|&p| {
+            state
+                .ownership
+                .is_local(&PartitionId::new(meta.name.clone(), p))
+        })
+        .collect();
+    for &p in &mine {
+        state.topics.ensure_owned(&meta, p).await?;
+    }
+    let partitions = search_local(&state.store, &meta.name, mine, query.ms)
+        .await
+        .map_err(|reason| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, reason))?;
+    Ok(Json(OffsetsAt {
+        node: state.ownership.local_node().to_string(),
+        partitions,
+    }))
+}
+
+async fn search_local(
+    store: &Arc<Store>,
+    topic: &str,
+    partitions: Vec<u32>,
+    ms: i64,
+) -> Result<BTreeMap<u32, Option<u64>>, String> {
+    let (store, topic) = (Arc::clone(store), topic.to_owned());
+    crate::blocking::run(move || {
+        partitions
+            .into_iter()
+            .map(|p| {
+                let id = PartitionId::new(topic.clone(), p);
+                narad_storage::time_search::first_at_or_after(&store, &id, ms)
+                    .map(|found| (p, found.map(|(offset, _)| offset)))
+                    .map_err(|e| format!("partition {p}: {e}"))
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| format!("searching by time failed: {e}"))?
+}
+
+/// For every partition of `topic` (`partitions` of them), the first offset committed at or
+/// after `ms` (`None`: every stored record is older), read from whichever node owns it.
+pub(crate) async fn gather_offsets_at(
+    state: &AppState,
+    topic: &str,
+    partitions: u32,
+    ms: i64,
+) -> Result<Vec<Option<u64>>, String> {
+    let mut by_owner: BTreeMap<Option<String>, Vec<u32>> = BTreeMap::new();
+    for p in 0..partitions {
+        let owner = match &state.cluster {
+            None => None,
+            Some(cluster) => {
+                let id = PartitionId::new(topic.to_owned(), p);
+                let owner = state
+                    .ownership
+                    .owner(&id)
+                    .ok_or_else(|| format!("partition {p} has no owner"))?;
+                (owner.0 != cluster.node_id()).then_some(owner.0)
+            }
+        };
+        by_owner.entry(owner).or_default().push(p);
+    }
+    let mut all = BTreeMap::new();
+    for (owner, wanted) in by_owner {
+        match (owner, &state.cluster) {
+            (Some(node), Some(cluster)) => {
+                let answer: OffsetsAt = peer_get(
+                    cluster,
+                    &node,
+                    &format!("/internal/v1/topics/{topic}/offsets-at?ms={ms}"),
+                )
+                .await
+                .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
+                for p in wanted {
+                    let found = answer
+                        .partitions
+                        .get(&p)
+                        .ok_or_else(|| format!("node {node} does not serve partition {p}"))?;
+                    all.insert(p, *found);
+                }
+            }
+            _ => all.extend(search_local(&state.store, topic, wanted, ms).await?),
+        }
+    }
+    Ok((0..partitions)
+        .map(|p| all.get(&p).copied().flatten())
+        .collect())
 }
 
 /// `GET /internal/v1/topics/{t}/partitions/{p}/tail` query string.

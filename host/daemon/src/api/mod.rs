@@ -188,6 +188,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/groups", get(groups::list))
         .route("/v1/groups/{group}", get(groups::describe))
         .route(
+            "/v1/groups/{group}/reset-offsets",
+            post(groups::reset_offsets),
+        )
+        .route(
             "/v1/nodes/{id}/cordon",
             post(nodes::cordon).delete(nodes::uncordon),
         )
@@ -202,6 +206,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/internal/v1/topics/{topic}/high-watermarks",
             get(internal::high_watermarks),
+        )
+        .route(
+            "/internal/v1/topics/{topic}/offsets-at",
+            get(internal::offsets_at),
         )
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/tail",
@@ -249,6 +257,10 @@ pub(crate) fn peer_router(state: AppState) -> Router {
         .route(
             "/internal/v1/topics/{parent}/children/{child}/seek",
             post(children::seek_local),
+        )
+        .route(
+            "/internal/v1/groups/{group}/reset-offsets",
+            post(groups::reset_offsets_local),
         )
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

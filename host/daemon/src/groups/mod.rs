@@ -417,6 +417,40 @@ impl Coordinator {
         Ok(code::NONE)
     }
 
+    /// An operator's reset of `group`'s offsets (`narad group reset-offsets`): refused with
+    /// `NON_EMPTY_GROUP` while the group has members (they would commit over it, as
+    /// `kafka-consumer-groups.sh` also refuses), else `entries` are committed durably, as a
+    /// commit is, before this answers `NONE`.
+    pub(crate) async fn reset(
+        &self,
+        group: &str,
+        entries: Vec<Committed>,
+    ) -> Result<i16, GroupError> {
+        let id = self.local(group).await?;
+        let mut slot = self.slot(&id).await?;
+        // Checked with the slot held: a commit of a member that joins now waits for it.
+        let members = self
+            .with_group(group, false, |g| !g.is_empty())?
+            .unwrap_or(false);
+        if members {
+            return Ok(code::NON_EMPTY_GROUP);
+        }
+        if entries.is_empty() {
+            return Ok(code::NONE);
+        }
+        let Some(held) = slot.offsets.as_mut() else {
+            return Err(GroupError::Loading);
+        };
+        if !held.contains_key(group) && held.len() >= MAX_GROUPS_PER_PARTITION {
+            return Err(GroupError::TooManyGroups);
+        }
+        self.append(&id, group, &GroupRecord::Offsets(entries.clone()))
+            .await
+            .map_err(|e| GroupError::Unavailable(format!("resetting offsets: {e}")))?;
+        held.entry(group.to_owned()).or_default().apply(&entries);
+        Ok(code::NONE)
+    }
+
     /// OffsetFetch: the committed offsets of `group` (all, or those of `wanted`).
     pub(crate) async fn fetch(
         &self,

@@ -10,7 +10,7 @@ use kafka_protocol::messages::list_offsets_request::ListOffsetsRequest;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsResponse, ListOffsetsTopicResponse,
 };
-use narad_storage::{PartitionId, ReadOptions, StorageError, Store};
+use narad_storage::{PartitionId, StorageError, Store, time_search};
 
 use super::KafkaDeps;
 
@@ -89,42 +89,12 @@ fn lookup(store: &Store, id: &PartitionId, timestamp: i64) -> Result<(i64, i64),
             if high <= start {
                 return Ok((-1, -1));
             }
-            let at = committed_at(store, id, high - 1).map_err(storage)?;
+            let at = time_search::committed_at(store, id, high - 1).map_err(storage)?;
             Ok((as_i64(high - 1), at.unwrap_or(-1)))
         }
         t if t < 0 => Err(ResponseError::InvalidRequest),
-        t => {
-            // First offset in [lo, hi) whose commit time is >= t; commit times never decrease.
-            let (mut lo, mut hi) = (start, high);
-            while lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                match committed_at(store, id, mid).map_err(storage)? {
-                    Some(at) if at >= t => hi = mid,
-                    Some(_) => lo = mid + 1,
-                    // Retention removed it meanwhile: search above it.
-                    None => lo = mid + 1,
-                }
-            }
-            if lo >= high {
-                return Ok((-1, -1));
-            }
-            let at = committed_at(store, id, lo).map_err(storage)?;
-            Ok((as_i64(lo), at.unwrap_or(-1)))
-        }
-    }
-}
-
-/// The commit time of the record at `offset`, `None` when retention removed it.
-fn committed_at(store: &Store, id: &PartitionId, offset: u64) -> Result<Option<i64>, StorageError> {
-    let options = ReadOptions {
-        offset,
-        max_records: 1,
-        max_bytes: 1,
-        max_committed_at_ms: None,
-    };
-    match store.read(id, &options) {
-        Ok(read) => Ok(read.records.first().map(|r| r.committed_at_ms)),
-        Err(StorageError::OffsetBelowLogStart { .. }) => Ok(None),
-        Err(e) => Err(e),
+        t => Ok(time_search::first_at_or_after(store, id, t)
+            .map_err(storage)?
+            .map_or((-1, -1), |(offset, at)| (as_i64(offset), at))),
     }
 }

@@ -70,6 +70,11 @@ fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coor
 
     // An operator asks any node: the listing gathers the coordinators' groups, and the
     // description comes from the coordinator, with the lag of partitions on all three nodes.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let between = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    std::thread::sleep(std::time::Duration::from_millis(50));
     produce(&cluster.url(others[0]), "orders", 200..210);
     let asked = cluster.url(others[1]);
     let listed = crate::e2e::harness::narad_cli(&asked, &["group", "--json", "list"]);
@@ -91,6 +96,46 @@ fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coor
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["node"], coordinator_id.as_str(), "{info}");
     assert_eq!(info["total_lag"], 10, "{info}");
+
+    // A reset asked of a node that is not the coordinator goes to it, and reads each
+    // partition's records where they live: without --execute the plan, then to the moment
+    // before the last produce, which is where the members' commits stand.
+    let plan = crate::e2e::harness::narad_cli(
+        &asked,
+        &[
+            "group",
+            "--json",
+            "reset-offsets",
+            "billing",
+            "--to",
+            "earliest",
+        ],
+    );
+    let plan: serde_json::Value = serde_json::from_str(&plan).expect("reset plan JSON");
+    assert_eq!(plan["executed"], false, "{plan}");
+    assert_eq!(plan["node"], coordinator_id.as_str(), "{plan}");
+    assert_eq!(plan["offsets"].as_array().map(Vec::len), Some(4), "{plan}");
+    let (status, done) = crate::e2e::harness::send_json(
+        &crate::e2e::harness::http_client(),
+        reqwest::Method::POST,
+        &format!("{asked}/v1/groups/billing/reset-offsets"),
+        Some(&serde_json::json!({"to": {"timestamp_ms": between}, "execute": true})),
+    )
+    .expect("reset");
+    assert_eq!(status, 200, "{done}");
+    let to: std::collections::BTreeMap<String, i64> = done["offsets"]
+        .as_array()
+        .expect("offsets")
+        .iter()
+        .filter(|o| o["to"].as_i64() > Some(0))
+        .map(|o| {
+            (
+                format!("{}/{}", o["topic"].as_str().unwrap_or(""), o["partition"]),
+                o["to"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(to, next_offsets("orders", &both), "{done}");
 
     // The coordinator dies and comes back: the group's offsets are on its disk, durable.
     cluster.nodes[coordinator].restart();

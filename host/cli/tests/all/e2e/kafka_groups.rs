@@ -608,3 +608,146 @@ fn an_operator_sees_each_groups_members_offsets_and_lag() {
     assert_eq!(unknown["state"], "Dead", "{unknown}");
     assert_eq!(unknown["offsets"], json!([]), "{unknown}");
 }
+
+/// The committed offsets of `group` by `topic/partition`, from `GET /v1/groups/{group}`.
+fn committed_of(base: &str, group: &str) -> BTreeMap<String, i64> {
+    group_info(base, group)["offsets"]
+        .as_array()
+        .expect("offsets")
+        .iter()
+        .map(|o| {
+            (
+                format!("{}/{}", o["topic"].as_str().unwrap_or(""), o["partition"]),
+                o["committed"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[test]
+fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    let base = kafka.daemon.url();
+    create_topic(&base, "orders", 2);
+    produce(&base, "orders", 0..50);
+    let member = Member::start(&kafka, "orders", "billing", 3);
+    wait_for("the member to read every record", || {
+        member.records().len() >= 50
+    });
+    wait_for("its commits to cover the topic", || {
+        group_info(&base, "billing")["total_lag"] == 0
+    });
+    let read = member.finish();
+    let first_commits = next_offsets("orders", &read);
+    // A moment between the two produces, on this machine's clock (the daemon's too).
+    std::thread::sleep(Duration::from_millis(50));
+    let between = now_ms();
+    std::thread::sleep(Duration::from_millis(50));
+    produce(&base, "orders", 50..80);
+
+    // Without --execute: the plan, and nothing changes.
+    let plan = crate::e2e::harness::narad_cli(
+        &base,
+        &["group", "reset-offsets", "billing", "--to", "earliest"],
+    );
+    assert!(plan.contains("nothing changed yet"), "{plan}");
+    assert_eq!(committed_of(&base, "billing"), first_commits);
+
+    let done = crate::e2e::harness::narad_cli(
+        &base,
+        &[
+            "group",
+            "reset-offsets",
+            "billing",
+            "--to",
+            "earliest",
+            "--execute",
+        ],
+    );
+    assert!(done.contains("group billing: 2 offsets reset"), "{done}");
+    let zero: BTreeMap<String, i64> = [("orders/0".to_owned(), 0), ("orders/1".to_owned(), 0)]
+        .into_iter()
+        .collect();
+    assert_eq!(committed_of(&base, "billing"), zero);
+    assert_eq!(group_info(&base, "billing")["total_lag"], 80);
+
+    // To a moment: each partition's first record committed after it, i.e. where the first
+    // member's commits stood.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/groups/billing/reset-offsets"),
+        Some(&json!({"to": {"timestamp_ms": between}, "execute": true})),
+    )
+    .expect("reset to a time");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(committed_of(&base, "billing"), first_commits, "{body}");
+    // A time after every record is each partition's end; an offset is kept within the range.
+    crate::e2e::harness::narad_cli(
+        &base,
+        &[
+            "group",
+            "reset-offsets",
+            "billing",
+            "--to",
+            "2100-01-01T00:00:00Z",
+            "--execute",
+        ],
+    );
+    assert_eq!(group_info(&base, "billing")["total_lag"], 0);
+    crate::e2e::harness::narad_cli(
+        &base,
+        &[
+            "group",
+            "reset-offsets",
+            "billing",
+            "--to",
+            "1000000",
+            "--topic",
+            "orders",
+            "--execute",
+        ],
+    );
+    assert_eq!(group_info(&base, "billing")["total_lag"], 0);
+
+    // Back to the start: the group's next member reads every record again.
+    crate::e2e::harness::narad_cli(
+        &base,
+        &[
+            "group",
+            "reset-offsets",
+            "billing",
+            "--to",
+            "earliest",
+            "--execute",
+        ],
+    );
+    let member = Member::start(&kafka, "orders", "billing", 5);
+    wait_for("the new member to read every record from the start", || {
+        member.records().len() >= 80
+    });
+    // While it is a member the group is not reset: its commits would replace the reset.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/groups/billing/reset-offsets"),
+        Some(&json!({"to": "latest", "execute": true})),
+    )
+    .expect("reset a live group");
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("stop its consumers first")),
+        "{body}"
+    );
+    let read = member.finish();
+    assert_eq!(values(&read), expected(0..80));
+}
