@@ -189,39 +189,7 @@ pub(crate) async fn describe(
     }
     let described = coordinator.describe(&group).await.map_err(unavailable)?;
     let committed = coordinator.fetch(&group, None).await.map_err(unavailable)?;
-    // The end of every partition with a commit, one gathering per topic.
-    let mut by_topic: BTreeMap<String, Vec<(u32, i64, i64)>> = BTreeMap::new();
-    for c in committed {
-        if let Ok(p) = u32::try_from(c.partition) {
-            by_topic
-                .entry(c.topic)
-                .or_default()
-                .push((p, c.offset, c.commit_ms));
-        }
-    }
-    let mut offsets = Vec::new();
-    for (topic, commits) in by_topic {
-        let partitions = state
-            .metastore
-            .topic(&topic)
-            .await?
-            .map_or(0, |t| t.partitions);
-        let bounds = super::internal::gather_bounds(&state, &topic, partitions)
-            .await
-            .unwrap_or_default();
-        for (partition, committed, at) in commits {
-            let high = bounds.get(partition as usize).map(|b| b.high_watermark);
-            offsets.push(GroupOffset {
-                topic: topic.clone(),
-                partition,
-                committed,
-                high_watermark: high,
-                lag: high.map(|h| h.saturating_sub(u64::try_from(committed).unwrap_or(0))),
-                committed_at_ms: at,
-            });
-        }
-    }
-    offsets.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let offsets = with_lag(&state, committed, &mut BTreeMap::new()).await?;
     Ok(Json(GroupInfo {
         total_lag: offsets.iter().filter_map(|o| o.lag).sum(),
         group,
@@ -498,6 +466,50 @@ fn has_members(group: &str, members: usize) -> ApiError {
             }
         ),
     )
+}
+
+/// Each partition's bounds, gathered once per topic (`None`: they could not be read now).
+pub(crate) type BoundsByTopic = BTreeMap<String, Option<Vec<super::internal::PartitionBounds>>>;
+
+/// `committed` with each partition's end and the lag, by topic and partition; `bounds` keeps
+/// each topic's partition bounds for the next call (one gathering per topic).
+pub(crate) async fn with_lag(
+    state: &AppState,
+    committed: Vec<crate::groups::offsets::Committed>,
+    bounds: &mut BoundsByTopic,
+) -> Result<Vec<GroupOffset>, ApiError> {
+    let mut offsets = Vec::with_capacity(committed.len());
+    for c in committed {
+        let Ok(partition) = u32::try_from(c.partition) else {
+            continue;
+        };
+        if !bounds.contains_key(&c.topic) {
+            let partitions = state
+                .metastore
+                .topic(&c.topic)
+                .await?
+                .map_or(0, |t| t.partitions);
+            let gathered = super::internal::gather_bounds(state, &c.topic, partitions)
+                .await
+                .ok();
+            bounds.insert(c.topic.clone(), gathered);
+        }
+        let high = bounds
+            .get(&c.topic)
+            .and_then(|b| b.as_ref())
+            .and_then(|b| b.get(partition as usize))
+            .map(|b| b.high_watermark);
+        offsets.push(GroupOffset {
+            lag: high.map(|h| h.saturating_sub(u64::try_from(c.offset).unwrap_or(0))),
+            high_watermark: high,
+            topic: c.topic,
+            partition,
+            committed: c.offset,
+            committed_at_ms: c.commit_ms,
+        });
+    }
+    offsets.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(offsets)
 }
 
 /// The `topic/partition`s a consumer-protocol assignment names (empty when it is not one).

@@ -45,6 +45,28 @@ pub(crate) struct PartitionLabels {
     pub partition: u32,
 }
 
+/// Labels of `narad_kafka_group_members`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct GroupLabels {
+    /// Consumer group id.
+    pub group: String,
+}
+
+/// Labels of `narad_kafka_group_lag_messages`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct GroupPartitionLabels {
+    /// Consumer group id.
+    pub group: String,
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: u32,
+}
+
+/// Most `narad_kafka_group_lag_messages` series one scrape fills: beyond it the scrape would
+/// cost more than the metric is worth (`narad group describe` still shows every partition).
+pub(crate) const MAX_GROUP_LAG_SERIES: usize = 10_000;
+
 /// Labels of `narad_forwarded_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ForwardLabels {
@@ -103,6 +125,12 @@ pub(crate) struct ApiMetrics {
     /// `narad_log_append_syncs_total`: the segment `fdatasync`s those appends took; fewer
     /// than the appends when appends to one partition arrived together (a group commit).
     pub(crate) log_append_syncs: Counter,
+    /// `narad_kafka_group_members`: members of each group this node coordinates (read at
+    /// scrape time).
+    pub(crate) group_members: Family<GroupLabels, Gauge<u64, AtomicU64>>,
+    /// `narad_kafka_group_lag_messages`: records between a group's committed offset and its
+    /// partition's end, for the groups this node coordinates (read at scrape time).
+    pub(crate) group_lag: Family<GroupPartitionLabels, Gauge<u64, AtomicU64>>,
     /// Serializes scrape-time refreshes so two scrapes never interleave clear and fill.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -189,6 +217,16 @@ impl ApiMetrics {
             "narad_http_body_budget_refusals",
             "Requests answered 503 with Retry-After because max-buffered-request-bytes were held",
             self.body_budget_refusals.clone(),
+        );
+        registry.register(
+            "narad_kafka_group_members",
+            "Members of each consumer group this node coordinates (read at scrape time)",
+            self.group_members.clone(),
+        );
+        registry.register(
+            "narad_kafka_group_lag_messages",
+            "Records between a consumer group's committed offset and its partition's end, for the groups this node coordinates (read at scrape time; absent while the end cannot be read)",
+            self.group_lag.clone(),
         );
         // Every pair starts at 0, so the series exist (and rate() works) before the first
         // forward, and a single node shows that it forwards nothing.
@@ -336,11 +374,66 @@ impl ApiMetrics {
         }
         Ok(one_at_a_time)
     }
+
+    /// Refills the group gauges from the groups this node coordinates: in cluster mode every
+    /// node exports its own, so no group is counted twice. Each topic's ends are gathered once
+    /// per scrape; a topic whose ends cannot be read now has no lag series.
+    async fn refresh_groups(&self, state: &AppState) -> Result<(), ApiError> {
+        self.group_members.clear();
+        self.group_lag.clear();
+        let Some(coordinator) = &state.groups else {
+            return Ok(());
+        };
+        let groups = match coordinator.list().await {
+            Ok(groups) => groups,
+            Err(e) => {
+                tracing::debug!(error = %e, "consumer groups not listed for metrics");
+                return Ok(());
+            }
+        };
+        let mut bounds = super::groups::BoundsByTopic::new();
+        let mut series = 0usize;
+        for listed in groups {
+            let group = listed.group;
+            let (Ok(described), Ok(committed)) = (
+                coordinator.describe(&group).await,
+                coordinator.fetch(&group, None).await,
+            ) else {
+                continue;
+            };
+            self.group_members
+                .get_or_create(&GroupLabels {
+                    group: group.clone(),
+                })
+                .set(u64::try_from(described.members.len()).unwrap_or(u64::MAX));
+            if series + committed.len() > MAX_GROUP_LAG_SERIES {
+                tracing::debug!(
+                    group,
+                    "group lag series over the cap: left out of this scrape"
+                );
+                continue;
+            }
+            for offset in super::groups::with_lag(state, committed, &mut bounds).await? {
+                if let Some(lag) = offset.lag {
+                    series += 1;
+                    self.group_lag
+                        .get_or_create(&GroupPartitionLabels {
+                            group: group.clone(),
+                            topic: offset.topic,
+                            partition: offset.partition,
+                        })
+                        .set(lag);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let refreshed = state.api_metrics.refresh_storage(&state).await?;
+    state.api_metrics.refresh_groups(&state).await?;
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &state.metrics).map_err(|e| {
         ApiError::new(

@@ -96,6 +96,21 @@ fn members_on_other_nodes_share_a_group_whose_offsets_outlive_kill_9_of_its_coor
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["node"], coordinator_id.as_str(), "{info}");
     assert_eq!(info["total_lag"], 10, "{info}");
+    // On /metrics only the coordinator exports the group, with the lag of all partitions.
+    for node in 0..3 {
+        let metrics = crate::e2e::harness::http_client()
+            .get(format!("{}/metrics", cluster.url(node)))
+            .send()
+            .and_then(|r| r.text())
+            .expect("scrape /metrics");
+        let lag: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("narad_kafka_group_lag_messages{group=\"billing\""))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+            .sum();
+        let expected = if node == coordinator { 10.0 } else { 0.0 };
+        assert_eq!(lag, expected, "node n{}: {metrics}", node + 1);
+    }
 
     // A reset asked of a node that is not the coordinator goes to it, and reads each
     // partition's records where they live: without --execute the plan, then to the moment

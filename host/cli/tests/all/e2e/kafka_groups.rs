@@ -521,6 +521,22 @@ fn a_zombie_members_commit_after_the_group_moved_on_is_refused() {
     );
 }
 
+/// One sample of `/metrics` by its series name with labels.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.trim().parse().ok())?
+    })
+}
+
+fn scrape(base: &str) -> String {
+    http_client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("scrape /metrics")
+}
+
 /// `GET /v1/groups/{group}`.
 fn group_info(base: &str, group: &str) -> Value {
     let (status, body) = send_json(
@@ -556,6 +572,12 @@ fn an_operator_sees_each_groups_members_offsets_and_lag() {
         info["total_lag"] == 0 && info["offsets"].as_array().is_some_and(|o| o.len() == 2)
     });
     assert_eq!(info["state"], "Stable", "{info}");
+    let metrics = scrape(&base);
+    assert_eq!(
+        sample(&metrics, "narad_kafka_group_members{group=\"billing\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
     let members = info["members"].as_array().expect("members");
     assert_eq!(members.len(), 1, "{info}");
     assert_eq!(
@@ -593,6 +615,24 @@ fn an_operator_sees_each_groups_members_offsets_and_lag() {
         })
         .sum();
     assert_eq!(lags, 30);
+    // The same lag on /metrics, per partition, and no member.
+    let metrics = scrape(&base);
+    for o in info["offsets"].as_array().expect("offsets") {
+        let series = format!(
+            "narad_kafka_group_lag_messages{{group=\"billing\",topic=\"orders\",partition=\"{}\"}}",
+            o["partition"]
+        );
+        assert_eq!(
+            sample(&metrics, &series),
+            o["lag"].as_f64(),
+            "{series} in {metrics}"
+        );
+    }
+    assert_eq!(
+        sample(&metrics, "narad_kafka_group_members{group=\"billing\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
 
     let described = crate::e2e::harness::narad_cli(&base, &["group", "describe", "billing"]);
     assert!(described.contains("group billing: Empty"), "{described}");
