@@ -67,7 +67,7 @@ fn too_many() -> Refusal {
 
 /// Partitions of a topic created without a count (`num_partitions: -1`): Kafka's default
 /// `num.partitions`.
-const DEFAULT_PARTITIONS: u32 = 1;
+pub(super) const DEFAULT_PARTITIONS: u32 = 1;
 
 /// Whether this listener may change topics: not while the HTTP API requires a token for
 /// changes, since the Kafka listener authenticates nobody.

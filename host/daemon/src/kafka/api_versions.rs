@@ -7,7 +7,8 @@
 //! ListGroups' type filter (5) and DescribeGroups 6. CreateTopics runs from 2 (Kafka 4
 //! dropped 0 and 1) to 5, before topic ids (7) and a version librdkafka and kafka-python do
 //! not use (6); DeleteTopics 1 to 6 (a topic named by id is UNKNOWN_TOPIC_ID), and
-//! CreatePartitions 0 to 3. Other admin APIs and
+//! CreatePartitions 0 to 3; DescribeConfigs 1 to 4 (the crate has no 0) and DescribeCluster
+//! 0 to 2, both read-only. Other admin APIs (AlterConfigs among them) and
 //! the transaction APIs are not offered: clients see that here and refuse those features
 //! themselves, and a request for them anyway closes the connection, as a Kafka broker does.
 
@@ -35,6 +36,8 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 5),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::DescribeCluster, 0, 2),
 ];
 
 /// Whether `version` of `api` is handled.
@@ -95,12 +98,15 @@ mod tests {
                 (19, 2, 5),
                 (20, 1, 6),
                 (37, 0, 3),
+                (32, 1, 4),
+                (60, 0, 2),
             ]
         );
         assert!(!offered(ApiKey::Produce, 13));
         assert!(!offered(ApiKey::OffsetCommit, 9));
         assert!(!offered(ApiKey::CreateTopics, 6));
         assert!(!offered(ApiKey::DescribeConfigs, 0));
+        assert!(!offered(ApiKey::AlterConfigs, 0));
         assert!(offered(ApiKey::Fetch, 4));
     }
 }

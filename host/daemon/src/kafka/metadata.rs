@@ -117,14 +117,14 @@ fn dedup_by_name(wanted: Vec<MetadataRequestTopic>) -> Vec<MetadataRequestTopic>
 }
 
 /// The brokers a Metadata answer names.
-struct Brokers {
+pub(super) struct Brokers {
     /// This node's broker id.
-    this: BrokerId,
+    pub(super) this: BrokerId,
     /// Every broker: id, host, port.
-    all: Vec<(BrokerId, String, i32)>,
+    pub(super) all: Vec<(BrokerId, String, i32)>,
 }
 
-fn brokers(deps: &KafkaDeps, advertised: &Advertised) -> Brokers {
+pub(super) fn brokers(deps: &KafkaDeps, advertised: &Advertised) -> Brokers {
     let Some(cluster) = &deps.cluster else {
         return Brokers {
             this: BrokerId(NODE_ID),

@@ -185,6 +185,8 @@ impl KafkaMetrics {
             ApiKey::CreateTopics => "CreateTopics",
             ApiKey::DeleteTopics => "DeleteTopics",
             ApiKey::CreatePartitions => "CreatePartitions",
+            ApiKey::DescribeConfigs => "DescribeConfigs",
+            ApiKey::DescribeCluster => "DescribeCluster",
             _ => "other",
         };
         self.requests.get_or_create(&ApiLabels { api }).inc();

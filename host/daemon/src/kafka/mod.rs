@@ -25,6 +25,7 @@ pub(crate) mod admin;
 pub(crate) mod api_versions;
 pub(crate) mod compression;
 pub(crate) mod connection;
+pub(crate) mod describe;
 pub(crate) mod fetch;
 pub(crate) mod groups;
 pub(crate) mod idempotence;
@@ -43,14 +44,15 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, CreatePartitionsRequest,
     CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteGroupsRequest,
-    DeleteGroupsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeGroupsRequest,
-    DescribeGroupsResponse, FetchRequest, FetchResponse, FindCoordinatorRequest,
-    FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse, InitProducerIdRequest,
-    InitProducerIdResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest,
-    LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse, ListOffsetsRequest,
-    ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetCommitRequest,
-    OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, ProduceRequest, ProduceResponse,
-    SyncGroupRequest, SyncGroupResponse,
+    DeleteGroupsResponse, DeleteTopicsRequest, DeleteTopicsResponse, DescribeClusterRequest,
+    DescribeClusterResponse, DescribeConfigsRequest, DescribeConfigsResponse,
+    DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, FindCoordinatorResponse, HeartbeatRequest, HeartbeatResponse,
+    InitProducerIdRequest, InitProducerIdResponse, JoinGroupRequest, JoinGroupResponse,
+    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+    OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
+    ProduceRequest, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 use narad_storage::Store;
@@ -265,6 +267,10 @@ pub(crate) enum Request {
     DeleteTopics(DeleteTopicsRequest),
     /// CreatePartitions.
     CreatePartitions(CreatePartitionsRequest),
+    /// DescribeConfigs.
+    DescribeConfigs(DescribeConfigsRequest),
+    /// DescribeCluster.
+    DescribeCluster(DescribeClusterRequest),
 }
 
 impl Request {
@@ -313,6 +319,12 @@ impl Request {
             ApiKey::CreatePartitions => {
                 Request::CreatePartitions(CreatePartitionsRequest::decode(body, version)?)
             }
+            ApiKey::DescribeConfigs => {
+                Request::DescribeConfigs(DescribeConfigsRequest::decode(body, version)?)
+            }
+            ApiKey::DescribeCluster => {
+                Request::DescribeCluster(DescribeClusterRequest::decode(body, version)?)
+            }
             other => anyhow::bail!("{other:?} is not offered"),
         })
     }
@@ -359,6 +371,10 @@ pub(crate) enum Response {
     DeleteTopics(DeleteTopicsResponse),
     /// CreatePartitions.
     CreatePartitions(CreatePartitionsResponse),
+    /// DescribeConfigs.
+    DescribeConfigs(DescribeConfigsResponse),
+    /// DescribeCluster.
+    DescribeCluster(DescribeClusterResponse),
 }
 
 impl Response {
@@ -384,6 +400,8 @@ impl Response {
             Response::CreateTopics(r) => r.encode(out, version),
             Response::DeleteTopics(r) => r.encode(out, version),
             Response::CreatePartitions(r) => r.encode(out, version),
+            Response::DescribeConfigs(r) => r.encode(out, version),
+            Response::DescribeCluster(r) => r.encode(out, version),
         }
     }
 }
@@ -464,6 +482,18 @@ pub(crate) async fn handle(
             Outcome::Respond(Response::CreatePartitions(
                 admin::create_partitions(deps, req).await,
             ))
+        }
+        Request::DescribeConfigs(req) => {
+            deps.metrics.request(ApiKey::DescribeConfigs);
+            Outcome::Respond(Response::DescribeConfigs(
+                describe::describe_configs(deps, advertised, req, version).await,
+            ))
+        }
+        Request::DescribeCluster(req) => {
+            deps.metrics.request(ApiKey::DescribeCluster);
+            Outcome::Respond(Response::DescribeCluster(describe::describe_cluster(
+                deps, advertised, &req, version,
+            )))
         }
         // Taken above.
         Request::FindCoordinator(_)
@@ -706,6 +736,30 @@ mod tests {
                 req.topics = vec![topic];
                 Request::CreatePartitions(req)
             }
+            ApiKey::DescribeConfigs => {
+                use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+                let mut req = DescribeConfigsRequest::default();
+                req.resources = [(2, "t"), (2, "missing"), (4, ""), (4, "12345"), (8, "x")]
+                    .map(|(kind, n)| {
+                        let mut r = DescribeConfigsResource::default();
+                        r.resource_type = kind;
+                        r.resource_name = StrBytes::from_static_str(n);
+                        r.configuration_keys = None;
+                        r
+                    })
+                    .to_vec();
+                req.include_synonyms = true;
+                req.include_documentation = version >= 3;
+                Request::DescribeConfigs(req)
+            }
+            ApiKey::DescribeCluster => {
+                let mut req = DescribeClusterRequest::default();
+                req.include_cluster_authorized_operations = true;
+                if version >= 1 {
+                    req.endpoint_type = 1;
+                }
+                Request::DescribeCluster(req)
+            }
             ApiKey::ApiVersions => Request::ApiVersions,
             ApiKey::InitProducerId => Request::InitProducerId(InitProducerIdRequest::default()),
             ApiKey::Metadata => {
@@ -788,11 +842,10 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread")]
-    async fn every_answer_encodes_at_every_offered_version_errors_included() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
-        let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir.path()).unwrap());
+    /// A listener's dependencies over `dir`, with topic `t` (one partition, one record).
+    async fn test_deps(dir: &std::path::Path) -> Arc<KafkaDeps> {
+        let store = Arc::new(Store::open(dir, StoreOptions::default()).unwrap());
+        let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir).unwrap());
         metastore
             // From JSON, so fields added to the metastore's topics later take their defaults.
             .create_topic(
@@ -819,7 +872,9 @@ mod tests {
                 },
             )
             .unwrap();
-        let (_trigger, shutdown) = crate::shutdown::channel();
+        // Dropped with the helper: a listener's shutdown, never triggered in these tests.
+        let (trigger, shutdown) = crate::shutdown::channel();
+        std::mem::forget(trigger);
         let producer = Arc::new(Producer::new(Arc::clone(&store)));
         let ownership: Arc<dyn PartitionOwnership> = Arc::new(SingleNode::default());
         let topics = Arc::new(crate::topics::TopicService::new(
@@ -836,7 +891,7 @@ mod tests {
             Arc::clone(&topics),
             crate::groups::GroupsConfig::default(),
         ));
-        let deps = Arc::new(
+        Arc::new(
             KafkaDeps::new(
                 Limits::default(),
                 Arc::clone(&store),
@@ -848,7 +903,13 @@ mod tests {
             )
             .with_admin(topics, admin::AdminAccess::Open)
             .with_groups(coordinator),
-        );
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_answer_encodes_at_every_offered_version_errors_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = test_deps(dir.path()).await;
         let advertised = Advertised {
             host: "127.0.0.1".into(),
             port: 9092,
@@ -872,5 +933,37 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{api:?} v{version}: {e}"));
             }
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_describe_configs_naming_thousands_of_resources_answers_the_first_thousand() {
+        use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+        let dir = tempfile::tempdir().unwrap();
+        let deps = test_deps(dir.path()).await;
+        let advertised = Advertised {
+            host: "127.0.0.1".into(),
+            port: 9092,
+        };
+        let mut request = DescribeConfigsRequest::default();
+        request.resources = (0..5_000)
+            .map(|_| {
+                let mut r = DescribeConfigsResource::default();
+                r.resource_type = 2;
+                r.resource_name = StrBytes::from_static_str("t");
+                // Every config (an empty list would ask for none).
+                r.configuration_keys = None;
+                r
+            })
+            .collect();
+        let answer = describe::describe_configs(&deps, &advertised, request, 4).await;
+        assert_eq!(answer.results.len(), 5_000);
+        let answered = answer.results.iter().filter(|r| r.error_code == 0).count();
+        assert_eq!(answered, describe::MAX_RESOURCES_PER_REQUEST);
+        assert!(
+            answer.results[1_000..]
+                .iter()
+                .all(|r| r.error_code == 42 && r.configs.is_empty())
+        );
+        assert_eq!(answer.results[0].configs.len(), 4);
     }
 }

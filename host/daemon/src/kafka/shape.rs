@@ -8,9 +8,9 @@
 //! bytes left cannot be honest. The walk knows the array-bearing requests offered
 //! (Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup,
 //! LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups,
-//! CreateTopics, DeleteTopics, CreatePartitions) at every
-//! offered version, and Heartbeat, which has none, field by field; ApiVersions and
-//! InitProducerId have no arrays. Remove this when the crate bounds its own allocations.
+//! CreateTopics, DeleteTopics, CreatePartitions, DescribeConfigs) at every
+//! offered version, and Heartbeat, which has none, field by field; ApiVersions,
+//! InitProducerId and DescribeCluster have no arrays. Remove this when the crate bounds its own allocations.
 
 use kafka_protocol::messages::ApiKey;
 
@@ -503,7 +503,26 @@ pub(crate) fn check(api: ApiKey, version: i16, body: &[u8]) -> Walk {
             r.tags()?;
             r.end()
         }
-        // No arrays (ApiVersions, InitProducerId), or not offered (refused before this).
+        ApiKey::DescribeConfigs => {
+            let mut r = Reader {
+                buf: body,
+                flexible: v >= 4,
+            };
+            r.array(|r| {
+                r.skip(1)?; // resource type
+                r.string()?; // resource name
+                r.array(Reader::string)?; // configuration keys (nullable)
+                r.tags()
+            })?;
+            r.skip(1)?; // include synonyms
+            if v >= 3 {
+                r.skip(1)?; // include documentation
+            }
+            r.tags()?;
+            r.end()
+        }
+        // No arrays (ApiVersions, InitProducerId, DescribeCluster), or not offered (refused
+        // before this).
         _ => Ok(()),
     }
 }
@@ -776,6 +795,20 @@ mod tests {
                 req.validate_only = true;
                 req.encode(&mut out, version).unwrap();
             }
+            ApiKey::DescribeConfigs => {
+                use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+                let mut keyed = DescribeConfigsResource::default();
+                keyed.resource_type = 2;
+                keyed.resource_name = text("orders");
+                keyed.configuration_keys = Some(vec![text("retention.ms"), text("cleanup.policy")]);
+                let mut all = keyed.clone();
+                all.configuration_keys = None;
+                let mut req = kafka_protocol::messages::DescribeConfigsRequest::default();
+                req.resources = vec![keyed, all];
+                req.include_synonyms = true;
+                req.include_documentation = version >= 3;
+                req.encode(&mut out, version).unwrap();
+            }
             _ => return None,
         }
         Some(out.to_vec())
@@ -804,10 +837,11 @@ mod tests {
         }
         assert_eq!(
             walked,
-            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3 + 4 + 6 + 4,
+            12 + 7 + 9 + 7 + 5 + 10 + 6 + 5 + 6 + 7 + 8 + 5 + 6 + 3 + 4 + 6 + 4 + 4,
             "Metadata, Produce, Fetch, ListOffsets, FindCoordinator, JoinGroup, SyncGroup, \
              Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, \
-             DeleteGroups, CreateTopics, DeleteTopics and CreatePartitions versions"
+             DeleteGroups, CreateTopics, DeleteTopics, CreatePartitions and DescribeConfigs \
+             versions"
         );
     }
 

@@ -122,3 +122,74 @@ fn while_the_daemon_requires_its_token_the_kafka_listener_creates_no_topic() {
     let (status, _) = describe(&node.daemon.url(), "events");
     assert_eq!(status, 404, "no topic was created");
 }
+
+#[test]
+fn admin_clients_read_topic_and_broker_configs_and_the_cluster() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start(dir.path());
+    let base = node.daemon.url();
+    let bootstrap = node.kafka.to_string();
+    // One topic with a retention of its own, one without.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&serde_json::json!({"name": "orders", "partitions": 2, "retention_ms": 86_400_000})),
+    )
+    .expect("create orders");
+    assert!((200..300).contains(&status), "{body}");
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&serde_json::json!({"name": "audit", "partitions": 1})),
+    )
+    .expect("create audit");
+    assert!((200..300).contains(&status), "{body}");
+
+    let seen = admin(&["describe".into(), bootstrap.clone(), "orders".into()]);
+    assert_eq!(seen["topic"]["retention.ms"], "86400000", "{seen}");
+    assert_eq!(seen["topic"]["retention.bytes"], "-1", "{seen}");
+    assert_eq!(seen["topic"]["cleanup.policy"], "delete", "{seen}");
+    assert_eq!(seen["topic"]["min.insync.replicas"], "1", "{seen}");
+    // The topic's own retention is a topic config; the rest are defaults.
+    assert_eq!(
+        seen["sources"]["retention.ms"], "DYNAMIC_TOPIC_CONFIG",
+        "{seen}"
+    );
+    assert_eq!(
+        seen["sources"]["retention.bytes"], "DEFAULT_CONFIG",
+        "{seen}"
+    );
+    assert_eq!(seen["broker"]["num.partitions"], "1", "{seen}");
+    assert_eq!(
+        seen["broker"]["auto.create.topics.enable"], "false",
+        "{seen}"
+    );
+    assert_eq!(seen["missing"], serde_json::json!({}), "{seen}");
+    let port = i64::from(node.kafka.port());
+    let brokers = seen["cluster"]["brokers"].as_array().expect("brokers");
+    assert_eq!(brokers.len(), 1, "{seen}");
+    assert_eq!(brokers[0][2], port, "{seen}");
+    assert_eq!(brokers[0][0], seen["cluster"]["controller_id"], "{seen}");
+    assert!(
+        seen["cluster"]["cluster_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty()),
+        "{seen}"
+    );
+
+    let seen = admin(&["describe-librdkafka".into(), bootstrap, "audit".into()]);
+    assert_eq!(seen["topic"]["retention.ms"], "-1", "{seen}");
+    assert_eq!(seen["topic"]["cleanup.policy"], "delete", "{seen}");
+    assert!(
+        seen["missing"]
+            .as_str()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{seen}"
+    );
+    let nodes = seen["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 1, "{seen}");
+    assert_eq!(nodes[0][2], port, "{seen}");
+    assert_eq!(nodes[0][0], seen["controller"], "{seen}");
+}

@@ -14,6 +14,17 @@ grow BOOTSTRAP NAME COUNT
 
 delete BOOTSTRAP NAME...
     kafka-python's delete_topics, one call per name. Prints {"NAME": "ok" | error class}.
+
+describe BOOTSTRAP NAME
+    kafka-python's describe_configs (every config of topic NAME and of the broker, then of a
+    topic that does not exist) and describe_cluster. Prints {"topic": {key: value},
+    "sources": {key: source}, "broker": {key: value}, "missing": {key: value} (empty),
+    "cluster": {"cluster_id", "controller_id", "brokers": [[id, host, port]]}}.
+
+describe-librdkafka BOOTSTRAP NAME
+    confluent-kafka's describe_configs of topic NAME and of a topic that does not exist, and
+    describe_cluster. Prints {"topic": {key: value}, "missing": "ok" | error, "cluster_id",
+    "controller": id, "nodes": [[id, host, port]]}.
 """
 
 import json
@@ -89,6 +100,67 @@ def delete(bootstrap, names):
     print(json.dumps(outcome), flush=True)
 
 
+def describe(bootstrap, name):
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=20000)
+    out = {}
+    configs = admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name)], config_filter="all"
+    )
+    topic = configs["topic"][name]
+    out["topic"] = {key: entry["value"] for key, entry in topic.items()}
+    out["sources"] = {key: str(entry.get("config_source")) for key, entry in topic.items()}
+    cluster = admin.describe_cluster()
+    broker_id = cluster["controller_id"]
+    configs = admin.describe_configs(
+        [ConfigResource(ConfigResourceType.BROKER, str(broker_id))], config_filter="all"
+    )
+    out["broker"] = {
+        key: entry["value"] for key, entry in configs["broker"][str(broker_id)].items()
+    }
+    # kafka-python passes a resource's error over: its configs are simply empty.
+    missing = admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, "no-such-topic")], config_filter="all"
+    )
+    out["missing"] = missing["topic"]["no-such-topic"]
+    out["cluster"] = {
+        "cluster_id": cluster["cluster_id"],
+        "controller_id": cluster["controller_id"],
+        "brokers": sorted(
+            [b["broker_id"], b["host"], b["port"]] for b in cluster["brokers"]
+        ),
+    }
+    admin.close()
+    print(json.dumps(out), flush=True)
+
+
+def describe_librdkafka(bootstrap, name):
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.describe_configs([ConfigResource("topic", name)], request_timeout=20)
+    out = {}
+    for _, future in futures.items():
+        entries = future.result(timeout=30)
+        out["topic"] = {key: entry.value for key, entry in entries.items()}
+    futures = admin.describe_configs(
+        [ConfigResource("topic", "no-such-topic")], request_timeout=20
+    )
+    for _, future in futures.items():
+        try:
+            future.result(timeout=30)
+            out["missing"] = "ok"
+        except Exception as e:
+            out["missing"] = str(e)
+    cluster = admin.describe_cluster(request_timeout=20).result(timeout=30)
+    out["cluster_id"] = cluster.cluster_id
+    out["controller"] = cluster.controller.id if cluster.controller else None
+    out["nodes"] = sorted([n.id, n.host, n.port] for n in cluster.nodes)
+    print(json.dumps(out), flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "create":
@@ -99,6 +171,10 @@ def main():
         grow(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif mode == "delete":
         delete(sys.argv[2], sys.argv[3:])
+    elif mode == "describe":
+        describe(sys.argv[2], sys.argv[3])
+    elif mode == "describe-librdkafka":
+        describe_librdkafka(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode}")
 
