@@ -100,8 +100,9 @@ pub enum ChildCommand {
         /// A file holding the bearer token the target wants (read by the sender; never stored).
         #[arg(long, value_name = "FILE", requires = "remote_url")]
         remote_token_file: Option<String>,
-        /// Where copying begins: `attach` (records committed from now on) or `earliest` (the
-        /// parent's whole retained history, then everything after).
+        /// Where copying begins: `attach` (records committed from now on), `earliest` (the
+        /// parent's whole retained history, then everything after) or `group:NAME` (where a
+        /// Kafka consumer group's committed offsets stand: what it has not read yet).
         #[arg(long, value_name = "FROM", value_parser = parse_start, default_value = "attach")]
         start: AttachStart,
         /// When records aged out of the parent before they were copied: `skip` them (written
@@ -629,9 +630,13 @@ fn parse_start(text: &str) -> Result<AttachStart, String> {
     match text {
         "attach" | "now" => Ok(AttachStart::Attach),
         "earliest" | "beginning" | "oldest" => Ok(AttachStart::Earliest),
-        other => Err(format!(
-            "{other:?} is not a start point: give attach (from now on) or earliest (the parent's oldest record)"
-        )),
+        other => match other.strip_prefix("group:") {
+            Some(group) if !group.is_empty() => Ok(AttachStart::Group(group.to_owned())),
+            _ => Err(format!(
+                "{other:?} is not a start point: give attach (from now on), earliest (the \
+                 parent's oldest record) or group:NAME (a consumer group's committed offsets)"
+            )),
+        },
     }
 }
 

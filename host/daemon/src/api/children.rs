@@ -8,6 +8,7 @@
 //! `ROUTE_ERR_BAD_CONFIG`: such a link would stall on its first record. Other outcomes of the
 //! check do not refuse (the test records are not the link's records).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -52,8 +53,8 @@ pub struct AttachRequest {
     /// Make it a remote child: the records go to a topic of another narad.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteAttach>,
-    /// Where the cursors begin: at the attach point (the default) or at the parent's oldest
-    /// record.
+    /// Where the cursors begin: at the attach point (the default), at the parent's oldest
+    /// record, or at a consumer group's committed offsets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<AttachStart>,
     /// What a cursor does when records it has not copied aged out of the parent: `skip` (the
@@ -66,8 +67,9 @@ pub struct AttachRequest {
     pub dead_letter: Option<String>,
 }
 
-/// Where a new link's cursors begin in each parent partition.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where a new link's cursors begin in each parent partition: `"attach"`, `"earliest"` or
+/// `{"group": "billing"}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachStart {
     /// At the parent's high watermark as the attach is processed: every record committed
@@ -77,6 +79,11 @@ pub enum AttachStart {
     /// At the parent's oldest stored record: its whole retained history, then everything
     /// after. Records retention removes before a cursor reaches them count as dropped.
     Earliest,
+    /// At the offsets this Kafka consumer group has committed on the parent (its consumer
+    /// frontier): the child gets what the group has not read yet. A parent partition the
+    /// group has no offset for starts at the attach point; a group with none on the parent
+    /// is refused.
+    Group(String),
 }
 
 /// Where a remote child's records go, as an attach names it.
@@ -570,6 +577,31 @@ async fn new_link(
         .map_err(unreadable)?;
     let attach_offsets = match req.start.unwrap_or_default() {
         AttachStart::Attach => bounds.iter().map(|b| b.high_watermark).collect(),
+        AttachStart::Group(group) => {
+            let committed: BTreeMap<u32, u64> = super::groups::committed_offsets(state, &group)
+                .await?
+                .into_iter()
+                .filter(|c| c.topic == parent)
+                .filter_map(|c| Some((c.partition, u64::try_from(c.committed).ok()?)))
+                .collect();
+            if committed.is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "consumer group {group:?} has no committed offsets on {parent}: nothing to \
+                     start from (narad group describe {group})"
+                )));
+            }
+            // Never past the end; below the log start the cursor finds the gap and records it.
+            bounds
+                .iter()
+                .enumerate()
+                .map(|(p, b)| {
+                    let p = u32::try_from(p).unwrap_or(u32::MAX);
+                    committed
+                        .get(&p)
+                        .map_or(b.high_watermark, |&c| c.min(b.high_watermark))
+                })
+                .collect()
+        }
         AttachStart::Earliest => bounds
             .iter()
             .enumerate()

@@ -512,6 +512,49 @@ pub(crate) async fn with_lag(
     Ok(offsets)
 }
 
+/// The offsets `group` has committed, asked of its coordinator (another node's in cluster
+/// mode).
+pub(crate) async fn committed_offsets(
+    state: &AppState,
+    group: &str,
+) -> Result<Vec<GroupOffset>, ApiError> {
+    let coordinator = coordinator(state)?;
+    if let Some(cluster) = &state.cluster {
+        let owner = coordinator
+            .coordinator_of(group)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| no_coordinator(group))?;
+        if owner.0 != cluster.node_id() {
+            let info: GroupInfo =
+                super::internal::peer_get(cluster, &owner.0, &format!("/v1/groups/{group}"))
+                    .await
+                    .map_err(|reason| {
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("the coordinator of group {group:?}: {reason}"),
+                        )
+                        .retry_after(1)
+                    })?;
+            return Ok(info.offsets);
+        }
+    }
+    let committed = coordinator.fetch(group, None).await.map_err(unavailable)?;
+    Ok(committed
+        .into_iter()
+        .filter_map(|c| {
+            Some(GroupOffset {
+                partition: u32::try_from(c.partition).ok()?,
+                topic: c.topic,
+                committed: c.offset,
+                high_watermark: None,
+                lag: None,
+                committed_at_ms: c.commit_ms,
+            })
+        })
+        .collect())
+}
+
 /// The `topic/partition`s a consumer-protocol assignment names (empty when it is not one).
 fn assigned_partitions(assignment: &[u8]) -> Vec<String> {
     use kafka_protocol::messages::ConsumerProtocolAssignment;

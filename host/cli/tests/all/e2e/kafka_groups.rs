@@ -791,3 +791,65 @@ fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_the
     let read = member.finish();
     assert_eq!(values(&read), expected(0..80));
 }
+
+#[test]
+fn a_child_attached_at_a_groups_committed_offsets_gets_exactly_what_the_group_has_not_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kafka = start_daemon(dir.path());
+    let base = kafka.daemon.url();
+    create_topic(&base, "orders", 2);
+    produce(&base, "orders", 0..50);
+    let member = Member::start(&kafka, "orders", "billing", 3);
+    wait_for("the member to read every record", || {
+        member.records().len() >= 50
+    });
+    wait_for("its commits to cover the topic", || {
+        group_info(&base, "billing")["total_lag"] == 0
+    });
+    assert_eq!(values(&member.finish()), expected(0..50));
+    produce(&base, "orders", 50..80);
+
+    // A group with no offsets on the parent is no start point.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::PUT,
+        &format!("{base}/v1/topics/orders/children/nowhere"),
+        Some(&json!({"partitions": 2, "start": {"group": "nobody"}})),
+    )
+    .expect("attach at an unknown group");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no committed offsets")),
+        "{body}"
+    );
+
+    crate::e2e::harness::narad_cli(
+        &base,
+        &[
+            "child",
+            "attach",
+            "orders",
+            "unread",
+            "--partitions",
+            "2",
+            "--start",
+            "group:billing",
+        ],
+    );
+    produce(&base, "orders", 80..90);
+    let mut copied = Vec::new();
+    wait_for(
+        "the child to hold what the group had not read, and what came after",
+        || {
+            copied = (0..2)
+                .flat_map(|p| crate::e2e::harness::fetch_all(&http_client(), &base, "unread", p))
+                .filter_map(|r| r["value"].as_str().map(str::to_owned))
+                .collect();
+            copied.len() >= 40
+        },
+    );
+    copied.sort();
+    assert_eq!(copied, expected(50..90));
+}
