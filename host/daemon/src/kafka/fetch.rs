@@ -86,7 +86,6 @@ pub(crate) async fn handle(
             return response;
         }
     }
-    let snapshot = deps.metastore.snapshot().await.ok();
     let fetch_cap = usize::try_from(deps.limits.max_fetch_bytes).unwrap_or(usize::MAX);
     let mut wanted = Vec::new();
     let mut named: HashSet<(String, i32)> = HashSet::new();
@@ -95,7 +94,10 @@ pub(crate) async fn handle(
         answer.topic = topic.topic.clone();
         answer.topic_id = topic.topic_id;
         let name = topic.topic.0.to_string();
-        let meta = snapshot.as_ref().and_then(|s| s.topics.get(&name));
+        // By name: a cost that does not grow with the number of topics (as a whole snapshot
+        // per fetch did, and every consumer fetches in a loop).
+        let meta = deps.metastore.topic(&name).await.ok().flatten();
+        let meta = meta.as_ref();
         for (p, partition) in topic.partitions.into_iter().enumerate() {
             let mut data = PartitionData::default();
             data.partition_index = partition.partition;

@@ -30,13 +30,12 @@ pub(crate) async fn handle(
     request: ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
-    let snapshot = deps.metastore.snapshot().await.ok();
     let mut response = ListOffsetsResponse::default();
     for topic in request.topics {
         let mut answer = ListOffsetsTopicResponse::default();
         answer.name = topic.name.clone();
         let name = topic.name.0.to_string();
-        let meta = snapshot.as_ref().and_then(|s| s.topics.get(&name)).cloned();
+        let meta = deps.metastore.topic(&name).await.ok().flatten();
         for partition in topic.partitions {
             let mut out = ListOffsetsPartitionResponse::default();
             out.partition_index = partition.partition_index;

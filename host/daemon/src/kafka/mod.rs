@@ -844,8 +844,15 @@ mod tests {
 
     /// A listener's dependencies over `dir`, with topic `t` (one partition, one record).
     async fn test_deps(dir: &std::path::Path) -> Arc<KafkaDeps> {
+        test_deps_over(dir, Arc::new(FileMetastore::open(dir).unwrap())).await
+    }
+
+    /// [`test_deps`] with `metastore`.
+    async fn test_deps_over(
+        dir: &std::path::Path,
+        metastore: Arc<dyn Metastore>,
+    ) -> Arc<KafkaDeps> {
         let store = Arc::new(Store::open(dir, StoreOptions::default()).unwrap());
-        let metastore: Arc<dyn Metastore> = Arc::new(FileMetastore::open(dir).unwrap());
         metastore
             // From JSON, so fields added to the metastore's topics later take their defaults.
             .create_topic(
@@ -965,5 +972,89 @@ mod tests {
                 .all(|r| r.error_code == 42 && r.configs.is_empty())
         );
         assert_eq!(answer.results[0].configs.len(), 4);
+    }
+
+    /// A metastore that counts whole snapshots, and answers everything else from `inner`.
+    struct CountingSnapshots {
+        inner: FileMetastore,
+        snapshots: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Metastore for CountingSnapshots {
+        fn snapshot(
+            &self,
+        ) -> crate::metastore::BoxFuture<'_, crate::metastore::Result<crate::metastore::Snapshot>>
+        {
+            self.snapshots
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.snapshot()
+        }
+        fn confirm(
+            &self,
+        ) -> crate::metastore::BoxFuture<'_, crate::metastore::Result<crate::metastore::Snapshot>>
+        {
+            self.inner.confirm()
+        }
+        fn versions(
+            &self,
+        ) -> crate::metastore::BoxFuture<'_, crate::metastore::Result<crate::metastore::Versions>>
+        {
+            self.inner.versions()
+        }
+        fn topic<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> crate::metastore::BoxFuture<'a, crate::metastore::Result<Option<TopicMeta>>> {
+            self.inner.topic(name)
+        }
+        fn parents_of<'a>(
+            &'a self,
+            child: &'a str,
+        ) -> crate::metastore::BoxFuture<'a, crate::metastore::Result<Vec<String>>> {
+            self.inner.parents_of(child)
+        }
+        fn apply(
+            &self,
+            change: crate::metastore::Change,
+        ) -> crate::metastore::BoxFuture<'_, crate::metastore::Result<crate::metastore::Outcome>>
+        {
+            self.inner.apply(change)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn produce_fetch_and_list_offsets_look_topics_up_by_name_without_a_whole_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let counting = Arc::new(CountingSnapshots {
+            inner: FileMetastore::open(dir.path()).unwrap(),
+            snapshots: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let deps = test_deps_over(dir.path(), Arc::clone(&counting) as Arc<dyn Metastore>).await;
+        let advertised = Advertised {
+            host: "127.0.0.1".into(),
+            port: 9092,
+        };
+        // What clients send in a loop: produces, fetches, offset lookups.
+        for (api, version) in [
+            (ApiKey::Produce, 9),
+            (ApiKey::Fetch, 12),
+            (ApiKey::ListOffsets, 7),
+        ] {
+            let before = counting.snapshots.load(std::sync::atomic::Ordering::SeqCst);
+            let outcome = handle(
+                &deps,
+                &advertised,
+                &groups::Client::default(),
+                version,
+                requests(version, api),
+            )
+            .await;
+            assert!(matches!(outcome, Outcome::Respond(_)), "{api:?}");
+            assert_eq!(
+                counting.snapshots.load(std::sync::atomic::Ordering::SeqCst),
+                before,
+                "{api:?} took a whole snapshot"
+            );
+        }
     }
 }

@@ -58,7 +58,6 @@ pub(crate) async fn handle(
     } else {
         None
     };
-    let snapshot = deps.metastore.snapshot().await;
     let limits = BatchLimits {
         max_records: deps.limits.max_batch_records as usize,
         max_record_bytes: usize::try_from(deps.limits.max_record_bytes).unwrap_or(usize::MAX),
@@ -72,19 +71,22 @@ pub(crate) async fn handle(
         let mut topic = TopicProduceResponse::default();
         topic.name = topic_data.name.clone();
         let name = topic_data.name.0.to_string();
-        let meta = match &snapshot {
-            Ok(snapshot) => snapshot.topics.get(&name).cloned(),
-            Err(_) => None,
+        // The topic and the links into it, looked up by name: a cost that does not grow with
+        // the number of topics (a whole snapshot per request did).
+        let looked_up = match deps.metastore.topic(&name).await {
+            // A fan-out child holds only what its cursors copy, unless the topic lets
+            // producers write to it.
+            Ok(Some(meta)) if !meta.writable_as_child => deps
+                .metastore
+                .parents_of(&name)
+                .await
+                .map(|parents| (Some(meta), parents.into_iter().next())),
+            Ok(meta) => Ok((meta, None)),
+            Err(e) => Err(e),
         };
-        // A fan-out child holds only what its cursors copy, unless the topic lets producers
-        // write to it.
-        let child_of = match (&snapshot, &meta) {
-            (Ok(snapshot), Some(meta)) if !meta.writable_as_child => {
-                crate::metastore::parents_in(snapshot, &name)
-                    .into_iter()
-                    .next()
-            }
-            _ => None,
+        let (meta, child_of, metastore_error) = match looked_up {
+            Ok((meta, child_of)) => (meta, child_of, None),
+            Err(e) => (None, None, Some(e)),
         };
         for (p, data) in topic_data.partition_data.into_iter().enumerate() {
             let mut answer = PartitionProduceResponse::default();
@@ -100,7 +102,7 @@ pub(crate) async fn handle(
                         data.index
                     ),
                 ))
-            } else if let Err(e) = &snapshot {
+            } else if let Some(e) = &metastore_error {
                 Some((ResponseError::UnknownServerError, format!("metastore: {e}")))
             } else if crate::topics::is_internal(&name) {
                 Some((
