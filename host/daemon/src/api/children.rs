@@ -924,7 +924,8 @@ pub async fn seek(
                     format!("{id} has no owner in the cluster metadata"),
                 )
             })?;
-            seek_on(cluster, &owner.0, &parent, &child, &request)
+            let path = format!("/internal/v1/topics/{parent}/children/{child}/seek");
+            super::internal::peer_post(cluster, &owner.0, &path, &request, "the seek")
                 .await
                 .map(Json)
         }
@@ -976,40 +977,6 @@ async fn seek_here(
             ),
         )),
     }
-}
-
-/// The seek asked of `node`, which runs the cursor.
-async fn seek_on(
-    cluster: &crate::cluster::ClusterContext,
-    node: &str,
-    parent: &str,
-    child: &str,
-    request: &SeekRequest,
-) -> Result<crate::fanout::status::SeekDone, ApiError> {
-    use crate::cluster::PeerError;
-    let failed = |e: PeerError| {
-        let status = e
-            .status
-            .and_then(|s| StatusCode::from_u16(s).ok())
-            .filter(|s| !s.is_success())
-            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        ApiError::new(status, e.to_string())
-    };
-    let path = format!("/internal/v1/topics/{parent}/children/{child}/seek");
-    let answer = cluster
-        .post_peer(node, &path, request, crate::cluster::PEER_CALL_TIMEOUT)
-        .await
-        .map_err(failed)?;
-    if !answer.status().is_success() {
-        return Err(failed(PeerError::refused(node, answer).await));
-    }
-    answer.json().await.map_err(|e| {
-        failed(PeerError::new(
-            node,
-            None,
-            format!("answered something else: {e}"),
-        ))
-    })
 }
 
 /// `GET /v1/topics/{parent}/children` query string.

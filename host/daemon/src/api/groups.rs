@@ -285,7 +285,9 @@ pub(crate) async fn reset_offsets(
             .map_err(unavailable)?
             .ok_or_else(|| no_coordinator(&group))?;
         if owner.0 != cluster.node_id() {
-            return reset_on(cluster, &owner.0, &group, &request)
+            let path = format!("/internal/v1/groups/{group}/reset-offsets");
+            let what = format!("the coordinator of group {group:?}");
+            return super::internal::peer_post(cluster, &owner.0, &path, &request, &what)
                 .await
                 .map(Json);
         }
@@ -308,39 +310,6 @@ fn no_coordinator(group: &str) -> ApiError {
         format!("group {group:?} has no coordinator now (its offsets partition has no owner)"),
     )
     .retry_after(1)
-}
-
-/// The reset asked of `node`, the group's coordinator.
-async fn reset_on(
-    cluster: &crate::cluster::ClusterContext,
-    node: &str,
-    group: &str,
-    request: &ResetOffsets,
-) -> Result<ResetDone, ApiError> {
-    use crate::cluster::PeerError;
-    let failed = |e: PeerError| {
-        let status = e
-            .status
-            .and_then(|s| StatusCode::from_u16(s).ok())
-            .filter(|s| !s.is_success())
-            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        ApiError::new(status, format!("the coordinator of group {group:?}: {e}"))
-    };
-    let path = format!("/internal/v1/groups/{group}/reset-offsets");
-    let answer = cluster
-        .post_peer(node, &path, request, crate::cluster::PEER_CALL_TIMEOUT)
-        .await
-        .map_err(failed)?;
-    if !answer.status().is_success() {
-        return Err(failed(PeerError::refused(node, answer).await));
-    }
-    answer.json().await.map_err(|e| {
-        failed(PeerError::new(
-            node,
-            None,
-            format!("answered something else: {e}"),
-        ))
-    })
 }
 
 async fn reset_here(

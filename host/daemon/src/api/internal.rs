@@ -79,6 +79,45 @@ pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
         .map_err(|e| format!("node {node} answered something else: {e}"))
 }
 
+/// `POST {node's address}{path}` with `body` under the peer secret, decoded as JSON: an
+/// operator's action carried out on the node that holds what it acts on. The node's own
+/// refusal keeps its status; no answer is 503. `what` names the action in the error.
+pub(crate) async fn peer_post<B, T>(
+    cluster: &crate::cluster::ClusterContext,
+    node: &str,
+    path: &str,
+    body: &B,
+    what: &str,
+) -> Result<T, ApiError>
+where
+    B: Serialize + ?Sized,
+    T: serde::de::DeserializeOwned,
+{
+    use crate::cluster::PeerError;
+    let failed = |e: PeerError| {
+        let status = e
+            .status
+            .and_then(|s| axum::http::StatusCode::from_u16(s).ok())
+            .filter(|s| !s.is_success())
+            .unwrap_or(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        ApiError::new(status, format!("{what}: {e}"))
+    };
+    let answer = cluster
+        .post_peer(node, path, body, crate::cluster::PEER_CALL_TIMEOUT)
+        .await
+        .map_err(failed)?;
+    if !answer.status().is_success() {
+        return Err(failed(PeerError::refused(node, answer).await));
+    }
+    answer.json().await.map_err(|e| {
+        failed(PeerError::new(
+            node,
+            None,
+            format!("answered something else: {e}"),
+        ))
+    })
+}
+
 /// Asks each node other than this one that owns a partition of `topic` for `path` (a
 /// `?local=true` listing), concurrently; returns each node's answer. A call whose task failed
 /// is left out, as a node that did not answer.
@@ -140,12 +179,13 @@ pub(crate) struct PartitionBounds {
     pub high_watermark: u64,
 }
 
-/// `GET /internal/v1/topics/{t}/high-watermarks`: this node's partitions of `t`.
-pub(crate) async fn high_watermarks(
-    State(state): State<AppState>,
-    ApiPath(topic): ApiPath<String>,
-) -> Result<Json<HighWatermarks>, ApiError> {
-    let meta = require_topic(&state, &topic).await?;
+/// Topic `topic` and the partitions of it this node owns, each made ready here (a partition
+/// just placed on this node gets its directory).
+async fn local_partitions(
+    state: &AppState,
+    topic: &str,
+) -> Result<(crate::metastore::TopicMeta, Vec<u32>), ApiError> {
+    let meta = require_topic(state, topic).await?;
     let mine: Vec<u32> = (0..meta.partitions)
         .filter(|&p| {
             state
@@ -156,6 +196,15 @@ pub(crate) async fn high_watermarks(
     for &p in &mine {
         state.topics.ensure_owned(&meta, p).await?;
     }
+    Ok((meta, mine))
+}
+
+/// `GET /internal/v1/topics/{t}/high-watermarks`: this node's partitions of `t`.
+pub(crate) async fn high_watermarks(
+    State(state): State<AppState>,
+    ApiPath(topic): ApiPath<String>,
+) -> Result<Json<HighWatermarks>, ApiError> {
+    let (meta, mine) = local_partitions(&state, &topic).await?;
     let bounds = read_local(&state.store, &meta.name, mine)
         .await
         .map_err(|reason| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, reason))?;
@@ -316,17 +365,7 @@ pub(crate) async fn offsets_at(
     ApiPath(topic): ApiPath<String>,
     ApiQuery(query): ApiQuery<OffsetsAtQuery>,
 ) -> Result<Json<OffsetsAt>, ApiError> {
-    let meta = require_topic(&state, &topic).await?;
-    let mine: Vec<u32> = (0..meta.partitions)
-        .filter(|&p| {
-            state
-                .ownership
-                .is_local(&PartitionId::new(meta.name.clone(), p))
-        })
-        .collect();
-    for &p in &mine {
-        state.topics.ensure_owned(&meta, p).await?;
-    }
+    let (meta, mine) = local_partitions(&state, &topic).await?;
     let partitions = search_local(&state.store, &meta.name, mine, query.ms)
         .await
         .map_err(|reason| ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, reason))?;

@@ -252,6 +252,24 @@ pub fn send_json(
     Ok((status, value))
 }
 
+/// The daemon's `/metrics` text.
+pub fn scrape(base: &str) -> String {
+    http_client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("scrape /metrics")
+}
+
+/// One sample of a scrape by its series name, labels included as the text shows them
+/// (`narad_x{a="1"}`); `None` when the series is not there.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.trim().parse().ok())?
+    })
+}
+
 /// Reads every record of a partition from its log start to its high watermark.
 pub fn fetch_all(
     client: &reqwest::blocking::Client,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, http_client, send_json};
+use crate::e2e::harness::{Daemon, http_client, sample, scrape, send_json};
 
 /// How long a test waits for something the daemon must do within a second or two: generous,
 /// so a busy machine does not fail the test, while the code before these limits (which never
@@ -107,21 +107,6 @@ fn closed_by_daemon(stream: &mut TcpStream, within: Duration) -> bool {
 }
 
 /// The value of an un-labelled sample in a Prometheus text scrape.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        let (series, value) = l.split_once(' ')?;
-        (series == name).then(|| value.trim().parse().ok())?
-    })
-}
-
-fn scrape(base: &str) -> String {
-    http_client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .and_then(|r| r.text())
-        .expect("scrape /metrics")
-}
-
 #[test]
 fn a_connection_that_never_finishes_its_request_head_is_closed_after_the_header_timeout() {
     let dir = tempfile::tempdir().expect("temp dir");

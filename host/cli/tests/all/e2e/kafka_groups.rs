@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::harness::{http_client, send_json};
+use super::harness::{http_client, sample, scrape, send_json};
 use super::kafka::{KafkaDaemon, create_topic, exchange, run, script, start_with};
 
 /// Bound on waiting for a group to settle or records to be read; generous for a busy machine.
@@ -521,22 +521,6 @@ fn a_zombie_members_commit_after_the_group_moved_on_is_refused() {
     );
 }
 
-/// One sample of `/metrics` by its series name with labels.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|l| {
-        let (name, value) = l.rsplit_once(' ')?;
-        (name == series).then(|| value.trim().parse().ok())?
-    })
-}
-
-fn scrape(base: &str) -> String {
-    http_client()
-        .get(format!("{base}/metrics"))
-        .send()
-        .and_then(|r| r.text())
-        .expect("scrape /metrics")
-}
-
 /// `GET /v1/groups/{group}`.
 fn group_info(base: &str, group: &str) -> Value {
     let (status, body) = send_json(
@@ -692,25 +676,18 @@ fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_the
     std::thread::sleep(Duration::from_millis(50));
     produce(&base, "orders", 50..80);
 
+    let reset = |args: &[&str]| {
+        crate::e2e::harness::narad_cli(
+            &base,
+            &[&["group", "reset-offsets", "billing"], args].concat(),
+        )
+    };
     // Without --execute: the plan, and nothing changes.
-    let plan = crate::e2e::harness::narad_cli(
-        &base,
-        &["group", "reset-offsets", "billing", "--to", "earliest"],
-    );
+    let plan = reset(&["--to", "earliest"]);
     assert!(plan.contains("nothing changed yet"), "{plan}");
     assert_eq!(committed_of(&base, "billing"), first_commits);
 
-    let done = crate::e2e::harness::narad_cli(
-        &base,
-        &[
-            "group",
-            "reset-offsets",
-            "billing",
-            "--to",
-            "earliest",
-            "--execute",
-        ],
-    );
+    let done = reset(&["--to", "earliest", "--execute"]);
     assert!(done.contains("group billing: 2 offsets reset"), "{done}");
     let zero: BTreeMap<String, i64> = [("orders/0".to_owned(), 0), ("orders/1".to_owned(), 0)]
         .into_iter()
@@ -730,45 +707,13 @@ fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_the
     assert_eq!(status, 200, "{body}");
     assert_eq!(committed_of(&base, "billing"), first_commits, "{body}");
     // A time after every record is each partition's end; an offset is kept within the range.
-    crate::e2e::harness::narad_cli(
-        &base,
-        &[
-            "group",
-            "reset-offsets",
-            "billing",
-            "--to",
-            "2100-01-01T00:00:00Z",
-            "--execute",
-        ],
-    );
+    reset(&["--to", "2100-01-01T00:00:00Z", "--execute"]);
     assert_eq!(group_info(&base, "billing")["total_lag"], 0);
-    crate::e2e::harness::narad_cli(
-        &base,
-        &[
-            "group",
-            "reset-offsets",
-            "billing",
-            "--to",
-            "1000000",
-            "--topic",
-            "orders",
-            "--execute",
-        ],
-    );
+    reset(&["--to", "1000000", "--topic", "orders", "--execute"]);
     assert_eq!(group_info(&base, "billing")["total_lag"], 0);
 
     // Back to the start: the group's next member reads every record again.
-    crate::e2e::harness::narad_cli(
-        &base,
-        &[
-            "group",
-            "reset-offsets",
-            "billing",
-            "--to",
-            "earliest",
-            "--execute",
-        ],
-    );
+    reset(&["--to", "earliest", "--execute"]);
     let member = Member::start(&kafka, "orders", "billing", 5);
     wait_for("the new member to read every record from the start", || {
         member.records().len() >= 80
