@@ -261,13 +261,22 @@ fn records_produced_through_any_node_reach_a_child_on_other_nodes_once_in_key_or
     )
     .expect("attach");
     ok(status, &link, "attach");
-    let (_, copy) = send_json(
-        &client,
-        Method::GET,
-        &format!("{}/v1/topics/copy", cluster.url(2)),
-        None,
-    )
-    .expect("describe");
+    // Another node serves its watched copy of the metadata: the new child shows there
+    // within a moment, not necessarily at once.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let copy = loop {
+        let (status, copy) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/copy", cluster.url(2)),
+            None,
+        )
+        .expect("describe");
+        if status == 200 || Instant::now() > deadline {
+            break copy;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let child_owners: Vec<String> = copy["owners"]
         .as_array()
         .expect("owners")
