@@ -139,7 +139,8 @@ impl Rig {
         let (store, metastore) = {
             let (dir, fs) = (data_dir.to_path_buf(), fs.clone());
             blocking(move || -> Result<(Store, FileMetastore), BenchError> {
-                std::fs::create_dir_all(&dir)
+                // Owner-only, as the store wants its directory.
+                narad_storage::fs::FileSystem::create_dir_all(&narad_storage::fs::RealFs, &dir)
                     .map_err(BenchError::io(format!("creating {}", dir.display())))?;
                 let store = Store::open(
                     &dir,

@@ -519,7 +519,10 @@ fn write_local(dir: &Path, path: &Path, identity: &LocalIdentity) -> Result<()> 
         path: path.to_owned(),
         reason: e.to_string(),
     };
-    std::fs::create_dir_all(dir).map_err(failed)?;
+    // Owner-only, as everything in the data directory (a 0755 directory would be tightened,
+    // with a warning, at every start).
+    narad_storage::fs::FileSystem::create_dir_all(&narad_storage::fs::RealFs, dir)
+        .map_err(failed)?;
     let bytes =
         serde_json::to_vec_pretty(identity).map_err(|e| failed(std::io::Error::other(e)))?;
     crate::durable::replace_file(dir, IDENTITY_FILE, &bytes).map_err(failed)?;
