@@ -123,11 +123,13 @@ fn topic_rows(topics: &[TopicInfo]) -> String {
 fn describe_text(d: &TopicDescription) -> String {
     let mut out = topic_rows(std::slice::from_ref(&d.topic));
     out.push('\n');
+    // Cluster mode: which node holds each partition (its figures come from there).
+    let clustered = d.partition_stats.iter().any(|p| p.owner.is_some());
     let rows: Vec<Vec<String>> = d
         .partition_stats
         .iter()
         .map(|p| {
-            vec![
+            let mut row = vec![
                 p.partition.to_string(),
                 p.log_start_offset.to_string(),
                 p.high_watermark
@@ -138,20 +140,25 @@ fn describe_text(d: &TopicDescription) -> String {
                     Some(r) => format!("{}: {r}", p.state),
                     None => p.state.clone(),
                 },
-            ]
+            ];
+            if clustered {
+                row.push(p.owner.clone().unwrap_or_else(|| "-".to_owned()));
+            }
+            row
         })
         .collect();
-    out.push_str(&table::render(
-        &[
-            "PARTITION",
-            "LOG_START",
-            "HIGH_WATERMARK",
-            "BYTES",
-            "SEGMENTS",
-            "STATE",
-        ],
-        &rows,
-    ));
+    let mut header = vec![
+        "PARTITION",
+        "LOG_START",
+        "HIGH_WATERMARK",
+        "BYTES",
+        "SEGMENTS",
+        "STATE",
+    ];
+    if clustered {
+        header.push("OWNER");
+    }
+    out.push_str(&table::render(&header, &rows));
     // Records recovery cut off a torn tail are shown under the table: they may have been
     // acknowledged, and the operator has to decide about the kept-aside bytes.
     for p in &d.partition_stats {
@@ -312,7 +319,7 @@ pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use narad_host::api::types::LinkEnds;
+    use narad_host::api::types::{LinkEnds, PartitionInfo};
 
     fn topic(name: &str) -> TopicInfo {
         TopicInfo {
@@ -324,6 +331,45 @@ mod tests {
             owners: Vec::new(),
             writable_as_child: false,
         }
+    }
+
+    #[test]
+    fn in_cluster_mode_a_topic_description_names_each_partitions_owner() {
+        let partition = |p: u32, owner: Option<&str>| PartitionInfo {
+            partition: p,
+            log_start_offset: 0,
+            high_watermark: Some(7),
+            size_bytes: 100,
+            segments: 1,
+            state: "ok".into(),
+            reason: None,
+            recovered_cut: None,
+            owner: owner.map(str::to_owned),
+        };
+        let clustered = describe_text(&TopicDescription {
+            topic: topic("orders"),
+            partition_stats: vec![partition(0, Some("n2")), partition(1, Some("n3"))],
+        });
+        let lines: Vec<&str> = clustered.lines().collect();
+        let header = lines.iter().find(|l| l.starts_with("PARTITION")).unwrap();
+        assert!(header.trim_end().ends_with("OWNER"), "{clustered}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with('0') && l.trim_end().ends_with("n2")),
+            "{clustered}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with('1') && l.trim_end().ends_with("n3")),
+            "{clustered}"
+        );
+        let single = describe_text(&TopicDescription {
+            topic: topic("orders"),
+            partition_stats: vec![partition(0, None)],
+        });
+        assert!(!single.contains("OWNER"), "{single}");
     }
 
     #[test]
