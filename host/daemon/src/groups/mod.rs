@@ -404,15 +404,29 @@ impl Coordinator {
             return Ok(code::NONE);
         }
         let mut slot = self.slot(&id).await?;
+        self.write_offsets(&id, &mut slot, group, entries, "committing offsets")
+            .await
+    }
+
+    /// Writes `entries` of `group` to its offsets partition `id` (one record, committed as a
+    /// produce is) and then into the offsets `slot` holds; `what` names the act in an error.
+    async fn write_offsets(
+        &self,
+        id: &PartitionId,
+        slot: &mut Slot,
+        group: &str,
+        entries: Vec<Committed>,
+        what: &str,
+    ) -> Result<i16, GroupError> {
         let Some(held) = slot.offsets.as_mut() else {
             return Err(GroupError::Loading);
         };
         if !held.contains_key(group) && held.len() >= MAX_GROUPS_PER_PARTITION {
             return Err(GroupError::TooManyGroups);
         }
-        self.append(&id, group, &GroupRecord::Offsets(entries.clone()))
+        self.append(id, group, &GroupRecord::Offsets(entries.clone()))
             .await
-            .map_err(|e| GroupError::Unavailable(format!("committing offsets: {e}")))?;
+            .map_err(|e| GroupError::Unavailable(format!("{what}: {e}")))?;
         held.entry(group.to_owned()).or_default().apply(&entries);
         Ok(code::NONE)
     }
@@ -438,17 +452,8 @@ impl Coordinator {
         if entries.is_empty() {
             return Ok(code::NONE);
         }
-        let Some(held) = slot.offsets.as_mut() else {
-            return Err(GroupError::Loading);
-        };
-        if !held.contains_key(group) && held.len() >= MAX_GROUPS_PER_PARTITION {
-            return Err(GroupError::TooManyGroups);
-        }
-        self.append(&id, group, &GroupRecord::Offsets(entries.clone()))
+        self.write_offsets(&id, &mut slot, group, entries, "resetting offsets")
             .await
-            .map_err(|e| GroupError::Unavailable(format!("resetting offsets: {e}")))?;
-        held.entry(group.to_owned()).or_default().apply(&entries);
-        Ok(code::NONE)
     }
 
     /// OffsetFetch: the committed offsets of `group` (all, or those of `wanted`).

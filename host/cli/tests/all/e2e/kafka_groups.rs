@@ -654,10 +654,12 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-#[test]
-fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_there() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kafka = start_daemon(dir.path());
+/// A daemon in `dir` with topic `orders` (2 partitions) of 50 records, which group `billing`
+/// read and committed to the end before its only member left; with its URL and what it read.
+fn a_group_that_read_fifty(
+    dir: &std::path::Path,
+) -> (KafkaDaemon, String, Vec<(u64, u64, String)>) {
+    let kafka = start_daemon(dir);
     let base = kafka.daemon.url();
     create_topic(&base, "orders", 2);
     produce(&base, "orders", 0..50);
@@ -669,6 +671,13 @@ fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_the
         group_info(&base, "billing")["total_lag"] == 0
     });
     let read = member.finish();
+    (kafka, base, read)
+}
+
+#[test]
+fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (kafka, base, read) = a_group_that_read_fifty(dir.path());
     let first_commits = next_offsets("orders", &read);
     // A moment between the two produces, on this machine's clock (the daemon's too).
     std::thread::sleep(Duration::from_millis(50));
@@ -740,18 +749,8 @@ fn an_operator_resets_an_empty_groups_offsets_and_its_next_member_reads_from_the
 #[test]
 fn a_child_attached_at_a_groups_committed_offsets_gets_exactly_what_the_group_has_not_read() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let kafka = start_daemon(dir.path());
-    let base = kafka.daemon.url();
-    create_topic(&base, "orders", 2);
-    produce(&base, "orders", 0..50);
-    let member = Member::start(&kafka, "orders", "billing", 3);
-    wait_for("the member to read every record", || {
-        member.records().len() >= 50
-    });
-    wait_for("its commits to cover the topic", || {
-        group_info(&base, "billing")["total_lag"] == 0
-    });
-    assert_eq!(values(&member.finish()), expected(0..50));
+    let (_kafka, base, read) = a_group_that_read_fifty(dir.path());
+    assert_eq!(values(&read), expected(0..50));
     produce(&base, "orders", 50..80);
 
     // A group with no offsets on the parent is no start point.
