@@ -38,25 +38,23 @@
 //! stopped (SIGTERM, then SIGKILL) when their phase ends and killed when the bench fails or is
 //! dropped; their directories go with the bench directory.
 
-use std::io::{Read as _, Seek as _, SeekFrom};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
+use super::daemon::{Node, ProcessCpu, START_TIMEOUT, call, http_client, json_body, process_cpu};
 use super::progress::Progress;
 use super::sys::{self, FileSystemInfo};
 use super::workdir::WorkDir;
 use super::{BenchError, per_second};
 use narad_host::api::children::{AttachRequest, ChildList, DEFAULT_ROUTER, LinkInfo, RouterChange};
 use narad_host::api::types::{
-    CreateTopicRequest, ErrorBody, FetchResponse, ProduceRecordJson, ProduceRequest,
-    TopicDescription, TopicInfo,
+    CreateTopicRequest, FetchResponse, ProduceRecordJson, ProduceRequest, TopicDescription,
+    TopicInfo,
 };
 use narad_host::fanout::SLAB_MAX_RECORDS;
 use narad_host::metastore::Metastore as _;
@@ -88,15 +86,6 @@ const MAX_REQUEST_BYTES: u64 = 64 << 20;
 /// "partition":1023},`), rounded up.
 const RECORD_JSON_OVERHEAD: u64 = 40;
 
-/// How long a daemon may take to answer `/healthz`, and the cluster to list every node.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// Attempts at starting a daemon whose process exits at once (its free port was taken).
-const START_ATTEMPTS: u32 = 5;
-/// Longest wait for one HTTP call; a busy debug build answers large produces in seconds.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
-/// Connections idle longer than this are not reused: the daemon closes idle ones after 5 s,
-/// and a request sent on a connection the daemon is closing fails.
-const POOL_IDLE: Duration = Duration::from_secs(2);
 /// Interval between two looks at the child's records (a phase's times are known to within
 /// it, plus one describe call).
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -105,18 +94,12 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const BACKLOG_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// A copy that makes no progress for this long has failed (a stalled cursor, a dead node).
 const NO_PROGRESS_LIMIT: Duration = Duration::from_secs(120);
-/// How long a daemon gets to exit after SIGTERM before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Longest wait for one etcd read.
 const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Reads of each kind made before timing (connections, the watched copy's first read).
 const CONFIRM_WARM_UP: u32 = 10;
 /// Records per fetch when reading the child back.
 const FETCH_MAX: u32 = 10_000;
-/// Lines of a daemon's log quoted in an error.
-const LOG_TAIL_LINES: usize = 20;
-/// Bytes read from the end of a daemon's log for that.
-const LOG_TAIL_BYTES: u64 = 16 << 10;
 /// Share of the machine's cores above which the report calls them saturated.
 const SATURATED_CORES_SHARE: f64 = 0.85;
 
@@ -452,249 +435,12 @@ pub struct ClusterReport {
     pub load_after: Option<[f64; 3]>,
 }
 
-/// One `narad serve` child process. Dropping it kills the process (SIGKILL) and reaps it.
-struct Node {
-    id: String,
-    url: String,
-    log_path: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    /// Starts `narad serve --data-dir {data_dir} --listen 127.0.0.1:<free port> {extra}` and
-    /// waits until it answers `/healthz`.
-    async fn start(
-        http: &reqwest::Client,
-        id: &str,
-        data_dir: &Path,
-        extra: &[String],
-    ) -> Result<Node, BenchError> {
-        let binary =
-            std::env::current_exe().map_err(BenchError::io("finding this program's path"))?;
-        let log_path = data_dir.with_extension("log");
-        let mut node = Node {
-            id: id.to_owned(),
-            url: String::new(),
-            log_path,
-            child: None,
-        };
-        for _attempt in 0..START_ATTEMPTS {
-            let port = free_port()?;
-            node.url = format!("http://127.0.0.1:{port}");
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&node.log_path)
-                .map_err(BenchError::io(format!(
-                    "opening {}",
-                    node.log_path.display()
-                )))?;
-            let log_err = log.try_clone().map_err(BenchError::io(format!(
-                "opening {}",
-                node.log_path.display()
-            )))?;
-            let child = Command::new(&binary)
-                .arg("serve")
-                .arg("--data-dir")
-                .arg(data_dir)
-                .arg("--listen")
-                .arg(format!("127.0.0.1:{port}"))
-                .args(extra)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(log_err)
-                .spawn()
-                .map_err(BenchError::io(format!(
-                    "starting {} serve",
-                    binary.display()
-                )))?;
-            node.child = Some(child);
-            if node.wait_healthy(http).await? {
-                return Ok(node);
-            }
-            // It exited: most likely another process took the port in between. Try another.
-            node.kill();
-        }
-        Err(node.failed(format!(
-            "`narad serve` exited at start {START_ATTEMPTS} times"
-        )))
-    }
-
-    /// Waits until `/healthz` answers: true, or false when the process exited first.
-    async fn wait_healthy(&mut self, http: &reqwest::Client) -> Result<bool, BenchError> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(_status)) = child.try_wait()
-            {
-                return Ok(false);
-            }
-            let answer = http
-                .get(format!("{}/healthz", self.url))
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await;
-            if answer.is_ok_and(|r| r.status().is_success()) {
-                return Ok(true);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Err(self.failed(format!(
-            "did not answer /healthz within {} s",
-            START_TIMEOUT.as_secs()
-        )))
-    }
-
-    fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// An error naming this node, with the end of its log.
-    fn failed(&self, reason: String) -> BenchError {
-        BenchError::Daemon {
-            node: self.id.clone(),
-            reason,
-            log: log_tail(&self.log_path),
-        }
-    }
-
-    /// SIGTERM, up to [`STOP_GRACE`] to exit, then SIGKILL.
-    async fn stop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
-            return;
-        };
-        let pid = rustix::process::Pid::from_child(child);
-        if rustix::process::kill_process(pid, rustix::process::Signal::TERM).is_ok() {
-            let deadline = Instant::now() + STOP_GRACE;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    self.child = None;
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        self.kill();
-    }
-
-    /// SIGKILL and reap.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Already gone is fine: either way it is reaped below.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The last [`LOG_TAIL_LINES`] lines of a log file, or a note that it could not be read.
-fn log_tail(path: &Path) -> String {
-    let read = || -> std::io::Result<String> {
-        let mut file = std::fs::File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    };
-    match read() {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-            format!("\n--- end of {}:\n{}", path.display(), tail.join("\n"))
-        }
-        Err(e) => format!("\n(its log {} could not be read: {e})", path.display()),
-    }
-}
-
-/// A free loopback port: bound and released, so another process may take it before the
-/// daemon binds it ([`Node::start`] tries again then).
-fn free_port() -> Result<u16, BenchError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(BenchError::io("binding a free loopback port"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(BenchError::io("reading a bound port"))?
-        .port())
-}
-
-/// CPU time of process `pid`, user plus system (`/proc/<pid>/stat`; [`sys::cpu_time`] reads
-/// only this process's).
-fn process_cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces: split after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3; utime and stime are fields 14 and 15, in USER_HZ (100) ticks.
-    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
-}
-
 /// CPU time of every node together, when all could be read.
 fn nodes_cpu_time(nodes: &[Node]) -> Option<Duration> {
     nodes
         .iter()
-        .map(|n| n.pid().and_then(process_cpu_time))
+        .map(|n| n.pid().and_then(process_cpu).map(ProcessCpu::total))
         .sum()
-}
-
-/// The HTTP client of the bench: timeouts on every call, no reuse of near-idle connections.
-fn http_client() -> Result<reqwest::Client, BenchError> {
-    reqwest::Client::builder()
-        .timeout(HTTP_TIMEOUT)
-        .pool_idle_timeout(POOL_IDLE)
-        .build()
-        .map_err(|e| BenchError::Http {
-            context: "building the HTTP client".into(),
-            reason: e.to_string(),
-        })
-}
-
-/// One call; a non-2xx answer is an error carrying the daemon's message.
-async fn call<T: DeserializeOwned>(
-    http: &reqwest::Client,
-    method: reqwest::Method,
-    url: &str,
-    body: Option<Bytes>,
-) -> Result<T, BenchError> {
-    let failed = |reason: String| BenchError::Http {
-        context: format!("{method} {url}"),
-        reason,
-    };
-    let mut request = http.request(method.clone(), url);
-    if let Some(body) = body {
-        request = request
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-    }
-    let answer = request.send().await.map_err(|e| failed(e.to_string()))?;
-    let status = answer.status();
-    let bytes = answer.bytes().await.map_err(|e| failed(e.to_string()))?;
-    if !status.is_success() {
-        let message = serde_json::from_slice::<ErrorBody>(&bytes)
-            .map(|b| b.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-        return Err(failed(format!("HTTP {status}: {message}")));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| failed(format!("unexpected answer: {e}")))
-}
-
-/// `value` as a JSON request body.
-fn json_body(value: &impl Serialize) -> Result<Bytes, BenchError> {
-    serde_json::to_vec(value)
-        .map(Bytes::from)
-        .map_err(|e| BenchError::Http {
-            context: "encoding a request".into(),
-            reason: e.to_string(),
-        })
 }
 
 /// A counter summed over every series of metric `name` in Prometheus text whose `child`

@@ -15,6 +15,8 @@
 //!   thousands of topics.
 //! - [`cluster`]: real `narad serve` processes: fan-out across three nodes on etcd against one
 //!   node in the same run, over HTTP, and the cost of `confirm()` (a linearizable read).
+//! - [`requests`]: a real `narad serve`'s CPU per Kafka Produce request, one record per
+//!   request against the same records in large requests, in the same run.
 //! - [`rig`]: the shared set-up: store, metastore, plugin registry, topics, links, cursors.
 //! - [`fill`]: writes the parent's records; [`workdir`]: where the files go;
 //! - [`counting_fs`]: the real file system with sync and byte counters;
@@ -28,6 +30,7 @@
 
 pub mod cluster;
 pub mod counting_fs;
+mod daemon;
 pub mod disk;
 pub mod fanout;
 pub mod fill;
@@ -39,6 +42,7 @@ pub mod produce;
 pub mod progress;
 pub mod raw_append;
 pub mod raw_buckets;
+pub mod requests;
 pub mod rig;
 pub mod size;
 pub mod sys;
@@ -147,6 +151,14 @@ pub enum BenchError {
         /// The call (`POST http://127.0.0.1:41234/v1/topics`).
         context: String,
         /// The transport error, or the status and the daemon's message.
+        reason: String,
+    },
+    /// A Kafka request to a daemon the bench started failed or was refused.
+    #[error("{context}: {reason}")]
+    Kafka {
+        /// What the bench was doing.
+        context: String,
+        /// The transport error, or the error codes of the answer.
         reason: String,
     },
     /// The etcd given to `bench cluster` did not answer.

@@ -1,5 +1,6 @@
-//! `narad bench produce|fanout|latency|cluster|metadata|once`: the end-to-end benchmarks (see
-//! [`crate::bench`]). `produce`, `fanout`, `latency`, `metadata` and `once` run in this process, `cluster` starts `narad serve` processes; all
+//! `narad bench produce|fanout|latency|cluster|metadata|once|requests`: the end-to-end
+//! benchmarks (see [`crate::bench`]). `produce`, `fanout`, `latency`, `metadata` and `once` run
+//! in this process, `cluster` and `requests` start `narad serve` processes; all
 //! run on a fresh directory (removed afterwards) and print text, or one JSON object with
 //! `--json`. Progress goes to stderr on a terminal only.
 
@@ -17,6 +18,7 @@ use crate::bench::latency::{self, LatencyOptions, run_latency};
 use crate::bench::metadata::{self, MetadataOptions, run_metadata};
 use crate::bench::once::{self, OnceOptions, run_once};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
+use crate::bench::requests::{self, RequestsOptions, run_requests};
 use crate::bench::size::ByteSize;
 
 /// `narad bench`.
@@ -54,6 +56,42 @@ pub enum BenchCommand {
     /// a child already holds, and produce a remote child's copies with and without the
     /// target's window of copies, in alternating rounds; print both ratios (goal >= 0.95).
     Once(OnceArgs),
+    /// Start one `narad serve` with a Kafka listener and produce the same records in Produce
+    /// requests of one record and of many, in alternating rounds; print the daemon's CPU per
+    /// request and per record, user space and kernel apart (goal: < 0.05 ms of user CPU per
+    /// small request).
+    Requests(RequestsArgs),
+}
+
+/// `narad bench requests`.
+#[derive(Debug, Args)]
+pub struct RequestsArgs {
+    /// Records per variant and round.
+    #[arg(long, default_value_t = requests::DEFAULT_RECORDS)]
+    pub records: u64,
+    /// Records per large request.
+    #[arg(long, default_value_t = requests::DEFAULT_LARGE_RECORDS)]
+    pub large_records: u32,
+    /// Value bytes per record.
+    #[arg(long, default_value_t = requests::DEFAULT_VALUE_BYTES)]
+    pub value_bytes: usize,
+    /// Connections, each with one request in flight and a partition of its own.
+    #[arg(long, default_value_t = requests::DEFAULT_CONNECTIONS)]
+    pub connections: u32,
+    /// Rounds, each running both variants (their order swapped every round).
+    #[arg(long, default_value_t = requests::DEFAULT_ROUNDS)]
+    pub rounds: u32,
+    /// The `narad` executable whose `serve` is measured (default: this one), to compare two
+    /// builds with the same client.
+    #[arg(long)]
+    pub serve_binary: Option<PathBuf>,
+    /// Directory to run in (a fresh subdirectory is created and removed); default: the
+    /// current directory.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `narad bench once`.
@@ -364,6 +402,21 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             })
             .await
             .context("bench once")?;
+            print(a.json, &report, || report.to_text())
+        }
+        BenchCommand::Requests(a) => {
+            let report = run_requests(RequestsOptions {
+                records: a.records,
+                large_records: a.large_records,
+                value_bytes: a.value_bytes,
+                connections: a.connections,
+                rounds: a.rounds,
+                serve_binary: a.serve_binary,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench requests")?;
             print(a.json, &report, || report.to_text())
         }
     }

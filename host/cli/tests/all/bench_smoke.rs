@@ -206,3 +206,43 @@ async fn bench_once_runs_both_sides_with_and_without_the_checks_and_reports_thei
     assert_eq!(field(&json, "goal_ratio"), 0.95);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn bench_requests_sends_both_sizes_of_request_to_a_real_daemon_and_reports_its_cpu_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args([
+            "bench",
+            "requests",
+            "--records",
+            "400",
+            "--large-records",
+            "50",
+            "--connections",
+            "2",
+            "--json",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(field(&json, "bench"), "requests");
+    // Two rounds of 400 records: one per request, then 50 per request.
+    assert_eq!(field(&json, "small.requests"), 800);
+    assert_eq!(field(&json, "large.requests"), 16);
+    assert_eq!(field(&json, "small.records"), 800);
+    assert_eq!(field(&json, "large.records"), 800);
+    positive(&json, "small.requests_per_s");
+    positive(&json, "large.records_per_s");
+    // 800 requests cost the daemon more than one 10 ms tick of CPU in each mode.
+    positive(&json, "small.user_ms_per_request");
+    positive(&json, "small.system_ms_per_request");
+    assert_eq!(field(&json, "goal_user_ms_per_request"), 0.05);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

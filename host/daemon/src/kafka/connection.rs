@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
-use kafka_protocol::protocol::{Decodable, Encodable};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -128,11 +128,19 @@ async fn serve_connection(
         },
         (None, Err(_)) => return CloseReason::ClientClosed,
     };
+    // Per connection, not per request: the peer's host as Kafka shows it, and one wait for
+    // shutdown (each is an allocation, and a watch receiver, that small requests paid for).
+    let mut client = super::groups::Client {
+        id: String::new(),
+        host: format!("/{}", peer.ip()),
+    };
+    let shutdown = deps.shutdown.wait();
+    tokio::pin!(shutdown);
     loop {
         // Wait for the size prefix: idle time, ended by shutdown.
         let mut size = [0u8; 4];
         let first = tokio::select! {
-            () = deps.shutdown.wait() => return CloseReason::Shutdown,
+            () = &mut shutdown => return CloseReason::Shutdown,
             read = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut size)) => read,
         };
         match first {
@@ -159,7 +167,7 @@ async fn serve_connection(
             return CloseReason::Oversized;
         }
         let read = tokio::select! {
-            () = deps.shutdown.wait() => return CloseReason::Shutdown,
+            () = &mut shutdown => return CloseReason::Shutdown,
             read = tokio::time::timeout(
                 TRANSFER_TIMEOUT,
                 read_frame(&mut stream, len, &deps.buffered),
@@ -171,7 +179,7 @@ async fn serve_connection(
             Ok(Ok(read)) => read,
         };
         let frame = frame.freeze();
-        let answer = match answer(deps, &advertised, peer, frame).await {
+        let answer = match answer(deps, &advertised, peer, &mut client, frame).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) => continue,
             Err(reason) => return reason,
@@ -215,14 +223,16 @@ async fn read_frame<'a>(
     Ok((frame, held))
 }
 
-/// Decodes one request frame, handles it and encodes the answer (size prefix included).
-/// `Ok(None)`: nothing to send; `Err`: close the connection.
+/// Decodes one request frame, handles it and encodes the answer (size prefix included);
+/// `client` takes the request's client id. `Ok(None)`: nothing to send; `Err`: close the
+/// connection.
 async fn answer(
     deps: &Arc<KafkaDeps>,
     advertised: &Advertised,
     peer: SocketAddr,
+    client: &mut super::groups::Client,
     frame: Bytes,
-) -> Result<Option<Vec<u8>>, CloseReason> {
+) -> Result<Option<Bytes>, CloseReason> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -263,23 +273,29 @@ async fn answer(
             return Err(CloseReason::BadFrame);
         }
     };
-    let client = super::groups::Client {
-        id: client_id,
-        host: format!("/{}", peer.ip()),
-    };
-    match super::handle(deps, advertised, &client, version, request).await {
+    client.id.clear();
+    if let Some(id) = &client_id {
+        client.id.push_str(id);
+    }
+    match super::handle(deps, advertised, client, version, request).await {
         Outcome::Respond(response) => encode(correlation_id, api_key, version, &response).map(Some),
         Outcome::Silent => Ok(None),
     }
 }
 
 /// The request header, then the body at `version`; with the header's client id.
-fn decode(api_key: ApiKey, version: i16, mut frame: Bytes) -> anyhow::Result<(Request, String)> {
+fn decode(
+    api_key: ApiKey,
+    version: i16,
+    mut frame: Bytes,
+) -> anyhow::Result<(Request, Option<StrBytes>)> {
     let header = RequestHeader::decode(&mut frame, api_key.request_header_version(version))?;
     debug_assert_eq!(header.request_api_version, version);
     super::shape::check(api_key, version, &frame)?;
-    let client_id = header.client_id.map(|c| c.to_string()).unwrap_or_default();
-    Ok((Request::decode(api_key, version, &mut frame)?, client_id))
+    Ok((
+        Request::decode(api_key, version, &mut frame)?,
+        header.client_id,
+    ))
 }
 
 /// Size prefix, response header, body.
@@ -288,7 +304,7 @@ fn encode(
     api_key: ApiKey,
     version: i16,
     response: &Response,
-) -> Result<Vec<u8>, CloseReason> {
+) -> Result<Bytes, CloseReason> {
     let mut out = BytesMut::with_capacity(1024);
     out.extend_from_slice(&[0; 4]);
     let mut header = ResponseHeader::default();
@@ -304,5 +320,5 @@ fn encode(
         return Err(CloseReason::BadFrame);
     };
     out[..4].copy_from_slice(&len.to_be_bytes());
-    Ok(out.to_vec())
+    Ok(out.freeze())
 }

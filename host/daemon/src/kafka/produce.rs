@@ -12,8 +12,10 @@
 //! decoded or written twice; the batches of a request decompress, one after another, to at
 //! most `max-request-bytes` together (past that, `MESSAGE_TOO_LARGE`); decoding runs on the
 //! blocking pool, [`DECODE_SLOTS`] requests at a time, never on the async workers that serve
-//! every other client; and the decompressed bytes are held against
-//! `max-buffered-request-bytes`, like the request's own, until the request is answered.
+//! every other client (unless the request's batches are uncompressed and together at most
+//! [`IN_PLACE_DECODE_BYTES`]: a walk over bytes already read, cheaper than the hand-off); and
+//! the decompressed bytes are held against `max-buffered-request-bytes`, like the request's
+//! own, until the request is answered.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,7 +33,7 @@ use tokio::task::JoinSet;
 
 use super::KafkaDeps;
 use super::idempotence::{CachedBatch, Verdict, last_sequence};
-use super::records::{BatchError, BatchLimits, ProducedBatch, decode_produced};
+use super::records::{BatchError, BatchLimits, ProducedBatch, decode_produced, decodes_in_place};
 
 /// Answers a Produce request; `None` for `acks = 0`, which gets no answer.
 pub(crate) async fn handle(
@@ -155,12 +157,21 @@ pub(crate) async fn handle(
     }
 
     let (decoded, _held) = decode_all(deps, jobs, limits).await;
-    let mut tasks = JoinSet::new();
+    let mut batches = Vec::with_capacity(decoded.len());
     for (t, p, id, batch) in decoded {
         match batch {
             Ok(batch) => {
-                let deps = Arc::clone(deps);
-                tasks.spawn(async move { (t, p, produce_partition(&deps, id, batch).await) });
+                // Until its commit reports, the batch counts as failed: a commit task that
+                // panics must not leave the default answer (no error, offset 0) standing.
+                if let Some(answer) = response
+                    .responses
+                    .get_mut(t)
+                    .and_then(|topic| topic.partition_responses.get_mut(p))
+                {
+                    answer.error_code = ResponseError::UnknownServerError.code();
+                    answer.base_offset = -1;
+                }
+                batches.push((t, p, id, batch));
             }
             Err((error, message)) => {
                 let answer = response
@@ -171,11 +182,27 @@ pub(crate) async fn handle(
             }
         }
     }
-    while let Some(joined) = tasks.join_next().await {
-        let Ok((t, p, result)) = joined else {
-            // A panicked task: its partition keeps the error set below.
-            continue;
-        };
+    let mut results = Vec::with_capacity(batches.len());
+    if batches.len() == 1 {
+        // The common request (one partition) commits in this task: a task of its own would
+        // only add a spawn and a wake-up.
+        if let Some((t, p, id, batch)) = batches.pop() {
+            results.push((t, p, produce_partition(deps, id, batch).await));
+        }
+    } else {
+        let mut tasks = JoinSet::new();
+        for (t, p, id, batch) in batches {
+            let deps = Arc::clone(deps);
+            tasks.spawn(async move { (t, p, produce_partition(&deps, id, batch).await) });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            // A panicked task: its partition keeps the error set above.
+            if let Ok(result) = joined {
+                results.push(result);
+            }
+        }
+    }
+    for (t, p, result) in results {
         let Some(answer) = response
             .responses
             .get_mut(t)
@@ -185,6 +212,8 @@ pub(crate) async fn handle(
         };
         match result {
             Ok(done) => {
+                answer.error_code = 0;
+                answer.error_message = None;
                 answer.base_offset = i64::try_from(done.base_offset).unwrap_or(i64::MAX);
                 answer.log_append_time_ms = done.committed_at_ms;
             }
@@ -216,6 +245,10 @@ struct Job {
     records: Bytes,
 }
 
+/// Record bytes of a request up to which its uncompressed batches are decoded on the async
+/// worker that read it rather than on the blocking pool (see [`decodes_in_place`]).
+pub(crate) const IN_PLACE_DECODE_BYTES: usize = 64 * 1024;
+
 /// A job's batch, decoded or refused.
 type Decoded = (
     usize,
@@ -224,7 +257,37 @@ type Decoded = (
     Result<ProducedBatch, (ResponseError, String)>,
 );
 
-/// Decodes every job's batch, one after another on the blocking pool, holding a decode slot;
+/// Decodes each job's batch in turn; together they may decompress to at most
+/// `limits.max_decompressed_bytes`.
+fn decode_jobs(jobs: Vec<Job>, limits: BatchLimits) -> Vec<Decoded> {
+    let mut left = limits.max_decompressed_bytes;
+    jobs.into_iter()
+        .map(|job| {
+            let limits = BatchLimits {
+                max_decompressed_bytes: left,
+                ..limits
+            };
+            let batch = decode_produced(job.records, &limits).map_err(|e| {
+                let message = match e {
+                    BatchError::TooLarge(_) => format!(
+                        "{e} (a request's batches may decompress to {} bytes together: \
+                         max-request-bytes)",
+                        limits.max_decompressed_bytes
+                    ),
+                    _ => e.to_string(),
+                };
+                (e.error(), message)
+            });
+            if let Ok(batch) = &batch {
+                left = left.saturating_sub(batch.decompressed_bytes);
+            }
+            (job.t, job.p, job.id, batch)
+        })
+        .collect()
+}
+
+/// Decodes every job's batch, one after another on the blocking pool, holding a decode slot
+/// (in place, without either, when they are small and uncompressed);
 /// together they may decompress to at most `limits.max_decompressed_bytes`. Returns the
 /// batches and the permits their decompressed bytes hold in the buffered-bytes budget (kept
 /// until the request is answered).
@@ -235,6 +298,14 @@ async fn decode_all(
 ) -> (Vec<Decoded>, Option<OwnedSemaphorePermit>) {
     if jobs.is_empty() {
         return (Vec::new(), None);
+    }
+    let in_place = jobs.iter().map(|j| j.records.len()).sum::<usize>() <= IN_PLACE_DECODE_BYTES
+        && jobs.iter().all(|j| decodes_in_place(&j.records));
+    if in_place {
+        // A few kilobytes of uncompressed records decode in microseconds: cheaper than the
+        // two thread hand-offs of the blocking pool, which every small request paid. They
+        // decompress to nothing, so they hold nothing more of the buffered-bytes budget.
+        return (decode_jobs(jobs, limits), None);
     }
     let refuse_all = |jobs: Vec<Job>, error: ResponseError, message: String| {
         jobs.into_iter()
@@ -253,34 +324,7 @@ async fn decode_all(
             None,
         );
     };
-    let decoded = crate::blocking::run(move || {
-        let mut left = limits.max_decompressed_bytes;
-        jobs.into_iter()
-            .map(|job| {
-                let limits = BatchLimits {
-                    max_decompressed_bytes: left,
-                    ..limits
-                };
-                let batch = decode_produced(job.records, &limits).map_err(|e| {
-                    let message = match e {
-                        BatchError::TooLarge(_) => format!(
-                            "{e} (a request's batches may decompress to {} bytes together: \
-                             max-request-bytes)",
-                            limits.max_decompressed_bytes
-                        ),
-                        _ => e.to_string(),
-                    };
-                    (e.error(), message)
-                });
-                if let Ok(batch) = &batch {
-                    left = left.saturating_sub(batch.decompressed_bytes);
-                }
-                (job.t, job.p, job.id, batch)
-            })
-            .collect::<Vec<Decoded>>()
-    })
-    .await;
-    let decoded = match decoded {
+    let decoded = match crate::blocking::run(move || decode_jobs(jobs, limits)).await {
         Ok(decoded) => decoded,
         Err(e) => {
             tracing::error!(error = %e, "kafka produce: decode task failed");

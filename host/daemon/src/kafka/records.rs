@@ -103,6 +103,18 @@ impl BatchError {
     }
 }
 
+/// Whether decoding `data` costs no more than reading its bytes once: a batch whose
+/// attributes name no compression (or too short to have attributes, refused at once). A
+/// compressed batch may expand many times over, so only such batches leave the async workers.
+pub(crate) fn decodes_in_place(data: &[u8]) -> bool {
+    data.get(ATTRIBUTES_AT..ATTRIBUTES_AT + 2).is_none_or(|a| {
+        matches!(
+            Codec::from_attributes(i16::from_be_bytes([a[0], a[1]])),
+            Some(Codec::None)
+        )
+    })
+}
+
 /// Decodes the one batch a produce carries for a partition (Produce 3+ allows exactly one).
 pub(crate) fn decode_produced(
     data: Bytes,
@@ -509,6 +521,21 @@ mod tests {
         };
         let err = decode_produced(out.freeze(), &limits).unwrap_err();
         assert!(matches!(err, BatchError::Corrupt(_)), "{err}");
+    }
+
+    #[test]
+    fn only_uncompressed_batches_decode_in_place() {
+        let mut out = BytesMut::new();
+        encode_fetched(&[stored(0, 5, "k", &[])], &mut out);
+        assert!(decodes_in_place(&out));
+        // The codec bits of the attributes: gzip, snappy, lz4, zstd and the unknown ones.
+        for codec in 1..=7u8 {
+            let mut compressed = out.clone();
+            compressed[ATTRIBUTES_AT + 1] |= codec;
+            assert!(!decodes_in_place(&compressed), "codec {codec}");
+        }
+        // Too short to name a codec: refused at once by the decoder, wherever it runs.
+        assert!(decodes_in_place(&out[..ATTRIBUTES_AT]));
     }
 
     #[test]
