@@ -255,6 +255,10 @@ settings! {
     /// names it as this broker): for clients that come through a forwarded port (a container
     /// port, an SSH tunnel, a Kubernetes service) and cannot reach the listen address.
     kafka_advertise: String, "HOST:PORT", OptionalHostPort, shown "the address a client connected to (one node); the --advertise host and the Kafka listener's port (cluster)";
+    /// Create a topic a Kafka client asks Metadata for and that does not exist, with this
+    /// many partitions, when the client allows it (Kafka's auto.create.topics.enable and
+    /// num.partitions); 0 creates none. Never while the daemon requires its API token.
+    kafka_auto_create_partitions: u32, "N", PartitionCount, default 0;
     /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379):
     /// turns cluster mode on, with the metadata in etcd (see docs/cluster.md).
     etcd: String, "URLS", EtcdEndpoints, shown "off, one node with the embedded metastore";
@@ -472,6 +476,27 @@ impl Check<u32> for FrameFormat {
 }
 
 /// Zero is refused: a zero limit or interval is always a mistake.
+/// Most partitions a topic may have: far below the five-digit directory limit, and enough for
+/// any one-node deployment (Kafka clusters rarely exceed a few hundred per topic). Here, below
+/// the topics, because a setting is checked against it too.
+pub(crate) const MAX_PARTITIONS: u32 = 1024;
+
+/// 0 (off) or a partition count a topic may have.
+struct PartitionCount;
+impl Check<u32> for PartitionCount {
+    type Out = u32;
+    fn check(key: &'static str, value: u32) -> Result<u32, ConfigError> {
+        if value <= MAX_PARTITIONS {
+            Ok(value)
+        } else {
+            Err(ConfigError::BadValue {
+                key,
+                message: format!("{value} partitions: a topic has at most {}", MAX_PARTITIONS),
+            })
+        }
+    }
+}
+
 struct Positive;
 impl<T: PartialEq + Default> Check<T> for Positive {
     type Out = T;
@@ -760,6 +785,9 @@ pub struct Config {
     pub(crate) kafka_listen: Option<SocketAddr>,
     /// Where Kafka clients are told this broker is (`--kafka-advertise`), as host and port.
     pub(crate) kafka_advertise: Option<(String, u16)>,
+    /// Partitions of a topic the Kafka listener creates when a client's Metadata names it;
+    /// `None`: it creates none (`--kafka-auto-create-partitions 0`).
+    pub(crate) kafka_auto_create: Option<u32>,
     /// API limits.
     pub limits: Limits,
     /// Interval between retention passes.
@@ -792,6 +820,7 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             kafka_listen: None,
             kafka_advertise: None,
+            kafka_auto_create: None,
             limits: Limits::default(),
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
@@ -883,6 +912,8 @@ impl Config {
             listen: s.listen,
             kafka_listen: s.kafka_listen,
             kafka_advertise: s.kafka_advertise,
+            kafka_auto_create: (s.kafka_auto_create_partitions > 0)
+                .then_some(s.kafka_auto_create_partitions),
             limits: Limits {
                 max_record_bytes: s.max_record_bytes,
                 max_request_bytes: s.max_request_bytes,

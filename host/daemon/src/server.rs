@@ -385,6 +385,7 @@ pub async fn run_server(
                 Some(_) => crate::kafka::admin::AdminAccess::TokenRequired,
                 None => crate::kafka::admin::AdminAccess::Open,
             },
+            config.kafka_auto_create,
         )
         .with_cluster(cluster.clone())
         .advertising(config.kafka_advertise.clone());

@@ -65,9 +65,18 @@ fn too_many() -> Refusal {
     )
 }
 
-/// Partitions of a topic created without a count (`num_partitions: -1`): Kafka's default
-/// `num.partitions`.
-pub(super) const DEFAULT_PARTITIONS: u32 = 1;
+/// Partitions of a topic created without a count (`num_partitions: -1`) when auto-creation is
+/// off: Kafka's default `num.partitions`.
+const DEFAULT_PARTITIONS: u32 = 1;
+
+/// Kafka's `num.partitions`: what a topic created without a count gets, through CreateTopics
+/// or auto-created, the auto-create count when that is on.
+pub(super) fn default_partitions(deps: &KafkaDeps) -> u32 {
+    deps.admin
+        .as_ref()
+        .and_then(|a| a.auto_create)
+        .unwrap_or(DEFAULT_PARTITIONS)
+}
 
 /// Whether this listener may change topics: not while the HTTP API requires a token for
 /// changes, since the Kafka listener authenticates nobody.
@@ -85,6 +94,9 @@ pub(crate) struct KafkaAdmin {
     pub(crate) topics: std::sync::Arc<crate::topics::TopicService>,
     /// Whether this listener may change topics.
     pub(crate) access: AdminAccess,
+    /// Partitions of a topic created because a Metadata request named it
+    /// (`--kafka-auto-create-partitions`); `None`: Metadata creates nothing.
+    pub(crate) auto_create: Option<u32>,
 }
 
 /// A topic's refusal: Kafka's error code and the reason.
@@ -155,6 +167,59 @@ fn allowed(deps: &KafkaDeps) -> Result<&KafkaAdmin, Refusal> {
              authenticates nobody: change topics through the HTTP API or the narad CLI"
                 .to_owned(),
         )),
+    }
+}
+
+/// Whether Metadata creates the unknown topics it is asked for: auto-creation is on and this
+/// listener may change topics.
+pub(crate) fn auto_creates(deps: &KafkaDeps) -> bool {
+    deps.admin
+        .as_ref()
+        .is_some_and(|a| a.auto_create.is_some() && a.access == AdminAccess::Open)
+}
+
+/// Creates topic `name`, unknown to a Metadata request that allows auto-creation, with the
+/// auto-create partition count and no retention, as `POST /v1/topics` would; or finds it
+/// created meanwhile (by another client's Metadata). Its metadata, or why not.
+pub(crate) async fn auto_create(
+    deps: &KafkaDeps,
+    name: &str,
+) -> Result<crate::metastore::TopicMeta, Refusal> {
+    let admin = allowed(deps)?;
+    let Some(partitions) = admin.auto_create else {
+        return Err((
+            code::UNKNOWN_TOPIC_OR_PARTITION,
+            "auto-creation is off (--kafka-auto-create-partitions 0)".to_owned(),
+        ));
+    };
+    narad_storage::validate_topic_name(name)
+        .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
+    let created = admin
+        .topics
+        .create(NewTopic {
+            name: name.to_owned(),
+            partitions,
+            retention_ms: None,
+            retention_bytes: None,
+            placement: None,
+        })
+        .await;
+    match created {
+        Ok(meta) => {
+            tracing::info!(topic = %meta.name, partitions = meta.partitions, "topic auto-created for a Kafka client's Metadata request");
+            Ok(meta)
+        }
+        Err(TopicError::Metastore(MetastoreError::TopicExists { .. })) => {
+            match deps.metastore.topic(name).await {
+                Ok(Some(meta)) => Ok(meta),
+                Ok(None) => Err((
+                    code::UNKNOWN_TOPIC_OR_PARTITION,
+                    format!("topic {name:?} was created and deleted again"),
+                )),
+                Err(e) => Err((code::UNKNOWN_SERVER_ERROR, e.to_string())),
+            }
+        }
+        Err(e) => Err(refusal(e)),
     }
 }
 
@@ -274,12 +339,16 @@ async fn create_one(
     narad_storage::validate_topic_name(&name)
         .map_err(|e| (code::INVALID_TOPIC_EXCEPTION, e.to_string()))?;
     let partitions = match topic.num_partitions {
-        -1 => DEFAULT_PARTITIONS,
+        -1 => default_partitions(deps),
         n if n >= 1 && n as u64 <= u64::from(MAX_PARTITIONS) => n as u32,
         n => {
             return Err((
                 code::INVALID_PARTITIONS,
-                format!("num_partitions must be 1 to {MAX_PARTITIONS} (or -1 for 1); got {n}"),
+                format!(
+                    "num_partitions must be 1 to {MAX_PARTITIONS} (or -1 for num.partitions, {}); \
+                     got {n}",
+                    default_partitions(deps)
+                ),
             ));
         }
     };
@@ -425,7 +494,7 @@ mod tests {
             shutdown,
             Arc::new(super::super::metrics::KafkaMetrics::default()),
         )
-        .with_admin(topics, AdminAccess::Open);
+        .with_admin(topics, AdminAccess::Open, None);
         let mut req = CreateTopicsRequest::default();
         req.topics = (0..10_000)
             .map(|i| {

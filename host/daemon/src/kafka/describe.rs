@@ -116,15 +116,21 @@ fn topic_configs(meta: &TopicMeta) -> Vec<Config> {
 }
 
 /// The defaults a topic created through this listener gets.
-fn broker_configs() -> Vec<Config> {
+fn broker_configs(deps: &KafkaDeps) -> Vec<Config> {
+    let auto_creates = admin::auto_creates(deps);
     vec![
         Config {
             name: "auto.create.topics.enable",
-            value: "false".to_owned(),
+            value: auto_creates.to_string(),
             from_topic: false,
             read_only: true,
             kind: TYPE_BOOLEAN,
-            doc: "Producing or fetching never creates a topic.",
+            doc: if auto_creates {
+                "A Metadata request that allows it creates the unknown topics it names \
+                 (--kafka-auto-create-partitions)."
+            } else {
+                "No request but CreateTopics creates a topic (--kafka-auto-create-partitions)."
+            },
         },
         Config {
             name: "default.replication.factor",
@@ -152,11 +158,11 @@ fn broker_configs() -> Vec<Config> {
         },
         Config {
             name: "num.partitions",
-            value: admin::DEFAULT_PARTITIONS.to_string(),
+            value: admin::default_partitions(deps).to_string(),
             from_topic: false,
             read_only: true,
             kind: TYPE_INT,
-            doc: "Partitions of a topic created without a count.",
+            doc: "Partitions of a topic created without a count, or auto-created.",
         },
     ]
 }
@@ -259,7 +265,7 @@ pub(crate) async fn describe_configs(
                 (RESOURCE_BROKER, _) if name.is_empty() || name == this_broker => {
                     result.error_code = code::NONE;
                     result.configs = listed(
-                        broker_configs(),
+                        broker_configs(deps),
                         keys,
                         request.include_synonyms,
                         request.include_documentation,

@@ -1,9 +1,13 @@
 //! Metadata: on one node the broker is this node (id [`NODE_ID`], at the address the client
 //! reached the listener on), and it leads every partition it owns. In cluster mode the brokers
 //! are the live nodes that run a Kafka listener (ids from [`broker_id`], addresses from their
-//! node records), and each partition's leader is its owner when that node is one of them. Topics come from the metastore; an
-//! unknown topic is UNKNOWN_TOPIC_OR_PARTITION and is never created, whatever
-//! `allow_auto_topic_creation` says. A topic named several times is answered once.
+//! node records), and each partition's leader is its owner when that node is one of them.
+//! Topics come from the metastore. An unknown topic is UNKNOWN_TOPIC_OR_PARTITION, unless
+//! the daemon auto-creates topics (`--kafka-auto-create-partitions N`, off by default), the
+//! request allows it (`allow_auto_topic_creation`) and this listener may change topics: then
+//! it is created as CreateTopics would create it, with N partitions, and answered as created
+//! (at most [`super::admin::MAX_TOPICS_PER_REQUEST`] per request; the rest stay unknown until
+//! the client asks again). A topic named several times is answered once.
 
 use std::sync::Arc;
 
@@ -77,27 +81,48 @@ pub(crate) async fn handle(
             .collect(),
         // Each topic once, however often the request names it: an answer is bounded by what
         // exists, not by how the request repeats it.
-        Some(wanted) => dedup_by_name(wanted)
-            .into_iter()
-            .map(|t| match t.name {
-                Some(name) => match snapshot.topics.get(name.0.as_str()) {
-                    Some(meta) => describe(deps, &brokers, meta, version),
+        Some(wanted) => {
+            // Unknown topics are created when the client allows it and the daemon is set to
+            // (`--kafka-auto-create-partitions`), at most a request's worth of topics at once.
+            let auto = request.allow_auto_topic_creation && super::admin::auto_creates(deps);
+            let mut created = 0;
+            let mut topics = Vec::new();
+            for t in dedup_by_name(wanted) {
+                let answer = match t.name {
+                    Some(name) => match snapshot.topics.get(name.0.as_str()) {
+                        Some(meta) => describe(deps, &brokers, meta, version),
+                        None if auto && created < super::admin::MAX_TOPICS_PER_REQUEST => {
+                            created += 1;
+                            match super::admin::auto_create(deps, name.0.as_str()).await {
+                                Ok(meta) => describe(deps, &brokers, &meta, version),
+                                Err((error_code, message)) => {
+                                    tracing::info!(topic = %name.0, error_code, %message, "kafka: topic not auto-created");
+                                    let mut topic = MetadataResponseTopic::default();
+                                    topic.name = Some(name);
+                                    topic.error_code = error_code;
+                                    topic
+                                }
+                            }
+                        }
+                        None => {
+                            let mut topic = MetadataResponseTopic::default();
+                            topic.name = Some(name);
+                            topic.error_code = ResponseError::UnknownTopicOrPartition.code();
+                            topic
+                        }
+                    },
+                    // Asked by id only: narad topics have no ids.
                     None => {
                         let mut topic = MetadataResponseTopic::default();
-                        topic.name = Some(name);
-                        topic.error_code = ResponseError::UnknownTopicOrPartition.code();
+                        topic.topic_id = t.topic_id;
+                        topic.error_code = ResponseError::UnknownTopicId.code();
                         topic
                     }
-                },
-                // Asked by id only: narad topics have no ids.
-                None => {
-                    let mut topic = MetadataResponseTopic::default();
-                    topic.topic_id = t.topic_id;
-                    topic.error_code = ResponseError::UnknownTopicId.code();
-                    topic
-                }
-            })
-            .collect(),
+                };
+                topics.push(answer);
+            }
+            topics
+        }
     };
     response
 }

@@ -151,13 +151,19 @@ impl KafkaDeps {
         }
     }
 
-    /// The same dependencies, creating topics through `topics` as `access` allows.
+    /// The same dependencies, creating topics through `topics` as `access` allows, and for
+    /// Metadata requests that name unknown topics with `auto_create` partitions (`None`: not).
     pub(crate) fn with_admin(
         mut self,
         topics: Arc<crate::topics::TopicService>,
         access: admin::AdminAccess,
+        auto_create: Option<u32>,
     ) -> KafkaDeps {
-        self.admin = Some(admin::KafkaAdmin { topics, access });
+        self.admin = Some(admin::KafkaAdmin {
+            topics,
+            access,
+            auto_create,
+        });
         self
     }
 
@@ -908,7 +914,7 @@ mod tests {
                 shutdown,
                 Arc::new(metrics::KafkaMetrics::default()),
             )
-            .with_admin(topics, admin::AdminAccess::Open)
+            .with_admin(topics, admin::AdminAccess::Open, None)
             .with_groups(coordinator),
         )
     }

@@ -33,9 +33,7 @@ use crate::metastore::{LinkMeta, Metastore, MetastoreError, TopicMeta};
 use crate::produce::Producer;
 use intent::Intent;
 
-/// Most partitions a topic may have: far below the five-digit directory limit, and enough for
-/// any one-node deployment (Kafka clusters rarely exceed a few hundred per topic).
-pub(crate) const MAX_PARTITIONS: u32 = 1024;
+pub(crate) use crate::config::MAX_PARTITIONS;
 
 /// Errors from topic administration.
 #[derive(Debug, thiserror::Error)]

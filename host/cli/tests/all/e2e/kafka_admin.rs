@@ -7,7 +7,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use crate::e2e::harness::{http_client, send_json};
-use crate::e2e::kafka::{run, script, start, start_with};
+use crate::e2e::kafka::{exchange, run, script, start, start_with};
 
 /// `GET /v1/topics/{name}` through the HTTP API.
 fn describe(base: &str, name: &str) -> (u16, Value) {
@@ -18,6 +18,42 @@ fn describe(base: &str, name: &str) -> (u16, Value) {
         None,
     )
     .expect("describe")
+}
+
+/// A Metadata v9 request naming `names`, allowing auto-creation or not; each topic's error
+/// code in the answer, by name.
+fn metadata_codes(
+    kafka: std::net::SocketAddr,
+    names: &[&str],
+    allow_auto_creation: bool,
+) -> std::collections::BTreeMap<String, i16> {
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::{MetadataResponse, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let mut request = MetadataRequest::default();
+    request.topics = Some(
+        names
+            .iter()
+            .map(|name| {
+                let mut topic = MetadataRequestTopic::default();
+                topic.name = Some(TopicName(StrBytes::from_string((*name).to_owned())));
+                topic
+            })
+            .collect(),
+    );
+    request.allow_auto_topic_creation = allow_auto_creation;
+    let mut stream = std::net::TcpStream::connect(kafka).expect("connect");
+    let response: MetadataResponse = exchange(&mut stream, 3, 9, &request);
+    response
+        .topics
+        .into_iter()
+        .map(|t| {
+            (
+                t.name.map(|n| n.0.to_string()).unwrap_or_default(),
+                t.error_code,
+            )
+        })
+        .collect()
 }
 
 fn admin(args: &[String]) -> Value {
@@ -97,6 +133,59 @@ fn an_application_creates_its_topics_through_the_kafka_admin_api() {
     );
     assert_eq!(describe(&base, "payments").0, 404);
     assert_eq!(describe(&base, "events").0, 200);
+
+    // Auto-creation is off by default: a Metadata request that allows it creates nothing.
+    let codes = metadata_codes(node.kafka, &["not-created"], true);
+    assert_eq!(
+        codes["not-created"], UNKNOWN_TOPIC_OR_PARTITION,
+        "{codes:?}"
+    );
+    assert_eq!(describe(&base, "not-created").0, 404);
+}
+
+/// Kafka's UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION.
+const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+const INVALID_TOPIC_EXCEPTION: i16 = 17;
+
+#[test]
+fn with_auto_creation_on_producers_create_their_topics_by_writing_to_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = start_with(dir.path(), &["--kafka-auto-create-partitions", "3"]);
+    let base = node.daemon.url();
+
+    // Both clients produce to topics that do not exist; each is created with 3 partitions
+    // and holds every record.
+    let outcome = admin(&[
+        "auto-produce".into(),
+        node.kafka.to_string(),
+        "orders".into(),
+        "clicks".into(),
+        "20".into(),
+    ]);
+    assert_eq!(outcome["python"], "ok", "{outcome}");
+    assert_eq!(outcome["librdkafka"], "ok", "{outcome}");
+    for name in ["orders", "clicks"] {
+        let (status, topic) = describe(&base, name);
+        assert_eq!(status, 200, "{name}: {topic}");
+        assert_eq!(topic["partitions"], 3, "{topic}");
+        let held: u64 = topic["partition_stats"]
+            .as_array()
+            .expect("partition_stats")
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(held, 20, "{name}: {topic}");
+    }
+
+    // A request that does not allow it creates nothing; a name narad refuses is refused as
+    // CreateTopics refuses it; the daemon's own topics are never created this way.
+    let codes = metadata_codes(node.kafka, &["asked-only"], false);
+    assert_eq!(codes["asked-only"], UNKNOWN_TOPIC_OR_PARTITION, "{codes:?}");
+    assert_eq!(describe(&base, "asked-only").0, 404);
+    let codes = metadata_codes(node.kafka, &["bad name!", "__narad_offsets_x"], true);
+    assert_eq!(codes["bad name!"], INVALID_TOPIC_EXCEPTION, "{codes:?}");
+    assert_ne!(codes["__narad_offsets_x"], 0, "{codes:?}");
+    assert_eq!(describe(&base, "__narad_offsets_x").0, 404);
 }
 
 #[test]
@@ -106,7 +195,12 @@ fn while_the_daemon_requires_its_token_the_kafka_listener_creates_no_topic() {
     std::fs::write(&token, "s3cret-token-for-the-test\n").expect("token file");
     let node = start_with(
         dir.path(),
-        &["--auth-token-file", token.to_str().expect("utf-8 path")],
+        &[
+            "--auth-token-file",
+            token.to_str().expect("utf-8 path"),
+            "--kafka-auto-create-partitions",
+            "2",
+        ],
     );
     let outcome = admin(&[
         "create-librdkafka".into(),
@@ -121,6 +215,10 @@ fn while_the_daemon_requires_its_token_the_kafka_listener_creates_no_topic() {
     );
     let (status, _) = describe(&node.daemon.url(), "events");
     assert_eq!(status, 404, "no topic was created");
+    // Nor by naming it in Metadata, auto-creation on or not.
+    let codes = metadata_codes(node.kafka, &["events"], true);
+    assert_eq!(codes["events"], UNKNOWN_TOPIC_OR_PARTITION, "{codes:?}");
+    assert_eq!(describe(&node.daemon.url(), "events").0, 404);
 }
 
 #[test]

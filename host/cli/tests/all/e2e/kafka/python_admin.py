@@ -21,6 +21,12 @@ describe BOOTSTRAP NAME
     "sources": {key: source}, "broker": {key: value}, "missing": {key: value} (empty),
     "cluster": {"cluster_id", "controller_id", "brokers": [[id, host, port]]}}.
 
+auto-produce BOOTSTRAP NAME_PY NAME_RD COUNT
+    Produces COUNT records to topic NAME_PY, which does not exist yet, with kafka-python's
+    KafkaProducer, and COUNT to NAME_RD with confluent-kafka's Producer, as an application
+    does on a broker that creates topics on first use. Prints {"python": "ok" | error class,
+    "librdkafka": "ok" | error}.
+
 describe-librdkafka BOOTSTRAP NAME
     confluent-kafka's describe_configs of topic NAME and of a topic that does not exist, and
     describe_cluster. Prints {"topic": {key: value}, "missing": "ok" | error, "cluster_id",
@@ -161,6 +167,34 @@ def describe_librdkafka(bootstrap, name):
     print(json.dumps(out), flush=True)
 
 
+def auto_produce(bootstrap, name_py, name_rd, count):
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+
+    out = {}
+    try:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, max_block_ms=20000)
+        for i in range(count):
+            producer.send(name_py, value=f"py-{i}".encode()).get(timeout=20)
+        producer.close()
+        out["python"] = "ok"
+    except Exception as e:
+        out["python"] = type(e).__name__
+    errors = []
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "message.timeout.ms": 20000}
+    )
+    for i in range(count):
+        producer.produce(
+            name_rd,
+            value=f"rd-{i}".encode(),
+            on_delivery=lambda err, _msg: err and errors.append(str(err)),
+        )
+    left = producer.flush(30)
+    out["librdkafka"] = "ok" if not errors and left == 0 else (errors or [f"{left} unsent"])[0]
+    print(json.dumps(out), flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "create":
@@ -175,6 +209,8 @@ def main():
         describe(sys.argv[2], sys.argv[3])
     elif mode == "describe-librdkafka":
         describe_librdkafka(sys.argv[2], sys.argv[3])
+    elif mode == "auto-produce":
+        auto_produce(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
     else:
         raise SystemExit(f"unknown mode {mode}")
 
