@@ -815,8 +815,8 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
     // Both cursors of orders/0 have started and know their position before n3 dies. (A
-    // cursor that starts while a child owner is down waits for that owner to read the
-    // child's tail, before it has a position: issue 27, item 1.)
+    // cursor with no offset file yet waits for every child owner to scan its tail before it
+    // has a position.)
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     for child in ["on-n3", "beside"] {
         while !listed_partition(&cluster.url(0), "orders", child)["next_offset"].is_u64() {
@@ -899,6 +899,84 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
     );
     wait_for_values(&cluster, "on-n3", 2, &acknowledged);
     wait_for_values(&cluster, "beside", 2, &acknowledged);
+}
+
+#[test]
+fn a_parent_owner_restarted_while_a_child_owner_is_dead_copies_to_the_live_child_partitions() {
+    let mut cluster = Cluster::start("restart-beside-dead");
+    let client = http_client();
+    // The parent on n1; the child split between n2 and n3.
+    cluster.create("orders", 1, json!(["n1"]));
+    cluster.create("split", 2, json!(["n2", "n3"]));
+    cluster.attach("orders", "split", json!({}));
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while !listed_partition(&cluster.url(0), "orders", "split")["next_offset"].is_u64() {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Records copied to both halves while every node is up.
+    let produce = |base: &str, tag: &str| -> Vec<String> {
+        let values: Vec<String> = (0..64).map(|i| format!("{tag}-{i}")).collect();
+        let records: Vec<Value> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| json!({"key": format!("k{i}"), "value": v}))
+            .collect();
+        // A node just restarted takes its partitions back once it holds its lease again.
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        loop {
+            let answer = send_json(
+                &client,
+                Method::POST,
+                &format!("{base}/v1/topics/orders/records"),
+                Some(&json!({"records": records})),
+            );
+            match answer {
+                Ok((200, _)) => return values,
+                other => assert!(Instant::now() < deadline, "produce: {other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let before = produce(&cluster.url(0), "before");
+    wait_for_values(&cluster, "split", 2, &before);
+
+    // n3 dies, then the parent's owner restarts: its cursor starts with one child owner down.
+    cluster.nodes[2].kill9();
+    cluster.nodes[0].restart();
+    let after = produce(&cluster.url(0), "after");
+    // The half on n2 gets its records while n3 is still down. (The cursor used to wait at
+    // its start for n3 to scan its half's tail, copying nothing anywhere.)
+    let on_n2 = |client: &reqwest::blocking::Client| -> HashSet<String> {
+        fetch_all(client, &cluster.url(1), "split", 0)
+            .into_iter()
+            .map(|r| r["value"].as_str().expect("value").to_owned())
+            .collect()
+    };
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while !on_n2(&client).iter().any(|v| v.starts_with("after-")) {
+        assert!(
+            Instant::now() < deadline,
+            "nothing produced after the restart reached split/0 on n2 while n3 was down\n{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // n3 back: every record in the child, each once.
+    cluster.nodes[2].restart();
+    let all: Vec<String> = before.iter().chain(&after).cloned().collect();
+    wait_for_values(&cluster, "split", 2, &all);
+    let everything_held: Vec<String> = everything(&client, &cluster.url(0), "split", 2)
+        .into_values()
+        .flatten()
+        .map(|r| r["value"].as_str().expect("value").to_owned())
+        .collect();
+    assert_eq!(everything_held.len(), all.len(), "each record once");
 }
 
 #[test]

@@ -12,6 +12,15 @@
 //!   metastore, read linearizably, to confirm the epoch is still the link's; otherwise the
 //!   start is [`Deferred`].
 //!
+//! In cluster mode the tails on other nodes are scanned by their owners, all at once, each
+//! given [`REMOTE_TAIL_TIMEOUT`]. When some owner does not answer (down, or hung), a cursor
+//! with an offset file still starts from it: the buckets of the live owners are copied, the
+//! dead owner's wait in the commit, and the copies it already holds past the position are left
+//! out by its own window of copies once it is back. The "child is behind" rewind is skipped
+//! then (the newest slab may be on the partition that did not answer). Without an offset file
+//! the cursor does not start until every tail has answered: the tails are then the only record
+//! of how far the copy got.
+//!
 //! A cursor never waits past the parent's end. Its position can be beyond the parent's high
 //! watermark when the parent lost records the cursor had already copied: a torn tail cut at
 //! start-up with no high-watermark file to refuse the cut, for example. Waiting there would
@@ -29,6 +38,7 @@ pub(crate) mod start;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorRecord};
 use narad_storage::{PartitionId, StorageError, Store};
@@ -184,18 +194,23 @@ pub async fn open(
         Ok::<_, StorageError>((scan, elsewhere))
     })
     .await??;
+    // Child partitions whose owner did not answer the tail scan, with why.
+    let mut unscanned: Vec<(u32, String)> = Vec::new();
     if let Some(tails) = &deps.remote_tails {
-        for p in remote {
-            let theirs = tails
-                .scan(&key.child, p, epoch, key.partition)
-                .await
-                .map_err(|reason| OpenError::RemoteTail {
-                    partition: PartitionId::new(key.child.clone(), p).to_string(),
-                    reason,
-                })?;
-            provenance::merge(&mut scanned, theirs);
+        for (p, theirs) in scan_remote_tails(tails, &key.child, &remote, epoch, key.partition).await
+        {
+            match theirs {
+                Ok(theirs) => provenance::merge(&mut scanned, theirs),
+                Err(reason) => unscanned.push((p, reason)),
+            }
         }
     }
+    let refuse_unscanned = |unscanned: &[(u32, String)]| {
+        unscanned.first().map(|(p, reason)| OpenError::RemoteTail {
+            partition: PartitionId::new(key.child.clone(), *p).to_string(),
+            reason: reason.clone(),
+        })
+    };
     if link.remote.is_some() {
         scanned.0.empty = false;
     }
@@ -214,8 +229,24 @@ pub async fn open(
                 StartPoint::LiveTail => None,
                 point => Some(point.resolve(0)),
             };
-            if let Some(target) =
-                provenance::rewind_target(position, evidence, stats.log_start_offset, floor)
+            // The offset file says where to resume; the child owners that answered say what
+            // they hold past it. A dead one does not hold up the others' buckets: its own wait
+            // in their commit (a stall of this link, not a start that never comes), and what
+            // it already holds is left out by its window of copies when it is back. Whether
+            // the child is behind the file is judged only on every tail: the newest slab may
+            // be on the partition that did not answer.
+            if !unscanned.is_empty() {
+                let partitions: Vec<u32> = unscanned.iter().map(|(p, _)| *p).collect();
+                tracing::warn!(parent = %parent, child = %key.child, ?partitions,
+                    reason = %unscanned[0].1,
+                    "cursor starts from its offset file without the tails of child partitions whose owner did not answer");
+            }
+            if let Some(target) = unscanned
+                .is_empty()
+                .then(|| {
+                    provenance::rewind_target(position, evidence, stats.log_start_offset, floor)
+                })
+                .flatten()
             {
                 tracing::warn!(parent = %parent, child = %key.child, from = position, to = target,
                     "cursor is ahead of what its child holds; rewinding so nothing is missing");
@@ -256,6 +287,11 @@ pub async fn open(
                 }
                 CursorLoad::Missing => {}
             }
+            // Without an offset file the tails are the only record of how far the copy got:
+            // every one is needed, or the cursor could start past what a dead owner holds.
+            if let Some(refused) = refuse_unscanned(&unscanned) {
+                return Err(refused);
+            }
             // Anchoring overwrites the file: only with the epoch confirmed linearizably.
             if !epoch_confirmed(deps, key).await? {
                 return Ok(Opened::Deferred(Deferred::EpochNotConfirmed {
@@ -294,6 +330,61 @@ pub async fn open(
             })
         }
     }
+}
+
+/// Longest wait for one child partition's owner to scan its tail: a hung owner (its lease not
+/// yet gone) counts as one that did not answer after this.
+const REMOTE_TAIL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The tail scans of child partitions `partitions` of `child` on their owners, all at once
+/// (a dead or hung owner costs one wait, not one per partition in turn), each bounded by
+/// [`REMOTE_TAIL_TIMEOUT`]; in the order given.
+async fn scan_remote_tails(
+    tails: &Arc<dyn RemoteTails>,
+    child: &str,
+    partitions: &[u32],
+    epoch: [u8; 8],
+    parent_partition: u32,
+) -> Vec<(
+    u32,
+    Result<(provenance::ChildScan, provenance::TailCopies), String>,
+)> {
+    let mut scans = tokio::task::JoinSet::new();
+    for (i, &p) in partitions.iter().enumerate() {
+        let (tails, child) = (Arc::clone(tails), child.to_owned());
+        scans.spawn(async move {
+            let scan = tokio::time::timeout(
+                REMOTE_TAIL_TIMEOUT,
+                tails.scan(&child, p, epoch, parent_partition),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "no answer within {} s",
+                    REMOTE_TAIL_TIMEOUT.as_secs()
+                ))
+            });
+            (i, p, scan)
+        });
+    }
+    let mut done = Vec::with_capacity(partitions.len());
+    while let Some(joined) = scans.join_next().await {
+        match joined {
+            Ok(scan) => done.push(scan),
+            // A scan task that panicked: its partition is left out of `done` and is
+            // reported below as not scanned.
+            Err(e) => tracing::error!(child, error = %e, "a child tail scan task failed"),
+        }
+    }
+    done.sort_unstable_by_key(|(i, _, _)| *i);
+    let mut by_partition = done.into_iter().map(|(_, p, scan)| (p, scan)).peekable();
+    partitions
+        .iter()
+        .map(|&p| match by_partition.next_if(|(q, _)| *q == p) {
+            Some(found) => found,
+            None => (p, Err("its scan task failed inside this daemon".to_owned())),
+        })
+        .collect()
 }
 
 /// Copies of parent records, found in the child's tails when the cursor started, at or past
