@@ -501,6 +501,16 @@ fn print_link(json: bool, verb: &str, link: &LinkInfo) -> anyhow::Result<()> {
         link.attach_epoch,
         router_names(link)
     )?;
+    if !link.shares_node.is_empty() {
+        let partitions: Vec<String> = link.shares_node.iter().map(u32::to_string).collect();
+        outln!(
+            "note: child partitions {} are on the same node as the parent partition of their \
+             index, so a keyless copy shares a disk with its original; `narad partition move \
+             {} P` puts one elsewhere",
+            partitions.join(", "),
+            link.name
+        )?;
+    }
     Ok(())
 }
 

@@ -191,6 +191,12 @@ pub struct LinkInfo {
     /// The topic that takes records the chain cannot route, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<String>,
+    /// Cluster mode, at the attach of an existing child with the parent's partition count:
+    /// the partitions `p` whose child partition is on the same node as parent partition `p`,
+    /// so a keyless copy of them shares a disk with its original (`narad partition move` of
+    /// the child partition separates them). Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares_node: Vec<u32>,
 }
 
 impl From<&LinkMeta> for LinkInfo {
@@ -213,6 +219,7 @@ impl From<&LinkMeta> for LinkInfo {
             on_gap: link.on_gap,
             accepted_gaps: link.accepted_gaps.clone(),
             dead_letter: link.dead_letter.clone(),
+            shares_node: Vec::new(),
         }
     }
 }
@@ -422,12 +429,38 @@ pub async fn attach(
     .await?;
     // A child created by the attach is recorded in the same metastore write as its link, so
     // no crash can leave the topic without the link (or the link without the topic).
-    let link = match new_child {
-        Some(spec) => state.topics.create_with_link(spec, link).await?.1,
-        None => state.metastore.attach_link(link).await?,
+    let (link, shares_node) = match new_child {
+        Some(spec) => (
+            state.topics.create_with_link(spec, link).await?.1,
+            Vec::new(),
+        ),
+        None => {
+            let link = state.metastore.attach_link(link).await?;
+            // An existing child keeps its placement: say where it breaks the away rule.
+            let shares_node = match state.metastore.topic(&child).await? {
+                Some(child_topic) if child_topic.partitions == parent_topic.partitions => {
+                    child_topic
+                        .owners
+                        .iter()
+                        .zip(&parent_topic.owners)
+                        .enumerate()
+                        .filter(|(_, (c, p))| c.node == p.node)
+                        .filter_map(|(i, _)| u32::try_from(i).ok())
+                        .collect()
+                }
+                _ => Vec::new(),
+            };
+            (link, shares_node)
+        }
     };
+    if !shares_node.is_empty() {
+        tracing::warn!(%parent, %child, partitions = ?shares_node,
+            "attached child partitions on the same node as the parent partition of their index: a keyless copy shares a disk with its original");
+    }
     tracing::info!(%parent, %child, epoch = %link.attach_epoch, "child attached");
-    Ok((StatusCode::CREATED, Json(LinkInfo::from(&link))))
+    let mut info = LinkInfo::from(&link);
+    info.shares_node = shares_node;
+    Ok((StatusCode::CREATED, Json(info)))
 }
 
 /// Longest wait for the target of a remote child to describe its topic at the attach.

@@ -138,7 +138,7 @@ pub(crate) async fn move_partition(
         (Some(to), _) => to,
         // A move that stopped part way resumes to where it was going.
         (None, Some(to)) => to,
-        (None, None) => mover.pick_target(&snapshot, &current).ok_or_else(|| {
+        (None, None) => mover.pick_target(&snapshot, &id, &current).ok_or_else(|| {
             ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("no live node other than {current} to move {id} to"),
@@ -227,7 +227,7 @@ pub(crate) async fn recreate(
                 .into_iter()
                 .filter(|n| *n != owner)
                 .collect();
-            crate::cluster::moves::least_loaded(&snapshot, &live).ok_or_else(|| {
+            crate::cluster::moves::least_loaded_away(&snapshot, &live, &id).ok_or_else(|| {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("no live node to re-create {id} on"),

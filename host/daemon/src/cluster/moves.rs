@@ -637,10 +637,13 @@ impl Mover {
     }
 
     /// The live, uncordoned node other than `exclude` that owns the fewest partitions (ties:
-    /// the smaller id): where a move without a named target goes.
+    /// the smaller id), and none of the same partition of a linked topic when such a node is
+    /// left ([`crate::cluster::placement::linked_nodes`]): where a move of `partition` without
+    /// a named target goes.
     pub(crate) fn pick_target(
         &self,
         snapshot: &crate::metastore::Snapshot,
+        partition: &PartitionId,
         exclude: &str,
     ) -> Option<String> {
         let live: Vec<String> = self
@@ -650,8 +653,25 @@ impl Mover {
             .into_iter()
             .filter(|id| id != exclude)
             .collect();
-        least_loaded(snapshot, &live)
+        least_loaded_away(snapshot, &live, partition)
     }
+}
+
+/// [`least_loaded`] of the `candidates` that own partition `partition` of no topic linked to
+/// its topic, or of all of them when each does.
+pub(crate) fn least_loaded_away(
+    snapshot: &crate::metastore::Snapshot,
+    candidates: &[String],
+    partition: &PartitionId,
+) -> Option<String> {
+    let linked =
+        crate::cluster::placement::linked_nodes(snapshot, &partition.topic, partition.partition);
+    let away: Vec<String> = candidates
+        .iter()
+        .filter(|c| !linked.contains(c))
+        .cloned()
+        .collect();
+    least_loaded(snapshot, &away).or_else(|| least_loaded(snapshot, candidates))
 }
 
 /// Of `candidates`, the node owning the fewest partitions in `snapshot` (ties: the smaller id).
@@ -711,5 +731,48 @@ mod tests {
             Some("n1".to_owned())
         );
         assert_eq!(least_loaded(&snapshot, &[]), None);
+    }
+
+    #[test]
+    fn a_move_without_a_target_avoids_the_node_of_the_same_partition_of_a_linked_topic() {
+        let mut snapshot = Snapshot::default();
+        for (name, owners) in [("parent", ["n1", "n3"]), ("child", ["n2", "n2"])] {
+            snapshot.topics.insert(
+                name.to_owned(),
+                TopicMeta {
+                    writable_as_child: false,
+                    name: name.to_owned(),
+                    partitions: 2,
+                    retention_ms: None,
+                    retention_bytes: None,
+                    created_at_ms: 0,
+                    owners: owners.into_iter().map(PartitionOwner::first).collect(),
+                },
+            );
+        }
+        let link: crate::metastore::LinkMeta = serde_json::from_value(serde_json::json!({
+            "parent": "parent", "child": "child", "attach_epoch": "0011223344556677",
+            "attach_offsets": null, "delay_ms": 0, "router": [], "attached_at_ms": 0,
+        }))
+        .unwrap();
+        snapshot
+            .links
+            .insert(("parent".to_owned(), "child".to_owned()), link);
+        let nodes = |ids: &[&str]| ids.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        // child/0 leaves n2: n1 owns less, but parent/0 is there; n3 it is.
+        let child0 = PartitionId::new("child", 0);
+        assert_eq!(
+            least_loaded(&snapshot, &nodes(&["n1", "n3"])),
+            Some("n1".to_owned())
+        );
+        assert_eq!(
+            least_loaded_away(&snapshot, &nodes(&["n1", "n3"]), &child0),
+            Some("n3".to_owned())
+        );
+        // With only the parent's node left, it still goes somewhere.
+        assert_eq!(
+            least_loaded_away(&snapshot, &nodes(&["n1"]), &child0),
+            Some("n1".to_owned())
+        );
     }
 }

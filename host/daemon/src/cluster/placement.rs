@@ -5,9 +5,12 @@
 //! - **Spread**: otherwise partitions go round the live nodes that are not cordoned (being
 //!   drained) in id order, starting at a node
 //!   picked from the topic's name, so many small topics do not all start on the first node.
-//! - **Away from the parent**: for a child with its parent's partition count, child partition
-//!   `p` is placed on another node than parent partition `p` whenever there are two live nodes:
-//!   a keyless copy (the parent's index kept) then never shares a disk with its original.
+//! - **Away from linked partitions**: partition `p` of a topic linked to others with its own
+//!   partition count (its parents, its children) is placed on a node that owns partition `p`
+//!   of none of them, whenever a live node is left: a keyless copy (the parent's index kept)
+//!   then never shares a disk with its original. This holds when a child is created by its
+//!   attach, when a linked topic grows ([`linked_owners`]), and for a move or a re-creation
+//!   without a named node ([`linked_nodes`]).
 //!
 //! Ownership starts at generation 1; moves raise it.
 
@@ -63,8 +66,9 @@ pub(crate) struct Request<'a> {
     pub cordoned: &'a [String],
     /// The operator's choice, one node per new partition.
     pub pinned: Option<&'a [String]>,
-    /// The owners of the parent's partitions, for a child with the parent's partition count.
-    pub(crate) away_from: Option<&'a [PartitionOwner]>,
+    /// The owners of the partitions of each linked topic with the same partition count:
+    /// partition `p` avoids every node that owns partition `p` of one of them.
+    pub(crate) away_from: &'a [&'a [PartitionOwner]],
 }
 
 /// The owners of the new partitions, in order.
@@ -107,18 +111,67 @@ pub(crate) fn place(request: Request<'_>) -> Result<Vec<PartitionOwner>, Placeme
     let start = seed(request.topic) % n;
     let owners = (request.first..request.first + request.count)
         .map(|p| {
-            let mut slot = (start + p as usize) % n;
-            let parent_node = request
+            let slot = (start + p as usize) % n;
+            let avoid: Vec<&str> = request
                 .away_from
-                .and_then(|owners| owners.get(p as usize))
-                .map(|o| o.node.as_str());
-            if n > 1 && parent_node == Some(live[slot].as_str()) {
-                slot = (slot + 1) % n;
-            }
+                .iter()
+                .filter_map(|owners| owners.get(p as usize))
+                .map(|o| o.node.as_str())
+                .collect();
+            // The next node round from the spread's choice that none of them uses; the
+            // spread's own when every live node is one of them.
+            let slot = (0..n)
+                .map(|step| (slot + step) % n)
+                .find(|&s| !avoid.contains(&live[s].as_str()))
+                .unwrap_or(slot);
             PartitionOwner::first(live[slot].clone())
         })
         .collect();
     Ok(owners)
+}
+
+/// The owners of every topic linked to `topic` (its local parents and children) that has
+/// `partitions` partitions, as [`Request::away_from`] takes them.
+pub(crate) fn linked_owners<'s>(
+    snapshot: &'s crate::metastore::Snapshot,
+    topic: &str,
+    partitions: u32,
+) -> Vec<&'s [PartitionOwner]> {
+    snapshot
+        .links
+        .iter()
+        .filter(|(_, link)| link.remote.is_none())
+        .filter_map(|((parent, child), _)| {
+            if parent == topic {
+                Some(child)
+            } else if child == topic {
+                Some(parent)
+            } else {
+                None
+            }
+        })
+        .filter(|other| other.as_str() != topic)
+        .filter_map(|other| snapshot.topics.get(other.as_str()))
+        .filter(|other| other.partitions == partitions)
+        .map(|other| other.owners.as_slice())
+        .collect()
+}
+
+/// The nodes that own partition `partition` of a topic linked to `topic` with its partition
+/// count: where a move or re-creation of `topic`'s partition `partition` should not go.
+pub(crate) fn linked_nodes(
+    snapshot: &crate::metastore::Snapshot,
+    topic: &str,
+    partition: u32,
+) -> Vec<String> {
+    let Some(partitions) = snapshot.topics.get(topic).map(|t| t.partitions) else {
+        return Vec::new();
+    };
+    linked_owners(snapshot, topic, partitions)
+        .into_iter()
+        .filter_map(|owners| owners.get(partition as usize))
+        .map(|o| o.node.clone())
+        .collect()
 }
 
 /// FNV-1a of the name: stable across builds and platforms, so a placement is reproducible.
@@ -147,7 +200,7 @@ mod tests {
             live,
             cordoned: &[],
             pinned: None,
-            away_from: None,
+            away_from: &[],
         }
     }
 
@@ -173,7 +226,7 @@ mod tests {
                 let parent_owners = place(request(parent, count, &live)).unwrap();
                 for child in ["audit", "x", "orders-copy", "c9"] {
                     let child_owners = place(Request {
-                        away_from: Some(&parent_owners),
+                        away_from: &[&parent_owners],
                         ..request(child, count, &live)
                     })
                     .unwrap();
@@ -185,12 +238,104 @@ mod tests {
         }
     }
 
+    fn topic(name: &str, owners: &[&str]) -> crate::metastore::TopicMeta {
+        crate::metastore::TopicMeta {
+            writable_as_child: false,
+            name: name.to_owned(),
+            partitions: u32::try_from(owners.len()).unwrap(),
+            retention_ms: None,
+            retention_bytes: None,
+            created_at_ms: 0,
+            owners: owners.iter().map(|n| PartitionOwner::first(*n)).collect(),
+        }
+    }
+
+    fn linked(topics: &[crate::metastore::TopicMeta], links: &[(&str, &str)]) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        for t in topics {
+            snapshot.topics.insert(t.name.clone(), t.clone());
+        }
+        for (parent, child) in links {
+            let link: crate::metastore::LinkMeta = serde_json::from_value(serde_json::json!({
+                "parent": parent, "child": child, "attach_epoch": "0011223344556677",
+                "attach_offsets": null, "delay_ms": 0, "router": [], "attached_at_ms": 0,
+            }))
+            .unwrap();
+            snapshot
+                .links
+                .insert(((*parent).to_owned(), (*child).to_owned()), link);
+        }
+        snapshot
+    }
+
+    use crate::metastore::Snapshot;
+
+    #[test]
+    fn a_grown_partition_avoids_the_same_partition_of_its_parent_and_of_its_child() {
+        // mid is a child of top and a parent of low; all three grow from 2 to 3 partitions,
+        // top and low first. mid's new partition 2 must avoid n1 (top's) and n2 (low's).
+        let snapshot = linked(
+            &[
+                topic("top", &["n1", "n2", "n1"]),
+                topic("mid", &["n2", "n3"]),
+                topic("low", &["n3", "n1", "n2"]),
+                topic("other", &["n3", "n3", "n3"]),
+            ],
+            &[("top", "mid"), ("mid", "low")],
+        );
+        let away = linked_owners(&snapshot, "mid", 3);
+        assert_eq!(away.len(), 2, "top and low, not the unlinked topic");
+        let live = nodes(&["n1", "n2", "n3"]);
+        for name in ["mid", "m", "zz", "orders"] {
+            let owners = place(Request {
+                first: 2,
+                count: 1,
+                away_from: &away,
+                ..request(name, 1, &live)
+            })
+            .unwrap();
+            assert_eq!(on(&owners), ["n3"], "{name}");
+        }
+        // Linked topics with another partition count do not constrain it.
+        assert!(linked_owners(&snapshot, "mid", 4).is_empty());
+        // Once mid has grown, a move of low's or top's partition 1 avoids mid's partition 1.
+        let mut grown = snapshot.clone();
+        grown
+            .topics
+            .insert("mid".to_owned(), topic("mid", &["n2", "n3", "n3"]));
+        assert_eq!(linked_nodes(&grown, "low", 1), ["n3"]);
+        assert_eq!(linked_nodes(&grown, "top", 1), ["n3"]);
+        assert_eq!(
+            linked_nodes(&grown, "mid", 0),
+            ["n3", "n1"],
+            "low's, then top's"
+        );
+        assert_eq!(linked_nodes(&grown, "other", 0), Vec::<String>::new());
+    }
+
+    #[test]
+    fn when_every_node_owns_a_linked_partition_the_spread_picks_as_without_links() {
+        let live = nodes(&["n1", "n2"]);
+        let a = place(request("a", 2, &live)).unwrap();
+        let b: Vec<PartitionOwner> = a
+            .iter()
+            .map(|o| PartitionOwner::first(if o.node == "n1" { "n2" } else { "n1" }))
+            .collect();
+        let unconstrained = place(request("c", 2, &live)).unwrap();
+        let constrained = place(Request {
+            away_from: &[&a, &b],
+            ..request("c", 2, &live)
+        })
+        .unwrap();
+        assert_eq!(on(&constrained), on(&unconstrained));
+    }
+
     #[test]
     fn with_one_live_node_a_child_still_gets_placed_on_it() {
         let live = nodes(&["n1"]);
         let parent = place(request("p", 2, &live)).unwrap();
         let child = place(Request {
-            away_from: Some(&parent),
+            away_from: &[&parent],
             ..request("c", 2, &live)
         })
         .unwrap();

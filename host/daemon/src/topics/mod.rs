@@ -426,7 +426,7 @@ impl TopicService {
         first: u32,
         count: u32,
         pinned: Option<&[String]>,
-        away_from: Option<&[crate::metastore::PartitionOwner]>,
+        away_from: &[&[crate::metastore::PartitionOwner]],
     ) -> Result<Vec<crate::metastore::PartitionOwner>, TopicError> {
         let Some(cluster) = &self.cluster else {
             if pinned.is_some() {
@@ -471,7 +471,7 @@ impl TopicService {
             0,
             meta.partitions,
             spec.placement.as_deref(),
-            None,
+            &[],
         )?;
         let _admin = self.admin.lock().await;
         if self.cluster.is_some() {
@@ -499,16 +499,18 @@ impl TopicService {
             // A child with its parent's count is placed partition by partition away from the
             // parent's owners, so a keyless copy never shares a disk with its original.
             let parent = self.metastore.topic(&link.parent).await?;
-            let away = parent
+            let away: Vec<&[crate::metastore::PartitionOwner]> = parent
                 .as_ref()
                 .filter(|p| p.partitions == meta.partitions)
-                .map(|p| p.owners.as_slice());
+                .map(|p| p.owners.as_slice())
+                .into_iter()
+                .collect();
             meta.owners = self.place(
                 &meta.name,
                 0,
                 meta.partitions,
                 spec.placement.as_deref(),
-                away,
+                &away,
             )?;
             let _admin = self.admin.lock().await;
             let link = self
@@ -523,7 +525,7 @@ impl TopicService {
                 0,
                 meta.partitions,
                 spec.placement.as_deref(),
-                None,
+                &[],
             )?;
         }
         let _admin = self.admin.lock().await;
@@ -598,12 +600,16 @@ impl TopicService {
             return Ok(current);
         }
         if self.cluster.is_some() {
+            // New partitions go away from the same partitions of the topics linked to this
+            // one with the new count (a parent grown to match its child, or the reverse).
+            let snapshot = self.metastore.snapshot().await?;
+            let away = crate::cluster::placement::linked_owners(&snapshot, name, count);
             let owners = self.place(
                 name,
                 current.partitions,
                 count - current.partitions,
                 None,
-                None,
+                &away,
             )?;
             let grown = self
                 .metastore

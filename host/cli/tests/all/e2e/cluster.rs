@@ -1235,6 +1235,90 @@ fn a_kafka_client_bootstrapped_on_one_node_produces_to_every_owner_and_reads_bac
     assert_eq!(stored, 60);
 }
 
+#[test]
+fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
+    let cluster = Cluster::start("away-rule");
+    let client = http_client();
+    let owners = |topic: &str| -> Vec<String> {
+        let (status, body) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/{topic}", cluster.url(0)),
+            None,
+        )
+        .expect("describe");
+        ok(status, &body, "describe");
+        body["owners"]
+            .as_array()
+            .expect("owners")
+            .iter()
+            .map(|o| o.as_str().expect("owner").to_owned())
+            .collect()
+    };
+    let grow = |topic: &str, partitions: u32| {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics/{topic}/partitions", cluster.url(0)),
+            Some(&json!({"count": partitions})),
+        )
+        .expect("grow");
+        ok(status, &body, "grow");
+    };
+    // A child whose name starts the spread where its parent's does: without the rule, every
+    // new partition p of both would land on the same node.
+    let fnv = |name: &str| {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in name.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (hash % u64::from(u32::MAX)) % 3
+    };
+    let child = (0..)
+        .map(|i| format!("audit-{i}"))
+        .find(|name| fnv(name) == fnv("orders"))
+        .expect("a name");
+    cluster.create("orders", 1, json!(["n1"]));
+    cluster.create(&child, 1, json!(["n2"]));
+    cluster.attach("orders", &child, json!({}));
+    for count in 2..=4u32 {
+        grow("orders", count);
+        grow(&child, count);
+        let (orders, copy) = (owners("orders"), owners(&child));
+        let p = count as usize - 1;
+        assert_ne!(copy[p], orders[p], "{child}/{p} beside orders/{p}");
+    }
+    // A move without a target avoids it too: dst/0 leaves n2; n1 owns the fewest
+    // partitions, but src/0 is there, so n3 it is.
+    cluster.create("src", 1, json!(["n1"]));
+    cluster.create("dst", 1, json!(["n2"]));
+    cluster.create("ballast", 3, json!(["n3", "n3", "n3"]));
+    cluster.attach("src", "dst", json!({}));
+    // An existing child on the parent's node keeps its placement, and the attach says so.
+    cluster.create("twin", 1, json!(["n1"]));
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/src/children/twin", cluster.url(0)),
+        Some(&json!({})),
+    )
+    .expect("attach");
+    ok(status, &body, "attach");
+    assert_eq!(body["shares_node"], json!([0]), "{body}");
+    // The owner makes the new partition when its copy of the metadata shows it.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let (status, body) = loop {
+        let (status, body) = move_partition(&client, &cluster.url(0), "dst", 0, json!({}));
+        if status != 404 || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    ok(status, &body, "move");
+    assert_eq!(owners("dst"), ["n3"], "{body}");
+}
+
 /// `POST /v1/topics/{topic}/partitions/{p}/move` through `base`.
 fn move_partition(
     client: &reqwest::blocking::Client,
