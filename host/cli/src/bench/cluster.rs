@@ -1484,12 +1484,6 @@ pub async fn run_cluster(options: ClusterOptions) -> Result<ClusterReport, Bench
     })
 }
 
-fn load_text(load: Option<[f64; 3]>) -> String {
-    load.map_or("?".to_owned(), |l| {
-        format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-    })
-}
-
 fn opt(value: Option<f64>, digits: usize) -> String {
     value.map_or("?".to_owned(), |v| format!("{v:.digits$}"))
 }
@@ -1667,8 +1661,8 @@ impl ClusterReport {
             c.metadata_topics,
             c.metadata_links,
             self.records,
-            load_text(self.load_before),
-            load_text(self.load_after),
+            sys::load_text(self.load_before),
+            sys::load_text(self.load_after),
         )
     }
 }

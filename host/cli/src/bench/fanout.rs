@@ -1014,12 +1014,6 @@ fn raw_worker(
     Ok((slabs, file.len()))
 }
 
-fn load_text(load: Option<[f64; 3]>) -> String {
-    load.map_or("?".to_owned(), |l| {
-        format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-    })
-}
-
 fn mib(bytes: Option<u64>) -> String {
     bytes.map_or("?".to_owned(), |b| {
         format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)
@@ -1173,8 +1167,8 @@ impl FanoutReport {
             if f.peak_rss_reset { "" } else { " (whole run)" },
             self.records,
             self.verified.duplicates,
-            load_text(self.load_before),
-            load_text(self.load_after),
+            sys::load_text(self.load_before),
+            sys::load_text(self.load_after),
         )
     }
 }

@@ -298,11 +298,7 @@ async fn wait_until_waiting(
 impl IdleReport {
     /// The report as text for a terminal.
     pub fn to_text(&self) -> String {
-        let load = |l: Option<[f64; 3]>| {
-            l.map_or("?".to_owned(), |l| {
-                format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-            })
-        };
+        let load = sys::load_text;
         let mib = |b: Option<u64>| {
             b.map_or("?".to_owned(), |b| {
                 format!("{:.0} MiB", b as f64 / (1u64 << 20) as f64)

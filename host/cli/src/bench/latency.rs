@@ -618,12 +618,6 @@ fn check_arrivals(
     Ok(latencies)
 }
 
-fn load_text(load: Option<[f64; 3]>) -> String {
-    load.map_or("?".to_owned(), |l| {
-        format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-    })
-}
-
 impl LatencyReport {
     /// The report as text for a terminal.
     pub fn to_text(&self) -> String {
@@ -664,15 +658,15 @@ impl LatencyReport {
                 if r.p99_goal_met { "met" } else { "NOT met" },
                 "",
                 r.cpu_cores_used,
-                load_text(r.load_before),
-                load_text(r.load_after),
+                sys::load_text(r.load_before),
+                sys::load_text(r.load_after),
             ));
         }
         out.push_str(&format!(
             "checked: every produced record arrived in the child exactly once\n\
              load average before {} / after {}",
-            load_text(self.load_before),
-            load_text(self.load_after)
+            sys::load_text(self.load_before),
+            sys::load_text(self.load_after)
         ));
         out
     }

@@ -312,16 +312,8 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 impl MetadataReport {
     /// The report as text.
     pub fn to_text(&self) -> String {
-        let load = |l: Option<[f64; 3]>| {
-            l.map_or_else(
-                || "unknown".to_owned(),
-                |l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]),
-            )
-        };
-        let fs = self.file_system.as_ref().map_or_else(
-            || "unknown".to_owned(),
-            |f| format!("{} ({})", f.fs_type, f.source),
-        );
+        let load = sys::load_text;
+        let fs = sys::file_system_text(self.file_system.as_ref());
         format!(
             "narad bench metadata: {} topics x {} partitions, file metastore on {fs}\n\
              topic creation (one durable change each): first {ENDS} {:.0} us each, last {ENDS} \

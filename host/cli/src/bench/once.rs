@@ -391,16 +391,8 @@ fn target_batch(header: &str, first: u64, value: &Bytes) -> Vec<NewRecord> {
 impl OnceReport {
     /// The report as text.
     pub fn to_text(&self) -> String {
-        let load = |l: Option<[f64; 3]>| {
-            l.map_or_else(
-                || "unknown".to_owned(),
-                |l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]),
-            )
-        };
-        let fs = self.file_system.as_ref().map_or_else(
-            || "unknown".to_owned(),
-            |f| format!("{} ({})", f.fs_type, f.source),
-        );
+        let load = sys::load_text;
+        let fs = sys::file_system_text(self.file_system.as_ref());
         let side = |name: &str, c: &Compared| {
             format!(
                 "{name}: {:.0} records/s checked, {:.0} unchecked: ratio {:.3} (goal >= {:.2}); \

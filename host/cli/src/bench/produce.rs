@@ -273,11 +273,7 @@ impl ProduceReport {
             .map_or("unknown file system".to_owned(), |f| {
                 format!("{} ({})", f.fs_type, f.source)
             });
-        let load = |l: Option<[f64; 3]>| {
-            l.map_or("?".to_owned(), |l| {
-                format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
-            })
-        };
+        let load = sys::load_text;
         format!(
             "produce: {} batches of {} records ({:.2} MB per batch) per side, interleaved, on {fs}\n\
              log (Store::append)       {:>8.1} MB/s   batch p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms\n\

@@ -489,16 +489,8 @@ fn produce_frame(partition: u32, count: u32, value_bytes: usize) -> Result<Vec<u
 impl RequestsReport {
     /// The report as text.
     pub fn to_text(&self) -> String {
-        let load = |l: Option<[f64; 3]>| {
-            l.map_or_else(
-                || "unknown".to_owned(),
-                |l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]),
-            )
-        };
-        let fs = self.file_system.as_ref().map_or_else(
-            || "unknown".to_owned(),
-            |f| format!("{} ({})", f.fs_type, f.source),
-        );
+        let load = sys::load_text;
+        let fs = sys::file_system_text(self.file_system.as_ref());
         let variant = |name: &str, v: &VariantFigures| {
             format!(
                 "{name} ({} per request): {} requests in {:.2} s, {:.0} requests/s, {:.0} \

@@ -133,6 +133,22 @@ pub fn file_system_of(path: &Path) -> Option<FileSystemInfo> {
     best
 }
 
+/// A load average (1, 5, 15 min) as a report prints it, or `unknown`.
+pub fn load_text(load: Option<[f64; 3]>) -> String {
+    load.map_or_else(
+        || "unknown".to_owned(),
+        |l| format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2]),
+    )
+}
+
+/// A file system as a report prints it (`ext4 (/dev/vda)`), or `unknown`.
+pub fn file_system_text(fs: Option<&FileSystemInfo>) -> String {
+    fs.map_or_else(
+        || "unknown".to_owned(),
+        |f| format!("{} ({})", f.fs_type, f.source),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
