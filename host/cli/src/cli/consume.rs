@@ -8,7 +8,9 @@
 //!   `narad produce --json` takes as input (it ignores `offset`, `committed_at`, `origin`).
 //!
 //! Without `--follow` each partition is read in turn up to its end; with it every partition is
-//! long-polled at once and records are printed as they come.
+//! long-polled at once and records are printed as they come. A partition that cannot be read
+//! (in cluster mode, its owner is down) does not stop the others: without `--follow` the
+//! command names it at the end and fails; with it a warning says so and it is tried again.
 
 use std::io::Write as _;
 
@@ -23,6 +25,9 @@ use narad_host::api::types::{HeaderJson, RecordJson};
 /// Long-poll used by `--follow`, in milliseconds (the daemon caps `wait_ms` at 30 s; 10 s keeps
 /// a dead daemon noticed soon).
 const FOLLOW_WAIT_MS: u64 = 10_000;
+
+/// How often `--follow` tries a partition again that could not be read.
+const FOLLOW_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Records asked for per fetch: the fetch API's cap (`max-fetch-records` default is 1,000).
 const FETCH_MAX_RECORDS: u32 = 1000;
@@ -372,14 +377,41 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     if args.follow {
         follow(&client, &args, &partitions, &mut printer).await
     } else {
+        // A partition that cannot be read (in cluster mode: its owner is down) does not keep
+        // the others from being printed; the command names it at the end and fails.
+        let mut unread = Vec::new();
         for &p in &partitions {
-            read_to_end(&client, &args, p, &mut printer).await?;
+            if let Err(e) = read_to_end(&client, &args, p, &mut printer).await? {
+                unread.push((p, e));
+            }
             if printer.done() {
                 break;
             }
         }
-        Ok(())
+        unread_partitions(&args.topic, partitions.len(), &unread)
     }
+}
+
+/// Ok when every partition was read; otherwise an error naming each partition that was not,
+/// with why.
+fn unread_partitions(
+    topic: &str,
+    asked: usize,
+    unread: &[(u32, anyhow::Error)],
+) -> anyhow::Result<()> {
+    if unread.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = unread
+        .iter()
+        .map(|(p, e)| format!("  partition {p}: {e:#}"))
+        .collect();
+    bail!(
+        "{} of {asked} partitions of {topic} could not be read (the records of the others were \
+         printed):\n{}",
+        unread.len(),
+        lines.join("\n")
+    )
 }
 
 /// The first offset to fetch in `partition` (`None`: the log start).
@@ -409,25 +441,34 @@ async fn start_offset(
     })
 }
 
-/// Prints `partition` from `--offset` to its high watermark.
+/// Prints `partition` from `--offset` to its high watermark. The outer error is the output's
+/// (stdout closed: nothing more can be printed); the inner one says why the partition could
+/// not be read (to its end), after what it printed.
 async fn read_to_end(
     client: &Client,
     args: &ConsumeArgs,
     partition: u32,
     printer: &mut Printer,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<anyhow::Result<()>> {
     let context = || format!("fetching {} partition {partition}", args.topic);
-    let mut offset = start_offset(client, &args.topic, partition, args.offset).await?;
+    let mut offset = match start_offset(client, &args.topic, partition, args.offset).await {
+        Ok(offset) => offset,
+        Err(e) => return Ok(Err(e)),
+    };
     while !printer.done() {
         let want = printer.max.map_or(FETCH_MAX_RECORDS, |m| {
             u32::try_from(m - printer.printed)
                 .unwrap_or(u32::MAX)
                 .min(FETCH_MAX_RECORDS)
         });
-        let answer = client
+        let answer = match client
             .fetch(&args.topic, partition, offset, Some(want), None)
             .await
-            .with_context(context)?;
+            .with_context(context)
+        {
+            Ok(answer) => answer,
+            Err(e) => return Ok(Err(e)),
+        };
         printer.print(partition, &answer.records)?;
         offset = Some(answer.next_offset);
         // An empty answer below the high watermark cannot advance: stop rather than spin.
@@ -435,7 +476,7 @@ async fn read_to_end(
             break;
         }
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// Long-polls every partition at once and prints records as they come, until `--max`.
@@ -445,8 +486,8 @@ async fn follow(
     partitions: &[u32],
     printer: &mut Printer,
 ) -> anyhow::Result<()> {
-    type Batch = anyhow::Result<(u32, Vec<RecordJson>)>;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(partitions.len().max(1) * 2);
+    let (tx, mut rx) =
+        tokio::sync::mpsc::channel::<(u32, Vec<RecordJson>)>(partitions.len().max(1) * 2);
     // Dropped on return, which aborts every poller.
     let mut pollers = tokio::task::JoinSet::new();
     for &partition in partitions {
@@ -455,10 +496,18 @@ async fn follow(
         let spec = args.offset;
         let tx = tx.clone();
         pollers.spawn(async move {
-            let polled = async {
-                let mut offset = start_offset(&client, &topic, partition, spec).await?;
-                loop {
-                    let answer = client
+            // A partition that cannot be read (its owner down) is said once on stderr and
+            // tried again every FOLLOW_RETRY; the other partitions go on printing.
+            let mut failing = false;
+            let mut offset = None;
+            let mut started = false;
+            loop {
+                let polled = async {
+                    if !started {
+                        offset = start_offset(&client, &topic, partition, spec).await?;
+                        started = true;
+                    }
+                    client
                         .fetch(
                             &topic,
                             partition,
@@ -467,25 +516,39 @@ async fn follow(
                             Some(FOLLOW_WAIT_MS),
                         )
                         .await
-                        .with_context(|| format!("fetching {topic} partition {partition}"))?;
-                    offset = Some(answer.next_offset);
-                    if !answer.records.is_empty()
-                        && tx.send(Ok((partition, answer.records))).await.is_err()
-                    {
-                        // The printer has stopped.
-                        return Ok(());
+                        .with_context(|| format!("fetching {topic} partition {partition}"))
+                };
+                match polled.await {
+                    Ok(answer) => {
+                        if failing {
+                            failing = false;
+                            eprintln!("note: {topic} partition {partition} can be read again");
+                        }
+                        offset = Some(answer.next_offset);
+                        if !answer.records.is_empty()
+                            && tx.send((partition, answer.records)).await.is_err()
+                        {
+                            // The printer has stopped.
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if !failing {
+                            failing = true;
+                            eprintln!(
+                                "warning: {e:#}; the other partitions go on, this one is tried \
+                                 again every {} s",
+                                FOLLOW_RETRY.as_secs()
+                            );
+                        }
+                        tokio::time::sleep(FOLLOW_RETRY).await;
                     }
                 }
-            };
-            let result: anyhow::Result<()> = polled.await;
-            if let Err(e) = result {
-                let _ = tx.send(Err(e)).await;
             }
         });
     }
     drop(tx);
-    while let Some(batch) = rx.recv().await {
-        let (partition, records) = batch?;
+    while let Some((partition, records)) = rx.recv().await {
         printer.print(partition, &records)?;
         if printer.done() {
             break;

@@ -1319,6 +1319,88 @@ fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
     assert_eq!(owners("dst"), ["n3"], "{body}");
 }
 
+#[test]
+fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_is_down() {
+    let mut cluster = Cluster::start("consume-dead-owner");
+    let client = http_client();
+    // Partition 0 on the node that dies.
+    cluster.create("orders", 3, json!(["n3", "n1", "n2"]));
+    let records: Vec<Value> = (0..9)
+        .map(|i| json!({"partition": i % 3, "value": format!("p{}-{i}", i % 3)}))
+        .collect();
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    cluster.nodes[2].kill9();
+
+    let out = Command::new(narad_binary())
+        .args(["consume", "orders"])
+        .env("NARAD_URL", cluster.url(0))
+        .output()
+        .expect("narad consume");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The records of n1's and n2's partitions are printed; partition 0 is named, with its
+    // owner, and the command fails. (It used to stop at the first partition it could not
+    // read, here the first one: nothing was printed.)
+    let mut printed: Vec<&str> = stdout.lines().collect();
+    printed.sort_unstable();
+    assert_eq!(
+        printed,
+        ["p1-1", "p1-4", "p1-7", "p2-2", "p2-5", "p2-8"],
+        "stderr: {stderr}"
+    );
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 of 3 partitions of orders could not be read")
+            && stderr.contains("partition 0:")
+            && stderr.contains("n3"),
+        "{stderr}"
+    );
+
+    // Following, the others are printed as they come and partition 0 is tried again: a
+    // record produced a second later still arrives (it used to end at partition 0's error).
+    let mut follower = Command::new(narad_binary())
+        .args(["consume", "orders", "--follow", "--max", "7"])
+        .env("NARAD_URL", cluster.url(0))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("narad consume --follow");
+    std::thread::sleep(Duration::from_secs(1));
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(0)),
+        Some(&json!({"records": [{"partition": 1, "value": "late"}]})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while follower.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = follower.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = follower.wait_with_output().expect("follower output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(printed.lines().count(), 7, "{printed}\n{stderr}");
+    assert!(printed.lines().any(|l| l == "late"), "{printed}");
+    assert!(
+        stderr.contains("partition 0") && stderr.contains("tried again"),
+        "{stderr}"
+    );
+}
+
 /// `POST /v1/topics/{topic}/partitions/{p}/move` through `base`.
 fn move_partition(
     client: &reqwest::blocking::Client,
