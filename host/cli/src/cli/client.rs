@@ -31,6 +31,9 @@ pub enum ApiCallError {
         status: StatusCode,
         /// The server's `error` message (or the raw body when it is not our JSON).
         message: String,
+        /// The whole answer when it is JSON (fields beside `error`, such as a produce's
+        /// `committed_partitions`), else null.
+        body: serde_json::Value,
     },
     /// Nothing accepted a connection at the daemon's address: most often no `narad serve`
     /// runs there, or `--url` points elsewhere.
@@ -178,7 +181,12 @@ impl Client {
             let message = serde_json::from_slice::<ErrorBody>(&bytes)
                 .map(|b| b.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ApiCallError::Status { status, message });
+            let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+            return Err(ApiCallError::Status {
+                status,
+                message,
+                body,
+            });
         }
         serde_json::from_slice(&bytes).map_err(|e| ApiCallError::Decode {
             url,

@@ -57,6 +57,11 @@ pub struct ProduceArgs {
     /// Records per request.
     #[arg(long, default_value_t = 500)]
     pub batch_size: usize,
+    /// How long records not stored because their partition's owner is unavailable (cluster
+    /// mode) are retried, each to its own partition, before the command gives up and names
+    /// them (e.g. 30s, 2m; 0 does not retry).
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = super::duration::parse_duration)]
+    pub retry_for: std::time::Duration,
 }
 
 /// Parses `--header NAME=VALUE` (split at the first `=`).
@@ -251,23 +256,21 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
                 .record(&line)
                 .with_context(|| format!("stdin line {line_no}"))?
             {
-                batch.push(record);
+                batch.push((line_no, record));
             }
         }
         if batch.len() >= args.batch_size || (done && !batch.is_empty()) {
             let sent = std::mem::take(&mut batch);
-            let answer = client.produce(&args.topic, sent).await.with_context(|| {
-                format!(
-                    "producing to {} (after {} committed)",
-                    args.topic,
-                    plural(summary.records, "record")
-                )
-            })?;
-            summary.requests += 1;
-            for o in &answer.offsets {
-                summary.records += 1;
-                *summary.partitions.entry(o.partition).or_default() += 1;
-            }
+            let before = summary.records;
+            send_batch(&client, &args.topic, sent, args.retry_for, &mut summary)
+                .await
+                .with_context(|| {
+                    format!(
+                        "producing to {} (after {} committed)",
+                        args.topic,
+                        plural(before, "record")
+                    )
+                })?;
             if progress {
                 let _ = write!(
                     std::io::stderr(),
@@ -290,6 +293,187 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         writeln!(stdout, "{}", summary_text(&args.topic, &summary))?;
     }
     Ok(())
+}
+
+/// A pause between two tries of records whose owner was unavailable.
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One record of a batch and the stdin line it came from.
+type Lined = (u64, ProduceRecordJson);
+
+/// Sends `batch`; counts what was stored in `summary`. A request that fails after storing part
+/// of it (an owner down in cluster mode) says which partitions it stored and where each record
+/// went: the stored records are counted and never sent again, the others are sent again, each
+/// to the partition it was placed in, one request per partition, for up to `retry_for`. What
+/// is still not stored then, and what may or may not have been (an owner that lost its lease
+/// before answering), is named by stdin line in the error.
+async fn send_batch(
+    client: &super::client::Client,
+    topic: &str,
+    batch: Vec<Lined>,
+    retry_for: std::time::Duration,
+    summary: &mut ProduceSummary,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + retry_for;
+    let total = batch.len();
+    let mut requests: Vec<Vec<Lined>> = vec![batch];
+    let mut unknown: Vec<u64> = Vec::new();
+    loop {
+        let mut not_stored: Vec<Lined> = Vec::new();
+        let mut last_error = None;
+        for request in requests {
+            let lines: Vec<u64> = request.iter().map(|(line, _)| *line).collect();
+            let records: Vec<ProduceRecordJson> = request.iter().map(|(_, r)| r.clone()).collect();
+            summary.requests += 1;
+            match client.produce(topic, records).await {
+                Ok(answer) => {
+                    for o in &answer.offsets {
+                        summary.records += 1;
+                        *summary.partitions.entry(o.partition).or_default() += 1;
+                    }
+                }
+                Err(e) => {
+                    let retryable = matches!(e.status().map(|s| s.as_u16()), Some(502..=504));
+                    let Some(split) = Outcome::of(&e, request.len()) else {
+                        if !retryable {
+                            return Err(not_all_stored(e.into(), total, &lines, &unknown));
+                        }
+                        not_stored.extend(request);
+                        last_error = Some(e);
+                        continue;
+                    };
+                    for ((line, mut record), placed) in request.into_iter().zip(split.placement) {
+                        if split.committed.contains(&placed) {
+                            summary.records += 1;
+                            *summary.partitions.entry(placed).or_default() += 1;
+                        } else if split.uncertain.contains(&placed) {
+                            unknown.push(line);
+                        } else {
+                            record.partition = Some(placed);
+                            not_stored.push((line, record));
+                        }
+                    }
+                    if !retryable {
+                        let lines: Vec<u64> = not_stored.iter().map(|(l, _)| *l).collect();
+                        return Err(not_all_stored(e.into(), total, &lines, &unknown));
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
+        if not_stored.is_empty() {
+            if unknown.is_empty() {
+                return Ok(());
+            }
+            return Err(not_all_stored(
+                anyhow::anyhow!("an owner lost its lease before it answered"),
+                total,
+                &[],
+                &unknown,
+            ));
+        }
+        if std::time::Instant::now() + RETRY_PAUSE > deadline {
+            let lines: Vec<u64> = not_stored.iter().map(|(l, _)| *l).collect();
+            let error =
+                last_error.map_or_else(|| anyhow::anyhow!("not stored"), anyhow::Error::from);
+            return Err(not_all_stored(error, total, &lines, &unknown));
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+        // One request per partition: a partition whose owner is still down holds back no other.
+        let mut by_partition: BTreeMap<Option<u32>, Vec<Lined>> = BTreeMap::new();
+        for (line, record) in not_stored {
+            by_partition
+                .entry(record.partition)
+                .or_default()
+                .push((line, record));
+        }
+        requests = by_partition.into_values().collect();
+    }
+}
+
+/// What a failed produce request says it stored.
+struct Outcome {
+    /// Partitions whose records were committed.
+    committed: Vec<u32>,
+    /// Partitions whose records may or may not have been.
+    uncertain: Vec<u32>,
+    /// The partition of each record of the request, in order.
+    placement: Vec<u32>,
+}
+
+impl Outcome {
+    /// Read from the error of a request of `records` records, when it says all of it.
+    fn of(error: &super::client::ApiCallError, records: usize) -> Option<Outcome> {
+        let super::client::ApiCallError::Status { body, .. } = error else {
+            return None;
+        };
+        let list = |key: &str| -> Option<Vec<u32>> {
+            body.get(key)?
+                .as_array()?
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect()
+        };
+        let placement = list("record_partitions")?;
+        (placement.len() == records).then(|| Outcome {
+            committed: list("committed_partitions").unwrap_or_default(),
+            uncertain: list("uncertain_partitions").unwrap_or_default(),
+            placement,
+        })
+    }
+}
+
+/// The error of a batch of `total` records not all stored: `error` and the stdin lines not
+/// stored and of unknown outcome.
+fn not_all_stored(
+    error: anyhow::Error,
+    total: usize,
+    lines: &[u64],
+    unknown: &[u64],
+) -> anyhow::Error {
+    let mut parts = Vec::new();
+    if !lines.is_empty() {
+        parts.push(format!(
+            "{} of this batch of {total} not stored (stdin lines {}); send those again",
+            plural(lines.len() as u64, "record"),
+            line_ranges(lines)
+        ));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!(
+            "{} may or may not have been stored (stdin lines {}): check before sending them again",
+            plural(unknown.len() as u64, "record"),
+            line_ranges(unknown)
+        ));
+    }
+    if parts.is_empty() {
+        return error;
+    }
+    error.context(parts.join("; "))
+}
+
+/// Line numbers as ranges: `3-5, 9, 12-13`.
+fn line_ranges(lines: &[u64]) -> String {
+    let mut sorted = lines.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    out.join(", ")
 }
 
 /// The human summary line.
@@ -393,6 +577,37 @@ mod tests {
         assert_eq!(r.partition, Some(2));
         assert!(parse_header("novalue").is_err());
         assert!(parse_header("=v").is_err());
+    }
+
+    #[test]
+    fn line_numbers_print_as_ranges() {
+        assert_eq!(line_ranges(&[9, 3, 4, 5, 12, 13, 4]), "3-5, 9, 12-13");
+        assert_eq!(line_ranges(&[7]), "7");
+    }
+
+    #[test]
+    fn a_failed_produce_says_what_it_stored_only_when_it_names_every_records_partition() {
+        let failed = |body: serde_json::Value| super::super::client::ApiCallError::Status {
+            status: reqwest::StatusCode::SERVICE_UNAVAILABLE,
+            message: "owner down".into(),
+            body,
+        };
+        let outcome = Outcome::of(
+            &failed(
+                serde_json::json!({"error": "x", "committed_partitions": [1],
+                "uncertain_partitions": [2], "record_partitions": [0, 1, 2]}),
+            ),
+            3,
+        )
+        .unwrap();
+        assert_eq!(outcome.committed, [1]);
+        assert_eq!(outcome.uncertain, [2]);
+        assert_eq!(outcome.placement, [0, 1, 2]);
+        // Another request's placement, or none: nothing is assumed stored.
+        let wrong =
+            failed(serde_json::json!({"committed_partitions": [1], "record_partitions": [1]}));
+        assert!(Outcome::of(&wrong, 3).is_none());
+        assert!(Outcome::of(&failed(serde_json::json!({"committed_partitions": []})), 3).is_none());
     }
 
     #[test]

@@ -781,13 +781,15 @@ fn owner_down(id: &PartitionId, node: &str, summary: &str) -> ApiError {
 
 /// The answer to a produce whose remote `group` failed with `err`; `committed` and
 /// `uncertain` are the partitions of the whole request whose records were, and may have been,
-/// committed.
+/// committed, and `placement` the partition of each record of the request (so a client knows
+/// exactly which records were stored).
 fn produce_failure(
     topic: &str,
     group: &RemoteGroup,
     err: &HopError,
     committed: &[u32],
     uncertain: &[u32],
+    placement: &[u32],
 ) -> Response {
     let summary = committed_summary(committed, uncertain);
     let node = &group.node;
@@ -847,7 +849,9 @@ fn produce_failure(
             None,
         ),
     };
-    let mut error = error.with("committed_partitions", committed.to_vec());
+    let mut error = error
+        .with("committed_partitions", committed.to_vec())
+        .with("record_partitions", placement.to_vec());
     if !uncertain.is_empty() {
         error = error.with("uncertain_partitions", uncertain.to_vec());
     }
@@ -861,6 +865,7 @@ pub(crate) fn remote_failure(
     topic: &str,
     plan: &Plan,
     results: &[Result<Vec<OffsetJson>, HopError>],
+    placement: &[u32],
 ) -> Option<Response> {
     let mut committed = Vec::new();
     let mut uncertain = Vec::new();
@@ -879,12 +884,18 @@ pub(crate) fn remote_failure(
     let (group, err) = first_failure?;
     committed.sort_unstable();
     uncertain.sort_unstable();
-    Some(produce_failure(topic, group, err, &committed, &uncertain))
+    Some(produce_failure(
+        topic, group, err, &committed, &uncertain, placement,
+    ))
 }
 
 /// The answer when this node's own part failed after every remote part committed (on
-/// `remote_committed`).
-fn local_failure(err: ProduceError, remote_committed: &[u32]) -> Response {
+/// `remote_committed`); `placement` is the partition of each record of the request.
+pub(crate) fn local_failure(
+    err: ProduceError,
+    remote_committed: &[u32],
+    placement: &[u32],
+) -> Response {
     let mut committed = match &err {
         ProduceError::Append {
             committed_partitions,
@@ -892,7 +903,7 @@ fn local_failure(err: ProduceError, remote_committed: &[u32]) -> Response {
         } => committed_partitions.clone(),
         _ => Vec::new(),
     };
-    let local = ApiError::from(err);
+    let local = ApiError::from(err).with("record_partitions", placement.to_vec());
     if remote_committed.is_empty() {
         return local
             .with("committed_partitions", committed)
@@ -910,6 +921,7 @@ fn local_failure(err: ProduceError, remote_committed: &[u32]) -> Response {
         ),
     )
     .with("committed_partitions", committed)
+    .with("record_partitions", placement.to_vec())
     .into_response()
 }
 
@@ -1019,7 +1031,8 @@ pub(crate) fn split_produce(
                 &node,
                 &committed_summary(&[], &[]),
             )
-            .with("committed_partitions", Vec::<u32>::new());
+            .with("committed_partitions", Vec::<u32>::new())
+            .with("record_partitions", placement.to_vec());
             ProduceRoute::Refused(with_retry_after(
                 error,
                 Some(HeaderValue::from(OWNER_DOWN_RETRY_AFTER_SECS)),
@@ -1067,7 +1080,7 @@ impl Split {
             };
             state.api_metrics.forwarded(REQUEST_PRODUCE, outcome);
         }
-        if let Some(failure) = remote_failure(topic, &plan, &results) {
+        if let Some(failure) = remote_failure(topic, &plan, &results, placement) {
             return failure;
         }
         let mut remote_committed: Vec<u32> = plan
@@ -1104,7 +1117,7 @@ impl Split {
                         .collect();
                     parts.push((plan.local.clone(), offsets));
                 }
-                Err(e) => return local_failure(e, &remote_committed),
+                Err(e) => return local_failure(e, &remote_committed, placement),
             }
         }
         match merge(placement.len(), parts) {
@@ -1594,7 +1607,7 @@ mod tests {
             source: narad_storage::StorageError::EmptyBatch,
             committed_partitions: vec![0],
         };
-        let body = body_json(local_failure(err, &[3, 1])).await;
+        let body = body_json(local_failure(err, &[3, 1], &[])).await;
         assert_eq!(body["committed_partitions"], serde_json::json!([0, 1, 3]));
         let message = body["error"].as_str().unwrap();
         assert!(
@@ -1651,7 +1664,7 @@ mod tests {
         )
         .await
         .unwrap();
-        assert!(remote_failure("orders", &plan, &results).is_none());
+        assert!(remote_failure("orders", &plan, &results, &[]).is_none());
 
         let received = owner.received.lock().unwrap().clone();
         assert_eq!(received.len(), 1, "one request per owner");
@@ -1715,7 +1728,7 @@ mod tests {
             "fails fast, not after a long timeout"
         );
         assert_eq!(results[1].as_ref().unwrap_err().outcome(), "owner_down");
-        let response = remote_failure("orders", &plan, &results).unwrap();
+        let response = remote_failure("orders", &plan, &results, &[]).unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[RETRY_AFTER], "1");
         let body = body_json(response).await;
@@ -1758,7 +1771,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let response = remote_failure("orders", &plan, &results).unwrap();
+        let response = remote_failure("orders", &plan, &results, &[]).unwrap();
         assert_eq!(response.status(), StatusCode::MISDIRECTED_REQUEST);
         let body = body_json(response).await;
         let message = body["error"].as_str().unwrap();

@@ -78,10 +78,16 @@ pub(crate) async fn produce(
         .iter()
         .map(|r| r.record.payload_bytes() as u64)
         .sum();
-    let placed = state
+    let placed = match state
         .producer
         .produce(&topic.name, topic.partitions, records)
-        .await?;
+        .await
+    {
+        Ok(placed) => placed,
+        // Which partitions were committed, and where each record was placed: a client
+        // retries exactly the records that were not stored.
+        Err(e) => return Ok(super::forward::local_failure(e, &[], &placement)),
+    };
     state
         .api_metrics
         .produced(&topic.name, placed.len() as u64, bytes);

@@ -1401,6 +1401,51 @@ fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_
     );
 }
 
+#[test]
+fn narad_produce_with_an_owner_down_stores_what_it_can_once_and_names_the_lines_it_could_not() {
+    let mut cluster = Cluster::start("produce-dead-owner");
+    let client = http_client();
+    cluster.create("orders", 3, json!(["n1", "n2", "n3"]));
+    cluster.nodes[2].kill9();
+
+    let mut producer = Command::new(narad_binary())
+        .args(["produce", "orders", "--retry-for", "3s"])
+        .env("NARAD_URL", cluster.url(0))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("narad produce");
+    let input: String = (1..=9).map(|i| format!("v{i}\n")).collect();
+    std::io::Write::write_all(producer.stdin.as_mut().expect("stdin"), input.as_bytes())
+        .expect("write stdin");
+    drop(producer.stdin.take());
+    let out = producer.wait_with_output().expect("narad produce output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+
+    // The records of n1's and n2's partitions are stored, each once (those of n1 used to wait
+    // on n3 in the same request and were never stored); the error names the others' lines.
+    let mut stored: Vec<String> = (0..2)
+        .flat_map(|p| fetch_all(&client, &cluster.url(0), "orders", p))
+        .map(|r| r["value"].as_str().expect("value").to_owned())
+        .collect();
+    stored.sort();
+    let unique: HashSet<&String> = stored.iter().collect();
+    assert_eq!(unique.len(), stored.len(), "each once: {stored:?}");
+    assert_eq!(stored.len(), 6, "{stored:?}\n{stderr}");
+    let missing: Vec<String> = (1..=9)
+        .filter(|i| !stored.contains(&format!("v{i}")))
+        .map(|i| i.to_string())
+        .collect();
+    let named = format!(
+        "3 records of this batch of 9 not stored (stdin lines {})",
+        missing.join(", ")
+    );
+    assert!(stderr.contains(&named), "wanted {named:?} in {stderr}");
+    assert!(stderr.contains("n3"), "{stderr}");
+}
+
 /// `POST /v1/topics/{topic}/partitions/{p}/move` through `base`.
 fn move_partition(
     client: &reqwest::blocking::Client,
