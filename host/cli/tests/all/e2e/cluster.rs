@@ -134,8 +134,8 @@ impl Cluster {
         ok(status, &body, "create");
     }
 
-    /// Attaches `child` to `parent` through n1 with the attach `body`.
-    pub(super) fn attach(&self, parent: &str, child: &str, body: Value) {
+    /// Attaches `child` to `parent` through n1 with the attach `body`; the answer.
+    pub(super) fn attach(&self, parent: &str, child: &str, body: Value) -> Value {
         let (status, answer) = send_json(
             &http_client(),
             Method::PUT,
@@ -144,6 +144,20 @@ impl Cluster {
         )
         .expect("attach");
         ok(status, &answer, "attach");
+        answer
+    }
+
+    /// Produces `records` (the produce API's records) to `topic` through n1; the answer.
+    pub(super) fn produce(&self, topic: &str, records: Value) -> Value {
+        let (status, answer) = send_json(
+            &http_client(),
+            Method::POST,
+            &format!("{}/v1/topics/{topic}/records", self.url(0)),
+            Some(&json!({ "records": records })),
+        )
+        .expect("produce");
+        ok(status, &answer, "produce");
+        answer
     }
 
     /// Waits until every node lists `count` live nodes.
@@ -472,14 +486,7 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     let records: Vec<Value> = (0..50)
         .map(|i| json!({"key": "k", "value": format!("v{i}")}))
         .collect();
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": records})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!(records));
     let values: Vec<String> = (0..50).map(|i| format!("v{i}")).collect();
     wait_for_values(&cluster, "copy", 1, &values);
 
@@ -802,14 +809,7 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
     create("on-n3", json!(["n3", "n3"]));
     create("beside", json!(["n2", "n1"]));
     for child in ["on-n3", "beside"] {
-        let (status, body) = send_json(
-            &client,
-            Method::PUT,
-            &format!("{}/v1/topics/orders/children/{child}", cluster.url(0)),
-            Some(&json!({})),
-        )
-        .expect("attach");
-        ok(status, &body, "attach");
+        cluster.attach("orders", child, json!({}));
     }
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1142,14 +1142,7 @@ fn a_topic_deleted_through_one_node_is_set_aside_on_the_others_and_a_new_one_sta
     let records: Vec<Value> = (0..3)
         .map(|p| json!({"value": format!("old-{p}"), "partition": p}))
         .collect();
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": records})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!(records));
 
     let (status, body) = send_json(
         &client,
@@ -1297,14 +1290,7 @@ fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
     cluster.attach("src", "dst", json!({}));
     // An existing child on the parent's node keeps its placement, and the attach says so.
     cluster.create("twin", 1, json!(["n1"]));
-    let (status, body) = send_json(
-        &client,
-        Method::PUT,
-        &format!("{}/v1/topics/src/children/twin", cluster.url(0)),
-        Some(&json!({})),
-    )
-    .expect("attach");
-    ok(status, &body, "attach");
+    let body = cluster.attach("src", "twin", json!({}));
     assert_eq!(body["shares_node"], json!([0]), "{body}");
     // The owner makes the new partition when its copy of the metadata shows it.
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
@@ -1322,20 +1308,12 @@ fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
 #[test]
 fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_is_down() {
     let mut cluster = Cluster::start("consume-dead-owner");
-    let client = http_client();
     // Partition 0 on the node that dies.
     cluster.create("orders", 3, json!(["n3", "n1", "n2"]));
     let records: Vec<Value> = (0..9)
         .map(|i| json!({"partition": i % 3, "value": format!("p{}-{i}", i % 3)}))
         .collect();
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": records})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!(records));
     cluster.nodes[2].kill9();
 
     let out = Command::new(narad_binary())
@@ -1373,14 +1351,7 @@ fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_
         .spawn()
         .expect("narad consume --follow");
     std::thread::sleep(Duration::from_secs(1));
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": [{"partition": 1, "value": "late"}]})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!([{"partition": 1, "value": "late"}]));
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     while follower.try_wait().expect("try_wait").is_none() {
         if Instant::now() > deadline {
@@ -1840,14 +1811,7 @@ fn a_plugin_uploaded_to_one_node_routes_on_every_node_that_runs_a_cursor_of_its_
         .enumerate()
         .map(|(i, v)| json!({"value": v, "partition": i % 2}))
         .collect();
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": records})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!(records));
     wait_for_values(&cluster, "copy", 2, &values);
     for node in [1, 2] {
         assert!(
@@ -1868,14 +1832,7 @@ fn a_pause_and_a_seek_asked_of_any_node_reach_the_cursor_on_its_parents_owner() 
     cluster.create("copy", 1, json!(["n3"]));
     cluster.attach("orders", "copy", json!({}));
     let records: Vec<Value> = (0..30).map(|i| json!({"value": format!("v{i}")})).collect();
-    let (status, body) = send_json(
-        &client,
-        Method::POST,
-        &format!("{}/v1/topics/orders/records", cluster.url(0)),
-        Some(&json!({"records": records})),
-    )
-    .expect("produce");
-    ok(status, &body, "produce");
+    cluster.produce("orders", json!(records));
     let wanted: Vec<String> = (0..30).map(|i| format!("v{i}")).collect();
     wait_for_values(&cluster, "copy", 1, &wanted);
 
