@@ -11,9 +11,12 @@ use serde::Serialize;
 use super::ClientArgs;
 use super::duration::{format_duration, parse_duration};
 use super::{human, table};
-use narad_host::api::children::{AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange};
+use narad_host::api::children::{
+    AttachRequest, AttachStart, ChildList, LinkInfo, RouterChange, RouterEntry,
+};
 use narad_host::fanout::status::{CursorReport, CursorState};
 use narad_host::metastore::link::OnGap;
+use narad_host::plugins::MIN_DIGEST_PREFIX_HEX;
 
 /// `narad child`.
 #[derive(Debug, Args)]
@@ -530,11 +533,7 @@ pub fn list_text(list: &ChildList) -> String {
                 } else {
                     "-".into()
                 },
-                c.router
-                    .iter()
-                    .map(|r| r.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                router_text(&c.router),
                 c.attach_epoch.clone(),
                 c.remote
                     .as_ref()
@@ -604,10 +603,35 @@ pub fn list_text(list: &ChildList) -> String {
         headers.insert(2, "NODE");
     }
     out.push_str(&table::render(&headers, &partitions));
-    if list.children.iter().any(|c| !c.lag_complete) {
-        out.push_str("(a partition whose cursor has not reported yet, or whose log is closed, is not listed)\n");
+    if list
+        .children
+        .iter()
+        .flat_map(|c| &c.partitions)
+        .any(|p| p.lag_messages.is_none())
+    {
+        out.push_str(
+            "(LAG ?: no cursor reported the partition (LAST_ERROR says why), or the parent \
+             partition's log is closed)\n",
+        );
     }
     out
+}
+
+/// A router chain as the table shows it: each plugin as `name@digest` with the digest cut to
+/// the shortest prefix `--router` takes, so the text names the pinned version exactly, and
+/// the version its manifest declares.
+fn router_text(router: &[RouterEntry]) -> String {
+    router
+        .iter()
+        .map(|r| {
+            let digest: String = r.digest.chars().take(MIN_DIGEST_PREFIX_HEX).collect();
+            match &r.version {
+                Some(version) => format!("{}@{digest} ({version})", r.name),
+                None => format!("{}@{digest}", r.name),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A cursor's state as the table shows it: a stalled remote child's says whether it waits for

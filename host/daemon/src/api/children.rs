@@ -14,7 +14,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use narad_storage::PartitionId;
+use narad_storage::{PartitionId, PartitionState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -155,6 +155,9 @@ pub struct RouterEntry {
     pub name: String,
     /// Its pinned sha256 digest.
     pub digest: String,
+    /// The version its manifest declares (in the children listing; absent elsewhere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// The answer to an attach or a router change.
@@ -230,6 +233,7 @@ fn router_entries(router: &[PluginRef]) -> Vec<RouterEntry> {
         .map(|p| RouterEntry {
             name: p.name.clone(),
             digest: p.digest.clone(),
+            version: None,
         })
         .collect()
 }
@@ -1022,9 +1026,11 @@ pub struct ChildListQuery {
     pub local: bool,
 }
 
-/// `GET /v1/topics/{parent}/children`: every child with per-partition progress. Never opens a
-/// closed log: a partition whose high watermark is unknown is left out and `lag_complete` is
-/// false. In cluster mode the cursors of the parent partitions other nodes own are asked of
+/// `GET /v1/topics/{parent}/children`: every child with a row per parent partition. Never
+/// opens a closed log: a partition whose high watermark is unknown has no lag and
+/// `lag_complete` is false. A partition no cursor reports (it is starting, its parent partition
+/// is quarantined, or the node that runs it did not answer) has a row of state `unknown` that
+/// says why. In cluster mode the cursors of the parent partitions other nodes own are asked of
 /// those nodes, concurrently, and each report names the node that runs it.
 pub async fn list(
     State(state): State<AppState>,
@@ -1036,6 +1042,7 @@ pub async fn list(
         return Ok(Json(listing));
     };
     let topic = require_topic(&state, &parent).await?;
+    let mut unanswered: BTreeMap<String, String> = BTreeMap::new();
     for child in &mut listing.children {
         for report in &mut child.partitions {
             report.node = Some(cluster.node_id().to_owned());
@@ -1063,15 +1070,49 @@ pub async fn list(
             }
             Err(reason) => {
                 tracing::debug!(%node, %reason, "a node's cursors could not be listed");
+                unanswered.insert(node, reason);
             }
         }
     }
     for child in &mut listing.children {
-        child.partitions.sort_by_key(|r| r.partition);
-        child.lag_complete = child.partitions.len() == topic.partitions as usize
-            && child.partitions.iter().all(|p| p.lag_messages.is_some());
+        let owner_of = |p: u32| topic.owners.get(p as usize).map(|o| o.node.clone());
+        add_unreported_rows(&mut child.partitions, 0..topic.partitions, |p| {
+            let owner = owner_of(p);
+            let reason = match owner.as_ref().and_then(|n| Some((n, unanswered.get(n)?))) {
+                Some((node, why)) => {
+                    format!("node {node}, which runs this cursor, did not answer: {why}")
+                }
+                None => NO_CURSOR_NOW.to_owned(),
+            };
+            (owner, reason)
+        });
+        child.lag_complete = lag_complete(&child.partitions, topic.partitions);
     }
     Ok(Json(listing))
+}
+
+/// Why a listing row has no report when nothing more precise is known.
+const NO_CURSOR_NOW: &str = "no cursor reads this parent partition now: it is starting, or its \
+                             owner lost its lease (see narad node list)";
+
+/// Adds a row of state `unknown` for each partition of `partitions` that `rows` lacks, with
+/// the node and reason `why` gives; leaves `rows` sorted by partition.
+fn add_unreported_rows(
+    rows: &mut Vec<CursorReport>,
+    partitions: impl IntoIterator<Item = u32>,
+    why: impl Fn(u32) -> (Option<String>, String),
+) {
+    let reported: std::collections::BTreeSet<u32> = rows.iter().map(|r| r.partition).collect();
+    for p in partitions.into_iter().filter(|p| !reported.contains(p)) {
+        let (node, reason) = why(p);
+        rows.push(CursorReport::unknown(p, node, reason));
+    }
+    rows.sort_by_key(|r| r.partition);
+}
+
+/// Whether every one of `count` partitions has a row with a known lag.
+fn lag_complete(rows: &[CursorReport], count: u32) -> bool {
+    rows.len() == count as usize && rows.iter().all(|p| p.lag_messages.is_some())
 }
 
 /// The listing from this node's cursors and store.
@@ -1081,40 +1122,78 @@ async fn local_list(state: &AppState, parent: &str) -> Result<ChildList, ApiErro
     let snapshot = state.metastore.snapshot().await?;
     let store = Arc::clone(&state.store);
     let (name, count) = (parent_topic.name.clone(), parent_topic.partitions);
-    let highs: Vec<Option<u64>> = crate::blocking::run(move || {
+    // Per parent partition: its high watermark, and why no cursor can read it when it is
+    // quarantined or failed.
+    let peeks: Vec<(Option<u64>, Option<String>)> = crate::blocking::run(move || {
         (0..count)
-            .map(|p| {
-                store
-                    .peek(&PartitionId::new(name.clone(), p))
-                    .ok()
-                    .and_then(|s| s.high_watermark)
+            .map(|p| match store.peek(&PartitionId::new(name.clone(), p)) {
+                Ok(stats) => {
+                    let unreadable = match stats.state {
+                        PartitionState::Quarantined { reason } => {
+                            Some(format!("parent partition {p} is quarantined: {reason}"))
+                        }
+                        PartitionState::Failed { reason } => {
+                            Some(format!("parent partition {p} failed: {reason}"))
+                        }
+                        _ => None,
+                    };
+                    (stats.high_watermark, unreadable)
+                }
+                Err(_) => (None, None),
             })
             .collect()
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
 
+    let versions: BTreeMap<&str, &str> = snapshot
+        .plugins
+        .iter()
+        .map(|v| (v.digest.as_str(), v.version.as_str()))
+        .collect();
     let mut children = Vec::new();
     for link in snapshot.links.values().filter(|l| l.parent == parent) {
         let reports: Vec<CursorReport> = state.fanout.reports(&link.parent, &link.child);
         let mut partitions = Vec::new();
         for mut report in reports {
-            let Some(high) = highs.get(report.partition as usize).copied().flatten() else {
-                continue;
+            let high = peeks.get(report.partition as usize).and_then(|(h, _)| *h);
+            // Lag against the parent's high watermark now, not the cursor's last look at it;
+            // unknown while the log is closed (it is not opened for a listing).
+            report.lag_messages = match (report.next_offset, high) {
+                (Some(next), Some(high)) => Some(high.saturating_sub(next)),
+                _ => None,
             };
-            // Lag against the parent's high watermark now, not the cursor's last look at it.
-            report.lag_messages = report.next_offset.map(|next| high.saturating_sub(next));
             if link.remote.is_some() {
                 report.mark_remote();
             }
             partitions.push(report);
         }
-        let lag_complete = partitions.len() == count as usize
-            && partitions.iter().all(|p| p.lag_messages.is_some());
+        // Rows for the partitions this node answers for that no cursor reports; in cluster
+        // mode, those of other nodes are added by whoever gathers the listing.
+        let mine = (0..count).filter(|p| {
+            state.cluster.is_none()
+                || state
+                    .ownership
+                    .is_local(&PartitionId::new(parent_topic.name.clone(), *p))
+        });
+        add_unreported_rows(&mut partitions, mine, |p| {
+            let reason = peeks.get(p as usize).and_then(|(_, why)| why.clone());
+            (
+                state.cluster.as_ref().map(|c| c.node_id().to_owned()),
+                reason.unwrap_or_else(|| NO_CURSOR_NOW.to_owned()),
+            )
+        });
+        let lag_complete = lag_complete(&partitions, count);
         children.push(ChildInfo {
             name: link.child.clone(),
             delay_ms: link.delay_ms,
-            router: router_entries(&link.router),
+            router: router_entries(&link.router)
+                .into_iter()
+                .map(|mut entry| {
+                    entry.version = versions.get(entry.digest.as_str()).map(|v| (*v).to_owned());
+                    entry
+                })
+                .collect(),
             config: link.config.clone(),
             attach_epoch: link.attach_epoch.clone(),
             paused: link.paused.clone(),

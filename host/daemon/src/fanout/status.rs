@@ -38,6 +38,10 @@ pub enum CursorState {
     /// `on_gap: halt`: `halted_gap` names them. It skips nothing until an operator accepts the
     /// loss (`resume --accept-gap`) or moves it (pause, seek).
     Halted,
+    /// No report (only in a listing): the node that runs this cursor did not answer, or no
+    /// cursor runs for the partition now (its parent partition is quarantined, has no live
+    /// owner, or its cursor is starting); `last_error` says which.
+    Unknown,
 }
 
 /// The records a halted cursor would lose: parent offsets `[from, to)`, gone from the parent.
@@ -63,6 +67,33 @@ pub enum RemoteState {
 }
 
 impl CursorReport {
+    /// The listing's row for parent partition `partition` when no cursor reported it:
+    /// state [`CursorState::Unknown`], `reason` in `last_error`, `node` the parent partition's
+    /// owner when known.
+    pub fn unknown(partition: u32, node: Option<String>, reason: String) -> CursorReport {
+        CursorReport {
+            partition,
+            next_offset: None,
+            lag_messages: None,
+            due_lag_seconds: 0.0,
+            dropped_messages: 0,
+            parent_end_rewinds: 0,
+            skipped_by_seek: 0,
+            dead_lettered: 0,
+            state: CursorState::Unknown,
+            halted_gap: None,
+            last_error: Some(reason),
+            last_error_at_ms: None,
+            previous_error: None,
+            previous_error_at_ms: None,
+            last_progress_at_ms: None,
+            node,
+            refused: false,
+            remote_state: None,
+            recovery_point: None,
+        }
+    }
+
     /// Fills the remote child's fields ([`CursorReport::remote_state`],
     /// [`CursorReport::recovery_point`]) from the cursor's state.
     pub(crate) fn mark_remote(&mut self) {

@@ -89,6 +89,10 @@ pub fn rows(
                         row.last_error = p.last_error.clone().or(row.last_error.take());
                         CursorState::Stalled
                     }
+                    (_, CursorState::Unknown) | (Some(CursorState::Unknown), _) => {
+                        row.last_error = p.last_error.clone().or(row.last_error.take());
+                        CursorState::Unknown
+                    }
                     (_, CursorState::Waiting) | (Some(CursorState::Waiting), _) => {
                         CursorState::Waiting
                     }
@@ -102,6 +106,7 @@ pub fn rows(
                     CursorState::Stalled => "stalled",
                     CursorState::Paused => "paused",
                     CursorState::Halted => "halted",
+                    CursorState::Unknown => "unknown",
                 }
                 .into();
             }
@@ -123,7 +128,9 @@ pub fn render(rows: &[ChildRow]) -> String {
                 format!("{:.1}s", r.due_lag_seconds),
                 r.dropped.to_string(),
                 match &r.last_error {
-                    Some(e) if r.state == "stalled" => format!("stalled: {e}"),
+                    Some(e) if r.state == "stalled" || r.state == "unknown" => {
+                        format!("{}: {e}", r.state)
+                    }
                     _ => r.state.clone(),
                 },
             ]

@@ -123,6 +123,19 @@ async fn attach_list_set_router_and_detach_round_trip_with_json() {
     assert!(table.starts_with("CHILD"), "{table}");
     assert!(table.contains("later") && table.contains("2m"), "{table}");
     assert!(table.contains("NEXT_OFFSET"), "{table}");
+    // The ROUTER column names each plugin's pinned version: a digest prefix `--router` takes,
+    // and the version its manifest declares.
+    for plugin in audit["router"].as_array().unwrap() {
+        let (name, digest) = (
+            plugin["name"].as_str().unwrap(),
+            plugin["digest"].as_str().unwrap(),
+        );
+        let version = plugin["version"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{audit}"));
+        let shown = format!("{name}@{} ({version})", &digest[..12]);
+        assert!(table.contains(&shown), "{shown} missing:\n{table}");
+    }
 
     let out = narad(
         &d.url,

@@ -386,6 +386,25 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
     std::fs::remove_dir_all(partition_dir(&data, "orders")).expect("lose the partition");
     daemon.restart();
 
+    // The cursor of the lost partition cannot read it; the children listing still has its row
+    // (it used to leave out a partition whose log is not open), and says why.
+    let (status, listing) = send_json(
+        &client,
+        Method::GET,
+        &format!("{}/v1/topics/orders/children", daemon.url()),
+        None,
+    )
+    .expect("children");
+    ok(status, &listing, "children");
+    let row = &listing["children"][0]["partitions"][0];
+    assert_eq!(row["state"], "stalled", "{listing}");
+    assert!(
+        row["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("quarantined") && e.contains("recreate")),
+        "{listing}"
+    );
+
     let recreate = |topic: &str, request: Value| {
         send_json(
             &client,
