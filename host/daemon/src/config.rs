@@ -346,6 +346,14 @@ settings! {
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
     auth_token_file: PathBuf, "FILE", TokenFile, shown "none, no token required";
+    /// PEM certificate chain (own certificate first) to serve the HTTP API and the Kafka
+    /// listener over TLS with; needs --tls-key. Reloaded when the file changes or on SIGHUP.
+    tls_cert: PathBuf, "FILE", Any, shown "off, plain TCP";
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    tls_key: PathBuf, "FILE", Any, shown "none";
+    /// PEM certificates of the CAs whose client certificates the listeners accept: with it,
+    /// every client must present one (mutual TLS). Needs --tls-cert.
+    tls_client_ca: PathBuf, "FILE", Any, shown "none, no client certificate asked for";
     /// Most request-body bytes buffered across all requests at once; a request that does not
     /// fit now gets 503 with `Retry-After`, one larger than this alone gets 413.
     max_buffered_request_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_BUFFERED_REQUEST_BYTES;
@@ -810,6 +818,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// The consumer group coordinator's settings.
     pub groups: GroupsConfig,
+    /// TLS on the HTTP and Kafka listeners; `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Config {
@@ -832,6 +842,7 @@ impl Config {
             http: HttpLimits::default(),
             cluster: None,
             groups: GroupsConfig::default(),
+            tls: None,
         }
     }
 
@@ -858,6 +869,47 @@ impl Config {
             });
         }
         let ms = Duration::from_millis;
+        let tls = match (s.tls_cert, s.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::tls::TlsFiles {
+                cert,
+                key,
+                client_ca: s.tls_client_ca,
+            }),
+            (None, None) if s.tls_client_ca.is_none() => None,
+            (None, None) => {
+                return Err(ConfigError::BadValue {
+                    key: "tls-client-ca",
+                    message: "client certificates are asked for only over TLS: give \
+                              --tls-cert and --tls-key too"
+                        .into(),
+                });
+            }
+            (Some(_), None) => {
+                return Err(ConfigError::BadValue {
+                    key: "tls-key",
+                    message: "--tls-cert needs the private key of its certificate: give \
+                              --tls-key FILE"
+                        .into(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::BadValue {
+                    key: "tls-cert",
+                    message: "--tls-key needs the certificate it belongs to: give --tls-cert \
+                              FILE"
+                        .into(),
+                });
+            }
+        };
+        if tls.is_some() && s.etcd.is_some() {
+            return Err(ConfigError::BadValue {
+                key: "tls-cert",
+                message: "TLS in cluster mode needs TLS between the nodes, which this build \
+                          does not have yet: run a cluster's nodes without --tls-cert, on a \
+                          private network"
+                    .into(),
+            });
+        }
         let cluster = match (s.etcd, s.node_id) {
             (None, None) if s.advertise.is_none() && s.new_data_dir_for.is_none() => None,
             (None, _) => {
@@ -929,6 +981,7 @@ impl Config {
                 initial_rebalance_delay: ms(s.group_initial_rebalance_delay_ms),
                 offsets_retention: ms(s.group_offsets_retention_ms),
             },
+            tls,
             idle_close_after: ms(s.idle_close_after_ms),
             failed_reopen_after: ms(s.failed_reopen_after_ms),
             segment_bytes: s.segment_bytes,
@@ -1168,6 +1221,66 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn tls_files_come_as_a_pair_a_client_ca_needs_them_and_cluster_mode_refuses_them() {
+        let refused = |args: ServeArgs, key: &str| {
+            let args = ServeArgs {
+                data_dir: Some("/d".into()),
+                ..args
+            };
+            match Config::merge(&args, &FileConfig::default()) {
+                Err(ConfigError::BadValue { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        };
+        refused(
+            ServeArgs {
+                tls_cert: Some("/c.pem".into()),
+                ..ServeArgs::default()
+            },
+            "tls-key",
+        );
+        refused(
+            ServeArgs {
+                tls_key: Some("/k.pem".into()),
+                ..ServeArgs::default()
+            },
+            "tls-cert",
+        );
+        refused(
+            ServeArgs {
+                tls_client_ca: Some("/ca.pem".into()),
+                ..ServeArgs::default()
+            },
+            "tls-client-ca",
+        );
+        refused(
+            ServeArgs {
+                tls_cert: Some("/c.pem".into()),
+                tls_key: Some("/k.pem".into()),
+                etcd: Some("http://127.0.0.1:2379".into()),
+                node_id: Some("n1".into()),
+                ..ServeArgs::default()
+            },
+            "tls-cert",
+        );
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            tls_cert: Some("/c.pem".into()),
+            tls_key: Some("/k.pem".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.tls,
+            Some(crate::tls::TlsFiles {
+                cert: "/c.pem".into(),
+                key: "/k.pem".into(),
+                client_ca: None
+            })
+        );
     }
 
     #[test]
@@ -1540,6 +1653,9 @@ mod tests {
                 "advertise",
                 "new-data-dir-for",
                 "auth-token-file",
+                "tls-cert",
+                "tls-key",
+                "tls-client-ca",
                 "max-connections"
             ]
         );

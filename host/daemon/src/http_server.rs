@@ -43,6 +43,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::shutdown::ShutdownSignal;
+use crate::tls::ServerTls;
 
 /// How long the accept loop pauses after an accept error that is not about one connection
 /// (out of descriptors, out of memory): 100 ms, long enough not to spin on a listener that
@@ -132,6 +133,7 @@ pub(crate) async fn serve(
     options: ServeOptions,
     shutdown: ShutdownSignal,
     metrics: Arc<HttpMetrics>,
+    tls: Option<Arc<ServerTls>>,
 ) {
     let slots = Arc::new(Semaphore::new(options.max_connections as usize));
     let (drain_tx, drain_rx) = watch::channel(false);
@@ -179,11 +181,15 @@ pub(crate) async fn serve(
                     drain_rx.clone(),
                     slot,
                     Arc::clone(&metrics),
+                    tls.clone(),
                 ));
             }
             Err(_) => {
                 metrics.refused.inc();
-                refuse(stream);
+                // A TLS client could not read a plain answer: it is closed without one.
+                if tls.is_none() {
+                    refuse(stream);
+                }
             }
         }
     }
@@ -290,24 +296,73 @@ impl Activity {
 }
 
 /// Serves one connection until it ends, its idle timer fires, or the shutdown drain closes it.
-/// Holds its cap `slot` until then.
+/// Holds its cap `slot` until then. Over TLS, the handshake must end within the header-read
+/// timeout, like the request head it precedes.
 async fn connection(
     stream: TcpStream,
     app: Router,
     options: ServeOptions,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
     _slot: OwnedSemaphorePermit,
     metrics: Arc<HttpMetrics>,
+    tls: Option<Arc<ServerTls>>,
 ) {
     metrics.open.inc();
     let _open = OpenGuard(&metrics);
     // Small JSON answers go out at once instead of waiting for Nagle's timer.
     let _ = stream.set_nodelay(true);
     let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched {
+    let watched = Watched {
         inner: stream,
         activity: Arc::clone(&activity),
-    });
+    };
+    let Some(tls) = tls else {
+        return serve_io(
+            TokioIo::new(watched),
+            app,
+            options,
+            drain,
+            &metrics,
+            activity,
+        )
+        .await;
+    };
+    let handshake =
+        tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(watched)).await;
+    match handshake {
+        Ok(Ok(stream)) => {
+            serve_io(
+                TokioIo::new(stream),
+                app,
+                options,
+                drain,
+                &metrics,
+                activity,
+            )
+            .await;
+        }
+        Ok(Err(e)) => {
+            tls.metrics().handshake_failed("http");
+            tracing::debug!(error = %e, "HTTP TLS handshake failed");
+        }
+        Err(_) => {
+            tls.metrics().handshake_failed("http");
+            metrics.closed("header_timeout");
+        }
+    }
+}
+
+/// Serves HTTP on one accepted (and, over TLS, handshaken) connection; see [`connection`].
+async fn serve_io<I>(
+    io: I,
+    app: Router,
+    options: ServeOptions,
+    mut drain: watch::Receiver<bool>,
+    metrics: &HttpMetrics,
+    activity: Arc<Activity>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let service = Tracked {
         inner: TowerToHyperService::new(app),
         activity: Arc::clone(&activity),

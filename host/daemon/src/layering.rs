@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["shutdown", "durable", "ownership", "fdlimit", "auth"],
     &["blocking"],
+    &["tls"],
     &["config"],
     &["metastore"],
     &["cluster"],

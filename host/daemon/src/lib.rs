@@ -24,14 +24,16 @@
 //!   same produce and read paths.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`http_server`]: the HTTP accept loop: connection cap, header and idle timeouts, a
-//!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start.
+//!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start; [`tls`]:
+//!   the listeners' TLS, reloaded when its files change.
 //!
 //! Data flows one way: API -> topics/produce -> `narad_storage::Store`; the metastore is the
 //! source of truth for which topics and partitions exist.
 //!
 //! Modules are layered, lowest first, and a module imports only from layers below its own
 //! (`layering`, a test, checks every `crate::` path in `src/` against this list):
-//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, then `blocking`: small leaves;
+//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, then `blocking`, then `tls`:
+//!    small leaves;
 //! 2. `config`: settings, read by anything above;
 //! 3. `metastore`: pure data and the link rules (with the link limits);
 //! 4. `produce`, then `topics`, then `plugins`: the write path, topic administration, the
@@ -68,6 +70,7 @@ pub mod produce;
 pub mod reconciler;
 pub mod server;
 pub mod shutdown;
+pub mod tls;
 pub mod topics;
 
 pub use config::Config;

@@ -60,6 +60,9 @@ pub enum ServerError {
     /// The plugin registry could not open (content store, runtime, built-ins).
     #[error("cannot open the plugin registry")]
     Plugins(#[from] RegistryError),
+    /// The TLS certificate, key or client CA file cannot be used.
+    #[error("cannot serve TLS")]
+    Tls(#[from] crate::tls::TlsError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -165,6 +168,24 @@ pub async fn run_server(
         path: data_dir.clone(),
         source,
     })?;
+
+    // TLS files read before anything starts, so a bad one stops the start with its reason.
+    let tls_metrics = Arc::new(crate::tls::TlsMetrics::default());
+    let (http_tls, kafka_tls) = match &config.tls {
+        Some(files) => {
+            let open = |alpn: &[&[u8]]| {
+                crate::tls::ServerTls::open(files.clone(), alpn, Arc::clone(&tls_metrics))
+            };
+            let http = open(&[b"http/1.1"])?;
+            http.spawn_reloader("http", shutdown.clone());
+            let kafka = config.kafka_listen.map(|_| open(&[])).transpose()?;
+            if let Some(kafka) = &kafka {
+                kafka.spawn_reloader("kafka", shutdown.clone());
+            }
+            (Some(http), kafka)
+        }
+        None => (None, None),
+    };
 
     // Bound first: in cluster mode the node advertises the address it got (port 0 in tests).
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -274,6 +295,7 @@ pub async fn run_server(
     api_metrics.register(&mut registry);
     let http_metrics = Arc::new(crate::http_server::HttpMetrics::default());
     http_metrics.register(&mut registry);
+    tls_metrics.register(&mut registry);
     let cluster_metrics = Arc::new(crate::cluster::metrics::ClusterMetrics::default());
     cluster_metrics.register(&mut registry);
     if let Some(context) = &cluster {
@@ -400,9 +422,11 @@ pub async fn run_server(
             shutdown_grace: config.http.shutdown_grace,
         };
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "kafka listener serving");
+            tracing::info!(%addr, tls = kafka_tls.is_some(), "kafka listener serving");
         }
-        tokio::spawn(crate::kafka::connection::serve(listener, deps, options))
+        tokio::spawn(crate::kafka::connection::serve(
+            listener, deps, options, kafka_tls,
+        ))
     });
 
     let mover = cluster.as_ref().map(|context| {
@@ -542,10 +566,23 @@ pub async fn run_server(
         idle_timeout: config.http.idle_timeout,
         shutdown_grace: config.http.shutdown_grace,
     };
-    tracing::info!(addr = %local_addr, data_dir = %data_dir.display(), "narad serving");
+    tracing::info!(
+        addr = %local_addr,
+        tls = http_tls.is_some(),
+        data_dir = %data_dir.display(),
+        "narad serving"
+    );
     let task = tokio::spawn(async move {
         // Returns at most the shutdown grace after the signal, whatever clients do.
-        crate::http_server::serve(listener, app, http_options, shutdown, http_metrics).await;
+        crate::http_server::serve(
+            listener,
+            app,
+            http_options,
+            shutdown,
+            http_metrics,
+            http_tls,
+        )
+        .await;
         // The loops see the same signal; wait for them before closing the store under them.
         // Cursors stop before the store closes under them; a cursor cut short repeats its
         // slab on the next start.

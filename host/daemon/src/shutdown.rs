@@ -58,20 +58,34 @@ impl ShutdownSignal {
 ///
 /// Errors only when the signal handlers cannot be installed.
 pub async fn os_signal() -> std::io::Result<&'static str> {
-    #[cfg(unix)]
-    {
+    Ok(StopSignals::install()?.next().await)
+}
+
+/// SIGINT and SIGTERM handlers, installed when made: a signal that arrives after
+/// [`StopSignals::install`] returns is kept for [`StopSignals::next`], however late it is
+/// awaited (the process is not ended by the default action meanwhile).
+#[derive(Debug)]
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers. Needs a Tokio runtime; errors only when they cannot be installed.
+    pub fn install() -> std::io::Result<StopSignals> {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => Ok("SIGTERM"),
-            _ = int.recv() => Ok("SIGINT"),
-        }
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c().await?;
-        Ok("Ctrl-C")
+
+    /// The next SIGTERM or SIGINT, named.
+    pub async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
     }
 }
 

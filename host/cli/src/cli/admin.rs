@@ -176,7 +176,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             }
         }
         AdminCommand::SetAside(command) => {
-            let client = args.client.client();
+            let client = args.client.client()?;
             match command {
                 SetAsideCommand::List => {
                     let list = client.list_set_aside().await?;

@@ -220,7 +220,7 @@ pub enum ChildCommand {
 
 /// Runs a child command.
 pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
-    let client = args.client.client();
+    let client = args.client.client()?;
     let json = args.client.json;
     match args.command {
         ChildCommand::Attach {

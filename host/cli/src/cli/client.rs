@@ -42,6 +42,36 @@ pub enum ApiCallError {
         /// The daemon's base URL.
         base: String,
     },
+    /// The TLS handshake with the daemon failed: most often its certificate is signed by a
+    /// CA this machine does not trust (`--tls-ca`), or it does not serve TLS at all.
+    #[error(
+        "TLS with {base} failed: {reason} (a certificate signed by a private CA needs that CA's \
+         certificate: --tls-ca FILE / NARAD_TLS_CA; a daemon without --tls-cert is reached at \
+         http://)"
+    )]
+    Tls {
+        /// The daemon's base URL.
+        base: String,
+        /// What the TLS layer said, with its causes.
+        reason: String,
+    },
+    /// A file given with `--tls-ca` or `--tls-client-cert`/`--tls-client-key` cannot be used.
+    #[error("cannot use the TLS file {path}: {reason}")]
+    TlsFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A plain-HTTP call was answered with bytes that are not HTTP: the daemon serves TLS.
+    #[error(
+        "{url} answered with something other than HTTP: if the daemon serves TLS \
+         (--tls-cert), call it at https://"
+    )]
+    PlainToTls {
+        /// The URL called.
+        url: String,
+    },
     /// The call was sent but failed on the way (a timeout, a reset connection, a cut answer).
     #[error("the call to {url} failed")]
     Transport {
@@ -70,6 +100,15 @@ impl ApiCallError {
     }
 }
 
+/// The TLS files of a client (`--tls-ca`, `--tls-client-cert`, `--tls-client-key`).
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// PEM certificates of CAs to trust beside the system's.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM client certificate and its private key.
+    pub identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
 /// A client for one daemon.
 #[derive(Clone)]
 pub struct Client {
@@ -96,6 +135,53 @@ impl Client {
             http: reqwest::Client::new(),
             token: None,
         }
+    }
+
+    /// The same client with `options`: also trusting the CA certificates (PEM) given, beside
+    /// the system's (for a daemon whose certificate a private CA signed), and presenting the
+    /// client certificate given (for a daemon that asks for one). Fails on a file that cannot
+    /// be used, naming it.
+    pub fn with_tls(mut self, options: &TlsOptions) -> Result<Client, ApiCallError> {
+        if options.ca.is_none() && options.identity.is_none() {
+            return Ok(self);
+        }
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| ApiCallError::TlsFile {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
+        };
+        let mut builder = reqwest::Client::builder();
+        if let Some(path) = &options.ca {
+            let failed = |reason: String| ApiCallError::TlsFile {
+                path: path.clone(),
+                reason,
+            };
+            let certificates = reqwest::Certificate::from_pem_bundle(&read(path)?)
+                .map_err(|e| failed(error_chain(&e)))?;
+            if certificates.is_empty() {
+                return Err(failed("no PEM CERTIFICATE block in it".into()));
+            }
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        if let Some((cert, key)) = &options.identity {
+            let mut pem = read(cert)?;
+            pem.push(b'\n');
+            pem.extend(read(key)?);
+            let identity =
+                reqwest::Identity::from_pem(&pem).map_err(|e| ApiCallError::TlsFile {
+                    path: cert.clone(),
+                    reason: format!("with the key {}: {}", key.display(), error_chain(&e)),
+                })?;
+            builder = builder.identity(identity);
+        }
+        self.http = builder.build().map_err(|e| ApiCallError::TlsFile {
+            path: options.ca.clone().unwrap_or_default(),
+            reason: error_chain(&e),
+        })?;
+        Ok(self)
     }
 
     /// The same client, sending `Authorization: Bearer <token>` on every call when `token` is
@@ -163,10 +249,29 @@ impl Client {
     ) -> Result<T, ApiCallError> {
         let url = format!("{}{}", self.base, path);
         let transport = |source: reqwest::Error| {
-            if source.is_connect() {
+            let chain = error_chain(&source);
+            let tls = self.base.starts_with("https://");
+            if tls
+                && (chain.contains("certificate")
+                    || chain.contains("tls")
+                    || chain.contains("TLS")
+                    || chain.contains("peer")
+                    || chain.contains("handshake")
+                    || chain.contains("corrupt message"))
+            {
+                ApiCallError::Tls {
+                    base: self.base.clone(),
+                    reason: chain,
+                }
+            } else if source.is_connect() {
                 ApiCallError::Unreachable {
                     base: self.base.clone(),
                 }
+            } else if !tls
+                && (chain.contains("invalid HTTP version")
+                    || chain.contains("connection closed before message completed"))
+            {
+                ApiCallError::PlainToTls { url: url.clone() }
             } else {
                 ApiCallError::Transport {
                     url: url.clone(),
@@ -541,4 +646,18 @@ impl Client {
             .await
             .map(|_| ())
     }
+}
+
+/// `error` and its causes, joined with ": ", each said once (reqwest repeats its causes).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
 }

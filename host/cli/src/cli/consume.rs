@@ -349,7 +349,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         (None, true) => Output::Json,
         (None, false) => Output::Format(vec![Piece::Value, Piece::Literal(b"\n".to_vec())]),
     };
-    let client = args.client.client();
+    let client = args.client.client()?;
     let count = client
         .describe_topic(&args.topic)
         .await

@@ -64,7 +64,7 @@ fn parse_reset_to(text: &str) -> Result<ResetTo, String> {
 
 /// Runs a group command.
 pub async fn run(args: GroupArgs) -> anyhow::Result<()> {
-    let client = args.client.client();
+    let client = args.client.client()?;
     match args.command {
         GroupCommand::List => {
             let list = client.list_groups().await?;

@@ -122,12 +122,44 @@ pub struct ClientArgs {
     /// --auth-token-file).
     #[arg(long, env = "NARAD_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM certificate(s) of the CA that signed the daemon's TLS certificate, trusted beside
+    /// the system's CAs (for an https:// URL and a private CA).
+    #[arg(long, env = "NARAD_TLS_CA", global = true, value_name = "FILE")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate (chain) to present, for a daemon started with
+    /// --tls-client-ca; needs --tls-client-key.
+    #[arg(
+        long,
+        env = "NARAD_TLS_CLIENT_CERT",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_client_key"
+    )]
+    pub tls_client_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-client-cert.
+    #[arg(
+        long,
+        env = "NARAD_TLS_CLIENT_KEY",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_client_cert"
+    )]
+    pub tls_client_key: Option<std::path::PathBuf>,
 }
 
 impl ClientArgs {
-    /// A client for the daemon at `--url`, sending `--token` when given.
-    pub fn client(&self) -> client::Client {
-        client::Client::new(&self.url).with_token(self.token.clone())
+    /// A client for the daemon at `--url`, sending `--token` when given and trusting the
+    /// `--tls-ca` CA; fails when that file cannot be used.
+    pub fn client(&self) -> Result<client::Client, client::ApiCallError> {
+        client::Client::new(&self.url)
+            .with_token(self.token.clone())
+            .with_tls(&client::TlsOptions {
+                ca: self.tls_ca.clone(),
+                identity: self
+                    .tls_client_cert
+                    .clone()
+                    .zip(self.tls_client_key.clone()),
+            })
     }
 }
 

@@ -58,7 +58,7 @@ pub enum NodeCommand {
 
 /// Runs a node command.
 pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let client = args.client.client();
+    let client = args.client.client()?;
     match args.command {
         NodeCommand::List => {
             let list = client.list_nodes().await?;

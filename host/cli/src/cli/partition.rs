@@ -125,7 +125,7 @@ pub fn recreate_lines(report: &RecreateReport) -> Vec<String> {
 
 /// Runs a partition command.
 pub async fn run(args: PartitionArgs) -> anyhow::Result<()> {
-    let client = args.client.client();
+    let client = args.client.client()?;
     match args.command {
         PartitionCommand::Move {
             partition,

@@ -224,7 +224,7 @@ pub struct TrialPluginWork {
 pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
     let json = args.client.json;
     // Sends the token (`--token` / `NARAD_TOKEN`) like every other client command.
-    let client = args.client.client();
+    let client = args.client.client()?;
     match args.command {
         PluginCommand::Deploy { file, name } => {
             let bytes = std::fs::read(&file)

@@ -223,7 +223,7 @@ fn looks_like_json_record(line: &[u8]) -> bool {
 pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.batch_size > 0, "--batch-size must be at least 1");
     let rules = LineRules::from_args(&args)?;
-    let client = args.client.client();
+    let client = args.client.client()?;
     let progress = std::io::stderr().is_terminal();
     let mut summary = ProduceSummary::default();
     let mut stdin = BufReader::new(tokio::io::stdin());

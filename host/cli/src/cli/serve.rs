@@ -14,6 +14,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before anything opens files: connections, segments and cursor files share this limit,
     // and the default connection cap is derived from it.
     narad_host::fdlimit::raise_to_hard();
+    // Installed before the start is announced: a SIGTERM sent as soon as the "listening"
+    // line appears stops the daemon gracefully instead of ending it by the default action.
+    let mut stop_signals =
+        shutdown::StopSignals::install().context("cannot listen for SIGTERM and SIGINT")?;
     let (trigger, signal) = shutdown::channel();
     let server = run_server(config.clone(), signal).await.with_context(|| {
         format!(
@@ -24,14 +28,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Not eprintln!: a closed stderr (`narad serve 2>&1 | head`) must not stop the daemon.
     let _ = writeln!(
         std::io::stderr(),
-        "narad listening on http://{}",
+        "narad listening on {}://{}",
+        if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
         server.local_addr()
     );
     tokio::spawn(async move {
-        match shutdown::os_signal().await {
-            Ok(name) => tracing::info!(signal = name, "shutting down"),
-            Err(e) => tracing::error!(error = %e, "cannot listen for signals; shutting down"),
-        }
+        let name = stop_signals.next().await;
+        tracing::info!(signal = name, "shutting down");
         trigger.trigger();
     });
     server.wait().await.context("narad stopped with an error")

@@ -206,7 +206,7 @@ fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
 
 /// Runs a topic command.
 pub async fn run(args: TopicArgs) -> anyhow::Result<()> {
-    let client = args.client.client();
+    let client = args.client.client()?;
     let json = args.client.json;
     match args.command {
         TopicCommand::Create {

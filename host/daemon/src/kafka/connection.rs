@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
@@ -34,6 +34,7 @@ use super::metrics::CloseReason;
 use super::{
     Advertised, IDLE_TIMEOUT, KafkaDeps, Outcome, Request, Response, TRANSFER_TIMEOUT, api_versions,
 };
+use crate::tls::ServerTls;
 
 /// Bytes of the smallest request header: API key, version, correlation id (2 + 2 + 4).
 const MIN_FRAME_BYTES: usize = 8;
@@ -53,7 +54,12 @@ pub(crate) struct ListenOptions {
 
 /// Serves Kafka clients on `listener` until the shutdown signal fires, then waits up to the
 /// shutdown grace for requests in progress.
-pub(crate) async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: ListenOptions) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    deps: Arc<KafkaDeps>,
+    options: ListenOptions,
+    tls: Option<Arc<ServerTls>>,
+) {
     let max_frame = usize::try_from(deps.limits.max_request_bytes).unwrap_or(usize::MAX);
     // One frame never needs more than the whole budget.
     let limits = FrameLimits {
@@ -83,9 +89,13 @@ pub(crate) async fn serve(listener: TcpListener, deps: Arc<KafkaDeps>, options: 
             continue;
         }
         let deps = Arc::clone(&deps);
+        let tls = tls.clone();
         connections.spawn(async move {
             deps.metrics.connections.inc();
-            let reason = serve_connection(stream, peer, &deps, limits).await;
+            let reason = match tls {
+                None => serve_connection(stream, peer, &deps, limits).await,
+                Some(tls) => serve_tls_connection(stream, peer, &deps, limits, &tls).await,
+            };
             deps.metrics.connections.dec();
             deps.metrics.closed(reason);
             tracing::debug!(%peer, reason = reason.as_str(), "kafka connection closed");
@@ -112,15 +122,54 @@ struct FrameLimits {
     max_frame: usize,
 }
 
-/// Serves one connection until it closes; returns why it closed.
+/// Serves one TLS connection: the handshake, within [`TRANSFER_TIMEOUT`], then the requests.
+async fn serve_tls_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    deps: &Arc<KafkaDeps>,
+    limits: FrameLimits,
+    tls: &ServerTls,
+) -> CloseReason {
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr();
+    match tokio::time::timeout(TRANSFER_TIMEOUT, tls.acceptor().accept(stream)).await {
+        Ok(Ok(stream)) => serve_stream(stream, local, peer, deps, limits).await,
+        Ok(Err(e)) => {
+            tls.metrics().handshake_failed("kafka");
+            tracing::debug!(%peer, error = %e, "kafka: TLS handshake failed");
+            CloseReason::TlsHandshake
+        }
+        Err(_) => {
+            tls.metrics().handshake_failed("kafka");
+            CloseReason::TlsHandshake
+        }
+    }
+}
+
+/// Serves one plain connection until it closes; returns why it closed.
 async fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     deps: &Arc<KafkaDeps>,
     limits: FrameLimits,
 ) -> CloseReason {
     let _ = stream.set_nodelay(true);
-    let advertised = match (&deps.advertise, stream.local_addr()) {
+    let local = stream.local_addr();
+    serve_stream(stream, local, peer, deps, limits).await
+}
+
+/// Serves the requests of one connection (`local`: the address it reached) until it closes.
+async fn serve_stream<S>(
+    mut stream: S,
+    local: std::io::Result<SocketAddr>,
+    peer: SocketAddr,
+    deps: &Arc<KafkaDeps>,
+    limits: FrameLimits,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let advertised = match (&deps.advertise, local) {
         (Some(advertised), _) => advertised.clone(),
         (None, Ok(addr)) => Advertised {
             host: addr.ip().to_string(),
@@ -184,7 +233,12 @@ async fn serve_connection(
             Ok(None) => continue,
             Err(reason) => return reason,
         };
-        match tokio::time::timeout(TRANSFER_TIMEOUT, stream.write_all(&answer)).await {
+        // The flush sends what TLS still holds (a no-op on plain TCP).
+        let sent = async {
+            stream.write_all(&answer).await?;
+            stream.flush().await
+        };
+        match tokio::time::timeout(TRANSFER_TIMEOUT, sent).await {
             Err(_) => return CloseReason::WriteTimeout,
             Ok(Err(_)) => return CloseReason::ClientClosed,
             Ok(Ok(())) => {}
@@ -194,8 +248,8 @@ async fn serve_connection(
 
 /// Reads a frame body of `len` bytes, taking each chunk's bytes from `budget` before it is
 /// read; returns the body and what it holds of the budget.
-async fn read_frame<'a>(
-    stream: &mut TcpStream,
+async fn read_frame<'a, S: AsyncRead + Unpin>(
+    stream: &mut S,
     len: usize,
     budget: &'a Semaphore,
 ) -> Result<(BytesMut, Option<SemaphorePermit<'a>>), CloseReason> {

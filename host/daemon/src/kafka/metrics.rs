@@ -28,11 +28,13 @@ pub(crate) enum CloseReason {
     Unsupported,
     /// The daemon is shutting down.
     Shutdown,
+    /// The TLS handshake failed or did not end within `TRANSFER_TIMEOUT`.
+    TlsHandshake,
 }
 
 impl CloseReason {
     /// Every reason, for the series that start at 0.
-    pub(crate) const ALL: [CloseReason; 8] = [
+    pub(crate) const ALL: [CloseReason; 9] = [
         CloseReason::ClientClosed,
         CloseReason::IdleTimeout,
         CloseReason::ReadTimeout,
@@ -41,6 +43,7 @@ impl CloseReason {
         CloseReason::Oversized,
         CloseReason::Unsupported,
         CloseReason::Shutdown,
+        CloseReason::TlsHandshake,
     ];
 
     /// The `reason` label.
@@ -54,6 +57,7 @@ impl CloseReason {
             CloseReason::Oversized => "oversized",
             CloseReason::Unsupported => "unsupported",
             CloseReason::Shutdown => "shutdown",
+            CloseReason::TlsHandshake => "tls_handshake",
         }
     }
 }

@@ -33,6 +33,24 @@ pub struct Daemon {
     extra_args: Vec<String>,
     /// A command the daemon is started under (e.g. `prlimit --nofile=256:4096`); empty: none.
     launcher: Vec<String>,
+    /// The client that checks health: over TLS, one that trusts the daemon's CA.
+    health: Health,
+}
+
+/// How [`Daemon`] reaches `/healthz`.
+#[derive(Clone)]
+struct Health {
+    scheme: &'static str,
+    client: reqwest::blocking::Client,
+}
+
+impl Health {
+    fn plain() -> Health {
+        Health {
+            scheme: "http",
+            client: http_client(),
+        }
+    }
 }
 
 impl Daemon {
@@ -50,6 +68,7 @@ impl Daemon {
             log_path: data_dir.with_extension("log"),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             launcher: Vec::new(),
+            health: Health::plain(),
         };
         daemon.spawn();
         daemon
@@ -65,6 +84,32 @@ impl Daemon {
             log_path: data_dir.with_extension("log"),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             launcher: launcher.iter().map(|s| s.to_string()).collect(),
+            health: Health::plain(),
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    /// Like [`Daemon::start_with`] for a daemon serving TLS (`extra_args` give `--tls-cert`
+    /// and `--tls-key`): health is asked over https with `client`, which must trust its CA
+    /// (and carry a client certificate when the daemon asks for one); [`Daemon::url`] is
+    /// `https://`.
+    pub fn start_tls(
+        data_dir: &Path,
+        client: reqwest::blocking::Client,
+        extra_args: &[&str],
+    ) -> Daemon {
+        let mut daemon = Daemon {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            log_path: data_dir.with_extension("log"),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            launcher: Vec::new(),
+            health: Health {
+                scheme: "https",
+                client,
+            },
         };
         daemon.spawn();
         daemon
@@ -146,7 +191,7 @@ impl Daemon {
 
     fn wait_healthy(&mut self) -> bool {
         let deadline = Instant::now() + START_TIMEOUT;
-        let client = http_client();
+        let client = self.health.client.clone();
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(_status)) = child.try_wait()
@@ -163,9 +208,9 @@ impl Daemon {
         false
     }
 
-    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    /// Base URL, e.g. `http://127.0.0.1:41234` (`https://` for [`Daemon::start_tls`]).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.health.scheme, self.addr)
     }
 
     /// Kills the process with SIGKILL (no shutdown hook runs) and reaps it.

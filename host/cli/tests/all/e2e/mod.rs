@@ -26,4 +26,5 @@ mod plugin_limits;
 mod plugin_text;
 mod remote;
 mod shadow;
+mod tls;
 mod torn_tail;

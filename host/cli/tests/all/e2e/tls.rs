@@ -1,0 +1,517 @@
+//! TLS on the listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`), with certificates
+//! the tests make with the `openssl` command (`scripts/test-all` installs it) and the clients
+//! users run: curl, the `narad` CLI, kcat and kafka-python.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::e2e::harness::{Daemon, narad_binary, sample};
+
+/// How long a changed certificate file may take to be served: the daemon checks every 5 s.
+const RELOAD_WAIT: Duration = Duration::from_secs(30);
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("openssl could not start ({e}); scripts/test-all installs it"));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`{name}.pem`, `{name}.key`) in `dir`.
+fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+        ],
+    );
+    dir.join(format!("{name}.pem"))
+}
+
+/// A certificate `{name}.pem` and key `{name}.key` for 127.0.0.1 and localhost, signed by
+/// CA `ca`, for a server or (`client`) a client.
+fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (PathBuf, PathBuf) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+        ],
+    );
+    let usage = if client { "clientAuth" } else { "serverAuth" };
+    std::fs::write(
+        dir.join(format!("{name}.ext")),
+        format!(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\nextendedKeyUsage={usage}\n"
+        ),
+    )
+    .expect("write extensions");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
+        ],
+    );
+    (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    )
+}
+
+/// A blocking client trusting `ca` (and presenting `identity`, cert and key, when given).
+fn client_trusting(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::blocking::Client {
+    let pem = std::fs::read(ca).expect("read CA");
+    let mut builder = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("CA certificate"));
+    if let Some((cert, key)) = identity {
+        let mut both = std::fs::read(cert).expect("read cert");
+        both.extend(std::fs::read(key).expect("read key"));
+        builder = builder.identity(reqwest::Identity::from_pem(&both).expect("identity"));
+    }
+    builder.build().expect("client")
+}
+
+fn curl(args: &[&str]) -> Output {
+    Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "20"])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("curl could not start ({e}); scripts/test-all installs it"))
+}
+
+fn narad(args: &[&str]) -> Output {
+    Command::new(narad_binary())
+        .args(args)
+        .env_remove("NARAD_URL")
+        .output()
+        .expect("run narad")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+}
+
+/// Polls `done` every 200 ms until it holds or `RELOAD_WAIT` passes.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + RELOAD_WAIT;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {RELOAD_WAIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Writes `bytes` to `path` as a rotation tool does: a new file renamed over the old.
+fn replace(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+#[test]
+fn over_tls_curl_the_cli_kcat_and_kafka_python_work_and_a_rotated_certificate_is_served_without_a_restart()
+ {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca1 = make_ca(dir, "ca1");
+    let (cert1, key1) = make_cert(dir, "ca1", "server1", false);
+    // The daemon reads its own copies, so the test can rotate them.
+    let (cert, key) = (dir.join("tls.pem"), dir.join("tls.key"));
+    std::fs::copy(&cert1, &cert).expect("copy cert");
+    std::fs::copy(&key1, &key).expect("copy key");
+    let kafka = free_addr();
+    let kafka_text = kafka.to_string();
+    let (cert_arg, key_arg) = (cert.display().to_string(), key.display().to_string());
+    let daemon = Daemon::start_tls(
+        &dir.join("data"),
+        client_trusting(&ca1, None),
+        &[
+            "--tls-cert",
+            &cert_arg,
+            "--tls-key",
+            &key_arg,
+            "--kafka-listen",
+            &kafka_text,
+        ],
+    );
+    let base = daemon.url();
+    assert!(base.starts_with("https://"), "{base}");
+    let ca1_arg = ca1.display().to_string();
+
+    // curl: with the CA it talks to the API; without, it refuses the certificate.
+    let out = curl(&["--cacert", &ca1_arg, &format!("{base}/healthz")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = curl(&[&format!("{base}/healthz")]);
+    assert!(
+        !out.status.success(),
+        "a certificate from an unknown CA was taken"
+    );
+
+    // The CLI: --tls-ca; without it, or with http://, an error that says what to do.
+    let out = narad(&[
+        "topic",
+        "create",
+        "orders",
+        "--partitions",
+        "2",
+        "--url",
+        &base,
+        "--tls-ca",
+        &ca1_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = narad(&["topic", "list", "--url", &base]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--tls-ca"),
+        "{}",
+        text(&out.stderr)
+    );
+    let plain = base.replace("https://", "http://");
+    let out = narad(&["topic", "list", "--url", &plain]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("https://"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // kcat produces over TLS, kafka-python reads it back over TLS.
+    let mut produce = Command::new("kcat");
+    produce.args([
+        "-b",
+        &kafka_text,
+        "-X",
+        "security.protocol=ssl",
+        "-X",
+        &format!("ssl.ca.location={ca1_arg}"),
+        "-P",
+        "-t",
+        "orders",
+        "-p",
+        "0",
+    ]);
+    super::kafka::run(produce, b"one\ntwo\nthree\n", "kcat -P over TLS");
+    let script = format!(
+        "import kafka\n\
+         c = kafka.KafkaConsumer(bootstrap_servers='{kafka_text}', security_protocol='SSL', \
+         ssl_cafile='{ca1_arg}', auto_offset_reset='earliest', consumer_timeout_ms=10000)\n\
+         c.assign([kafka.TopicPartition('orders', 0)])\n\
+         got = []\n\
+         for m in c:\n    got.append(m.value.decode())\n    \
+         if len(got) == 3: break\n\
+         print(','.join(got))\n"
+    );
+    let mut consume = Command::new("python3");
+    consume.args(["-c", &script]);
+    let read = super::kafka::run(consume, b"", "kafka-python over TLS");
+    assert_eq!(read.trim(), "one,two,three");
+
+    // A plain client on the TLS Kafka listener gets no Kafka answer and takes nothing down.
+    let mut raw = TcpStream::connect(kafka).expect("connect");
+    raw.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    // An ApiVersions v0 request: size, key 18, version 0, correlation id 1, no client id.
+    raw.write_all(&[0, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 0xff, 0xff])
+        .expect("write");
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    // A Kafka answer starts with its size (first byte 0); TLS answers with an alert (0x15)
+    // or closes.
+    assert_ne!(
+        answer.first(),
+        Some(&0),
+        "a plain client got a Kafka answer: {answer:?}"
+    );
+    let metrics = || {
+        client_trusting(&ca1, None)
+            .get(format!("{base}/metrics"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default()
+    };
+    let handshakes = r#"narad_tls_handshake_failures_total{listener="kafka"}"#;
+    wait_for("the plain Kafka client counted", || {
+        sample(&metrics(), handshakes).unwrap_or(0.0) >= 1.0
+    });
+
+    // Rotation: a certificate from another CA, renamed over the files, is served without a
+    // restart; clients trusting only the old CA are refused from then on.
+    let ca2 = make_ca(dir, "ca2");
+    let (cert2, key2) = make_cert(dir, "ca2", "server2", false);
+    replace(&key, &std::fs::read(&key2).expect("key2"));
+    replace(&cert, &std::fs::read(&cert2).expect("cert2"));
+    let ca2_arg = ca2.display().to_string();
+    wait_for("the rotated certificate served", || {
+        curl(&["--cacert", &ca2_arg, &format!("{base}/healthz")])
+            .status
+            .success()
+    });
+    let out = curl(&["--cacert", &ca1_arg, &format!("{base}/healthz")]);
+    assert!(!out.status.success(), "the old certificate is still served");
+    let mut list = Command::new("kcat");
+    list.args([
+        "-b",
+        &kafka_text,
+        "-X",
+        "security.protocol=ssl",
+        "-X",
+        &format!("ssl.ca.location={ca2_arg}"),
+        "-L",
+        "-t",
+        "orders",
+    ]);
+    let listing = super::kafka::run(list, b"", "kcat -L after the rotation");
+    assert!(listing.contains("orders"), "{listing}");
+
+    // A broken file (a half-done rotation) keeps the certificate being served, and says so.
+    let metrics2 = || {
+        client_trusting(&ca2, None)
+            .get(format!("{base}/metrics"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default()
+    };
+    replace(&cert, b"-----BEGIN CERTIFICATE-----\nnot base64\n");
+    wait_for("the failed reload counted", || {
+        sample(&metrics2(), r#"narad_tls_reloads_total{outcome="failed"}"#).unwrap_or(0.0) >= 1.0
+    });
+    let out = curl(&["--cacert", &ca2_arg, &format!("{base}/healthz")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        daemon.log().contains("still serving the previous one"),
+        "{}",
+        daemon.log()
+    );
+
+    // SIGHUP asks for a reload (it would end a process that does not handle it).
+    replace(&cert, &std::fs::read(&cert2).expect("cert2"));
+    let pid = daemon.pid().expect("running").to_string();
+    let hup = Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("kill -HUP");
+    assert!(hup.success());
+    wait_for("the reload after SIGHUP", || {
+        sample(&metrics2(), r#"narad_tls_reloads_total{outcome="ok"}"#).unwrap_or(0.0) >= 3.0
+    });
+    let out = narad(&["topic", "list", "--url", &base, "--tls-ca", &ca2_arg]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("orders"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn with_a_client_ca_only_clients_holding_a_certificate_it_signed_connect_and_bad_files_stop_the_start()
+ {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = make_ca(dir, "ca");
+    let (cert, key) = make_cert(dir, "ca", "server", false);
+    let (client_cert, client_key) = make_cert(dir, "ca", "client", true);
+    make_ca(dir, "other");
+    let (stranger_cert, stranger_key) = make_cert(dir, "other", "stranger", true);
+    let data = dir.join("data");
+    let data_arg = data.display().to_string();
+    let [cert_arg, key_arg, ca_arg] = [&cert, &key, &ca].map(|p| p.display().to_string());
+
+    // Files that cannot serve stop the start, naming the files and why.
+    let start = |args: &[&str]| {
+        let listen = free_addr().to_string();
+        let mut all = vec![
+            "serve",
+            "--data-dir",
+            data_arg.as_str(),
+            "--listen",
+            listen.as_str(),
+        ];
+        all.extend_from_slice(args);
+        let out = Command::new(narad_binary())
+            .args(&all)
+            .output()
+            .expect("run narad serve");
+        assert!(!out.status.success(), "started with {args:?}");
+        text(&out.stderr)
+    };
+    let other_key_arg = stranger_key.display().to_string();
+    let stderr = start(&["--tls-cert", &cert_arg, "--tls-key", &other_key_arg]);
+    assert!(
+        stderr.contains(&cert_arg) && stderr.contains(&other_key_arg),
+        "{stderr}"
+    );
+    let stderr = start(&["--tls-cert", &cert_arg]);
+    assert!(stderr.contains("--tls-key"), "{stderr}");
+    let stderr = start(&["--tls-cert", &key_arg, "--tls-key", &key_arg]);
+    assert!(
+        stderr.contains("CERTIFICATE") && stderr.contains(&key_arg),
+        "{stderr}"
+    );
+
+    let kafka = free_addr();
+    let kafka_text = kafka.to_string();
+    let daemon = Daemon::start_tls(
+        &data,
+        client_trusting(&ca, Some((&client_cert, &client_key))),
+        &[
+            "--tls-cert",
+            &cert_arg,
+            "--tls-key",
+            &key_arg,
+            "--tls-client-ca",
+            &ca_arg,
+            "--kafka-listen",
+            &kafka_text,
+        ],
+    );
+    let base = daemon.url();
+    let healthz = format!("{base}/healthz");
+    let [client_cert_arg, client_key_arg] =
+        [&client_cert, &client_key].map(|p| p.display().to_string());
+
+    // curl without a client certificate, or with one another CA signed, is refused.
+    assert!(!curl(&["--cacert", &ca_arg, &healthz]).status.success());
+    let out = curl(&[
+        "--cacert",
+        &ca_arg,
+        "--cert",
+        &stranger_cert.display().to_string(),
+        "--key",
+        &stranger_key.display().to_string(),
+        &healthz,
+    ]);
+    assert!(
+        !out.status.success(),
+        "a client certificate of another CA was taken"
+    );
+    let out = curl(&[
+        "--cacert",
+        &ca_arg,
+        "--cert",
+        &client_cert_arg,
+        "--key",
+        &client_key_arg,
+        &healthz,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The CLI presents its certificate with --tls-client-cert/--tls-client-key.
+    let out = narad(&[
+        "topic",
+        "create",
+        "orders",
+        "--url",
+        &base,
+        "--tls-ca",
+        &ca_arg,
+        "--tls-client-cert",
+        &client_cert_arg,
+        "--tls-client-key",
+        &client_key_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = narad(&["topic", "list", "--url", &base, "--tls-ca", &ca_arg]);
+    assert!(
+        !out.status.success(),
+        "the CLI got in without a client certificate"
+    );
+
+    // kcat: the same on the Kafka listener.
+    let kcat = |with_identity: bool| {
+        let mut command = Command::new("kcat");
+        command.args([
+            "-b",
+            &kafka_text,
+            "-X",
+            "security.protocol=ssl",
+            "-X",
+            &format!("ssl.ca.location={ca_arg}"),
+            "-m",
+            "10",
+            "-L",
+            "-t",
+            "orders",
+        ]);
+        if with_identity {
+            command.args([
+                "-X",
+                &format!("ssl.certificate.location={client_cert_arg}"),
+                "-X",
+                &format!("ssl.key.location={client_key_arg}"),
+            ]);
+        }
+        command.output().expect("kcat")
+    };
+    let out = kcat(true);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("orders"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = kcat(false);
+    assert!(
+        !out.status.success() || !text(&out.stdout).contains("orders"),
+        "kcat listed topics without a client certificate: {}",
+        text(&out.stdout)
+    );
+}
