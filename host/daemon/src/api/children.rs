@@ -1079,9 +1079,8 @@ pub async fn list(
         add_unreported_rows(&mut child.partitions, 0..topic.partitions, |p| {
             let owner = owner_of(p);
             let reason = match owner.as_ref().and_then(|n| Some((n, unanswered.get(n)?))) {
-                Some((node, why)) => {
-                    format!("node {node}, which runs this cursor, did not answer: {why}")
-                }
+                // The reason names the node ("node n3 did not answer: ...").
+                Some((_, why)) => format!("no report: {why}"),
                 None => NO_CURSOR_NOW.to_owned(),
             };
             (owner, reason)

@@ -1017,34 +1017,45 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
     ok(status, &body, "produce to n1's partition while n3 is down");
 
     // The children listing keeps a row for n3's cursor and says why it has no report (it used
-    // to leave the row out, with a footnote that some may be missing).
-    let out = Command::new(narad_binary())
-        .args(["child", "list", "orders"])
-        .env("NARAD_URL", cluster.url(1))
-        .output()
-        .expect("narad child list");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let row = |partition: &str| {
-        text.lines()
-            .find(|l| {
-                let cells: Vec<&str> = l.split_whitespace().collect();
-                cells.first() == Some(&"copy") && cells.get(1) == Some(&partition)
-            })
-            .unwrap_or_else(|| panic!("no row for parent partition {partition}:\n{text}"))
-            .to_owned()
-    };
-    let dead = row("2");
-    assert!(
-        dead.contains("n3") && dead.contains("unknown") && dead.contains("did not answer"),
-        "{text}"
-    );
-    for live in ["0", "1"] {
-        assert!(!row(live).contains("unknown"), "{text}");
+    // to leave the row out, with a footnote that some may be missing). The live nodes' cursors
+    // may restart as n3's lease runs out, so their rows are waited for.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let out = Command::new(narad_binary())
+            .args(["child", "list", "orders"])
+            .env("NARAD_URL", cluster.url(1))
+            .output()
+            .expect("narad child list");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let row = |partition: &str| {
+            text.lines()
+                .find(|l| {
+                    let cells: Vec<&str> = l.split_whitespace().collect();
+                    cells.first() == Some(&"copy") && cells.get(1) == Some(&partition)
+                })
+                .unwrap_or_else(|| panic!("no row for parent partition {partition}:\n{text}"))
+                .to_owned()
+        };
+        let dead = row("2");
+        assert!(
+            dead.contains("n3")
+                && dead.contains("unknown")
+                && (dead.contains("did not answer") || dead.contains("is not alive")),
+            "{text}"
+        );
+        if ["0", "1"].iter().all(|live| !row(live).contains("unknown")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "live cursors not listed:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 
     std::thread::sleep(Duration::from_millis(500));

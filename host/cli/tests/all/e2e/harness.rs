@@ -37,19 +37,40 @@ pub struct Daemon {
     health: Health,
 }
 
-/// How [`Daemon`] reaches `/healthz`.
+/// How [`Daemon`] reaches `/healthz`: over TLS, trusting `ca` and presenting `identity`
+/// (certificate and key files) when set.
 #[derive(Clone)]
 struct Health {
     scheme: &'static str,
-    client: reqwest::blocking::Client,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
 }
 
 impl Health {
     fn plain() -> Health {
         Health {
             scheme: "http",
-            client: http_client(),
+            ca: None,
+            identity: None,
         }
+    }
+
+    /// A client made for one wait and dropped after it, so no connection of it stays open
+    /// (tests count the connections the daemon closes).
+    fn client(&self) -> reqwest::blocking::Client {
+        let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30));
+        if let Some(ca) = &self.ca {
+            let pem = std::fs::read(ca).expect("read the CA file");
+            builder = builder.add_root_certificate(
+                reqwest::Certificate::from_pem(&pem).expect("a PEM CA certificate"),
+            );
+        }
+        if let Some((cert, key)) = &self.identity {
+            let mut both = std::fs::read(cert).expect("read the client certificate");
+            both.extend(std::fs::read(key).expect("read the client key"));
+            builder = builder.identity(reqwest::Identity::from_pem(&both).expect("identity"));
+        }
+        builder.build().expect("health client")
     }
 }
 
@@ -91,12 +112,13 @@ impl Daemon {
     }
 
     /// Like [`Daemon::start_with`] for a daemon serving TLS (`extra_args` give `--tls-cert`
-    /// and `--tls-key`): health is asked over https with `client`, which must trust its CA
-    /// (and carry a client certificate when the daemon asks for one); [`Daemon::url`] is
-    /// `https://`.
+    /// and `--tls-key`): health is asked over https trusting the CA certificate `ca` (and
+    /// presenting `identity`, a certificate and key file, when the daemon asks for one);
+    /// [`Daemon::url`] is `https://`.
     pub fn start_tls(
         data_dir: &Path,
-        client: reqwest::blocking::Client,
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
         extra_args: &[&str],
     ) -> Daemon {
         let mut daemon = Daemon {
@@ -108,7 +130,8 @@ impl Daemon {
             launcher: Vec::new(),
             health: Health {
                 scheme: "https",
-                client,
+                ca: Some(ca.to_path_buf()),
+                identity: identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
             },
         };
         daemon.spawn();
@@ -191,7 +214,7 @@ impl Daemon {
 
     fn wait_healthy(&mut self) -> bool {
         let deadline = Instant::now() + START_TIMEOUT;
-        let client = self.health.client.clone();
+        let client = self.health.client();
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(_status)) = child.try_wait()

@@ -181,7 +181,8 @@ fn over_tls_curl_the_cli_kcat_and_kafka_python_work_and_a_rotated_certificate_is
     let (cert_arg, key_arg) = (cert.display().to_string(), key.display().to_string());
     let daemon = Daemon::start_tls(
         &dir.join("data"),
-        client_trusting(&ca1, None),
+        &ca1,
+        None,
         &[
             "--tls-cert",
             &cert_arg,
@@ -411,7 +412,8 @@ fn with_a_client_ca_only_clients_holding_a_certificate_it_signed_connect_and_bad
     let kafka_text = kafka.to_string();
     let daemon = Daemon::start_tls(
         &data,
-        client_trusting(&ca, Some((&client_cert, &client_key))),
+        &ca,
+        Some((&client_cert, &client_key)),
         &[
             "--tls-cert",
             &cert_arg,
