@@ -387,23 +387,35 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
     daemon.restart();
 
     // The cursor of the lost partition cannot read it; the children listing still has its row
-    // (it used to leave out a partition whose log is not open), and says why.
-    let (status, listing) = send_json(
-        &client,
-        Method::GET,
-        &format!("{}/v1/topics/orders/children", daemon.url()),
-        None,
-    )
-    .expect("children");
-    ok(status, &listing, "children");
-    let row = &listing["children"][0]["partitions"][0];
-    assert_eq!(row["state"], "stalled", "{listing}");
-    assert!(
-        row["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("quarantined") && e.contains("recreate")),
-        "{listing}"
-    );
+    // (it used to leave out a partition whose log is not open), and says why once the cursor
+    // has tried.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, listing) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children", daemon.url()),
+            None,
+        )
+        .expect("children");
+        ok(status, &listing, "children");
+        let row = &listing["children"][0]["partitions"][0];
+        assert_eq!(row["partition"], 0, "{listing}");
+        if row["state"] == "stalled" {
+            assert!(
+                row["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("quarantined") && e.contains("recreate")),
+                "{listing}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cursor never said why: {listing}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 
     let recreate = |topic: &str, request: Value| {
         send_json(
