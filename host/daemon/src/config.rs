@@ -269,7 +269,7 @@ settings! {
     /// of `a-z 0-9 - _`.
     node_id: String, "ID", OptionalName, shown "none, required with --etcd";
     /// The URL peers and clients reach this node's HTTP API at (cluster mode).
-    advertise: String, "URL", OptionalUrl, shown "http:// and the listen address";
+    advertise: String, "URL", OptionalUrl, shown "http:// (https:// with --tls-cert) and the listen address";
     /// Lease time-to-live of this node's registration in etcd, in milliseconds: a node that
     /// stops renewing is gone for its peers this long after its last renewal.
     lease_ttl_ms: u64, "MS", Positive, default DEFAULT_LEASE_TTL_MS;
@@ -351,6 +351,9 @@ settings! {
     tls_cert: PathBuf, "FILE", Any, shown "off, plain TCP";
     /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
     tls_key: PathBuf, "FILE", Any, shown "none";
+    /// Cluster mode: PEM certificates of the CAs to check other nodes' TLS certificates
+    /// against, beside the system's (for nodes whose certificates a private CA signed).
+    peer_tls_ca: PathBuf, "FILE", Any, shown "the system's CAs";
     /// PEM certificates of the CAs whose client certificates the listeners accept: with it,
     /// every client must present one (mutual TLS). Needs --tls-cert.
     tls_client_ca: PathBuf, "FILE", Any, shown "none, no client certificate asked for";
@@ -780,6 +783,8 @@ pub struct ClusterConfig {
     pub(crate) lease_ttl: Duration,
     /// Take the data dir as the node's new one (`--new-data-dir-for` naming this node).
     pub(crate) new_data_dir: bool,
+    /// CAs (PEM file) other nodes' certificates are checked against, beside the system's.
+    pub(crate) peer_tls_ca: Option<PathBuf>,
 }
 
 /// The daemon's resolved configuration.
@@ -901,14 +906,34 @@ impl Config {
                 });
             }
         };
-        if tls.is_some() && s.etcd.is_some() {
+        if s.peer_tls_ca.is_some() && s.etcd.is_none() {
             return Err(ConfigError::BadValue {
-                key: "tls-cert",
-                message: "TLS in cluster mode needs TLS between the nodes, which this build \
-                          does not have yet: run a cluster's nodes without --tls-cert, on a \
-                          private network"
+                key: "peer-tls-ca",
+                message: "peers exist only in cluster mode: give --etcd too, or leave it out"
                     .into(),
             });
+        }
+        if s.etcd.is_some() && tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+            return Err(ConfigError::BadValue {
+                key: "tls-client-ca",
+                message: "in cluster mode nodes call each other's API without a client \
+                          certificate, so the listener cannot require one yet: leave \
+                          --tls-client-ca out of cluster nodes"
+                    .into(),
+            });
+        }
+        if let Some(advertise) = &s.advertise {
+            let https = advertise.starts_with("https://");
+            if tls.is_some() && !https {
+                return Err(ConfigError::BadValue {
+                    key: "advertise",
+                    message: format!(
+                        "{advertise} is plain HTTP but this node serves TLS (--tls-cert): \
+                         advertise https://HOST:{}",
+                        s.listen.port()
+                    ),
+                });
+            }
         }
         let cluster = match (s.etcd, s.node_id) {
             (None, None) if s.advertise.is_none() && s.new_data_dir_for.is_none() => None,
@@ -950,6 +975,7 @@ impl Config {
                     });
                 }
                 Some(ClusterConfig {
+                    peer_tls_ca: s.peer_tls_ca,
                     etcd,
                     name: s.cluster,
                     new_data_dir: s.new_data_dir_for.is_some(),
@@ -1070,6 +1096,7 @@ mod tests {
                 advertise: None,
                 lease_ttl: Duration::from_millis(DEFAULT_LEASE_TTL_MS),
                 new_data_dir: false,
+                peer_tls_ca: None,
             })
         );
         let new_dir = ServeArgs {
@@ -1224,7 +1251,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_files_come_as_a_pair_a_client_ca_needs_them_and_cluster_mode_refuses_them() {
+    fn tls_files_come_as_a_pair_a_client_ca_needs_them_and_a_tls_cluster_node_advertises_https() {
         let refused = |args: ServeArgs, key: &str| {
             let args = ServeArgs {
                 data_dir: Some("/d".into()),
@@ -1256,15 +1283,43 @@ mod tests {
             },
             "tls-client-ca",
         );
+        let cluster_tls = || ServeArgs {
+            tls_cert: Some("/c.pem".into()),
+            tls_key: Some("/k.pem".into()),
+            etcd: Some("http://127.0.0.1:2379".into()),
+            node_id: Some("n1".into()),
+            ..ServeArgs::default()
+        };
         refused(
             ServeArgs {
-                tls_cert: Some("/c.pem".into()),
-                tls_key: Some("/k.pem".into()),
-                etcd: Some("http://127.0.0.1:2379".into()),
-                node_id: Some("n1".into()),
+                advertise: Some("http://10.0.0.1:7070".into()),
+                ..cluster_tls()
+            },
+            "advertise",
+        );
+        refused(
+            ServeArgs {
+                tls_client_ca: Some("/ca.pem".into()),
+                ..cluster_tls()
+            },
+            "tls-client-ca",
+        );
+        refused(
+            ServeArgs {
+                peer_tls_ca: Some("/ca.pem".into()),
                 ..ServeArgs::default()
             },
-            "tls-cert",
+            "peer-tls-ca",
+        );
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            peer_tls_ca: Some("/ca.pem".into()),
+            ..cluster_tls()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.cluster.and_then(|c| c.peer_tls_ca),
+            Some(PathBuf::from("/ca.pem"))
         );
         let args = ServeArgs {
             data_dir: Some("/d".into()),
@@ -1655,6 +1710,7 @@ mod tests {
                 "auth-token-file",
                 "tls-cert",
                 "tls-key",
+                "peer-tls-ca",
                 "tls-client-ca",
                 "max-connections"
             ]

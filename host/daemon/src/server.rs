@@ -333,7 +333,7 @@ pub async fn run_server(
                             Arc::clone(&producer),
                             Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
                             Arc::new(move |node: &str| peers.advertise_of(node)),
-                            crate::cluster::commit_rpc::CommitClient::new()
+                            crate::cluster::commit_rpc::CommitClient::trusting(&context.peer_roots)
                                 .map_err(|e| ServerError::Http(e.to_string()))?
                                 .with_bearer(context.peer_bearer.clone()),
                             tokio::runtime::Handle::current(),
@@ -498,16 +498,20 @@ pub async fn run_server(
         cluster: cluster.clone(),
         forward: match &cluster {
             Some(context) => Some(Arc::new(
-                api::forward::Forwarder::new(context.node_id(), &config.limits)
-                    .map_err(|e| ServerError::Http(e.to_string()))?
-                    .with_revision({
-                        let metastore = Arc::clone(&context.metastore);
-                        Arc::new(move || metastore.cache_revision())
-                    })
-                    .with_liveness({
-                        let context = Arc::clone(context);
-                        Arc::new(move |node: &str| context.peers.is_live(node))
-                    }),
+                api::forward::Forwarder::trusting(
+                    context.node_id(),
+                    &config.limits,
+                    &context.peer_roots,
+                )
+                .map_err(|e| ServerError::Http(e.to_string()))?
+                .with_revision({
+                    let metastore = Arc::clone(&context.metastore);
+                    Arc::new(move || metastore.cache_revision())
+                })
+                .with_liveness({
+                    let context = Arc::clone(context);
+                    Arc::new(move |node: &str| context.peers.is_live(node))
+                }),
             )),
             None => None,
         },
@@ -658,10 +662,14 @@ async fn start_cluster(
         )
         .await?;
     }
-    let advertise = cluster
-        .advertise
-        .clone()
-        .unwrap_or_else(|| format!("http://{local_addr}"));
+    let advertise = cluster.advertise.clone().unwrap_or_else(|| {
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{local_addr}")
+    });
     // Kafka clients reach this node at --kafka-advertise, or at the advertised host and the
     // Kafka listener's port.
     let kafka = kafka_addr.map(|addr| match &config.kafka_advertise {
@@ -729,8 +737,14 @@ async fn start_cluster(
         crate::ownership::NodeId(cluster.node_id.clone()),
         Arc::clone(&metastore),
     ));
-    let http = crate::cluster::peer_client().map_err(|e| ServerError::Http(e.to_string()))?;
+    let peer_roots: Arc<[reqwest::Certificate]> = match &cluster.peer_tls_ca {
+        Some(path) => crate::tls::client_roots(path)?.into(),
+        None => Arc::from(Vec::new()),
+    };
+    let http =
+        crate::cluster::peer_client(&peer_roots).map_err(|e| ServerError::Http(e.to_string()))?;
     let context = Arc::new(ClusterContext {
+        peer_roots,
         prefix,
         membership,
         metastore,

@@ -76,8 +76,8 @@ pub enum TlsError {
         /// What rustls said.
         source: rustls::Error,
     },
-    /// The client CA certificates cannot verify anything.
-    #[error("the client CA file {path} cannot be used: {reason}")]
+    /// The CA certificates cannot verify anything.
+    #[error("the CA file {path} cannot be used: {reason}")]
     ClientCa {
         /// The file.
         path: PathBuf,
@@ -344,4 +344,29 @@ fn build(files: &TlsFiles, alpn: &[Vec<u8>]) -> Result<Arc<ServerConfig>, TlsErr
         })?;
     config.alpn_protocols = alpn.to_vec();
     Ok(Arc::new(config))
+}
+
+/// The CA certificates in the PEM file `path`, for an HTTP client that must trust them beside
+/// the system's (calls to other nodes with `--peer-tls-ca`).
+pub fn client_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, TlsError> {
+    certificates("peer CA", path)?
+        .into_iter()
+        .map(|der| {
+            reqwest::Certificate::from_der(&der).map_err(|e| TlsError::ClientCa {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// `builder` trusting `roots` too.
+pub fn trusting(
+    mut builder: reqwest::ClientBuilder,
+    roots: &[reqwest::Certificate],
+) -> reqwest::ClientBuilder {
+    for root in roots {
+        builder = builder.add_root_certificate(root.clone());
+    }
+    builder
 }

@@ -251,10 +251,20 @@ impl Forwarder {
     /// after `limits.max_wait` + [`ANSWER_SLACK`] (so a long-poll goes through the hop), and a
     /// fetch answer is buffered up to [`fetch_answer_cap`]`(limits)` bytes.
     pub fn new(node_id: &str, limits: &Limits) -> Result<Forwarder, ForwarderError> {
+        Forwarder::trusting(node_id, limits, &[])
+    }
+
+    /// [`Forwarder::new`], also trusting the CA certificates `roots` (the cluster's peer CAs)
+    /// beside the system's.
+    pub fn trusting(
+        node_id: &str,
+        limits: &Limits,
+        roots: &[reqwest::Certificate],
+    ) -> Result<Forwarder, ForwarderError> {
         let marker = HeaderValue::from_str(node_id).map_err(|_| ForwarderError::NodeId {
             node: node_id.to_owned(),
         })?;
-        let http = reqwest::Client::builder()
+        let http = crate::tls::trusting(reqwest::Client::builder(), roots)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(limits.max_wait.saturating_add(ANSWER_SLACK))
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)

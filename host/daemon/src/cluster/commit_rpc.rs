@@ -185,9 +185,15 @@ pub(crate) struct CommitClient {
 }
 
 impl CommitClient {
-    /// A client with this module's timeouts.
+    /// A client with this module's timeouts, trusting the system's CAs (tests).
+    #[cfg(test)]
     pub(crate) fn new() -> Result<CommitClient, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        CommitClient::trusting(&[])
+    }
+
+    /// [`CommitClient::new`], also trusting `roots` (the cluster's peer CAs).
+    pub(crate) fn trusting(roots: &[reqwest::Certificate]) -> Result<CommitClient, reqwest::Error> {
+        let http = crate::tls::trusting(reqwest::Client::builder(), roots)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(COMMIT_TIMEOUT)
             .build()?;

@@ -1,6 +1,7 @@
 //! TLS on the listeners (`--tls-cert`, `--tls-key`, `--tls-client-ca`), with certificates
 //! the tests make with the `openssl` command (`scripts/test-all` installs it) and the clients
-//! users run: curl, the `narad` CLI, kcat and kafka-python.
+//! users run: curl, the `narad` CLI, kcat and kafka-python; in cluster mode, three nodes on a
+//! real etcd calling each other over TLS.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -8,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::e2e::harness::{Daemon, narad_binary, sample};
+use narad_host::metastore::test_etcd::TestEtcd;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::e2e::harness::{Daemon, fetch_all, narad_binary, sample, send_json};
 
 /// How long a changed certificate file may take to be served: the daemon checks every 5 s.
 const RELOAD_WAIT: Duration = Duration::from_secs(30);
@@ -515,5 +520,167 @@ fn with_a_client_ca_only_clients_holding_a_certificate_it_signed_connect_and_bad
         !out.status.success() || !text(&out.stdout).contains("orders"),
         "kcat listed topics without a client certificate: {}",
         text(&out.stdout)
+    );
+}
+
+#[test]
+fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_reach_every_owner() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = make_ca(dir, "ca");
+    let (cert, key) = make_cert(dir, "ca", "node", false);
+    let [ca_arg, cert_arg, key_arg] = [&ca, &cert, &key].map(|p| p.display().to_string());
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let kafka: Vec<String> = (0..3).map(|_| free_addr().to_string()).collect();
+    let nodes: Vec<Daemon> = ["n1", "n2", "n3"]
+        .iter()
+        .zip(&kafka)
+        .map(|(id, kafka)| {
+            Daemon::start_tls(
+                &dir.join(id),
+                &ca,
+                None,
+                &[
+                    "--etcd",
+                    &endpoint,
+                    "--cluster",
+                    "tls",
+                    "--node-id",
+                    id,
+                    "--tls-cert",
+                    &cert_arg,
+                    "--tls-key",
+                    &key_arg,
+                    "--peer-tls-ca",
+                    &ca_arg,
+                    "--kafka-listen",
+                    kafka,
+                ],
+            )
+        })
+        .collect();
+    let client = client_trusting(&ca, None);
+    let url = |i: usize| nodes[i].url();
+    let call = |method: Method, url: String, body: Option<Value>| {
+        send_json(&client, method, &url, body.as_ref()).expect("call")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..3 {
+        loop {
+            let (status, body) = call(Method::GET, format!("{}/v1/nodes", url(i)), None);
+            assert_eq!(status, 200, "{body}");
+            let advertised: Vec<&str> = body["nodes"]
+                .as_array()
+                .map(|n| n.iter().filter_map(|n| n["advertise"].as_str()).collect())
+                .unwrap_or_default();
+            if advertised.len() == 3 {
+                // Each node advertises its https address to its peers.
+                assert!(
+                    advertised.iter().all(|a| a.starts_with("https://")),
+                    "{body}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "nodes never converged: {body}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    // Through n1: topics on every node; the attach (a commit path between nodes) through the CLI.
+    for (name, placement) in [
+        ("orders", json!(["n1", "n2", "n3"])),
+        ("copy", json!(["n2", "n3", "n1"])),
+    ] {
+        let (status, body) = call(
+            Method::POST,
+            format!("{}/v1/topics", url(0)),
+            Some(json!({"name": name, "partitions": 3, "placement": placement})),
+        );
+        assert!((200..300).contains(&status), "{status} {body}");
+    }
+    let out = narad(&[
+        "child",
+        "attach",
+        "orders",
+        "copy",
+        "--url",
+        &url(0),
+        "--tls-ca",
+        &ca_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Produced through n3 (forwarded to each partition's owner), copied by cursors on every
+    // node into child partitions on other nodes: every record arrives once.
+    let records: Vec<Value> = (0..9)
+        .map(|i| json!({"partition": i % 3, "value": format!("r{i}")}))
+        .collect();
+    let (status, body) = call(
+        Method::POST,
+        format!("{}/v1/topics/orders/records", url(2)),
+        Some(json!({"records": records})),
+    );
+    assert!((200..300).contains(&status), "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut values: Vec<String> = (0..3)
+            .flat_map(|p| fetch_all(&client, &url(0), "copy", p))
+            .filter_map(|r| r["value"].as_str().map(str::to_owned))
+            .collect();
+        values.sort();
+        if values.len() >= 9 {
+            let wanted: Vec<String> = {
+                let mut w: Vec<String> = (0..9).map(|i| format!("r{i}")).collect();
+                w.sort();
+                w
+            };
+            assert_eq!(values, wanted);
+            break;
+        }
+        assert!(Instant::now() < deadline, "copied {values:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The listing gathers every node's cursors over TLS.
+    let out = narad(&[
+        "child",
+        "list",
+        "orders",
+        "--url",
+        &url(1),
+        "--tls-ca",
+        &ca_arg,
+    ]);
+    let listing = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for node in ["n1", "n2", "n3"] {
+        assert!(
+            listing.lines().any(|l| l.starts_with("copy")
+                && l.contains(&format!(" {node} "))
+                && l.contains("running")),
+            "{listing}"
+        );
+    }
+
+    // kcat bootstrapped on n1's Kafka listener produces to a partition n3 owns, over TLS.
+    let mut produce = Command::new("kcat");
+    produce.args([
+        "-b",
+        &kafka[0],
+        "-X",
+        "security.protocol=ssl",
+        "-X",
+        &format!("ssl.ca.location={ca_arg}"),
+        "-P",
+        "-t",
+        "orders",
+        "-p",
+        "2",
+    ]);
+    super::kafka::run(produce, b"by-kafka\n", "kcat -P to n3 over TLS");
+    let stored = fetch_all(&client, &url(0), "orders", 2);
+    assert!(
+        stored.iter().any(|r| r["value"] == "by-kafka"),
+        "{stored:?}"
     );
 }
