@@ -370,3 +370,37 @@ pub fn trusting(
     }
     builder
 }
+
+/// `error` and its causes joined with ": ", each said once: an HTTP client's top-level error
+/// ("error sending request for url ...") hides the cause an operator needs, such as a peer's
+/// certificate that is not trusted ("invalid peer certificate: UnknownIssuer").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] io::Error);
+
+    #[test]
+    fn the_chain_names_each_cause_once() {
+        let error = Outer(io::Error::other("invalid peer certificate: UnknownIssuer"));
+        assert_eq!(
+            error_chain(&error),
+            "outer: invalid peer certificate: UnknownIssuer"
+        );
+    }
+}

@@ -94,21 +94,21 @@ pub enum ForwarderError {
 pub enum HopError {
     /// Nothing reached the owner: the connection was refused or not made within
     /// [`CONNECT_TIMEOUT`].
-    #[error("{url} is not reachable: {source}")]
+    #[error("{url} is not reachable: {}", crate::tls::error_chain(.cause))]
     NotReached {
         /// The URL called.
         url: String,
-        /// The client's error.
-        source: reqwest::Error,
+        /// The client's error, its causes said in the message (a certificate not trusted).
+        cause: reqwest::Error,
     },
     /// The request may have reached the owner, but no whole answer came back (timeout, lost
     /// connection): what the owner did is unknown.
-    #[error("{url} gave no answer: {source}")]
+    #[error("{url} gave no answer: {}", crate::tls::error_chain(.cause))]
     NoAnswer {
         /// The URL called.
         url: String,
-        /// The client's error.
-        source: reqwest::Error,
+        /// The client's error, its causes said in the message.
+        cause: reqwest::Error,
     },
     /// The owner lost its lease while the request was in flight: it acknowledges nothing
     /// more, but may have written the records before it stopped.
@@ -480,12 +480,12 @@ fn sent_error(url: &str, source: reqwest::Error) -> HopError {
     if source.is_connect() {
         HopError::NotReached {
             url: url.to_owned(),
-            source,
+            cause: source,
         }
     } else {
         HopError::NoAnswer {
             url: url.to_owned(),
-            source,
+            cause: source,
         }
     }
 }
@@ -509,7 +509,7 @@ async fn read_capped(
         .await
         .map_err(|source| HopError::NoAnswer {
             url: url.to_owned(),
-            source,
+            cause: source,
         })?
     {
         if body.len().saturating_add(chunk.len()) > limit {
@@ -780,10 +780,13 @@ fn with_retry_after(error: ApiError, retry_after: Option<HeaderValue>) -> Respon
 }
 
 /// The `503` for a partition whose owner `node` is not reachable; `summary` ends the message.
-fn owner_down(id: &PartitionId, node: &str, summary: &str) -> ApiError {
+fn owner_down(id: &PartitionId, node: &str, why: Option<&str>, summary: &str) -> ApiError {
+    let why = why.map(|w| format!(" ({w})")).unwrap_or_default();
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
-        format!("partition {id} is served by node {node}, which is not reachable; retry{summary}"),
+        format!(
+            "partition {id} is served by node {node}, which is not reachable{why}; retry{summary}"
+        ),
     )
     .with("owner", node)
     .with("partition", id.partition)
@@ -805,10 +808,11 @@ fn produce_failure(
     let node = &group.node;
     let parts = &group.partitions;
     let (error, retry_after) = match err {
-        HopError::NotReached { .. } => {
+        HopError::NotReached { cause, .. } => {
             let first = parts.first().copied().unwrap_or_default();
+            let why = crate::tls::error_chain(cause);
             (
-                owner_down(&PartitionId::new(topic, first), node, &summary),
+                owner_down(&PartitionId::new(topic, first), node, Some(&why), &summary),
                 Some(HeaderValue::from(OWNER_DOWN_RETRY_AFTER_SECS)),
             )
         }
@@ -1039,6 +1043,7 @@ pub(crate) fn split_produce(
             let error = owner_down(
                 &PartitionId::new(topic, partition),
                 &node,
+                None,
                 &committed_summary(&[], &[]),
             )
             .with("committed_partitions", Vec::<u32>::new())
@@ -1165,7 +1170,7 @@ pub(crate) async fn fetch(
     };
     let down = || {
         with_retry_after(
-            owner_down(id, &owner.0, ""),
+            owner_down(id, &owner.0, None, ""),
             Some(HeaderValue::from(OWNER_DOWN_RETRY_AFTER_SECS)),
         )
     };
@@ -1743,10 +1748,11 @@ mod tests {
         assert_eq!(response.headers()[RETRY_AFTER], "1");
         let body = body_json(response).await;
         let message = body["error"].as_str().unwrap();
+        // The connection error's cause is said (here: the refused connection).
         assert!(
             message.starts_with(
-                "partition orders/p00003 is served by node n3, which is not reachable; retry"
-            ),
+                "partition orders/p00003 is served by node n3, which is not reachable ("
+            ) && message.contains("); retry"),
             "{message}"
         );
         assert!(

@@ -69,7 +69,12 @@ pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
         .header(REVISION_HEADER, cluster.metastore.cache_revision())
         .send()
         .await
-        .map_err(|e| format!("node {node} did not answer: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "node {node} did not answer: {}",
+                crate::tls::error_chain(&e)
+            )
+        })?;
     if !answer.status().is_success() {
         return Err(format!("node {node} answered {}", answer.status()));
     }

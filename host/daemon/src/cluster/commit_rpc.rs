@@ -47,12 +47,12 @@ pub(crate) const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 #[non_exhaustive]
 pub enum CallError {
     /// The owner could not be reached or did not answer in time.
-    #[error("commit to {url} got no answer: {source}")]
+    #[error("commit to {url} got no answer: {}", crate::tls::error_chain(.cause))]
     Unreachable {
         /// The owner's commit URL.
         url: String,
-        /// The client's error.
-        source: reqwest::Error,
+        /// The client's error, its causes said in the message (a certificate not trusted).
+        cause: reqwest::Error,
     },
     /// The owner answered something that is not a commit answer.
     #[error("commit to {url} answered {status}: {detail}")]
@@ -261,7 +261,7 @@ impl CommitClient {
         let url = format!("{}{path}", base_url.trim_end_matches('/'));
         let unreachable = |source| CallError::Unreachable {
             url: url.clone(),
-            source,
+            cause: source,
         };
         let mut call = self
             .http

@@ -135,9 +135,13 @@ impl ClusterContext {
             .header(REVISION_HEADER, self.metastore.cache_revision())
             .json(body);
         call = call.bearer_auth(&self.peer_bearer);
-        call.send()
-            .await
-            .map_err(|e| PeerError::new(node, None, format!("did not answer: {e}")))
+        call.send().await.map_err(|e| {
+            PeerError::new(
+                node,
+                None,
+                format!("did not answer: {}", crate::tls::error_chain(&e)),
+            )
+        })
     }
 }
 

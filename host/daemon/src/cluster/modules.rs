@@ -74,7 +74,10 @@ async fn fetch(
                 Err(e) => failures.push(format!("node {node} stopped sending: {e}")),
             },
             Ok(answer) => failures.push(format!("node {node} answered {}", answer.status())),
-            Err(e) => failures.push(format!("node {node} did not answer: {e}")),
+            Err(e) => failures.push(format!(
+                "node {node} did not answer: {}",
+                crate::tls::error_chain(&e)
+            )),
         }
     }
     if failures.is_empty() {

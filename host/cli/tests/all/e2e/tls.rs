@@ -684,3 +684,71 @@ fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_r
         "{stored:?}"
     );
 }
+
+#[test]
+fn a_node_that_does_not_trust_its_peers_certificates_says_so_when_it_calls_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = make_ca(dir, "ca");
+    let (cert, key) = make_cert(dir, "ca", "node", false);
+    let [ca_arg, cert_arg, key_arg] = [&ca, &cert, &key].map(|p| p.display().to_string());
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    // n2 is missing --peer-tls-ca: the private CA that signed n1's certificate is unknown to it.
+    let start = |id: &str, peer_ca: bool| {
+        let mut args = vec![
+            "--etcd",
+            &endpoint,
+            "--cluster",
+            "tls",
+            "--node-id",
+            id,
+            "--tls-cert",
+            &cert_arg,
+            "--tls-key",
+            &key_arg,
+        ];
+        if peer_ca {
+            args.extend(["--peer-tls-ca", ca_arg.as_str()]);
+        }
+        Daemon::start_tls(&dir.join(id), &ca, None, &args)
+    };
+    let n1 = start("n1", true);
+    let n2 = start("n2", false);
+    let client = client_trusting(&ca, None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/nodes", n2.url()),
+            None,
+        )
+        .expect("nodes");
+        if body["nodes"].as_array().map(Vec::len) == Some(2) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes never converged: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics", n1.url()),
+        Some(&json!({"name": "orders", "partitions": 1, "placement": ["n1"]})),
+    )
+    .expect("create");
+    assert!((200..300).contains(&status), "{status} {body}");
+    // A produce through n2 is forwarded to n1; the error names the certificate problem, not
+    // only "error sending request".
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", n2.url()),
+        Some(&json!({"records": [{"value": "x"}]})),
+    )
+    .expect("produce");
+    assert!(status >= 500, "{status} {body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("certificate"), "{body}");
+}
