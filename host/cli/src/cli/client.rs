@@ -158,7 +158,7 @@ impl Client {
                 reason,
             };
             let certificates = reqwest::Certificate::from_pem_bundle(&read(path)?)
-                .map_err(|e| failed(error_chain(&e)))?;
+                .map_err(|e| failed(narad_host::tls::error_chain(&e)))?;
             if certificates.is_empty() {
                 return Err(failed("no PEM CERTIFICATE block in it".into()));
             }
@@ -173,13 +173,17 @@ impl Client {
             let identity =
                 reqwest::Identity::from_pem(&pem).map_err(|e| ApiCallError::TlsFile {
                     path: cert.clone(),
-                    reason: format!("with the key {}: {}", key.display(), error_chain(&e)),
+                    reason: format!(
+                        "with the key {}: {}",
+                        key.display(),
+                        narad_host::tls::error_chain(&e)
+                    ),
                 })?;
             builder = builder.identity(identity);
         }
         self.http = builder.build().map_err(|e| ApiCallError::TlsFile {
             path: options.ca.clone().unwrap_or_default(),
-            reason: error_chain(&e),
+            reason: narad_host::tls::error_chain(&e),
         })?;
         Ok(self)
     }
@@ -249,7 +253,7 @@ impl Client {
     ) -> Result<T, ApiCallError> {
         let url = format!("{}{}", self.base, path);
         let transport = |source: reqwest::Error| {
-            let chain = error_chain(&source);
+            let chain = narad_host::tls::error_chain(&source);
             let tls = self.base.starts_with("https://");
             if tls
                 && (chain.contains("certificate")
@@ -646,18 +650,4 @@ impl Client {
             .await
             .map(|_| ())
     }
-}
-
-/// `error` and its causes, joined with ": ", each said once (reqwest repeats its causes).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next: Option<&dyn std::error::Error> = Some(error);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = e.source();
-    }
-    parts.join(": ")
 }

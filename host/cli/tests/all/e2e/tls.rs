@@ -523,69 +523,119 @@ fn with_a_client_ca_only_clients_holding_a_certificate_it_signed_connect_and_bad
     );
 }
 
-#[test]
-fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_reach_every_owner() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path();
-    let ca = make_ca(dir, "ca");
-    let (cert, key) = make_cert(dir, "ca", "node", false);
-    let [ca_arg, cert_arg, key_arg] = [&ca, &cert, &key].map(|p| p.display().to_string());
-    let etcd = TestEtcd::start();
-    let endpoint = etcd.endpoint();
-    let kafka: Vec<String> = (0..3).map(|_| free_addr().to_string()).collect();
-    let nodes: Vec<Daemon> = ["n1", "n2", "n3"]
-        .iter()
-        .zip(&kafka)
-        .map(|(id, kafka)| {
-            Daemon::start_tls(
-                &dir.join(id),
-                &ca,
-                None,
-                &[
+/// Cluster nodes serving TLS on one real etcd, all with one certificate (for 127.0.0.1)
+/// signed by a private CA made for the test.
+struct TlsCluster {
+    nodes: Vec<Daemon>,
+    ca: PathBuf,
+    client: reqwest::blocking::Client,
+    _etcd: TestEtcd,
+    _dir: tempfile::TempDir,
+}
+
+/// One node of a [`TlsCluster`]: its id, whether it is given the CA with `--peer-tls-ca`, and
+/// its Kafka listen address when it runs one.
+struct TlsNode<'a> {
+    id: &'a str,
+    peer_ca: bool,
+    kafka: Option<&'a str>,
+}
+
+impl TlsCluster {
+    fn start(nodes: &[TlsNode<'_>]) -> TlsCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = make_ca(dir.path(), "ca");
+        let (cert, key) = make_cert(dir.path(), "ca", "node", false);
+        let [ca_arg, cert_arg, key_arg] = [&ca, &cert, &key].map(|p| p.display().to_string());
+        let etcd = TestEtcd::start();
+        let endpoint = etcd.endpoint();
+        let started = nodes
+            .iter()
+            .map(|node| {
+                let mut args = vec![
                     "--etcd",
                     &endpoint,
                     "--cluster",
                     "tls",
                     "--node-id",
-                    id,
+                    node.id,
                     "--tls-cert",
                     &cert_arg,
                     "--tls-key",
                     &key_arg,
-                    "--peer-tls-ca",
-                    &ca_arg,
-                    "--kafka-listen",
-                    kafka,
-                ],
-            )
-        })
-        .collect();
-    let client = client_trusting(&ca, None);
-    let url = |i: usize| nodes[i].url();
-    let call = |method: Method, url: String, body: Option<Value>| {
-        send_json(&client, method, &url, body.as_ref()).expect("call")
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for i in 0..3 {
-        loop {
-            let (status, body) = call(Method::GET, format!("{}/v1/nodes", url(i)), None);
-            assert_eq!(status, 200, "{body}");
-            let advertised: Vec<&str> = body["nodes"]
-                .as_array()
-                .map(|n| n.iter().filter_map(|n| n["advertise"].as_str()).collect())
-                .unwrap_or_default();
-            if advertised.len() == 3 {
-                // Each node advertises its https address to its peers.
-                assert!(
-                    advertised.iter().all(|a| a.starts_with("https://")),
-                    "{body}"
-                );
-                break;
+                ];
+                if node.peer_ca {
+                    args.extend(["--peer-tls-ca", ca_arg.as_str()]);
+                }
+                if let Some(kafka) = node.kafka {
+                    args.extend(["--kafka-listen", kafka]);
+                }
+                Daemon::start_tls(&dir.path().join(node.id), &ca, None, &args)
+            })
+            .collect();
+        let cluster = TlsCluster {
+            nodes: started,
+            client: client_trusting(&ca, None),
+            ca,
+            _etcd: etcd,
+            _dir: dir,
+        };
+        cluster.wait_for_nodes();
+        cluster
+    }
+
+    /// Waits until every node lists every node, each advertising an https:// address.
+    fn wait_for_nodes(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for node in &self.nodes {
+            loop {
+                let (status, body) =
+                    self.call(Method::GET, format!("{}/v1/nodes", node.url()), None);
+                assert_eq!(status, 200, "{body}");
+                let advertised: Vec<&str> = body["nodes"]
+                    .as_array()
+                    .map(|n| n.iter().filter_map(|n| n["advertise"].as_str()).collect())
+                    .unwrap_or_default();
+                if advertised.len() == self.nodes.len() {
+                    assert!(
+                        advertised.iter().all(|a| a.starts_with("https://")),
+                        "{body}"
+                    );
+                    break;
+                }
+                assert!(Instant::now() < deadline, "nodes never converged: {body}");
+                std::thread::sleep(Duration::from_millis(50));
             }
-            assert!(Instant::now() < deadline, "nodes never converged: {body}");
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
+
+    fn url(&self, node: usize) -> String {
+        self.nodes[node].url()
+    }
+
+    fn call(&self, method: Method, url: String, body: Option<Value>) -> (u16, Value) {
+        send_json(&self.client, method, &url, body.as_ref()).expect("call")
+    }
+}
+
+#[test]
+fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_reach_every_owner() {
+    let kafka: Vec<String> = (0..3).map(|_| free_addr().to_string()).collect();
+    let cluster = TlsCluster::start(
+        &["n1", "n2", "n3"]
+            .iter()
+            .zip(&kafka)
+            .map(|(id, kafka)| TlsNode {
+                id,
+                peer_ca: true,
+                kafka: Some(kafka),
+            })
+            .collect::<Vec<_>>(),
+    );
+    let ca_arg = cluster.ca.display().to_string();
+    let client = &cluster.client;
+    let url = |i: usize| cluster.url(i);
+    let call = |method: Method, url: String, body: Option<Value>| cluster.call(method, url, body);
 
     // Through n1: topics on every node; the attach (a commit path between nodes) through the CLI.
     for (name, placement) in [
@@ -625,7 +675,7 @@ fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_r
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut values: Vec<String> = (0..3)
-            .flat_map(|p| fetch_all(&client, &url(0), "copy", p))
+            .flat_map(|p| fetch_all(client, &url(0), "copy", p))
             .filter_map(|r| r["value"].as_str().map(str::to_owned))
             .collect();
         values.sort();
@@ -678,7 +728,7 @@ fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_r
         "2",
     ]);
     super::kafka::run(produce, b"by-kafka\n", "kcat -P to n3 over TLS");
-    let stored = fetch_all(&client, &url(0), "orders", 2);
+    let stored = fetch_all(client, &url(0), "orders", 2);
     assert!(
         stored.iter().any(|r| r["value"] == "by-kafka"),
         "{stored:?}"
@@ -687,52 +737,22 @@ fn three_nodes_over_tls_forward_commit_and_list_across_nodes_and_kafka_clients_r
 
 #[test]
 fn a_node_that_does_not_trust_its_peers_certificates_says_so_when_it_calls_them() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let dir = tmp.path();
-    let ca = make_ca(dir, "ca");
-    let (cert, key) = make_cert(dir, "ca", "node", false);
-    let [ca_arg, cert_arg, key_arg] = [&ca, &cert, &key].map(|p| p.display().to_string());
-    let etcd = TestEtcd::start();
-    let endpoint = etcd.endpoint();
     // n2 is missing --peer-tls-ca: the private CA that signed n1's certificate is unknown to it.
-    let start = |id: &str, peer_ca: bool| {
-        let mut args = vec![
-            "--etcd",
-            &endpoint,
-            "--cluster",
-            "tls",
-            "--node-id",
-            id,
-            "--tls-cert",
-            &cert_arg,
-            "--tls-key",
-            &key_arg,
-        ];
-        if peer_ca {
-            args.extend(["--peer-tls-ca", ca_arg.as_str()]);
-        }
-        Daemon::start_tls(&dir.join(id), &ca, None, &args)
-    };
-    let n1 = start("n1", true);
-    let n2 = start("n2", false);
-    let client = client_trusting(&ca, None);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, body) = send_json(
-            &client,
-            Method::GET,
-            &format!("{}/v1/nodes", n2.url()),
-            None,
-        )
-        .expect("nodes");
-        if body["nodes"].as_array().map(Vec::len) == Some(2) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "nodes never converged: {body}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let cluster = TlsCluster::start(&[
+        TlsNode {
+            id: "n1",
+            peer_ca: true,
+            kafka: None,
+        },
+        TlsNode {
+            id: "n2",
+            peer_ca: false,
+            kafka: None,
+        },
+    ]);
+    let (n1, n2, client) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.client);
     let (status, body) = send_json(
-        &client,
+        client,
         Method::POST,
         &format!("{}/v1/topics", n1.url()),
         Some(&json!({"name": "orders", "partitions": 1, "placement": ["n1"]})),
@@ -742,7 +762,7 @@ fn a_node_that_does_not_trust_its_peers_certificates_says_so_when_it_calls_them(
     // A produce through n2 is forwarded to n1; the error names the certificate problem, not
     // only "error sending request".
     let (status, body) = send_json(
-        &client,
+        client,
         Method::POST,
         &format!("{}/v1/topics/orders/records", n2.url()),
         Some(&json!({"records": [{"value": "x"}]})),
