@@ -337,6 +337,19 @@ fn a_torn_tail_cut_without_its_high_watermark_file_is_shown_and_kept_aside() {
     assert_eq!(p0["recovered_cut"]["from_offset"], 29, "{p0}");
 }
 
+/// The children listing of `parent` (`GET /v1/topics/{parent}/children`).
+fn children(client: &reqwest::blocking::Client, base: &str, parent: &str) -> Value {
+    let (status, listing) = send_json(
+        client,
+        Method::GET,
+        &format!("{base}/v1/topics/{parent}/children"),
+        None,
+    )
+    .expect("children");
+    ok(status, &listing, "children");
+    listing
+}
+
 /// Waits until `topic`'s partition 0 holds `n` records (a child being copied into).
 fn wait_for_records(
     client: &reqwest::blocking::Client,
@@ -391,14 +404,7 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
     // has tried.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let (status, listing) = send_json(
-            &client,
-            Method::GET,
-            &format!("{}/v1/topics/orders/children", daemon.url()),
-            None,
-        )
-        .expect("children");
-        ok(status, &listing, "children");
+        let listing = children(&client, &daemon.url(), "orders");
         let row = &listing["children"][0]["partitions"][0];
         assert_eq!(row["partition"], 0, "{listing}");
         if row["state"] == "stalled" {
@@ -454,14 +460,7 @@ fn a_lost_partition_is_re_created_above_its_childrens_copies_counting_what_the_l
         values,
         ["old-0", "old-1", "old-2", "old-3", "old-4", "new-10"]
     );
-    let (status, listing) = send_json(
-        &client,
-        Method::GET,
-        &format!("{}/v1/topics/orders/children", daemon.url()),
-        None,
-    )
-    .expect("children");
-    ok(status, &listing, "children");
+    let listing = children(&client, &daemon.url(), "orders");
     assert_eq!(
         listing["children"][0]["partitions"][0]["dropped_messages"], 5,
         "offsets 5 to 9 counted as dropped: {listing}"

@@ -58,20 +58,34 @@ impl Health {
     /// A client made for one wait and dropped after it, so no connection of it stays open
     /// (tests count the connections the daemon closes).
     fn client(&self) -> reqwest::blocking::Client {
-        let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30));
-        if let Some(ca) = &self.ca {
-            let pem = std::fs::read(ca).expect("read the CA file");
-            builder = builder.add_root_certificate(
-                reqwest::Certificate::from_pem(&pem).expect("a PEM CA certificate"),
-            );
-        }
-        if let Some((cert, key)) = &self.identity {
-            let mut both = std::fs::read(cert).expect("read the client certificate");
-            both.extend(std::fs::read(key).expect("read the client key"));
-            builder = builder.identity(reqwest::Identity::from_pem(&both).expect("identity"));
-        }
-        builder.build().expect("health client")
+        tls_client(
+            self.ca.as_deref(),
+            self.identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path())),
+        )
     }
+}
+
+/// A blocking client with the test timeouts, trusting the CA certificate file `ca` when given
+/// and presenting `identity` (certificate and key files) when given.
+pub fn tls_client(
+    ca: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+) -> reqwest::blocking::Client {
+    let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30));
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).expect("read the CA file");
+        builder = builder.add_root_certificate(
+            reqwest::Certificate::from_pem(&pem).expect("a PEM CA certificate"),
+        );
+    }
+    if let Some((cert, key)) = identity {
+        let mut both = std::fs::read(cert).expect("read the client certificate");
+        both.extend(std::fs::read(key).expect("read the client key"));
+        builder = builder.identity(reqwest::Identity::from_pem(&both).expect("identity"));
+    }
+    builder.build().expect("client")
 }
 
 impl Daemon {
@@ -82,33 +96,13 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra command-line arguments for `narad serve`.
     pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Daemon {
-        let mut daemon = Daemon {
-            child: None,
-            data_dir: data_dir.to_path_buf(),
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log_path: data_dir.with_extension("log"),
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            launcher: Vec::new(),
-            health: Health::plain(),
-        };
-        daemon.spawn();
-        daemon
+        Daemon::launch(data_dir, &[], extra_args, Health::plain())
     }
 
     /// Like [`Daemon::start_with`], with `narad serve` run by `launcher` (a program and its
     /// arguments that execs the command after it, such as `prlimit --nofile=256:4096`).
     pub fn start_under(data_dir: &Path, launcher: &[&str], extra_args: &[&str]) -> Daemon {
-        let mut daemon = Daemon {
-            child: None,
-            data_dir: data_dir.to_path_buf(),
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log_path: data_dir.with_extension("log"),
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            launcher: launcher.iter().map(|s| s.to_string()).collect(),
-            health: Health::plain(),
-        };
-        daemon.spawn();
-        daemon
+        Daemon::launch(data_dir, launcher, extra_args, Health::plain())
     }
 
     /// Like [`Daemon::start_with`] for a daemon serving TLS (`extra_args` give `--tls-cert`
@@ -121,18 +115,24 @@ impl Daemon {
         identity: Option<(&Path, &Path)>,
         extra_args: &[&str],
     ) -> Daemon {
+        let health = Health {
+            scheme: "https",
+            ca: Some(ca.to_path_buf()),
+            identity: identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
+        };
+        Daemon::launch(data_dir, &[], extra_args, health)
+    }
+
+    /// Starts the process and waits until its health is answered.
+    fn launch(data_dir: &Path, launcher: &[&str], extra_args: &[&str], health: Health) -> Daemon {
         let mut daemon = Daemon {
             child: None,
             data_dir: data_dir.to_path_buf(),
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log_path: data_dir.with_extension("log"),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            launcher: Vec::new(),
-            health: Health {
-                scheme: "https",
-                ca: Some(ca.to_path_buf()),
-                identity: identity.map(|(c, k)| (c.to_path_buf(), k.to_path_buf())),
-            },
+            launcher: launcher.iter().map(|s| s.to_string()).collect(),
+            health,
         };
         daemon.spawn();
         daemon

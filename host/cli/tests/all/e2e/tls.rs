@@ -13,7 +13,7 @@ use narad_host::metastore::test_etcd::TestEtcd;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, fetch_all, narad_binary, sample, send_json};
+use crate::e2e::harness::{Daemon, fetch_all, narad_binary, sample, send_json, tls_client};
 
 /// How long a changed certificate file may take to be served: the daemon checks every 5 s.
 const RELOAD_WAIT: Duration = Duration::from_secs(30);
@@ -113,16 +113,7 @@ fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (PathBuf, PathBu
 
 /// A blocking client trusting `ca` (and presenting `identity`, cert and key, when given).
 fn client_trusting(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::blocking::Client {
-    let pem = std::fs::read(ca).expect("read CA");
-    let mut builder = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("CA certificate"));
-    if let Some((cert, key)) = identity {
-        let mut both = std::fs::read(cert).expect("read cert");
-        both.extend(std::fs::read(key).expect("read key"));
-        builder = builder.identity(reqwest::Identity::from_pem(&both).expect("identity"));
-    }
-    builder.build().expect("client")
+    tls_client(Some(ca), identity)
 }
 
 fn curl(args: &[&str]) -> Output {
