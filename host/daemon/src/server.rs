@@ -336,7 +336,6 @@ pub async fn run_server(
                             crate::cluster::commit_rpc::CommitClient::trusting(&context.peer_roots)
                                 .map_err(|e| ServerError::Http(e.to_string()))?
                                 .with_bearer(context.peer_bearer.clone()),
-                            tokio::runtime::Handle::current(),
                             Arc::clone(&fanout_metrics),
                         )
                         .with_local_receiver(Arc::clone(receiver))

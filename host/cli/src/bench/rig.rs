@@ -16,7 +16,9 @@ use super::counting_fs::CountingFs;
 use super::timed_router::{RouteTiming, TimedRouter};
 use super::{BenchError, blocking};
 use narad_host::api::children::DEFAULT_ROUTER;
-use narad_host::fanout::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
+use narad_host::fanout::committer::{
+    BlockingCommitter, ChildCommitError, ChildCommitter, InOrderFailure,
+};
 use narad_host::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::route::wasm::WasmRouterFactory;
@@ -48,14 +50,14 @@ impl CountingCommitter {
     }
 }
 
-impl ChildCommitter for CountingCommitter {
-    fn commit(
+impl BlockingCommitter for CountingCommitter {
+    fn append(
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError> {
         let start = std::time::Instant::now();
-        let result = ChildCommitter::commit(&self.producer, partition, batch);
+        let result = self.producer.append(partition, batch);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.commits.fetch_add(1, Ordering::Relaxed);
         self.nanos.fetch_add(nanos, Ordering::Relaxed);
@@ -64,13 +66,13 @@ impl ChildCommitter for CountingCommitter {
 
     /// The production path's, so consecutive slabs share one append: counted as one commit
     /// per batch.
-    fn commit_in_order(
+    fn append_in_order(
         &self,
         partition: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> Result<(), InOrderFailure> {
         let start = std::time::Instant::now();
-        let result = ChildCommitter::commit_in_order(&self.producer, partition, batches);
+        let result = self.producer.append_in_order(partition, batches);
         let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.commits
             .fetch_add(batches.len() as u64, Ordering::Relaxed);

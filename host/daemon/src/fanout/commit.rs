@@ -1,17 +1,18 @@
 //! Step 4 of a slab, commit: every bucket appended to its child partition, durably.
 //!
-//! Up to [`COMMITS_IN_FLIGHT`] buckets are committed at once (that many lanes on the blocking
-//! pool, through [`crate::blocking::run_all`], each taking the next bucket as it finishes one),
-//! each through the [`ChildCommitter`] (on one node: the produce path, append, `fdatasync`,
-//! verify) with quick tries [`FanoutTiming::quick_retry_pauses`] apart. A bucket's child frame
-//! is encoded once, on its lane, straight from the parent records' bytes; a quick retry sends
-//! the same frame again (the store reseals it), nothing is cloned or encoded again. [`commit`] hands out [`Acknowledged`],
-//! the only thing [`super::advance`] moves the offset file past a slab with, only when every
-//! bucket it was given is acknowledged. Otherwise it says which records failed ([`Failed`]):
-//! the cursor keeps copies of just those ([`Failed::retained`]), backs off
-//! ([`FanoutTiming::retry_backoff`]) and sends only them through route, bucket and commit
-//! again, after checking its epoch and under the child's current partition count. Buckets
-//! that succeeded are never sent again.
+//! The buckets' child frames are encoded once, together, straight from the parent records'
+//! bytes (one piece of blocking work). Up to [`COMMITS_IN_FLIGHT`] child partitions are then
+//! committed at once, by that many async lanes each taking the next child partition as it
+//! finishes one, through the [`ChildCommitter`] (on one node: the produce path, append,
+//! `fdatasync`, verify, on the blocking pool; to another node: an async call that holds no
+//! thread) with quick tries [`FanoutTiming::quick_retry_pauses`] apart. A quick retry sends
+//! the same frame again (the store reseals it); nothing is cloned or encoded again.
+//! [`commit`] hands out [`Acknowledged`], the only thing [`super::advance`] moves the offset
+//! file past a slab with, only when every bucket it was given is acknowledged. Otherwise it
+//! says which records failed ([`Failed`]): the cursor keeps copies of just those
+//! ([`Failed::retained`]), backs off ([`FanoutTiming::retry_backoff`]) and sends only them
+//! through route, bucket and commit again, after checking its epoch and under the child's
+//! current partition count. Buckets that succeeded are never sent again.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -126,6 +127,15 @@ struct Outcome {
     error: Option<ChildCommitError>,
 }
 
+/// One child partition's buckets with their frames: `batches[i]` is `work.parts[i]`'s, and
+/// `unencodable` says why the bucket after the last frame could not be encoded, if one could
+/// not (those before it are still committed).
+struct Encoded {
+    work: TargetWork,
+    batches: Vec<EncodedBatch>,
+    unencodable: Option<ChildCommitError>,
+}
+
 /// Commits `buckets` (one slab's) to their child partitions, [`COMMITS_IN_FLIGHT`] at a time,
 /// each with quick tries. `Ok` once every one is acknowledged; otherwise which records failed.
 pub(crate) async fn commit(
@@ -143,6 +153,9 @@ pub(crate) async fn commit(
 /// child partitions at a time, each with quick tries. Answers each slab as [`commit`]
 /// does. A slab's bucket is never committed unless the earlier slabs' buckets for the same
 /// child partition are: one held back for that reason fails as [`CommitFailure::Behind`].
+///
+/// The frames are encoded in one piece of blocking work (CPU, one thread per commit); the
+/// lanes are async tasks, so a lane waiting on another node holds no thread.
 pub(crate) async fn commit_slabs(
     slabs: Vec<Vec<Bucket>>,
     committer: &Arc<dyn ChildCommitter>,
@@ -152,42 +165,56 @@ pub(crate) async fn commit_slabs(
         .iter()
         .map(|buckets| buckets.iter().map(|b| b.indices.len()).sum())
         .collect();
-    // One unit of work per child partition, in partition order, its buckets in slab order.
-    let mut by_target: std::collections::BTreeMap<u32, TargetWork> = Default::default();
-    for (slab, buckets) in slabs.into_iter().enumerate() {
-        for bucket in buckets {
-            by_target
-                .entry(bucket.target.partition)
-                .or_insert_with(|| TargetWork {
-                    target: bucket.target.clone(),
-                    parts: Vec::new(),
+    let whole_slabs_failed = |error: BlockingError| -> Vec<Result<Acknowledged, Failed>> {
+        // The fate of the buckets is lost with the task: retry every slab whole (duplicates
+        // are allowed; gaps are not).
+        records
+            .iter()
+            .map(|&count| {
+                Err(Failed {
+                    indices: (0..count).collect(),
+                    errors: vec![CommitFailure::Task(error.clone())],
                 })
-                .parts
-                .push((slab, bucket));
-        }
-    }
-    let lanes = by_target.len().min(COMMITS_IN_FLIGHT);
-    let queue = Arc::new(Mutex::new(by_target.into_values()));
+            })
+            .collect()
+    };
+    let encoded = match crate::blocking::run(move || encode_by_target(slabs)).await {
+        Ok(encoded) => encoded,
+        Err(error) => return whole_slabs_failed(error),
+    };
+    let lanes = encoded.len().min(COMMITS_IN_FLIGHT);
+    let queue = Arc::new(Mutex::new(encoded.into_iter()));
     let pauses = timing.quick_retry_pauses;
-    let works = (0..lanes).map(|_| {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..lanes {
         let (queue, committer) = (Arc::clone(&queue), Arc::clone(committer));
-        move || -> Vec<Outcome> {
+        tasks.spawn(async move {
             let mut done = Vec::new();
             loop {
-                // Taken under the lock, committed outside it: the lanes commit in parallel.
                 let next = queue.lock().unwrap_or_else(PoisonError::into_inner).next();
-                let Some(work) = next else {
+                let Some(Encoded {
+                    work,
+                    batches,
+                    unencodable,
+                }) = next
+                else {
                     return done;
                 };
-                let (durable, error) = commit_target(committer.as_ref(), &work, &pauses);
+                let (durable, error) =
+                    match commit_with_quick_retries(&committer, &work.target, batches, &pauses)
+                        .await
+                    {
+                        Ok(durable) => (durable, unencodable),
+                        Err(failure) => (failure.durable, Some(failure.error)),
+                    };
                 done.push(Outcome {
                     work,
                     durable,
                     error,
                 });
             }
-        }
-    });
+        });
+    }
     let mut failed: Vec<Failed> = records
         .iter()
         .map(|_| Failed {
@@ -195,7 +222,8 @@ pub(crate) async fn commit_slabs(
             errors: Vec::new(),
         })
         .collect();
-    for lane in crate::blocking::run_all(works).await {
+    let mut lost = None;
+    while let Some(lane) = tasks.join_next().await {
         match lane {
             Ok(done) => {
                 for outcome in done {
@@ -219,16 +247,12 @@ pub(crate) async fn commit_slabs(
                     }
                 }
             }
-            Err(error) => {
-                // A panicking lane: the fate of the buckets it held (and which it had done)
-                // is lost with it, so retry every slab whole (duplicates are allowed; gaps
-                // are not).
-                for (slab, failed) in failed.iter_mut().enumerate() {
-                    failed.errors.push(CommitFailure::Task(error.clone()));
-                    failed.indices = (0..records[slab]).collect();
-                }
-            }
+            // A lane that panicked: which buckets it had done is lost with it.
+            Err(error) => lost = Some(BlockingError::from(error)),
         }
+    }
+    if let Some(error) = lost {
+        return whole_slabs_failed(error);
     }
     failed
         .into_iter()
@@ -243,49 +267,73 @@ pub(crate) async fn commit_slabs(
         .collect()
 }
 
-/// Encodes one child partition's buckets and commits them in order with quick tries:
-/// how many, from the first, are acknowledged, and why the next is not. A bucket that cannot
-/// be encoded stops there (those before it are still committed).
-fn commit_target(
-    committer: &dyn ChildCommitter,
-    work: &TargetWork,
-    pauses: &[std::time::Duration],
-) -> (usize, Option<ChildCommitError>) {
-    let mut batches = Vec::with_capacity(work.parts.len());
-    let mut unencodable = None;
-    for (_, bucket) in &work.parts {
-        match bucket.encode() {
-            Ok(batch) => batches.push(batch),
-            Err(e) => {
-                unencodable = Some(ChildCommitError::from(e));
-                break;
-            }
+/// One unit of work per child partition, in partition order, its buckets in slab order, each
+/// encoded (from the parent records' bytes) up to the first that cannot be.
+fn encode_by_target(slabs: Vec<Vec<Bucket>>) -> Vec<Encoded> {
+    let mut by_target: std::collections::BTreeMap<u32, TargetWork> = Default::default();
+    for (slab, buckets) in slabs.into_iter().enumerate() {
+        for bucket in buckets {
+            by_target
+                .entry(bucket.target.partition)
+                .or_insert_with(|| TargetWork {
+                    target: bucket.target.clone(),
+                    parts: Vec::new(),
+                })
+                .parts
+                .push((slab, bucket));
         }
     }
-    match commit_with_quick_retries(committer, &work.target, &mut batches, pauses) {
-        Ok(()) => (batches.len(), unencodable),
-        Err(failure) => (failure.durable, Some(failure.error)),
-    }
+    by_target
+        .into_values()
+        .map(|work| {
+            let mut batches = Vec::with_capacity(work.parts.len());
+            let mut unencodable = None;
+            for (_, bucket) in &work.parts {
+                match bucket.encode() {
+                    Ok(batch) => batches.push(batch),
+                    Err(e) => {
+                        unencodable = Some(ChildCommitError::from(e));
+                        break;
+                    }
+                }
+            }
+            Encoded {
+                work,
+                batches,
+                unencodable,
+            }
+        })
+        .collect()
 }
 
-/// Commits one child partition's frames in order, trying again after each of `pauses`
-/// (blocking: it runs on a lane of the blocking pool) from the first frame not yet
-/// acknowledged. A failed try leaves those frames as they were, so the next try sends the
-/// same frames.
-fn commit_with_quick_retries(
-    committer: &dyn ChildCommitter,
+/// Commits one child partition's frames in order, trying again after each of `pauses` from
+/// the first frame not yet acknowledged; how many are acknowledged. A failed try hands the
+/// frames back as they were, so the next try sends the same frames.
+async fn commit_with_quick_retries(
+    committer: &Arc<dyn ChildCommitter>,
     partition: &PartitionId,
-    batches: &mut [EncodedBatch],
+    mut batches: Vec<EncodedBatch>,
     pauses: &[std::time::Duration],
-) -> Result<(), InOrderFailure> {
+) -> Result<usize, InOrderFailure> {
     let (mut tries, mut durable) = (0, 0);
+    let total = batches.len();
     loop {
-        let failure = match committer.commit_in_order(partition, &mut batches[durable..]) {
-            Ok(()) => return Ok(()),
+        let sent = batches.len();
+        let answer = Arc::clone(committer)
+            .commit_in_order(partition.clone(), batches)
+            .await;
+        let failure = match answer.result {
+            Ok(()) => return Ok(total),
             Err(failure) => failure,
         };
         durable += failure.durable;
+        batches = answer.batches;
         let failed = |error| Err(InOrderFailure { durable, error });
+        // Frames lost with a task that panicked cannot be sent again from here.
+        if batches.len() != sent {
+            return failed(failure.error);
+        }
+        batches.drain(..failure.durable.min(sent));
         match failure.error {
             // A refusal only the target's operator can lift is not tried again at once, nor is
             // a target that asked to be left alone for a while.
@@ -302,7 +350,7 @@ fn commit_with_quick_retries(
                 };
                 tracing::debug!(%partition, %error, "child commit failed, trying again");
                 tries += 1;
-                std::thread::sleep(*pause);
+                tokio::time::sleep(*pause).await;
             }
         }
     }
@@ -317,6 +365,7 @@ mod tests {
 
     use super::*;
     use crate::fanout::bucket::{SlabOrigin, bucket};
+    use crate::fanout::committer::BlockingCommitter;
 
     #[test]
     fn a_failed_bucket_commit_names_the_child_partition_in_its_stall_text() {
@@ -339,8 +388,8 @@ mod tests {
         tries: Mutex<Vec<u32>>,
     }
 
-    impl ChildCommitter for Refusing {
-        fn commit(
+    impl BlockingCommitter for Refusing {
+        fn append(
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
@@ -412,8 +461,8 @@ mod tests {
     /// Panics on every commit to partition 2.
     struct Panicking;
 
-    impl ChildCommitter for Panicking {
-        fn commit(
+    impl BlockingCommitter for Panicking {
+        fn append(
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
@@ -428,21 +477,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_panicking_commit_is_reported_with_its_message_and_the_whole_slab_is_retained() {
+    async fn a_panicking_commit_is_reported_with_its_message_and_its_bucket_is_retained() {
         let committer: Arc<dyn ChildCommitter> = Arc::new(Panicking);
         let records = slab();
-        let buckets = bucket(&records, &[0, 1, 2, 1, 0, 1], "child", 3, ORIGIN).unwrap();
+        let buckets = bucket(&records, &[0, 1, 2, 1, 2, 1], "child", 3, ORIGIN).unwrap();
         let failed = commit(buckets, &committer, &FanoutTiming::default())
             .await
             .unwrap_err();
-        assert_eq!(failed.indices, [0, 1, 2, 3, 4, 5]);
+        // The buckets of partitions 0 and 1 were acknowledged; only partition 2's records
+        // (whose commit may or may not have landed) go round again.
+        assert_eq!(failed.indices, [2, 4]);
         assert!(matches!(
             failed.errors.as_slice(),
-            [CommitFailure::Task(BlockingError::Panicked(message))] if message == "child disk on fire"
+            [CommitFailure::Commit { error: ChildCommitError::Task(BlockingError::Panicked(message)), .. }]
+                if message == "child disk on fire"
         ));
         assert_eq!(
             failed.reason(),
-            "commit task failed: blocking task panicked: child disk on fire"
+            "commit to child/p00002 failed: blocking task panicked: child disk on fire"
         );
     }
 }

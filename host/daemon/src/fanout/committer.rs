@@ -5,60 +5,106 @@
 //! bucket to the child partition's owner ([`super::remote_commit`]); a dead owner stalls that
 //! bucket, it never reroutes. [`ChildCommitError`] says which, and for a remote child which
 //! owner node the bucket waits for.
+//!
+//! A commit is asynchronous ([`ChildCommitter`]): one that waits on another node waits as an
+//! async call and holds no thread, so an owner that hangs cannot use up the blocking pool the
+//! node's appends and reads need. Work that does block (a local append and its `fdatasync`)
+//! is a [`BlockingCommitter`], which runs on the blocking pool.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use narad_storage::log::format::FrameError;
 use narad_storage::{Appended, EncodedBatch, PartitionId, StorageError};
 
+use crate::blocking::BlockingError;
 use crate::cluster::commit_rpc::CallError;
 use crate::produce::Producer;
 
-/// Commits a batch to a child partition, durably, or says why not. Blocking.
+/// What [`ChildCommitter::commit_in_order`] did: the batches handed back (to be sent again
+/// from [`InOrderFailure::durable`] on after a failure; empty if the task holding them
+/// panicked) and the outcome.
+#[derive(Debug)]
+pub struct InOrderCommit {
+    /// The batches given, as they were.
+    pub batches: Vec<EncodedBatch>,
+    /// `Ok` once every batch is durable.
+    pub result: Result<(), InOrderFailure>,
+}
+
+/// The future of one [`ChildCommitter::commit_in_order`].
+pub type CommitFuture = Pin<Box<dyn Future<Output = InOrderCommit> + Send + 'static>>;
+
+/// Commits batches to a child partition, durably, or says why not.
 pub trait ChildCommitter: Send + Sync + 'static {
-    /// Appends `batch` (encoded once, from the parent records' bytes) to `partition` and
-    /// returns once it is durable and verified. On an error `batch` is left as it was, so the
-    /// caller's quick retries send the same frame again without encoding or copying it.
-    fn commit(
+    /// Commits `batches` (the buckets of consecutive slabs for one child partition, each
+    /// encoded once from the parent records' bytes) to `partition` in this order, finishing
+    /// once all are durable. A batch is never committed unless every one before it is, so the
+    /// child never holds a later slab's records ahead of an earlier one's that failed.
+    /// Waiting on the network holds no thread.
+    fn commit_in_order(
+        self: Arc<Self>,
+        partition: PartitionId,
+        batches: Vec<EncodedBatch>,
+    ) -> CommitFuture;
+}
+
+/// A committer whose work blocks (a local append and its `fdatasync`): every
+/// [`BlockingCommitter`] is a [`ChildCommitter`] whose commits run on the blocking pool.
+pub trait BlockingCommitter: Send + Sync + 'static {
+    /// Appends `batch` to `partition` and returns once it is durable and verified. On an
+    /// error `batch` is left as it was, so a retry sends the same frame again without
+    /// encoding or copying it.
+    fn append(
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
     ) -> Result<Appended, ChildCommitError>;
 
-    /// Commits `batches` (the buckets of consecutive slabs for one child partition) to
-    /// `partition` in this order, returning once all are durable. A batch is never committed
-    /// unless every one before it is, so the child never holds a later slab's records ahead
-    /// of an earlier one's that failed. On an error, the batches from
-    /// [`InOrderFailure::durable`] on are left as they were, to be sent again.
+    /// Appends `batches` to `partition` in this order, returning once all are durable; on an
+    /// error the batches from [`InOrderFailure::durable`] on are left as they were.
     ///
-    /// The default commits them one after another, stopping at the first failure; a
+    /// The default appends them one after another, stopping at the first failure; a
     /// committer that can make several durable together (a local store: one `fdatasync`)
     /// does.
-    fn commit_in_order(
+    fn append_in_order(
         &self,
         partition: &PartitionId,
         batches: &mut [EncodedBatch],
     ) -> Result<(), InOrderFailure> {
-        one_at_a_time(self, partition, batches, 0)
+        for (durable, batch) in batches.iter_mut().enumerate() {
+            self.append(partition, batch)
+                .map_err(|error| InOrderFailure { durable, error })?;
+        }
+        Ok(())
     }
 }
 
-/// Commits `batches` through `committer` one call each, in order, stopping at the first
-/// failure; `done` batches before them are already committed (counted in the failure's
-/// [`InOrderFailure::durable`]).
-pub(crate) fn one_at_a_time<C: ChildCommitter + ?Sized>(
-    committer: &C,
-    partition: &PartitionId,
-    batches: &mut [EncodedBatch],
-    done: usize,
-) -> Result<(), InOrderFailure> {
-    for (i, batch) in batches.iter_mut().enumerate() {
-        committer
-            .commit(partition, batch)
-            .map_err(|error| InOrderFailure {
-                durable: done + i,
-                error,
-            })?;
+impl<C: BlockingCommitter> ChildCommitter for C {
+    fn commit_in_order(
+        self: Arc<Self>,
+        partition: PartitionId,
+        mut batches: Vec<EncodedBatch>,
+    ) -> CommitFuture {
+        Box::pin(async move {
+            let ran = crate::blocking::run(move || {
+                let result = self.append_in_order(&partition, &mut batches);
+                (batches, result)
+            })
+            .await;
+            match ran {
+                Ok((batches, result)) => InOrderCommit { batches, result },
+                Err(error) => InOrderCommit {
+                    batches: Vec::new(),
+                    result: Err(InOrderFailure {
+                        durable: 0,
+                        error: ChildCommitError::Task(error),
+                    }),
+                },
+            }
+        })
     }
-    Ok(())
 }
 
 /// Why [`ChildCommitter::commit_in_order`] did not commit every batch.
@@ -212,6 +258,25 @@ pub enum ChildCommitError {
         /// The child partition.
         partition: PartitionId,
     },
+    /// The owner already has as many commits from this node under way as one peer may
+    /// (none answered within the commit timeout): an owner that hangs holds that many calls
+    /// and no more. Nothing was sent.
+    #[error(
+        "waiting for the owner of child partition {partition} (node {node}): {in_flight} \
+         commits to it are under way and none has been answered"
+    )]
+    PeerBusy {
+        /// The child partition.
+        partition: PartitionId,
+        /// The owner.
+        node: String,
+        /// Commits under way to it.
+        in_flight: usize,
+    },
+    /// The task appending the batches panicked or was cancelled: whether they are stored is
+    /// not known, and they are sent again (a repeat is absorbed or allowed; a gap is not).
+    #[error(transparent)]
+    Task(#[from] BlockingError),
 }
 
 /// What the node asked believes about the owner, for [`ChildCommitError::NotOwner`]'s text.
@@ -229,6 +294,7 @@ impl ChildCommitError {
     pub fn owner_node(&self) -> Option<&str> {
         match self {
             ChildCommitError::OwnerDown { node, .. }
+            | ChildCommitError::PeerBusy { node, .. }
             | ChildCommitError::NotOwner { node, .. }
             | ChildCommitError::Unreachable { node, .. }
             | ChildCommitError::Refused { node, .. }
@@ -240,14 +306,17 @@ impl ChildCommitError {
     /// Whether the text already names the child partition (every case but a local storage
     /// error), so a stall reason does not name it twice.
     pub(crate) fn names_partition(&self) -> bool {
-        !matches!(self, ChildCommitError::Storage(_))
+        !matches!(
+            self,
+            ChildCommitError::Storage(_) | ChildCommitError::Task(_)
+        )
     }
 }
 
 /// On one node a child commit is a produce commit: the same `Store::append` (append,
 /// `fdatasync`, verify) that [`Producer::commit`] runs.
-impl ChildCommitter for Producer {
-    fn commit(
+impl BlockingCommitter for Producer {
+    fn append(
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
@@ -256,7 +325,7 @@ impl ChildCommitter for Producer {
     }
 
     /// One append of all the batches: one `fdatasync` and one read-back.
-    fn commit_in_order(
+    fn append_in_order(
         &self,
         partition: &PartitionId,
         batches: &mut [EncodedBatch],

@@ -197,7 +197,6 @@ pub async fn run_cursor(
             Arc::new(super::remote_child::RemoteSender::new(
                 target,
                 source,
-                tokio::runtime::Handle::current(),
                 Box::new(move |bytes| counted.remote_sent(bytes)),
             )) as Arc<dyn ChildCommitter>
         }

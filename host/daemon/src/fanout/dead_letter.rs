@@ -87,20 +87,20 @@ pub(crate) async fn commit_letter(
         slab_start: origin.slab_start,
         parent_offsets: vec![letter.offset],
     };
-    let mut batch = EncodedBatch::encode(&[&letter], Some(&batch_origin)).map_err(|e| {
+    let batch = EncodedBatch::encode(&[&letter], Some(&batch_origin)).map_err(|e| {
         format!(
             "cannot encode the dead letter of parent offset {}: {e}",
             letter.offset
         )
     })?;
-    let (committer, into) = (Arc::clone(committer), target.clone());
-    let committed = crate::blocking::run(move || committer.commit(&into, &mut batch))
-        .await
-        .map_err(|e| format!("the dead-letter commit task failed: {e}"))?;
-    match committed {
-        Ok(_) => Ok(target),
-        Err(e) => Err(format!(
-            "commit to the dead-letter partition {target} failed: {e}"
+    let committed = Arc::clone(committer)
+        .commit_in_order(target.clone(), vec![batch])
+        .await;
+    match committed.result {
+        Ok(()) => Ok(target),
+        Err(failure) => Err(format!(
+            "commit to the dead-letter partition {target} failed: {}",
+            failure.error
         )),
     }
 }

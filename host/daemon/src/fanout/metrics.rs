@@ -110,6 +110,17 @@ pub struct FanoutMetrics {
     /// was stored), so they were not stored again. Per child, on the sending node, never
     /// removed.
     pub(crate) commit_deduplicated: Family<ChildLabels, Counter>,
+    /// `narad_fanout_peer_commits_in_flight`: child commits this node has sent to another
+    /// node and not had answered, per that node (at most
+    /// [`super::peer_calls::COMMITS_IN_FLIGHT_PER_PEER`]; held there while it hangs).
+    pub(crate) peer_commits_in_flight: Family<PeerLabels, Gauge>,
+}
+
+/// Labels of the per-peer series: the other node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PeerLabels {
+    /// The other node's id.
+    pub node: String,
 }
 
 impl FanoutMetrics {
@@ -194,6 +205,11 @@ impl FanoutMetrics {
             "narad_fanout_commit_deduplicated_records",
             "Records of child commits sent to another node that the child partition's owner already held (a retry of a commit it had stored) and did not store again",
             self.commit_deduplicated.clone(),
+        );
+        registry.register(
+            "narad_fanout_peer_commits_in_flight",
+            "Child commits sent to another node and not answered yet, per node; stuck at the per-peer bound while that node hangs",
+            self.peer_commits_in_flight.clone(),
         );
     }
 

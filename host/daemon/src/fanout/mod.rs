@@ -62,6 +62,7 @@ pub(crate) mod gap_book;
 pub(crate) mod gate;
 pub(crate) mod lost_partition;
 pub mod metrics;
+pub(crate) mod peer_calls;
 pub(crate) mod plugin_metrics;
 pub mod position;
 pub(crate) mod remote_child;

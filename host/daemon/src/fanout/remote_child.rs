@@ -25,15 +25,16 @@
 //! then sent once more with those values empty, which is how that target would have stored
 //! them anyway, and the sender logs it once, so an older target keeps receiving copies.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine as _;
-use narad_storage::{Appended, EncodedBatch, PartitionId};
+use narad_storage::{EncodedBatch, PartitionId};
 use serde::Serialize;
-use tokio::runtime::Handle;
 
-use super::committer::{ChildCommitError, ChildCommitter};
+use super::committer::{
+    ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit, InOrderFailure,
+};
 use crate::metastore::RemoteTarget;
 
 /// The header every copy carries its origin in (a narad target leaves out a copy it holds).
@@ -54,14 +55,13 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for a connection to the target.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Sends a remote child's buckets to its target. Blocking, like every [`ChildCommitter`]:
-/// called on the blocking pool by the cursor's commit lanes.
+/// Sends a remote child's buckets to its target, as async calls that hold no thread while
+/// the target takes its time.
 pub(crate) struct RemoteSender {
     target: RemoteTarget,
     /// Names where the copies come from in their origin header.
     source: String,
     client: reqwest::Client,
-    runtime: Handle,
     /// The token read from the target's token file; read again after a 401 or 403.
     token: Mutex<Option<String>>,
     /// Told the bytes of each acknowledged request, or `None` for one that was not.
@@ -112,12 +112,11 @@ struct WireRequest<'a> {
 }
 
 impl RemoteSender {
-    /// A sender to `target`, naming `source` in each copy's origin header, blocking on
-    /// `runtime` for its calls, telling `on_sent` about every request (the cursor's metrics).
+    /// A sender to `target`, naming `source` in each copy's origin header, telling `on_sent`
+    /// about every request (the cursor's metrics).
     pub(crate) fn new(
         target: RemoteTarget,
         source: String,
-        runtime: Handle,
         on_sent: Box<SentHook>,
     ) -> RemoteSender {
         let client = reqwest::Client::builder()
@@ -130,7 +129,6 @@ impl RemoteSender {
             target,
             source,
             client,
-            runtime,
             token: Mutex::new(token),
             on_sent,
             old_target_seen: std::sync::atomic::AtomicBool::new(false),
@@ -208,13 +206,13 @@ impl RemoteSender {
     }
 
     /// [`RemoteSender::send`], telling the hook what it came to.
-    fn send_counted(
+    async fn send_counted(
         &self,
         partition: &PartitionId,
         records: &[WireRecord],
         bytes: usize,
     ) -> Result<(), ChildCommitError> {
-        let mut sent = self.send(partition, records);
+        let mut sent = self.send(partition, records).await;
         if let Err(ChildCommitError::Remote {
             reason,
             permanent: true,
@@ -241,14 +239,14 @@ impl RemoteSender {
                     None => r.clone(),
                 })
                 .collect();
-            sent = self.send(partition, &emptied);
+            sent = self.send(partition, &emptied).await;
         }
         (self.on_sent)(sent.is_ok().then_some(bytes as u64));
         sent
     }
 
     /// Sends one request of `records`; `Ok` when the target acknowledged every one.
-    fn send(
+    async fn send(
         &self,
         partition: &PartitionId,
         records: &[WireRecord],
@@ -267,13 +265,14 @@ impl RemoteSender {
             if let Some(token) = &token {
                 call = call.bearer_auth(token);
             }
-            let answer = self.runtime.block_on(async {
+            let answer = async {
                 let response = call.send().await?;
                 let status = response.status();
                 let retry_after = retry_after(response.headers());
                 let body = response.text().await.unwrap_or_default();
                 Ok::<_, reqwest::Error>((status, retry_after, body))
-            });
+            }
+            .await;
             let (status, asked_to_wait, body) = match answer {
                 Ok(answer) => answer,
                 Err(e) => {
@@ -336,23 +335,21 @@ impl RemoteSender {
     }
 }
 
-impl ChildCommitter for RemoteSender {
-    fn commit(
+impl RemoteSender {
+    /// Sends the records of one batch (in the target's format) in order, one request after
+    /// another, so the target stores them in slab order.
+    async fn send_batch(
         &self,
         partition: &PartitionId,
-        batch: &mut EncodedBatch,
-    ) -> Result<Appended, ChildCommitError> {
-        let records = self.wire_records(partition, batch)?;
-        let count = records.len();
-        // In order, one request after another: a lane never has two requests in flight, so
-        // the target stores its records in slab order.
+        records: Vec<(WireRecord, usize)>,
+    ) -> Result<(), ChildCommitError> {
         let mut chunk: Vec<WireRecord> = Vec::new();
         let mut bytes = 0usize;
         for (record, size) in records {
             if !chunk.is_empty()
                 && (chunk.len() >= MAX_RECORDS_PER_REQUEST || bytes + size > MAX_BYTES_PER_REQUEST)
             {
-                self.send_counted(partition, &chunk, bytes)?;
+                self.send_counted(partition, &chunk, bytes).await?;
                 chunk.clear();
                 bytes = 0;
             }
@@ -360,13 +357,65 @@ impl ChildCommitter for RemoteSender {
             chunk.push(record);
         }
         if !chunk.is_empty() {
-            self.send_counted(partition, &chunk, bytes)?;
+            self.send_counted(partition, &chunk, bytes).await?;
         }
-        Ok(Appended {
-            base_offset: 0,
-            count: u32::try_from(count).unwrap_or(u32::MAX),
-            committed_at_ms: 0,
+        Ok(())
+    }
+
+    /// [`ChildCommitter::commit_in_order`] of an owned sender: the batches are put in the
+    /// target's format on the blocking pool (CPU), then sent one after another.
+    async fn commit_owned(
+        self: Arc<Self>,
+        partition: PartitionId,
+        batches: Vec<EncodedBatch>,
+    ) -> InOrderCommit {
+        let me = Arc::clone(&self);
+        let converted = crate::blocking::run(move || {
+            let wire: Vec<_> = batches
+                .iter()
+                .map(|batch| me.wire_records(&partition, batch))
+                .collect();
+            (batches, partition, wire)
         })
+        .await;
+        let (batches, partition, wire) = match converted {
+            Ok(converted) => converted,
+            Err(error) => {
+                return InOrderCommit {
+                    batches: Vec::new(),
+                    result: Err(InOrderFailure {
+                        durable: 0,
+                        error: ChildCommitError::Task(error),
+                    }),
+                };
+            }
+        };
+        for (durable, records) in wire.into_iter().enumerate() {
+            let sent = match records {
+                Ok(records) => self.send_batch(&partition, records).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = sent {
+                return InOrderCommit {
+                    batches,
+                    result: Err(InOrderFailure { durable, error }),
+                };
+            }
+        }
+        InOrderCommit {
+            batches,
+            result: Ok(()),
+        }
+    }
+}
+
+impl ChildCommitter for RemoteSender {
+    fn commit_in_order(
+        self: Arc<Self>,
+        partition: PartitionId,
+        batches: Vec<EncodedBatch>,
+    ) -> CommitFuture {
+        Box::pin(self.commit_owned(partition, batches))
     }
 }
 
@@ -500,25 +549,27 @@ mod tests {
             token_file: None,
             source: "node:n1".into(),
         };
-        Arc::new(RemoteSender::new(
-            to,
-            "node:n1".into(),
-            Handle::current(),
-            hook,
-        ))
+        Arc::new(RemoteSender::new(to, "node:n1".into(), hook))
     }
 
-    /// Commits [`bucket`] as lane 2 through `sender`, on the blocking pool.
-    async fn commit_with(sender: &Arc<RemoteSender>) -> Result<Appended, ChildCommitError> {
-        let sender = Arc::clone(sender);
-        tokio::task::spawn_blocking(move || {
-            sender.commit(&PartitionId::new("to-b", 2), &mut bucket())
-        })
-        .await
-        .unwrap()
+    /// Commits `batch` as lane 2 through `sender`, as a cursor's commit lane does.
+    async fn commit_batch(
+        sender: &Arc<RemoteSender>,
+        batch: EncodedBatch,
+    ) -> Result<(), ChildCommitError> {
+        Arc::clone(sender)
+            .commit_in_order(PartitionId::new("to-b", 2), vec![batch])
+            .await
+            .result
+            .map_err(|failure| failure.error)
     }
 
-    async fn send(target: &Target) -> Result<Appended, ChildCommitError> {
+    /// Commits [`bucket`] as lane 2 through `sender`.
+    async fn commit_with(sender: &Arc<RemoteSender>) -> Result<(), ChildCommitError> {
+        commit_batch(sender, bucket()).await
+    }
+
+    async fn send(target: &Target) -> Result<(), ChildCommitError> {
         commit_with(&sender(target, Box::new(|_| {}))).await
     }
 
@@ -576,13 +627,8 @@ mod tests {
         (target, bodies)
     }
 
-    async fn commit_null_bucket(sender: &Arc<RemoteSender>) -> Result<Appended, ChildCommitError> {
-        let sender = Arc::clone(sender);
-        tokio::task::spawn_blocking(move || {
-            sender.commit(&PartitionId::new("to-b", 2), &mut bucket_with_a_null())
-        })
-        .await
-        .unwrap()
+    async fn commit_null_bucket(sender: &Arc<RemoteSender>) -> Result<(), ChildCommitError> {
+        commit_batch(sender, bucket_with_a_null()).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,10 +647,9 @@ mod tests {
         assert_eq!(body["records"][0]["value_b64"], "djA=", "{body}");
 
         let (old, bodies) = old_target().await;
-        let appended = commit_null_bucket(&sender(&old, Box::new(|_| {})))
+        commit_null_bucket(&sender(&old, Box::new(|_| {})))
             .await
             .unwrap();
-        assert_eq!(appended.count, 3);
         let bodies = bodies.lock().unwrap();
         assert_eq!(bodies.len(), 2, "refused once, then taken: {bodies:?}");
         let middle = &bodies[1]["records"][1];
@@ -619,8 +664,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bucket_is_acknowledged_only_for_every_record_and_refusals_are_told_apart() {
         let target = target().await;
-        let appended = send(&target).await.unwrap();
-        assert_eq!(appended.count, 3);
+        send(&target).await.unwrap();
         // Sent to the lane's partition, each with its origin.
         let body: serde_json::Value =
             serde_json::from_str(&target.last_body.lock().unwrap()).unwrap();

@@ -550,7 +550,7 @@ mod tests {
 
     use super::*;
     use crate::fanout::FanoutTiming;
-    use crate::fanout::committer::{ChildCommitError, ChildCommitter};
+    use crate::fanout::committer::{BlockingCommitter, ChildCommitError, ChildCommitter};
     use crate::fanout::route::{RouteFailure, RouteInput};
     use crate::metastore::link::{PluginRef, PluginVersion};
     use crate::metastore::{FileMetastore, Metastore, TopicMeta};
@@ -576,8 +576,8 @@ mod tests {
     /// Commits child buckets straight to the local store.
     struct StoreCommitter(Arc<Store>);
 
-    impl ChildCommitter for StoreCommitter {
-        fn commit(
+    impl BlockingCommitter for StoreCommitter {
+        fn append(
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,
@@ -840,8 +840,8 @@ mod tests {
         entered: Arc<std::sync::atomic::AtomicUsize>,
     }
 
-    impl ChildCommitter for HangingCommitter {
-        fn commit(
+    impl BlockingCommitter for HangingCommitter {
+        fn append(
             &self,
             partition: &PartitionId,
             batch: &mut EncodedBatch,

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_host::fanout::FanoutTiming;
-use narad_host::fanout::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
+use narad_host::fanout::committer::{
+    BlockingCommitter, ChildCommitError, ChildCommitter, InOrderFailure,
+};
 use narad_host::fanout::cursor::{
     CursorDeps, CursorExit, CursorKey, LinkGone, LinkRuntime, run_cursor,
 };
@@ -125,8 +127,8 @@ fn down(partition: &PartitionId) -> ChildCommitError {
     .into()
 }
 
-impl ChildCommitter for GatedCommitter {
-    fn commit(
+impl BlockingCommitter for GatedCommitter {
+    fn append(
         &self,
         partition: &PartitionId,
         batch: &mut EncodedBatch,
@@ -143,7 +145,7 @@ impl ChildCommitter for GatedCommitter {
 
     /// The store's own (one append for all) for the batches the gate lets through, in
     /// order, stopping at the first it refuses.
-    fn commit_in_order(
+    fn append_in_order(
         &self,
         partition: &PartitionId,
         batches: &mut [EncodedBatch],

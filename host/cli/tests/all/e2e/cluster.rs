@@ -25,17 +25,18 @@ pub(super) struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-fn cluster_args<'a>(etcd: &'a str, cluster: &'a str, node: &'a str) -> Vec<&'a str> {
-    vec![
-        "--etcd",
-        etcd,
-        "--cluster",
-        cluster,
-        "--node-id",
-        node,
-        "--lease-ttl-ms",
-        LEASE_TTL_MS,
-    ]
+/// The arguments of node `node`; with the short test lease unless `extra` names one.
+fn cluster_args<'a>(
+    etcd: &'a str,
+    cluster: &'a str,
+    node: &'a str,
+    extra: &[String],
+) -> Vec<&'a str> {
+    let mut args = vec!["--etcd", etcd, "--cluster", cluster, "--node-id", node];
+    if !extra.iter().any(|a| a == "--lease-ttl-ms") {
+        args.extend(["--lease-ttl-ms", LEASE_TTL_MS]);
+    }
+    args
 }
 
 impl Cluster {
@@ -79,7 +80,7 @@ impl Cluster {
             .enumerate()
             .map(|(i, id)| {
                 let extra = args_of(i);
-                let mut args = cluster_args(&endpoint, name, id);
+                let mut args = cluster_args(&endpoint, name, id, &extra);
                 args.extend(extra.iter().map(String::as_str));
                 Daemon::start_with(&dir.path().join(id), &args)
             })
@@ -424,11 +425,11 @@ fn a_second_process_with_a_live_node_id_refuses_to_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _first = Daemon::start_with(
         &dir.path().join("a"),
-        &cluster_args(&endpoint, "one-id", "n1"),
+        &cluster_args(&endpoint, "one-id", "n1", &[]),
     );
     let (status, stderr) = run_to_exit(
         &dir.path().join("b"),
-        &cluster_args(&endpoint, "one-id", "n1"),
+        &cluster_args(&endpoint, "one-id", "n1", &[]),
     );
     assert!(!status.success(), "the second process started");
     assert!(stderr.contains("n1"), "{stderr}");
@@ -491,7 +492,7 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     wait_for_values(&cluster, "copy", 1, &values);
 
     let endpoint = cluster._etcd.endpoint();
-    let args = cluster_args(&endpoint, "data-dirs", "n2");
+    let args = cluster_args(&endpoint, "data-dirs", "n2", &[]);
     let with = |extra: &[&'static str]| -> Vec<&str> {
         let mut all = args.clone();
         all.extend_from_slice(extra);
@@ -590,7 +591,7 @@ fn a_node_refuses_a_data_dir_not_its_own_and_takes_a_new_one_only_once_it_owns_n
     assert!(!status.success(), "n2 started on its old data dir");
     assert!(stderr.contains("is not the one node"), "{stderr}");
     // And a node's directory is never served under another node id.
-    let (status, stderr) = run_to_exit(&old_dir, &cluster_args(&endpoint, "data-dirs", "n4"));
+    let (status, stderr) = run_to_exit(&old_dir, &cluster_args(&endpoint, "data-dirs", "n4", &[]));
     assert!(!status.success(), "n4 started on n2's data dir");
     assert!(stderr.contains("belongs to node \"n2\""), "{stderr}");
     assert!(
@@ -1477,7 +1478,7 @@ fn move_partition(
 }
 
 /// Every value of `topic`, with how many times each is stored.
-fn value_counts(
+pub(super) fn value_counts(
     client: &reqwest::blocking::Client,
     base: &str,
     topic: &str,

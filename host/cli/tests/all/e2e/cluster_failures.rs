@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate_once_dead};
-use crate::e2e::harness::{http_client, send_json};
+use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate_once_dead, value_counts};
+use crate::e2e::harness::{fetch_all, http_client, sample, scrape, send_json};
 
 /// A value the load got acknowledged (a 200), and when its request was sent.
 struct Acknowledged {
@@ -327,4 +327,150 @@ fn a_produce_forwarded_to_an_owner_that_hangs_is_answered_once_its_lease_is_gone
     // The lease is 3 s; the request timeout 40 s. Half of that is a bound no healthy run
     // comes near and the old behaviour cannot meet.
     assert!(took < Duration::from_secs(20), "answered after {took:?}");
+}
+
+/// The threads process `pid` runs now (`Threads:` of `/proc/{pid}/status`).
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("Threads: line")
+}
+
+/// A child owner that hangs while its lease lives on (here: SIGSTOP under a 60 s lease) used
+/// to hold a blocking-pool thread per commit lane waiting on its socket: 32 cursors of 16
+/// lanes filled tokio's 512-thread pool, and every append of the node (produce, other links)
+/// queued behind them. Commits between nodes now wait as async calls, a bounded number per
+/// peer, and park no thread.
+#[test]
+fn a_child_owner_that_hangs_parks_no_thread_of_the_parent_owner_and_other_work_flows() {
+    let mut cluster = Cluster::start_with("hung-child-owner", &["--lease-ttl-ms", "60000"]);
+    const PARENTS: u32 = 32;
+    // 17, not a divisor of 32: the records of one parent partition (keys hashed to it) spread
+    // over every child partition instead of all landing in one.
+    const CHILDREN: u32 = 17;
+    cluster.create("orders", PARENTS, json!(vec!["n1"; PARENTS as usize]));
+    cluster.create("on-n3", CHILDREN, json!(vec!["n3"; CHILDREN as usize]));
+    cluster.create("events", 1, json!(["n1"]));
+    cluster.create("events-copy", 1, json!(["n2"]));
+    cluster.attach("orders", "on-n3", json!({}));
+    cluster.attach("events", "events-copy", json!({}));
+    let client = http_client();
+    // Keyed records spread over every parent partition in one request, so that each cursor's
+    // next slab holds about 40 and has a bucket for every child partition.
+    let produce_round = |round: usize| -> Vec<String> {
+        let values: Vec<String> = (0..1280).map(|i| format!("r{round}-v{i}")).collect();
+        let records: Vec<Value> = values
+            .iter()
+            .map(|v| json!({"key": format!("key-{v}"), "value": v}))
+            .collect();
+        cluster.produce("orders", json!(records));
+        values
+    };
+    // Every cursor knows its position (each has scanned the child's tails on n3) before n3
+    // hangs.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, children) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children", cluster.url(0)),
+            None,
+        )
+        .expect("children");
+        let placed = children["children"][0]["partitions"]
+            .as_array()
+            .map_or(0, |p| {
+                p.iter().filter(|p| p["next_offset"].is_u64()).count()
+            });
+        if placed == PARENTS as usize {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pid = cluster.nodes[0].pid().expect("n1 runs");
+    let threads_before = threads_of(pid);
+    let timed_produce = |value: &str| {
+        let started = Instant::now();
+        cluster.produce("events", json!([{ "value": value }]));
+        started.elapsed()
+    };
+    let healthy = (0..5)
+        .map(|i| timed_produce(&format!("before-{i}")))
+        .max()
+        .unwrap_or_default();
+
+    cluster.nodes[2].pause();
+    let acknowledged = produce_round(1);
+    // The commits of round 1 to n3 are under way and stay stuck for the whole window (each
+    // try waits out the 10 s commit timeout); n1's threads are sampled through it.
+    let mut most = 0;
+    let mut most_calls = 0.0f64;
+    let mut slowest = Duration::ZERO;
+    let mut other_link = None;
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(12) {
+        most = most.max(threads_of(pid));
+        let calls = sample(
+            &scrape(&cluster.url(0)),
+            "narad_fanout_peer_commits_in_flight{node=\"n3\"}",
+        );
+        most_calls = most_calls.max(calls.unwrap_or(0.0));
+        if other_link.is_none() {
+            let value = format!("event-{}", window.elapsed().as_millis());
+            slowest = slowest.max(timed_produce(&value));
+            other_link = Some(value);
+        } else {
+            slowest = slowest.max(timed_produce("during"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Another link of n1 copies while the first waits on n3.
+    let event = other_link.expect("an event produced");
+    let copied = fetch_all(&client, &cluster.url(0), "events-copy", 0);
+    let n1_threads = most;
+    cluster.nodes[2].resume();
+    assert!(
+        copied.iter().any(|r| r["value"] == event.as_str()),
+        "the other link copied nothing while n3 hung: {copied:?}"
+    );
+    eprintln!(
+        "n1: {threads_before} threads before, at most {n1_threads} and {most_calls} calls to n3 \
+         under way while n3 hung; slowest produce to n1 {healthy:?} before, {slowest:?} during"
+    );
+    // Before: 512 blocking-pool threads plus the workers. Now: the workers and what the
+    // cursors' encoding and the node's appends use for a moment (about 40 more here).
+    assert!(
+        n1_threads < threads_before + 128,
+        "n1 ran {n1_threads} threads while its commits to n3 hung ({threads_before} before)"
+    );
+    // The calls to n3 were under way (held by the hung node) and no more than the bound.
+    assert_eq!(most_calls, 64.0, "calls to n3 under way at most");
+
+    // Once n3 runs again every record lands, once.
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let counts = value_counts(&client, &cluster.url(0), "on-n3", CHILDREN);
+        if counts.len() == acknowledged.len() {
+            let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+            assert!(repeated.is_empty(), "stored twice: {repeated:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "on-n3 holds {} of {} records\n{}",
+            counts.len(),
+            acknowledged.len(),
+            cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.nodes[2].kill9();
 }

@@ -567,8 +567,8 @@ mod tests {
         // Detached everywhere but in this node's copy.
         real.detach_link("parent", "child").await.unwrap();
         struct Refuses;
-        impl crate::fanout::committer::ChildCommitter for Refuses {
-            fn commit(
+        impl crate::fanout::committer::BlockingCommitter for Refuses {
+            fn append(
                 &self,
                 partition: &PartitionId,
                 _batch: &mut narad_storage::EncodedBatch,
