@@ -8,7 +8,8 @@
 //!
 //! 1. **Mark**: `{old, g}` becomes `{old, g, moving_to: new}`. From then on the old owner's
 //!    reconciler stops the partition's cursors, commits to it are refused (senders wait), and
-//!    a restart of the old owner seals it before serving anything.
+//!    the old owner seals it as soon as its metadata copy shows the mark (at a restart, before
+//!    serving anything), so it takes no write even if the new owner dies before step 2.
 //! 2. **Hand off** (on the old owner, [`Mover::hand_off`]): wait until its cursors have
 //!    stopped (each wrote its offset file after its last committed slab), seal the partition
 //!    (the log is closed cleanly after any append in flight; reads and appends now get a

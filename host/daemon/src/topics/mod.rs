@@ -303,6 +303,15 @@ impl TopicService {
                 let moved = owned::set_aside_unnamed(&store, &snapshot, now_ms())?;
                 let new = owned::register_owned(&store, &snapshot, &node, segment_bytes)?;
                 let sealed = store.sealed_partitions();
+                // Marked for a move: no write from now on, hand-off or not.
+                for id in
+                    owned::plan_marked(&store.registered_partitions(), &sealed, &snapshot, &node)
+                {
+                    if let Err(e) = store.seal(&id) {
+                        tracing::warn!(partition = %id, error = %e,
+                            "a partition marked for a move could not be sealed");
+                    }
+                }
                 let plan = owned::plan_sealed(&sealed, &snapshot, &node);
                 let disowned =
                     owned::plan_disowned(&store.registered_partitions(), &sealed, &snapshot, &node);

@@ -82,6 +82,30 @@ pub(crate) fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &st
 }
 
 /// Of the partitions this node has registered and not sealed (`registered`, `sealed`), those
+/// `snapshot` gives to this node marked for a move: they are sealed at once, so a partition
+/// marked moving takes no write whether or not its new owner got as far as the hand-off (it
+/// may have died right after marking it). A cancelled move unseals it ([`plan_sealed`]).
+pub(crate) fn plan_marked(
+    registered: &[PartitionId],
+    sealed: &[PartitionId],
+    snapshot: &Snapshot,
+    node: &str,
+) -> Vec<PartitionId> {
+    registered
+        .iter()
+        .filter(|id| !sealed.contains(id))
+        .filter(|id| {
+            snapshot
+                .topics
+                .get(&id.topic)
+                .and_then(|t| t.owners.get(id.partition as usize))
+                .is_some_and(|o| o.node == node && o.moving_to.is_some())
+        })
+        .cloned()
+        .collect()
+}
+
+/// Of the partitions this node has registered and not sealed (`registered`, `sealed`), those
 /// `snapshot` gives to another node with no move to this one under way: re-created elsewhere
 /// while this node was cut off (`narad partition recreate`). This node must serve nothing of
 /// them; their directories are set aside, never deleted.
@@ -232,6 +256,32 @@ mod tests {
         // move (released elsewhere); 4 is not in the metadata (left to the topic pass).
         assert_eq!(
             plan_disowned(&ids, &sealed, &snapshot, "n1"),
+            vec![ids[1].clone()]
+        );
+    }
+
+    #[test]
+    fn only_unsealed_partitions_of_this_node_marked_for_a_move_are_sealed_on_sight() {
+        let marked = PartitionOwner {
+            moving_to: Some("n2".to_owned()),
+            ..PartitionOwner::first("n1")
+        };
+        let moving_here = PartitionOwner {
+            moving_to: Some("n1".to_owned()),
+            ..PartitionOwner::first("n2")
+        };
+        let snapshot = snapshot(vec![
+            PartitionOwner::first("n1"),
+            marked.clone(),
+            marked,
+            moving_here,
+        ]);
+        let ids: Vec<PartitionId> = (0..4).map(|p| PartitionId::new("orders", p)).collect();
+        let sealed = vec![ids[2].clone()];
+        // 0 is ours, not moving; 1 is ours and marked; 2 is marked and sealed already (the
+        // hand-off came first); 3 is moving here from n2 (not ours to seal).
+        assert_eq!(
+            plan_marked(&ids, &sealed, &snapshot, "n1"),
             vec![ids[1].clone()]
         );
     }
