@@ -45,6 +45,7 @@ pub mod raw_buckets;
 pub mod requests;
 pub mod rig;
 pub mod size;
+pub mod stalled;
 pub mod sys;
 pub mod timed_router;
 pub mod workdir;

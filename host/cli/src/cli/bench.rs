@@ -20,6 +20,7 @@ use crate::bench::once::{self, OnceOptions, run_once};
 use crate::bench::produce::{self, ProduceOptions, run_produce};
 use crate::bench::requests::{self, RequestsOptions, run_requests};
 use crate::bench::size::ByteSize;
+use crate::bench::stalled::{StalledOptions, run_stalled};
 
 /// `narad bench`.
 #[derive(Debug, Args)]
@@ -193,6 +194,10 @@ pub struct FanoutArgs {
     /// backlog and measure their CPU once they all wait.
     #[arg(long)]
     pub idle_delay_cursors: Option<u32>,
+    /// Instead of copying: start this many cursors whose child partitions' owner is dead
+    /// and measure the memory they hold once they all stall.
+    #[arg(long, conflicts_with = "idle_delay_cursors")]
+    pub stalled_cursors: Option<u32>,
     /// With --idle-delay-cursors: seconds to measure.
     #[arg(long, default_value_t = idle::DEFAULT_WINDOW.as_secs())]
     pub window_secs: u64,
@@ -316,6 +321,19 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             })
             .await
             .context("bench produce")?;
+            print(a.json, &report, || report.to_text())
+        }
+        BenchCommand::Fanout(a) if a.stalled_cursors.is_some() => {
+            let report = run_stalled(StalledOptions {
+                cursors: a.stalled_cursors.unwrap_or(0),
+                records: a.records,
+                key_bytes: a.key_bytes,
+                value_bytes: a.value_bytes,
+                dir: a.dir,
+                progress,
+            })
+            .await
+            .context("bench fanout --stalled-cursors")?;
             print(a.json, &report, || report.to_text())
         }
         BenchCommand::Fanout(a) => match a.idle_delay_cursors {

@@ -87,27 +87,30 @@ impl Failed {
     }
 
     /// The failed records of `records` (the slab given to bucketing), in slab order, copied
-    /// off the parent's read buffers so a long outage does not pin them.
-    pub(crate) fn retained(&self, records: &[StoredRecord]) -> Vec<StoredRecord> {
-        self.indices
-            .iter()
-            .filter_map(|&i| records.get(i))
-            .map(|record| StoredRecord {
-                offset: record.offset,
-                committed_at_ms: record.committed_at_ms,
-                key: record.key.as_deref().map(Bytes::copy_from_slice),
-                headers: record
-                    .headers
-                    .iter()
-                    .map(|h| Header {
-                        name: h.name.clone(),
-                        value: Bytes::copy_from_slice(&h.value),
-                    })
-                    .collect(),
-                value: record.value.as_deref().map(Bytes::copy_from_slice),
-                origin: None,
-            })
-            .collect()
+    /// off the parent's read buffers so a long outage does not pin them (a read buffer holds
+    /// a whole stored frame, up to many times a slab). Records that are such copies already
+    /// (`copied`: an earlier try kept them) are shared, not copied again.
+    pub(crate) fn retained(&self, records: &[StoredRecord], copied: bool) -> Vec<StoredRecord> {
+        let kept = self.indices.iter().filter_map(|&i| records.get(i));
+        if copied {
+            return kept.cloned().collect();
+        }
+        kept.map(|record| StoredRecord {
+            offset: record.offset,
+            committed_at_ms: record.committed_at_ms,
+            key: record.key.as_deref().map(Bytes::copy_from_slice),
+            headers: record
+                .headers
+                .iter()
+                .map(|h| Header {
+                    name: h.name.clone(),
+                    value: Bytes::copy_from_slice(&h.value),
+                })
+                .collect(),
+            value: record.value.as_deref().map(Bytes::copy_from_slice),
+            origin: None,
+        })
+        .collect()
     }
 }
 
@@ -446,8 +449,19 @@ mod tests {
             failed.errors.as_slice(),
             [CommitFailure::Commit { target, .. }] if *target == PartitionId::new("child", 1)
         ));
-        let kept: Vec<u64> = failed.retained(&records).iter().map(|r| r.offset).collect();
-        assert_eq!(kept, [11, 13, 15]);
+        let kept = failed.retained(&records, false);
+        let offsets: Vec<u64> = kept.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [11, 13, 15]);
+        // The first time, copies off the parent's buffers; after that, the copies are shared.
+        let value = |r: &StoredRecord| r.value.as_ref().map(|v| v.as_ptr());
+        assert_ne!(value(&kept[0]), value(&records[1]));
+        let again = Failed {
+            indices: vec![0, 2],
+            errors: Vec::new(),
+        }
+        .retained(&kept, true);
+        assert_eq!(value(&again[0]), value(&kept[0]));
+        assert_eq!(again[1].offset, 15);
         // Three tries of the failing bucket (the first and one after each pause), one of each
         // healthy bucket.
         let mut tries = refusing.tries.lock().unwrap().clone();

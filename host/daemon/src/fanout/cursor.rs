@@ -407,13 +407,34 @@ impl Cursor {
             // cursor's file is never a commit behind.
             let at_end = last + 1 >= high_watermark;
             let before = unsaved.take();
+            // What is read ahead is dropped if these slabs stall (it is read again once they
+            // are delivered): a stalled cursor pins no parent read buffer.
+            let (commit_state, commit_seen) = tokio::sync::watch::channel(CommitState::Running);
             let (delivered, saved, read_ahead) = tokio::join!(
-                self.deliver_together(slabs),
+                async {
+                    let stalled = || {
+                        commit_state.send_replace(CommitState::Stalled);
+                    };
+                    let delivered = self.deliver_together(slabs, stalled).await;
+                    commit_state.send_if_modified(|state| {
+                        let running = *state == CommitState::Running;
+                        if running {
+                            *state = CommitState::Delivered;
+                        }
+                        running
+                    });
+                    delivered
+                },
                 self.save(offsets, before.as_ref(), Durability::Coalesced),
                 async {
-                    match at_end {
-                        true => Ok(VecDeque::new()),
-                        false => self.read_and_route_ahead(last + 1, delay_ms, epoch).await,
+                    if at_end {
+                        return Ok(VecDeque::new());
+                    }
+                    let reads = self.read_and_route_ahead(last + 1, delay_ms, epoch).await?;
+                    let mut seen = commit_seen;
+                    match seen.wait_for(|s| *s != CommitState::Running).await {
+                        Ok(state) if *state == CommitState::Delivered => Ok(reads),
+                        _ => Ok(VecDeque::new()),
                     }
                 },
             );
@@ -662,6 +683,7 @@ impl Cursor {
     async fn deliver_together(
         &self,
         mut slabs: Vec<AheadSlab>,
+        on_stall: impl FnOnce(),
     ) -> Result<Acknowledged, CursorExit> {
         // Every batch of the commit names its first slab's start: a later slab's batch can
         // land on one child partition while an earlier slab's fails on another, so only
@@ -694,19 +716,41 @@ impl Cursor {
             }
             deliveries.push(delivery);
         }
-        let mut answers = commit_slabs(routed, &self.committer, &self.deps.timing)
+        let mut answers: Vec<_> = commit_slabs(routed, &self.committer, &self.deps.timing)
             .await
-            .into_iter();
+            .into_iter()
+            .map(Some)
+            .collect();
+        // Before any slab waits for its retry: every failed slab keeps copies of just its
+        // failed records, and every acknowledged one lets go of its records, so a stalled
+        // commit pins none of the parent's read buffers (each may hold a whole stored frame).
+        let mut failed_any = false;
+        for (delivery, answer) in deliveries.iter_mut().zip(&answers) {
+            match answer {
+                Some(Ok(_)) => delivery.pending = Arc::new(Vec::new()),
+                Some(Err(failed)) => {
+                    keep_failed(delivery, failed);
+                    failed_any = true;
+                }
+                None => {}
+            }
+        }
+        if failed_any {
+            on_stall();
+        }
+        answers.resize_with(deliveries.len(), || None);
+        let mut answers = answers.into_iter();
         let (first, more) = deliveries.split_at_mut(1);
-        let mut acknowledged = self.settle(&mut first[0], answers.next()).await?;
+        let mut acknowledged = self.settle(&mut first[0], answers.next().flatten()).await?;
         for delivery in more {
-            acknowledged = self.settle(delivery, answers.next()).await?;
+            acknowledged = self.settle(delivery, answers.next().flatten()).await?;
         }
         Ok(acknowledged)
     }
 
     /// Takes one slab of [`Cursor::deliver_together`] from its commit's `answer` (`None`:
-    /// not committed yet) to acknowledged.
+    /// not committed yet; a failure's records already kept by [`keep_failed`]) to
+    /// acknowledged.
     async fn settle(
         &self,
         delivery: &mut Delivery,
@@ -715,7 +759,7 @@ impl Cursor {
         match answer {
             Some(Ok(acknowledged)) => Ok(acknowledged),
             Some(Err(failed)) => {
-                self.commit_failed(delivery, failed).await?;
+                self.after_failure(delivery, failed).await?;
                 self.unless_paused()?;
                 self.finish(delivery).await
             }
@@ -911,17 +955,25 @@ impl Cursor {
     }
 
     /// Some buckets of a slab were not acknowledged: keeps (copies of) just their records
-    /// for the next try, reports the stall and backs off (longer and longer for a remote
-    /// target that keeps failing). Buckets held back only behind an earlier slab's failure
-    /// go again at once: that slab has been delivered by then.
+    /// for the next try ([`keep_failed`]), then [`Cursor::after_failure`].
     async fn commit_failed(
         &self,
         delivery: &mut Delivery,
         failed: super::commit::Failed,
     ) -> Result<(), CursorExit> {
+        keep_failed(delivery, &failed);
+        self.after_failure(delivery, failed).await
+    }
+
+    /// After a failed try whose records are kept: reports the stall and backs off (longer and
+    /// longer for a remote target that keeps failing). Buckets held back only behind an
+    /// earlier slab's failure go again at once: that slab has been delivered by then.
+    async fn after_failure(
+        &self,
+        delivery: &mut Delivery,
+        failed: super::commit::Failed,
+    ) -> Result<(), CursorExit> {
         use super::commit::CommitFailure;
-        delivery.pending = Arc::new(failed.retained(&delivery.pending));
-        delivery.attempt = delivery.attempt.saturating_add(1);
         let only_behind = failed
             .errors
             .iter()
@@ -1204,6 +1256,25 @@ impl Cursor {
     }
 }
 
+/// Keeps (copies of) just the records of `delivery` that `failed` names, for the next try:
+/// copied off the parent's read buffers the first time, shared after that.
+fn keep_failed(delivery: &mut Delivery, failed: &super::commit::Failed) {
+    delivery.pending = Arc::new(failed.retained(&delivery.pending, delivery.copied));
+    delivery.copied = true;
+    delivery.attempt = delivery.attempt.saturating_add(1);
+}
+
+/// How the commit that a read ahead runs beside is going.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CommitState {
+    /// Under way, no failure yet.
+    Running,
+    /// A try failed: the read ahead is dropped rather than held through the stall.
+    Stalled,
+    /// Delivered without a failure: the read ahead is used.
+    Delivered,
+}
+
 /// A read made ahead of its turn (during the commit before it).
 enum Ahead {
     /// A slab of records, routed ahead when that worked.
@@ -1267,6 +1338,9 @@ struct RoutedAhead {
 struct Delivery {
     /// The slab's records not known to be committed (all of them at first).
     pending: Arc<Vec<StoredRecord>>,
+    /// Whether `pending` holds copies (made when a try failed) rather than slices of the
+    /// parent's read buffers.
+    copied: bool,
     /// Past the slab's last record as read (its records already held by the child, or
     /// committed, may be gone from `pending`).
     end: u64,
@@ -1287,6 +1361,7 @@ impl Delivery {
         Delivery {
             end,
             pending: Arc::new(records),
+            copied: false,
             origin,
             attempt: 0,
             remote_failures: 0,
