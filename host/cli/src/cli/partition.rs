@@ -71,9 +71,10 @@ pub fn parse_partition(text: &str) -> anyhow::Result<(String, u32)> {
     }
 }
 
-/// One line about a finished move.
+/// One line about a finished move, and a note when the named target holds the same
+/// partition of a linked topic.
 pub fn move_line(report: &MoveReport) -> String {
-    format!(
+    let mut line = format!(
         "moved {}/{} from {} to {} (generation {}): {} files, {}, high watermark {}, in {}",
         report.topic,
         report.partition,
@@ -84,7 +85,21 @@ pub fn move_line(report: &MoveReport) -> String {
         human::bytes(report.bytes),
         report.high_watermark,
         human::millis(report.elapsed_ms),
-    )
+    );
+    if !report.shares_node_with.is_empty() {
+        let linked: Vec<String> = report
+            .shares_node_with
+            .iter()
+            .map(|t| format!("{t}/{}", report.partition))
+            .collect();
+        line.push_str(&format!(
+            "\nnote: {} is also on {}: a copy and its original now share a disk (move one of \
+             them without --to to separate them)",
+            linked.join(", "),
+            report.to
+        ));
+    }
+    line
 }
 
 /// What a re-creation did, for people: one line, then one per link.

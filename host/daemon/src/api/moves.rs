@@ -134,6 +134,7 @@ pub(crate) async fn move_partition(
         .cloned();
     let current = record.as_ref().map(|o| o.node.clone()).unwrap_or_default();
     let resuming = record.and_then(|o| o.moving_to);
+    let named = request.to.is_some();
     let to = match (request.to, resuming) {
         (Some(to), _) => to,
         // A move that stopped part way resumes to where it was going.
@@ -157,11 +158,23 @@ pub(crate) async fn move_partition(
             format!("node {to} is not alive; `narad node list` shows the live nodes"),
         ));
     }
-    let report = if to == cluster.node_id() {
+    // A target the operator named is taken as named, even beside the same partition of a
+    // linked topic; the answer says where (a chosen target never is).
+    let shares_node_with = match named {
+        true => crate::cluster::placement::linked_on_node(&snapshot, &id.topic, id.partition, &to),
+        false => Vec::new(),
+    };
+    let mut report = if to == cluster.node_id() {
         run_move_in(&state, id).await?
     } else {
         mover.ask_move_in(&to, &id).await?
     };
+    if !shares_node_with.is_empty() {
+        tracing::warn!(topic = %report.topic, partition = report.partition, node = %to,
+            linked = ?shares_node_with,
+            "moved a partition onto the node of the same partition of a linked topic: a copy and its original share a disk");
+    }
+    report.shares_node_with = shares_node_with;
     Ok(Json(report).into_response())
 }
 

@@ -120,6 +120,11 @@ pub struct MoveReport {
     pub high_watermark: u64,
     /// How long the move took, from marking to taking over.
     pub elapsed_ms: u64,
+    /// Linked topics (local parents and children with the same partition count) whose
+    /// partition of this index is on the node named as the target: the copy and its
+    /// original now share a disk. Empty when the target was chosen (it never is one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares_node_with: Vec<String>,
 }
 
 /// Why a move, or one of its steps, did not happen.
@@ -360,6 +365,7 @@ impl Mover {
             bytes: manifest.total_bytes(),
             high_watermark: manifest.high_watermark,
             elapsed_ms,
+            shares_node_with: Vec::new(),
         })
     }
 

@@ -157,6 +157,41 @@ pub(crate) fn linked_owners<'s>(
         .collect()
 }
 
+/// The topics linked to `topic` with its partition count whose partition `partition` is on
+/// `node`: what a move or re-creation of `topic`'s partition `partition` onto a node the
+/// operator named puts on one disk with its copy or original (the answer says so).
+pub(crate) fn linked_on_node(
+    snapshot: &crate::metastore::Snapshot,
+    topic: &str,
+    partition: u32,
+    node: &str,
+) -> Vec<String> {
+    let Some(partitions) = snapshot.topics.get(topic).map(|t| t.partitions) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = snapshot
+        .topics
+        .values()
+        .filter(|other| other.name != topic && other.partitions == partitions)
+        .filter(|other| {
+            snapshot.links.iter().any(|((parent, child), link)| {
+                link.remote.is_none()
+                    && ((parent == topic && *child == other.name)
+                        || (child == topic && *parent == other.name))
+            })
+        })
+        .filter(|other| {
+            other
+                .owners
+                .get(partition as usize)
+                .is_some_and(|o| o.node == node)
+        })
+        .map(|other| other.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
 /// The nodes that own partition `partition` of a topic linked to `topic` with its partition
 /// count: where a move or re-creation of `topic`'s partition `partition` should not go.
 pub(crate) fn linked_nodes(
@@ -311,6 +346,24 @@ mod tests {
             "low's, then top's"
         );
         assert_eq!(linked_nodes(&grown, "other", 0), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_named_node_holding_the_same_partition_of_a_linked_topic_is_named() {
+        let snapshot = linked(
+            &[
+                topic("mid", &["n1", "n2"]),
+                topic("top", &["n2", "n2"]),
+                topic("low", &["n3", "n2"]),
+                topic("other", &["n2", "n2"]),
+            ],
+            &[("top", "mid"), ("mid", "low")],
+        );
+        // Partition 1 onto n2: both linked topics have theirs there; the unlinked one does not
+        // count.
+        assert_eq!(linked_on_node(&snapshot, "mid", 1, "n2"), ["low", "top"]);
+        assert_eq!(linked_on_node(&snapshot, "mid", 0, "n2"), ["top"]);
+        assert!(linked_on_node(&snapshot, "mid", 0, "n1").is_empty());
     }
 
     #[test]

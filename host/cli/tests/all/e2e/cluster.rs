@@ -1346,6 +1346,13 @@ fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
     };
     ok(status, &body, "move");
     assert_eq!(owners("dst"), ["n3"], "{body}");
+    assert!(body.get("shares_node_with").is_none(), "{body}");
+    // A target the operator names is taken, and the answer says what it now shares a node
+    // with.
+    let (status, body) = move_partition(&client, &cluster.url(0), "dst", 0, json!({"to": "n1"}));
+    ok(status, &body, "named move");
+    assert_eq!(owners("dst"), ["n1"], "{body}");
+    assert_eq!(body["shares_node_with"], json!(["src"]), "{body}");
 }
 
 #[test]
