@@ -12,7 +12,14 @@ async fn main() -> std::process::ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    narad_cli::cli::logging::init(cli.log_format, default_level);
+    let format = match narad_cli::cli::logging::format_of(&cli) {
+        Ok(format) => format,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    narad_cli::cli::logging::init(format, default_level);
     match narad_cli::cli::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

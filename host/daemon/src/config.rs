@@ -219,6 +219,10 @@ macro_rules! settings {
         #[serde(rename_all = "kebab-case", deny_unknown_fields)]
         pub(crate) struct FileConfig {
             $($(#[doc = $doc])+ pub $field: Option<$ty>,)+
+            /// Log line format, `text` or `json`: the `--log-format` flag (a flag of every
+            /// command, read before the daemon's settings), for a daemon started with this
+            /// file and without the flag.
+            pub log_format: Option<String>,
         }
 
         /// Every setting taken from the flag (or environment), else the file, else its
@@ -667,13 +671,36 @@ const fn ascii(bytes: &'static [u8]) -> &'static str {
 }
 
 impl FileConfig {
-    /// Reads and parses a config file.
+    /// Reads and parses a config file; a relative path in it is taken relative to the file's
+    /// own directory ([`FileConfig::relative_to`]).
     pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
             path: path.to_path_buf(),
             source,
         })?;
-        FileConfig::parse(path, &text)
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Ok(FileConfig::parse(path, &text)?.relative_to(dir))
+    }
+
+    /// The file's relative paths (data directory, token, certificates) joined to `dir`, the
+    /// file's directory: `data-dir = "data"` in `/etc/narad/narad.toml` is `/etc/narad/data`
+    /// whatever directory the daemon was started from, as someone reading the file expects.
+    /// A path given as a flag or in the environment stays relative to the working directory.
+    fn relative_to(mut self, dir: &Path) -> FileConfig {
+        let paths = [
+            &mut self.data_dir,
+            &mut self.auth_token_file,
+            &mut self.tls_cert,
+            &mut self.tls_key,
+            &mut self.peer_tls_ca,
+            &mut self.tls_client_ca,
+        ];
+        for path in paths.into_iter().flatten() {
+            if path.is_relative() {
+                *path = dir.join(&*path);
+            }
+        }
+        self
     }
 
     /// Parses config-file text; `path` only names the file in errors.
@@ -683,6 +710,12 @@ impl FileConfig {
             message: e.to_string(),
         })
     }
+}
+
+/// The `log-format` a config file sets, if it sets one: read before the rest of the
+/// configuration, since logging starts first.
+pub fn file_log_format(path: &Path) -> Result<Option<String>, ConfigError> {
+    Ok(FileConfig::load(path)?.log_format)
 }
 
 /// Request and record limits the API enforces.
@@ -1062,6 +1095,31 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:9100".parse().unwrap());
         assert_eq!(config.limits.max_record_bytes, 2048);
         assert_eq!(config.limits.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+    }
+
+    #[test]
+    fn relative_paths_in_a_file_are_taken_from_the_files_directory_and_flags_from_the_cwd() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("narad.toml");
+        std::fs::write(
+            &file,
+            "data-dir = \"data\"\ntls-cert = \"certs/node.pem\"\ntls-key = \"/abs/key.pem\"\n",
+        )
+        .unwrap();
+        let loaded = FileConfig::load(&file).unwrap();
+        assert_eq!(loaded.data_dir, Some(dir.path().join("data")));
+        assert_eq!(loaded.tls_cert, Some(dir.path().join("certs/node.pem")));
+        assert_eq!(loaded.tls_key, Some(PathBuf::from("/abs/key.pem")));
+        // A flag is the operator's own path, from where the daemon starts.
+        let args = ServeArgs {
+            config: Some(file),
+            data_dir: Some("here".into()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(
+            Config::resolve(&args).unwrap().data_dir,
+            PathBuf::from("here")
+        );
     }
 
     #[test]
@@ -1651,6 +1709,9 @@ mod tests {
                 flags.push(long.to_owned());
             }
         }
+        // `--log-format` is a flag of every command (logging starts before the daemon's
+        // settings are read); the file may set it for `narad serve`.
+        flags.push("log-format".to_owned());
         let mut keys = file_keys();
         flags.sort();
         keys.sort();

@@ -17,6 +17,30 @@ pub enum LogFormat {
     Json,
 }
 
+/// The log format `cli` asks for: its flag (or `NARAD_LOG_FORMAT`), else the `log-format`
+/// of `narad serve`'s config file, else text. An error names the file and the value.
+pub fn format_of(cli: &super::Cli) -> Result<LogFormat, String> {
+    if let Some(format) = cli.log_format {
+        return Ok(format);
+    }
+    let super::Command::Serve(args) = &cli.command else {
+        return Ok(LogFormat::Text);
+    };
+    let Some(path) = &args.config else {
+        return Ok(LogFormat::Text);
+    };
+    // A file that cannot be read is reported by the daemon's own start, with its reason.
+    let Ok(Some(format)) = narad_host::config::file_log_format(path) else {
+        return Ok(LogFormat::Text);
+    };
+    <LogFormat as clap::ValueEnum>::from_str(&format, true).map_err(|_| {
+        format!(
+            "{}: log-format = {format:?} is not a log format: use \"text\" or \"json\"",
+            path.display()
+        )
+    })
+}
+
 /// Installs the global subscriber. `default_level` applies when `RUST_LOG` is unset or
 /// invalid.
 pub fn init(format: LogFormat, default_level: &str) {

@@ -62,9 +62,10 @@ use narad_host::config::ServeArgs;
     after_help = "Run `narad serve --help` for the daemon's flags, their environment variables and defaults,\nand `narad <COMMAND> --help` for any other command."
 )]
 pub struct Cli {
-    /// Log line format (logs go to stderr; `RUST_LOG` sets the level, e.g. `RUST_LOG=debug`).
-    #[arg(long, env = "NARAD_LOG_FORMAT", value_enum, default_value_t = logging::LogFormat::Text, global = true)]
-    pub log_format: logging::LogFormat,
+    /// Log line format (logs go to stderr; `RUST_LOG` sets the level, e.g. `RUST_LOG=debug`);
+    /// default: the `log-format` of `narad serve`'s config file, else text.
+    #[arg(long, env = "NARAD_LOG_FORMAT", value_enum, global = true)]
+    pub log_format: Option<logging::LogFormat>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -271,14 +271,60 @@ async fn completions_are_generated_for_each_shell() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_format_json_writes_one_json_object_per_line() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_narad"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(temp.path());
+    assert_every_line_is_json(&log_lines_until_stopped(command).await);
+}
+
+/// A config file sets the log format (a flag of every command, read before the daemon's
+/// settings), and a relative `data-dir` in it is beside the file, not in the directory the
+/// daemon was started from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_sets_the_log_format_and_its_relative_data_dir_is_beside_it() {
+    let (etc, cwd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let file = etc.path().join("narad.toml");
+    std::fs::write(&file, "data-dir = \"data\"\nlog-format = \"json\"\n").unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_narad"));
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .current_dir(cwd.path());
+    assert_every_line_is_json(&log_lines_until_stopped(command).await);
+    assert!(
+        etc.path().join("data").is_dir(),
+        "no data dir beside the file"
+    );
+    assert!(
+        !cwd.path().join("data").exists(),
+        "a data dir in the working directory"
+    );
+
+    // A value that is not a format is refused, naming the file.
+    std::fs::write(&file, "data-dir = \"data\"\nlog-format = \"xml\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("narad.toml") && stderr.contains("\"xml\" is not a log format"),
+        "{stderr}"
+    );
+}
+
+/// Starts `command` (a `narad serve` writing logs to stderr), stops it with SIGTERM once it
+/// listens, and returns its log lines (the listen line left out).
+async fn log_lines_until_stopped(mut command: Command) -> Vec<String> {
     use std::io::BufRead as _;
 
-    let temp = tempfile::tempdir().unwrap();
     let mut child = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_narad"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
-            .arg("--data-dir")
-            .arg(temp.path())
+        command
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -328,11 +374,15 @@ async fn log_format_json_writes_one_json_object_per_line() {
     assert!(exit.success(), "{exit:?}");
     reader.join().unwrap();
     lines.extend(rx.try_iter());
-    let logs: Vec<&String> = lines
-        .iter()
+    lines
+        .into_iter()
         .filter(|l| !l.starts_with("narad listening on "))
-        .collect();
-    assert!(logs.len() >= 2, "expected start and stop lines: {lines:?}");
+        .collect()
+}
+
+/// Every line is one JSON log event, and there are at least the start and stop lines.
+fn assert_every_line_is_json(logs: &[String]) {
+    assert!(logs.len() >= 2, "expected start and stop lines: {logs:?}");
     for line in logs {
         let event: Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
