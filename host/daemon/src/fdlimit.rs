@@ -58,8 +58,8 @@ pub fn raise_to_hard() -> FdLimit {
         };
         if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, new) {
             tracing::warn!(
-                soft = ?before.soft,
-                hard = ?before.hard,
+                soft = before.soft,
+                hard = before.hard,
                 error = %e,
                 "cannot raise the open-file limit to the hard limit; keeping it"
             );
@@ -67,9 +67,9 @@ pub fn raise_to_hard() -> FdLimit {
     }
     let after = current();
     tracing::info!(
-        soft_before = ?before.soft,
-        hard = ?before.hard,
-        soft_now = ?after.soft,
+        soft_before = before.soft,
+        hard = before.hard,
+        soft_now = after.soft,
         "open-file (descriptor) limit"
     );
     after

@@ -733,7 +733,7 @@ async fn set_policy(
         .metastore
         .set_link_policy(parent, child, policy.clone())
         .await?;
-    tracing::info!(%parent, %child, on_gap = ?policy.on_gap, dead_letter = ?policy.dead_letter,
+    tracing::info!(%parent, %child, on_gap = ?link.on_gap, dead_letter = link.dead_letter.as_deref(),
         "link policy changed");
     Ok(Json(LinkInfo::from(&link)))
 }

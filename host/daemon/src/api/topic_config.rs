@@ -46,7 +46,7 @@ pub(crate) async fn update(
             .topics
             .set_retention(&name, retention_ms, retention_bytes)
             .await?;
-        tracing::info!(topic = %name, ?retention_ms, ?retention_bytes, "retention changed");
+        tracing::info!(topic = %name, retention_ms, retention_bytes, "retention changed");
     }
     if let Some(writable) = change.writable_as_child {
         topic = state

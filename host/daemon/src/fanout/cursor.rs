@@ -150,6 +150,17 @@ pub enum CursorExit {
     PausedWhileStalled,
 }
 
+impl std::fmt::Display for CursorExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CursorExit::Stopped => f.write_str("stopped"),
+            CursorExit::LinkGone(gone) => write!(f, "link gone: {gone}"),
+            CursorExit::Deferred(why) => write!(f, "start deferred: {why}"),
+            CursorExit::PausedWhileStalled => f.write_str("paused while stalled"),
+        }
+    }
+}
+
 /// Why a cursor's link is no longer the one it serves. The `Display` text is what the cursor's
 /// exit says.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]

@@ -246,7 +246,7 @@ pub(crate) async fn delete_topics(
             Some(name) => delete_one(deps, &name.0).await,
         };
         if let Err((error_code, message)) = outcome {
-            tracing::info!(topic = ?name, error_code, %message, "kafka: DeleteTopics refused");
+            tracing::info!(topic = name.as_ref().map(|n| &*n.0), error_code, %message, "kafka: DeleteTopics refused");
             result.error_code = error_code;
             result.error_message = Some(StrBytes::from_string(message));
         }

@@ -65,9 +65,12 @@ struct RunningLink {
 /// Awaits a cursor's task that has ended (or is told to stop, at shutdown), logs its exit and
 /// takes its status off the view and its series off `/metrics`.
 async fn finish(view: &FanoutView, key: &CursorKey, running: RunningCursor, what: &str) {
+    let (parent, partition, child, epoch) = (&key.parent, key.partition, &key.child, &key.epoch);
     match running.task.await {
-        Ok(exit) => tracing::info!(?key, ?exit, "{what}"),
-        Err(error) => tracing::error!(?key, %error, "cursor task panicked"),
+        Ok(exit) => tracing::info!(%parent, partition, %child, %epoch, %exit, "{what}"),
+        Err(error) => {
+            tracing::error!(%parent, partition, %child, %epoch, %error, "cursor task panicked");
+        }
     }
     running.status.retire();
     view.remove(key);

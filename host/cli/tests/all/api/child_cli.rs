@@ -390,6 +390,14 @@ fn assert_every_line_is_json(logs: &[String]) {
             event["level"].is_string() && event["fields"]["message"].is_string(),
             "{line}"
         );
+        // Values a log shipper can use: no Rust debug text (`Some(20000)`, `Key { .. }`).
+        for (name, value) in event["fields"].as_object().into_iter().flatten() {
+            let text = value.as_str().unwrap_or_default();
+            assert!(
+                !text.starts_with("Some(") && text != "None" && !text.contains(" { "),
+                "field {name} is debug text: {line}"
+            );
+        }
     }
 }
 
