@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::fill::{FillSpec, fill_parent};
 use super::progress::Progress;
-use super::rig::{Rig, RunningCursor, stop_all};
+use super::rig::{Backlog, Rig, RunningCursor, stop_all, wait_for_state};
 use super::sys::{self, FileSystemInfo};
 use super::timed_router::RouteTiming;
 use super::workdir::WorkDir;
@@ -126,26 +125,19 @@ pub async fn run_idle(options: IdleOptions) -> Result<IdleReport, BenchError> {
         work.path().display(),
         work.describe_file_system()
     ));
-    let rig = Arc::new(
-        Rig::open(
-            &work.path().join("data"),
-            narad_host::fanout::FanoutTiming::default(),
-        )
-        .await?,
-    );
     let parent = "idle-parent";
-    rig.create_topic(parent, partitions).await?;
-    let spec = FillSpec {
-        topic: parent.to_owned(),
-        partitions,
-        records: options.records,
-        key_bytes: options.key_bytes,
-        value_bytes: options.value_bytes,
-    };
-    {
-        let (store, want) = (Arc::clone(&rig.store), options.progress);
-        blocking(move || fill_parent(&store, &spec, &mut Progress::new(want))).await??;
-    }
+    let rig = Rig::with_filled_parent(
+        &work.path().join("data"),
+        &Backlog {
+            parent,
+            partitions,
+            records: options.records,
+            key_bytes: options.key_bytes,
+            value_bytes: options.value_bytes,
+        },
+        options.progress,
+    )
+    .await?;
     progress.step(&format!("parent filled: {} records", options.records));
 
     let timing = Arc::new(RouteTiming::default());
@@ -169,7 +161,14 @@ pub async fn run_idle(options: IdleOptions) -> Result<IdleReport, BenchError> {
             cursors.push(rig.spawn_cursor(link, p, signal.clone()));
         }
     }
-    let settled = wait_until_waiting(&cursors, &mut progress).await;
+    let settled = wait_for_state(
+        &cursors,
+        CursorState::Waiting,
+        "waiting",
+        (SETTLE_LIMIT, POLL_INTERVAL),
+        &mut progress,
+    )
+    .await;
     if let Err(error) = settled {
         let _ = stop_all(&trigger, cursors).await;
         return Err(error);
@@ -248,51 +247,6 @@ pub async fn run_idle(options: IdleOptions) -> Result<IdleReport, BenchError> {
         load_before,
         load_after: sys::load_average(),
     })
-}
-
-/// Waits until every cursor reports it is waiting for a record to come due.
-async fn wait_until_waiting(
-    cursors: &[RunningCursor],
-    progress: &mut Progress,
-) -> Result<(), BenchError> {
-    let start = Instant::now();
-    loop {
-        let mut waiting = 0usize;
-        for cursor in cursors {
-            if cursor.task.is_finished() {
-                return Err(BenchError::Cursor {
-                    cursor: cursor.name(),
-                    reason: format!(
-                        "it ended while settling ({:?})",
-                        cursor.status.report().last_error
-                    ),
-                });
-            }
-            if cursor.status.report().state == CursorState::Waiting {
-                waiting += 1;
-            }
-        }
-        if waiting == cursors.len() {
-            progress.finish();
-            return Ok(());
-        }
-        if start.elapsed() > SETTLE_LIMIT {
-            let stuck = cursors
-                .iter()
-                .find(|c| c.status.report().state != CursorState::Waiting)
-                .map(|c| (c.name(), c.status.report()));
-            return Err(BenchError::Cursor {
-                cursor: stuck.as_ref().map_or_else(String::new, |s| s.0.clone()),
-                reason: format!(
-                    "not waiting after {} s: {:?}",
-                    SETTLE_LIMIT.as_secs(),
-                    stuck.map(|s| s.1)
-                ),
-            });
-        }
-        progress.update(|| format!("settling: {waiting}/{} cursors waiting", cursors.len()));
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
 }
 
 impl IdleReport {

@@ -13,6 +13,7 @@ use narad_storage::{
 };
 
 use super::counting_fs::CountingFs;
+use super::progress::Progress;
 use super::timed_router::{RouteTiming, TimedRouter};
 use super::{BenchError, blocking};
 use narad_host::api::children::DEFAULT_ROUTER;
@@ -23,7 +24,7 @@ use narad_host::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime,
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::route::wasm::WasmRouterFactory;
 use narad_host::fanout::route::{RouterFactory as _, SlabRouter};
-use narad_host::fanout::status::CursorStatus;
+use narad_host::fanout::status::{CursorState, CursorStatus};
 use narad_host::metastore::link::new_epoch;
 use narad_host::metastore::{FileMetastore, LinkMeta, Metastore, TopicMeta};
 use narad_host::plugins::PluginRegistry;
@@ -78,6 +79,94 @@ impl BlockingCommitter for CountingCommitter {
             .fetch_add(batches.len() as u64, Ordering::Relaxed);
         self.nanos.fetch_add(nanos, Ordering::Relaxed);
         result
+    }
+}
+
+/// What [`Rig::with_filled_parent`] writes: a parent topic and its backlog.
+pub struct Backlog<'a> {
+    /// The parent topic's name.
+    pub parent: &'a str,
+    /// Its partitions.
+    pub partitions: u32,
+    /// Records spread over them.
+    pub records: u64,
+    /// Key bytes per record.
+    pub key_bytes: usize,
+    /// Value bytes per record.
+    pub value_bytes: usize,
+}
+
+impl Rig {
+    /// A rig in `data_dir` (the reference timing) whose parent topic holds `backlog`, filled
+    /// with progress shown when `progress`.
+    pub async fn with_filled_parent(
+        data_dir: &Path,
+        backlog: &Backlog<'_>,
+        progress: bool,
+    ) -> Result<Arc<Rig>, BenchError> {
+        let rig = Arc::new(Rig::open(data_dir, narad_host::fanout::FanoutTiming::default()).await?);
+        rig.create_topic(backlog.parent, backlog.partitions).await?;
+        let spec = super::fill::FillSpec {
+            topic: backlog.parent.to_owned(),
+            partitions: backlog.partitions,
+            records: backlog.records,
+            key_bytes: backlog.key_bytes,
+            value_bytes: backlog.value_bytes,
+        };
+        let store = Arc::clone(&rig.store);
+        blocking(move || super::fill::fill_parent(&store, &spec, &mut Progress::new(progress)))
+            .await??;
+        Ok(rig)
+    }
+}
+
+/// Waits until every cursor of `cursors` reports `state` (named `what` in messages and
+/// progress), at most `limit`, looking every `poll`. An error names a cursor that ended
+/// meanwhile or, past the limit, one not there yet with its report.
+pub async fn wait_for_state(
+    cursors: &[RunningCursor],
+    state: CursorState,
+    what: &str,
+    (limit, poll): (std::time::Duration, std::time::Duration),
+    progress: &mut Progress,
+) -> Result<(), BenchError> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut there = 0usize;
+        for cursor in cursors {
+            if cursor.task.is_finished() {
+                return Err(BenchError::Cursor {
+                    cursor: cursor.name(),
+                    reason: format!(
+                        "it ended before it was {what} ({:?})",
+                        cursor.status.report().last_error
+                    ),
+                });
+            }
+            if cursor.status.report().state == state {
+                there += 1;
+            }
+        }
+        if there == cursors.len() {
+            progress.finish();
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            let late = cursors
+                .iter()
+                .find(|c| c.status.report().state != state)
+                .map(|c| (c.name(), c.status.report()));
+            return Err(BenchError::Cursor {
+                cursor: late.as_ref().map_or_else(String::new, |l| l.0.clone()),
+                reason: format!(
+                    "not {what} after {} s: {:?}",
+                    limit.as_secs(),
+                    late.map(|l| l.1)
+                ),
+            });
+        }
+        progress.update(|| format!("{there}/{} cursors {what}", cursors.len()));
+        tokio::time::sleep(poll).await;
     }
 }
 

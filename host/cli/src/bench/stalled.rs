@@ -22,9 +22,8 @@ use narad_host::shutdown;
 use narad_storage::{Appended, Clock, EncodedBatch, PartitionId, SystemClock};
 use serde::Serialize;
 
-use super::fill::{FillSpec, fill_parent};
 use super::progress::Progress;
-use super::rig::{Rig, RunningCursor, stop_all};
+use super::rig::{Backlog, Rig, RunningCursor, stop_all, wait_for_state};
 use super::sys::{self, FileSystemInfo};
 use super::timed_router::RouteTiming;
 use super::workdir::WorkDir;
@@ -139,26 +138,19 @@ pub async fn run_stalled(options: StalledOptions) -> Result<StalledReport, Bench
         work.path().display(),
         work.describe_file_system()
     ));
-    let rig = Arc::new(
-        Rig::open(
-            &work.path().join("data"),
-            narad_host::fanout::FanoutTiming::default(),
-        )
-        .await?,
-    );
     let parent = "stalled-parent";
-    rig.create_topic(parent, partitions).await?;
-    let spec = FillSpec {
-        topic: parent.to_owned(),
-        partitions,
-        records: options.records,
-        key_bytes: options.key_bytes,
-        value_bytes: options.value_bytes,
-    };
-    {
-        let (store, want) = (Arc::clone(&rig.store), options.progress);
-        blocking(move || fill_parent(&store, &spec, &mut Progress::new(want))).await??;
-    }
+    let rig = Rig::with_filled_parent(
+        &work.path().join("data"),
+        &Backlog {
+            parent,
+            partitions,
+            records: options.records,
+            key_bytes: options.key_bytes,
+            value_bytes: options.value_bytes,
+        },
+        options.progress,
+    )
+    .await?;
     progress.step(&format!("parent filled: {} records", options.records));
     let child = "stalled-child";
     rig.create_topic(child, CHILD_PARTITIONS).await?;
@@ -186,7 +178,15 @@ pub async fn run_stalled(options: StalledOptions) -> Result<StalledReport, Bench
     let cursors: Vec<RunningCursor> = (0..partitions)
         .map(|p| rig.spawn_cursor_on(&deps, &link, p, signal.clone()))
         .collect();
-    if let Err(error) = wait_until_stalled(&cursors, &mut progress).await {
+    if let Err(error) = wait_for_state(
+        &cursors,
+        CursorState::Stalled,
+        "stalled",
+        (SETTLE_LIMIT, POLL_INTERVAL),
+        &mut progress,
+    )
+    .await
+    {
         let _ = stop_all(&trigger, cursors).await;
         return Err(error);
     }
@@ -226,47 +226,6 @@ pub async fn run_stalled(options: StalledOptions) -> Result<StalledReport, Bench
         load_before,
         load_after: sys::load_average(),
     })
-}
-
-/// Waits until every cursor reports it is stalled.
-async fn wait_until_stalled(
-    cursors: &[RunningCursor],
-    progress: &mut Progress,
-) -> Result<(), BenchError> {
-    let start = Instant::now();
-    loop {
-        let mut stalled = 0usize;
-        for cursor in cursors {
-            if cursor.task.is_finished() {
-                return Err(BenchError::Cursor {
-                    cursor: cursor.name(),
-                    reason: format!(
-                        "it ended while stalling ({:?})",
-                        cursor.status.report().last_error
-                    ),
-                });
-            }
-            if cursor.status.report().state == CursorState::Stalled {
-                stalled += 1;
-            }
-        }
-        if stalled == cursors.len() {
-            progress.finish();
-            return Ok(());
-        }
-        if start.elapsed() > SETTLE_LIMIT {
-            return Err(BenchError::Cursor {
-                cursor: String::new(),
-                reason: format!(
-                    "{stalled} of {} stalled after {} s",
-                    cursors.len(),
-                    SETTLE_LIMIT.as_secs()
-                ),
-            });
-        }
-        progress.update(|| format!("{stalled}/{} cursors stalled", cursors.len()));
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
 }
 
 impl StalledReport {

@@ -33,6 +33,20 @@ pub struct InOrderCommit {
     pub result: Result<(), InOrderFailure>,
 }
 
+impl InOrderCommit {
+    /// The task holding the batches returned nothing (`error`): they are lost with it, and
+    /// none is known to be durable.
+    pub fn task_failed(error: BlockingError) -> InOrderCommit {
+        InOrderCommit {
+            batches: Vec::new(),
+            result: Err(InOrderFailure {
+                durable: 0,
+                error: ChildCommitError::Task(error),
+            }),
+        }
+    }
+}
+
 /// The future of one [`ChildCommitter::commit_in_order`].
 pub type CommitFuture = Pin<Box<dyn Future<Output = InOrderCommit> + Send + 'static>>;
 
@@ -95,13 +109,7 @@ impl<C: BlockingCommitter> ChildCommitter for C {
             .await;
             match ran {
                 Ok((batches, result)) => InOrderCommit { batches, result },
-                Err(error) => InOrderCommit {
-                    batches: Vec::new(),
-                    result: Err(InOrderFailure {
-                        durable: 0,
-                        error: ChildCommitError::Task(error),
-                    }),
-                },
+                Err(error) => InOrderCommit::task_failed(error),
             }
         })
     }

@@ -380,15 +380,7 @@ impl RemoteSender {
         .await;
         let (batches, partition, wire) = match converted {
             Ok(converted) => converted,
-            Err(error) => {
-                return InOrderCommit {
-                    batches: Vec::new(),
-                    result: Err(InOrderFailure {
-                        durable: 0,
-                        error: ChildCommitError::Task(error),
-                    }),
-                };
-            }
+            Err(error) => return InOrderCommit::task_failed(error),
         };
         for (durable, records) in wire.into_iter().enumerate() {
             let sent = match records {

@@ -438,7 +438,7 @@ impl ClusterCommitter {
         .await;
         let (batches, partition, remote) = match prepared {
             Ok(prepared) => prepared,
-            Err(error) => return failed(Vec::new(), ChildCommitError::Task(error)),
+            Err(error) => return InOrderCommit::task_failed(error),
         };
         let (owner, base_url, requests, unsendable) = match remote {
             Ok(remote) => remote,

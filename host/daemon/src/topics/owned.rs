@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use narad_storage::{PartitionId, StorageError, Store};
 
 use super::log_config;
-use crate::metastore::Snapshot;
+use crate::metastore::{PartitionOwner, Snapshot};
 
 /// Registers with `store` every partition `node` owns in `snapshot` that it does not hold yet
 /// (making its directory), and updates the retention of those it holds. Returns how many were
@@ -81,6 +81,14 @@ pub(crate) fn plan_sealed(sealed: &[PartitionId], snapshot: &Snapshot, node: &st
     plan
 }
 
+/// The owner record `snapshot` has for partition `id`, if its topic has that partition.
+fn owner_in<'s>(snapshot: &'s Snapshot, id: &PartitionId) -> Option<&'s PartitionOwner> {
+    snapshot
+        .topics
+        .get(&id.topic)
+        .and_then(|t| t.owners.get(id.partition as usize))
+}
+
 /// Of the partitions this node has registered and not sealed (`registered`, `sealed`), those
 /// `snapshot` gives to this node marked for a move: they are sealed at once, so a partition
 /// marked moving takes no write whether or not its new owner got as far as the hand-off (it
@@ -95,11 +103,7 @@ pub(crate) fn plan_marked(
         .iter()
         .filter(|id| !sealed.contains(id))
         .filter(|id| {
-            snapshot
-                .topics
-                .get(&id.topic)
-                .and_then(|t| t.owners.get(id.partition as usize))
-                .is_some_and(|o| o.node == node && o.moving_to.is_some())
+            owner_in(snapshot, id).is_some_and(|o| o.node == node && o.moving_to.is_some())
         })
         .cloned()
         .collect()
@@ -119,10 +123,7 @@ pub(crate) fn plan_disowned(
         .iter()
         .filter(|id| !sealed.contains(id))
         .filter(|id| {
-            snapshot
-                .topics
-                .get(&id.topic)
-                .and_then(|t| t.owners.get(id.partition as usize))
+            owner_in(snapshot, id)
                 .is_some_and(|o| o.node != node && o.moving_to.as_deref() != Some(node))
         })
         .cloned()

@@ -1544,26 +1544,17 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
     // Moves start once both cursors have copied something (so each has its offset file).
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     loop {
-        let (_, listing) = send_json(
-            &client,
-            Method::GET,
-            &format!("{}/v1/topics/orders/children", cluster.url(0)),
-            None,
-        )
-        .expect("children");
-        let advanced = listing["children"][0]["partitions"]
-            .as_array()
-            .map_or(0, |ps| {
-                ps.iter()
-                    .filter(|p| p["next_offset"].as_u64().unwrap_or(0) > 0)
-                    .count()
-            });
+        let advanced = listed_partitions(&cluster.url(0), "orders", "copy")
+            .iter()
+            .filter(|p| p["next_offset"].as_u64().unwrap_or(0) > 0)
+            .count();
         if advanced == 2 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the cursors never advanced: {listing}"
+            "the cursors never advanced\n{}",
+            cluster.diagnostics("orders")
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -2002,8 +1993,9 @@ pub(super) fn recreate_once_dead(base: &str, topic: &str, partition: u32, on: &s
     }
 }
 
-/// The children listing's entry for `child` of `parent`, partition 0, read through `base`.
-fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
+/// The children listing's rows for `child` of `parent` (one per parent partition), read
+/// through `base`; none while the link is not listed.
+pub(super) fn listed_partitions(base: &str, parent: &str, child: &str) -> Vec<Value> {
     let (_, children) = send_json(
         &http_client(),
         Method::GET,
@@ -2013,8 +2005,16 @@ fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
     .expect("children");
     children["children"]
         .as_array()
-        .and_then(|c| c.iter().find(|l| l["name"] == child).cloned())
-        .map(|l| l["partitions"][0].clone())
+        .and_then(|c| c.iter().find(|l| l["name"] == child))
+        .and_then(|l| l["partitions"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The children listing's row for `child` of `parent`, partition 0, read through `base`.
+fn listed_partition(base: &str, parent: &str, child: &str) -> Value {
+    listed_partitions(base, parent, child)
+        .into_iter()
+        .next()
         .unwrap_or(Value::Null)
 }
 

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::cluster::{CONVERGE_TIMEOUT, Cluster, recreate_once_dead, value_counts};
+use super::cluster::{
+    CONVERGE_TIMEOUT, Cluster, listed_partitions, recreate_once_dead, value_counts,
+};
 use crate::e2e::harness::{fetch_all, http_client, sample, scrape, send_json};
 
 /// A value the load got acknowledged (a 200), and when its request was sent.
@@ -85,6 +87,22 @@ fn whole_partition(base: &str, topic: &str, partition: u32) -> Vec<Value> {
         }
         offset = next;
     }
+}
+
+/// Produces one record of `value` (keyless) to `topic` through `base`; the answer.
+fn produce_value(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    value: &str,
+) -> (u16, Value) {
+    send_json(
+        client,
+        Method::POST,
+        &format!("{base}/v1/topics/{topic}/records"),
+        Some(&json!({"records": [{"value": value}]})),
+    )
+    .expect("produce")
 }
 
 /// The live nodes as node `base` lists them.
@@ -300,15 +318,7 @@ fn a_produce_forwarded_to_an_owner_that_hangs_is_answered_once_its_lease_is_gone
     cluster.create("orders", 1, json!(["n2"]));
     let client = http_client();
     let n1 = cluster.url(0);
-    let produce = |value: &str| {
-        send_json(
-            &client,
-            Method::POST,
-            &format!("{n1}/v1/topics/orders/records"),
-            Some(&json!({"records": [{"value": value}]})),
-        )
-        .expect("produce")
-    };
+    let produce = |value: &str| produce_value(&client, &n1, "orders", value);
     let (status, body) = produce("before");
     assert_eq!(status, 200, "{body}");
 
@@ -374,18 +384,10 @@ fn a_child_owner_that_hangs_parks_no_thread_of_the_parent_owner_and_other_work_f
     // hangs.
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     loop {
-        let (_, children) = send_json(
-            &client,
-            Method::GET,
-            &format!("{}/v1/topics/orders/children", cluster.url(0)),
-            None,
-        )
-        .expect("children");
-        let placed = children["children"][0]["partitions"]
-            .as_array()
-            .map_or(0, |p| {
-                p.iter().filter(|p| p["next_offset"].is_u64()).count()
-            });
+        let placed = listed_partitions(&cluster.url(0), "orders", "on-n3")
+            .iter()
+            .filter(|p| p["next_offset"].is_u64())
+            .count();
         if placed == PARENTS as usize {
             break;
         }
@@ -491,15 +493,7 @@ fn a_partition_marked_for_a_move_whose_destination_dies_takes_no_write_until_it_
     cluster.attach("orders", "copy", json!({}));
     let client = http_client();
     let n1 = cluster.url(0);
-    let produce = |value: &str| {
-        send_json(
-            &client,
-            Method::POST,
-            &format!("{n1}/v1/topics/orders/records"),
-            Some(&json!({"records": [{"value": value}]})),
-        )
-        .expect("produce")
-    };
+    let produce = |value: &str| produce_value(&client, &n1, "orders", value);
     let (status, body) = produce("before");
     assert_eq!(status, 200, "{body}");
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
