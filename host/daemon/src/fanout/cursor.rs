@@ -222,6 +222,7 @@ pub async fn run_cursor(
         stop,
         committer,
         held: std::sync::Mutex::new(position::Held::default()),
+        stall_log: super::stall_log::StallLog::default(),
     };
     match cursor.run().await {
         Err(exit) => exit,
@@ -255,6 +256,8 @@ struct Cursor {
     committer: Arc<dyn ChildCommitter>,
     /// What the child held at or past the start position: not committed again.
     held: std::sync::Mutex<position::Held>,
+    /// When its stall was last logged ([`super::stall_log`]).
+    stall_log: super::stall_log::StallLog,
 }
 
 impl Cursor {
@@ -1016,8 +1019,11 @@ impl Cursor {
             })
             .max();
         let reason = failed.reason();
-        tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
-            failed = failed.indices.len(), %reason, "child commits failed; retrying those buckets");
+        if let Some(unlogged) = self.stall_log.admit(&reason, std::time::Instant::now()) {
+            tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+                failed = failed.indices.len(), %reason, unlogged_retries = unlogged,
+                "child commits failed; retrying those buckets (logged again in a minute if this goes on)");
+        }
         if refused {
             self.status.stalled_refused(reason);
         } else {
@@ -1080,6 +1086,7 @@ impl Cursor {
 
     /// The cursor is healthy at `next_offset` with the parent at `high_watermark`.
     fn healthy_at(&self, next_offset: u64, high_watermark: u64) {
+        self.stall_log.reset();
         self.status.set_position(next_offset, high_watermark);
         self.status.set_due_lag(0.0);
         self.status.running();
@@ -1247,8 +1254,12 @@ impl Cursor {
     /// Counts and reports a slab the router could not route, then backs off.
     async fn route_failed(&self, failure: &RouteFailure) -> Result<(), CursorExit> {
         self.status.route_failed();
-        tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
-            %failure, "slab not routed; retrying");
+        let reason = failure.to_string();
+        if let Some(unlogged) = self.stall_log.admit(&reason, std::time::Instant::now()) {
+            tracing::warn!(parent = %self.key.parent, partition = self.key.partition, child = %self.key.child,
+                failure = %reason, unlogged_retries = unlogged,
+                "slab not routed; retrying (logged again in a minute if this goes on)");
+        }
         self.stall(format!("routing failed: {failure}")).await
     }
 

@@ -70,6 +70,7 @@ pub(crate) mod remote_commit;
 pub mod route;
 pub mod shadow;
 pub(crate) mod slab;
+pub(crate) mod stall_log;
 pub mod status;
 
 use std::time::Duration;
