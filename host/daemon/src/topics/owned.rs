@@ -99,14 +99,9 @@ pub(crate) fn plan_marked(
     snapshot: &Snapshot,
     node: &str,
 ) -> Vec<PartitionId> {
-    registered
-        .iter()
-        .filter(|id| !sealed.contains(id))
-        .filter(|id| {
-            owner_in(snapshot, id).is_some_and(|o| o.node == node && o.moving_to.is_some())
-        })
-        .cloned()
-        .collect()
+    unsealed_where(registered, sealed, snapshot, |o| {
+        o.node == node && o.moving_to.is_some()
+    })
 }
 
 /// Of the partitions this node has registered and not sealed (`registered`, `sealed`), those
@@ -119,13 +114,23 @@ pub(crate) fn plan_disowned(
     snapshot: &Snapshot,
     node: &str,
 ) -> Vec<PartitionId> {
+    unsealed_where(registered, sealed, snapshot, |o| {
+        o.node != node && o.moving_to.as_deref() != Some(node)
+    })
+}
+
+/// The partitions of `registered` not in `sealed` whose owner record in `snapshot` is one
+/// `keep` takes (a partition the snapshot does not name is left out).
+fn unsealed_where(
+    registered: &[PartitionId],
+    sealed: &[PartitionId],
+    snapshot: &Snapshot,
+    keep: impl Fn(&PartitionOwner) -> bool,
+) -> Vec<PartitionId> {
     registered
         .iter()
         .filter(|id| !sealed.contains(id))
-        .filter(|id| {
-            owner_in(snapshot, id)
-                .is_some_and(|o| o.node != node && o.moving_to.as_deref() != Some(node))
-        })
+        .filter(|id| owner_in(snapshot, id).is_some_and(&keep))
         .cloned()
         .collect()
 }
