@@ -364,8 +364,9 @@ impl Chain {
         PluginError {
             position,
             name: plugin.name().to_owned(),
+            version: plugin.manifest().version.clone(),
             digest: plugin.digest(),
-            failure,
+            failure: Box::new(failure),
         }
     }
 

@@ -135,6 +135,14 @@ impl fmt::Display for ModuleLimit {
     }
 }
 
+/// A trap's text: what the guest said last, then the trap's cause in parentheses.
+fn trap_text(cause: &str, guest_said: Option<&str>) -> String {
+    match guest_said {
+        Some(said) => format!("{said} ({cause})"),
+        None => cause.to_owned(),
+    }
+}
+
 /// " (function N of the code section)" when a function is named, else nothing.
 fn at_function(function: &Option<u32>) -> String {
     match function {
@@ -386,14 +394,20 @@ impl fmt::Display for Violation {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Failure {
-    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...).
-    #[error("trapped: {message}")]
+    /// The guest trapped (unreachable, out-of-bounds access, stack overflow, ...). Shown as
+    /// the guest's last error line, then the trap's cause in parentheses.
+    #[error("trapped: {}", trap_text(message, guest_said.as_deref()))]
     Trap {
         /// wasmtime's trap code when it has one (`UnreachableCodeReached`, ...), as text.
         code: Option<String>,
-        /// The trap message with its Wasm backtrace when available, escaped and cut by
-        /// [`crate::text::sanitize`] (the backtrace names functions the plugin chose).
+        /// The trap's cause in one line (`wasm \`unreachable\` instruction executed`), without
+        /// the Wasm backtrace (logged at debug level), escaped and cut by
+        /// [`crate::text::sanitize`].
         message: String,
+        /// The last error-level line the guest logged during the call, escaped and cut: an SDK
+        /// plugin's panic handler logs `plugin panicked: <message> at <file:line>` just before
+        /// it traps.
+        guest_said: Option<String>,
     },
     /// The call ran past its wall-clock deadline (the epoch backstop).
     #[error("exceeded its deadline of {deadline_ms} ms")]
@@ -505,23 +519,37 @@ pub const SHORT_DIGEST_HEX: usize = 12;
 
 /// A slab failed in a chain: the plugin that failed and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "plugin {name} (#{position} of the chain, sha256:{}) failed: {failure}",
-    &digest.to_hex()[..SHORT_DIGEST_HEX]
-)]
+#[error("plugin {} failed: {failure}", self.who())]
 #[non_exhaustive]
 pub struct PluginError {
     /// 0-based position of the plugin in the chain.
     pub position: usize,
     /// The plugin's manifest name.
     pub name: String,
+    /// The plugin's manifest version (free-form; may be empty).
+    pub version: String,
     /// The plugin's content digest.
     pub digest: Digest,
-    /// What went wrong.
-    pub failure: Failure,
+    /// What went wrong (boxed: a trap's texts would make every routing `Result` large).
+    pub failure: Box<Failure>,
 }
 
 impl PluginError {
+    /// The plugin, as messages name it: `name version (#position of the chain, sha256:prefix)`.
+    pub fn who(&self) -> String {
+        let version = if self.version.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", self.version)
+        };
+        format!(
+            "{}{version} (#{} of the chain, sha256:{})",
+            self.name,
+            self.position,
+            &self.digest.to_hex()[..SHORT_DIGEST_HEX]
+        )
+    }
+
     /// The fieldless label of the failure.
     pub fn kind(&self) -> FailureKind {
         self.failure.kind()

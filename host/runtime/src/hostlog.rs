@@ -63,24 +63,23 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
         IMPORT_MODULE,
         IMPORT_LOG,
         |mut caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32| {
-            if !caller.data_mut().log_bucket.try_take() {
+            let logged = caller.data_mut().log_bucket.try_take();
+            // An error line is read even when the rate limit drops it from the log: the call's
+            // last one is reported with a trap (the SDK's panic message).
+            if !logged && level != 0 {
                 caller.data_mut().log_lines_dropped += 1;
                 return;
             }
-            let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
-                caller.data_mut().log_lines_dropped += 1;
-                return;
-            };
-            let data = memory.data(&caller);
-            let start = ptr as u32 as usize;
-            let asked = len as u32 as usize;
-            let len = asked.min(MAX_LOG_LINE_BYTES);
-            let Some(bytes) = data.get(start..start.saturating_add(len)) else {
+            let Some(line) = read_line(&mut caller, ptr, len) else {
                 // A bad pointer is the guest's bug; the line is lost, not the slab.
                 caller.data_mut().log_lines_dropped += 1;
                 return;
             };
-            let line = text::sanitize_bytes(bytes, asked - len, text::MAX_PLUGIN_TEXT_BYTES);
+            if !logged {
+                caller.data_mut().log_lines_dropped += 1;
+                caller.data_mut().last_error_line = Some(line);
+                return;
+            }
             let plugin = caller.data().plugin_name.as_str();
             match level {
                 0 => tracing::error!(target: "narad_plugin", plugin, "{line}"),
@@ -88,10 +87,32 @@ pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<
                 2 => tracing::info!(target: "narad_plugin", plugin, "{line}"),
                 _ => tracing::debug!(target: "narad_plugin", plugin, "{line}"),
             }
-            caller.data_mut().log_lines_emitted += 1;
+            let state = caller.data_mut();
+            state.log_lines_emitted += 1;
+            if level == 0 {
+                state.last_error_line = Some(line);
+            }
         },
     )?;
     Ok(())
+}
+
+/// The guest's line at `ptr..ptr + len`, read up to [`MAX_LOG_LINE_BYTES`], escaped and cut;
+/// `None` when the range is outside its memory.
+fn read_line(caller: &mut Caller<'_, HostState>, ptr: i32, len: i32) -> Option<String> {
+    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+        return None;
+    };
+    let data = memory.data(&*caller);
+    let start = ptr as u32 as usize;
+    let asked = len as u32 as usize;
+    let len = asked.min(MAX_LOG_LINE_BYTES);
+    let bytes = data.get(start..start.saturating_add(len))?;
+    Some(text::sanitize_bytes(
+        bytes,
+        asked - len,
+        text::MAX_PLUGIN_TEXT_BYTES,
+    ))
 }
 
 #[cfg(test)]

@@ -36,6 +36,10 @@ pub(crate) struct HostState {
     pub(crate) plugin_name: String,
     /// The call deadline, for reporting a deadline overrun.
     pub(crate) deadline_ms: u64,
+    /// The last error-level `narad.log` line of the current call (escaped and cut), kept even
+    /// when the rate limit dropped it from the log: a trap is reported with it, since the SDK's
+    /// panic handler logs the panic message just before it traps.
+    pub(crate) last_error_line: Option<String>,
 }
 
 /// Counters of one instance, kept across rebuilds.
@@ -240,6 +244,7 @@ impl Instance {
                 log_lines_dropped: 0,
                 plugin_name: self.plugin.name().to_owned(),
                 deadline_ms: u64::try_from(limits.deadline.as_millis()).unwrap_or(u64::MAX),
+                last_error_line: None,
             },
         );
         store.limiter(|state| &mut state.limiter);
@@ -294,6 +299,7 @@ fn arm(store: &mut Store<HostState>, fuel: u64, deadline_ticks: u64) -> Result<(
         .set_fuel(fuel)
         .map_err(|e| host_error(&format!("{e:#}")))?;
     store.set_epoch_deadline(deadline_ticks);
+    store.data_mut().last_error_line = None;
     Ok(())
 }
 
@@ -431,10 +437,7 @@ fn classify_store(error: &wasmtime::Error, budget: u64, store: &Store<HostState>
                 limit_bytes: limit.limit,
             };
         }
-        return Failure::Trap {
-            code: Some("TableLimit".to_owned()),
-            message: trap_text(error),
-        };
+        return trapped(error, Some("TableLimit".to_owned()), store);
     }
     if let Some(trap) = error.downcast_ref::<Trap>() {
         match trap {
@@ -444,24 +447,38 @@ fn classify_store(error: &wasmtime::Error, budget: u64, store: &Store<HostState>
                     deadline_ms: store.data().deadline_ms,
                 };
             }
-            other => {
-                return Failure::Trap {
-                    code: Some(format!("{other:?}")),
-                    message: trap_text(error),
-                };
-            }
+            other => return trapped(error, Some(format!("{other:?}")), store),
         }
     }
+    trapped(error, None, store)
+}
+
+/// A trap as operators read it: its cause in one line and the guest's last error line (an SDK
+/// plugin's panic message). The Wasm backtrace names only the guest's functions, usually by
+/// number, and spans many lines: it goes to the debug log, not into the failure.
+fn trapped(error: &wasmtime::Error, code: Option<String>, store: &Store<HostState>) -> Failure {
+    let state = store.data();
+    tracing::debug!(
+        target: "narad_plugin",
+        plugin = state.plugin_name.as_str(),
+        backtrace = %text::sanitize(&format!("{error:#}"), text::MAX_PLUGIN_TEXT_BYTES),
+        "routing plugin trapped"
+    );
     Failure::Trap {
-        code: None,
-        message: trap_text(error),
+        code,
+        message: text::sanitize(&trap_cause(error), text::MAX_PLUGIN_TEXT_BYTES),
+        guest_said: state.last_error_line.clone(),
     }
 }
 
-/// A trap's message with its Wasm backtrace, escaped and cut: the backtrace names the guest's
-/// functions, which the plugin chose, and spans several lines.
-fn trap_text(error: &wasmtime::Error) -> String {
-    text::sanitize(&format!("{error:#}"), text::MAX_PLUGIN_TEXT_BYTES)
+/// The root cause of a trap without wasmtime's `wasm trap: ` prefix (the failure already says
+/// it trapped).
+fn trap_cause(error: &wasmtime::Error) -> String {
+    let cause = error.root_cause().to_string();
+    match cause.strip_prefix("wasm trap: ") {
+        Some(rest) => rest.to_owned(),
+        None => cause,
+    }
 }
 
 fn host_error(message: &str) -> Failure {

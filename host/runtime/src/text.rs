@@ -98,9 +98,37 @@ pub fn sanitize_bytes(bytes: &[u8], already_cut: usize, max_bytes: usize) -> Str
     sanitize_cut(&String::from_utf8_lossy(bytes), already_cut, max_bytes)
 }
 
+/// Longest part of a record key [`describe_key`] shows, in bytes.
+pub const SHOWN_KEY_BYTES: usize = 64;
+
+/// A record's key for a message: `key "text"` (escaped and cut to [`SHOWN_KEY_BYTES`]),
+/// `key 0x..` (its first 32 bytes in hex, and its length) for bytes that are not UTF-8, or
+/// `no key`.
+pub fn describe_key(key: Option<&[u8]>) -> String {
+    match key {
+        None => "no key".to_owned(),
+        Some(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => format!("key \"{}\"", sanitize(text, SHOWN_KEY_BYTES)),
+            Err(_) => {
+                let hex: String = bytes.iter().take(32).map(|b| format!("{b:02x}")).collect();
+                let more = if bytes.len() > 32 { ".." } else { "" };
+                format!("key 0x{hex}{more} ({} bytes)", bytes.len())
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_described_as_text_bytes_or_none() {
+        assert_eq!(describe_key(Some(b"user-9")), "key \"user-9\"");
+        assert_eq!(describe_key(None), "no key");
+        assert_eq!(describe_key(Some(&[0xff, 0x00])), "key 0xff00 (2 bytes)");
+        assert_eq!(describe_key(Some(b"a\nb")), "key \"a\\nb\"");
+    }
 
     #[test]
     fn a_newline_or_a_nul_cannot_reach_the_output() {

@@ -329,19 +329,22 @@ pub fn trial(args: &TestArgs) -> anyhow::Result<TrialOutput> {
         Ok(report) => report,
         Err(e) => match &e.poison {
             Some(poison) => {
-                // The record alone often fails just as the slab did: say it once.
-                let alone = poison.error.failure.to_string();
-                let same = alone == e.error.failure.to_string();
+                // The record's own failure, once: the slab's mostly repeats it (with the fuel
+                // budget of the whole slab), and the daemon's listing says it the same way.
+                let key = records.get(poison.index).map_or_else(String::new, |r| {
+                    format!(", {}", narad_runtime::text::describe_key(r.key.as_deref()))
+                });
                 bail!(
-                    "{}; the first record it cannot route is at index {} of the input \
-                     (0-based; parent offset {}){}",
-                    e.error,
+                    "plugin {} failed on the record at index {} of the input (0-based; parent \
+                     offset {}{key}): {}{}",
+                    poison.error.who(),
                     poison.index,
                     poison.parent_offset,
-                    if same {
-                        String::new()
+                    poison.error.failure,
+                    if poison.alone {
+                        ""
                     } else {
-                        format!(": {alone}")
+                        "; it fails only after the records before it, not alone"
                     }
                 )
             }

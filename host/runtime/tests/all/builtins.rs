@@ -303,7 +303,7 @@ fn header_route_without_a_config_fails_with_its_message() {
         .route(&context(4), &Slab::new(0, &[Some(b"k")]).records())
         .unwrap_err();
     assert_eq!(err.name, "header-route");
-    match err.failure {
+    match *err.failure {
         Failure::ErrorReturn { message, .. } => assert!(message.is_some()),
         other => panic!("{other:?}"),
     }

@@ -2,7 +2,7 @@
 //! the failed store is discarded, and the next slab routes on a rebuilt instance.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use crate::common::{Poison, Slab, Spec, context, runtime};
+use crate::common::{PANIC_LINE, Poison, Slab, Spec, context, runtime};
 use narad_runtime::{
     Chain, ChainError, ErrorCode, Failure, FailureKind, FuelBudget, Limits, Plugin, PluginError,
     Runtime, RuntimeConfig, UNDECIDED, Violation, run_trial,
@@ -70,7 +70,7 @@ fn an_empty_slab_routes_to_nothing() {
 fn an_endless_loop_runs_out_of_fuel_and_the_next_slab_routes() {
     let err = fail_then_recover(&runtime(), Poison::EndlessLoop);
     assert!(
-        matches!(err.failure, Failure::FuelExhausted { .. }),
+        matches!(*err.failure, Failure::FuelExhausted { .. }),
         "{err:?}"
     );
 }
@@ -94,7 +94,7 @@ fn assert_deadline_stops_an_endless_loop(fuel: FuelBudget) {
     let runtime = Runtime::new(RuntimeConfig::default().limits(limits)).unwrap();
     let err = fail_then_recover(&runtime, Poison::EndlessLoop);
     assert!(
-        matches!(err.failure, Failure::Deadline { deadline_ms: 30 }),
+        matches!(*err.failure, Failure::Deadline { deadline_ms: 30 }),
         "{err:?}"
     );
 }
@@ -121,7 +121,7 @@ fn a_budget_whose_terms_overflow_still_routes_and_is_still_stopped_by_the_deadli
 fn a_memory_grow_bomb_is_stopped_by_the_memory_limit() {
     let err = fail_then_recover(&runtime(), Poison::GrowBomb);
     assert!(
-        matches!(err.failure, Failure::MemoryLimit { .. }),
+        matches!(*err.failure, Failure::MemoryLimit { .. }),
         "{err:?}"
     );
     assert_eq!(err.kind(), FailureKind::MemoryLimit);
@@ -130,20 +130,46 @@ fn a_memory_grow_bomb_is_stopped_by_the_memory_limit() {
 #[test]
 fn a_trap_is_reported_with_its_code() {
     let err = fail_then_recover(&runtime(), Poison::Trap);
-    match err.failure {
-        Failure::Trap { code, message } => {
+    match *err.failure {
+        Failure::Trap {
+            code,
+            message,
+            guest_said,
+        } => {
             assert_eq!(code.as_deref(), Some("UnreachableCodeReached"));
-            assert!(!message.is_empty());
+            assert_eq!(message, "wasm `unreachable` instruction executed");
+            assert_eq!(guest_said, None);
         }
         other => panic!("{other:?}"),
     }
 }
 
 #[test]
+fn a_panic_is_reported_as_the_guest_said_it_in_one_line_without_a_backtrace() {
+    let err = fail_then_recover(&runtime(), Poison::Panic);
+    let Failure::Trap { guest_said, .. } = &*err.failure else {
+        panic!("{err:?}");
+    };
+    assert_eq!(guest_said.as_deref(), Some(PANIC_LINE));
+    let shown = err.to_string();
+    assert!(
+        shown.ends_with(&format!(
+            "trapped: {} (wasm `unreachable` instruction executed)",
+            PANIC_LINE
+        )),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("wasm function") && !shown.contains("backtrace"),
+        "{shown}"
+    );
+}
+
+#[test]
 fn an_out_of_range_answer_names_the_value_and_the_record() {
     let err = fail_then_recover(&runtime(), Poison::OutOfRange);
     assert_eq!(
-        err.failure,
+        *err.failure,
         Failure::OutOfRange {
             value: 99,
             record_offset: 102,
@@ -155,14 +181,14 @@ fn an_out_of_range_answer_names_the_value_and_the_record() {
 #[test]
 fn a_length_returned_instead_of_a_status_is_a_protocol_violation() {
     let err = fail_then_recover(&runtime(), Poison::ReturnCount);
-    assert_eq!(err.failure, Failure::Protocol(Violation::ReturnCode(4)));
+    assert_eq!(*err.failure, Failure::Protocol(Violation::ReturnCode(4)));
 }
 
 #[test]
 fn an_error_return_carries_the_guest_message() {
     let err = fail_then_recover(&runtime(), Poison::ErrorReturn);
     assert_eq!(
-        err.failure,
+        *err.failure,
         Failure::ErrorReturn {
             code: ErrorCode::Plugin,
             message: Some("no route for this record".into())
@@ -183,7 +209,7 @@ fn records_left_undecided_at_the_end_of_the_chain_fail_naming_the_last_plugin() 
     let err = chain.route(&context(2), &poisoned().records()).unwrap_err();
     assert_eq!(err.position, 1);
     assert_eq!(err.name, "second");
-    assert_eq!(err.failure, Failure::Undecided { record_offset: 102 });
+    assert_eq!(*err.failure, Failure::Undecided { record_offset: 102 });
     assert_eq!(chain.stats()[1].failures(FailureKind::Undecided), 1);
 }
 
@@ -268,7 +294,7 @@ fn the_poison_search_counts_its_calls_apart_and_gives_each_its_own_attempt() {
     let mut retry = context(4);
     retry.attempt = 1;
     let error = chain.route(&retry, &slab.records()).unwrap_err();
-    let message = |e: &PluginError| match &e.failure {
+    let message = |e: &PluginError| match &*e.failure {
         Failure::ErrorReturn { message, .. } => message.clone().unwrap(),
         other => panic!("expected an error return, got {other:?}"),
     };
@@ -364,7 +390,7 @@ fn undecided_is_never_a_valid_partition() {
     let err = chain
         .route(&context(2), &Slab::new(7, GOOD).records())
         .unwrap_err();
-    assert_eq!(err.failure, Failure::Undecided { record_offset: 7 });
+    assert_eq!(*err.failure, Failure::Undecided { record_offset: 7 });
     assert_eq!(UNDECIDED, u32::MAX);
 }
 

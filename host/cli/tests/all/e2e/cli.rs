@@ -545,7 +545,7 @@ fn plugin_test_takes_the_chain_like_router_and_numbers_records_from_zero() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("index 2 of the input (0-based; parent offset 12)"),
+        err.contains("index 2 of the input (0-based; parent offset 12, no key)"),
         "{err}"
     );
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, http_client, send_json};
+use crate::e2e::harness::{Daemon, http_client, scrape, send_json};
 use narad_runtime::testkit::{WatRouter, wat_string};
 
 /// How long a cursor may take to stall on, or recover from, a plugin error. Generous for a
@@ -52,15 +52,42 @@ fn hostile_plugin() -> Vec<u8> {
             "",
             &format!(
                 "(call $log (i32.const 2) (i32.const 16) (i32.const {log_len}))
-    ;; The context's last byte is the config's length varint (0) when the config is empty.
-    (return (if (result i32)
-      (i32.eqz (i32.load8_u (i32.sub
+    {}
+    (return (i32.const -1))",
+                BAD_CONFIG_WHEN_EMPTY,
+                log_len = LOG_LINE.len()
+            ),
+        )
+        .wasm()
+}
+
+/// WAT that returns `ROUTE_ERR_BAD_CONFIG` to the empty config of the deploy check (which the
+/// check allows) and goes on otherwise, so a plugin that fails every slab can be deployed and
+/// attached (with a non-empty config). The context's last byte is the config's length varint
+/// (0) when the config is empty.
+const BAD_CONFIG_WHEN_EMPTY: &str = "(if (i32.eqz (i32.load8_u (i32.sub
         (i32.add (i32.add (local.get $in) (i32.load offset=8 (local.get $in)))
                  (i32.load offset=12 (local.get $in)))
         (i32.const 1))))
-      (then (i32.const -3))
-      (else (i32.const -1))))",
-                log_len = LOG_LINE.len()
+      (then (return (i32.const -3))))";
+
+/// What an SDK plugin's panic handler logs before it traps.
+const PANIC_LINE: &str = "plugin panicked: no tier for this customer at src/lib.rs:41:13";
+
+/// A plugin (version 2.1.0) that does what the guest SDK does on a panic, on every record:
+/// logs [`PANIC_LINE`] at error level, then executes `unreachable`.
+fn panicking_plugin() -> Vec<u8> {
+    WatRouter::new("tiers")
+        .version("2.1.0")
+        .imports(r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#)
+        .items(&format!(r#"(data (i32.const 16) "{PANIC_LINE}")"#))
+        .route(
+            "",
+            &format!(
+                "{BAD_CONFIG_WHEN_EMPTY}
+    (call $log (i32.const 0) (i32.const 16) (i32.const {len}))
+    unreachable",
+                len = PANIC_LINE.len()
             ),
         )
         .wasm()
@@ -79,9 +106,21 @@ fn request(
 
 /// Deploys the hostile plugin, attaches `events -> copy` routed by it, and produces a record.
 fn stall_a_link_on_the_hostile_plugin(client: &reqwest::blocking::Client, base: &str) {
+    stall_a_link_on(client, base, "hostile", hostile_plugin(), "k");
+}
+
+/// Deploys `wasm` as `name`, attaches `events -> copy` routed by it (with a config, see
+/// [`BAD_CONFIG_WHEN_EMPTY`]), and produces one record with `key`.
+fn stall_a_link_on(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    name: &str,
+    wasm: Vec<u8>,
+    key: &str,
+) {
     let response = client
-        .post(format!("{base}/v1/plugins?name=hostile"))
-        .body(hostile_plugin())
+        .post(format!("{base}/v1/plugins?name={name}"))
+        .body(wasm)
         .send()
         .expect("deploy");
     let status = response.status();
@@ -100,13 +139,13 @@ fn stall_a_link_on_the_hostile_plugin(client: &reqwest::blocking::Client, base: 
         client,
         Method::PUT,
         &format!("{base}/v1/topics/events/children/copy"),
-        Some(json!({"partitions": 1, "router": ["hostile"], "config": "on"})),
+        Some(json!({"partitions": 1, "router": [name], "config": "on"})),
     );
     request(
         client,
         Method::POST,
         &format!("{base}/v1/topics/events/records"),
-        Some(json!({"records": [{"key": "k", "value": "v"}]})),
+        Some(json!({"records": [{"key": key, "value": "v"}]})),
     );
 }
 
@@ -243,5 +282,64 @@ fn a_cursor_that_recovers_shows_no_current_error_and_keeps_the_old_one_as_previo
             .as_i64()
             .is_some_and(|at| at > 0),
         "{recovered}"
+    );
+}
+
+#[test]
+fn a_panicking_plugin_is_listed_in_one_line_with_its_panic_and_record_and_searched_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = Daemon::start(&dir.path().join("data"));
+    let base = daemon.url();
+    let client = http_client();
+    stall_a_link_on(&client, &base, "tiers", panicking_plugin(), "customer-7");
+    // From the second try on, the error names the record the search found.
+    let report = wait_for_cursor(&client, &base, "the search to name the record", |r| {
+        stalled_with_error(r)
+            && r["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("parent offset"))
+    });
+    let shown = report["last_error"].as_str().unwrap_or_default();
+    // The issue's report: a wasm backtrace with escaped newlines, the error twice, no panic.
+    for wanted in [
+        "plugin tiers 2.1.0 (#0 of the chain, sha256:",
+        r#"failed on parent offset 0 (key "customer-7"): trapped: "#,
+        PANIC_LINE,
+        "(wasm `unreachable` instruction executed)",
+    ] {
+        assert!(shown.contains(wanted), "{wanted:?} is not in {shown:?}");
+    }
+    for unwanted in ["wasm function", "backtrace", r"\n"] {
+        assert!(!shown.contains(unwanted), "{unwanted:?} is in {shown:?}");
+    }
+    for once in ["plugin tiers", "trapped", "plugin panicked"] {
+        assert_eq!(
+            shown.matches(once).count(),
+            1,
+            "{once:?} said twice: {shown:?}"
+        );
+    }
+
+    // Later tries of the same slab reuse what the search found: the search's calls stop.
+    let counter = |name: &str| {
+        let prefix = format!(r#"{name}{{plugin="tiers","#);
+        scrape(&base)
+            .lines()
+            .filter(|line| line.starts_with(&prefix))
+            .filter_map(|line| line.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let searched = counter("narad_plugin_search_calls_total");
+    let calls = counter("narad_plugin_calls_total");
+    let deadline = Instant::now() + WAIT;
+    while counter("narad_plugin_calls_total") < calls + 3.0 {
+        assert!(Instant::now() < deadline, "the slab was not tried again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(searched > 0.0, "no search was counted");
+    assert_eq!(
+        counter("narad_plugin_search_calls_total"),
+        searched,
+        "the search ran again on a retry of the same slab"
     );
 }

@@ -50,6 +50,9 @@ pub struct ChainRouter {
     /// Attempt numbers the poison-record searches of the current slab used, added to the
     /// cursor's attempt so that every call with one slab carries its own attempt.
     attempt_shift: u32,
+    /// The last slab searched for its poison record, and what the search found: a slab that
+    /// keeps failing is searched once, not on every retry.
+    searched: Option<(SlabId, Option<PoisonRecord>)>,
 }
 
 impl ChainRouter {
@@ -60,6 +63,7 @@ impl ChainRouter {
             observer: None,
             reported: Vec::new(),
             attempt_shift: 0,
+            searched: None,
         }
     }
 
@@ -118,12 +122,32 @@ impl ChainRouter {
     }
 }
 
-fn failure(error: &PluginError, poison: Option<&PoisonRecord>) -> RouteFailure {
+/// A failed slab as one line for operators. With the record the search found: the plugin (name,
+/// version, digest), the record's parent offset and key, and what routing that record gave
+/// (the guest's own panic or error text), once; the whole slab's error is left out, since it
+/// mostly repeats the record's with another fuel budget.
+fn failure(
+    error: &PluginError,
+    poison: Option<&PoisonRecord>,
+    records: &[ParentRecord<'_>],
+) -> RouteFailure {
     let message = match poison {
         Some(poison) => {
+            let key = records
+                .get(poison.index)
+                .map_or_else(String::new, |record| {
+                    format!(" ({})", narad_runtime::text::describe_key(record.key()))
+                });
+            let company = if poison.alone {
+                ""
+            } else {
+                "; it fails only after the records before it in the slab, not alone"
+            };
             format!(
-                "{error}; the first record it cannot route is parent offset {}: {}",
-                poison.parent_offset, poison.error
+                "plugin {} failed on parent offset {}{key}: {}{company}",
+                poison.error.who(),
+                poison.parent_offset,
+                poison.error.failure
             )
         }
         None => error.to_string(),
@@ -194,7 +218,7 @@ impl SlabRouter for ChainRouter {
             // The chain fills every decision it made before it names the first record left
             // undecided, and leaves the others UNDECIDED: exactly what the comparison counts.
             Err(error) if error.kind() == FailureKind::Undecided => Ok(decisions),
-            Err(error) => Err(failure(&error, None)),
+            Err(error) => Err(failure(&error, None, &views)),
         };
         self.report();
         routed
@@ -212,21 +236,51 @@ impl ChainRouter {
         views: &[ParentRecord<'_>],
         attempt: u32,
     ) -> Result<Vec<u32>, RouteFailure> {
+        if attempt == 0 {
+            self.searched = None;
+        }
         match self.chain.route(ctx, views) {
             Ok(decisions) => Ok(decisions),
-            // First failure: report it as is. A slab that keeps failing is bisected so the
-            // error names the record the chain cannot route.
-            Err(error) if attempt == 0 => Err(failure(&error, None)),
+            // First failure: report it as is. A slab that keeps failing is searched once, so
+            // the error names the record the chain cannot route.
+            Err(error) if attempt == 0 => Err(failure(&error, None, views)),
             // A config error is about no record: searching would only repeat it and blame
             // whichever record came first.
-            Err(error) if error.failure.is_bad_config() => Err(failure(&error, None)),
+            Err(error) if error.failure.is_bad_config() => Err(failure(&error, None, views)),
             Err(error) => {
-                let poison = self.chain.bisect(ctx, views);
-                self.attempt_shift = self
-                    .attempt_shift
-                    .saturating_add(self.chain.last_search_routings());
-                Err(failure(&error, poison.as_ref()))
+                let slab = SlabId::of(views);
+                let poison = match &self.searched {
+                    // The same slab again: its record is known; searching again would cost
+                    // calls (and log lines) to name it again.
+                    Some((searched, poison)) if *searched == slab => poison.clone(),
+                    _ => {
+                        let poison = self.chain.bisect(ctx, views);
+                        self.attempt_shift = self
+                            .attempt_shift
+                            .saturating_add(self.chain.last_search_routings());
+                        self.searched = Some((slab, poison.clone()));
+                        poison
+                    }
+                };
+                Err(failure(&error, poison.as_ref(), views))
             }
+        }
+    }
+}
+
+/// Which slab a search was for: its first parent offset and its length (a cursor retries a
+/// slab from the same offset; a slab read again longer is searched again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SlabId {
+    first_offset: Option<u64>,
+    records: usize,
+}
+
+impl SlabId {
+    fn of(views: &[ParentRecord<'_>]) -> SlabId {
+        SlabId {
+            first_offset: views.first().map(|r| r.0.offset),
+            records: views.len(),
         }
     }
 }

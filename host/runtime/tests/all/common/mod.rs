@@ -16,6 +16,9 @@ pub enum Poison {
     GrowBomb,
     /// `unreachable`.
     Trap,
+    /// What the SDK's panic handler does: logs [`PANIC_LINE`] at error level, then
+    /// `unreachable`.
+    Panic,
     /// Writes 99 in the record's slot and returns 0.
     OutOfRange,
     /// Returns the record count, as if the ABI wanted a length.
@@ -38,6 +41,9 @@ pub enum Poison {
     /// Unbounded recursion.
     Recurse,
 }
+
+/// The line [`Poison::Panic`] logs before it traps.
+pub const PANIC_LINE: &str = "plugin panicked: no tier for key X at src/lib.rs:7:9";
 
 /// A generated plugin.
 #[derive(Clone, Debug)]
@@ -106,6 +112,9 @@ impl Spec {
             Poison::EndlessLoop => "(loop $spin (br $spin))",
             Poison::GrowBomb => "(loop $grow (drop (memory.grow (i32.const 16))) (br $grow))",
             Poison::Trap => "unreachable",
+            Poison::Panic => {
+                "(call $log (i32.const 0) (i32.const 64) (i32.const 52)) unreachable"
+            }
             Poison::OutOfRange => {
                 "(i32.store (local.get $slot) (i32.const 99)) (return (i32.const 0))"
             }
@@ -150,7 +159,7 @@ impl Spec {
         } else {
             ""
         };
-        let log_import = if matches!(self.poison, Poison::LogFlood) {
+        let log_import = if matches!(self.poison, Poison::LogFlood | Poison::Panic) {
             r#"(import "narad" "log" (func $log (param i32 i32 i32)))"#
         } else {
             ""
@@ -158,7 +167,10 @@ impl Spec {
         let mut router = WatRouter::new(self.name)
             .abi_version(self.abi_version)
             .imports(&format!("{log_import} {}", self.imports))
-            .items(r#"(data (i32.const 16) "no route for this record") (func $recurse (call $recurse))"#)
+            .items(&format!(
+                r#"(data (i32.const 16) "no route for this record") (data (i32.const 64) "{PANIC_LINE}")
+                   (func $recurse (call $recurse))"#
+            ))
             .last_error("(i64.const 0x1000000018)")
             .manifests(self.manifests.clone())
             .route(
