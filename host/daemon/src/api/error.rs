@@ -165,7 +165,9 @@ impl From<MetastoreError> for ApiError {
             MetastoreError::LinkRule(crate::metastore::LinkRuleError::TooManyChildren {
                 ..
             }) => ApiError::new(StatusCode::CONFLICT, err.to_string()),
-            MetastoreError::LinkRule(_) => ApiError::bad_request(err.to_string()),
+            MetastoreError::LinkRule(_)
+            | MetastoreError::ItemTooLarge { .. }
+            | MetastoreError::WriteTooLarge { .. } => ApiError::bad_request(err.to_string()),
             MetastoreError::Unavailable { .. } | MetastoreError::Contended { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string())
             }

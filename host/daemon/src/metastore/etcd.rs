@@ -3,24 +3,15 @@
 //! compare-and-swap on what it read.
 //!
 //! Keys, under the cluster's prefix (`/narad/{cluster}/`, so several clusters can share one etcd):
+//! `meta/versions` and one key per item, laid out in [`super::etcd_keys`]. A write touches the
+//! keys of the items it changes, so its cost does not grow with the cluster; what still bounds
+//! it is one transaction ([`etcd_keys::MAX_TXN_OPS`] keys, [`etcd_keys::MAX_TXN_BYTES`]), which
+//! a write that would exceed is refused with [`MetastoreError::WriteTooLarge`] before etcd sees
+//! it (deleting a topic with 108 children writes 110 keys).
 //!
-//! | key              | value (JSON)                  |
-//! |------------------|-------------------------------|
-//! | `meta/versions`  | [`Versions`]: one counter per domain |
-//! | `meta/topics`    | every [`TopicMeta`], by name  |
-//! | `meta/links`     | every [`LinkMeta`]            |
-//! | `meta/plugins`   | every [`PluginVersion`], oldest first |
-//!
-//! One key per domain rather than one per item: a write is then one transaction of at most four
-//! operations whatever it touches (deleting a topic with 108 children would otherwise exceed
-//! etcd's default limit of 128 operations per transaction), and a reader gets a consistent
-//! snapshot from one range. The cost is that a domain is bounded by etcd's request size
-//! ([`MAX_DOMAIN_BYTES`]); a write that would exceed it is refused with
-//! [`MetastoreError::DomainTooLarge`], before etcd sees it.
-//!
-//! A write ([`EtcdMetastore::apply`]): read all four keys in one linearizable range, apply the
-//! change to that snapshot with the pure transition, then commit in a transaction that compares
-//! the `meta/versions` key's modification revision with the one read. Every write of every
+//! A write ([`EtcdMetastore::apply`]): read `meta/` in one linearizable range, apply the
+//! change to that snapshot with the pure transition, then commit the changed keys in a
+//! transaction that compares the `meta/versions` key's modification revision with the one read. Every write of every
 //! domain rewrites that key, so any write that landed in between fails the compare and this one
 //! starts again from a fresh read: two concurrent attaches can never together break a rule (say,
 //! close a cycle, or pass 108 children). Writers on one node queue on a local lock first, so
@@ -32,22 +23,17 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
 use super::cache::{CacheHealth, CacheTiming, PrefixCache};
+use super::etcd_keys::{self, Decoded, META, VERSIONS};
 use super::transition;
 use super::{
-    BoxFuture, Change, LinkMeta, LinkTopics, Metastore, MetastoreError, Outcome, PartitionOwner,
-    PluginVersion, Result, Snapshot, TopicMeta, Versions,
+    BoxFuture, Change, LinkTopics, Metastore, MetastoreError, Outcome, PartitionOwner, Result,
+    Snapshot, TopicMeta, Versions,
 };
 use crate::shutdown::ShutdownSignal;
-
-/// Largest value this backend writes for one domain: etcd refuses requests over 1.5 MiB by
-/// default (`--max-request-bytes`), and a transaction carries up to three domains plus the
-/// versions, so each stays well under a third of it.
-pub(crate) const MAX_DOMAIN_BYTES: usize = 480 * 1024;
 
 /// How long one etcd request may take before it fails (a dead or partitioned etcd answers with
 /// an error, not a hang). Metadata requests are small; 5 s covers an election.
@@ -60,13 +46,6 @@ pub(crate) const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`MetastoreError::Contended`]. Writers on one node queue locally, so only other nodes'
 /// writes can make a round fail; each failed round means another write landed.
 pub(crate) const MAX_WRITE_ROUNDS: u32 = 64;
-
-/// The metadata keys live under `{prefix}meta/`.
-const META: &str = "meta/";
-const VERSIONS: &str = "versions";
-const TOPICS: &str = "topics";
-const LINKS: &str = "links";
-const PLUGINS: &str = "plugins";
 
 /// How long a write waits for this node's watched copy to show it, so that a read right
 /// after a write sees the write (past it, the read goes to etcd).
@@ -85,9 +64,9 @@ pub struct EtcdMetastore {
     decoded: std::sync::Mutex<Option<(i64, Arc<Snapshot>)>>,
 }
 
-/// The four keys as one range read them, with the revision to compare against.
+/// The metadata keys as one range read them, with the revision to compare against.
 struct Read {
-    snapshot: Snapshot,
+    decoded: Decoded,
     /// Modification revision of `meta/versions`; 0 before the first write.
     versions_revision: i64,
 }
@@ -114,13 +93,15 @@ impl EtcdMetastore {
 
     /// A metastore whose reads ([`Metastore::snapshot`], `versions`, `topic`) come from a
     /// watched copy of the metadata ([`PrefixCache`]) kept until `shutdown`; `confirm` and
-    /// writes still go to etcd. Fails when etcd cannot answer the first read.
+    /// writes still go to etcd. Metadata of an older build's layout is converted first
+    /// ([`etcd_keys::convert`]). Fails when etcd cannot answer the first read.
     pub async fn with_cache(
         client: Client,
         prefix: String,
         timing: CacheTiming,
         shutdown: ShutdownSignal,
     ) -> Result<EtcdMetastore> {
+        etcd_keys::convert(&client, &prefix).await?;
         let meta = format!("{prefix}{META}");
         let cache = PrefixCache::start(client.clone(), meta.clone(), timing, shutdown)
             .await
@@ -169,7 +150,7 @@ impl EtcdMetastore {
     async fn local_snapshot(&self) -> Result<Snapshot> {
         match self.cached_snapshot() {
             Some(snapshot) => Ok((*snapshot?).clone()),
-            None => Ok(self.read(true).await?.snapshot),
+            None => Ok(self.read(true).await?.decoded.snapshot),
         }
     }
 
@@ -265,32 +246,29 @@ impl EtcdMetastore {
         format!("{}{META}{name}", self.prefix)
     }
 
-    /// Decodes the metadata keys (named without the prefix) into a snapshot.
+    /// Decodes the metadata keys (named without the prefix). Metadata still in an older
+    /// build's layout is an error, never read as empty: [`Self::with_cache`] converts it.
+    fn decoded_from<'a>(
+        &self,
+        entries: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<Decoded> {
+        let decoded = etcd_keys::decode(entries, |name| self.key(name))?;
+        if decoded.old_layout {
+            return Err(MetastoreError::Task(format!(
+                "the metadata under {}{META} is in the layout of an older narad; a node of this \
+                 build converts it when it starts with every node stopped",
+                self.prefix
+            )));
+        }
+        Ok(decoded)
+    }
+
+    /// Decodes the metadata keys into a snapshot.
     fn snapshot_from<'a>(
         &self,
         entries: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     ) -> Result<Snapshot> {
-        let mut snapshot = Snapshot::default();
-        for (name, value) in entries {
-            match name {
-                VERSIONS => snapshot.versions = self.decode(name, value)?,
-                TOPICS => {
-                    let topics: Vec<TopicMeta> = self.decode(name, value)?;
-                    snapshot.topics = topics.into_iter().map(|t| (t.name.clone(), t)).collect();
-                }
-                LINKS => {
-                    let links: Vec<LinkMeta> = self.decode(name, value)?;
-                    snapshot.links = links
-                        .into_iter()
-                        .map(|l| ((l.parent.clone(), l.child.clone()), l))
-                        .collect();
-                }
-                PLUGINS => snapshot.plugins = self.decode(name, value)?,
-                // Keys a newer narad may add under meta/ are not ours to judge.
-                _ => {}
-            }
-        }
-        Ok(snapshot)
+        Ok(self.decoded_from(entries)?.snapshot)
     }
 
     /// Reads the four keys in one range; linearizable unless `serializable` (then served by
@@ -325,7 +303,7 @@ impl EtcdMetastore {
             entries.push((name, entry.value()));
         }
         Ok(Read {
-            snapshot: self.snapshot_from(entries)?,
+            decoded: self.decoded_from(entries)?,
             versions_revision,
         })
     }
@@ -341,34 +319,21 @@ impl EtcdMetastore {
     /// `Ok(None)` when another write landed first.
     async fn try_apply(&self, change: &Change, dead: Option<&str>) -> Result<Option<Outcome>> {
         let read = self.read(false).await?;
-        let before = read.snapshot.clone();
-        let mut next = read.snapshot;
+        let mut next = read.decoded.snapshot.clone();
         let (outcome, changed) = transition::apply(&mut next, change.clone())?;
         if !changed {
             // The read was linearizable, so "nothing to do" is true as of now.
             return Ok(Some(outcome));
         }
-        let mut puts = vec![TxnOp::put(
-            self.key(VERSIONS),
-            encode(VERSIONS, &next.versions)?,
-            None,
-        )];
-        if next.topics != before.topics {
-            let topics: Vec<&TopicMeta> = next.topics.values().collect();
-            puts.push(TxnOp::put(self.key(TOPICS), encode(TOPICS, &topics)?, None));
-        }
-        if next.links != before.links {
-            let links: Vec<&LinkMeta> = next.links.values().collect();
-            puts.push(TxnOp::put(self.key(LINKS), encode(LINKS, &links)?, None));
-        }
-        if next.plugins != before.plugins {
-            let plugins: &Vec<PluginVersion> = &next.plugins;
-            puts.push(TxnOp::put(
-                self.key(PLUGINS),
-                encode(PLUGINS, plugins)?,
-                None,
-            ));
-        }
+        let changes = etcd_keys::diff(&read.decoded, &next)?;
+        etcd_keys::check_size(&changes)?;
+        let puts: Vec<TxnOp> = changes
+            .into_iter()
+            .map(|(name, value)| match value {
+                Some(value) => TxnOp::put(self.key(&name), value, None),
+                None => TxnOp::delete(self.key(&name), None),
+            })
+            .collect();
         let mut compares = vec![Compare::mod_revision(
             self.key(VERSIONS),
             CompareOp::Equal,
@@ -428,18 +393,6 @@ pub async fn connect_client(endpoints: &[String]) -> Result<Client> {
         })
 }
 
-fn encode<T: Serialize + ?Sized>(domain: &'static str, value: &T) -> Result<Vec<u8>> {
-    let bytes = serde_json::to_vec(value).map_err(|e| MetastoreError::Task(e.to_string()))?;
-    if bytes.len() > MAX_DOMAIN_BYTES {
-        return Err(MetastoreError::DomainTooLarge {
-            domain,
-            bytes: bytes.len(),
-            limit: MAX_DOMAIN_BYTES,
-        });
-    }
-    Ok(bytes)
-}
-
 impl Metastore for EtcdMetastore {
     fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
         Box::pin(self.local_snapshot())
@@ -447,7 +400,7 @@ impl Metastore for EtcdMetastore {
 
     fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
         // etcd's default range is linearizable: it goes through the leader's read index.
-        Box::pin(async move { Ok(self.read(false).await?.snapshot) })
+        Box::pin(async move { Ok(self.read(false).await?.decoded.snapshot) })
     }
 
     fn versions(&self) -> BoxFuture<'_, Result<Versions>> {
@@ -482,7 +435,7 @@ impl Metastore for EtcdMetastore {
         Box::pin(async move {
             let snapshot = match self.cached_snapshot() {
                 Some(snapshot) => snapshot?,
-                None => Arc::new(self.read(true).await?.snapshot),
+                None => Arc::new(self.read(true).await?.decoded.snapshot),
             };
             Ok(LinkTopics::find_in(&snapshot, parent, child))
         })
@@ -493,7 +446,7 @@ impl Metastore for EtcdMetastore {
             // With the watched copy: a refcount and a lookup, not a copy of every topic.
             match self.cached_snapshot() {
                 Some(snapshot) => Ok(snapshot?.topics.get(name).cloned()),
-                None => Ok(self.read(true).await?.snapshot.topics.remove(name)),
+                None => Ok(self.read(true).await?.decoded.snapshot.topics.remove(name)),
             }
         })
     }
@@ -502,7 +455,10 @@ impl Metastore for EtcdMetastore {
         Box::pin(async move {
             match self.cached_snapshot() {
                 Some(snapshot) => Ok(super::parents_in(&*snapshot?, child)),
-                None => Ok(super::parents_in(&self.read(true).await?.snapshot, child)),
+                None => Ok(super::parents_in(
+                    &self.read(true).await?.decoded.snapshot,
+                    child,
+                )),
             }
         })
     }
@@ -518,7 +474,7 @@ mod tests {
 
     use super::*;
     use crate::metastore::test_etcd::TestEtcd;
-    use crate::metastore::{LinkRuleError, PluginRef};
+    use crate::metastore::{LinkMeta, LinkRuleError, PluginRef, PluginVersion};
 
     use crate::metastore::test_topic as topic;
 
@@ -706,10 +662,12 @@ mod tests {
         let store = store(&etcd, "bad-record").await;
         store.create_topic(topic("orders", 2)).await.unwrap();
         let mut kv = store.client.kv_client();
-        kv.put(store.key(TOPICS), "{not json", None).await.unwrap();
+        kv.put(store.key("topic/orders"), "{not json", None)
+            .await
+            .unwrap();
         match store.snapshot().await {
             Err(MetastoreError::BadRecord { key, .. }) => {
-                assert_eq!(key, "/narad-test/bad-record/meta/topics")
+                assert_eq!(key, "/narad-test/bad-record/meta/topic/orders")
             }
             other => panic!("expected BadRecord, got {other:?}"),
         }
@@ -749,5 +707,245 @@ mod tests {
             "{result:?}"
         );
         assert!(started.elapsed() < ETCD_REQUEST_TIMEOUT * 3);
+    }
+
+    fn plugin(name: &str, digest: &str) -> PluginVersion {
+        PluginVersion {
+            name: name.to_owned(),
+            digest: digest.to_owned(),
+            size_bytes: 10,
+            version: "1.0.0".to_owned(),
+            description: String::new(),
+            uploaded_at_ms: 1,
+        }
+    }
+
+    /// Metadata as builds before one key per item wrote it: versions and three arrays.
+    async fn write_old_layout(etcd: &TestEtcd, prefix: &str) -> Snapshot {
+        let mut expected = Snapshot::default();
+        for name in ["orders", "audit", "a/b%c"] {
+            let mut t = topic(name, 2);
+            t.owners = vec![
+                PartitionOwner {
+                    node: "n1".into(),
+                    generation: 3,
+                    moving_to: None,
+                },
+                PartitionOwner {
+                    node: "n2".into(),
+                    generation: 1,
+                    moving_to: None,
+                },
+            ];
+            expected.topics.insert(name.to_owned(), t);
+        }
+        let l = link("orders", "audit");
+        expected.links.insert(("orders".into(), "audit".into()), l);
+        expected.plugins = vec![
+            plugin("zeta", "01"),
+            plugin("alpha", "02"),
+            plugin("zeta", "03"),
+        ];
+        expected.versions = Versions {
+            topics: 3,
+            links: 1,
+            plugins: 3,
+        };
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let mut kv = client.kv_client();
+        let put = |name: &str| format!("{prefix}meta/{name}");
+        let topics: Vec<&TopicMeta> = expected.topics.values().collect();
+        let links: Vec<&LinkMeta> = expected.links.values().collect();
+        for (name, value) in [
+            ("versions", serde_json::to_vec(&expected.versions).unwrap()),
+            ("topics", serde_json::to_vec(&topics).unwrap()),
+            ("links", serde_json::to_vec(&links).unwrap()),
+            ("plugins", serde_json::to_vec(&expected.plugins).unwrap()),
+        ] {
+            kv.put(put(name), value, None).await.unwrap();
+        }
+        expected
+    }
+
+    #[tokio::test]
+    async fn metadata_of_the_old_layout_is_converted_at_start_and_fences_older_builds() {
+        let etcd = TestEtcd::start();
+        let prefix = "/narad-test/convert/";
+        let expected = write_old_layout(&etcd, prefix).await;
+        // Without converting, a read refuses rather than see an empty cluster.
+        let plain = store(&etcd, "convert").await;
+        assert!(matches!(
+            plain.confirm().await,
+            Err(MetastoreError::Task(message)) if message.contains("older narad")
+        ));
+
+        let (trigger, signal) = crate::shutdown::channel();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let cached =
+            EtcdMetastore::with_cache(client, prefix.to_owned(), CacheTiming::default(), signal)
+                .await
+                .unwrap();
+        assert_eq!(cached.snapshot().await.unwrap(), expected);
+        assert_eq!(plain.confirm().await.unwrap(), expected);
+        // Upload order survives.
+        let names: Vec<(&str, &str)> = expected
+            .plugins
+            .iter()
+            .map(|p| (p.name.as_str(), p.digest.as_str()))
+            .collect();
+        assert_eq!(names, [("zeta", "01"), ("alpha", "02"), ("zeta", "03")]);
+
+        // One key per item; the old keys hold a value an older build cannot read as its list.
+        let mut kv = plain.client.kv_client();
+        for old in etcd_keys::OLD_DOMAINS {
+            let value = kv.get(plain.key(old), None).await.unwrap();
+            let value: serde_json::Value = serde_json::from_slice(value.kvs()[0].value()).unwrap();
+            assert!(value.is_object(), "{old}: {value}");
+        }
+        let topic_keys = kv
+            .get(
+                plain.key("topic/"),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+            .unwrap();
+        let keys: Vec<String> = topic_keys
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8(kv.key().to_vec()).unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "/narad-test/convert/meta/topic/a%2Fb%25c",
+                "/narad-test/convert/meta/topic/audit",
+                "/narad-test/convert/meta/topic/orders",
+            ]
+        );
+        // Writes go on from there, key by key.
+        plain.create_topic(topic("late", 1)).await.unwrap();
+        plain.remove_plugin("zeta").await.unwrap();
+        plain.add_plugin(plugin("zeta", "04")).await.unwrap();
+        let after = plain.confirm().await.unwrap();
+        let names: Vec<(&str, &str)> = after
+            .plugins
+            .iter()
+            .map(|p| (p.name.as_str(), p.digest.as_str()))
+            .collect();
+        assert_eq!(names, [("alpha", "02"), ("zeta", "04")]);
+        assert_eq!(after.topics.len(), 4);
+        trigger.trigger();
+    }
+
+    #[tokio::test]
+    async fn three_nodes_converting_together_convert_once_and_agree() {
+        let etcd = TestEtcd::start();
+        let prefix = "/narad-test/convert-race/";
+        let expected = write_old_layout(&etcd, prefix).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(3));
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                etcd_keys::convert(&client, prefix).await
+            }));
+        }
+        let mut converted = 0;
+        for task in tasks {
+            if task.await.unwrap().unwrap() {
+                converted += 1;
+            }
+        }
+        assert_eq!(converted, 1, "exactly one node converts");
+        let plain = store(&etcd, "convert-race").await;
+        assert_eq!(plain.confirm().await.unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn the_conversion_is_refused_while_a_node_of_the_cluster_is_alive() {
+        let etcd = TestEtcd::start();
+        let prefix = "/narad-test/convert-alive/";
+        write_old_layout(&etcd, prefix).await;
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        client
+            .kv_client()
+            .put(format!("{prefix}nodes/n7"), "{}", None)
+            .await
+            .unwrap();
+        match etcd_keys::convert(&client, prefix).await {
+            Err(MetastoreError::Task(message)) => {
+                assert!(
+                    message.contains("n7") && message.contains("stop every node"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing was converted.
+        let old = client
+            .kv_client()
+            .get(format!("{prefix}meta/topics"), None)
+            .await
+            .unwrap();
+        assert_eq!(old.kvs()[0].value().first(), Some(&b'['));
+    }
+
+    #[tokio::test]
+    async fn topics_past_the_old_single_value_limit_fit_and_a_write_touches_only_its_keys() {
+        let etcd = TestEtcd::start();
+        let store = store(&etcd, "large").await;
+        // Three topics of 6,000 owned partitions: about 840 KB of owners in all, where the old
+        // layout refused past 480 KB for every topic together.
+        for name in ["big-1", "big-2", "big-3"] {
+            let mut t = topic(name, 6_000);
+            t.owners = (0..6_000)
+                .map(|_| PartitionOwner {
+                    node: "node-with-a-long-id-0001".into(),
+                    generation: 1,
+                    moving_to: None,
+                })
+                .collect();
+            store.create_topic(t).await.unwrap();
+        }
+        let before = store
+            .client
+            .clone()
+            .kv_client()
+            .get(store.key("topic/big-1"), None)
+            .await
+            .unwrap();
+        let revision = before.kvs()[0].mod_revision();
+        store.create_topic(topic("small", 1)).await.unwrap();
+        let after = store
+            .client
+            .clone()
+            .kv_client()
+            .get(store.key("topic/big-1"), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            after.kvs()[0].mod_revision(),
+            revision,
+            "an unrelated write rewrote big-1"
+        );
+        assert_eq!(store.confirm().await.unwrap().topics.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_parent_with_108_children_is_deleted_with_its_links_in_one_write() {
+        let etcd = TestEtcd::start();
+        let store = store(&etcd, "delete-108").await;
+        store.create_topic(topic("parent", 1)).await.unwrap();
+        for i in 0..108 {
+            let child = format!("c{i:03}");
+            store.create_topic(topic(&child, 1)).await.unwrap();
+            store.attach_link(link("parent", &child)).await.unwrap();
+        }
+        store.delete_topic("parent", true).await.unwrap();
+        let snapshot = store.confirm().await.unwrap();
+        assert!(snapshot.links.is_empty());
+        assert_eq!(snapshot.topics.len(), 108);
     }
 }

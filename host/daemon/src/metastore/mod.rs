@@ -25,6 +25,7 @@ pub mod cache;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod etcd;
+pub(crate) mod etcd_keys;
 pub(crate) mod file;
 pub(crate) mod frame;
 pub(crate) mod journal;
@@ -507,17 +508,33 @@ pub enum MetastoreError {
         /// The parse error.
         reason: String,
     },
-    /// A write would make one domain's value larger than the shared store takes.
+    /// One metadata item (a topic with its partition owners, a link, a plugin version) would
+    /// be larger than one etcd request takes.
     #[error(
-        "the {domain} metadata would be {bytes} bytes, over the {limit}-byte limit of one etcd value"
+        "the metadata item {key} would be {bytes} bytes, over the {limit}-byte limit of one etcd request"
     )]
-    DomainTooLarge {
-        /// The domain's key.
-        domain: &'static str,
-        /// Its encoded size after the write.
+    ItemTooLarge {
+        /// The item's key (under `meta/`).
+        key: String,
+        /// Its encoded size.
         bytes: usize,
         /// The limit.
         limit: usize,
+    },
+    /// A write would change more keys, or more bytes, than one etcd transaction takes (for
+    /// example deleting a topic that is the child of more than about 120 parents).
+    #[error(
+        "this change would write {operations} etcd keys ({bytes} bytes) in one transaction, over etcd's {max_operations} operations or {max_bytes} bytes; make it in smaller steps (detach some links first)"
+    )]
+    WriteTooLarge {
+        /// Keys the write would change.
+        operations: usize,
+        /// Bytes of keys and values.
+        bytes: usize,
+        /// Most operations one transaction takes.
+        max_operations: usize,
+        /// Most bytes.
+        max_bytes: usize,
     },
 }
 
