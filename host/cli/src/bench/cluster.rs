@@ -1284,7 +1284,7 @@ async fn check_etcd(endpoints: &[String], prefix: &str) -> Result<(), BenchError
 }
 
 /// Removes every key under `prefix` (the cluster phase's metadata, ownership and node keys).
-async fn remove_keys(endpoints: &[String], prefix: &str) -> Result<(), BenchError> {
+pub(super) async fn remove_keys(endpoints: &[String], prefix: &str) -> Result<(), BenchError> {
     let unavailable = |reason: String| BenchError::EtcdUnavailable {
         endpoints: endpoints.join(","),
         reason: format!("removing the keys under {prefix}: {reason}"),
@@ -1309,7 +1309,7 @@ async fn remove_keys(endpoints: &[String], prefix: &str) -> Result<(), BenchErro
 }
 
 /// A cluster name no other run uses: `bench-<pid>-<unix ms>`.
-fn unique_cluster_name() -> String {
+pub(super) fn unique_cluster_name() -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());

@@ -1,10 +1,12 @@
 //! `narad bench metadata`: what the metadata costs as it grows, on one node.
 //!
-//! Two questions from issue 11, each answered in the run that prints it:
+//! Two questions, each answered in the run that prints it:
 //!
 //! - **Does creating a topic cost more when there are many?** Topics are created one by one
-//!   in the embedded file metastore (the default), each change durable on return; the time of
-//!   each is kept, and the first hundred are compared with the last hundred.
+//!   in the embedded file metastore (the default), or with `--etcd` in cluster mode's etcd
+//!   metastore as a node uses it (with its watched copy), each change durable on return; the
+//!   time of each is kept, and the first hundred (and the first thousand, by median) are
+//!   compared with the last.
 //! - **What does a reconciler tick cost with many topics and no links?** A reconciler over
 //!   those topics (one node owns every partition; a directory per partition, as the daemon
 //!   would have) runs three kinds of tick: one where no metadata version moved (skipped), a
@@ -29,7 +31,11 @@ use narad_host::fanout::cursor::CursorDeps;
 use narad_host::fanout::metrics::FanoutMetrics;
 use narad_host::fanout::route::{RouterBuildError, RouterFactory, SlabRouter};
 use narad_host::fanout::status::FanoutView;
-use narad_host::metastore::{FileMetastore, LinkMeta, Metastore, TopicMeta};
+use narad_host::metastore::cache::CacheTiming;
+use narad_host::metastore::etcd::connect_client;
+use narad_host::metastore::{
+    EtcdMetastore, FileMetastore, LinkMeta, Metastore, PartitionOwner, TopicMeta,
+};
 use narad_host::ownership::SingleNode;
 use narad_host::reconciler::Reconciler;
 use narad_host::reconciler::schedule::ORPHAN_SWEEP_EVERY_TICKS;
@@ -46,6 +52,9 @@ const TICK_ROUNDS: usize = 9;
 /// Creations averaged at each end of the run.
 const ENDS: usize = 100;
 
+/// Creations whose median is compared at each end of the run (fewer in a short run: half).
+const MEDIAN_ENDS: usize = 1_000;
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct MetadataOptions {
@@ -55,6 +64,8 @@ pub struct MetadataOptions {
     pub partitions: u32,
     /// Where to create the bench directory (default: the current directory).
     pub dir: Option<PathBuf>,
+    /// etcd endpoints: measure cluster mode's etcd metastore instead of the file one.
+    pub etcd: Option<Vec<String>>,
     /// Show progress on a terminal.
     pub progress: bool,
 }
@@ -64,6 +75,10 @@ pub struct MetadataOptions {
 pub struct MetadataReport {
     /// Always `"metadata"`.
     pub bench: &'static str,
+    /// `"file"` or `"etcd"`.
+    pub metastore: &'static str,
+    /// The etcd endpoints, with `--etcd`.
+    pub etcd: Option<String>,
     /// The bench directory (removed afterwards).
     pub dir: PathBuf,
     /// The file system it was on.
@@ -78,6 +93,14 @@ pub struct MetadataReport {
     pub create_last_us: f64,
     /// `create_last_us / create_first_us`: 1.0 means no growth.
     pub create_growth: f64,
+    /// Creations in each end's median (`create_first_median_us`, `create_last_median_us`).
+    pub median_ends: usize,
+    /// Median of the first `median_ends` creations, microseconds.
+    pub create_first_median_us: f64,
+    /// Median of the last `median_ends` creations, microseconds.
+    pub create_last_median_us: f64,
+    /// `create_last_median_us / create_first_median_us`.
+    pub create_median_growth: f64,
     /// Median creation over the whole run, microseconds.
     pub create_p50_us: f64,
     /// 99th-percentile creation over the whole run, microseconds (the journal's compactions,
@@ -87,7 +110,8 @@ pub struct MetadataReport {
     pub create_max_us: f64,
     /// Every creation, seconds.
     pub create_total_seconds: f64,
-    /// Size of the metastore's files (snapshot, backup, journals) at the end, bytes.
+    /// Size of the metastore at the end, bytes: its files (snapshot, backup, journals), or
+    /// with `--etcd` the keys and values under the bench's prefix.
     pub metastore_bytes: u64,
     /// Median tick when no version moved, microseconds.
     pub tick_skipped_us: f64,
@@ -150,21 +174,118 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
     let load_before = sys::load_average();
     let work = WorkDir::create(options.dir.as_deref())?;
     let data = work.path().to_path_buf();
-    let metastore = {
-        let data = data.clone();
-        Arc::new(
-            blocking(move || FileMetastore::open(&data))
-                .await?
-                .map_err(BenchError::metastore("opening the metastore"))?,
-        )
+    let etcd = match &options.etcd {
+        Some(endpoints) => Some(EtcdRun::start(endpoints).await?),
+        None => None,
     };
+    let metastore: Arc<dyn Metastore> = match &etcd {
+        Some(run) => Arc::clone(&run.metastore) as Arc<dyn Metastore>,
+        None => {
+            let data = data.clone();
+            Arc::new(
+                blocking(move || FileMetastore::open(&data))
+                    .await?
+                    .map_err(BenchError::metastore("opening the metastore"))?,
+            )
+        }
+    };
+    let measured = measure(&options, &data, &metastore, etcd.as_ref()).await;
+    if let Some(run) = etcd {
+        run.finish().await?;
+    }
+    let mut report = measured?;
+    report.dir = work.path_buf();
+    report.file_system = work.file_system.clone();
+    report.load_before = load_before;
+    report.load_after = sys::load_average();
+    Ok(report)
+}
 
+/// The etcd side of a run with `--etcd`: a metastore with its watched copy under a prefix of
+/// the run's own, removed at the end.
+struct EtcdRun {
+    endpoints: Vec<String>,
+    prefix: String,
+    metastore: Arc<EtcdMetastore>,
+    client: etcd_client::Client,
+    stop: narad_host::shutdown::ShutdownTrigger,
+}
+
+impl EtcdRun {
+    async fn start(endpoints: &[String]) -> Result<EtcdRun, BenchError> {
+        let unavailable = |e: String| BenchError::EtcdUnavailable {
+            endpoints: endpoints.join(","),
+            reason: e,
+        };
+        let client = connect_client(endpoints)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let prefix = narad_host::cluster::prefix(&super::cluster::unique_cluster_name());
+        let (stop, signal) = narad_host::shutdown::channel();
+        let metastore = EtcdMetastore::with_cache(
+            client.clone(),
+            prefix.clone(),
+            CacheTiming::default(),
+            signal,
+        )
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+        Ok(EtcdRun {
+            endpoints: endpoints.to_vec(),
+            prefix,
+            metastore: Arc::new(metastore),
+            client,
+            stop,
+        })
+    }
+
+    /// Bytes of the keys and values under the run's prefix.
+    async fn bytes(&self) -> Result<u64, BenchError> {
+        let response = self
+            .client
+            .kv_client()
+            .get(
+                self.prefix.clone(),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .map_err(|e| BenchError::EtcdUnavailable {
+                endpoints: self.endpoints.join(","),
+                reason: e.to_string(),
+            })?;
+        Ok(response
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().len() + kv.value().len()) as u64)
+            .sum())
+    }
+
+    async fn finish(self) -> Result<(), BenchError> {
+        self.stop.trigger();
+        super::cluster::remove_keys(&self.endpoints, &self.prefix).await
+    }
+}
+
+/// Creates the topics and times the reconciler's ticks.
+async fn measure(
+    options: &MetadataOptions,
+    data: &std::path::Path,
+    metastore: &Arc<dyn Metastore>,
+    etcd: Option<&EtcdRun>,
+) -> Result<MetadataReport, BenchError> {
     // Creations, one durable change each.
     let mut progress = Progress::new(options.progress);
     let mut creations = Vec::with_capacity(options.topics as usize);
     let started = Instant::now();
     for i in 0..options.topics {
-        let meta = topic(format!("t{i:05}"), options.partitions);
+        let mut meta = topic(format!("t{i:05}"), options.partitions);
+        if etcd.is_some() {
+            // As cluster mode records a topic: each partition with its owner, spread over
+            // three nodes.
+            meta.owners = (0..options.partitions)
+                .map(|p| PartitionOwner::first(format!("n{}", (i + p) % 3 + 1)))
+                .collect();
+        }
         let at = Instant::now();
         metastore
             .create_topic(meta)
@@ -178,7 +299,13 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
     let ends = ENDS.min(creations.len());
     let create_first_us = mean_us(&creations[..ends]);
     let create_last_us = mean_us(&creations[creations.len() - ends..]);
-    let metastore_bytes = dir_bytes(&data);
+    let median_ends = MEDIAN_ENDS.min(creations.len() / 2).max(1);
+    let create_first_median_us = median_us(creations[..median_ends].to_vec());
+    let create_last_median_us = median_us(creations[creations.len() - median_ends..].to_vec());
+    let metastore_bytes = match etcd {
+        Some(run) => run.bytes().await?,
+        None => dir_bytes(data),
+    };
     let mut sorted = creations.clone();
     sorted.sort_unstable();
     let quantile_us = |q: f64| {
@@ -191,7 +318,7 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
 
     // The partition directories a node owning every partition has (no files in them).
     let store = {
-        let (data, topics, partitions) = (data.clone(), options.topics, options.partitions);
+        let (data, topics, partitions) = (data.to_path_buf(), options.topics, options.partitions);
         blocking(move || -> Result<narad_storage::Store, BenchError> {
             let store = narad_storage::Store::open(&data, narad_storage::StoreOptions::default())
                 .map_err(BenchError::storage("opening the store"))?;
@@ -214,7 +341,7 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
         store: Arc::clone(&store),
         fs: Arc::new(narad_storage::fs::RealFs),
         committer: Arc::new(narad_host::produce::Producer::new(Arc::clone(&store))),
-        metastore: Arc::clone(&metastore) as Arc<dyn Metastore>,
+        metastore: Arc::clone(metastore),
         clock: Arc::new(narad_storage::SystemClock),
         timing: narad_host::fanout::FanoutTiming::default(),
         remote_tails: None,
@@ -264,14 +391,24 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
 
     Ok(MetadataReport {
         bench: "metadata",
-        dir: work.path_buf(),
-        file_system: work.file_system.clone(),
+        metastore: if etcd.is_some() { "etcd" } else { "file" },
+        etcd: etcd.map(|run| run.endpoints.join(",")),
+        dir: PathBuf::new(),
+        file_system: None,
         topics: options.topics,
         partitions: options.partitions,
         create_first_us,
         create_last_us,
         create_growth: if create_first_us > 0.0 {
             create_last_us / create_first_us
+        } else {
+            0.0
+        },
+        median_ends,
+        create_first_median_us,
+        create_last_median_us,
+        create_median_growth: if create_first_median_us > 0.0 {
+            create_last_median_us / create_first_median_us
         } else {
             0.0
         },
@@ -283,8 +420,8 @@ pub async fn run_metadata(options: MetadataOptions) -> Result<MetadataReport, Be
         tick_skipped_us: median_us(skipped),
         tick_full_pass_us: median_us(full),
         tick_sweep_us: median_us(sweep),
-        load_before,
-        load_after: sys::load_average(),
+        load_before: None,
+        load_after: None,
     })
 }
 
@@ -314,11 +451,16 @@ impl MetadataReport {
     pub fn to_text(&self) -> String {
         let load = sys::load_text;
         let fs = sys::file_system_text(self.file_system.as_ref());
+        let on = match &self.etcd {
+            Some(endpoints) => format!("etcd metastore at {endpoints} (with a watched copy)"),
+            None => format!("file metastore on {fs}"),
+        };
         format!(
-            "narad bench metadata: {} topics x {} partitions, file metastore on {fs}\n\
+            "narad bench metadata: {} topics x {} partitions, {on}\n\
              topic creation (one durable change each): first {ENDS} {:.0} us each, last {ENDS} \
-             {:.0} us each ({:.2}x); over all: p50 {:.0} us, p99 {:.0} us, max {:.0} us; {:.1} s \
-             in all; metastore files {} bytes at the end\n\
+             {:.0} us each ({:.2}x); median of the first {} {:.0} us, of the last {:.0} us \
+             ({:.2}x); over all: p50 {:.0} us, p99 {:.0} us, max {:.0} us; {:.1} s in all; \
+             metastore {} bytes at the end\n\
              reconciler tick, median of {TICK_ROUNDS}: nothing moved {:.1} us; full pass after a \
              change {:.1} us; orphan sweep (every {ORPHAN_SWEEP_EVERY_TICKS}th tick) {:.1} us\n\
              load before {}, after {}\n",
@@ -327,6 +469,10 @@ impl MetadataReport {
             self.create_first_us,
             self.create_last_us,
             self.create_growth,
+            self.median_ends,
+            self.create_first_median_us,
+            self.create_last_median_us,
+            self.create_median_growth,
             self.create_p50_us,
             self.create_p99_us,
             self.create_max_us,

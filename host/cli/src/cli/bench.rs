@@ -132,6 +132,11 @@ pub struct MetadataArgs {
     /// current directory.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Use the etcd metastore of cluster mode at these endpoints (comma-separated), as a
+    /// node does (with its watched copy), instead of the embedded file metastore. The bench
+    /// uses keys of its own under /narad/bench-<pid>-<ms>/ and removes them at the end.
+    #[arg(long, value_name = "URLS")]
+    pub etcd: Option<String>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -403,6 +408,13 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                 topics: a.topics,
                 partitions: a.partitions,
                 dir: a.dir,
+                etcd: a.etcd.map(|urls| {
+                    urls.split(',')
+                        .map(str::trim)
+                        .filter(|u| !u.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                }),
                 progress,
             })
             .await

@@ -246,3 +246,32 @@ fn bench_requests_sends_both_sizes_of_request_to_a_real_daemon_and_reports_its_c
     assert_eq!(field(&json, "goal_user_ms_per_request"), 0.05);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn bench_metadata_on_etcd_creates_its_topics_there_and_removes_its_keys() {
+    let etcd = narad_host::metastore::test_etcd::TestEtcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["bench", "metadata", "--topics", "40", "--partitions", "3"])
+        .args(["--etcd", &etcd.endpoint(), "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(field(&report, "metastore"), "etcd", "{report}");
+    assert_eq!(field(&report, "topics"), 40);
+    // 40 topics of 3 owned partitions were in etcd at the end of the run.
+    assert!(positive(&report, "metastore_bytes") > 40.0 * 100.0, "{report}");
+    positive(&report, "create_first_median_us");
+    positive(&report, "create_last_median_us");
+    // And nothing of the run is left in etcd.
+    let left = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+        client.get("/narad/", Some(options)).await.unwrap().kvs().len()
+    });
+    assert_eq!(left, 0, "keys of the run were left in etcd");
+}

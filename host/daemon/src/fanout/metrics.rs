@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Labels of every per-cursor series.
@@ -114,6 +116,49 @@ pub struct FanoutMetrics {
     /// node and not had answered, per that node (at most
     /// [`super::peer_calls::COMMITS_IN_FLIGHT_PER_PEER`]; held there while it hangs).
     pub(crate) peer_commits_in_flight: Family<PeerLabels, Gauge>,
+    /// `narad_reconciler_pass_seconds`: how long each reconciler tick took, by what it did.
+    pub(crate) reconciler_pass: PassFamily,
+}
+
+/// The reconciler-pass series (a newtype, for the `Default` a histogram family lacks).
+#[derive(Clone, Debug)]
+pub(crate) struct PassFamily(pub(crate) Family<PassLabels, Histogram, PassBuckets>);
+
+impl Default for PassFamily {
+    fn default() -> PassFamily {
+        PassFamily(Family::new_with_constructor(PassBuckets))
+    }
+}
+
+/// Labels of the reconciler-pass series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PassLabels {
+    /// What the tick did.
+    pub kind: PassKind,
+}
+
+/// What a reconciler tick did.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub(crate) enum PassKind {
+    /// No metadata version moved and nothing was due: it compared nothing.
+    skip,
+    /// A full pass: every link compared with the running cursors.
+    full,
+    /// A full pass that also swept the partition directories for orphaned cursor files.
+    sweep,
+}
+
+/// The reconciler-pass buckets: 10 us to about 10 s, by powers of 4.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PassBuckets;
+
+impl MetricConstructor<Histogram> for PassBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            1e-5, 4.0, 11,
+        ))
+    }
 }
 
 /// Labels of the per-peer series: the other node.
@@ -205,6 +250,11 @@ impl FanoutMetrics {
             "narad_fanout_commit_deduplicated_records",
             "Records of child commits sent to another node that the child partition's owner already held (a retry of a commit it had stored) and did not store again",
             self.commit_deduplicated.clone(),
+        );
+        registry.register(
+            "narad_reconciler_pass_seconds",
+            "How long each reconciler tick took: skip (no metadata version moved), full (links compared with running cursors), sweep (a full pass that also looked for orphaned cursor files)",
+            self.reconciler_pass.0.clone(),
         );
         registry.register(
             "narad_fanout_peer_commits_in_flight",

@@ -405,8 +405,10 @@ impl Metastore for EtcdMetastore {
 
     fn versions(&self) -> BoxFuture<'_, Result<Versions>> {
         Box::pin(async move {
-            if self.cache.is_some() {
-                return Ok(self.local_snapshot().await?.versions);
+            // With the watched copy: the decoded copy's versions, not a clone of every topic
+            // (the reconciler asks on every tick).
+            if let Some(snapshot) = self.cached_snapshot() {
+                return Ok(snapshot?.versions);
             }
             let mut kv = self.client.kv_client();
             let response = kv

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
-use crate::fanout::metrics::{CursorLabels, FanoutMetrics};
+use crate::fanout::metrics::{CursorLabels, FanoutMetrics, PassKind, PassLabels};
 use crate::fanout::position::cursor_path;
 use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter, replace_router};
 use crate::fanout::shadow::Shadow;
@@ -157,20 +157,31 @@ impl Reconciler {
 
     /// One tick: reap exited cursors, then run a full pass when the schedule says so.
     pub async fn tick(&mut self) {
+        let started = Instant::now().into_std();
+        let kind = self.tick_once().await;
+        self.metrics
+            .reconciler_pass
+            .0
+            .get_or_create(&PassLabels { kind })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// One tick; what it did.
+    async fn tick_once(&mut self) -> PassKind {
         self.reap_exited().await;
         self.refresh_lags();
         let versions = match self.deps.metastore.versions().await {
             Ok(v) => v,
             Err(error) => {
                 tracing::warn!(%error, "reconciler cannot read metastore versions");
-                return;
+                return PassKind::skip;
             }
         };
         let version_list = [versions.topics, versions.links, versions.plugins];
         let now = Instant::now().into_std();
         let plan = self.schedule.plan(&version_list, now);
         if !plan.full_pass {
-            return;
+            return PassKind::skip;
         }
         // A full pass compares links with running cursors: it needs the topics links name,
         // not the thousands no link touches. The orphan sweep walks local partitions of every
@@ -194,6 +205,11 @@ impl Reconciler {
             }
         };
         self.schedule.full_pass_done(&version_list, now, clean);
+        if plan.sweep_orphans {
+            PassKind::sweep
+        } else {
+            PassKind::full
+        }
     }
 
     async fn reap_exited(&mut self) {

@@ -196,6 +196,7 @@ async fn metrics_parse_as_openmetrics_and_carry_every_documented_series() {
         "narad_plugin_errors_total",
         "narad_plugin_call_duration_seconds_bucket",
         "narad_plugin_call_duration_seconds_count",
+        "narad_reconciler_pass_seconds_count",
         "narad_produce_records_total",
         "narad_produce_bytes_total",
         "narad_fetch_records_total",
