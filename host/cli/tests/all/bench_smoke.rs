@@ -262,7 +262,10 @@ fn bench_metadata_on_etcd_creates_its_topics_there_and_removes_its_keys() {
     assert_eq!(field(&report, "metastore"), "etcd", "{report}");
     assert_eq!(field(&report, "topics"), 40);
     // 40 topics of 3 owned partitions were in etcd at the end of the run.
-    assert!(positive(&report, "metastore_bytes") > 40.0 * 100.0, "{report}");
+    assert!(
+        positive(&report, "metastore_bytes") > 40.0 * 100.0,
+        "{report}"
+    );
     positive(&report, "create_first_median_us");
     positive(&report, "create_last_median_us");
     // And nothing of the run is left in etcd.
@@ -270,8 +273,15 @@ fn bench_metadata_on_etcd_creates_its_topics_there_and_removes_its_keys() {
         let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
             .await
             .unwrap();
-        let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
-        client.get("/narad/", Some(options)).await.unwrap().kvs().len()
+        let options = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_keys_only();
+        client
+            .get("/narad/", Some(options))
+            .await
+            .unwrap()
+            .kvs()
+            .len()
     });
     assert_eq!(left, 0, "keys of the run were left in etcd");
 }
