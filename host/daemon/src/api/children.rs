@@ -1001,7 +1001,7 @@ async fn seek_here(
     let answer = status.order_seek(request.offset);
     match tokio::time::timeout(SEEK_WAIT, answer).await {
         Ok(Ok(Ok(done))) => Ok(done),
-        Ok(Ok(Err(reason))) => Err(ApiError::new(StatusCode::CONFLICT, reason)),
+        Ok(Ok(Err(reason))) => Err(ApiError::new(StatusCode::CONFLICT, reason.to_string())),
         Ok(Err(_)) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "another seek of the same cursor replaced this one, or the cursor stopped",

@@ -19,8 +19,8 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use super::topics::require_topic;
-use crate::fanout::position::RemoteTails;
 use crate::fanout::position::provenance::{self, ChildScan, TailCopies};
+use crate::fanout::position::{RemoteTails, TailScanError};
 use narad_storage::{PartitionId, Store};
 
 pub(crate) use crate::cluster::REVISION_HEADER;
@@ -527,19 +527,23 @@ impl RemoteTails for HttpTails {
         partition: u32,
         epoch: [u8; 8],
         parent_partition: u32,
-    ) -> crate::metastore::BoxFuture<'a, Result<(ChildScan, TailCopies), String>> {
+    ) -> crate::metastore::BoxFuture<'a, Result<(ChildScan, TailCopies), TailScanError>> {
         Box::pin(async move {
             let id = PartitionId::new(child.to_owned(), partition);
             let cluster = &self.cluster;
             let owner = cluster
                 .ownership
                 .owner_at(&id)
-                .ok_or_else(|| format!("{id} has no owner"))?;
+                .ok_or_else(|| TailScanError::NoOwner {
+                    partition: id.to_string(),
+                })?;
             let path = format!(
                 "/internal/v1/topics/{child}/partitions/{partition}/tail?epoch={}&parent_partition={parent_partition}",
                 hex::encode(epoch)
             );
-            let scan: TailScan = peer_get(cluster, &owner.node, &path).await?;
+            let scan: TailScan = peer_get(cluster, &owner.node, &path)
+                .await
+                .map_err(TailScanError::Peer)?;
             Ok((scan.scan, scan.copies))
         })
     }

@@ -27,6 +27,7 @@ use super::position::{self, Deferred, Opened};
 use super::route::{Mode, RouteFailure, RouteInput, SharedRouter, route_measured};
 use super::shadow::{Shadow, ShadowSlab};
 use super::slab::{NoRecords, SlabError, SlabRead, read_slab};
+use super::status::SeekError;
 use super::status::{CursorStatus, HaltedGap};
 use super::{FanoutTiming, gate};
 use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
@@ -286,7 +287,7 @@ impl Cursor {
         let gaps = loop {
             match GapBook::open(&self.deps, &self.key, &self.status).await {
                 Ok(gaps) => break gaps,
-                Err(e) => self.stall(e).await?,
+                Err(e) => self.stall(e.to_string()).await?,
             }
         };
         self.status
@@ -637,12 +638,14 @@ impl Cursor {
         to: u64,
         start: u64,
         high: u64,
-    ) -> Result<super::status::SeekDone, String> {
+    ) -> Result<super::status::SeekDone, SeekError> {
         if to < start || to > high {
-            return Err(format!(
-                "offset {to} is outside the records {} holds: {start} to {high}",
-                self.parent
-            ));
+            return Err(SeekError::OutOfRange {
+                parent: self.parent.clone(),
+                to,
+                start,
+                high,
+            });
         }
         let skipped = to.saturating_sub(from);
         if skipped > 0 {
@@ -650,7 +653,7 @@ impl Cursor {
             // the position before it, and the skip is the operator's to order again.
             gaps.record(from, to, GapReason::Seek, &self.status).await?;
         }
-        offsets.seek(to).await.map_err(|e| e.to_string())?;
+        offsets.seek(to).await?;
         tracing::warn!(parent = %self.parent, child = %self.key.child, from, to, skipped,
             replayed = from.saturating_sub(to), "operator seek of a paused cursor: position moved on purpose");
         Ok(super::status::SeekDone {
@@ -862,16 +865,15 @@ impl Cursor {
         delivery: &mut Delivery,
         topic: &str,
         poison: &super::route::PoisonFound,
-    ) -> Result<(), String> {
+    ) -> Result<(), dead_letter::DeadLetterError> {
         let Some(index) = delivery
             .pending
             .iter()
             .position(|r| r.offset == poison.offset)
         else {
-            return Err(format!(
-                "parent offset {} is not among the slab's records",
-                poison.offset
-            ));
+            return Err(dead_letter::DeadLetterError::NotInSlab {
+                offset: poison.offset,
+            });
         };
         let letter = dead_letter::letter(&delivery.pending[index], &self.key, poison);
         let target = dead_letter::commit_letter(
@@ -1182,7 +1184,7 @@ impl Cursor {
             .record(from, log_start, GapReason::Retention, &self.status)
             .await
         {
-            return self.stall(e).await;
+            return self.stall(e.to_string()).await;
         }
         match offsets.past_aged_out(log_start).await {
             Ok(()) => {

@@ -20,7 +20,51 @@ use super::bucket::SlabOrigin;
 use super::committer::ChildCommitter;
 use super::cursor::CursorKey;
 use super::route::PoisonFound;
-use crate::metastore::Metastore;
+use crate::metastore::{Metastore, MetastoreError};
+
+/// Why a record could not be set aside in the dead-letter topic; the cursor stalls with it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum DeadLetterError {
+    /// The topic the link names does not exist.
+    #[error(
+        "the dead-letter topic {topic} does not exist; create it or change the link's dead_letter"
+    )]
+    NoTopic {
+        /// The topic.
+        topic: String,
+    },
+    /// The metadata could not be read.
+    #[error("cannot read the dead-letter topic {topic}: {source}")]
+    ReadTopic {
+        /// The topic.
+        topic: String,
+        /// Why.
+        source: MetastoreError,
+    },
+    /// The letter could not be encoded.
+    #[error("cannot encode the dead letter of parent offset {offset}: {source}")]
+    Encode {
+        /// The record's parent offset.
+        offset: u64,
+        /// Why.
+        source: narad_storage::StorageError,
+    },
+    /// The commit failed.
+    #[error("commit to the dead-letter partition {target} failed: {source}")]
+    Commit {
+        /// The partition.
+        target: PartitionId,
+        /// Why.
+        source: super::committer::ChildCommitError,
+    },
+    /// The record the search named is not in the slab (it was delivered meanwhile).
+    #[error("parent offset {offset} is not among the slab's records")]
+    NotInSlab {
+        /// The record's parent offset.
+        offset: u64,
+    },
+}
 
 /// Prefix of the headers a letter adds to the record's own.
 pub(crate) const HEADER_PREFIX: &str = "narad.dlq.";
@@ -69,16 +113,20 @@ pub(crate) async fn commit_letter(
     topic: &str,
     letter: StoredRecord,
     origin: SlabOrigin,
-) -> Result<PartitionId, String> {
+) -> Result<PartitionId, DeadLetterError> {
     let partitions = match metastore.topic(topic).await {
         Ok(Some(meta)) if meta.partitions > 0 => meta.partitions,
         Ok(_) => {
-            return Err(format!(
-                "the dead-letter topic {topic} does not exist; create it or change the link's \
-                 dead_letter"
-            ));
+            return Err(DeadLetterError::NoTopic {
+                topic: topic.to_owned(),
+            });
         }
-        Err(e) => return Err(format!("cannot read the dead-letter topic {topic}: {e}")),
+        Err(source) => {
+            return Err(DeadLetterError::ReadTopic {
+                topic: topic.to_owned(),
+                source,
+            });
+        }
     };
     let target = PartitionId::new(topic, origin.parent_partition % partitions);
     let batch_origin = BatchOrigin {
@@ -87,21 +135,21 @@ pub(crate) async fn commit_letter(
         slab_start: origin.slab_start,
         parent_offsets: vec![letter.offset],
     };
-    let batch = EncodedBatch::encode(&[&letter], Some(&batch_origin)).map_err(|e| {
-        format!(
-            "cannot encode the dead letter of parent offset {}: {e}",
-            letter.offset
-        )
+    let batch = EncodedBatch::encode(&[&letter], Some(&batch_origin)).map_err(|source| {
+        DeadLetterError::Encode {
+            offset: letter.offset,
+            source,
+        }
     })?;
     let committed = Arc::clone(committer)
         .commit_in_order(target.clone(), vec![batch])
         .await;
     match committed.result {
         Ok(()) => Ok(target),
-        Err(failure) => Err(format!(
-            "commit to the dead-letter partition {target} failed: {}",
-            failure.error
-        )),
+        Err(failure) => Err(DeadLetterError::Commit {
+            target,
+            source: failure.error,
+        }),
     }
 }
 

@@ -18,6 +18,22 @@ use narad_storage::{Clock, PartitionId};
 use super::cursor::{CursorDeps, CursorKey};
 use super::position::cursor_path;
 use super::status::CursorStatus;
+use crate::blocking::BlockingError;
+
+/// Why the gap ledger could not be read or written; the cursor does not skip without it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GapBookError {
+    /// Reading (or setting aside a damaged) ledger failed.
+    #[error("reading the gap ledger: {0}")]
+    Read(#[source] narad_storage::cursor::CursorError),
+    /// Writing the ledger failed: nothing new is on record.
+    #[error("writing the gap ledger: {0}")]
+    Write(#[source] narad_storage::cursor::CursorError),
+    /// The blocking task failed.
+    #[error(transparent)]
+    Task(#[from] BlockingError),
+}
 
 /// The ledger of one cursor, as on file.
 pub(crate) struct GapBook {
@@ -48,7 +64,7 @@ impl GapBook {
         deps: &CursorDeps,
         key: &CursorKey,
         status: &CursorStatus,
-    ) -> Result<GapBook, String> {
+    ) -> Result<GapBook, GapBookError> {
         let parent = PartitionId::new(key.parent.clone(), key.partition);
         let path = gaps_path(&deps.store, &parent, &key.child);
         let (fs, read_path, now_ms) = (Arc::clone(&deps.fs), path.clone(), deps.clock.now_ms());
@@ -62,9 +78,8 @@ impl GapBook {
             }
             Ok::<_, narad_storage::cursor::CursorError>(loaded)
         })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("reading the gap ledger: {e}"))?;
+        .await?
+        .map_err(GapBookError::Read)?;
         let ledger = match loaded {
             GapsLoad::Found(ledger) if ledger.epoch == key.epoch => ledger,
             _ => GapLedger::new(key.epoch.clone()),
@@ -89,7 +104,7 @@ impl GapBook {
         to: u64,
         reason: GapReason,
         status: &CursorStatus,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, GapBookError> {
         let mut next = self.ledger().clone();
         let added = next.add(Gap {
             from,
@@ -103,9 +118,8 @@ impl GapBook {
         }
         let (fs, path, written) = (Arc::clone(&self.fs), self.path.clone(), next.clone());
         crate::blocking::run(move || gaps::write(fs.as_ref(), &path, &written))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("writing the gap ledger: {e}"))?;
+            .await?
+            .map_err(GapBookError::Write)?;
         status.set_gap_totals(next.lost(), next.skipped_by_seek());
         status.set_gaps(&next);
         *self.ledger() = next;

@@ -52,13 +52,13 @@
 //! Every wait of the loop comes from the cursor's [`FanoutTiming`] (defaults: the reference
 //! constants below) and every reading of the time from its clock, so tests shorten both.
 
-pub(crate) mod advance;
+pub mod advance;
 pub(crate) mod bucket;
 pub(crate) mod commit;
 pub mod committer;
 pub mod cursor;
 pub(crate) mod dead_letter;
-pub(crate) mod gap_book;
+pub mod gap_book;
 pub(crate) mod gate;
 pub(crate) mod lost_partition;
 pub mod metrics;

@@ -291,7 +291,7 @@ impl RemoteSender {
                 // The token may have been rotated: read the file once more before giving up.
                 401 | 403 if attempt == 0 && self.target.token_file.is_some() => {
                     let fresh = read_token(self.target.token_file.as_deref())
-                        .map_err(|e| self.error(partition, e, true))?;
+                        .map_err(|e| self.error(partition, e.to_string(), true))?;
                     *self.token.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
                 }
                 429 | 500..=599 => {
@@ -424,14 +424,25 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds).min(crate::fanout::REMOTE_BACKOFF_MAX))
 }
 
+/// A remote child's token file could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the token file {file}: {source}")]
+struct TokenFileError {
+    file: String,
+    source: std::io::Error,
+}
+
 /// The token in `file` (trimmed), `None` without a file.
-fn read_token(file: Option<&str>) -> Result<Option<String>, String> {
+fn read_token(file: Option<&str>) -> Result<Option<String>, TokenFileError> {
     let Some(file) = file else {
         return Ok(None);
     };
     std::fs::read_to_string(file)
         .map(|t| Some(t.trim().to_owned()))
-        .map_err(|e| format!("cannot read the token file {file}: {e}"))
+        .map_err(|source| TokenFileError {
+            file: file.to_owned(),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::route::{
-    Mode, RouteCost, RouteFailure, RouteInput, SharedRouter, SlabRouter, route_measured,
+    Mode, RouteCost, RouteFailure, RouteInput, RouterBuildError, SharedRouter, SlabRouter,
+    route_measured,
 };
 use crate::metastore::link::ShadowSpec;
 
@@ -324,13 +325,16 @@ impl Shadow {
     /// Starts the shadow `spec` with its candidate chain, or with why that chain could not be
     /// built (then every offer is skipped and the report says why, until
     /// [`Shadow::install`]). Spawns its worker, so it must be called inside a tokio runtime.
-    pub fn start(spec: ShadowSpec, candidate: Result<Box<dyn SlabRouter>, String>) -> Arc<Shadow> {
+    pub fn start(
+        spec: ShadowSpec,
+        candidate: Result<Box<dyn SlabRouter>, RouterBuildError>,
+    ) -> Arc<Shadow> {
         let (offers, queue) = mpsc::channel(SHADOW_QUEUE_DEPTH);
         let mut tally = Tally::default();
         let candidate = match candidate {
             Ok(router) => Some(Arc::new(Mutex::new(router))),
             Err(why) => {
-                tally.report.build_error = Some(why);
+                tally.report.build_error = Some(why.to_string());
                 None
             }
         };
@@ -726,15 +730,17 @@ mod tests {
 
     #[tokio::test]
     async fn a_candidate_that_cannot_be_built_skips_every_slab_and_says_why_until_installed() {
-        let shadow = Shadow::start(spec(), Err("plugin candidate@ab: not found".into()));
+        let unbuildable = RouterBuildError::Chain(narad_runtime::ChainError::Length {
+            len: 0,
+            max: narad_runtime::MAX_CHAIN_LEN,
+        });
+        let why = unbuildable.to_string();
+        let shadow = Shadow::start(spec(), Err(unbuildable));
         assert!(shadow.needs_build());
         shadow.offer(slab(records(0..3), 2));
         let report = shadow.report();
         assert_eq!((report.slabs_skipped, report.records_skipped), (1, 3));
-        assert_eq!(
-            report.build_error.as_deref(),
-            Some("plugin candidate@ab: not found")
-        );
+        assert_eq!(report.build_error, Some(why));
         shadow.install(Box::new(DiffersEvery { every: 1 }));
         assert!(!shadow.needs_build());
         shadow.offer(slab(records(0..3), 2));

@@ -229,7 +229,37 @@ pub(crate) struct SeekOrder {
     /// The parent offset the cursor is to copy next.
     pub offset: u64,
     /// The outcome, or why the seek was refused.
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<SeekDone, String>>,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<SeekDone, SeekError>>,
+}
+
+/// Why an operator's seek was refused or failed; the cursor's position is unchanged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeekError {
+    /// The cursor is not paused.
+    #[error("the cursor of parent partition {partition} is not paused; pause it first")]
+    NotPaused {
+        /// The parent partition.
+        partition: u32,
+    },
+    /// The offset is outside the parent's records.
+    #[error("offset {to} is outside the records {parent} holds: {start} to {high}")]
+    OutOfRange {
+        /// The parent partition.
+        parent: narad_storage::PartitionId,
+        /// The offset asked for.
+        to: u64,
+        /// The parent's log start.
+        start: u64,
+        /// Its high watermark.
+        high: u64,
+    },
+    /// The skipped range could not be put on the gap ledger.
+    #[error(transparent)]
+    Gaps(#[from] super::gap_book::GapBookError),
+    /// The new position could not be written.
+    #[error(transparent)]
+    Offsets(#[from] super::advance::AdvanceError),
 }
 
 /// A seek carried out.
@@ -496,13 +526,12 @@ impl CursorStatus {
     pub fn order_seek(
         &self,
         offset: u64,
-    ) -> tokio::sync::oneshot::Receiver<Result<SeekDone, String>> {
+    ) -> tokio::sync::oneshot::Receiver<Result<SeekDone, SeekError>> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self.lock().state != CursorState::Paused {
-            let _ = reply.send(Err(format!(
-                "the cursor of parent partition {} is not paused; pause it first",
-                self.labels.partition
-            )));
+            let _ = reply.send(Err(SeekError::NotPaused {
+                partition: self.labels.partition,
+            }));
             return answer;
         }
         *self.seek.lock().unwrap_or_else(PoisonError::into_inner) =

@@ -372,7 +372,7 @@ impl Reconciler {
                     if let Err(error) = &built {
                         tracing::warn!(parent = %meta.parent, child = %meta.child, %error, "cannot build the shadow's candidate chain");
                     }
-                    let shadow = Shadow::start(spec.clone(), built.map_err(|e| e.to_string()));
+                    let shadow = Shadow::start(spec.clone(), built);
                     link.runtime.set_shadow(Some(Arc::clone(&shadow)));
                     board.insert(&meta.parent, &meta.child, shadow);
                     tracing::info!(parent = %meta.parent, child = %meta.child, "shadow started");

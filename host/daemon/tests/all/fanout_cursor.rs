@@ -20,7 +20,7 @@ use narad_host::fanout::cursor::{
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::position::{Deferred, cursor_path};
 use narad_host::fanout::route::{RouteFailure, RouteInput, SlabRouter};
-use narad_host::fanout::status::{CursorState, CursorStatus, HaltedGap};
+use narad_host::fanout::status::{CursorState, CursorStatus, HaltedGap, SeekError};
 use narad_host::metastore::link::{AcceptedGap, LinkMeta, OnGap, PluginRef, PluginVersion};
 use narad_host::metastore::{
     BoxFuture, Change, FileMetastore, LinkTopics, Metastore, Outcome, Snapshot, TopicMeta, Versions,
@@ -821,7 +821,10 @@ async fn a_paused_cursor_seeks_back_to_replay_and_forward_to_skip_counting_only_
     .await;
     // Not paused: refused, nothing moves.
     let refused = running.status.order_seek(10).await.unwrap();
-    assert!(refused.unwrap_err().contains("not paused"));
+    assert!(matches!(
+        refused.unwrap_err(),
+        SeekError::NotPaused { partition: 0 }
+    ));
     running.runtime.set_meta(LinkMeta {
         paused: vec![0],
         ..meta.clone()
@@ -832,7 +835,10 @@ async fn a_paused_cursor_seeks_back_to_replay_and_forward_to_skip_counting_only_
     .await;
     // Outside the parent's records: refused.
     let outside = running.status.order_seek(41).await.unwrap();
-    assert!(outside.unwrap_err().contains("outside"), "past the end");
+    assert!(
+        matches!(outside.unwrap_err(), SeekError::OutOfRange { to: 41, .. }),
+        "past the end"
+    );
     // Back to 30: the last ten are copied again, nothing counted as skipped.
     let back = running.status.order_seek(30).await.unwrap().unwrap();
     assert_eq!((back.from, back.to, back.skipped), (40, 30, 0));

@@ -97,8 +97,33 @@ pub enum OpenError {
         /// `child/pNNNNN`.
         partition: String,
         /// Why.
-        reason: String,
+        reason: TailScanError,
     },
+}
+
+/// Why the tail of a child partition on another node could not be scanned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TailScanError {
+    /// The partition has no owner in the metadata this node holds.
+    #[error("{partition} has no owner")]
+    NoOwner {
+        /// `child/pNNNNN`.
+        partition: String,
+    },
+    /// The owner did not answer in time.
+    #[error("no answer within {secs} s")]
+    NoAnswer {
+        /// The wait, in seconds.
+        secs: u64,
+    },
+    /// The task that ran the scan failed in this daemon.
+    #[error("its scan task failed inside this daemon")]
+    TaskFailed,
+    /// The call to the owner failed or was refused: the peer client's own words (they name
+    /// the node and the cause).
+    #[error("{0}")]
+    Peer(String),
 }
 
 /// Scans the tails of child partitions that live on other nodes (cluster mode), for
@@ -114,7 +139,7 @@ pub trait RemoteTails: Send + Sync {
         parent_partition: u32,
     ) -> crate::metastore::BoxFuture<
         'a,
-        Result<(provenance::ChildScan, provenance::TailCopies), String>,
+        Result<(provenance::ChildScan, provenance::TailCopies), TailScanError>,
     >;
 }
 
@@ -195,7 +220,7 @@ pub async fn open(
     })
     .await??;
     // Child partitions whose owner did not answer the tail scan, with why.
-    let mut unscanned: Vec<(u32, String)> = Vec::new();
+    let mut unscanned: Vec<(u32, TailScanError)> = Vec::new();
     if let Some(tails) = &deps.remote_tails {
         for (p, theirs) in scan_remote_tails(tails, &key.child, &remote, epoch, key.partition).await
         {
@@ -205,7 +230,7 @@ pub async fn open(
             }
         }
     }
-    let refuse_unscanned = |unscanned: &[(u32, String)]| {
+    let refuse_unscanned = |unscanned: &[(u32, TailScanError)]| {
         unscanned.first().map(|(p, reason)| OpenError::RemoteTail {
             partition: PartitionId::new(key.child.clone(), *p).to_string(),
             reason: reason.clone(),
@@ -347,7 +372,7 @@ async fn scan_remote_tails(
     parent_partition: u32,
 ) -> Vec<(
     u32,
-    Result<(provenance::ChildScan, provenance::TailCopies), String>,
+    Result<(provenance::ChildScan, provenance::TailCopies), TailScanError>,
 )> {
     let mut scans = tokio::task::JoinSet::new();
     for (i, &p) in partitions.iter().enumerate() {
@@ -358,12 +383,9 @@ async fn scan_remote_tails(
                 tails.scan(&child, p, epoch, parent_partition),
             )
             .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "no answer within {} s",
-                    REMOTE_TAIL_TIMEOUT.as_secs()
-                ))
-            });
+            .unwrap_or(Err(TailScanError::NoAnswer {
+                secs: REMOTE_TAIL_TIMEOUT.as_secs(),
+            }));
             (i, p, scan)
         });
     }
@@ -382,7 +404,7 @@ async fn scan_remote_tails(
         .iter()
         .map(|&p| match by_partition.next_if(|(q, _)| *q == p) {
             Some(found) => found,
-            None => (p, Err("its scan task failed inside this daemon".to_owned())),
+            None => (p, Err(TailScanError::TaskFailed)),
         })
         .collect()
 }
