@@ -266,7 +266,7 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| {
                     format!(
-                        "producing to {} (after {} committed)",
+                        "producing to {} ({} of earlier batches committed)",
                         args.topic,
                         plural(before, "record")
                     )
@@ -316,6 +316,8 @@ async fn send_batch(
 ) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + retry_for;
     let total = batch.len();
+    let stored_before = summary.records;
+    let stored = |summary: &ProduceSummary| summary.records.saturating_sub(stored_before);
     let mut requests: Vec<Vec<Lined>> = vec![batch];
     let mut unknown: Vec<u64> = Vec::new();
     loop {
@@ -336,7 +338,13 @@ async fn send_batch(
                     let retryable = matches!(e.status().map(|s| s.as_u16()), Some(502..=504));
                     let Some(split) = Outcome::of(&e, request.len()) else {
                         if !retryable {
-                            return Err(not_all_stored(e.into(), total, &lines, &unknown));
+                            return Err(not_all_stored(
+                                e.into(),
+                                total,
+                                stored(summary),
+                                &lines,
+                                &unknown,
+                            ));
                         }
                         not_stored.extend(request);
                         last_error = Some(e);
@@ -355,7 +363,13 @@ async fn send_batch(
                     }
                     if !retryable {
                         let lines: Vec<u64> = not_stored.iter().map(|(l, _)| *l).collect();
-                        return Err(not_all_stored(e.into(), total, &lines, &unknown));
+                        return Err(not_all_stored(
+                            e.into(),
+                            total,
+                            stored(summary),
+                            &lines,
+                            &unknown,
+                        ));
                     }
                     last_error = Some(e);
                 }
@@ -368,6 +382,7 @@ async fn send_batch(
             return Err(not_all_stored(
                 anyhow::anyhow!("an owner lost its lease before it answered"),
                 total,
+                stored(summary),
                 &[],
                 &unknown,
             ));
@@ -376,7 +391,13 @@ async fn send_batch(
             let lines: Vec<u64> = not_stored.iter().map(|(l, _)| *l).collect();
             let error =
                 last_error.map_or_else(|| anyhow::anyhow!("not stored"), anyhow::Error::from);
-            return Err(not_all_stored(error, total, &lines, &unknown));
+            return Err(not_all_stored(
+                error,
+                total,
+                stored(summary),
+                &lines,
+                &unknown,
+            ));
         }
         tokio::time::sleep(RETRY_PAUSE).await;
         // One request per partition: a partition whose owner is still down holds back no other.
@@ -423,33 +444,42 @@ impl Outcome {
     }
 }
 
-/// The error of a batch of `total` records not all stored: `error` and the stdin lines not
-/// stored and of unknown outcome.
+/// The error of a batch of `total` records not all stored: how many of it were, the stdin
+/// lines not stored and of unknown outcome, then `error`, the answer to the last try.
 fn not_all_stored(
     error: anyhow::Error,
     total: usize,
+    stored: u64,
     lines: &[u64],
     unknown: &[u64],
 ) -> anyhow::Error {
-    let mut parts = Vec::new();
+    let mut parts = vec![format!(
+        "{stored} of this batch of {} stored",
+        plural(total as u64, "record")
+    )];
     if !lines.is_empty() {
         parts.push(format!(
-            "{} of this batch of {total} not stored (stdin lines {}); send those again",
-            plural(lines.len() as u64, "record"),
-            line_ranges(lines)
+            "{} not (stdin {}): send {} again",
+            lines.len(),
+            lines_word(lines),
+            if lines.len() == 1 { "it" } else { "those" }
         ));
     }
     if !unknown.is_empty() {
         parts.push(format!(
-            "{} may or may not have been stored (stdin lines {}): check before sending them again",
-            plural(unknown.len() as u64, "record"),
-            line_ranges(unknown)
+            "{} may or may not have been (stdin {}): check before sending {} again",
+            unknown.len(),
+            lines_word(unknown),
+            if unknown.len() == 1 { "it" } else { "them" }
         ));
     }
-    if parts.is_empty() {
-        return error;
-    }
-    error.context(parts.join("; "))
+    error.context(format!("{}; the last try got", parts.join(", ")))
+}
+
+/// `line 4` or `lines 3-5, 9`.
+fn lines_word(lines: &[u64]) -> String {
+    let word = if lines.len() == 1 { "line" } else { "lines" };
+    format!("{word} {}", line_ranges(lines))
 }
 
 /// Line numbers as ranges: `3-5, 9, 12-13`.

@@ -1460,7 +1460,7 @@ fn narad_produce_with_an_owner_down_stores_what_it_can_once_and_names_the_lines_
         .map(|i| i.to_string())
         .collect();
     let named = format!(
-        "3 records of this batch of 9 not stored (stdin lines {})",
+        "6 of this batch of 9 records stored, 3 not (stdin lines {}): send those again",
         missing.join(", ")
     );
     assert!(stderr.contains(&named), "wanted {named:?} in {stderr}");

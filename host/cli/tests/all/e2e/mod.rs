@@ -24,6 +24,7 @@ mod metastore_crash;
 mod metastore_loss;
 mod plugin_limits;
 mod plugin_text;
+mod quickstart;
 mod remote;
 mod shadow;
 mod tls;
