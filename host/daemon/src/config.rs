@@ -395,7 +395,8 @@ impl<T> Check<T> for Any {
     }
 }
 
-/// Comma-separated `http://` or `https://` URLs, or unset: cluster mode is off.
+/// Comma-separated `http://` URLs, or unset: cluster mode is off (etcd over TLS is not
+/// supported yet).
 struct EtcdEndpoints;
 impl Check<Option<String>> for EtcdEndpoints {
     type Out = Option<Vec<String>>;
@@ -417,6 +418,18 @@ impl Check<Option<String>> for EtcdEndpoints {
         }
         for endpoint in &endpoints {
             OptionalUrl::check(key, Some(endpoint.clone()))?;
+            // The etcd client of this build speaks plain HTTP only; say so now rather than
+            // fail at start with a message about how the binary was built.
+            if endpoint.starts_with("https://") {
+                return Err(ConfigError::BadValue {
+                    key,
+                    message: format!(
+                        "{endpoint}: etcd over TLS is not supported yet; use an http:// \
+                         endpoint on a network only the nodes and etcd share (docs/cluster.md, \
+                         Limits today)"
+                    ),
+                });
+            }
         }
         Ok(Some(endpoints))
     }
@@ -1131,6 +1144,24 @@ mod tests {
         let config = Config::merge(&args, &FileConfig::default()).unwrap();
         assert_eq!(config.listen, DEFAULT_LISTEN.parse().unwrap());
         assert_eq!(config, Config::new("/d"));
+    }
+
+    #[test]
+    fn an_https_etcd_endpoint_is_refused_at_the_flag_saying_tls_is_not_supported() {
+        let err = check_etcd("http://127.0.0.1:2379,https://etcd.example:2379").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("etcd over TLS is not supported yet"),
+            "{err}"
+        );
+        assert_eq!(
+            check_etcd("http://a:2379, http://b:2379").unwrap(),
+            Some(vec!["http://a:2379".to_owned(), "http://b:2379".to_owned()])
+        );
+    }
+
+    fn check_etcd(value: &str) -> Result<Option<Vec<String>>, ConfigError> {
+        EtcdEndpoints::check("etcd", Some(value.to_owned()))
     }
 
     #[test]

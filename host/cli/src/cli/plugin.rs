@@ -249,6 +249,10 @@ pub async fn run(args: PluginArgs) -> anyhow::Result<()> {
                     info.size_bytes,
                     info.needs.as_deref().unwrap_or_default().join(", ")
                 )?;
+                // The JSON's `deploy_check` caveat (routing not checked) must not be hidden.
+                if let Some(caveat) = &info.deploy_check {
+                    outln!("deploy check: {caveat}")?;
+                }
             }
         }
         PluginCommand::List => {

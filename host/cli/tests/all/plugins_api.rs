@@ -56,7 +56,7 @@ async fn a_built_in_module_deployed_under_a_new_name_is_listed_with_its_manifest
     assert_eq!(body["name"], "my-hash");
     assert_eq!(body["digest"], Digest::of(&bytes).to_hex());
     assert_eq!(body["size_bytes"], bytes.len() as u64);
-    assert_eq!(body["needs"], serde_json::json!(["keys"]));
+    assert_eq!(body["needs"], serde_json::json!(["key_hash_only"]));
     assert_eq!(body["manifest_name"], "key-hash");
     assert!(!body["version"].as_str().unwrap().is_empty());
     assert_eq!(body["builtin"], false);
@@ -315,7 +315,11 @@ async fn a_plugin_a_link_uses_cannot_be_removed_and_survives_restarts() {
         .find(|p| p["name"] == "mine")
         .unwrap();
     assert_eq!(mine["digest"], digest.as_str());
-    assert_eq!(mine["needs"], serde_json::json!(["keys"]), "{mine}");
+    assert_eq!(
+        mine["needs"],
+        serde_json::json!(["key_hash_only"]),
+        "{mine}"
+    );
     let (status, body) = d.delete("/v1/plugins/mine").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["links"], serde_json::json!(["orders -> audit"]));
@@ -1045,6 +1049,57 @@ async fn a_missing_manifest_and_an_unchecked_config_plugin_are_explained_at_depl
     let (status, body) = deploy(&d, Some("my-key-hash"), key_hash()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.get("deploy_check").is_none(), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_deploy_text_output_shows_the_deploy_check_caveat() {
+    let d = Daemon::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // header-route answers bad config to the check's empty config: its routing goes unchecked.
+    let unchecked = dir.path().join("header-route.wasm");
+    fs::write(
+        &unchecked,
+        narad_builtin_plugins::get("header-route").unwrap(),
+    )
+    .unwrap();
+    let out = narad_async(
+        &[
+            "plugin",
+            "deploy",
+            unchecked.to_str().unwrap(),
+            "--name",
+            "my-header-route",
+        ],
+        &d.url,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("deployed my-header-route version"), "{text}");
+    assert!(
+        text.contains("deploy check: accepted without a routing check"),
+        "{text}"
+    );
+    assert!(text.contains("probe_config"), "{text}");
+
+    // A plugin whose routing was checked gets no such line.
+    let checked = dir.path().join("key-hash.wasm");
+    fs::write(&checked, key_hash()).unwrap();
+    let out = narad_async(
+        &[
+            "plugin",
+            "deploy",
+            checked.to_str().unwrap(),
+            "--name",
+            "my-key-hash",
+        ],
+        &d.url,
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("deployed my-key-hash version"), "{text}");
+    assert!(!text.contains("deploy check"), "{text}");
 }
 
 /// `wasm` without its custom sections (what wabt's `wat2wasm` makes of a `@custom`).

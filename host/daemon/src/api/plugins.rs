@@ -214,14 +214,21 @@ fn info(v: PluginVersion, builtin: bool, latest: bool, load_error: Option<String
 
 /// The manifest's `needs` as the ABI spells them.
 fn needs(needs: narad_abi::Needs) -> Vec<String> {
-    let mut out = vec!["keys".to_owned()];
-    if needs.headers() {
-        out.push("headers".to_owned());
+    // What the plugin is given, as its manifest says it: `key_hash_only` alone (no record
+    // table), else each of keys, headers, values and key hashes it gets.
+    if !needs.table() {
+        return vec!["key_hash_only".to_owned()];
     }
-    if needs.values() {
-        out.push("values".to_owned());
-    }
-    out
+    [
+        (needs.keys(), "keys"),
+        (needs.headers(), "headers"),
+        (needs.values(), "values"),
+        (needs.key_hash(), "key_hash"),
+    ]
+    .into_iter()
+    .filter(|(given, _)| *given)
+    .map(|(_, name)| name.to_owned())
+    .collect()
 }
 
 /// The machine-readable `reason` of a refused module: which check failed.
