@@ -4,6 +4,7 @@
 //! stderr is a terminal (and `NO_COLOR` is unset): a file or a pipe gets plain text.
 
 use std::io::IsTerminal as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
 
@@ -41,6 +42,14 @@ pub fn format_of(cli: &super::Cli) -> Result<LogFormat, String> {
     })
 }
 
+/// Whether [`init`] installed JSON output.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Whether log lines are JSON objects (set by [`init`]).
+pub fn is_json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
 /// Installs the global subscriber. `default_level` applies when `RUST_LOG` is unset or
 /// invalid.
 pub fn init(format: LogFormat, default_level: &str) {
@@ -51,6 +60,7 @@ pub fn init(format: LogFormat, default_level: &str) {
         .with_env_filter(filter)
         .with_ansi(colour)
         .with_writer(std::io::stderr);
+    JSON.store(format == LogFormat::Json, Ordering::Relaxed);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -25,10 +25,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             config.data_dir.display()
         )
     })?;
-    // Not eprintln!: a closed stderr (`narad serve 2>&1 | head`) must not stop the daemon.
-    let _ = writeln!(
-        std::io::stderr(),
-        "narad listening on {}://{}",
+    let url = format!(
+        "{}://{}",
         if config.tls.is_some() {
             "https"
         } else {
@@ -36,10 +34,32 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         server.local_addr()
     );
+    // Written whatever RUST_LOG filters (scripts wait for it), as a log line of the format in
+    // use: with JSON logs, a JSON object like the others, so a shipper reads every line.
+    let line = if super::logging::is_json() {
+        serde_json::json!({
+            "timestamp": super::human::rfc3339_utc(now_ms()),
+            "level": "INFO",
+            "fields": {"message": format!("narad listening on {url}"), "url": url},
+            "target": "narad",
+        })
+        .to_string()
+    } else {
+        format!("narad listening on {url}")
+    };
+    // Not eprintln!: a closed stderr (`narad serve 2>&1 | head`) must not stop the daemon.
+    let _ = writeln!(std::io::stderr(), "{line}");
     tokio::spawn(async move {
         let name = stop_signals.next().await;
         tracing::info!(signal = name, "shutting down");
         trigger.trigger();
     });
     server.wait().await.context("narad stopped with an error")
+}
+
+/// Now, in ms since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -277,7 +277,19 @@ async fn log_format_json_writes_one_json_object_per_line() {
         .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
         .arg("--data-dir")
         .arg(temp.path());
-    assert_every_line_is_json(&log_lines_until_stopped(command).await);
+    let logs = log_lines_until_stopped(command).await;
+    assert_every_line_is_json(&logs);
+    // The listen line is one of them, with its URL as a field (it was plain text).
+    assert!(
+        logs.iter().any(|line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|e| {
+                e["fields"]["url"]
+                    .as_str()
+                    .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
+            })
+        }),
+        "no JSON listen line: {logs:?}"
+    );
 }
 
 /// A config file sets the log format (a flag of every command, read before the daemon's
@@ -343,7 +355,12 @@ async fn log_lines_until_stopped(mut command: Command) -> Vec<String> {
     let mut lines = Vec::new();
     let waited = tokio::task::spawn_blocking(move || {
         while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
-            let listening = line.starts_with("narad listening on ");
+            let listening = line.starts_with("narad listening on ")
+                || serde_json::from_str::<Value>(&line).is_ok_and(|event| {
+                    event["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("narad listening on "))
+                });
             lines.push(line);
             if listening {
                 return (lines, Some(rx));
