@@ -143,7 +143,7 @@ impl PeerDirectory {
     }
 }
 
-fn parse(entries: &BTreeMap<String, Vec<u8>>) -> Vec<NodeRecord> {
+fn parse(entries: &BTreeMap<String, bytes::Bytes>) -> Vec<NodeRecord> {
     entries
         .iter()
         .filter_map(

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use tokio::sync::watch;
 
@@ -66,8 +67,10 @@ pub(crate) struct CacheView {
     /// revision of the metadata itself. A peer whose copy reflects it holds everything this
     /// copy does (every metadata write bumps a key the copy keeps).
     pub(crate) data_revision: i64,
-    /// Every key under the prefix (the prefix stripped), with its value.
-    pub entries: Arc<BTreeMap<String, Vec<u8>>>,
+    /// Every key under the prefix (the prefix stripped), with its value. A value is shared
+    /// between the copies of successive revisions until its key changes, so a reader can tell
+    /// an unchanged value by its address ([`same_value`]) without comparing bytes.
+    pub entries: Arc<BTreeMap<String, Bytes>>,
 }
 
 /// Counters of the loop, for metrics and tests.
@@ -140,6 +143,12 @@ impl PrefixCache {
     }
 }
 
+/// Whether two values of the copy are the same value, unchanged between two revisions: the
+/// same bytes at the same address (a changed key always gets a new value).
+pub(crate) fn same_value(a: &Bytes, b: &Bytes) -> bool {
+    a.as_ptr() == b.as_ptr() && a.len() == b.len()
+}
+
 async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_client::Error> {
     let mut kv = client.kv_client();
     let response = kv
@@ -158,7 +167,7 @@ async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_clie
         .filter_map(|entry| {
             let key = entry.key().strip_prefix(prefix.as_bytes())?;
             let key = String::from_utf8(key.to_vec()).ok()?;
-            Some((key, entry.value().to_vec()))
+            Some((key, Bytes::copy_from_slice(entry.value())))
         })
         .collect();
     Ok(CacheView {
@@ -275,7 +284,7 @@ impl WatchLoop {
 
     fn apply(&self, response: &etcd_client::WatchResponse) {
         self.sender.send_if_modified(|view| {
-            let mut entries: Option<BTreeMap<String, Vec<u8>>> = None;
+            let mut entries: Option<BTreeMap<String, Bytes>> = None;
             let mut revision = view.revision;
             let mut newest_event = view.data_revision;
             for event in response.events() {
@@ -292,7 +301,7 @@ impl WatchLoop {
                 let map = entries.get_or_insert_with(|| (*view.entries).clone());
                 match event.event_type() {
                     EventType::Put => {
-                        map.insert(key, kv.value().to_vec());
+                        map.insert(key, Bytes::copy_from_slice(kv.value()));
                     }
                     EventType::Delete => {
                         map.remove(&key);

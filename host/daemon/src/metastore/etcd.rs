@@ -17,8 +17,11 @@
 //! close a cycle, or pass 108 children). Writers on one node queue on a local lock first, so
 //! contention (and retries) is only ever between nodes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -61,7 +64,68 @@ pub struct EtcdMetastore {
     /// This node's watched copy of `meta/`, when started with one: reads are served from it.
     cache: Option<PrefixCache>,
     /// The copy decoded at one revision (see [`EtcdMetastore::cached_snapshot`]).
-    decoded: std::sync::Mutex<Option<(i64, Arc<Snapshot>)>>,
+    decoded: std::sync::Mutex<Option<Memo>>,
+}
+
+/// What a write starts from when it uses the watched copy.
+struct WriteBase {
+    snapshot: Arc<Snapshot>,
+    plugin_keys: Vec<String>,
+    /// The `meta/versions` value the copy was decoded with.
+    versions: Vec<u8>,
+}
+
+/// The watched copy decoded at one revision, with the values it was decoded from.
+struct Memo {
+    revision: i64,
+    /// The copy's values at `revision`: the next revision's are compared with these.
+    entries: Arc<BTreeMap<String, Bytes>>,
+    snapshot: Arc<Snapshot>,
+    /// The key of each of `snapshot.plugins`.
+    plugin_keys: Vec<String>,
+}
+
+/// The keys whose values differ between two revisions of the copy, with the new value
+/// (`None`: deleted), in key order. Unchanged values are told by address, not compared.
+fn changed_keys<'a>(
+    old: &'a BTreeMap<String, Bytes>,
+    new: &'a BTreeMap<String, Bytes>,
+) -> Vec<(&'a str, Option<&'a Bytes>)> {
+    let mut changes = Vec::new();
+    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some((key, _)), None) => {
+                changes.push((key.as_str(), None));
+                a.next();
+            }
+            (None, Some((key, value))) => {
+                changes.push((key.as_str(), Some(*value)));
+                b.next();
+            }
+            (Some((old_key, old_value)), Some((new_key, new_value))) => {
+                match old_key.cmp(new_key) {
+                    std::cmp::Ordering::Less => {
+                        changes.push((old_key.as_str(), None));
+                        a.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        changes.push((new_key.as_str(), Some(*new_value)));
+                        b.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if !super::cache::same_value(old_value, new_value) {
+                            changes.push((new_key.as_str(), Some(*new_value)));
+                        }
+                        a.next();
+                        b.next();
+                    }
+                }
+            }
+        }
+    }
+    changes
 }
 
 /// The metadata keys as one range read them, with the revision to compare against.
@@ -129,21 +193,58 @@ impl EtcdMetastore {
             .decoded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((revision, snapshot)) = memo.as_ref()
-            && *revision == view.revision
-        {
-            return Some(Ok(Arc::clone(snapshot)));
+        if let Some(known) = memo.as_mut() {
+            if known.revision == view.revision {
+                return Some(Ok(Arc::clone(&known.snapshot)));
+            }
+            // Only the keys that changed since are decoded, into the copy in place when no
+            // reader holds it: a change costs what it touched, not the whole metadata.
+            match self.update(known, &view) {
+                Ok(true) => return Some(Ok(Arc::clone(&known.snapshot))),
+                Ok(false) => {}
+                Err(e) => {
+                    *memo = None;
+                    return Some(Err(e));
+                }
+            }
         }
-        let decoded = self.snapshot_from(
+        let decoded = self.decoded_from(
             view.entries
                 .iter()
-                .map(|(name, value)| (name.as_str(), value.as_slice())),
+                .map(|(name, value)| (name.as_str(), value.as_ref())),
         );
-        Some(decoded.map(|snapshot| {
-            let snapshot = Arc::new(snapshot);
-            *memo = Some((view.revision, Arc::clone(&snapshot)));
+        Some(decoded.map(|decoded| {
+            let snapshot = Arc::new(decoded.snapshot);
+            *memo = Some(Memo {
+                revision: view.revision,
+                entries: Arc::clone(&view.entries),
+                snapshot: Arc::clone(&snapshot),
+                plugin_keys: decoded.plugin_keys,
+            });
             snapshot
         }))
+    }
+
+    /// Brings `known` to `view` by the keys whose values changed; `false` when one cannot be
+    /// applied alone (then everything is decoded again).
+    fn update(&self, known: &mut Memo, view: &super::cache::CacheView) -> Result<bool> {
+        let changes = changed_keys(&known.entries, &view.entries);
+        let snapshot = Arc::make_mut(&mut known.snapshot);
+        for (name, value) in changes {
+            let applied = etcd_keys::apply_change(
+                snapshot,
+                &mut known.plugin_keys,
+                name,
+                value.map(AsRef::as_ref),
+                |name| self.key(name),
+            )?;
+            if !applied {
+                return Ok(false);
+            }
+        }
+        known.revision = view.revision;
+        known.entries = Arc::clone(&view.entries);
+        Ok(true)
     }
 
     /// The metadata from the watched copy, or from a serializable read without one.
@@ -263,14 +364,6 @@ impl EtcdMetastore {
         Ok(decoded)
     }
 
-    /// Decodes the metadata keys into a snapshot.
-    fn snapshot_from<'a>(
-        &self,
-        entries: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-    ) -> Result<Snapshot> {
-        Ok(self.decoded_from(entries)?.snapshot)
-    }
-
     /// Reads the four keys in one range; linearizable unless `serializable` (then served by
     /// the etcd member this client talks to, which may lag the leader).
     async fn read(&self, serializable: bool) -> Result<Read> {
@@ -318,6 +411,20 @@ impl EtcdMetastore {
     /// One compare-and-swap round: `Ok(Some(outcome))` when it landed (or changed nothing),
     /// `Ok(None)` when another write landed first.
     async fn try_apply(&self, change: &Change, dead: Option<&str>) -> Result<Option<Outcome>> {
+        // From the watched copy when it can: no read of every key per write. The compare on
+        // the versions value it was decoded with (every write raises a counter, and they
+        // never go down) makes a stale copy lose the round, never win it.
+        if let Some(copy) = self.copy_for_write() {
+            let copy = copy?;
+            let mut next = (*copy.snapshot).clone();
+            // A refusal or "nothing to do" read from a copy may be stale: those are decided
+            // on the linearizable read below.
+            if let Ok((outcome, true)) = transition::apply(&mut next, change.clone()) {
+                let changes = etcd_keys::diff(&copy.snapshot, &copy.plugin_keys, &next)?;
+                let versions = Compare::value(self.key(VERSIONS), CompareOp::Equal, copy.versions);
+                return self.commit(changes, versions, dead, outcome).await;
+            }
+        }
         let read = self.read(false).await?;
         let mut next = read.decoded.snapshot.clone();
         let (outcome, changed) = transition::apply(&mut next, change.clone())?;
@@ -325,7 +432,42 @@ impl EtcdMetastore {
             // The read was linearizable, so "nothing to do" is true as of now.
             return Ok(Some(outcome));
         }
-        let changes = etcd_keys::diff(&read.decoded, &next)?;
+        let changes = etcd_keys::diff(&read.decoded.snapshot, &read.decoded.plugin_keys, &next)?;
+        let versions =
+            Compare::mod_revision(self.key(VERSIONS), CompareOp::Equal, read.versions_revision);
+        self.commit(changes, versions, dead, outcome).await
+    }
+
+    /// The watched copy as a write starts from: the decoded metadata, its plugin keys and the
+    /// versions value it was decoded with. `None` without a copy or before the first write
+    /// (no versions key to compare).
+    fn copy_for_write(&self) -> Option<Result<WriteBase>> {
+        // Brings the decoded copy up to the watched one.
+        if let Err(e) = self.cached_snapshot()? {
+            return Some(Err(e));
+        }
+        let memo = self
+            .decoded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let known = memo.as_ref()?;
+        // The memo may have moved on since `cached_snapshot`: take what it holds now, whole.
+        let versions = known.entries.get(VERSIONS)?.to_vec();
+        Some(Ok(WriteBase {
+            snapshot: Arc::clone(&known.snapshot),
+            plugin_keys: known.plugin_keys.clone(),
+            versions,
+        }))
+    }
+
+    /// Commits `changes` if `versions` (and, with `dead`, that node's absence) still holds.
+    async fn commit(
+        &self,
+        changes: Vec<etcd_keys::KeyChange>,
+        versions: Compare,
+        dead: Option<&str>,
+        outcome: Outcome,
+    ) -> Result<Option<Outcome>> {
         etcd_keys::check_size(&changes)?;
         let puts: Vec<TxnOp> = changes
             .into_iter()
@@ -334,11 +476,7 @@ impl EtcdMetastore {
                 None => TxnOp::delete(self.key(&name), None),
             })
             .collect();
-        let mut compares = vec![Compare::mod_revision(
-            self.key(VERSIONS),
-            CompareOp::Equal,
-            read.versions_revision,
-        )];
+        let mut compares = vec![versions];
         let mut otherwise = Vec::new();
         if let Some(node) = dead {
             let key = format!("{}nodes/{node}", self.prefix);
@@ -362,6 +500,11 @@ impl EtcdMetastore {
                 return Err(MetastoreError::OwnerAlive {
                     node: node.to_owned(),
                 });
+            }
+            // Another write landed first: the next round starts from a copy that has it.
+            if let Some(cache) = &self.cache {
+                let revision = response.header().map_or(0, |h| h.revision());
+                cache.wait_for(revision, READ_YOUR_WRITE_WAIT).await;
             }
             return Ok(None);
         }
@@ -396,6 +539,17 @@ pub async fn connect_client(endpoints: &[String]) -> Result<Client> {
 impl Metastore for EtcdMetastore {
     fn snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
         Box::pin(self.local_snapshot())
+    }
+
+    fn links_snapshot(&self) -> BoxFuture<'_, Result<Snapshot>> {
+        // With the watched copy: only the topics links name are copied, not every topic (the
+        // reconciler's full pass asks after every metadata change).
+        Box::pin(async move {
+            match self.cached_snapshot() {
+                Some(snapshot) => Ok(snapshot?.linked_copy()),
+                None => Ok(self.read(true).await?.decoded.snapshot.linked_copy()),
+            }
+        })
     }
 
     fn confirm(&self) -> BoxFuture<'_, Result<Snapshot>> {
@@ -528,6 +682,17 @@ mod tests {
     /// read says "no cycle" and only the compare-and-swap can keep a second one out.
     #[tokio::test]
     async fn of_eight_attaches_racing_to_close_a_cycle_from_eight_nodes_exactly_one_wins() {
+        eight_attaches_racing_to_close_a_cycle(false).await;
+    }
+
+    /// The same race between nodes that write from their watched copies (a compare on the
+    /// versions value they decoded, not a fresh read).
+    #[tokio::test]
+    async fn of_eight_attaches_racing_from_watched_copies_exactly_one_wins() {
+        eight_attaches_racing_to_close_a_cycle(true).await;
+    }
+
+    async fn eight_attaches_racing_to_close_a_cycle(watched: bool) {
         let etcd = TestEtcd::start();
         let setup = store(&etcd, "cycle-race").await;
         let x = |i: usize| format!("x{i}");
@@ -541,9 +706,24 @@ mod tests {
                 setup.attach_link(link(&y(i), &x(j))).await.unwrap();
             }
         }
+        let (stop, signal) = crate::shutdown::channel();
         let mut nodes = Vec::new();
         for _ in 0..8 {
-            nodes.push(store(&etcd, "cycle-race").await);
+            nodes.push(if watched {
+                let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+                Arc::new(
+                    EtcdMetastore::with_cache(
+                        client,
+                        "/narad-test/cycle-race/".to_owned(),
+                        CacheTiming::default(),
+                        signal.clone(),
+                    )
+                    .await
+                    .unwrap(),
+                )
+            } else {
+                store(&etcd, "cycle-race").await
+            });
         }
         let barrier = Arc::new(tokio::sync::Barrier::new(8));
         let mut tasks = Vec::new();
@@ -570,6 +750,7 @@ mod tests {
             .filter(|&i| links.contains_key(&(x(i), y(i))))
             .count();
         assert_eq!(racers_landed, 1);
+        stop.trigger();
     }
 
     #[tokio::test]
@@ -609,6 +790,12 @@ mod tests {
         assert_eq!(
             cached.versions().await.unwrap(),
             other.confirm().await.unwrap().versions
+        );
+        // The copy, kept up to date key by key through every write of the suite (topics,
+        // links and plugin versions put and deleted), is what a full read decodes.
+        assert_eq!(
+            *cached.cached_snapshot().unwrap().unwrap(),
+            other.confirm().await.unwrap()
         );
         trigger.trigger();
     }

@@ -60,6 +60,11 @@ pub(crate) fn link_key(parent: &str, child: &str) -> String {
     format!("{LINK}{}/{}", escape(parent), escape(child))
 }
 
+/// Undoes [`escape`].
+fn unescape(part: &str) -> String {
+    part.replace("%2F", "/").replace("%25", "%")
+}
+
 /// The key name of the plugin version with upload sequence number `seq`.
 pub(crate) fn plugin_key(seq: u64) -> String {
     format!("{PLUGIN}{seq:010}")
@@ -124,6 +129,66 @@ pub(crate) fn decode<'a>(
     Ok(decoded)
 }
 
+/// Applies one key's change (`Some(value)` put, `None` deleted) to `snapshot` and its
+/// `plugin_keys` (kept in key order beside `snapshot.plugins`), as [`decode`] would read the
+/// key. `false` for a key it cannot apply alone (an old domain key: the caller decodes
+/// everything, which judges the layout).
+pub(crate) fn apply_change(
+    snapshot: &mut Snapshot,
+    plugin_keys: &mut Vec<String>,
+    name: &str,
+    value: Option<&[u8]>,
+    full_key: impl Fn(&str) -> String,
+) -> Result<bool> {
+    if name == VERSIONS {
+        snapshot.versions = match value {
+            Some(value) => typed(name, value, &full_key)?,
+            None => Versions::default(),
+        };
+    } else if let Some(escaped) = name.strip_prefix(TOPIC) {
+        match value {
+            Some(value) => {
+                let topic: TopicMeta = typed(name, value, &full_key)?;
+                snapshot.topics.insert(topic.name.clone(), topic);
+            }
+            None => {
+                snapshot.topics.remove(&unescape(escaped));
+            }
+        }
+    } else if let Some(pair) = name.strip_prefix(LINK) {
+        match value {
+            Some(value) => {
+                let link: LinkMeta = typed(name, value, &full_key)?;
+                snapshot
+                    .links
+                    .insert((link.parent.clone(), link.child.clone()), link);
+            }
+            None => {
+                if let Some((parent, child)) = pair.split_once('/') {
+                    snapshot.links.remove(&(unescape(parent), unescape(child)));
+                }
+            }
+        }
+    } else if plugin_seq(name).is_some() {
+        let at = plugin_keys.binary_search_by(|k| k.as_str().cmp(name));
+        match (value, at) {
+            (Some(value), Ok(i)) => snapshot.plugins[i] = typed(name, value, &full_key)?,
+            (Some(value), Err(i)) => {
+                snapshot.plugins.insert(i, typed(name, value, &full_key)?);
+                plugin_keys.insert(i, name.to_owned());
+            }
+            (None, Ok(i)) => {
+                snapshot.plugins.remove(i);
+                plugin_keys.remove(i);
+            }
+            (None, Err(_)) => {}
+        }
+    } else if OLD_DOMAINS.contains(&name) {
+        return Ok(false);
+    }
+    Ok(true)
+}
+
 fn typed<T: DeserializeOwned>(
     name: &str,
     value: &[u8],
@@ -138,10 +203,14 @@ fn typed<T: DeserializeOwned>(
 /// One key's change in a write: `Some(value)` puts, `None` deletes.
 pub(crate) type KeyChange = (String, Option<Vec<u8>>);
 
-/// The key changes that turn `before` (as `read` decoded it) into `after`, versions included
-/// when anything changed. Items are compared whole; unchanged ones are not written.
-pub(crate) fn diff(read: &Decoded, after: &Snapshot) -> Result<Vec<KeyChange>> {
-    let before = &read.snapshot;
+/// The key changes that turn `before` (with the key of each of its plugin versions) into
+/// `after`, versions included when anything changed. Items are compared whole; unchanged ones
+/// are not written.
+pub(crate) fn diff(
+    before: &Snapshot,
+    plugin_keys: &[String],
+    after: &Snapshot,
+) -> Result<Vec<KeyChange>> {
     let mut changes = Vec::new();
     for (name, topic) in &after.topics {
         if before.topics.get(name) != Some(topic) {
@@ -164,7 +233,7 @@ pub(crate) fn diff(read: &Decoded, after: &Snapshot) -> Result<Vec<KeyChange>> {
             changes.push((link_key(parent, child), None));
         }
     }
-    plugin_changes(read, &after.plugins, &mut changes)?;
+    plugin_changes(&before.plugins, plugin_keys, &after.plugins, &mut changes)?;
     if !changes.is_empty() || before.versions != after.versions {
         changes.push((
             VERSIONS.to_owned(),
@@ -178,11 +247,11 @@ pub(crate) fn diff(read: &Decoded, after: &Snapshot) -> Result<Vec<KeyChange>> {
 /// versions, and the ones kept keep their keys. A reordering (no transition makes one today)
 /// rewrites every plugin key in the new order.
 fn plugin_changes(
-    read: &Decoded,
+    before: &[PluginVersion],
+    plugin_keys: &[String],
     after: &[PluginVersion],
     changes: &mut Vec<KeyChange>,
 ) -> Result<()> {
-    let before = &read.snapshot.plugins;
     let same_version =
         |a: &PluginVersion, b: &PluginVersion| a.name == b.name && a.digest == b.digest;
     let mut taken = vec![false; before.len()];
@@ -202,14 +271,13 @@ fn plugin_changes(
             .iter()
             .skip_while(|m| m.is_some())
             .all(Option::is_none);
-    let mut next_seq = read
-        .plugin_keys
+    let mut next_seq = plugin_keys
         .iter()
         .filter_map(|k| plugin_seq(k))
         .max()
         .map_or(1, |s| s + 1);
     if !in_order {
-        for key in &read.plugin_keys {
+        for key in plugin_keys {
             changes.push((key.clone(), None));
         }
         for version in after {
@@ -223,7 +291,7 @@ fn plugin_changes(
         match found {
             Some(i) if before[*i] == *version => {}
             Some(i) => {
-                let key = read.plugin_keys[*i].clone();
+                let key = plugin_keys[*i].clone();
                 changes.push((key.clone(), Some(encode(&key, version)?)));
             }
             None => {
@@ -233,7 +301,7 @@ fn plugin_changes(
             }
         }
     }
-    for (i, key) in read.plugin_keys.iter().enumerate() {
+    for (i, key) in plugin_keys.iter().enumerate() {
         if !taken[i] {
             changes.push((key.clone(), None));
         }
