@@ -136,10 +136,9 @@ fn describe_text(d: &TopicDescription) -> String {
                     .map_or_else(|| "?".to_owned(), |v| v.to_string()),
                 p.size_bytes.to_string(),
                 p.segments.to_string(),
-                match &p.reason {
-                    Some(r) => format!("{}: {r}", p.state),
-                    None => p.state.clone(),
-                },
+                // The state alone: its reason (a peer's whole error chain, a quarantine's
+                // cause) goes under the table, so one long reason does not widen every row.
+                p.state.clone(),
             ];
             if clustered {
                 row.push(p.owner.clone().unwrap_or_else(|| "-".to_owned()));
@@ -159,6 +158,14 @@ fn describe_text(d: &TopicDescription) -> String {
         header.push("OWNER");
     }
     out.push_str(&table::render(&header, &rows));
+    for p in &d.partition_stats {
+        if let Some(reason) = &p.reason {
+            out.push_str(&format!(
+                "partition {} {}: {reason}\n",
+                p.partition, p.state
+            ));
+        }
+    }
     // Records recovery cut off a torn tail are shown under the table: they may have been
     // acknowledged, and the operator has to decide about the kept-aside bytes.
     for p in &d.partition_stats {
@@ -370,6 +377,37 @@ mod tests {
             partition_stats: vec![partition(0, None)],
         });
         assert!(!single.contains("OWNER"), "{single}");
+    }
+
+    #[test]
+    fn a_partitions_reason_is_shown_under_the_table_not_in_its_state_column() {
+        let reason = "node n3 did not answer: error sending request for url \
+                      (http://127.0.0.1:23795/internal/v1/...): tcp connect error: Connection \
+                      refused (os error 111)";
+        let down = PartitionInfo {
+            partition: 2,
+            log_start_offset: 0,
+            high_watermark: None,
+            size_bytes: 0,
+            segments: 0,
+            state: "unavailable".into(),
+            reason: Some(reason.into()),
+            recovered_cut: None,
+            owner: Some("n3".into()),
+        };
+        let text = describe_text(&TopicDescription {
+            topic: topic("orders"),
+            partition_stats: vec![down],
+        });
+        let row = text.lines().find(|l| l.starts_with('2')).unwrap();
+        assert!(
+            row.contains("unavailable") && !row.contains("os error"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("partition 2 unavailable: {reason}")),
+            "{text}"
+        );
     }
 
     #[test]
