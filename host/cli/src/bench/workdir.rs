@@ -26,8 +26,10 @@ impl WorkDir {
         };
         std::fs::create_dir_all(&parent)
             .map_err(BenchError::io(format!("creating {}", parent.display())))?;
+        // Owner-only, as a data dir must be (else the store warns at its first open).
         let temp = tempfile::Builder::new()
             .prefix("narad-bench-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir_in(&parent)
             .map_err(BenchError::io(format!(
                 "creating a bench directory in {}",

@@ -147,7 +147,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let data_dir = match &args.data_dir {
         Some(d) => d.clone(),
         None => {
-            temp = tempfile::tempdir().context("creating a temporary data dir")?;
+            // Owner-only, as a data dir must be (else the store warns at its first open).
+            temp = tempfile::Builder::new()
+                .prefix("narad-demo-")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .tempdir()
+                .context("creating a temporary data dir")?;
             temp.path().to_path_buf()
         }
     };

@@ -31,6 +31,8 @@ fn demo_runs_every_child_to_a_passing_verdict_and_exits_zero() {
     assert!(verdict.contains("analytics, retry, by-region"), "{verdict}");
     // Piped, the demo prints plain progress lines, never terminal escapes.
     assert!(!stdout.contains('\x1b'), "{stdout}");
+    // Its own temporary data dir is made owner-only, so the store has nothing to warn about.
+    assert!(!stderr.contains("group or others"), "{stderr}");
 }
 
 #[test]
