@@ -323,8 +323,8 @@ async fn send_batch(
     loop {
         let mut not_stored: Vec<Lined> = Vec::new();
         let mut last_error = None;
-        for request in requests {
-            let lines: Vec<u64> = request.iter().map(|(line, _)| *line).collect();
+        let mut pending = requests.into_iter();
+        while let Some(request) = pending.next() {
             let records: Vec<ProduceRecordJson> = request.iter().map(|(_, r)| r.clone()).collect();
             summary.requests += 1;
             match client.produce(topic, records).await {
@@ -336,32 +336,27 @@ async fn send_batch(
                 }
                 Err(e) => {
                     let retryable = matches!(e.status().map(|s| s.as_u16()), Some(502..=504));
-                    let Some(split) = Outcome::of(&e, request.len()) else {
-                        if !retryable {
-                            return Err(not_all_stored(
-                                e.into(),
-                                total,
-                                stored(summary),
-                                &lines,
-                                &unknown,
-                            ));
-                        }
-                        not_stored.extend(request);
-                        last_error = Some(e);
-                        continue;
-                    };
-                    for ((line, mut record), placed) in request.into_iter().zip(split.placement) {
-                        if split.committed.contains(&placed) {
-                            summary.records += 1;
-                            *summary.partitions.entry(placed).or_default() += 1;
-                        } else if split.uncertain.contains(&placed) {
-                            unknown.push(line);
-                        } else {
-                            record.partition = Some(placed);
-                            not_stored.push((line, record));
+                    match Outcome::of(&e, request.len()) {
+                        None => not_stored.extend(request),
+                        Some(split) => {
+                            for ((line, mut record), placed) in
+                                request.into_iter().zip(split.placement)
+                            {
+                                if split.committed.contains(&placed) {
+                                    summary.records += 1;
+                                    *summary.partitions.entry(placed).or_default() += 1;
+                                } else if split.uncertain.contains(&placed) {
+                                    unknown.push(line);
+                                } else {
+                                    record.partition = Some(placed);
+                                    not_stored.push((line, record));
+                                }
+                            }
                         }
                     }
                     if !retryable {
+                        // The requests not sent yet are not stored either.
+                        not_stored.extend(pending.by_ref().flatten());
                         let lines: Vec<u64> = not_stored.iter().map(|(l, _)| *l).collect();
                         return Err(not_all_stored(
                             e.into(),

@@ -382,14 +382,7 @@ impl EtcdMetastore {
         let meta = format!("{}{META}", self.prefix);
         let mut versions_revision = 0;
         let mut entries = Vec::new();
-        for entry in response.kvs() {
-            let Some(name) = entry
-                .key()
-                .strip_prefix(meta.as_bytes())
-                .and_then(|k| std::str::from_utf8(k).ok())
-            else {
-                continue;
-            };
+        for (name, entry) in etcd_keys::named(response.kvs(), &meta) {
             if name == VERSIONS {
                 versions_revision = entry.mod_revision();
             }
@@ -1098,24 +1091,15 @@ mod tests {
                 .collect();
             store.create_topic(t).await.unwrap();
         }
-        let before = store
-            .client
-            .clone()
-            .kv_client()
-            .get(store.key("topic/big-1"), None)
-            .await
-            .unwrap();
-        let revision = before.kvs()[0].mod_revision();
+        let revision_of_big_1 = || async {
+            let mut kv = store.client.kv_client();
+            let got = kv.get(store.key("topic/big-1"), None).await.unwrap();
+            got.kvs()[0].mod_revision()
+        };
+        let revision = revision_of_big_1().await;
         store.create_topic(topic("small", 1)).await.unwrap();
-        let after = store
-            .client
-            .clone()
-            .kv_client()
-            .get(store.key("topic/big-1"), None)
-            .await
-            .unwrap();
         assert_eq!(
-            after.kvs()[0].mod_revision(),
+            revision_of_big_1().await,
             revision,
             "an unrelated write rewrote big-1"
         );

@@ -75,6 +75,21 @@ fn plugin_seq(name: &str) -> Option<u64> {
     name.strip_prefix(PLUGIN)?.parse().ok()
 }
 
+/// The entries of a range read under `meta`, each with its name (the key without `meta`);
+/// keys that are not UTF-8 are not narad's and are skipped.
+pub(crate) fn named<'a>(
+    kvs: &'a [etcd_client::KeyValue],
+    meta: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a etcd_client::KeyValue)> + 'a {
+    kvs.iter().filter_map(move |entry| {
+        let name = entry
+            .key()
+            .strip_prefix(meta.as_bytes())
+            .and_then(|k| std::str::from_utf8(k).ok())?;
+        Some((name, entry))
+    })
+}
+
 /// The metadata decoded from the keys of one read, with what a write needs to change it key by
 /// key.
 #[derive(Debug, Default)]
@@ -370,14 +385,7 @@ pub(crate) async fn convert(client: &Client, prefix: &str) -> Result<bool> {
         let mut old: Vec<(String, i64, Vec<u8>)> = Vec::new();
         let mut items: Vec<(String, Vec<u8>)> = Vec::new();
         let mut versions: Option<Vec<u8>> = None;
-        for entry in response.kvs() {
-            let Some(name) = entry
-                .key()
-                .strip_prefix(meta.as_bytes())
-                .and_then(|k| std::str::from_utf8(k).ok())
-            else {
-                continue;
-            };
+        for (name, entry) in named(response.kvs(), &meta) {
             if name == VERSIONS {
                 versions_revision = entry.mod_revision();
                 versions = Some(entry.value().to_vec());
