@@ -13,38 +13,9 @@
 //! bytes were written, so it sees any writeback error of them), and after its bytes were read
 //! back from the device, not from the page cache ([`File::read_exact_uncached_at`]).
 //!
-//! What was found (issue "after a failed fsync, acknowledged data can vanish later"; ext4
-//! without a journal on a loop device whose tmpfs backing store ran out of space, Linux 6.18;
-//! line numbers are those of commit 7c36536, before the fix):
-//! - The loss seen there: ext4 returned success from `fdatasync` although converting the new
-//!   blocks' unwritten extents had failed (the kernel only logs "failed to convert unwritten
-//!   extents to written extents -- potential data loss"); the device reads zeros where the
-//!   cache holds the frame. The verify read the cache (writer.rs:43, `read_exact_at` after the
-//!   sync) and passed, so the batch was acknowledged; after a remount the scan hit the zeros
-//!   below the durable boundary and quarantined the partition (a store-level reproduction:
-//!   every partition, 3 runs of 3; `host/cli/tests/all/e2e/disk_full.rs`: the parent). Verifying against
-//!   the device alone makes those runs lose nothing; the device-side recovery alone does not
-//!   (acknowledged records were then cut as a torn tail, or quarantined).
-//! - The hole the fault model shows: Linux reports a writeback error once per file
-//!   description open when it happened (errseq_t) and keeps the failed pages cached and
-//!   marked clean. A failed partition was reopened (store.rs:358-368) by `recovery::open` on
-//!   new descriptors (recovery.rs:131), which scanned the page cache (recovery.rs:145),
-//!   accepted a frame whose `fdatasync` had failed, and wrote the high-watermark boundary past
-//!   it (recovery.rs:245); the next append's `fdatasync` on the new descriptor succeeded, so
-//!   records after bytes the device never held were acknowledged. The same holds for a
-//!   restart after an error in the same boot. Now recovery reads the last segment from the
-//!   device unless a clean close recorded its exact length ([`read_tail_from_device`]), and
-//!   the truncate-back after a failure reads the durable tail from the device too.
-//! - A roll whose directory sync failed (writer.rs:125) left an empty segment file; a smaller
-//!   next batch that fit the old segment (writer.rs:88) went there, and once a later directory
-//!   sync made the stale entry durable the next open found the two segments overlapping and
-//!   quarantined the partition. Now the next append rolls to that file whatever its size.
-//! - After a failed writeback ext4 may already have recorded the larger file size, so after a
-//!   remount a segment can be longer than its last acknowledged frame, with zeros: past the
-//!   durable boundary, that is a torn tail and is cut.
-//! - The high-watermark file and cursor files are rewritten whole in place, so a later
-//!   successful write + sync carries their latest content; they never vouch for bytes that
-//!   were not verified.
+//! Why each of these rules exists (the failed-`fdatasync` incident on ext4, what the fault
+//! model showed, and what each part of the fix closes) is in `docs/storage.md`, "After a failed
+//! fdatasync: what was found".
 
 use std::path::Path;
 use std::sync::Arc;
