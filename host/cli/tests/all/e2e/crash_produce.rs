@@ -32,7 +32,7 @@ fn produce_until_stopped(
 ) -> ClientLedger {
     let client = http_client();
     let mut ledger = ClientLedger::default();
-    let mut rng = rand::rng();
+    let mut rng = crate::e2e::harness::seeded_rng("produce_until_stopped");
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let batch_len = rng.random_range(1..=16);
@@ -101,7 +101,9 @@ fn acknowledged_records_survive_repeated_kill_9_exactly_once_and_in_order() {
 
     let mut acknowledged: HashMap<(u32, u64), String> = HashMap::new();
     let mut in_doubt: HashSet<String> = HashSet::new();
-    let mut rng = rand::rng();
+    let mut rng = crate::e2e::harness::seeded_rng(
+        "acknowledged_records_survive_repeated_kill_9_exactly_once_and_in_order",
+    );
     for round in 0..ROUNDS {
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..CLIENTS)

@@ -253,7 +253,7 @@ fn a_delay_child_never_receives_a_record_before_it_is_due() {
 /// Values are `w{writer}-r{round}-s{seq}`; keys `key-{n}` or none.
 fn producer(base: String, writer: usize, round: usize, stop: Arc<AtomicBool>) {
     let client = http_client();
-    let mut rng = rand::rng();
+    let mut rng = crate::e2e::harness::seeded_rng("producer");
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let records: Vec<Value> = (0..rng.random_range(1..=20))
@@ -400,7 +400,9 @@ fn children_hold_every_parent_record_after_repeated_kill_9_in_key_order() {
         );
     }
 
-    let mut rng = rand::rng();
+    let mut rng = crate::e2e::harness::seeded_rng(
+        "children_hold_every_parent_record_after_repeated_kill_9_in_key_order",
+    );
     for round in 0..ROUNDS {
         let stop = Arc::new(AtomicBool::new(false));
         let writers: Vec<_> = (0..2)

@@ -13,6 +13,26 @@ use serde_json::Value;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Path of the `narad` binary: the one cargo built for these tests, from this package.
+/// The random source of a crash loop or a random workload, one stream per `name`: derived from
+/// one seed per test run, taken from `NARAD_TEST_SEED` when set, else from the OS, and printed
+/// (shown with a failing test's output), so a failed run can be replayed with the same choices.
+pub fn seeded_rng(name: &str) -> rand::rngs::StdRng {
+    use rand::SeedableRng as _;
+    static RUN_SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let run = *RUN_SEED.get_or_init(|| {
+        std::env::var("NARAD_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random::<u64>)
+    });
+    eprintln!("{name}: random stream of run seed {run} (replay with NARAD_TEST_SEED={run})");
+    // FNV-1a of the name: each stream differs, and the same name gets the same stream.
+    let of_name = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    rand::rngs::StdRng::seed_from_u64(run ^ of_name)
+}
+
 pub fn narad_binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_narad"))
 }

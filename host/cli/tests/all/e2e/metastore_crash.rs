@@ -107,7 +107,9 @@ fn acknowledged_topic_creates_and_deletes_survive_repeated_kill_9_through_compac
     let dir = tempfile::tempdir().expect("tempdir");
     let data_dir = dir.path().join("data");
     let mut daemon = Daemon::start(&data_dir);
-    let mut rng = rand::rng();
+    let mut rng = crate::e2e::harness::seeded_rng(
+        "acknowledged_topic_creates_and_deletes_survive_repeated_kill_9_through_compactions",
+    );
     let mut created = BTreeSet::new();
     let mut deleted = BTreeSet::new();
     let mut in_doubt = BTreeSet::new();
