@@ -136,3 +136,60 @@ fn crate_paths_are_found_in_uses_groups_and_inline_paths_but_not_comments() {
     let found: Vec<String> = crate_paths(source).into_iter().collect();
     assert_eq!(found, ["api", "fanout", "metastore", "topics"]);
 }
+
+/// The modules a prose list names in backticks, in order, keeping those `LAYERS` knows.
+fn listed_modules(list: &str) -> Vec<String> {
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| layer_of(word).is_some())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Checks that `list` names every layered module, lowest layer first.
+fn check_list(what: &str, list: &str) -> Vec<String> {
+    let listed = listed_modules(list);
+    let mut problems = Vec::new();
+    for layer in LAYERS {
+        for module in *layer {
+            if !listed.iter().any(|m| m == module) {
+                problems.push(format!("{what} does not list `{module}`"));
+            }
+        }
+    }
+    for pair in listed.windows(2) {
+        if layer_of(&pair[1]) < layer_of(&pair[0]) {
+            problems.push(format!(
+                "{what} lists `{}` after `{}`, which LAYERS puts above it",
+                pair[1], pair[0]
+            ));
+        }
+    }
+    problems
+}
+
+/// The text of `source` from the line holding `from` to the line holding `to`.
+fn between<'a>(source: &'a str, from: &str, to: &str) -> &'a str {
+    let start = source.find(from).unwrap_or_else(|| panic!("no {from:?}"));
+    let end = source[start..]
+        .find(to)
+        .map_or(source.len(), |at| start + at);
+    &source[start..end]
+}
+
+#[test]
+fn the_crate_roots_and_the_architecture_pages_layer_lists_are_layers_in_words() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let page = std::fs::read_to_string(root.join("../../docs/architecture.md")).unwrap();
+    let mut problems = check_list(
+        "src/lib.rs",
+        between(&lib, "Modules are layered", "#![cfg_attr"),
+    );
+    problems.extend(check_list(
+        "docs/architecture.md",
+        between(&page, "Lowest first:", "This list is `LAYERS`"),
+    ));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

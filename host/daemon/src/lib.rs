@@ -31,17 +31,19 @@
 //! source of truth for which topics and partitions exist.
 //!
 //! Modules are layered, lowest first, and a module imports only from layers below its own
-//! (`layering`, a test, checks every `crate::` path in `src/` against this list):
+//! (`layering`, a test, checks every `crate::` path in `src/` against its `LAYERS`, and this
+//! list and `docs/architecture.md`'s against `LAYERS`):
 //! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, then `blocking`, then `tls`:
 //!    small leaves;
 //! 2. `config`: settings, read by anything above;
-//! 3. `metastore`: pure data and the link rules (with the link limits);
-//! 4. `produce`, then `topics`, then `plugins`: the write path, topic administration, the
-//!    plugin registry;
-//! 5. `fanout`: one cursor, its vocabulary (`CursorKey`, `RouterFactory`) and its status
+//! 3. `metastore`: pure data and the link rules (with the link limits), on a file or etcd;
+//! 4. `cluster`: membership, placement, ownership from the metadata, the commit receiver;
+//! 5. `produce`, then `topics`, then `plugins` and `groups`: the write path, topic
+//!    administration, the plugin registry, the consumer-group coordinator;
+//! 6. `fanout`: one cursor, its vocabulary (`CursorKey`, `RouterFactory`) and its status
 //!    (`FanoutView`);
-//! 6. `reconciler`: starts and stops cursors and fills the `FanoutView`;
-//! 7. `api` and `kafka` (side by side, neither imports the other), then `http_server`,
+//! 7. `reconciler`: starts and stops cursors and fills the `FanoutView`;
+//! 8. `api` and `kafka` (side by side, neither imports the other), then `http_server`, then
 //!    `server`.
 
 // Tests may unwrap: a panic there is a test failure with its location.
