@@ -728,38 +728,77 @@ fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, Str
     (status, std::fs::read_to_string(&log).unwrap_or_default())
 }
 
-/// Produces batches of keyed records through `base` until `stop`, returning every value whose
-/// produce was acknowledged.
-fn produce_until(
-    base: String,
-    topic: &'static str,
+/// A thread producing batches of 20 keyed records (16 keys) to `topic` through `base` until
+/// [`Producer::finish`], counting the records acknowledged (200) as it goes, so a test waits for
+/// traffic to have flowed rather than for a fixed time.
+struct Producer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<String>> {
-    std::thread::spawn(move || {
-        let client = http_client();
-        let mut acknowledged = Vec::new();
-        let mut n = 0u64;
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let values: Vec<String> = (n..n + 20).map(|i| format!("v{i}")).collect();
-            let records: Vec<Value> = values
-                .iter()
-                .enumerate()
-                .map(|(i, v)| json!({"key": format!("k{}", (n as usize + i) % 16), "value": v}))
-                .collect();
-            n += 20;
-            let answer = send_json(
-                &client,
-                Method::POST,
-                &format!("{base}/v1/topics/{topic}/records"),
-                Some(&json!({"records": records})),
-            );
-            if let Ok((200, _)) = answer {
-                acknowledged.extend(values);
+    acknowledged: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl Producer {
+    fn start(base: String, topic: &'static str) -> Producer {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (halt, count) = (
+            std::sync::Arc::clone(&stop),
+            std::sync::Arc::clone(&acknowledged),
+        );
+        let thread = std::thread::spawn(move || {
+            let client = http_client();
+            let mut acknowledged = Vec::new();
+            let mut n = 0u64;
+            while !halt.load(Relaxed) {
+                let values: Vec<String> = (n..n + 20).map(|i| format!("v{i}")).collect();
+                let records: Vec<Value> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| json!({"key": format!("k{}", (n as usize + i) % 16), "value": v}))
+                    .collect();
+                n += 20;
+                let answer = send_json(
+                    &client,
+                    Method::POST,
+                    &format!("{base}/v1/topics/{topic}/records"),
+                    Some(&json!({"records": records})),
+                );
+                if let Ok((200, _)) = answer {
+                    acknowledged.extend(values);
+                    count.store(acknowledged.len(), Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
+            acknowledged
+        });
+        Producer {
+            stop,
+            acknowledged,
+            thread,
+        }
+    }
+
+    /// Waits until `more` records beyond those acknowledged so far are acknowledged.
+    fn wait_for_more(&self, more: usize, what: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let target = self.acknowledged.load(Relaxed) + more;
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        while self.acknowledged.load(Relaxed) < target {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} of {target} records acknowledged",
+                self.acknowledged.load(Relaxed)
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        acknowledged
-    })
+    }
+
+    /// Stops the thread; every record it had acknowledged.
+    fn finish(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("producer")
+    }
 }
 
 /// The values `topic` holds, read through `base`.
@@ -813,8 +852,7 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
         cluster.attach("orders", child, json!({}));
     }
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
+    let producer = Producer::start(cluster.url(0), "orders");
     // Both cursors of orders/0 have started and know their position before n3 dies. (A
     // cursor with no offset file yet waits for every child owner to scan its tail before it
     // has a position.)
@@ -829,29 +867,36 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    std::thread::sleep(Duration::from_millis(800));
+    producer.wait_for_more(100, "records before n3 dies");
     cluster.nodes[2].kill9();
-    std::thread::sleep(Duration::from_millis(1500));
+    producer.wait_for_more(60, "records while n3 is down");
 
     // While n3 is down: the parent takes records and the other link keeps copying them.
     let before = values_in(&client, &cluster.url(0), "orders", 2);
     assert!(!before.is_empty());
     let so_far: Vec<String> = before.into_iter().collect();
     wait_for_values(&cluster, "beside", 2, &so_far);
-    // The link to n3 waits on n3's buckets and says so.
-    let (_, children) = send_json(
-        &client,
-        Method::GET,
-        &format!("{}/v1/topics/orders/children", cluster.url(0)),
-        None,
-    )
-    .expect("children");
-    let on_n3 = children["children"]
-        .as_array()
-        .and_then(|c| c.iter().find(|l| l["name"] == "on-n3").cloned())
-        .expect("on-n3 listed");
-    let error = on_n3["partitions"][0]["last_error"].as_str().unwrap_or("");
-    assert!(error.contains("n3"), "{on_n3}");
+    // The link to n3 waits on n3's buckets and says so (once its next commit has failed).
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (_, children) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/orders/children", cluster.url(0)),
+            None,
+        )
+        .expect("children");
+        let on_n3 = children["children"]
+            .as_array()
+            .and_then(|c| c.iter().find(|l| l["name"] == "on-n3").cloned())
+            .expect("on-n3 listed");
+        let error = on_n3["partitions"][0]["last_error"].as_str().unwrap_or("");
+        if error.contains("n3") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{on_n3}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // Its lag keeps rising on n1 (the owner of orders/0) while its cursor waits in a commit,
     // so a lag alert fires; it used to freeze where the stalled slab left it.
     let lag = || {
@@ -890,9 +935,8 @@ fn a_dead_child_owner_stalls_only_its_link_and_nothing_is_missing_after_it_retur
     }
 
     cluster.nodes[2].restart();
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acknowledged = producer.join().expect("producer");
+    producer.wait_for_more(40, "records after n3 is back");
+    let acknowledged = producer.finish();
     assert!(
         acknowledged.len() > 100,
         "{} acknowledged",
@@ -992,9 +1036,8 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
     }
     cluster.attach("orders", "copy", json!({}));
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
-    std::thread::sleep(Duration::from_millis(800));
+    let producer = Producer::start(cluster.url(0), "orders");
+    producer.wait_for_more(100, "records before n3 dies");
     cluster.nodes[2].kill9();
 
     // n3 owned orders/2: a produce to it is refused with a retriable answer naming n3, and
@@ -1061,9 +1104,8 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
 
     std::thread::sleep(Duration::from_millis(500));
     cluster.nodes[2].restart();
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut acknowledged = producer.join().expect("producer");
+    producer.wait_for_more(40, "records after n3 is back");
+    let mut acknowledged = producer.finish();
     acknowledged.push("direct-0".to_owned());
     assert!(
         acknowledged.len() > 50,
@@ -1539,8 +1581,7 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
     );
     assert_eq!(status, 409, "{body}");
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producer = produce_until(cluster.url(2), "orders", std::sync::Arc::clone(&stop));
+    let producer = Producer::start(cluster.url(2), "orders");
     // Moves start once both cursors have copied something (so each has its offset file).
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     loop {
@@ -1588,7 +1629,7 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
     );
     wait_until_gone(&root.join("n1/topics/orders/p00000"), &cluster);
     // A child partition from n2 to n1, while cursors commit to it from n2 and n3.
-    std::thread::sleep(Duration::from_millis(500));
+    producer.wait_for_more(40, "records after the first move");
     let (status, report) = move_partition(&client, &cluster.url(0), "copy", 0, json!({"to": "n1"}));
     ok(status, &report, "move copy/0");
     assert_eq!(report["from"], "n2", "{report}");
@@ -1599,7 +1640,7 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
 
     // Drain n2 with the CLI while records still flow: after the move above it owns only
     // orders/1, which goes to the least loaded other node.
-    std::thread::sleep(Duration::from_millis(500));
+    producer.wait_for_more(40, "records after the second move");
     let out = Command::new(narad_binary())
         .args(["node", "--url", &cluster.url(0), "drain", "n2"])
         .stdout(Stdio::piped())
@@ -1614,9 +1655,8 @@ fn planned_moves_under_live_links_lose_nothing_copy_nothing_twice_and_drain_a_no
     );
     assert!(stdout.contains("[1/1] moved orders/1 from n2"), "{stdout}");
     assert!(stdout.contains("node n2 is drained"), "{stdout}");
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acknowledged = producer.join().expect("producer");
+    producer.wait_for_more(40, "records after the drain");
+    let acknowledged = producer.finish();
     assert!(
         acknowledged.len() > 100,
         "{} acknowledged",
@@ -2270,9 +2310,8 @@ fn a_remote_child_of_a_cluster_is_fed_by_every_parent_owner_from_the_oldest_reco
     assert_eq!(link["attach_offsets"], json!([0, 0, 0]), "{link}");
     assert_eq!(link["remote"]["partitions"], 3, "{link}");
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let producer = produce_until(cluster.url(0), "orders", std::sync::Arc::clone(&stop));
-    std::thread::sleep(Duration::from_millis(800));
+    let producer = Producer::start(cluster.url(0), "orders");
+    producer.wait_for_more(100, "records before a parent owner dies");
     // A parent owner dies mid-stream (its cursor resumes from its offset file), then the
     // target (every owner's cursor waits on it).
     cluster.nodes[2].kill9();
@@ -2282,8 +2321,7 @@ fn a_remote_child_of_a_cluster_is_fed_by_every_parent_owner_from_the_oldest_reco
     std::thread::sleep(Duration::from_millis(1500));
     target.restart_same_port();
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut wanted = producer.join().expect("producer");
+    let mut wanted = producer.finish();
     assert!(wanted.len() > 100, "{} acknowledged", wanted.len());
     wanted.extend(history);
 
