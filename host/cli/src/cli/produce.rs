@@ -248,8 +248,9 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
                 // Not an error: a JSON text is a fine value. Only a hint for the old habit.
                 let _ = writeln!(
                     std::io::stderr(),
-                    "note: line {line_no} is a JSON object and is sent as a plain value; \
-                     pass --json to read JSON records"
+                    "{}note: line {line_no} is a JSON object and is sent as a plain value; \
+                     pass --json to read JSON records",
+                    if progress { CLEAR_LINE } else { "" }
                 );
             }
             if let Some(record) = rules
@@ -264,6 +265,12 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             let before = summary.records;
             send_batch(&client, &args.topic, sent, args.retry_for, &mut summary)
                 .await
+                .inspect_err(|_| {
+                    if progress {
+                        // The error starts on a clean line, not after the progress count.
+                        let _ = write!(std::io::stderr(), "{CLEAR_LINE}");
+                    }
+                })
                 .with_context(|| {
                     format!(
                         "producing to {} ({} of earlier batches committed)",
@@ -284,7 +291,8 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         }
     }
     if progress {
-        let _ = writeln!(std::io::stderr());
+        // The summary takes the progress count's place.
+        let _ = write!(std::io::stderr(), "{CLEAR_LINE}");
     }
     let mut stdout = std::io::stdout().lock();
     if args.client.json {
@@ -294,6 +302,9 @@ pub async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Back to the start of the terminal line and clear it: where the progress count was.
+const CLEAR_LINE: &str = "\r\x1b[K";
 
 /// A pause between two tries of records whose owner was unavailable.
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);

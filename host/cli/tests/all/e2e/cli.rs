@@ -597,3 +597,26 @@ fn narad_group_on_a_daemon_without_the_kafka_listener_says_where_groups_come_fro
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--kafka-listen"), "{}", stderr(&out));
 }
+
+#[test]
+fn on_a_terminal_narad_produce_replaces_its_progress_count_with_the_summary() {
+    let (_dir, daemon) = daemon();
+    let url = daemon.url();
+    create_topic(&url, "t", 1);
+    // `script` gives the command a terminal (stdin stays the pipe from printf).
+    let command = format!(
+        "printf 'a\\nb\\nc\\n' | {} produce t --url {url}",
+        crate::e2e::harness::narad_binary().display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("run script");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown:?}");
+    // The count is cleared and the summary written in its place, not on a line below it.
+    assert!(
+        shown.contains("\r\x1b[Kproduced 3 records to t"),
+        "{shown:?}"
+    );
+}
