@@ -113,6 +113,8 @@ pub struct MetadataReport {
     /// Size of the metastore at the end, bytes: its files (snapshot, backup, journals), or
     /// with `--etcd` the keys and values under the bench's prefix.
     pub metastore_bytes: u64,
+    /// With `--etcd`: a new node's watched copy at this size (read and decode time, memory).
+    pub restart: Option<RestartRead>,
     /// Median tick when no version moved, microseconds.
     pub tick_skipped_us: f64,
     /// Median full-pass tick after a version moved, microseconds.
@@ -260,10 +262,51 @@ impl EtcdRun {
             .sum())
     }
 
+    /// What a node starting at this size does before it can serve: a new watched copy read
+    /// from etcd and decoded. Its time, and the memory the copy holds (raw and decoded).
+    async fn restart_read(&self) -> Result<RestartRead, BenchError> {
+        let unavailable = |e: String| BenchError::EtcdUnavailable {
+            endpoints: self.endpoints.join(","),
+            reason: e,
+        };
+        let (stop, signal) = narad_host::shutdown::channel();
+        let before = sys::allocated_bytes();
+        let started = Instant::now();
+        let copy = EtcdMetastore::with_cache(
+            self.client.clone(),
+            self.prefix.clone(),
+            CacheTiming::default(),
+            signal,
+        )
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+        // The first read decodes the copy.
+        copy.versions()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let took = started.elapsed();
+        let held = sys::allocated_bytes().saturating_sub(before);
+        stop.trigger();
+        drop(copy);
+        Ok(RestartRead {
+            millis: took.as_secs_f64() * 1e3,
+            copy_bytes: held,
+        })
+    }
+
     async fn finish(self) -> Result<(), BenchError> {
         self.stop.trigger();
         super::cluster::remove_keys(&self.endpoints, &self.prefix).await
     }
+}
+
+/// A node's start at the run's size, with `--etcd`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RestartRead {
+    /// Milliseconds from connecting a new watched copy to its first decoded read.
+    pub millis: f64,
+    /// Bytes the allocator holds for the copy (its etcd values and the decoded metadata).
+    pub copy_bytes: u64,
 }
 
 /// Creates the topics and times the reconciler's ticks.
@@ -305,6 +348,10 @@ async fn measure(
     let metastore_bytes = match etcd {
         Some(run) => run.bytes().await?,
         None => dir_bytes(data),
+    };
+    let restart = match etcd {
+        Some(run) => Some(run.restart_read().await?),
+        None => None,
     };
     let mut sorted = creations.clone();
     sorted.sort_unstable();
@@ -417,6 +464,7 @@ async fn measure(
         create_p50_us,
         create_p99_us,
         create_max_us,
+        restart,
         tick_skipped_us: median_us(skipped),
         tick_full_pass_us: median_us(full),
         tick_sweep_us: median_us(sweep),
@@ -461,7 +509,7 @@ impl MetadataReport {
              {:.0} us each ({:.2}x); median of the first {} {:.0} us, of the last {:.0} us \
              ({:.2}x); over all: p50 {:.0} us, p99 {:.0} us, max {:.0} us; {:.1} s in all; \
              metastore {} bytes at the end\n\
-             reconciler tick, median of {TICK_ROUNDS}: nothing moved {:.1} us; full pass after a \
+             {}reconciler tick, median of {TICK_ROUNDS}: nothing moved {:.1} us; full pass after a \
              change {:.1} us; orphan sweep (every {ORPHAN_SWEEP_EVERY_TICKS}th tick) {:.1} us\n\
              load before {}, after {}\n",
             self.topics,
@@ -478,6 +526,11 @@ impl MetadataReport {
             self.create_max_us,
             self.create_total_seconds,
             self.metastore_bytes,
+            self.restart.as_ref().map_or_else(String::new, |r| format!(
+                "a starting node's watched copy: read and decoded in {:.0} ms, holding {:.1} MiB\n",
+                r.millis,
+                r.copy_bytes as f64 / (1024.0 * 1024.0)
+            )),
             self.tick_skipped_us,
             self.tick_full_pass_us,
             self.tick_sweep_us,

@@ -33,6 +33,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     status_field_bytes("VmHWM")
 }
 
+/// Bytes the process's allocator has handed out and not had back (glibc's `mallinfo2`: small
+/// blocks in use plus mmapped ones): what a structure built between two readings holds.
+pub fn allocated_bytes() -> u64 {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
+}
+
 /// The process's resident set size now (`VmRSS`), in bytes.
 pub fn rss_bytes() -> Option<u64> {
     status_field_bytes("VmRSS")

@@ -268,6 +268,9 @@ fn bench_metadata_on_etcd_creates_its_topics_there_and_removes_its_keys() {
     );
     positive(&report, "create_first_median_us");
     positive(&report, "create_last_median_us");
+    // A starting node's watched copy at that size: its read time and what it holds.
+    positive(&report, "restart.millis");
+    positive(&report, "restart.copy_bytes");
     // And nothing of the run is left in etcd.
     let left = tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
