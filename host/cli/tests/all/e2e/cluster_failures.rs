@@ -459,8 +459,27 @@ fn a_child_owner_that_hangs_parks_no_thread_of_the_parent_owner_and_other_work_f
     // The calls to n3 were under way (held by the hung node) and no more than the bound.
     assert_eq!(most_calls, 64.0, "calls to n3 under way at most");
 
-    // Once n3 runs again every record lands, once.
+    // Once n3 runs again every record lands, once. First n3 answers reads again: a read
+    // forwarded while it was still catching up after SIGCONT is refused as unreachable.
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    for p in 0..CHILDREN {
+        let url = format!(
+            "{}/v1/topics/on-n3/partitions/{p}/records?offset=0&max=1",
+            cluster.url(0)
+        );
+        loop {
+            match send_json(&client, Method::GET, &url, None) {
+                Ok((200, _)) => break,
+                other => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "on-n3/{p} after n3 resumed: {other:?}"
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
     loop {
         let counts = value_counts(&client, &cluster.url(0), "on-n3", CHILDREN);
         if counts.len() == acknowledged.len() {
