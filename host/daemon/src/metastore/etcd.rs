@@ -415,6 +415,9 @@ impl EtcdMetastore {
             if let Ok((outcome, true)) = transition::apply(&mut next, change.clone()) {
                 let changes = etcd_keys::diff(&copy.snapshot, &copy.plugin_keys, &next)?;
                 let versions = Compare::value(self.key(VERSIONS), CompareOp::Equal, copy.versions);
+                // Let go of the copy before waiting on etcd: held across the wait, it would make
+                // the next key-by-key update of the copy clone it whole.
+                drop((copy.snapshot, next));
                 return self.commit(changes, versions, dead, outcome).await;
             }
         }
