@@ -596,9 +596,20 @@ impl Metastore for EtcdMetastore {
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
         Box::pin(async move {
             // With the watched copy: a refcount and a lookup, not a copy of every topic.
+            let Some(snapshot) = self.cached_snapshot() else {
+                return Ok(self.read(true).await?.decoded.snapshot.topics.remove(name));
+            };
+            if let Some(topic) = snapshot?.topics.get(name) {
+                return Ok(Some(topic.clone()));
+            }
+            // Not in this node's copy, which may lag a create made through another node a
+            // moment ago: catch up with etcd's newest metadata write (one small linearizable
+            // read) before answering that the topic does not exist.
+            let newest = self.linearizable_revision().await?;
+            self.wait_for(newest, READ_YOUR_WRITE_WAIT).await;
             match self.cached_snapshot() {
                 Some(snapshot) => Ok(snapshot?.topics.get(name).cloned()),
-                None => Ok(self.read(true).await?.decoded.snapshot.topics.remove(name)),
+                None => Ok(None),
             }
         })
     }
@@ -794,6 +805,34 @@ mod tests {
             other.confirm().await.unwrap()
         );
         trigger.trigger();
+    }
+
+    /// A topic created through one node is found at once through another, whose watched
+    /// copy may not have heard of it yet: a client creating through one node and producing
+    /// through the next must not get a 404.
+    #[tokio::test]
+    async fn a_topic_created_through_another_node_is_found_before_the_copy_hears_of_it() {
+        let etcd = TestEtcd::start();
+        let (stop, signal) = crate::shutdown::channel();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let prefix = "/narad-test/lagging/".to_owned();
+        let watched =
+            EtcdMetastore::with_cache(client, prefix.clone(), CacheTiming::default(), signal)
+                .await
+                .unwrap();
+        let other = EtcdMetastore::connect(&[etcd.endpoint()], prefix)
+            .await
+            .unwrap();
+        for i in 0..20 {
+            let name = format!("t{i}");
+            other.create_topic(topic(&name, 1)).await.unwrap();
+            assert!(
+                watched.topic(&name).await.unwrap().is_some(),
+                "{name} created through another node was not found"
+            );
+        }
+        assert!(watched.topic("never-made").await.unwrap().is_none());
+        stop.trigger();
     }
 
     #[tokio::test]
