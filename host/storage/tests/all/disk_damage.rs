@@ -50,7 +50,20 @@ fn write_log(data: &Path, n: usize, clean: bool) {
 }
 
 fn reopen(data: &Path) -> Store {
-    let store = real_store(data, Arc::new(ManualClock::new(T0_MS)));
+    // The store of `write_log` left without a close (a crash stand-in) lets go of the data-dir
+    // lock when its last background reference drops, which can be a moment after the drop.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let store = loop {
+        match Store::open(
+            data,
+            opts(Arc::new(RealFs), Arc::new(ManualClock::new(T0_MS))),
+        ) {
+            Err(StorageError::DataDirLocked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     store
         .create_partition(&pid("t", 0), small_segments(100))
         .unwrap();
