@@ -10,7 +10,14 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules, lowest layer first. A module may import only from earlier entries.
 const LAYERS: &[&[&str]] = &[
-    &["shutdown", "durable", "ownership", "fdlimit", "auth"],
+    &[
+        "shutdown",
+        "durable",
+        "ownership",
+        "fdlimit",
+        "auth",
+        "scram",
+    ],
     &["blocking"],
     &["tls"],
     &["config"],

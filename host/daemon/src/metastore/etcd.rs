@@ -614,6 +614,17 @@ impl Metastore for EtcdMetastore {
         })
     }
 
+    fn user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<super::UserMeta>>> {
+        Box::pin(async move {
+            // From the watched copy only, with no catch-up read on a miss: an unknown name is
+            // what a password guesser sends, and each guess must not cost etcd a read.
+            match self.cached_snapshot() {
+                Some(snapshot) => Ok(snapshot?.users.get(name).cloned()),
+                None => Ok(self.read(true).await?.decoded.snapshot.users.remove(name)),
+            }
+        })
+    }
+
     fn parents_of<'a>(&'a self, child: &'a str) -> BoxFuture<'a, Result<Vec<String>>> {
         Box::pin(async move {
             match self.cached_snapshot() {
@@ -974,6 +985,7 @@ mod tests {
             topics: 3,
             links: 1,
             plugins: 3,
+            users: 0,
         };
         let client = connect_client(&[etcd.endpoint()]).await.unwrap();
         let mut kv = client.kv_client();

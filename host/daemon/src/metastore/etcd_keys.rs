@@ -8,6 +8,7 @@
 //! | `topic/{name}`               | one [`TopicMeta`]                     |
 //! | `link/{parent}/{child}`      | one [`LinkMeta`]                      |
 //! | `plugin/{seq}`               | one [`PluginVersion`]; `seq` (ten digits) keeps upload order |
+//! | `user/{name}`                | one [`UserMeta`] (salted credentials, never a password) |
 //! | `topics`, `links`, `plugins` | [`LAYOUT_MARKER`]                     |
 //!
 //! Names in keys are escaped (`%` and `/`), so two items never share a key. The values are
@@ -22,7 +23,9 @@
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use serde::de::DeserializeOwned;
 
-use super::{LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, Versions};
+use super::{
+    LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, UserMeta, Versions,
+};
 
 /// The metadata keys live under `{prefix}meta/`.
 pub(crate) const META: &str = "meta/";
@@ -31,6 +34,7 @@ pub(crate) const VERSIONS: &str = "versions";
 const TOPIC: &str = "topic/";
 const LINK: &str = "link/";
 const PLUGIN: &str = "plugin/";
+const USER: &str = "user/";
 /// The keys of the one-value-per-domain layout of older builds.
 pub(crate) const OLD_DOMAINS: [&str; 3] = ["topics", "links", "plugins"];
 
@@ -58,6 +62,11 @@ pub(crate) fn topic_key(name: &str) -> String {
 /// The key name of a link.
 pub(crate) fn link_key(parent: &str, child: &str) -> String {
     format!("{LINK}{}/{}", escape(parent), escape(child))
+}
+
+/// The key name of a user.
+pub(crate) fn user_key(name: &str) -> String {
+    format!("{USER}{}", escape(name))
 }
 
 /// Undoes [`escape`].
@@ -127,6 +136,9 @@ pub(crate) fn decode<'a>(
                 .snapshot
                 .links
                 .insert((link.parent.clone(), link.child.clone()), link);
+        } else if name.starts_with(USER) {
+            let user: UserMeta = typed(name, value, &full_key)?;
+            decoded.snapshot.users.insert(user.name.clone(), user);
         } else if plugin_seq(name).is_some() {
             decoded
                 .snapshot
@@ -182,6 +194,16 @@ pub(crate) fn apply_change(
                 if let Some((parent, child)) = pair.split_once('/') {
                     snapshot.links.remove(&(unescape(parent), unescape(child)));
                 }
+            }
+        }
+    } else if let Some(escaped) = name.strip_prefix(USER) {
+        match value {
+            Some(value) => {
+                let user: UserMeta = typed(name, value, &full_key)?;
+                snapshot.users.insert(user.name.clone(), user);
+            }
+            None => {
+                snapshot.users.remove(&unescape(escaped));
             }
         }
     } else if plugin_seq(name).is_some() {
@@ -246,6 +268,16 @@ pub(crate) fn diff(
     for (parent, child) in before.links.keys() {
         if !after.links.contains_key(&(parent.clone(), child.clone())) {
             changes.push((link_key(parent, child), None));
+        }
+    }
+    for (name, user) in &after.users {
+        if before.users.get(name) != Some(user) {
+            changes.push((user_key(name), Some(encode(&user_key(name), user)?)));
+        }
+    }
+    for name in before.users.keys() {
+        if !after.users.contains_key(name) {
+            changes.push((user_key(name), None));
         }
     }
     plugin_changes(&before.plugins, plugin_keys, &after.plugins, &mut changes)?;

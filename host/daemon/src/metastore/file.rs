@@ -45,7 +45,7 @@ use super::journal::{self, Entry, Touched};
 use super::transition::{self, Change, Outcome};
 use super::{
     BoxFuture, LinkMeta, LinkTopics, Metastore, MetastoreError, PluginVersion, Result, Snapshot,
-    TopicMeta, Versions, frame,
+    TopicMeta, UserMeta, Versions, frame,
 };
 
 /// File name of the metastore snapshot inside the data dir.
@@ -80,6 +80,9 @@ struct State {
     /// Uploaded plugin versions, oldest first.
     #[serde(default)]
     plugins: Vec<PluginVersion>,
+    /// Users, by name.
+    #[serde(default)]
+    users: BTreeMap<String, UserMeta>,
 }
 
 /// [`State`] as it is written, borrowing the committed state instead of copying it.
@@ -91,6 +94,8 @@ struct StateRef<'a> {
     topics: &'a BTreeMap<String, TopicMeta>,
     links: Vec<&'a LinkMeta>,
     plugins: &'a [PluginVersion],
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    users: &'a BTreeMap<String, UserMeta>,
 }
 
 impl State {
@@ -104,6 +109,7 @@ impl State {
                 .map(|l| ((l.parent.clone(), l.child.clone()), l))
                 .collect(),
             plugins: self.plugins,
+            users: self.users,
         }
     }
 }
@@ -631,6 +637,7 @@ fn same_counts(a: &Snapshot, b: &Snapshot) -> bool {
         && a.topics.len() == b.topics.len()
         && a.links.len() == b.links.len()
         && a.plugins.len() == b.plugins.len()
+        && a.users.len() == b.users.len()
 }
 
 /// The whole contents of `path` on `fs`.
@@ -654,6 +661,7 @@ fn encode(state: &Snapshot, journal_seq: u64) -> Result<Vec<u8>> {
         // The map is ordered by (parent, child): the list stays sorted.
         links: state.links.values().collect(),
         plugins: &state.plugins,
+        users: &state.users,
     })
     .map_err(|e| MetastoreError::Io {
         context: "encoding the metastore state".to_owned(),
@@ -711,6 +719,11 @@ impl Metastore for FileMetastore {
     fn topic<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<TopicMeta>>> {
         let topic = self.inner.lock().topics.get(name).cloned();
         Box::pin(async move { Ok(topic) })
+    }
+
+    fn user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<UserMeta>>> {
+        let user = self.inner.lock().users.get(name).cloned();
+        Box::pin(async move { Ok(user) })
     }
 
     fn link_view<'a>(

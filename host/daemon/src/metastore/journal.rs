@@ -27,7 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use super::frame;
 use super::transition::Change;
-use super::{LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, Versions};
+use super::{
+    LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, UserMeta, Versions,
+};
 
 /// File name of the journal of changes since the snapshot.
 pub(crate) const FILE_NAME: &str = "metastore.journal";
@@ -56,6 +58,16 @@ pub(crate) struct Entry {
     /// and small, so it is recorded whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     plugins: Option<Vec<PluginVersion>>,
+    /// Each user the change touched, with its value after it (`None`: removed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    users: Vec<UserAfter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserAfter {
+    name: String,
+    user: Option<UserMeta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +95,7 @@ pub(crate) struct Touched {
     topics: BTreeSet<String>,
     links: BTreeSet<(String, String)>,
     plugins: bool,
+    users: BTreeSet<String>,
 }
 
 impl Touched {
@@ -125,6 +138,12 @@ impl Touched {
             | Change::SetShadow { parent, child, .. }
             | Change::SetLinkPolicy { parent, child, .. } => link(&mut t, parent, child),
             Change::AddPlugin(_) | Change::RemovePlugin { .. } => t.plugins = true,
+            Change::CreateUser(user) => {
+                t.users.insert(user.name.clone());
+            }
+            Change::SetUserCredentials { name, .. } | Change::DeleteUser { name } => {
+                t.users.insert(name.clone());
+            }
         }
         t
     }
@@ -154,6 +173,14 @@ impl Entry {
                 })
                 .collect(),
             plugins: touched.plugins.then(|| after.plugins.clone()),
+            users: touched
+                .users
+                .iter()
+                .map(|name| UserAfter {
+                    name: name.clone(),
+                    user: after.users.get(name).cloned(),
+                })
+                .collect(),
         }
     }
 
@@ -183,6 +210,16 @@ impl Entry {
         }
         if let Some(plugins) = &self.plugins {
             state.plugins.clone_from(plugins);
+        }
+        for u in &self.users {
+            match &u.user {
+                Some(user) => {
+                    state.users.insert(u.name.clone(), user.clone());
+                }
+                None => {
+                    state.users.remove(&u.name);
+                }
+            }
         }
     }
 

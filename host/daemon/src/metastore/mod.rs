@@ -46,6 +46,8 @@ pub use file::FileMetastore;
 pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, RemoteTarget, ShadowSpec};
 pub use transition::{Change, Outcome, PolicyChange};
 
+use crate::scram::{Mechanism, ScramCredential};
+
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
 /// (native `async fn` in traits is not object safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -128,6 +130,14 @@ pub struct Versions {
     pub links: u64,
     /// Plugins: upload, removal.
     pub plugins: u64,
+    /// Users: create, password change, delete. Written only once raised, so metadata without
+    /// users reads as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub users: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The metadata domains, each with its own version counter.
@@ -140,6 +150,8 @@ pub enum Domain {
     Links,
     /// Plugins.
     Plugins,
+    /// Users.
+    Users,
 }
 
 impl Versions {
@@ -149,6 +161,7 @@ impl Versions {
             Domain::Topics => self.topics,
             Domain::Links => self.links,
             Domain::Plugins => self.plugins,
+            Domain::Users => self.users,
         }
     }
 
@@ -158,6 +171,7 @@ impl Versions {
             Domain::Topics => self.topics += 1,
             Domain::Links => self.links += 1,
             Domain::Plugins => self.plugins += 1,
+            Domain::Users => self.users += 1,
         }
     }
 }
@@ -174,6 +188,73 @@ pub struct Snapshot {
     pub links: BTreeMap<(String, String), LinkMeta>,
     /// Every uploaded plugin version, oldest first.
     pub plugins: Vec<PluginVersion>,
+    /// Every user, by name.
+    pub users: BTreeMap<String, UserMeta>,
+}
+
+/// Longest user name, in bytes.
+pub const MAX_USER_NAME_BYTES: usize = 128;
+
+/// One user: a principal that authenticates with a password (Kafka SASL), stored as salted
+/// SCRAM credentials only, never the password.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserMeta {
+    /// The name (see [`check_user_name`]).
+    pub name: String,
+    /// One credential per SCRAM mechanism, made from the same password.
+    pub credentials: Vec<ScramCredential>,
+    /// When the user was created, in milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// When the password was last set, in milliseconds since the Unix epoch.
+    pub updated_at_ms: i64,
+}
+
+impl UserMeta {
+    /// The user's credential for `mechanism`, if they have one.
+    pub fn credential(&self, mechanism: Mechanism) -> Option<&ScramCredential> {
+        self.credentials.iter().find(|c| c.mechanism == mechanism)
+    }
+}
+
+/// Checks a user name: 1 to [`MAX_USER_NAME_BYTES`] bytes of ASCII letters, digits and
+/// `. _ - @`, so that it reads the same in a SASL message, a URL path and a log line.
+pub fn check_user_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > MAX_USER_NAME_BYTES {
+        return Err(format!(
+            "a user name is 1 to {MAX_USER_NAME_BYTES} bytes, not {}",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@')))
+    {
+        return Err(format!(
+            "user name {name:?} holds {bad:?}; names use ASCII letters, digits and . _ - @"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a user's credentials: at least one, each well formed, at most one per mechanism.
+pub fn check_credentials(credentials: &[ScramCredential]) -> std::result::Result<(), String> {
+    if credentials.is_empty() {
+        return Err("a user needs at least one SCRAM credential".to_owned());
+    }
+    for (i, credential) in credentials.iter().enumerate() {
+        credential.validate().map_err(|e| e.to_string())?;
+        if credentials[..i]
+            .iter()
+            .any(|c| c.mechanism == credential.mechanism)
+        {
+            return Err(format!(
+                "two {} credentials for one user",
+                credential.mechanism
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One link with its parent and child topics: what a fan-out cursor reads before routing each
@@ -230,6 +311,7 @@ impl Snapshot {
             topics,
             links: self.links.clone(),
             plugins: self.plugins.clone(),
+            users: self.users.clone(),
         }
     }
 }
@@ -310,6 +392,21 @@ pub enum MetastoreError {
         /// Its links, as (parent, child), in order.
         links: Vec<(String, String)>,
     },
+    /// A user create for a name that already exists.
+    #[error("user {name:?} already exists (narad user password changes a password)")]
+    UserExists {
+        /// The name.
+        name: String,
+    },
+    /// An operation named a user that does not exist.
+    #[error("user {name:?} does not exist")]
+    UnknownUser {
+        /// The name.
+        name: String,
+    },
+    /// A user name or credential that breaks the rules.
+    #[error("{0}")]
+    BadUser(String),
     /// `grow_partitions` asked for fewer partitions than the topic has.
     #[error(
         "topic {name:?} has {current} partitions; the count can only grow, not shrink to {requested}"
@@ -807,6 +904,42 @@ pub trait Metastore: Send + Sync + 'static {
             owner,
         };
         typed(self.apply(change), Outcome::into_topic)
+    }
+
+    /// One user, or `None` when there is none of that name, as [`Metastore::snapshot`] would
+    /// show it (on several nodes it may lag a change made through another node by the time
+    /// the change takes to reach this one). Every SASL authentication asks it, so a backend
+    /// answers without copying every topic.
+    fn user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<UserMeta>>> {
+        Box::pin(async move { Ok(self.snapshot().await?.users.remove(name)) })
+    }
+
+    /// Records a new user. Fails with [`MetastoreError::UserExists`] when the name is taken.
+    fn create_user(&self, user: UserMeta) -> BoxFuture<'_, Result<UserMeta>> {
+        typed(self.apply(Change::CreateUser(user)), Outcome::into_user)
+    }
+
+    /// Replaces a user's credentials (a new password).
+    fn set_user_credentials<'a>(
+        &'a self,
+        name: &'a str,
+        credentials: Vec<ScramCredential>,
+        updated_at_ms: i64,
+    ) -> BoxFuture<'a, Result<UserMeta>> {
+        let change = Change::SetUserCredentials {
+            name: name.to_owned(),
+            credentials,
+            updated_at_ms,
+        };
+        typed(self.apply(change), Outcome::into_user)
+    }
+
+    /// Removes a user, returning them as they were.
+    fn delete_user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<UserMeta>> {
+        let change = Change::DeleteUser {
+            name: name.to_owned(),
+        };
+        typed(self.apply(change), Outcome::into_user)
     }
 
     /// Records an uploaded plugin version (the same name and digest twice is a no-op).

@@ -22,8 +22,9 @@ use super::link::{
 };
 use super::{
     Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
-    TopicMeta,
+    TopicMeta, UserMeta, check_credentials, check_user_name,
 };
+use crate::scram::ScramCredential;
 
 /// What a [`Change::SetLinkPolicy`] changes of a link; what is `None` (or empty) stays.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -155,6 +156,22 @@ pub enum Change {
         /// Plugin name.
         name: String,
     },
+    /// Record a new user.
+    CreateUser(UserMeta),
+    /// Replace a user's credentials.
+    SetUserCredentials {
+        /// User name.
+        name: String,
+        /// The new credentials.
+        credentials: Vec<ScramCredential>,
+        /// When, in milliseconds since the Unix epoch.
+        updated_at_ms: i64,
+    },
+    /// Remove a user.
+    DeleteUser {
+        /// User name.
+        name: String,
+    },
 }
 
 /// What an applied change answers.
@@ -172,6 +189,8 @@ pub enum Outcome {
     Plugin(PluginVersion),
     /// The plugin versions removed.
     Plugins(Vec<PluginVersion>),
+    /// The user as recorded now (or as it was, for a delete).
+    User(UserMeta),
 }
 
 impl Outcome {
@@ -180,6 +199,14 @@ impl Outcome {
         match self {
             Outcome::Topic(t) => Ok(t),
             other => Err(mismatch("a topic", other)),
+        }
+    }
+
+    /// The user of a user change.
+    pub(crate) fn into_user(self) -> Result<UserMeta> {
+        match self {
+            Outcome::User(u) => Ok(u),
+            other => Err(mismatch("a user", other)),
         }
     }
 
@@ -570,6 +597,32 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
             }
             Ok((Outcome::Plugins(removed), vec![Domain::Plugins]))
         }
+        Change::CreateUser(user) => {
+            check_user_name(&user.name).map_err(MetastoreError::BadUser)?;
+            check_credentials(&user.credentials).map_err(MetastoreError::BadUser)?;
+            if s.users.contains_key(&user.name) {
+                return Err(MetastoreError::UserExists { name: user.name });
+            }
+            s.users.insert(user.name.clone(), user.clone());
+            Ok((Outcome::User(user), vec![Domain::Users]))
+        }
+        Change::SetUserCredentials {
+            name,
+            credentials,
+            updated_at_ms,
+        } => {
+            check_credentials(&credentials).map_err(MetastoreError::BadUser)?;
+            let Some(user) = s.users.get_mut(&name) else {
+                return Err(MetastoreError::UnknownUser { name });
+            };
+            user.credentials = credentials;
+            user.updated_at_ms = updated_at_ms;
+            Ok((Outcome::User(user.clone()), vec![Domain::Users]))
+        }
+        Change::DeleteUser { name } => match s.users.remove(&name) {
+            Some(user) => Ok((Outcome::User(user), vec![Domain::Users])),
+            None => Err(MetastoreError::UnknownUser { name }),
+        },
     }
 }
 
