@@ -263,6 +263,13 @@ settings! {
     /// many partitions, when the client allows it (Kafka's auto.create.topics.enable and
     /// num.partitions); 0 creates none. Never while the daemon requires its API token.
     kafka_auto_create_partitions: u32, "N", PartitionCount, default 0;
+    /// Whether Kafka clients must authenticate before any other request: `off`, or
+    /// `required`: SASL SCRAM-SHA-256 or SCRAM-SHA-512 as a user of `narad user`, and PLAIN
+    /// when the listener has TLS (docs/security.md).
+    kafka_sasl: String, "off|required", KafkaSasl, default "off".to_owned();
+    /// `yes` offers SASL PLAIN on a Kafka listener without TLS too, where the password
+    /// crosses the network in clear (a private network, a TLS-terminating proxy).
+    kafka_sasl_plain_without_tls: String, "yes|no", YesNo, default "no".to_owned();
     /// etcd endpoints, comma-separated (e.g. http://10.0.0.1:2379,http://10.0.0.2:2379):
     /// turns cluster mode on, with the metadata in etcd (see docs/cluster.md).
     etcd: String, "URLS", EtcdEndpoints, shown "off, one node with the embedded metastore";
@@ -566,6 +573,38 @@ impl Check<String> for SocketAddress {
     }
 }
 
+/// `off` or `required`: whether Kafka clients must authenticate with SASL.
+struct KafkaSasl;
+impl Check<String> for KafkaSasl {
+    type Out = bool;
+    fn check(key: &'static str, value: String) -> Result<bool, ConfigError> {
+        match value.as_str() {
+            "off" => Ok(false),
+            "required" => Ok(true),
+            _ => Err(ConfigError::BadValue {
+                key,
+                message: format!("{value:?}: expected off or required"),
+            }),
+        }
+    }
+}
+
+/// `yes` or `no`.
+struct YesNo;
+impl Check<String> for YesNo {
+    type Out = bool;
+    fn check(key: &'static str, value: String) -> Result<bool, ConfigError> {
+        match value.as_str() {
+            "yes" => Ok(true),
+            "no" => Ok(false),
+            _ => Err(ConfigError::BadValue {
+                key,
+                message: format!("{value:?}: expected yes or no"),
+            }),
+        }
+    }
+}
+
 /// An `IP:PORT` to listen on, or unset: that listener is off.
 struct OptionalSocketAddress;
 impl Check<Option<String>> for OptionalSocketAddress {
@@ -833,6 +872,13 @@ pub struct ClusterConfig {
     pub(crate) peer_tls_ca: Option<PathBuf>,
 }
 
+/// SASL on the Kafka listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KafkaSaslConfig {
+    /// Whether PLAIN is offered beside SCRAM: over TLS, or when allowed without it.
+    pub(crate) plain: bool,
+}
+
 /// The daemon's resolved configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -847,6 +893,8 @@ pub struct Config {
     /// Partitions of a topic the Kafka listener creates when a client's Metadata names it;
     /// `None`: it creates none (`--kafka-auto-create-partitions 0`).
     pub(crate) kafka_auto_create: Option<u32>,
+    /// SASL on the Kafka listener (`--kafka-sasl required`); `None`: off.
+    pub(crate) kafka_sasl: Option<KafkaSaslConfig>,
     /// API limits.
     pub limits: Limits,
     /// Interval between retention passes.
@@ -882,6 +930,7 @@ impl Config {
             kafka_listen: None,
             kafka_advertise: None,
             kafka_auto_create: None,
+            kafka_sasl: None,
             limits: Limits::default(),
             retention_check_interval: Duration::from_millis(DEFAULT_RETENTION_CHECK_INTERVAL_MS),
             idle_close_after: Duration::from_millis(DEFAULT_IDLE_CLOSE_AFTER_MS),
@@ -1038,6 +1087,9 @@ impl Config {
             kafka_advertise: s.kafka_advertise,
             kafka_auto_create: (s.kafka_auto_create_partitions > 0)
                 .then_some(s.kafka_auto_create_partitions),
+            kafka_sasl: s.kafka_sasl.then_some(KafkaSaslConfig {
+                plain: tls.is_some() || s.kafka_sasl_plain_without_tls,
+            }),
             limits: Limits {
                 max_record_bytes: s.max_record_bytes,
                 max_request_bytes: s.max_request_bytes,

@@ -252,7 +252,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 /// Fills `buf` from the system's random source. The source failing is a broken machine, not a
 /// client's doing: then the bytes come from a hash of the time and the address of `buf`, never
 /// zeros.
-fn fill_random(buf: &mut [u8]) {
+pub fn fill_random(buf: &mut [u8]) {
     if ring::rand::SystemRandom::new().fill(buf).is_ok() {
         return;
     }
@@ -264,63 +264,18 @@ fn fill_random(buf: &mut [u8]) {
     }
 }
 
-/// What the server needs to look a user up: their credential for the exchange's mechanism,
-/// `None` when there is no such user (or no credential of that mechanism).
-pub trait CredentialSource {
-    /// The credential of `user` for `mechanism`.
-    fn credential(&self, user: &str, mechanism: Mechanism) -> Option<ScramCredential>;
-}
-
-/// The server's side of one SCRAM exchange, between the client's first message and its
-/// final one.
-#[derive(Debug)]
-pub struct ServerExchange {
-    mechanism: Mechanism,
-    user: String,
-    /// `None` for an unknown user: the exchange goes on with a made-up salt so that the answer
-    /// does not tell which user names exist, and fails at the proof.
-    credential: Option<ScramCredential>,
-    client_first_bare: String,
-    server_first: String,
-    nonce: String,
-}
-
-/// What an exchange ends with.
-#[derive(Debug)]
-pub struct Authenticated {
-    /// The user the client proved to be.
+/// A client's first message, read: who it says it is and its nonce.
+#[derive(Debug, Clone)]
+pub struct ClientFirst {
+    /// The user the client names.
     pub user: String,
-    /// The server's final message (`v=` its signature), for the client to check.
-    pub server_final: Vec<u8>,
+    client_nonce: String,
+    bare: String,
 }
 
-impl ServerExchange {
-    /// Reads the client's first message and answers with the server's first (the nonce, the
-    /// salt, the iterations). `secret` makes up a stable salt for a user that does not exist.
-    pub fn start(
-        mechanism: Mechanism,
-        client_first: &[u8],
-        users: &dyn CredentialSource,
-        secret: &[u8],
-    ) -> Result<(ServerExchange, Vec<u8>), ScramError> {
-        let mut nonce = vec![0u8; NONCE_BYTES];
-        fill_random(&mut nonce);
-        ServerExchange::start_with_nonce(
-            mechanism,
-            client_first,
-            users,
-            secret,
-            &B64.encode(&nonce),
-        )
-    }
-
-    fn start_with_nonce(
-        mechanism: Mechanism,
-        client_first: &[u8],
-        users: &dyn CredentialSource,
-        secret: &[u8],
-        server_nonce: &str,
-    ) -> Result<(ServerExchange, Vec<u8>), ScramError> {
+impl ClientFirst {
+    /// Reads a client's first message (`n,,n=user,r=nonce`).
+    pub fn parse(client_first: &[u8]) -> Result<ClientFirst, ScramError> {
         let message = text(client_first)?;
         // gs2-header: "n,," or "y,," (no channel binding), an optional authzid between.
         let (binding, rest) = message
@@ -359,25 +314,83 @@ impl ServerExchange {
         {
             return Err(ScramError::InvalidCredentials);
         }
-        let credential = users.credential(&user, mechanism);
+        Ok(ClientFirst {
+            user,
+            client_nonce: client_nonce.to_owned(),
+            bare: bare.to_owned(),
+        })
+    }
+}
+
+/// The server's side of one SCRAM exchange, between the client's first message and its
+/// final one.
+#[derive(Debug)]
+pub struct ServerExchange {
+    mechanism: Mechanism,
+    user: String,
+    /// `None` for an unknown user: the exchange goes on with a made-up salt so that the answer
+    /// does not tell which user names exist, and fails at the proof.
+    credential: Option<ScramCredential>,
+    client_first_bare: String,
+    server_first: String,
+    nonce: String,
+}
+
+/// What an exchange ends with.
+#[derive(Debug)]
+pub struct Authenticated {
+    /// The user the client proved to be.
+    pub user: String,
+    /// The server's final message (`v=` its signature), for the client to check.
+    pub server_final: Vec<u8>,
+}
+
+impl ServerExchange {
+    /// Answers the client's first message with the server's first (the nonce, the salt, the
+    /// iterations). `credential` is the named user's for `mechanism`, `None` when there is
+    /// none; `secret` then makes up a salt, the same for the same name each time.
+    pub fn start(
+        mechanism: Mechanism,
+        first: ClientFirst,
+        credential: Option<ScramCredential>,
+        secret: &[u8],
+    ) -> (ServerExchange, Vec<u8>) {
+        let mut nonce = vec![0u8; NONCE_BYTES];
+        fill_random(&mut nonce);
+        ServerExchange::start_with_nonce(mechanism, first, credential, secret, &B64.encode(&nonce))
+    }
+
+    fn start_with_nonce(
+        mechanism: Mechanism,
+        first: ClientFirst,
+        credential: Option<ScramCredential>,
+        secret: &[u8],
+        server_nonce: &str,
+    ) -> (ServerExchange, Vec<u8>) {
+        let credential = credential.filter(|c| c.mechanism == mechanism);
         let (salt, iterations) = match &credential {
             Some(c) => (c.salt.clone(), c.iterations),
             None => {
-                let made_up = hmac_of(Mechanism::Sha256, secret, user.as_bytes());
+                let made_up = hmac_of(Mechanism::Sha256, secret, first.user.as_bytes());
                 (made_up[..SALT_BYTES].to_vec(), DEFAULT_ITERATIONS)
             }
         };
-        let nonce = format!("{client_nonce}{server_nonce}");
+        let nonce = format!("{}{server_nonce}", first.client_nonce);
         let server_first = format!("r={nonce},s={},i={iterations}", B64.encode(&salt));
         let exchange = ServerExchange {
             mechanism,
-            user,
+            user: first.user,
             credential,
-            client_first_bare: bare.to_owned(),
+            client_first_bare: first.bare,
             server_first: server_first.clone(),
             nonce,
         };
-        Ok((exchange, server_first.into_bytes()))
+        (exchange, server_first.into_bytes())
+    }
+
+    /// The exchange's mechanism.
+    pub fn mechanism(&self) -> Mechanism {
+        self.mechanism
     }
 
     /// The user this exchange is for, as the client named them.
@@ -494,31 +507,29 @@ mod b64 {
 mod tests {
     use super::*;
 
-    struct One(ScramCredential, &'static str);
-
-    impl CredentialSource for One {
-        fn credential(&self, user: &str, mechanism: Mechanism) -> Option<ScramCredential> {
-            (user == self.1 && mechanism == self.0.mechanism).then(|| self.0.clone())
-        }
+    /// RFC 7677's example: user "user", password "pencil".
+    fn rfc7677() -> ScramCredential {
+        let salt = B64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
+        ScramCredential::with_salt(Mechanism::Sha256, b"pencil", salt, 4096).unwrap()
     }
 
-    /// RFC 7677's example: user "user", password "pencil".
-    fn rfc7677() -> One {
-        let salt = B64.decode("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap();
-        One(
-            ScramCredential::with_salt(Mechanism::Sha256, b"pencil", salt, 4096).unwrap(),
-            "user",
-        )
+    /// Starts an exchange as a server that knows only `user` (RFC 7677's).
+    fn start(first: &[u8], server_nonce: &str) -> Result<(ServerExchange, Vec<u8>), ScramError> {
+        let first = ClientFirst::parse(first)?;
+        let credential = (first.user == "user").then(rfc7677);
+        Ok(ServerExchange::start_with_nonce(
+            Mechanism::Sha256,
+            first,
+            credential,
+            b"secret",
+            server_nonce,
+        ))
     }
 
     #[test]
     fn the_rfc_7677_exchange_authenticates_and_the_server_signature_matches() {
-        let users = rfc7677();
-        let (exchange, server_first) = ServerExchange::start_with_nonce(
-            Mechanism::Sha256,
+        let (exchange, server_first) = start(
             b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO",
-            &users,
-            b"secret",
             "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0",
         )
         .unwrap();
@@ -541,41 +552,21 @@ mod tests {
 
     #[test]
     fn a_wrong_proof_a_foreign_nonce_and_an_unknown_user_are_refused() {
-        let users = rfc7677();
-        let start = |first: &[u8]| {
-            ServerExchange::start_with_nonce(Mechanism::Sha256, first, &users, b"s", "XYZ")
-                .unwrap()
-                .0
-        };
-        let exchange = start(b"n,,n=user,r=abc");
+        let exchange = start(b"n,,n=user,r=abc", "XYZ").unwrap().0;
         let bad_proof = format!("c=biws,r=abcXYZ,p={}", B64.encode([7u8; 32]));
         assert_eq!(
             exchange.finish(bad_proof.as_bytes()).unwrap_err(),
             ScramError::InvalidCredentials
         );
-        let exchange = start(b"n,,n=user,r=abc");
+        let exchange = start(b"n,,n=user,r=abc", "XYZ").unwrap().0;
         let other_nonce = format!("c=biws,r=abcXYQ,p={}", B64.encode([7u8; 32]));
         assert_eq!(
             exchange.finish(other_nonce.as_bytes()).unwrap_err(),
             ScramError::InvalidCredentials
         );
         // An unknown user gets a salt like anyone's, the same one each time, then a refusal.
-        let (a, first_a) = ServerExchange::start_with_nonce(
-            Mechanism::Sha256,
-            b"n,,n=nobody,r=abc",
-            &users,
-            b"s",
-            "XYZ",
-        )
-        .unwrap();
-        let (_, first_b) = ServerExchange::start_with_nonce(
-            Mechanism::Sha256,
-            b"n,,n=nobody,r=abc",
-            &users,
-            b"s",
-            "XYZ",
-        )
-        .unwrap();
+        let (a, first_a) = start(b"n,,n=nobody,r=abc", "XYZ").unwrap();
+        let (_, first_b) = start(b"n,,n=nobody,r=abc", "XYZ").unwrap();
         assert_eq!(first_a, first_b);
         assert!(String::from_utf8(first_a).unwrap().contains(",i=4096"));
         let final_message = format!("c=biws,r=abcXYZ,p={}", B64.encode([7u8; 32]));
@@ -587,7 +578,6 @@ mod tests {
 
     #[test]
     fn malformed_first_messages_and_channel_binding_are_refused() {
-        let users = rfc7677();
         for (message, expected) in [
             (
                 &b"p=tls-unique,,n=user,r=abc"[..],
@@ -612,14 +602,12 @@ mod tests {
             ),
             (b"n,a=other,n=user,r=abc", ScramError::InvalidCredentials),
         ] {
-            let got =
-                ServerExchange::start_with_nonce(Mechanism::Sha256, message, &users, b"s", "X")
-                    .unwrap_err();
+            let got = ClientFirst::parse(message).unwrap_err();
             assert_eq!(got, expected, "{}", String::from_utf8_lossy(message));
         }
         let long = vec![b'a'; MAX_MESSAGE_BYTES + 1];
         assert!(matches!(
-            ServerExchange::start(Mechanism::Sha256, &long, &users, b"s"),
+            ClientFirst::parse(&long),
             Err(ScramError::Malformed("message too long"))
         ));
     }

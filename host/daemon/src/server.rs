@@ -409,7 +409,12 @@ pub async fn run_server(
             config.kafka_auto_create,
         )
         .with_cluster(cluster.clone())
-        .advertising(config.kafka_advertise.clone());
+        .advertising(config.kafka_advertise.clone())
+        .with_sasl(
+            config
+                .kafka_sasl
+                .map(|sasl| crate::kafka::sasl::Sasl::new(sasl.plain)),
+        );
         if let Some(coordinator) = &groups {
             deps = deps.with_groups(Arc::clone(coordinator));
         }
@@ -421,7 +426,18 @@ pub async fn run_server(
             shutdown_grace: config.http.shutdown_grace,
         };
         if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, tls = kafka_tls.is_some(), "kafka listener serving");
+            tracing::info!(
+                %addr,
+                tls = kafka_tls.is_some(),
+                sasl = config.kafka_sasl.is_some(),
+                "kafka listener serving"
+            );
+            if config.kafka_sasl.is_some() && kafka_tls.is_none() {
+                tracing::warn!(
+                    "kafka listener: SASL without TLS; passwords stay secret with SCRAM, but \
+                     records and the session cross the network in clear (give --tls-cert)"
+                );
+            }
         }
         tokio::spawn(crate::kafka::connection::serve(
             listener, deps, options, kafka_tls,

@@ -342,6 +342,39 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/users`.
+    pub async fn list_users(&self) -> Result<narad_host::api::users::UserList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/users", None, None)
+            .await
+    }
+
+    /// `POST /v1/users`.
+    pub async fn create_user(
+        &self,
+        user: &narad_host::api::users::CreateUser,
+    ) -> Result<narad_host::api::users::UserInfo, ApiCallError> {
+        self.call(Method::POST, "/v1/users", Some(user), None).await
+    }
+
+    /// `PUT /v1/users/{name}/credentials`.
+    pub async fn set_user_credentials(
+        &self,
+        name: &str,
+        secret: &narad_host::api::users::Secret,
+    ) -> Result<narad_host::api::users::UserInfo, ApiCallError> {
+        let path = format!("/v1/users/{name}/credentials");
+        self.call(Method::PUT, &path, Some(secret), None).await
+    }
+
+    /// `DELETE /v1/users/{name}`.
+    pub async fn delete_user(
+        &self,
+        name: &str,
+    ) -> Result<narad_host::api::users::UserInfo, ApiCallError> {
+        self.call::<(), _>(Method::DELETE, &format!("/v1/users/{name}"), None, None)
+            .await
+    }
+
     /// `GET /v1/groups`.
     pub async fn list_groups(&self) -> Result<narad_host::api::groups::GroupList, ApiCallError> {
         self.call::<(), _>(Method::GET, "/v1/groups", None, None)

@@ -48,6 +48,7 @@ pub mod serve;
 pub mod shadow;
 pub mod table;
 pub mod topic;
+pub mod user;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -103,6 +104,9 @@ pub enum Command {
     Group(group::GroupArgs),
     /// Move a partition to another node (cluster mode).
     Partition(partition::PartitionArgs),
+    /// Create, list and delete the users Kafka clients authenticate as (SASL), and change
+    /// their passwords.
+    User(user::UserArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
@@ -206,6 +210,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => node::run(args).await,
         Command::Group(args) => group::run(args).await,
         Command::Partition(args) => partition::run(args).await,
+        Command::User(args) => user::run(args).await,
         Command::Produce(args) => produce::run(args).await,
         Command::Consume(args) => consume::run(args).await,
         Command::Demo(args) => demo::run(args).await,

@@ -1,7 +1,8 @@
 //! The optional bearer token (`--auth-token-file`) on the HTTP API: when set, every request
 //! that changes something (any method but GET, HEAD and OPTIONS) must carry
 //! `Authorization: Bearer <token>`; reads, `/metrics` and `/healthz` stay open so monitoring
-//! needs no secret. A missing or wrong token is a 401 with the usual JSON error body.
+//! needs no secret. The user endpoints (`/v1/users`) need it for reads too: who may log in is
+//! not public. A missing or wrong token is a 401 with the usual JSON error body.
 //!
 //! The token itself, and its constant-time comparison, is [`crate::auth::AuthToken`]: the
 //! config loads it and this middleware checks it, so neither has to import the other.
@@ -23,6 +24,11 @@ pub(crate) fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// Whether a request needs the token: every change, and every read of the user list.
+fn needs_token(method: &Method, path: &str) -> bool {
+    is_mutating(method) || path == "/v1/users" || path.starts_with("/v1/users/")
+}
+
 /// `router` with the token required on every mutating request.
 pub(crate) fn protect(router: Router, token: AuthToken) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
@@ -37,7 +43,7 @@ async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if !is_mutating(request.method()) {
+    if !needs_token(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
     let presented = request
@@ -51,8 +57,8 @@ async fn require_token(
         Some(given) if token.matches(given) => return next.run(request).await,
         Some(_) => "the bearer token is wrong; send the token of the daemon's --auth-token-file",
         None => {
-            "this daemon requires `Authorization: Bearer <token>` on every change \
-             (the CLI sends --token or NARAD_TOKEN); reads stay open"
+            "this daemon requires `Authorization: Bearer <token>` on every change and on \
+             the user list (the CLI sends --token or NARAD_TOKEN); other reads stay open"
         }
     };
     let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
@@ -74,5 +80,9 @@ mod tests {
         for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
             assert!(is_mutating(&m));
         }
+        assert!(needs_token(&Method::GET, "/v1/users"));
+        assert!(needs_token(&Method::GET, "/v1/users/alice"));
+        assert!(!needs_token(&Method::GET, "/v1/usersx"));
+        assert!(!needs_token(&Method::GET, "/v1/topics"));
     }
 }

@@ -71,7 +71,7 @@ impl ApiError {
         &self.message
     }
 
-    fn internal(message: String) -> ApiError {
+    pub(crate) fn internal(message: String) -> ApiError {
         tracing::error!(error = %message, "request failed inside the daemon");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
@@ -149,11 +149,15 @@ impl From<MetastoreError> for ApiError {
     fn from(err: MetastoreError) -> ApiError {
         match &err {
             MetastoreError::TopicExists { .. }
+            | MetastoreError::UserExists { .. }
             | MetastoreError::OwnerChanged { .. }
             | MetastoreError::OwnerAlive { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())
             }
-            MetastoreError::UnknownTopic { .. } => ApiError::not_found(err.to_string()),
+            MetastoreError::UnknownTopic { .. } | MetastoreError::UnknownUser { .. } => {
+                ApiError::not_found(err.to_string())
+            }
+            MetastoreError::BadUser(_) => ApiError::bad_request(err.to_string()),
             MetastoreError::CannotShrink { .. } => ApiError::bad_request(err.to_string()),
             MetastoreError::LinkExists { .. } | MetastoreError::PluginInUse { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())

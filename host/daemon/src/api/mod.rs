@@ -44,6 +44,7 @@ pub(crate) mod shadow;
 pub(crate) mod topic_config;
 pub(crate) mod topics;
 pub mod types;
+pub mod users;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -185,6 +186,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(nodes::list))
+        .route("/v1/users", get(users::list).post(users::create))
+        .route("/v1/users/{name}", delete(users::delete))
+        .route("/v1/users/{name}/credentials", put(users::set_credentials))
         .route("/v1/groups", get(groups::list))
         .route("/v1/groups/{group}", get(groups::describe))
         .route(

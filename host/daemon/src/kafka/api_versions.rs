@@ -40,20 +40,30 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 2),
 ];
 
-/// Whether `version` of `api` is handled.
-pub(crate) fn offered(api: ApiKey, version: i16) -> bool {
-    OFFERED
-        .iter()
-        .any(|&(key, min, max)| key == api && (min..=max).contains(&version))
+/// The SASL APIs, offered on a listener that requires authentication: SaslHandshake from 1
+/// (0 would send the mechanism's messages outside Kafka's framing), SaslAuthenticate 0 to 2.
+pub(crate) const OFFERED_SASL: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::SaslHandshake, 1, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+];
+
+/// Every API this listener handles: [`OFFERED`], and [`OFFERED_SASL`] with `sasl`.
+fn all(sasl: bool) -> impl Iterator<Item = &'static (ApiKey, i16, i16)> {
+    let extra: &[(ApiKey, i16, i16)] = if sasl { OFFERED_SASL } else { &[] };
+    OFFERED.iter().chain(extra)
+}
+
+/// Whether `version` of `api` is handled (`sasl`: on a listener that requires SASL).
+pub(crate) fn offered(api: ApiKey, version: i16, sasl: bool) -> bool {
+    all(sasl).any(|&(key, min, max)| key == api && (min..=max).contains(&version))
 }
 
 /// The ApiVersions answer with `error_code` (0, or UNSUPPORTED_VERSION for a request at a
 /// version not offered, which the client then retries at one that is).
-pub(crate) fn response(error_code: i16) -> ApiVersionsResponse {
+pub(crate) fn response(error_code: i16, sasl: bool) -> ApiVersionsResponse {
     let mut response = ApiVersionsResponse::default();
     response.error_code = error_code;
-    response.api_keys = OFFERED
-        .iter()
+    response.api_keys = all(sasl)
         .map(|&(key, min, max)| {
             let mut v = ApiVersion::default();
             v.api_key = key as i16;
@@ -71,7 +81,7 @@ mod tests {
 
     #[test]
     fn exactly_the_issue_s_versions_are_advertised() {
-        let advertised: Vec<(i16, i16, i16)> = response(0)
+        let advertised: Vec<(i16, i16, i16)> = response(0, false)
             .api_keys
             .iter()
             .map(|v| (v.api_key, v.min_version, v.max_version))
@@ -102,11 +112,24 @@ mod tests {
                 (60, 0, 2),
             ]
         );
-        assert!(!offered(ApiKey::Produce, 13));
-        assert!(!offered(ApiKey::OffsetCommit, 9));
-        assert!(!offered(ApiKey::CreateTopics, 6));
-        assert!(!offered(ApiKey::DescribeConfigs, 0));
-        assert!(!offered(ApiKey::AlterConfigs, 0));
-        assert!(offered(ApiKey::Fetch, 4));
+        assert!(!offered(ApiKey::Produce, 13, false));
+        assert!(!offered(ApiKey::OffsetCommit, 9, false));
+        assert!(!offered(ApiKey::CreateTopics, 6, false));
+        assert!(!offered(ApiKey::DescribeConfigs, 0, false));
+        assert!(!offered(ApiKey::AlterConfigs, 0, false));
+        assert!(offered(ApiKey::Fetch, 4, false));
+        assert!(!offered(ApiKey::SaslHandshake, 1, false));
+        assert!(offered(ApiKey::SaslHandshake, 1, true));
+        assert!(!offered(ApiKey::SaslHandshake, 0, true));
+        assert!(offered(ApiKey::SaslAuthenticate, 2, true));
+        let with_sasl = response(0, true).api_keys;
+        assert_eq!(with_sasl.len(), OFFERED.len() + 2);
+        assert_eq!(
+            (
+                with_sasl[OFFERED.len()].api_key,
+                with_sasl[OFFERED.len()].min_version
+            ),
+            (17, 1)
+        );
     }
 }

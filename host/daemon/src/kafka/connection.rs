@@ -17,13 +17,18 @@
 //!
 //! Requests of one connection are handled one at a time, in order, so responses go out in
 //! request order as the protocol requires and one connection holds at most one request.
+//!
+//! On a listener that requires SASL ([`super::sasl`]) a connection authenticates first, in
+//! small frames, and is closed by any other request before it has.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::messages::{
+    ApiKey, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest,
+};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -183,55 +188,66 @@ where
         id: String::new(),
         host: format!("/{}", peer.ip()),
     };
+    let mut session = super::sasl::Session::new(deps.sasl.as_ref());
     let shutdown = deps.shutdown.wait();
     tokio::pin!(shutdown);
-    loop {
+    let reason = loop {
         // Wait for the size prefix: idle time, ended by shutdown.
         let mut size = [0u8; 4];
         let first = tokio::select! {
-            () = &mut shutdown => return CloseReason::Shutdown,
+            () = &mut shutdown => break CloseReason::Shutdown,
             read = tokio::time::timeout(IDLE_TIMEOUT, stream.read_exact(&mut size)) => read,
         };
         match first {
-            Err(_) => return CloseReason::IdleTimeout,
-            Ok(Err(_)) => return CloseReason::ClientClosed,
+            Err(_) => break CloseReason::IdleTimeout,
+            Ok(Err(_)) => break CloseReason::ClientClosed,
             Ok(Ok(_)) => {}
         }
         let declared = i32::from_be_bytes(size);
         let Ok(len) = usize::try_from(declared) else {
             tracing::info!(%peer, declared, "kafka: negative frame size; closing");
-            return CloseReason::BadFrame;
+            break CloseReason::BadFrame;
         };
         if len < MIN_FRAME_BYTES {
             tracing::info!(%peer, len, "kafka: frame shorter than a request header; closing");
-            return CloseReason::BadFrame;
+            break CloseReason::BadFrame;
         }
-        if len > limits.max_frame {
-            tracing::info!(
-                %peer,
-                len,
-                cap = limits.max_frame,
-                "kafka: request larger than max-request-bytes; closing"
-            );
-            return CloseReason::Oversized;
+        let max_frame = session.max_frame(limits.max_frame);
+        if len > max_frame {
+            if max_frame < limits.max_frame {
+                tracing::info!(
+                    %peer,
+                    len,
+                    cap = max_frame,
+                    "kafka: request larger than an unauthenticated connection may send; closing"
+                );
+            } else {
+                tracing::info!(
+                    %peer,
+                    len,
+                    cap = max_frame,
+                    "kafka: request larger than max-request-bytes; closing"
+                );
+            }
+            break CloseReason::Oversized;
         }
         let read = tokio::select! {
-            () = &mut shutdown => return CloseReason::Shutdown,
+            () = &mut shutdown => break CloseReason::Shutdown,
             read = tokio::time::timeout(
                 TRANSFER_TIMEOUT,
                 read_frame(&mut stream, len, &deps.buffered),
             ) => read,
         };
         let (frame, _held) = match read {
-            Err(_) => return CloseReason::ReadTimeout,
-            Ok(Err(reason)) => return reason,
+            Err(_) => break CloseReason::ReadTimeout,
+            Ok(Err(reason)) => break reason,
             Ok(Ok(read)) => read,
         };
         let frame = frame.freeze();
-        let answer = match answer(deps, &advertised, peer, &mut client, frame).await {
+        let answer = match answer(deps, &advertised, peer, &mut client, &mut session, frame).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) => continue,
-            Err(reason) => return reason,
+            Err(reason) => break reason,
         };
         // The flush sends what TLS still holds (a no-op on plain TCP).
         let sent = async {
@@ -239,11 +255,18 @@ where
             stream.flush().await
         };
         match tokio::time::timeout(TRANSFER_TIMEOUT, sent).await {
-            Err(_) => return CloseReason::WriteTimeout,
-            Ok(Err(_)) => return CloseReason::ClientClosed,
+            Err(_) => break CloseReason::WriteTimeout,
+            Ok(Err(_)) => break CloseReason::ClientClosed,
             Ok(Ok(())) => {}
         }
+        if session.failed() {
+            break CloseReason::AuthenticationFailed;
+        }
+    };
+    if let Some(user) = session.user() {
+        tracing::debug!(%peer, user, reason = reason.as_str(), "kafka: authenticated connection closed");
     }
+    reason
 }
 
 /// Reads a frame body of `len` bytes, taking each chunk's bytes from `budget` before it is
@@ -278,13 +301,14 @@ async fn read_frame<'a, S: AsyncRead + Unpin>(
 }
 
 /// Decodes one request frame, handles it and encodes the answer (size prefix included);
-/// `client` takes the request's client id. `Ok(None)`: nothing to send; `Err`: close the
-/// connection.
+/// `client` takes the request's client id, `session` follows SASL. `Ok(None)`: nothing to
+/// send; `Err`: close the connection.
 async fn answer(
     deps: &Arc<KafkaDeps>,
     advertised: &Advertised,
     peer: SocketAddr,
     client: &mut super::groups::Client,
+    session: &mut super::sasl::Session,
     frame: Bytes,
 ) -> Result<Option<Bytes>, CloseReason> {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
@@ -294,13 +318,15 @@ async fn answer(
         tracing::info!(%peer, api_key = raw_key, "kafka: unknown API key; closing");
         return Err(CloseReason::Unsupported);
     };
-    if !api_versions::offered(api_key, version) {
+    let sasl = deps.sasl.as_ref();
+    if !api_versions::offered(api_key, version, sasl.is_some()) {
         if api_key == ApiKey::ApiVersions {
             // The protocol's answer to an ApiVersions the broker does not speak: version 0
             // with UNSUPPORTED_VERSION and the offered ranges; the client retries within them.
             deps.metrics.unsupported.inc();
             let response = Response::ApiVersions(api_versions::response(
                 kafka_protocol::error::ResponseError::UnsupportedVersion.code(),
+                sasl.is_some(),
             ));
             return encode(correlation_id, api_key, 0, &response).map(Some);
         }
@@ -312,6 +338,21 @@ async fn answer(
         );
         deps.metrics.unsupported.inc();
         return Err(CloseReason::Unsupported);
+    }
+    if let Some(sasl) = sasl
+        && super::sasl::is_sasl_api(api_key)
+    {
+        let response = sasl_answer(deps, sasl, session, peer, api_key, version, frame).await?;
+        return encode(correlation_id, api_key, version, &response).map(Some);
+    }
+    if !session.may_serve() && api_key != ApiKey::ApiVersions {
+        tracing::info!(
+            %peer,
+            api = ?api_key,
+            "kafka: request before SASL authentication; closing (the listener requires \
+             --kafka-sasl; the client needs security.protocol SASL_PLAINTEXT or SASL_SSL)"
+        );
+        return Err(CloseReason::Unauthenticated);
     }
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         decode(api_key, version, frame)
@@ -334,6 +375,32 @@ async fn answer(
     match super::handle(deps, advertised, client, version, request).await {
         Outcome::Respond(response) => encode(correlation_id, api_key, version, &response).map(Some),
         Outcome::Silent => Ok(None),
+    }
+}
+
+/// Decodes and answers a SASL request.
+async fn sasl_answer(
+    deps: &Arc<KafkaDeps>,
+    sasl: &super::sasl::Sasl,
+    session: &mut super::sasl::Session,
+    peer: SocketAddr,
+    api_key: ApiKey,
+    version: i16,
+    mut frame: Bytes,
+) -> Result<Response, CloseReason> {
+    let malformed = |e: anyhow::Error| {
+        tracing::info!(%peer, api = ?api_key, version, error = %e, "kafka: malformed request; closing");
+        CloseReason::BadFrame
+    };
+    RequestHeader::decode(&mut frame, api_key.request_header_version(version))
+        .map_err(malformed)?;
+    deps.metrics.request(api_key);
+    if api_key == ApiKey::SaslHandshake {
+        let request = SaslHandshakeRequest::decode(&mut frame, version).map_err(malformed)?;
+        Ok(super::sasl::handshake(sasl, session, peer, &request))
+    } else {
+        let request = SaslAuthenticateRequest::decode(&mut frame, version).map_err(malformed)?;
+        Ok(super::sasl::authenticate(deps, sasl, session, peer, request).await)
     }
 }
 

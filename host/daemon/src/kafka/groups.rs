@@ -740,10 +740,10 @@ pub(crate) fn unavailable(request: super::Request) -> super::Response {
             Response::DeleteGroups(r)
         }
         // Not a group request: nothing here answers it.
-        Request::ApiVersions => Response::ApiVersions(super::api_versions::response(error)),
+        Request::ApiVersions => Response::ApiVersions(super::api_versions::response(error, false)),
         other => {
             tracing::error!(request = ?std::mem::discriminant(&other), "kafka: not a group request");
-            Response::ApiVersions(super::api_versions::response(error))
+            Response::ApiVersions(super::api_versions::response(error, false))
         }
     }
 }

@@ -30,11 +30,15 @@ pub(crate) enum CloseReason {
     Shutdown,
     /// The TLS handshake failed or did not end within `TRANSFER_TIMEOUT`.
     TlsHandshake,
+    /// A request other than ApiVersions and SASL's before the connection authenticated.
+    Unauthenticated,
+    /// SASL authentication failed (or its messages came out of order).
+    AuthenticationFailed,
 }
 
 impl CloseReason {
     /// Every reason, for the series that start at 0.
-    pub(crate) const ALL: [CloseReason; 9] = [
+    pub(crate) const ALL: [CloseReason; 11] = [
         CloseReason::ClientClosed,
         CloseReason::IdleTimeout,
         CloseReason::ReadTimeout,
@@ -44,6 +48,8 @@ impl CloseReason {
         CloseReason::Unsupported,
         CloseReason::Shutdown,
         CloseReason::TlsHandshake,
+        CloseReason::Unauthenticated,
+        CloseReason::AuthenticationFailed,
     ];
 
     /// The `reason` label.
@@ -58,6 +64,8 @@ impl CloseReason {
             CloseReason::Unsupported => "unsupported",
             CloseReason::Shutdown => "shutdown",
             CloseReason::TlsHandshake => "tls_handshake",
+            CloseReason::Unauthenticated => "unauthenticated",
+            CloseReason::AuthenticationFailed => "authentication_failed",
         }
     }
 }
@@ -83,6 +91,15 @@ pub(crate) struct CloseLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the SASL authentication counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SaslLabels {
+    /// `SCRAM-SHA-256`, `SCRAM-SHA-512`, `PLAIN`, or `none` (out of order).
+    pub mechanism: &'static str,
+    /// `ok` or `failed`.
+    pub outcome: &'static str,
+}
+
 /// The listener's series.
 #[derive(Debug, Default)]
 pub(crate) struct KafkaMetrics {
@@ -101,6 +118,9 @@ pub(crate) struct KafkaMetrics {
     pub(crate) produce_records: Family<TopicLabels, Counter>,
     /// `narad_kafka_fetch_records_total{topic}`: records returned by Kafka fetches.
     pub(crate) fetch_records: Family<TopicLabels, Counter>,
+    /// `narad_kafka_sasl_authentications_total{mechanism,outcome}`: SASL authentications
+    /// that ended, by mechanism and outcome.
+    pub(crate) sasl: Family<SaslLabels, Counter>,
 }
 
 impl KafkaMetrics {
@@ -142,6 +162,11 @@ impl KafkaMetrics {
             self.fetch_records.clone(),
         );
         registry.register(
+            "narad_kafka_sasl_authentications",
+            "Kafka SASL authentications that ended, by mechanism and outcome (ok, failed)",
+            self.sasl.clone(),
+        );
+        registry.register(
             "narad_kafka_unsupported_requests",
             "Kafka requests for an API or version ApiVersions does not offer",
             self.unsupported.clone(),
@@ -168,6 +193,13 @@ impl KafkaMetrics {
         }
     }
 
+    /// Counts a SASL authentication's end.
+    pub(crate) fn authenticated(&self, mechanism: &'static str, outcome: &'static str) {
+        self.sasl
+            .get_or_create(&SaslLabels { mechanism, outcome })
+            .inc();
+    }
+
     /// Counts a connection's end.
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed_by
@@ -191,6 +223,8 @@ impl KafkaMetrics {
             ApiKey::CreatePartitions => "CreatePartitions",
             ApiKey::DescribeConfigs => "DescribeConfigs",
             ApiKey::DescribeCluster => "DescribeCluster",
+            ApiKey::SaslHandshake => "SaslHandshake",
+            ApiKey::SaslAuthenticate => "SaslAuthenticate",
             _ => "other",
         };
         self.requests.get_or_create(&ApiLabels { api }).inc();

@@ -35,6 +35,7 @@ pub(crate) mod metadata;
 pub(crate) mod metrics;
 pub(crate) mod produce;
 pub(crate) mod records;
+pub(crate) mod sasl;
 pub(crate) mod shape;
 
 use std::sync::Arc;
@@ -52,7 +53,8 @@ use kafka_protocol::messages::{
     LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
     ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse,
-    ProduceRequest, ProduceResponse, SyncGroupRequest, SyncGroupResponse,
+    ProduceRequest, ProduceResponse, SaslAuthenticateResponse, SaslHandshakeResponse,
+    SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 use narad_storage::Store;
@@ -119,6 +121,8 @@ pub(crate) struct KafkaDeps {
     pub(crate) advertise: Option<Advertised>,
     /// Topic administration (CreateTopics); `None`: this listener creates no topic.
     pub(crate) admin: Option<admin::KafkaAdmin>,
+    /// SASL (`--kafka-sasl required`); `None`: clients are not asked to authenticate.
+    pub(crate) sasl: Option<sasl::Sasl>,
 }
 
 impl KafkaDeps {
@@ -148,7 +152,15 @@ impl KafkaDeps {
             producer_ids: init_producer_id::ProducerIds::from_clock(),
             cluster: None,
             groups: None,
+            sasl: None,
         }
+    }
+
+    /// The same dependencies, requiring SASL authentication before any other request
+    /// (`None`: not).
+    pub(crate) fn with_sasl(mut self, sasl: Option<sasl::Sasl>) -> KafkaDeps {
+        self.sasl = sasl;
+        self
     }
 
     /// The same dependencies, creating topics through `topics` as `access` allows, and for
@@ -381,6 +393,10 @@ pub(crate) enum Response {
     DescribeConfigs(DescribeConfigsResponse),
     /// DescribeCluster.
     DescribeCluster(DescribeClusterResponse),
+    /// SaslHandshake.
+    SaslHandshake(SaslHandshakeResponse),
+    /// SaslAuthenticate.
+    SaslAuthenticate(SaslAuthenticateResponse),
 }
 
 impl Response {
@@ -408,6 +424,8 @@ impl Response {
             Response::CreatePartitions(r) => r.encode(out, version),
             Response::DescribeConfigs(r) => r.encode(out, version),
             Response::DescribeCluster(r) => r.encode(out, version),
+            Response::SaslHandshake(r) => r.encode(out, version),
+            Response::SaslAuthenticate(r) => r.encode(out, version),
         }
     }
 }
@@ -440,7 +458,10 @@ pub(crate) async fn handle(
     match request {
         Request::ApiVersions => {
             deps.metrics.request(ApiKey::ApiVersions);
-            Outcome::Respond(Response::ApiVersions(api_versions::response(0)))
+            Outcome::Respond(Response::ApiVersions(api_versions::response(
+                0,
+                deps.sasl.is_some(),
+            )))
         }
         Request::Metadata(req) => {
             deps.metrics.request(ApiKey::Metadata);
