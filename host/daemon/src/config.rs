@@ -1846,6 +1846,8 @@ mod tests {
             [
                 "kafka-listen",
                 "kafka-advertise",
+                "kafka-sasl",
+                "kafka-sasl-plain-without-tls",
                 "etcd",
                 "cluster",
                 "node-id",

@@ -421,7 +421,10 @@ impl ServerExchange {
         if !(echoed.starts_with(b"n,") || echoed.starts_with(b"y,")) {
             return Err(ScramError::ChannelBinding);
         }
-        if !same_bytes(nonce.as_bytes(), self.nonce.as_bytes()) {
+        // The echo must end with this exchange's nonce. librdkafka sends the client nonce in
+        // front of the whole nonce (so it appears twice), and Kafka brokers take any echo that
+        // ends with theirs; the proof covers the echo as sent either way.
+        if !nonce.ends_with(&self.nonce) {
             return Err(ScramError::InvalidCredentials);
         }
         let proof = B64
@@ -610,6 +613,69 @@ mod tests {
             ClientFirst::parse(&long),
             Err(ScramError::Malformed("message too long"))
         ));
+    }
+
+    /// The client's side of the final message for `password`: `without_proof` and its proof.
+    fn client_final(
+        password: &[u8],
+        credential: &ScramCredential,
+        client_first_bare: &str,
+        server_first: &str,
+        without_proof: &str,
+    ) -> String {
+        let m = credential.mechanism;
+        let salted = salted_password(m, password, &credential.salt, credential.iterations);
+        let client_key = hmac_of(m, &salted, b"Client Key");
+        let stored = digest::digest(m.digest(), &client_key);
+        let auth = format!("{client_first_bare},{server_first},{without_proof}");
+        let signature = hmac_of(m, stored.as_ref(), auth.as_bytes());
+        let proof: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(k, s)| k ^ s)
+            .collect();
+        format!("{without_proof},p={}", B64.encode(proof))
+    }
+
+    #[test]
+    fn librdkafkas_echo_with_the_client_nonce_twice_authenticates_and_a_foreign_one_does_not() {
+        let credential = ScramCredential::new(Mechanism::Sha512, b"builder", 4096).unwrap();
+        let first = ClientFirst::parse(b"n,,n=bob,r=cnonce").unwrap();
+        let (exchange, server_first) = ServerExchange::start_with_nonce(
+            Mechanism::Sha512,
+            first.clone(),
+            Some(credential.clone()),
+            b"s",
+            "SNONCE",
+        );
+        let server_first = String::from_utf8(server_first).unwrap();
+        // librdkafka's form: "r=" + client nonce + the whole nonce of the server's message.
+        let echo = client_final(
+            b"builder",
+            &credential,
+            "n=bob,r=cnonce",
+            &server_first,
+            "c=biws,r=cnoncecnonceSNONCE",
+        );
+        assert_eq!(exchange.finish(echo.as_bytes()).unwrap().user, "bob");
+        let (exchange, _) = ServerExchange::start_with_nonce(
+            Mechanism::Sha512,
+            first,
+            Some(credential.clone()),
+            b"s",
+            "SNONCE",
+        );
+        let foreign = client_final(
+            b"builder",
+            &credential,
+            "n=bob,r=cnonce",
+            &server_first,
+            "c=biws,r=cnonceOTHER",
+        );
+        assert_eq!(
+            exchange.finish(foreign.as_bytes()).unwrap_err(),
+            ScramError::InvalidCredentials
+        );
     }
 
     #[test]

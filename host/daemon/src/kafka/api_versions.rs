@@ -40,10 +40,12 @@ pub(crate) const OFFERED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 2),
 ];
 
-/// The SASL APIs, offered on a listener that requires authentication: SaslHandshake from 1
-/// (0 would send the mechanism's messages outside Kafka's framing), SaslAuthenticate 0 to 2.
+/// The SASL APIs, offered on a listener that requires authentication: SaslHandshake 0 and 1
+/// (librdkafka takes a broker whose range lacks 0 for one without SASL; a handshake at 0,
+/// which would send the mechanism's messages outside Kafka's framing, is refused), and
+/// SaslAuthenticate 0 to 2.
 pub(crate) const OFFERED_SASL: &[(ApiKey, i16, i16)] = &[
-    (ApiKey::SaslHandshake, 1, 1),
+    (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
 ];
 
@@ -120,7 +122,6 @@ mod tests {
         assert!(offered(ApiKey::Fetch, 4, false));
         assert!(!offered(ApiKey::SaslHandshake, 1, false));
         assert!(offered(ApiKey::SaslHandshake, 1, true));
-        assert!(!offered(ApiKey::SaslHandshake, 0, true));
         assert!(offered(ApiKey::SaslAuthenticate, 2, true));
         let with_sasl = response(0, true).api_keys;
         assert_eq!(with_sasl.len(), OFFERED.len() + 2);
@@ -129,7 +130,7 @@ mod tests {
                 with_sasl[OFFERED.len()].api_key,
                 with_sasl[OFFERED.len()].min_version
             ),
-            (17, 1)
+            (17, 0)
         );
     }
 }

@@ -397,7 +397,9 @@ async fn sasl_answer(
     deps.metrics.request(api_key);
     if api_key == ApiKey::SaslHandshake {
         let request = SaslHandshakeRequest::decode(&mut frame, version).map_err(malformed)?;
-        Ok(super::sasl::handshake(sasl, session, peer, &request))
+        Ok(super::sasl::handshake(
+            sasl, session, peer, version, &request,
+        ))
     } else {
         let request = SaslAuthenticateRequest::decode(&mut frame, version).map_err(malformed)?;
         Ok(super::sasl::authenticate(deps, sasl, session, peer, request).await)

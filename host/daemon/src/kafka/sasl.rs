@@ -152,6 +152,7 @@ pub(crate) fn handshake(
     sasl: &Sasl,
     session: &mut Session,
     peer: SocketAddr,
+    version: i16,
     request: &SaslHandshakeRequest,
 ) -> Response {
     let mut response = SaslHandshakeResponse::default();
@@ -169,6 +170,20 @@ pub(crate) fn handshake(
             &request.mechanism,
             "refused",
             "handshake out of order",
+        );
+        *session = Session::Failed;
+        return Response::SaslHandshake(response);
+    }
+    if version == 0 {
+        // Version 0 sends the mechanism's messages without Kafka framing, which this listener
+        // does not read; every client that offers SaslAuthenticate uses 1.
+        response.error_code = ResponseError::UnsupportedVersion.code();
+        audit(
+            peer,
+            None,
+            &request.mechanism,
+            "refused",
+            "SaslHandshake v0 (unframed SASL)",
         );
         *session = Session::Failed;
         return Response::SaslHandshake(response);

@@ -67,7 +67,19 @@ pub(crate) fn script(name: &str) -> PathBuf {
 }
 
 /// Runs a client to completion with a deadline, returning its stdout.
-pub(crate) fn run(mut command: Command, stdin: &[u8], what: &str) -> String {
+pub(crate) fn run(command: Command, stdin: &[u8], what: &str) -> String {
+    let (status, stdout, stderr) = run_output(command, stdin, what);
+    assert!(status.success(), "{what} failed: {status}\n{stderr}");
+    stdout
+}
+
+/// Runs `command` with `stdin`, for at most 60 s, and returns how it ended, its stdout and
+/// its stderr, whether it succeeded or not.
+pub(crate) fn run_output(
+    mut command: Command,
+    stdin: &[u8],
+    what: &str,
+) -> (std::process::ExitStatus, String, String) {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -106,12 +118,11 @@ pub(crate) fn run(mut command: Command, stdin: &[u8], what: &str) -> String {
     };
     let stdout = stdout.join().expect("stdout reader");
     let stderr = stderr.join().expect("stderr reader");
-    assert!(
-        status.success(),
-        "{what} failed: {status}\n{}",
-        String::from_utf8_lossy(&stderr)
-    );
-    String::from_utf8(stdout).expect("utf-8 output")
+    (
+        status,
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
 }
 
 fn hex_bytes(value: &Value) -> Vec<u8> {
@@ -375,7 +386,7 @@ fn kcat_produces_keyed_compressed_records_and_consumes_every_child_partition_wit
 
 /// Sends `bytes` on a fresh connection and returns what came back, and whether the daemon
 /// closed the connection (`false`: still open after a second without a byte).
-fn send_raw(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, bool) {
+pub(crate) fn send_raw(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, bool) {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(1)))
@@ -394,7 +405,7 @@ fn send_raw(addr: SocketAddr, bytes: &[u8]) -> (Vec<u8>, bool) {
 }
 
 /// A request frame: size, API key, version, correlation id, null client id, body.
-fn frame(api_key: i16, version: i16, body: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(api_key: i16, version: i16, body: &[u8]) -> Vec<u8> {
     let mut inner = Vec::new();
     inner.extend_from_slice(&api_key.to_be_bytes());
     inner.extend_from_slice(&version.to_be_bytes());

@@ -26,6 +26,7 @@ mod plugin_limits;
 mod plugin_text;
 mod quickstart;
 mod remote;
+mod sasl;
 mod shadow;
 mod tls;
 mod torn_tail;

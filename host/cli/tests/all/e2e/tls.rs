@@ -32,7 +32,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA (`{name}.pem`, `{name}.key`) in `dir`.
-fn make_ca(dir: &Path, name: &str) -> PathBuf {
+pub(crate) fn make_ca(dir: &Path, name: &str) -> PathBuf {
     openssl(
         dir,
         &[
@@ -58,7 +58,7 @@ fn make_ca(dir: &Path, name: &str) -> PathBuf {
 
 /// A certificate `{name}.pem` and key `{name}.key` for 127.0.0.1 and localhost, signed by
 /// CA `ca`, for a server or (`client`) a client.
-fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (PathBuf, PathBuf) {
+pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (PathBuf, PathBuf) {
     openssl(
         dir,
         &[
@@ -136,7 +136,7 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn free_addr() -> SocketAddr {
+pub(crate) fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")

@@ -1,0 +1,455 @@
+//! SASL on the Kafka listener (`--kafka-sasl required`) with the clients users run: kcat
+//! (librdkafka) and kafka-python authenticating as users made with `narad user`, over TLS
+//! with certificates the test makes, and on a plain listener; what an unauthenticated client
+//! may and may not do, byte by byte.
+
+use std::path::Path;
+use std::process::Command;
+
+use reqwest::Method;
+use serde_json::json;
+
+use super::harness::{Daemon, narad_binary, sample, send_json, tls_client};
+use super::kafka::{frame, run, run_output, send_raw};
+use super::tls::{free_addr, make_ca, make_cert};
+
+const TOKEN: &str = "sasl-test-token";
+
+/// `narad` with `args`, returning whether it succeeded, stdout and stderr.
+fn narad(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(narad_binary())
+        .args(args)
+        .env_remove("NARAD_URL")
+        .env_remove("NARAD_TOKEN")
+        .output()
+        .expect("run narad");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// kcat against `broker` with `settings` (`-X` pairs) and `args` after them.
+fn kcat(broker: &str, settings: &[String], args: &[&str]) -> Command {
+    let mut command = Command::new("kcat");
+    command.args(["-b", broker]);
+    for setting in settings {
+        command.args(["-X", setting]);
+    }
+    command.args(args);
+    command
+}
+
+/// librdkafka settings for SASL as `user` with `password` over `mechanism`, on TLS trusting
+/// `ca` when given.
+fn sasl_settings(mechanism: &str, user: &str, password: &str, ca: Option<&Path>) -> Vec<String> {
+    let mut settings = vec![
+        format!(
+            "security.protocol={}",
+            if ca.is_some() {
+                "SASL_SSL"
+            } else {
+                "SASL_PLAINTEXT"
+            }
+        ),
+        format!("sasl.mechanisms={mechanism}"),
+        format!("sasl.username={user}"),
+        format!("sasl.password={password}"),
+    ];
+    if let Some(ca) = ca {
+        settings.push(format!("ssl.ca.location={}", ca.display()));
+    }
+    settings
+}
+
+/// A kafka-python script reading `count` values of `topic` partition 0 from the start as
+/// `user`, printing them comma-separated.
+fn kafka_python_read(
+    broker: &str,
+    mechanism: &str,
+    user: &str,
+    password: &str,
+    ca: Option<&Path>,
+    topic: &str,
+    count: usize,
+) -> Command {
+    let security = match ca {
+        Some(ca) => format!(
+            "security_protocol='SASL_SSL', ssl_cafile='{}'",
+            ca.display()
+        ),
+        None => "security_protocol='SASL_PLAINTEXT'".to_owned(),
+    };
+    let script = format!(
+        "import kafka\n\
+         c = kafka.KafkaConsumer(bootstrap_servers='{broker}', {security}, \
+         sasl_mechanism='{mechanism}', sasl_plain_username='{user}', \
+         sasl_plain_password='{password}', auto_offset_reset='earliest', \
+         consumer_timeout_ms=10000)\n\
+         c.assign([kafka.TopicPartition('{topic}', 0)])\n\
+         got = []\n\
+         for m in c:\n    got.append(m.value.decode())\n    \
+         if len(got) == {count}: break\n\
+         print(','.join(got))\n"
+    );
+    let mut command = Command::new("python3");
+    command.args(["-c", &script]);
+    command
+}
+
+/// Writes `password` to a file in `dir` named after `name` and returns its path as text.
+fn password_file(dir: &Path, name: &str, password: &str) -> String {
+    let path = dir.join(format!("{name}.password"));
+    std::fs::write(&path, format!("{password}\n")).expect("write password file");
+    path.display().to_string()
+}
+
+#[test]
+fn over_tls_users_produce_and_consume_with_scram_and_plain_and_wrong_or_missing_credentials_are_refused()
+ {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = make_ca(dir, "ca");
+    let (cert, key) = make_cert(dir, "ca", "server", false);
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, TOKEN).expect("token");
+    let kafka = free_addr().to_string();
+    let daemon = Daemon::start_tls(
+        &dir.join("data"),
+        &ca,
+        None,
+        &[
+            "--tls-cert",
+            &cert.display().to_string(),
+            "--tls-key",
+            &key.display().to_string(),
+            "--kafka-listen",
+            &kafka,
+            "--kafka-sasl",
+            "required",
+            "--auth-token-file",
+            &token_file.display().to_string(),
+        ],
+    );
+    let base = daemon.url();
+    let ca_arg = ca.display().to_string();
+    let client = ["--url", &base, "--tls-ca", &ca_arg];
+    let with_token = [&client[..], &["--token", TOKEN]].concat();
+
+    // Users: created by the CLI (the password salted there), listed only with the token.
+    let alice_pw = password_file(dir, "alice", "wonder land");
+    let (ok, out, err) = narad(
+        &[
+            &["user", "create", "alice", "--password-file", &alice_pw][..],
+            &with_token,
+        ]
+        .concat(),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("user alice created (SCRAM-SHA-256, SCRAM-SHA-512)"),
+        "{out}"
+    );
+    let (ok, _, err) = narad(&[&["user", "list"][..], &client].concat());
+    assert!(!ok, "the user list was read without the token");
+    assert!(err.contains("401") || err.contains("token"), "{err}");
+    let (ok, out, err) = narad(&[&["user", "list"][..], &with_token].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("alice") && l.contains("SCRAM-SHA-256,SCRAM-SHA-512")),
+        "{out}"
+    );
+    let (ok, _, err) = narad(
+        &[
+            &["user", "create", "alice", "--password-file", &alice_pw][..],
+            &with_token,
+        ]
+        .concat(),
+    );
+    assert!(!ok && err.contains("already exists"), "{err}");
+    // The metadata holds no password.
+    let metastore = std::fs::read_to_string(dir.join("data/metastore.json")).unwrap_or_default()
+        + &std::fs::read_to_string(dir.join("data/metastore.journal")).unwrap_or_default();
+    assert!(
+        !metastore.contains("wonder land"),
+        "the password is in the metadata"
+    );
+    let (ok, _, err) = narad(
+        &[
+            &["topic", "create", "orders", "--partitions", "1"][..],
+            &with_token,
+        ]
+        .concat(),
+    );
+    assert!(ok, "{err}");
+
+    // kcat produces as alice with SCRAM-SHA-256; kafka-python reads back with SCRAM-SHA-512.
+    let scram256 = sasl_settings("SCRAM-SHA-256", "alice", "wonder land", Some(&ca));
+    run(
+        kcat(&kafka, &scram256, &["-P", "-t", "orders", "-p", "0"]),
+        b"one\ntwo\nthree\n",
+        "kcat -P with SCRAM-SHA-256 over TLS",
+    );
+    let read = run(
+        kafka_python_read(
+            &kafka,
+            "SCRAM-SHA-512",
+            "alice",
+            "wonder land",
+            Some(&ca),
+            "orders",
+            3,
+        ),
+        b"",
+        "kafka-python with SCRAM-SHA-512 over TLS",
+    );
+    assert_eq!(read.trim(), "one,two,three");
+    // PLAIN is offered over TLS and checks the same credential.
+    let plain = sasl_settings("PLAIN", "alice", "wonder land", Some(&ca));
+    run(
+        kcat(&kafka, &plain, &["-P", "-t", "orders", "-p", "0"]),
+        b"four\n",
+        "kcat -P with PLAIN over TLS",
+    );
+
+    // A wrong password, an unknown user and a client without SASL are refused.
+    for (settings, what) in [
+        (
+            sasl_settings("SCRAM-SHA-256", "alice", "wrong", Some(&ca)),
+            "a wrong SCRAM password",
+        ),
+        (
+            sasl_settings("PLAIN", "alice", "wrong", Some(&ca)),
+            "a wrong PLAIN password",
+        ),
+        (
+            sasl_settings("SCRAM-SHA-256", "mallory", "x", Some(&ca)),
+            "an unknown user",
+        ),
+        (
+            vec![
+                "security.protocol=ssl".to_owned(),
+                format!("ssl.ca.location={ca_arg}"),
+            ],
+            "a client without SASL",
+        ),
+    ] {
+        let (status, out, err) = run_output(kcat(&kafka, &settings, &["-L", "-m", "5"]), b"", what);
+        assert!(!status.success(), "{what} listed the cluster: {out}");
+        assert!(
+            !out.contains("topic \"orders\""),
+            "{what} saw the topics: {out}"
+        );
+        if what.contains("password") || what.contains("unknown") {
+            assert!(
+                err.contains("invalid credentials"),
+                "{what}: the client was not told why: {err}"
+            );
+        }
+    }
+
+    // The new password takes over from the old one.
+    let new_pw = password_file(dir, "alice-new", "looking glass");
+    let (ok, out, err) = narad(
+        &[
+            &["user", "password", "alice", "--password-file", &new_pw][..],
+            &with_token,
+        ]
+        .concat(),
+    );
+    assert!(ok && out.contains("has a new password"), "{out}{err}");
+    let (status, _, _) = run_output(
+        kcat(&kafka, &scram256, &["-L", "-m", "5"]),
+        b"",
+        "the old password",
+    );
+    assert!(!status.success(), "the old password still works");
+    let renewed = sasl_settings("SCRAM-SHA-256", "alice", "looking glass", Some(&ca));
+    let listing = run(
+        kcat(&kafka, &renewed, &["-L", "-m", "10"]),
+        b"",
+        "kcat -L with the new password",
+    );
+    assert!(listing.contains("topic \"orders\""), "{listing}");
+
+    // A deleted user is refused from then on.
+    let (ok, out, err) = narad(&[&["user", "delete", "alice"][..], &with_token].concat());
+    assert!(ok && out.contains("user alice deleted"), "{out}{err}");
+    let (status, _, _) = run_output(
+        kcat(&kafka, &renewed, &["-L", "-m", "5"]),
+        b"",
+        "a deleted user",
+    );
+    assert!(!status.success(), "a deleted user still authenticates");
+
+    let metrics = tls_client(Some(&ca), None)
+        .get(format!("{base}/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    let count = |series: &str| sample(&metrics, series).unwrap_or(0.0);
+    assert!(
+        count(r#"narad_kafka_sasl_authentications_total{mechanism="SCRAM-SHA-256",outcome="ok"}"#)
+            >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        count(r#"narad_kafka_sasl_authentications_total{mechanism="SCRAM-SHA-512",outcome="ok"}"#)
+            >= 1.0
+    );
+    assert!(
+        count(r#"narad_kafka_sasl_authentications_total{mechanism="PLAIN",outcome="ok"}"#) >= 1.0
+    );
+    assert!(
+        count(
+            r#"narad_kafka_sasl_authentications_total{mechanism="SCRAM-SHA-256",outcome="failed"}"#
+        ) >= 3.0
+    );
+    assert!(count(r#"narad_kafka_connections_closed_total{reason="unauthenticated"}"#) >= 1.0);
+    let log = daemon.log();
+    assert!(
+        log.contains("narad::audit")
+            && log.contains("kafka authentication refused")
+            && log.contains("mallory"),
+        "refusals are not in the audit log"
+    );
+}
+
+#[test]
+fn on_a_plain_sasl_listener_nothing_but_authentication_is_served_first_and_plain_is_not_offered() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let kafka_addr = free_addr();
+    let kafka = kafka_addr.to_string();
+    let daemon = Daemon::start_with(
+        &dir.join("data"),
+        &["--kafka-listen", &kafka, "--kafka-sasl", "required"],
+    );
+    let base = daemon.url();
+    let http = super::harness::http_client();
+    // A user made through the API from a password (the daemon salts it and keeps no copy).
+    let (status, body) = send_json(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/users"),
+        Some(&json!({"name": "bob", "password": "builder"})),
+    )
+    .expect("create bob");
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        body["mechanisms"],
+        json!(["SCRAM-SHA-256", "SCRAM-SHA-512"])
+    );
+    for (request, expected) in [
+        (json!({"name": "bob", "password": "again"}), 409),
+        (json!({"name": "has space", "password": "x"}), 400),
+        (json!({"name": "carol"}), 400),
+        (json!({"name": "carol", "password": "x".repeat(1025)}), 400),
+    ] {
+        let (status, body) = send_json(
+            &http,
+            Method::POST,
+            &format!("{base}/v1/users"),
+            Some(&request),
+        )
+        .expect("create");
+        assert_eq!(status, expected, "{request}: {body}");
+    }
+    let (status, body) = send_json(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&json!({"name": "jobs", "partitions": 1})),
+    )
+    .expect("create topic");
+    assert!(status == 201 || status == 200, "{body}");
+
+    // Before authenticating: ApiVersions is answered and offers the SASL APIs.
+    let (answer, closed) = send_raw(kafka_addr, &frame(18, 0, &[]));
+    assert!(!closed, "ApiVersions closed an unauthenticated connection");
+    let api_keys: Vec<i16> = answer[4 + 4 + 2 + 4..]
+        .chunks(6)
+        .map(|c| i16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    assert!(
+        api_keys.contains(&17) && api_keys.contains(&36),
+        "{api_keys:?}"
+    );
+    // A Metadata request (v1, all topics) is not: the connection closes without an answer.
+    let (answer, closed) = send_raw(kafka_addr, &frame(3, 1, &(-1i32).to_be_bytes()));
+    assert!(
+        closed && answer.is_empty(),
+        "Metadata before SASL was answered: {answer:?}"
+    );
+    // Nor is a frame larger than an unauthenticated connection may send: closed at its size.
+    let mut big = ((1u32 << 20) + 8).to_be_bytes().to_vec();
+    big.extend_from_slice(&[0, 18, 0, 0, 0, 0, 0, 1]);
+    let (answer, closed) = send_raw(kafka_addr, &big);
+    assert!(
+        closed && answer.is_empty(),
+        "a 1 MiB frame before SASL was read: {answer:?}"
+    );
+
+    // SCRAM over the plain listener works; PLAIN is not offered without TLS.
+    let scram = sasl_settings("SCRAM-SHA-512", "bob", "builder", None);
+    run(
+        kcat(&kafka, &scram, &["-P", "-t", "jobs", "-p", "0"]),
+        b"a\nb\n",
+        "kcat -P with SCRAM-SHA-512",
+    );
+    let read = run(
+        kafka_python_read(&kafka, "SCRAM-SHA-256", "bob", "builder", None, "jobs", 2),
+        b"",
+        "kafka-python with SCRAM-SHA-256",
+    );
+    assert_eq!(read.trim(), "a,b");
+    let plain = sasl_settings("PLAIN", "bob", "builder", None);
+    let (status, out, err) = run_output(
+        kcat(&kafka, &plain, &["-L", "-m", "5"]),
+        b"",
+        "PLAIN without TLS",
+    );
+    assert!(!status.success(), "PLAIN was taken without TLS: {out}");
+    assert!(
+        err.contains("PLAIN") && err.contains("SCRAM-SHA-256"),
+        "the client was not told which mechanisms exist: {err}"
+    );
+
+    // The user list and a new password through the API (no token configured: open).
+    let (status, body) =
+        send_json(&http, Method::GET, &format!("{base}/v1/users"), None).expect("list");
+    assert_eq!(status, 200);
+    assert_eq!(body["users"][0]["name"], "bob");
+    assert!(
+        !body.to_string().contains("stored_key") && !body.to_string().contains("salt"),
+        "{body}"
+    );
+    let (status, body) = send_json(
+        &http,
+        Method::PUT,
+        &format!("{base}/v1/users/nobody/credentials"),
+        Some(&json!({"password": "x"})),
+    )
+    .expect("set password");
+    assert_eq!(status, 404, "{body}");
+    let metrics = super::harness::scrape(&base);
+    assert!(
+        sample(
+            &metrics,
+            r#"narad_kafka_connections_closed_total{reason="unauthenticated"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            &metrics,
+            r#"narad_kafka_connections_closed_total{reason="oversized"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+}
