@@ -17,6 +17,7 @@ const LAYERS: &[&[&str]] = &[
         "fdlimit",
         "auth",
         "scram",
+        "acl",
     ],
     &["blocking"],
     &["tls"],

@@ -4,7 +4,8 @@
 //! Layout:
 //! - [`config`]: `narad serve` flags, environment and TOML config file, merged into [`Config`];
 //!   [`auth`]: the API bearer token it loads and the API checks; [`scram`]: users' salted
-//!   credentials and the server side of a SCRAM exchange.
+//!   credentials and the server side of a SCRAM exchange; [`acl`]: allow rules and the one
+//!   decision every listener asks.
 //! - [`shutdown`]: the shutdown trigger/signal every loop and the HTTP server select on.
 //! - [`metastore`]: the [`metastore::Metastore`] trait (topics, a version per domain, a
 //!   linearizable `confirm`) and its embedded file implementation.
@@ -34,7 +35,7 @@
 //! Modules are layered, lowest first, and a module imports only from layers below its own
 //! (`layering`, a test, checks every `crate::` path in `src/` against its `LAYERS`, and this
 //! list and `docs/architecture.md`'s against `LAYERS`):
-//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, `scram`, then `blocking`, then `tls`:
+//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, `scram`, `acl`, then `blocking`, then `tls`:
 //!    small leaves;
 //! 2. `config`: settings, read by anything above;
 //! 3. `metastore`: pure data and the link rules (with the link limits), on a file or etcd;
@@ -53,6 +54,7 @@
 // public surface is what the command line and the tests use, and says so.
 #![warn(unreachable_pub)]
 
+pub mod acl;
 pub mod api;
 pub mod auth;
 pub mod blocking;

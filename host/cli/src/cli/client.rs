@@ -342,6 +342,29 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/acls`.
+    pub async fn list_acls(&self) -> Result<narad_host::api::acls::AclList, ApiCallError> {
+        self.call::<(), _>(Method::GET, "/v1/acls", None, None)
+            .await
+    }
+
+    /// `POST /v1/acls`.
+    pub async fn add_acl(
+        &self,
+        rule: &narad_host::acl::AclRule,
+    ) -> Result<narad_host::acl::AclRule, ApiCallError> {
+        self.call(Method::POST, "/v1/acls", Some(rule), None).await
+    }
+
+    /// `DELETE /v1/acls?...`.
+    pub async fn remove_acl(
+        &self,
+        rule: &narad_host::acl::AclRule,
+    ) -> Result<narad_host::acl::AclRule, ApiCallError> {
+        let req = self.request(Method::DELETE, "/v1/acls").query(rule);
+        self.send(req, "/v1/acls").await
+    }
+
     /// `GET /v1/users`.
     pub async fn list_users(&self) -> Result<narad_host::api::users::UserList, ApiCallError> {
         self.call::<(), _>(Method::GET, "/v1/users", None, None)

@@ -29,6 +29,7 @@ macro_rules! out {
     }};
 }
 
+pub mod acl;
 pub mod admin;
 pub mod bench;
 pub mod child;
@@ -107,6 +108,8 @@ pub enum Command {
     /// Create, list and delete the users Kafka clients authenticate as (SASL), and change
     /// their passwords.
     User(user::UserArgs),
+    /// Add, list and remove the ACL rules Kafka clients are held to.
+    Acl(acl::AclArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions(completions::CompletionsArgs),
     /// Measure the log and the fan-out against raw write + fdatasync loops (runs in-process
@@ -211,6 +214,7 @@ async fn run_command(cli: Cli) -> anyhow::Result<()> {
         Command::Group(args) => group::run(args).await,
         Command::Partition(args) => partition::run(args).await,
         Command::User(args) => user::run(args).await,
+        Command::Acl(args) => acl::run(args).await,
         Command::Produce(args) => produce::run(args).await,
         Command::Consume(args) => consume::run(args).await,
         Command::Demo(args) => demo::run(args).await,

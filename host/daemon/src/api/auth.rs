@@ -1,8 +1,8 @@
 //! The optional bearer token (`--auth-token-file`) on the HTTP API: when set, every request
 //! that changes something (any method but GET, HEAD and OPTIONS) must carry
 //! `Authorization: Bearer <token>`; reads, `/metrics` and `/healthz` stay open so monitoring
-//! needs no secret. The user endpoints (`/v1/users`) need it for reads too: who may log in is
-//! not public. A missing or wrong token is a 401 with the usual JSON error body.
+//! needs no secret. The user and ACL endpoints (`/v1/users`, `/v1/acls`) need it for reads
+//! too: who may log in, and what they may do, is not public. A missing or wrong token is a 401 with the usual JSON error body.
 //!
 //! The token itself, and its constant-time comparison, is [`crate::auth::AuthToken`]: the
 //! config loads it and this middleware checks it, so neither has to import the other.
@@ -24,9 +24,12 @@ pub(crate) fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// Whether a request needs the token: every change, and every read of the user list.
+/// Whether a request needs the token: every change, and every read of the users and ACLs.
 fn needs_token(method: &Method, path: &str) -> bool {
-    is_mutating(method) || path == "/v1/users" || path.starts_with("/v1/users/")
+    is_mutating(method)
+        || ["/v1/users", "/v1/acls"]
+            .iter()
+            .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
 }
 
 /// `router` with the token required on every mutating request.
@@ -58,7 +61,7 @@ async fn require_token(
         Some(_) => "the bearer token is wrong; send the token of the daemon's --auth-token-file",
         None => {
             "this daemon requires `Authorization: Bearer <token>` on every change and on \
-             the user list (the CLI sends --token or NARAD_TOKEN); other reads stay open"
+             the users and ACLs (the CLI sends --token or NARAD_TOKEN); other reads stay open"
         }
     };
     let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
@@ -84,5 +87,6 @@ mod tests {
         assert!(needs_token(&Method::GET, "/v1/users/alice"));
         assert!(!needs_token(&Method::GET, "/v1/usersx"));
         assert!(!needs_token(&Method::GET, "/v1/topics"));
+        assert!(needs_token(&Method::GET, "/v1/acls"));
     }
 }

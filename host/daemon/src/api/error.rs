@@ -154,10 +154,12 @@ impl From<MetastoreError> for ApiError {
             | MetastoreError::OwnerAlive { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())
             }
-            MetastoreError::UnknownTopic { .. } | MetastoreError::UnknownUser { .. } => {
-                ApiError::not_found(err.to_string())
+            MetastoreError::UnknownTopic { .. }
+            | MetastoreError::UnknownUser { .. }
+            | MetastoreError::UnknownAcl { .. } => ApiError::not_found(err.to_string()),
+            MetastoreError::BadUser(_) | MetastoreError::BadAcl(_) => {
+                ApiError::bad_request(err.to_string())
             }
-            MetastoreError::BadUser(_) => ApiError::bad_request(err.to_string()),
             MetastoreError::CannotShrink { .. } => ApiError::bad_request(err.to_string()),
             MetastoreError::LinkExists { .. } | MetastoreError::PluginInUse { .. } => {
                 ApiError::new(StatusCode::CONFLICT, err.to_string())

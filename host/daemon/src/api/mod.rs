@@ -24,6 +24,7 @@
 //! - [`body_budget`]: the bytes of request bodies buffered across all requests
 //!   (`max-buffered-request-bytes`).
 
+pub mod acls;
 pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod body_budget;
@@ -186,6 +187,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/set-aside/{id}/adopt", post(admin::adopt))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(nodes::list))
+        .route(
+            "/v1/acls",
+            get(acls::list).post(acls::add).delete(acls::remove),
+        )
         .route("/v1/users", get(users::list).post(users::create))
         .route("/v1/users/{name}", delete(users::delete))
         .route("/v1/users/{name}/credentials", put(users::set_credentials))

@@ -372,7 +372,8 @@ async fn answer(
     if let Some(id) = &client_id {
         client.id.push_str(id);
     }
-    match super::handle(deps, advertised, client, version, request).await {
+    let principal = session.principal();
+    match super::authorize::handle(deps, advertised, client, &principal, version, request).await {
         Outcome::Respond(response) => encode(correlation_id, api_key, version, &response).map(Some),
         Outcome::Silent => Ok(None),
     }

@@ -622,15 +622,24 @@ pub(crate) async fn delete_groups(
 
 /// The answer to a group request when this listener has no coordinator: every group and
 /// partition named gets COORDINATOR_NOT_AVAILABLE.
-pub(crate) fn unavailable(request: super::Request) -> super::Response {
+pub(crate) fn unavailable(request: super::Request, version: i16) -> super::Response {
+    refused(request, code::COORDINATOR_NOT_AVAILABLE, version)
+}
+
+/// The answer to a group request (at `version`) that is not served: every group and
+/// partition named gets `error`.
+pub(crate) fn refused(request: super::Request, error: i16, version: i16) -> super::Response {
     use super::{Request, Response};
-    let error = code::COORDINATOR_NOT_AVAILABLE;
     match request {
         Request::FindCoordinator(req) => {
             let mut r = FindCoordinatorResponse::default();
-            r.error_code = error;
-            r.node_id = BrokerId(-1);
-            r.port = -1;
+            // Before v4 the one key's answer is at the top; from v4 each key has its own (and
+            // the top-level fields do not exist there, so they must stay at their defaults).
+            if req.coordinator_keys.is_empty() {
+                r.error_code = error;
+                r.node_id = BrokerId(-1);
+                r.port = -1;
+            }
             r.coordinators = req
                 .coordinator_keys
                 .into_iter()
@@ -693,7 +702,35 @@ pub(crate) fn unavailable(request: super::Request) -> super::Response {
         }
         Request::OffsetFetch(req) => {
             let mut r = OffsetFetchResponse::default();
-            r.error_code = error;
+            if version < 2 {
+                // No top-level error before v2: each partition asked carries it.
+                r.topics = req
+                    .topics
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| {
+                        let mut topic = OffsetFetchResponseTopic::default();
+                        topic.name = t.name;
+                        topic.partitions = t
+                            .partition_indexes
+                            .into_iter()
+                            .map(|index| {
+                                let mut p = OffsetFetchResponsePartition::default();
+                                p.partition_index = index;
+                                p.committed_offset = -1;
+                                p.error_code = error;
+                                p
+                            })
+                            .collect();
+                        topic
+                    })
+                    .collect();
+                return Response::OffsetFetch(r);
+            }
+            if version < 8 {
+                r.error_code = error;
+                return Response::OffsetFetch(r);
+            }
             r.groups = req
                 .groups
                 .into_iter()

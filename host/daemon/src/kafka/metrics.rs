@@ -100,6 +100,15 @@ pub(crate) struct SaslLabels {
     pub outcome: &'static str,
 }
 
+/// Labels of the ACL refusal counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DeniedLabels {
+    /// `topic`, `group` or `cluster`.
+    pub resource: &'static str,
+    /// The operation refused.
+    pub operation: &'static str,
+}
+
 /// The listener's series.
 #[derive(Debug, Default)]
 pub(crate) struct KafkaMetrics {
@@ -121,6 +130,8 @@ pub(crate) struct KafkaMetrics {
     /// `narad_kafka_sasl_authentications_total{mechanism,outcome}`: SASL authentications
     /// that ended, by mechanism and outcome.
     pub(crate) sasl: Family<SaslLabels, Counter>,
+    /// `narad_kafka_acl_denied_total{resource,operation}`: checks the ACLs refused.
+    pub(crate) acl_denied: Family<DeniedLabels, Counter>,
 }
 
 impl KafkaMetrics {
@@ -167,6 +178,11 @@ impl KafkaMetrics {
             self.sasl.clone(),
         );
         registry.register(
+            "narad_kafka_acl_denied",
+            "Kafka requests (or the topics and groups in them) the ACLs refused, by resource and operation",
+            self.acl_denied.clone(),
+        );
+        registry.register(
             "narad_kafka_unsupported_requests",
             "Kafka requests for an API or version ApiVersions does not offer",
             self.unsupported.clone(),
@@ -197,6 +213,16 @@ impl KafkaMetrics {
     pub(crate) fn authenticated(&self, mechanism: &'static str, outcome: &'static str) {
         self.sasl
             .get_or_create(&SaslLabels { mechanism, outcome })
+            .inc();
+    }
+
+    /// Counts a check the ACLs refused.
+    pub(crate) fn denied(&self, resource: &'static str, operation: &'static str) {
+        self.acl_denied
+            .get_or_create(&DeniedLabels {
+                resource,
+                operation,
+            })
             .inc();
     }
 

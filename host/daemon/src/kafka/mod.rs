@@ -23,6 +23,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod api_versions;
+pub(crate) mod authorize;
 pub(crate) mod compression;
 pub(crate) mod connection;
 pub(crate) mod describe;
@@ -123,6 +124,8 @@ pub(crate) struct KafkaDeps {
     pub(crate) admin: Option<admin::KafkaAdmin>,
     /// SASL (`--kafka-sasl required`); `None`: clients are not asked to authenticate.
     pub(crate) sasl: Option<sasl::Sasl>,
+    /// The ACL rules in force.
+    pub(crate) acls: crate::metastore::acl_cache::AclCache,
 }
 
 impl KafkaDeps {
@@ -143,7 +146,6 @@ impl KafkaDeps {
             advertise: None,
             limits,
             store,
-            metastore,
             producer,
             ownership,
             shutdown,
@@ -153,6 +155,8 @@ impl KafkaDeps {
             cluster: None,
             groups: None,
             sasl: None,
+            acls: crate::metastore::acl_cache::AclCache::new(Arc::clone(&metastore)),
+            metastore,
         }
     }
 
@@ -452,7 +456,7 @@ pub(crate) async fn handle(
             Some(coordinator) => {
                 handle_group(deps, coordinator, advertised, client, version, request).await
             }
-            None => groups::unavailable(request),
+            None => groups::unavailable(request, version),
         });
     }
     match request {
@@ -591,7 +595,7 @@ async fn handle_group(
         Request::DeleteGroups(req) => {
             Response::DeleteGroups(groups::delete_groups(coordinator, req).await)
         }
-        other => groups::unavailable(other),
+        other => groups::unavailable(other, version),
     }
 }
 
@@ -636,9 +640,13 @@ mod tests {
         let group = || GroupId(StrBytes::from_static_str("g"));
         match api {
             ApiKey::FindCoordinator => {
+                // As a client sends it: one key before v4, a list from v4.
                 let mut req = FindCoordinatorRequest::default();
-                req.key = StrBytes::from_static_str("g");
-                req.coordinator_keys = vec![StrBytes::from_static_str("g")];
+                if version < 4 {
+                    req.key = StrBytes::from_static_str("g");
+                } else {
+                    req.coordinator_keys = vec![StrBytes::from_static_str("g")];
+                }
                 Request::FindCoordinator(req)
             }
             ApiKey::JoinGroup => {
@@ -965,6 +973,56 @@ mod tests {
                 response
                     .encode(&mut out, version)
                     .unwrap_or_else(|e| panic!("{api:?} v{version}: {e}"));
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_acl_refusal_and_every_group_refusal_encodes_at_every_offered_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = test_deps(dir.path()).await;
+        // A rule for someone else: the principal below may do nothing.
+        deps.metastore
+            .add_acl(crate::acl::AclRule {
+                principal: "User:other".into(),
+                resource: crate::acl::ResourceKind::Topic,
+                pattern: crate::acl::PatternKind::Literal,
+                name: "t".into(),
+                operation: crate::acl::Operation::All,
+            })
+            .await
+            .unwrap();
+        let advertised = Advertised {
+            host: "127.0.0.1".into(),
+            port: 9092,
+        };
+        let nobody = crate::acl::Principal::user("nobody");
+        for &(api, min, max) in api_versions::OFFERED {
+            for version in min..=max {
+                let outcome = authorize::handle(
+                    &deps,
+                    &advertised,
+                    &groups::Client::default(),
+                    &nobody,
+                    version,
+                    requests(version, api),
+                )
+                .await;
+                let Outcome::Respond(response) = outcome else {
+                    panic!("{api:?} v{version} answered nothing");
+                };
+                let mut out = BytesMut::new();
+                response
+                    .encode(&mut out, version)
+                    .unwrap_or_else(|e| panic!("{api:?} v{version} refused: {e}"));
+                if requests(version, api).group_api().is_some() {
+                    for error in [30, 15] {
+                        let mut out = BytesMut::new();
+                        groups::refused(requests(version, api), error, version)
+                            .encode(&mut out, version)
+                            .unwrap_or_else(|e| panic!("{api:?} v{version} error {error}: {e}"));
+                    }
+                }
             }
         }
     }

@@ -128,6 +128,15 @@ impl Session {
         }
     }
 
+    /// Who the connection's requests come from: the user it authenticated as, else
+    /// [`crate::acl::ANONYMOUS`].
+    pub(crate) fn principal(&self) -> crate::acl::Principal {
+        match self {
+            Session::Authenticated(user) => crate::acl::Principal::user(user),
+            _ => crate::acl::Principal::anonymous(),
+        }
+    }
+
     /// The user the connection authenticated as, if it did.
     pub(crate) fn user(&self) -> Option<&str> {
         match self {

@@ -6,6 +6,7 @@ use super::{
     Change, LinkMeta, LinkRuleError, Metastore, MetastoreError, PartitionOwner, PluginRef,
     PluginVersion, TopicMeta, UserMeta, Versions,
 };
+use crate::acl::{AclRule, Operation, PatternKind, ResourceKind};
 use crate::scram::{Mechanism, ScramCredential};
 
 fn topic(name: &str, partitions: u32, retention_ms: Option<u64>) -> TopicMeta {
@@ -71,6 +72,7 @@ pub(crate) async fn run(store: &dyn Metastore) {
     owners(store).await;
     child_writes(store).await;
     users(store).await;
+    acls(store).await;
     let confirmed = store.confirm().await.unwrap();
     assert_eq!(confirmed, store.snapshot().await.unwrap());
     assert_eq!(confirmed.versions, store.versions().await.unwrap());
@@ -541,4 +543,44 @@ async fn users(store: &dyn Metastore) {
     // Kept for the reopen checks some backends run after the suite.
     store.create_user(user("dave", b"pw")).await.unwrap();
     assert_eq!(store.versions().await.unwrap().users, v0.users + 4);
+}
+
+fn rule(principal: &str, name: &str, operation: Operation) -> AclRule {
+    AclRule {
+        principal: principal.to_owned(),
+        resource: ResourceKind::Topic,
+        pattern: PatternKind::Literal,
+        name: name.to_owned(),
+        operation,
+    }
+}
+
+/// ACL rules: each kept once and in order, a rule added twice is a no-op, a removal of a rule
+/// that is not there is refused, a malformed rule is refused; each change raises the ACL
+/// version and no other.
+async fn acls(store: &dyn Metastore) {
+    let v0 = store.versions().await.unwrap();
+    let write = rule("User:bob", "orders/eu", Operation::Write);
+    let read = rule("User:alice", "orders", Operation::Read);
+    store.add_acl(write.clone()).await.unwrap();
+    store.add_acl(read.clone()).await.unwrap();
+    store.add_acl(read.clone()).await.unwrap();
+    let after = store.versions().await.unwrap();
+    assert_eq!(after.acls, v0.acls + 2);
+    assert_eq!((after.users, after.topics), (v0.users, v0.topics));
+    assert_eq!(
+        store.acls().await.unwrap(),
+        vec![read.clone(), write.clone()]
+    );
+    assert!(matches!(
+        store.add_acl(rule("bob", "t", Operation::Read)).await,
+        Err(MetastoreError::BadAcl(_))
+    ));
+    assert_eq!(store.remove_acl(write.clone()).await.unwrap(), write);
+    assert!(matches!(
+        store.remove_acl(write).await,
+        Err(MetastoreError::UnknownAcl { .. })
+    ));
+    assert_eq!(store.acls().await.unwrap(), vec![read]);
+    assert_eq!(store.versions().await.unwrap().acls, v0.acls + 3);
 }

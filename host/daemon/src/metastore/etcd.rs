@@ -614,6 +614,15 @@ impl Metastore for EtcdMetastore {
         })
     }
 
+    fn acls(&self) -> BoxFuture<'_, Result<Vec<crate::acl::AclRule>>> {
+        Box::pin(async move {
+            match self.cached_snapshot() {
+                Some(snapshot) => Ok(snapshot?.acls.clone()),
+                None => Ok(self.read(true).await?.decoded.snapshot.acls),
+            }
+        })
+    }
+
     fn user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<super::UserMeta>>> {
         Box::pin(async move {
             // From the watched copy only, with no catch-up read on a miss: an unknown name is
@@ -986,6 +995,7 @@ mod tests {
             links: 1,
             plugins: 3,
             users: 0,
+            acls: 0,
         };
         let client = connect_client(&[etcd.endpoint()]).await.unwrap();
         let mut kv = client.kv_client();

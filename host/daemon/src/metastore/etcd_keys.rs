@@ -9,6 +9,7 @@
 //! | `link/{parent}/{child}`      | one [`LinkMeta`]                      |
 //! | `plugin/{seq}`               | one [`PluginVersion`]; `seq` (ten digits) keeps upload order |
 //! | `user/{name}`                | one [`UserMeta`] (salted credentials, never a password) |
+//! | `acl/{principal}/{resource}/{pattern}/{name}/{operation}` | one [`AclRule`] |
 //! | `topics`, `links`, `plugins` | [`LAYOUT_MARKER`]                     |
 //!
 //! Names in keys are escaped (`%` and `/`), so two items never share a key. The values are
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use super::{
     LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, UserMeta, Versions,
 };
+use crate::acl::{AclRule, PatternKind};
 
 /// The metadata keys live under `{prefix}meta/`.
 pub(crate) const META: &str = "meta/";
@@ -35,6 +37,7 @@ const TOPIC: &str = "topic/";
 const LINK: &str = "link/";
 const PLUGIN: &str = "plugin/";
 const USER: &str = "user/";
+const ACL: &str = "acl/";
 /// The keys of the one-value-per-domain layout of older builds.
 pub(crate) const OLD_DOMAINS: [&str; 3] = ["topics", "links", "plugins"];
 
@@ -67,6 +70,21 @@ pub(crate) fn link_key(parent: &str, child: &str) -> String {
 /// The key name of a user.
 pub(crate) fn user_key(name: &str) -> String {
     format!("{USER}{}", escape(name))
+}
+
+/// The key name of an ACL rule: every field of the rule, so two rules never share a key.
+pub(crate) fn acl_key(rule: &AclRule) -> String {
+    let pattern = match rule.pattern {
+        PatternKind::Literal => "literal",
+        PatternKind::Prefixed => "prefixed",
+    };
+    format!(
+        "{ACL}{}/{}/{pattern}/{}/{}",
+        escape(&rule.principal),
+        rule.resource.name(),
+        escape(&rule.name),
+        rule.operation.name()
+    )
 }
 
 /// Undoes [`escape`].
@@ -139,6 +157,9 @@ pub(crate) fn decode<'a>(
         } else if name.starts_with(USER) {
             let user: UserMeta = typed(name, value, &full_key)?;
             decoded.snapshot.users.insert(user.name.clone(), user);
+        } else if name.starts_with(ACL) {
+            let rule: AclRule = typed(name, value, &full_key)?;
+            insert_acl(&mut decoded.snapshot.acls, rule);
         } else if plugin_seq(name).is_some() {
             decoded
                 .snapshot
@@ -196,6 +217,15 @@ pub(crate) fn apply_change(
                 }
             }
         }
+    } else if name.starts_with(ACL) {
+        match value {
+            Some(value) => {
+                let rule: AclRule = typed(name, value, &full_key)?;
+                insert_acl(&mut snapshot.acls, rule);
+            }
+            // The rule is the one whose key this is.
+            None => snapshot.acls.retain(|rule| acl_key(rule) != name),
+        }
     } else if let Some(escaped) = name.strip_prefix(USER) {
         match value {
             Some(value) => {
@@ -224,6 +254,13 @@ pub(crate) fn apply_change(
         return Ok(false);
     }
     Ok(true)
+}
+
+/// Puts `rule` in its place in the sorted `acls`, once.
+fn insert_acl(acls: &mut Vec<AclRule>, rule: AclRule) {
+    if let Err(at) = acls.binary_search(&rule) {
+        acls.insert(at, rule);
+    }
 }
 
 fn typed<T: DeserializeOwned>(
@@ -278,6 +315,16 @@ pub(crate) fn diff(
     for name in before.users.keys() {
         if !after.users.contains_key(name) {
             changes.push((user_key(name), None));
+        }
+    }
+    for rule in &after.acls {
+        if before.acls.binary_search(rule).is_err() {
+            changes.push((acl_key(rule), Some(encode(&acl_key(rule), rule)?)));
+        }
+    }
+    for rule in &before.acls {
+        if after.acls.binary_search(rule).is_err() {
+            changes.push((acl_key(rule), None));
         }
     }
     plugin_changes(&before.plugins, plugin_keys, &after.plugins, &mut changes)?;

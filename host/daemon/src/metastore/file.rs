@@ -83,6 +83,9 @@ struct State {
     /// Users, by name.
     #[serde(default)]
     users: BTreeMap<String, UserMeta>,
+    /// ACL rules, sorted.
+    #[serde(default)]
+    acls: Vec<crate::acl::AclRule>,
 }
 
 /// [`State`] as it is written, borrowing the committed state instead of copying it.
@@ -96,6 +99,8 @@ struct StateRef<'a> {
     plugins: &'a [PluginVersion],
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     users: &'a BTreeMap<String, UserMeta>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    acls: &'a [crate::acl::AclRule],
 }
 
 impl State {
@@ -110,6 +115,7 @@ impl State {
                 .collect(),
             plugins: self.plugins,
             users: self.users,
+            acls: self.acls,
         }
     }
 }
@@ -638,6 +644,7 @@ fn same_counts(a: &Snapshot, b: &Snapshot) -> bool {
         && a.links.len() == b.links.len()
         && a.plugins.len() == b.plugins.len()
         && a.users.len() == b.users.len()
+        && a.acls.len() == b.acls.len()
 }
 
 /// The whole contents of `path` on `fs`.
@@ -662,6 +669,7 @@ fn encode(state: &Snapshot, journal_seq: u64) -> Result<Vec<u8>> {
         links: state.links.values().collect(),
         plugins: &state.plugins,
         users: &state.users,
+        acls: &state.acls,
     })
     .map_err(|e| MetastoreError::Io {
         context: "encoding the metastore state".to_owned(),
@@ -724,6 +732,11 @@ impl Metastore for FileMetastore {
     fn user<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<UserMeta>>> {
         let user = self.inner.lock().users.get(name).cloned();
         Box::pin(async move { Ok(user) })
+    }
+
+    fn acls(&self) -> BoxFuture<'_, Result<Vec<crate::acl::AclRule>>> {
+        let acls = self.inner.lock().acls.clone();
+        Box::pin(async move { Ok(acls) })
     }
 
     fn link_view<'a>(

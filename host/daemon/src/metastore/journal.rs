@@ -27,6 +27,8 @@ use serde::{Deserialize, Serialize};
 
 use super::frame;
 use super::transition::Change;
+use crate::acl::AclRule;
+
 use super::{
     LinkMeta, MetastoreError, PluginVersion, Result, Snapshot, TopicMeta, UserMeta, Versions,
 };
@@ -61,6 +63,9 @@ pub(crate) struct Entry {
     /// Each user the change touched, with its value after it (`None`: removed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     users: Vec<UserAfter>,
+    /// The whole ACL list after the change, when it changed ACLs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acls: Option<Vec<AclRule>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +101,7 @@ pub(crate) struct Touched {
     links: BTreeSet<(String, String)>,
     plugins: bool,
     users: BTreeSet<String>,
+    acls: bool,
 }
 
 impl Touched {
@@ -144,6 +150,7 @@ impl Touched {
             Change::SetUserCredentials { name, .. } | Change::DeleteUser { name } => {
                 t.users.insert(name.clone());
             }
+            Change::AddAcl(_) | Change::RemoveAcl(_) => t.acls = true,
         }
         t
     }
@@ -181,6 +188,7 @@ impl Entry {
                     user: after.users.get(name).cloned(),
                 })
                 .collect(),
+            acls: touched.acls.then(|| after.acls.clone()),
         }
     }
 
@@ -210,6 +218,9 @@ impl Entry {
         }
         if let Some(plugins) = &self.plugins {
             state.plugins.clone_from(plugins);
+        }
+        if let Some(acls) = &self.acls {
+            state.acls.clone_from(acls);
         }
         for u in &self.users {
             match &u.user {

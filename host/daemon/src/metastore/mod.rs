@@ -21,6 +21,7 @@
 //! a quorum read; in the embedded file, the in-memory state, which every write updates before it
 //! returns).
 
+pub mod acl_cache;
 pub mod cache;
 #[cfg(test)]
 pub(crate) mod conformance;
@@ -46,6 +47,7 @@ pub use file::FileMetastore;
 pub use link::{LinkMeta, LinkRuleError, PluginRef, PluginVersion, RemoteTarget, ShadowSpec};
 pub use transition::{Change, Outcome, PolicyChange};
 
+use crate::acl::AclRule;
 use crate::scram::{Mechanism, ScramCredential};
 
 /// A boxed, sendable future: the trait's methods return these so that `dyn Metastore` works
@@ -134,6 +136,9 @@ pub struct Versions {
     /// users reads as before.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub users: u64,
+    /// ACLs: a rule added or removed. Written only once raised.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub acls: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -152,6 +157,8 @@ pub enum Domain {
     Plugins,
     /// Users.
     Users,
+    /// ACLs.
+    Acls,
 }
 
 impl Versions {
@@ -162,6 +169,7 @@ impl Versions {
             Domain::Links => self.links,
             Domain::Plugins => self.plugins,
             Domain::Users => self.users,
+            Domain::Acls => self.acls,
         }
     }
 
@@ -172,6 +180,7 @@ impl Versions {
             Domain::Links => self.links += 1,
             Domain::Plugins => self.plugins += 1,
             Domain::Users => self.users += 1,
+            Domain::Acls => self.acls += 1,
         }
     }
 }
@@ -190,6 +199,8 @@ pub struct Snapshot {
     pub plugins: Vec<PluginVersion>,
     /// Every user, by name.
     pub users: BTreeMap<String, UserMeta>,
+    /// Every ACL rule, sorted, each once.
+    pub acls: Vec<AclRule>,
 }
 
 /// Longest user name, in bytes.
@@ -312,6 +323,7 @@ impl Snapshot {
             links: self.links.clone(),
             plugins: self.plugins.clone(),
             users: self.users.clone(),
+            acls: self.acls.clone(),
         }
     }
 }
@@ -407,6 +419,15 @@ pub enum MetastoreError {
     /// A user name or credential that breaks the rules.
     #[error("{0}")]
     BadUser(String),
+    /// An ACL rule that is not well formed.
+    #[error("{0}")]
+    BadAcl(String),
+    /// A removal named a rule that does not exist.
+    #[error("no such rule: {rule}")]
+    UnknownAcl {
+        /// The rule.
+        rule: Box<AclRule>,
+    },
     /// `grow_partitions` asked for fewer partitions than the topic has.
     #[error(
         "topic {name:?} has {current} partitions; the count can only grow, not shrink to {requested}"
@@ -940,6 +961,21 @@ pub trait Metastore: Send + Sync + 'static {
             name: name.to_owned(),
         };
         typed(self.apply(change), Outcome::into_user)
+    }
+
+    /// Every ACL rule, as [`Metastore::snapshot`] would show them, without copying the rest.
+    fn acls(&self) -> BoxFuture<'_, Result<Vec<AclRule>>> {
+        Box::pin(async move { Ok(self.snapshot().await?.acls) })
+    }
+
+    /// Adds an ACL rule (one already there is a no-op).
+    fn add_acl(&self, rule: AclRule) -> BoxFuture<'_, Result<AclRule>> {
+        typed(self.apply(Change::AddAcl(rule)), Outcome::into_acl)
+    }
+
+    /// Removes an ACL rule. Fails with [`MetastoreError::UnknownAcl`] when it is not there.
+    fn remove_acl(&self, rule: AclRule) -> BoxFuture<'_, Result<AclRule>> {
+        typed(self.apply(Change::RemoveAcl(rule)), Outcome::into_acl)
     }
 
     /// Records an uploaded plugin version (the same name and digest twice is a no-op).

@@ -24,6 +24,7 @@ use super::{
     Domain, LinkMeta, MetastoreError, PartitionOwner, PluginRef, PluginVersion, Result, Snapshot,
     TopicMeta, UserMeta, check_credentials, check_user_name,
 };
+use crate::acl::AclRule;
 use crate::scram::ScramCredential;
 
 /// What a [`Change::SetLinkPolicy`] changes of a link; what is `None` (or empty) stays.
@@ -172,6 +173,10 @@ pub enum Change {
         /// User name.
         name: String,
     },
+    /// Add an ACL rule.
+    AddAcl(AclRule),
+    /// Remove an ACL rule.
+    RemoveAcl(AclRule),
 }
 
 /// What an applied change answers.
@@ -191,6 +196,8 @@ pub enum Outcome {
     Plugins(Vec<PluginVersion>),
     /// The user as recorded now (or as it was, for a delete).
     User(UserMeta),
+    /// The ACL rule added or removed.
+    Acl(AclRule),
 }
 
 impl Outcome {
@@ -207,6 +214,14 @@ impl Outcome {
         match self {
             Outcome::User(u) => Ok(u),
             other => Err(mismatch("a user", other)),
+        }
+    }
+
+    /// The rule of an ACL change.
+    pub(crate) fn into_acl(self) -> Result<AclRule> {
+        match self {
+            Outcome::Acl(rule) => Ok(rule),
+            other => Err(mismatch("an ACL rule", other)),
         }
     }
 
@@ -622,6 +637,25 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
         Change::DeleteUser { name } => match s.users.remove(&name) {
             Some(user) => Ok((Outcome::User(user), vec![Domain::Users])),
             None => Err(MetastoreError::UnknownUser { name }),
+        },
+        Change::AddAcl(rule) => {
+            rule.check().map_err(MetastoreError::BadAcl)?;
+            match s.acls.binary_search(&rule) {
+                Ok(_) => Ok((Outcome::Acl(rule), Vec::new())),
+                Err(at) => {
+                    s.acls.insert(at, rule.clone());
+                    Ok((Outcome::Acl(rule), vec![Domain::Acls]))
+                }
+            }
+        }
+        Change::RemoveAcl(rule) => match s.acls.binary_search(&rule) {
+            Ok(at) => {
+                s.acls.remove(at);
+                Ok((Outcome::Acl(rule), vec![Domain::Acls]))
+            }
+            Err(_) => Err(MetastoreError::UnknownAcl {
+                rule: Box::new(rule),
+            }),
         },
     }
 }

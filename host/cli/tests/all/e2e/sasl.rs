@@ -453,3 +453,216 @@ fn on_a_plain_sasl_listener_nothing_but_authentication_is_served_first_and_plain
             >= 1.0
     );
 }
+
+/// kafka-python as `user` (SCRAM-SHA-256, no TLS) running `body` with `p` (a producer) and
+/// `kafka` imported; prints what `body` prints.
+fn kafka_python(broker: &str, user: &str, password: &str, body: &str) -> Command {
+    let script = format!(
+        "import kafka, kafka.errors\n\
+         conf = dict(bootstrap_servers='{broker}', security_protocol='SASL_PLAINTEXT', \
+         sasl_mechanism='SCRAM-SHA-256', sasl_plain_username='{user}', \
+         sasl_plain_password='{password}')\n{body}\n"
+    );
+    let mut command = Command::new("python3");
+    command.args(["-c", &script]);
+    command
+}
+
+#[test]
+fn a_user_allowed_to_read_but_not_write_a_topic_is_refused_on_produce_and_reads_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let kafka = free_addr().to_string();
+    let daemon = Daemon::start_with(
+        &dir.join("data"),
+        &["--kafka-listen", &kafka, "--kafka-sasl", "required"],
+    );
+    let base = daemon.url();
+    let http = super::harness::http_client();
+    for (name, password) in [("alice", "reader"), ("bob", "writer"), ("carol", "nobody")] {
+        let (status, body) = send_json(
+            &http,
+            Method::POST,
+            &format!("{base}/v1/users"),
+            Some(&json!({"name": name, "password": password})),
+        )
+        .expect("create user");
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = send_json(
+        &http,
+        Method::POST,
+        &format!("{base}/v1/topics"),
+        Some(&json!({"name": "orders", "partitions": 1})),
+    )
+    .expect("create topic");
+    assert!(status == 201 || status == 200, "{body}");
+    let url = ["--url", base.as_str()];
+    for rule in [
+        &[
+            "--principal",
+            "User:bob",
+            "--topic",
+            "orders",
+            "--operation",
+            "write",
+        ][..],
+        &[
+            "--principal",
+            "User:alice",
+            "--topic",
+            "orders",
+            "--operation",
+            "read",
+        ],
+        &[
+            "--principal",
+            "User:alice",
+            "--group",
+            "readers-",
+            "--prefixed",
+            "--operation",
+            "read",
+        ],
+    ] {
+        let (ok, out, err) = narad(&[&["acl", "add"][..], rule, &url].concat());
+        assert!(ok && out.starts_with("added: "), "{out}{err}");
+    }
+    let (ok, out, err) = narad(&[&["acl", "list"][..], &url].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("User:alice") && l.contains("read") && l.contains("readers-*")),
+        "{out}"
+    );
+
+    // bob writes; alice may not.
+    let bob = sasl_settings("SCRAM-SHA-256", "bob", "writer", None);
+    run(
+        kcat(&kafka, &bob, &["-P", "-t", "orders", "-p", "0"]),
+        b"a\nb\nc\n",
+        "bob produces",
+    );
+    let refused = run(
+        kafka_python(
+            &kafka,
+            "alice",
+            "reader",
+            "p = kafka.KafkaProducer(**conf, retries=0)\n\
+             try:\n    p.send('orders', b'x', partition=0).get(timeout=20)\n    print('stored')\n\
+             except Exception as e:\n    print(type(e).__name__)",
+        ),
+        b"",
+        "alice produces",
+    );
+    assert_eq!(refused.trim(), "TopicAuthorizationFailedError");
+
+    // alice reads in a group her rule covers, and not in another.
+    let read = run(
+        kafka_python(
+            &kafka,
+            "alice",
+            "reader",
+            "c = kafka.KafkaConsumer('orders', **conf, group_id='readers-1', \
+             auto_offset_reset='earliest', consumer_timeout_ms=15000)\n\
+             got = []\n\
+             for m in c:\n    got.append(m.value.decode())\n    if len(got) == 3: break\n\
+             print(','.join(got))",
+        ),
+        b"",
+        "alice reads in group readers-1",
+    );
+    assert_eq!(read.trim(), "a,b,c");
+    let other_group = run(
+        kafka_python(
+            &kafka,
+            "alice",
+            "reader",
+            "c = kafka.KafkaConsumer('orders', **conf, group_id='writers', \
+             auto_offset_reset='earliest', consumer_timeout_ms=10000)\n\
+             try:\n    c.poll(timeout_ms=10000)\n    print('joined')\n\
+             except Exception as e:\n    print(type(e).__name__)",
+        ),
+        b"",
+        "alice joins group writers",
+    );
+    assert_eq!(other_group.trim(), "GroupAuthorizationFailedError");
+
+    // carol, with no rule, does not even see the topic in a listing.
+    let carol = sasl_settings("SCRAM-SHA-256", "carol", "nobody", None);
+    let listing = run(
+        kcat(&kafka, &carol, &["-L", "-m", "10"]),
+        b"",
+        "carol lists",
+    );
+    assert!(!listing.contains("orders"), "{listing}");
+    let listing = run(kcat(&kafka, &bob, &["-L", "-m", "10"]), b"", "bob lists");
+    assert!(listing.contains("topic \"orders\""), "{listing}");
+
+    // The rule removed, alice can no longer read.
+    let (ok, out, err) = narad(
+        &[
+            &[
+                "acl",
+                "remove",
+                "--principal",
+                "User:alice",
+                "--topic",
+                "orders",
+                "--operation",
+                "read",
+            ][..],
+            &url,
+        ]
+        .concat(),
+    );
+    assert!(ok && out.starts_with("removed: "), "{out}{err}");
+    let (status, out, _) = run_output(
+        kcat(
+            &kafka,
+            &sasl_settings("SCRAM-SHA-256", "alice", "reader", None),
+            &[
+                "-C",
+                "-t",
+                "orders",
+                "-p",
+                "0",
+                "-o",
+                "beginning",
+                "-e",
+                "-m",
+                "10",
+            ],
+        ),
+        b"",
+        "alice reads after the removal",
+    );
+    assert!(
+        !status.success() || out.trim().is_empty(),
+        "alice still read: {out}"
+    );
+
+    let metrics = super::harness::scrape(&base);
+    assert!(
+        sample(
+            &metrics,
+            r#"narad_kafka_acl_denied_total{resource="topic",operation="write"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            &metrics,
+            r#"narad_kafka_acl_denied_total{resource="group",operation="describe"}"#
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("kafka request denied by the ACLs") && log.contains("User:alice"),
+        "refusals are not in the audit log"
+    );
+}
