@@ -11,8 +11,10 @@
 //! is answered with Kafka's error for it, never ignored: a replication factor other than 1 (or
 //! -1, the broker's default), replica assignments, or a config other than `retention.ms`,
 //! `retention.bytes`, `cleanup.policy=delete` and `min.insync.replicas=1`. While the daemon
-//! requires its API token for changes (`--auth-token-file`), the Kafka listener, which
-//! authenticates nobody yet, creates nothing: each topic gets TOPIC_AUTHORIZATION_FAILED.
+//! requires its API token for changes (`--auth-token-file`), the Kafka listener changes topics
+//! only for SASL users held to ACLs (`--kafka-sasl required` and at least one rule, which the
+//! request passed in [`super::authorize`]); otherwise each topic gets
+//! TOPIC_AUTHORIZATION_FAILED.
 
 use std::collections::HashSet;
 
@@ -78,13 +80,14 @@ pub(super) fn default_partitions(deps: &KafkaDeps) -> u32 {
         .unwrap_or(DEFAULT_PARTITIONS)
 }
 
-/// Whether this listener may change topics: not while the HTTP API requires a token for
-/// changes, since the Kafka listener authenticates nobody.
+/// Whether this listener may change topics: while the HTTP API requires a token for changes,
+/// only for authenticated clients held to ACLs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AdminAccess {
     /// Topic changes are allowed.
     Open,
-    /// The daemon requires its API token for changes: refused here.
+    /// The daemon requires its API token for changes: refused here unless SASL and ACLs govern
+    /// the listener.
     TokenRequired,
 }
 
@@ -161,21 +164,30 @@ fn allowed(deps: &KafkaDeps) -> Result<&KafkaAdmin, Refusal> {
     };
     match admin.access {
         AdminAccess::Open => Ok(admin),
+        // Authenticated clients held to ACLs: the request passed them before it got here.
+        AdminAccess::TokenRequired if acl_governed(deps) => Ok(admin),
         AdminAccess::TokenRequired => Err((
             code::TOPIC_AUTHORIZATION_FAILED,
-            "this daemon requires its API token for changes and the Kafka listener \
-             authenticates nobody: change topics through the HTTP API or the narad CLI"
+            "this daemon requires its API token for changes: change topics through the HTTP \
+             API or the narad CLI, or let SASL users do it with ACLs (--kafka-sasl required \
+             and narad acl add ... --operation create)"
                 .to_owned(),
         )),
     }
 }
 
+/// Whether Kafka clients authenticate and ACLs hold them (what lets them change topics on a
+/// daemon that requires its token).
+fn acl_governed(deps: &KafkaDeps) -> bool {
+    deps.sasl.is_some() && deps.acls.last_enforced()
+}
+
 /// Whether Metadata creates the unknown topics it is asked for: auto-creation is on and this
 /// listener may change topics.
 pub(crate) fn auto_creates(deps: &KafkaDeps) -> bool {
-    deps.admin
-        .as_ref()
-        .is_some_and(|a| a.auto_create.is_some() && a.access == AdminAccess::Open)
+    deps.admin.as_ref().is_some_and(|a| {
+        a.auto_create.is_some() && (a.access == AdminAccess::Open || acl_governed(deps))
+    })
 }
 
 /// Creates topic `name`, unknown to a Metadata request that allows auto-creation, with the

@@ -28,6 +28,15 @@ impl AclCache {
         }
     }
 
+    /// Whether the rules last read hold anyone to anything (no read yet: no).
+    pub fn last_enforced(&self) -> bool {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|(_, set)| set.enforced())
+    }
+
     /// The rules in force. When the metadata cannot be read, the rules last read (with a
     /// warning); when none were ever read, a set that allows no user anything, so an outage
     /// never opens what the rules close.

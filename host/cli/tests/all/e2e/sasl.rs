@@ -666,3 +666,73 @@ fn a_user_allowed_to_read_but_not_write_a_topic_is_refused_on_produce_and_reads_
         "refusals are not in the audit log"
     );
 }
+
+#[test]
+fn with_the_api_token_required_sasl_users_change_topics_over_kafka_only_as_acls_allow() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, TOKEN).expect("token");
+    let kafka = free_addr().to_string();
+    let daemon = Daemon::start_with(
+        &dir.join("data"),
+        &[
+            "--kafka-listen",
+            &kafka,
+            "--kafka-sasl",
+            "required",
+            "--auth-token-file",
+            &token_file.display().to_string(),
+        ],
+    );
+    let base = daemon.url();
+    let admin = ["--url", base.as_str(), "--token", TOKEN];
+    let pw = password_file(dir, "dana", "admin pw");
+    let (ok, _, err) = narad(
+        &[
+            &["user", "create", "dana", "--password-file", &pw][..],
+            &admin,
+        ]
+        .concat(),
+    );
+    assert!(ok, "{err}");
+    let create = "from kafka.admin import KafkaAdminClient, NewTopic\n\
+                  a = KafkaAdminClient(**conf)\n\
+                  for name in ['sales.eu', 'other']:\n    \
+                  try:\n        a.create_topics([NewTopic(name, 1, 1)])\n        print(name, 'created')\n    \
+                  except Exception as e:\n        print(name, type(e).__name__)";
+    // No rule yet: the token guards changes, so the Kafka listener makes none.
+    let before = run(
+        kafka_python(&kafka, "dana", "admin pw", create),
+        b"",
+        "dana creates, no rules",
+    );
+    assert!(
+        before.contains("sales.eu TopicAuthorizationFailedError")
+            && before.contains("other TopicAuthorizationFailedError"),
+        "{before}"
+    );
+    let rule = [
+        "--principal",
+        "User:dana",
+        "--topic",
+        "sales.",
+        "--prefixed",
+        "--operation",
+        "create",
+    ];
+    let (ok, _, err) = narad(&[&["acl", "add"][..], &rule, &admin].concat());
+    assert!(ok, "{err}");
+    let after = run(
+        kafka_python(&kafka, "dana", "admin pw", create),
+        b"",
+        "dana creates under a rule",
+    );
+    assert!(
+        after.contains("sales.eu created") && after.contains("other TopicAuthorizationFailedError"),
+        "{after}"
+    );
+    let (ok, out, err) = narad(&[&["topic", "list"][..], &admin].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("sales.eu") && !out.contains("other"), "{out}");
+}
