@@ -357,6 +357,9 @@ settings! {
     /// File holding a bearer token; when set, every mutating request (POST, PUT, PATCH,
     /// DELETE) must send `Authorization: Bearer <token>` (401 otherwise). Reads stay open.
     auth_token_file: PathBuf, "FILE", TokenFile, shown "none, no token required";
+    /// `yes`: reads of the HTTP API need an authenticated caller too (the token, or a user's
+    /// credentials over TLS); `/metrics` and `/healthz` stay open. Needs --auth-token-file.
+    auth_reads: String, "YES_NO", YesNo, default "no".to_owned();
     /// PEM certificate chain (own certificate first) to serve the HTTP API and the Kafka
     /// listener over TLS with; needs --tls-key. Reloaded when the file changes or on SIGHUP.
     tls_cert: PathBuf, "FILE", Any, shown "off, plain TCP";
@@ -909,6 +912,8 @@ pub struct Config {
     pub original_frames: bool,
     /// The bearer token mutating requests must carry; `None`: no token required.
     pub auth_token: Option<crate::auth::AuthToken>,
+    /// Reads of the HTTP API need an authenticated caller (`--auth-reads yes`).
+    pub(crate) auth_reads: bool,
     /// Limits of every routing-plugin call and instance.
     pub plugin_limits: narad_runtime::Limits,
     /// Connection cap and timeouts of the HTTP server.
@@ -938,6 +943,7 @@ impl Config {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             original_frames: false,
             auth_token: None,
+            auth_reads: false,
             plugin_limits: narad_runtime::Limits::default(),
             http: HttpLimits::default(),
             cluster: None,
@@ -1001,6 +1007,14 @@ impl Config {
                 });
             }
         };
+        if s.auth_reads && s.auth_token_file.is_none() {
+            return Err(ConfigError::BadValue {
+                key: "auth-reads",
+                message: "reads can need an authenticated caller only when changes do: give \
+                          --auth-token-file too"
+                    .into(),
+            });
+        }
         if s.peer_tls_ca.is_some() && s.etcd.is_none() {
             return Err(ConfigError::BadValue {
                 key: "peer-tls-ca",
@@ -1111,6 +1125,7 @@ impl Config {
             segment_bytes: s.segment_bytes,
             original_frames: s.frame_format == 1,
             auth_token: s.auth_token_file,
+            auth_reads: s.auth_reads,
             plugin_limits: narad_runtime::Limits {
                 deadline: ms(s.plugin_deadline_ms),
                 memory_bytes: s.plugin_memory_bytes,
@@ -1854,6 +1869,7 @@ mod tests {
                 "advertise",
                 "new-data-dir-for",
                 "auth-token-file",
+                "auth-reads",
                 "tls-cert",
                 "tls-key",
                 "peer-tls-ca",

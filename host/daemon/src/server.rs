@@ -533,7 +533,16 @@ pub async fn run_server(
     });
     let peer_routes = api::peer_router(state.clone());
     let mut app = match config.auth_token.clone() {
-        Some(token) => api::auth::protect(api::router(state), token),
+        Some(token) => {
+            let guard = api::principal::Guard::new(
+                token,
+                Arc::clone(&state.metastore),
+                config.auth_reads,
+                config.tls.is_some(),
+                state.api_metrics.denied.clone(),
+            );
+            api::principal::guard(api::router(state), guard)
+        }
         None => api::router(state),
     };
     if let (Some(receiver), Some(context)) = (&receiver, &cluster) {

@@ -1,8 +1,7 @@
-//! The optional bearer token (`--auth-token-file`) on the HTTP API: when set, every request
-//! that changes something (any method but GET, HEAD and OPTIONS) must carry
-//! `Authorization: Bearer <token>`; reads, `/metrics` and `/healthz` stay open so monitoring
-//! needs no secret. The user and ACL endpoints (`/v1/users`, `/v1/acls`) need it for reads
-//! too: who may log in, and what they may do, is not public. A missing or wrong token is a 401 with the usual JSON error body.
+//! A bearer token required on every request that changes something (any method but GET, HEAD
+//! and OPTIONS): the cluster's peer secret on the routes between nodes. A missing or wrong
+//! token is a 401 with the usual JSON error body. (The public API's callers, the API token's
+//! holder and users, are told apart by [`super::principal`].)
 //!
 //! The token itself, and its constant-time comparison, is [`crate::auth::AuthToken`]: the
 //! config loads it and this middleware checks it, so neither has to import the other.
@@ -24,14 +23,6 @@ pub(crate) fn is_mutating(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
-/// Whether a request needs the token: every change, and every read of the users and ACLs.
-fn needs_token(method: &Method, path: &str) -> bool {
-    is_mutating(method)
-        || ["/v1/users", "/v1/acls"]
-            .iter()
-            .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
-}
-
 /// `router` with the token required on every mutating request.
 pub(crate) fn protect(router: Router, token: AuthToken) -> Router {
     router.layer(axum::middleware::from_fn_with_state(
@@ -46,7 +37,7 @@ async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if !needs_token(request.method(), request.uri().path()) {
+    if !is_mutating(request.method()) {
         return next.run(request).await;
     }
     let presented = request
@@ -60,8 +51,8 @@ async fn require_token(
         Some(given) if token.matches(given) => return next.run(request).await,
         Some(_) => "the bearer token is wrong; send the token of the daemon's --auth-token-file",
         None => {
-            "this daemon requires `Authorization: Bearer <token>` on every change and on \
-             the users and ACLs (the CLI sends --token or NARAD_TOKEN); other reads stay open"
+            "this daemon requires `Authorization: Bearer <token>` on every change \
+             (the CLI sends --token or NARAD_TOKEN); reads stay open"
         }
     };
     let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
@@ -83,10 +74,5 @@ mod tests {
         for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
             assert!(is_mutating(&m));
         }
-        assert!(needs_token(&Method::GET, "/v1/users"));
-        assert!(needs_token(&Method::GET, "/v1/users/alice"));
-        assert!(!needs_token(&Method::GET, "/v1/usersx"));
-        assert!(!needs_token(&Method::GET, "/v1/topics"));
-        assert!(needs_token(&Method::GET, "/v1/acls"));
     }
 }

@@ -114,6 +114,9 @@ pub(crate) struct ApiMetrics {
     /// `narad_http_body_budget_refusals_total`: requests answered 503 because the body budget
     /// was full.
     pub(crate) body_budget_refusals: Counter,
+    /// `narad_http_requests_denied_total{reason}`: requests refused for who sent them
+    /// (`unauthenticated`: 401, `forbidden`: 403 by the ACLs).
+    pub(crate) denied: Family<super::principal::DeniedLabels, Counter>,
     /// `narad_forwarded_requests_total{request, outcome}`: calls to partition owners made for
     /// requests this node does not own (cluster mode; one per owner a produce reaches).
     pub forwarded: Family<ForwardLabels, Counter>,
@@ -212,6 +215,11 @@ impl ApiMetrics {
             "narad_http_buffered_request_bytes",
             "Request-body bytes held against max-buffered-request-bytes now",
             self.buffered_request_bytes.clone(),
+        );
+        registry.register(
+            "narad_http_requests_denied",
+            "HTTP requests refused for who sent them: unauthenticated (401) or forbidden by the ACLs (403)",
+            self.denied.clone(),
         );
         registry.register(
             "narad_http_body_budget_refusals",

@@ -40,6 +40,7 @@ pub(crate) mod metrics;
 pub(crate) mod moves;
 pub(crate) mod nodes;
 pub mod plugins;
+pub(crate) mod principal;
 pub(crate) mod records;
 pub(crate) mod shadow;
 pub(crate) mod topic_config;

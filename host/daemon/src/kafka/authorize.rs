@@ -339,7 +339,7 @@ pub(crate) async fn handle(
             Outcome::Respond(Response::InitProducerId(response))
         }
         Request::DescribeCluster(req) => {
-            if check.cluster(Operation::Describe) {
+            if check.name(ResourceKind::Cluster, "", Operation::Describe) {
                 return super::handle(
                     deps,
                     advertised,

@@ -503,7 +503,14 @@ async fn users(store: &dyn Metastore) {
     );
     assert_eq!(store.user("alice").await.unwrap(), Some(alice.clone()));
     assert_eq!(store.user("bob").await.unwrap(), None);
-    for bad in ["", "has space", "slash/y", &"x".repeat(129)] {
+    for bad in [
+        "",
+        "has space",
+        "slash/y",
+        &"x".repeat(129),
+        "ANONYMOUS",
+        "anonymous",
+    ] {
         assert!(
             matches!(
                 store.create_user(user(bad, b"pw")).await,

@@ -229,8 +229,15 @@ impl UserMeta {
 }
 
 /// Checks a user name: 1 to [`MAX_USER_NAME_BYTES`] bytes of ASCII letters, digits and
-/// `. _ - @`, so that it reads the same in a SASL message, a URL path and a log line.
+/// `. _ - @`, so that it reads the same in a SASL message, a URL path and a log line; not
+/// `ANONYMOUS`, the principal of clients that did not authenticate.
 pub fn check_user_name(name: &str) -> std::result::Result<(), String> {
+    if name.eq_ignore_ascii_case("ANONYMOUS") {
+        return Err(
+            "ANONYMOUS is the principal of clients that did not authenticate; pick another name"
+                .to_owned(),
+        );
+    }
     if name.is_empty() || name.len() > MAX_USER_NAME_BYTES {
         return Err(format!(
             "a user name is 1 to {MAX_USER_NAME_BYTES} bytes, not {}",

@@ -16,6 +16,7 @@ mod fanout;
 mod file_modes;
 mod harness;
 mod http_limits;
+mod http_users;
 mod kafka;
 mod kafka_admin;
 mod kafka_bounds;
