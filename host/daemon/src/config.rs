@@ -281,6 +281,19 @@ settings! {
     node_id: String, "ID", OptionalName, shown "none, required with --etcd";
     /// The URL peers and clients reach this node's HTTP API at (cluster mode).
     advertise: String, "URL", OptionalUrl, shown "http:// (https:// with --tls-cert) and the listen address";
+    /// PEM certificate(s) of the CA that signed etcd's certificate: needed with https://
+    /// etcd endpoints.
+    etcd_ca: PathBuf, "FILE", Any, shown "none; required with https:// endpoints";
+    /// PEM client certificate this node presents to etcd (with --etcd-key), for an etcd
+    /// started with --client-cert-auth.
+    etcd_cert: PathBuf, "FILE", Any, shown "none";
+    /// PEM private key of --etcd-cert.
+    etcd_key: PathBuf, "FILE", Any, shown "none";
+    /// etcd user this node authenticates as (etcd's own authentication, `etcdctl auth
+    /// enable`); needs --etcd-password-file.
+    etcd_user: String, "NAME", Any, shown "none";
+    /// File holding the password of --etcd-user (one trailing newline is dropped).
+    etcd_password_file: PathBuf, "FILE", Any, shown "none";
     /// Lease time-to-live of this node's registration in etcd, in milliseconds: a node that
     /// stops renewing is gone for its peers this long after its last renewal.
     lease_ttl_ms: u64, "MS", Positive, default DEFAULT_LEASE_TTL_MS;
@@ -405,8 +418,7 @@ impl<T> Check<T> for Any {
     }
 }
 
-/// Comma-separated `http://` URLs, or unset: cluster mode is off (etcd over TLS is not
-/// supported yet).
+/// Comma-separated `http://` or `https://` URLs (not both), or unset: cluster mode is off.
 struct EtcdEndpoints;
 impl Check<Option<String>> for EtcdEndpoints {
     type Out = Option<Vec<String>>;
@@ -428,18 +440,18 @@ impl Check<Option<String>> for EtcdEndpoints {
         }
         for endpoint in &endpoints {
             OptionalUrl::check(key, Some(endpoint.clone()))?;
-            // The etcd client of this build speaks plain HTTP only; say so now rather than
-            // fail at start with a message about how the binary was built.
-            if endpoint.starts_with("https://") {
-                return Err(ConfigError::BadValue {
-                    key,
-                    message: format!(
-                        "{endpoint}: etcd over TLS is not supported yet; use an http:// \
-                         endpoint on a network only the nodes and etcd share (docs/cluster.md, \
-                         Limits today)"
-                    ),
-                });
-            }
+        }
+        let secure = endpoints
+            .iter()
+            .filter(|e| e.starts_with("https://"))
+            .count();
+        if secure != 0 && secure != endpoints.len() {
+            return Err(ConfigError::BadValue {
+                key,
+                message: "mixes http:// and https:// endpoints: one etcd cluster is reached \
+                          one way"
+                    .into(),
+            });
         }
         Ok(Some(endpoints))
     }
@@ -749,6 +761,10 @@ impl FileConfig {
             &mut self.tls_key,
             &mut self.peer_tls_ca,
             &mut self.tls_client_ca,
+            &mut self.etcd_ca,
+            &mut self.etcd_cert,
+            &mut self.etcd_key,
+            &mut self.etcd_password_file,
         ];
         for path in paths.into_iter().flatten() {
             if path.is_relative() {
@@ -873,6 +889,114 @@ pub struct ClusterConfig {
     pub(crate) new_data_dir: bool,
     /// CAs (PEM file) other nodes' certificates are checked against, beside the system's.
     pub(crate) peer_tls_ca: Option<PathBuf>,
+    /// How this node checks etcd and authenticates to it.
+    pub(crate) etcd_security: EtcdSecurity,
+}
+
+/// How a node checks etcd and authenticates to it (`--etcd-ca`, `--etcd-cert`/`--etcd-key`,
+/// `--etcd-user`). Its `Debug` never shows the password.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdSecurity {
+    /// CA certificates (PEM file) etcd's certificate is checked against (https:// endpoints).
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM files) presented to etcd.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// etcd user name and password.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdSecurity")
+            .field("ca", &self.ca)
+            .field("identity", &self.identity)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .finish()
+    }
+}
+
+/// Longest etcd password file read, in bytes.
+const MAX_ETCD_PASSWORD_FILE_BYTES: u64 = 4_096;
+
+impl EtcdSecurity {
+    /// The settings checked against the endpoints (`https`: they are https://), the password
+    /// read from its file.
+    fn resolve(
+        https: bool,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        user: Option<String>,
+        password_file: Option<PathBuf>,
+    ) -> Result<EtcdSecurity, ConfigError> {
+        let bad = |key: &'static str, message: &str| ConfigError::BadValue {
+            key,
+            message: message.to_owned(),
+        };
+        if https && ca.is_none() {
+            return Err(bad(
+                "etcd-ca",
+                "https:// etcd endpoints need --etcd-ca FILE, the CA that signed etcd's \
+                 certificate",
+            ));
+        }
+        if !https && (ca.is_some() || cert.is_some() || key.is_some()) {
+            return Err(bad(
+                "etcd",
+                "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints: give the \
+                 etcd endpoints as https://",
+            ));
+        }
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => return Err(bad("etcd-key", "--etcd-cert needs --etcd-key FILE")),
+            (None, Some(_)) => return Err(bad("etcd-cert", "--etcd-key needs --etcd-cert FILE")),
+        };
+        let user = match (user, password_file) {
+            (Some(name), Some(file)) => Some((name, read_etcd_password(&file)?)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(bad(
+                    "etcd-password-file",
+                    "--etcd-user needs --etcd-password-file FILE",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(bad(
+                    "etcd-user",
+                    "--etcd-password-file needs --etcd-user NAME",
+                ));
+            }
+        };
+        Ok(EtcdSecurity { ca, identity, user })
+    }
+}
+
+/// Reads an etcd password file: one trailing newline dropped, empty refused.
+fn read_etcd_password(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let bad = |message: String| ConfigError::BadValue {
+        key: "etcd-password-file",
+        message,
+    };
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(MAX_ETCD_PASSWORD_FILE_BYTES)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    if text.is_empty() {
+        return Err(bad(format!("{}: the password is empty", path.display())));
+    }
+    Ok(text)
 }
 
 /// SASL on the Kafka listener.
@@ -1044,13 +1168,22 @@ impl Config {
                 });
             }
         }
+        let etcd_flags = s.etcd_ca.is_some()
+            || s.etcd_cert.is_some()
+            || s.etcd_key.is_some()
+            || s.etcd_user.is_some()
+            || s.etcd_password_file.is_some();
         let cluster = match (s.etcd, s.node_id) {
-            (None, None) if s.advertise.is_none() && s.new_data_dir_for.is_none() => None,
+            (None, None)
+                if s.advertise.is_none() && s.new_data_dir_for.is_none() && !etcd_flags =>
+            {
+                None
+            }
             (None, _) => {
                 return Err(ConfigError::BadValue {
                     key: "etcd",
-                    message: "node-id, advertise and new-data-dir-for only mean something in \
-                              cluster mode: give --etcd too, or leave them out"
+                    message: "node-id, advertise, new-data-dir-for and the etcd-* settings only \
+                              mean something in cluster mode: give --etcd too, or leave them out"
                         .into(),
                 });
             }
@@ -1083,8 +1216,17 @@ impl Config {
                         ),
                     });
                 }
+                let etcd_security = EtcdSecurity::resolve(
+                    etcd.iter().all(|e| e.starts_with("https://")),
+                    s.etcd_ca,
+                    s.etcd_cert,
+                    s.etcd_key,
+                    s.etcd_user,
+                    s.etcd_password_file,
+                )?;
                 Some(ClusterConfig {
                     peer_tls_ca: s.peer_tls_ca,
+                    etcd_security,
                     etcd,
                     name: s.cluster,
                     new_data_dir: s.new_data_dir_for.is_some(),
@@ -1214,13 +1356,64 @@ mod tests {
     }
 
     #[test]
-    fn an_https_etcd_endpoint_is_refused_at_the_flag_saying_tls_is_not_supported() {
+    fn etcd_endpoints_are_all_http_or_all_https_and_tls_settings_need_https() {
         let err = check_etcd("http://127.0.0.1:2379,https://etcd.example:2379").unwrap_err();
         assert!(
-            err.to_string()
-                .contains("etcd over TLS is not supported yet"),
+            err.to_string().contains("mixes http:// and https://"),
             "{err}"
         );
+        assert!(check_etcd("https://a:2379,https://b:2379").is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("pw");
+        std::fs::write(&password, "s3cret\n").unwrap();
+        let ca = || Some(PathBuf::from("/ca.pem"));
+        let resolve =
+            |https, ca, cert: Option<&str>, key: Option<&str>, user: Option<&str>, file| {
+                EtcdSecurity::resolve(
+                    https,
+                    ca,
+                    cert.map(PathBuf::from),
+                    key.map(PathBuf::from),
+                    user.map(str::to_owned),
+                    file,
+                )
+            };
+        let ok = resolve(
+            true,
+            ca(),
+            Some("/c"),
+            Some("/k"),
+            Some("narad"),
+            Some(password.clone()),
+        )
+        .unwrap();
+        assert_eq!(ok.user, Some(("narad".to_owned(), "s3cret".to_owned())));
+        assert!(!format!("{ok:?}").contains("s3cret"));
+        for (result, says) in [
+            (
+                resolve(true, None, None, None, None, None),
+                "need --etcd-ca",
+            ),
+            (
+                resolve(false, ca(), None, None, None, None),
+                "are for https://",
+            ),
+            (
+                resolve(true, ca(), Some("/c"), None, None, None),
+                "needs --etcd-key",
+            ),
+            (
+                resolve(true, ca(), None, None, Some("u"), None),
+                "needs --etcd-password-file",
+            ),
+            (
+                resolve(false, None, None, None, None, Some(password.clone())),
+                "needs --etcd-user",
+            ),
+        ] {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
         assert_eq!(
             check_etcd("http://a:2379, http://b:2379").unwrap(),
             Some(vec!["http://a:2379".to_owned(), "http://b:2379".to_owned()])
@@ -1253,6 +1446,7 @@ mod tests {
                 lease_ttl: Duration::from_millis(DEFAULT_LEASE_TTL_MS),
                 new_data_dir: false,
                 peer_tls_ca: None,
+                etcd_security: EtcdSecurity::default(),
             })
         );
         let new_dir = ServeArgs {
@@ -1867,6 +2061,11 @@ mod tests {
                 "cluster",
                 "node-id",
                 "advertise",
+                "etcd-ca",
+                "etcd-cert",
+                "etcd-key",
+                "etcd-user",
+                "etcd-password-file",
                 "new-data-dir-for",
                 "auth-token-file",
                 "auth-reads",

@@ -534,8 +534,12 @@ pub async fn run_server(
     let peer_routes = api::peer_router(state.clone());
     let mut app = match config.auth_token.clone() {
         Some(token) => {
+            let peer = cluster
+                .as_ref()
+                .and_then(|context| crate::auth::AuthToken::new(&context.peer_bearer));
             let guard = api::principal::Guard::new(
                 token,
+                peer,
                 Arc::clone(&state.metastore),
                 config.auth_reads,
                 config.tls.is_some(),
@@ -657,7 +661,8 @@ async fn start_cluster(
         };
         Arc::new(crate::blocking::run(move || Store::open(&data_dir, options)).await??)
     };
-    let client = crate::metastore::etcd::connect_client(&cluster.etcd).await?;
+    let client =
+        crate::metastore::etcd::connect_secured(&cluster.etcd, &cluster.etcd_security).await?;
     let prefix = crate::cluster::prefix(&cluster.name);
     let peer_bearer = crate::cluster::peer_secret::load_or_create(&client, &prefix).await?;
     let metastore = Arc::new(
@@ -726,6 +731,7 @@ async fn start_cluster(
         Arc::clone(&membership),
         Arc::clone(&metastore),
         cluster.etcd.clone(),
+        cluster.etcd_security.clone(),
         shutdown.clone(),
     )?;
     let peers = Arc::new(
@@ -820,6 +826,7 @@ fn spawn_lease_keeper(
     membership: Arc<Membership>,
     metastore: Arc<crate::metastore::EtcdMetastore>,
     endpoints: Vec<String>,
+    security: crate::config::EtcdSecurity,
     shutdown: ShutdownSignal,
 ) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -831,14 +838,15 @@ fn spawn_lease_keeper(
         .name("narad-lease".to_owned())
         .spawn(move || {
             runtime.block_on(async move {
-                let client = match crate::metastore::etcd::connect_client(&endpoints).await {
-                    Ok(client) => Some(client),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no etcd client of the lease thread's own; \
+                let client =
+                    match crate::metastore::etcd::connect_secured(&endpoints, &security).await {
+                        Ok(client) => Some(client),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "no etcd client of the lease thread's own; \
                             renewing through the daemon's");
-                        None
-                    }
-                };
+                            None
+                        }
+                    };
                 membership
                     .keep_alive(shutdown, Some(metastore), client)
                     .await;

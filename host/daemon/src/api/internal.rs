@@ -67,6 +67,9 @@ pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
         .http
         .get(format!("{base}{path}"))
         .header(REVISION_HEADER, cluster.metastore.cache_revision())
+        // The public routes it reads are guarded on a daemon with a token; nodes are the
+        // operator there.
+        .bearer_auth(&cluster.peer_bearer)
         .send()
         .await
         .map_err(|e| {

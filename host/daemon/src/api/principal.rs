@@ -1,7 +1,8 @@
 //! Who an HTTP request comes from, and whether the ACLs let them, on a daemon that requires its
 //! API token (`--auth-token-file`; without one every caller is the operator, as before).
 //!
-//! - `Authorization: Bearer <token>`: the operator, who may do everything.
+//! - `Authorization: Bearer <token>`: the operator, who may do everything; so may another node
+//!   of the cluster with the peer secret (its reads of this node's partitions).
 //! - `Authorization: Basic <user:password>` (over TLS only): that user, checked against their
 //!   SCRAM credential (a PBKDF2 run on the blocking pool, two at a time; a password once
 //!   checked is remembered, as a hash, until the user's password changes).
@@ -56,6 +57,11 @@ const FAILED_DELAY: Duration = Duration::from_millis(100);
 /// What the guard decides with, shared by every request.
 pub(crate) struct Guard {
     token: AuthToken,
+    /// The cluster's peer secret: other nodes reading this one's partitions.
+    peer: Option<AuthToken>,
+    /// What an unknown user's password is checked against, so that it costs what a known
+    /// one's does and the answer's time does not tell which names exist.
+    decoy: Option<crate::scram::ScramCredential>,
     metastore: Arc<dyn Metastore>,
     acls: AclCache,
     /// Reads need an authenticated caller (`--auth-reads`).
@@ -74,7 +80,8 @@ pub(crate) struct Guard {
 /// Labels of `narad_http_requests_denied_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub(crate) struct DeniedLabels {
-    /// `unauthenticated` (401: no or wrong credentials) or `forbidden` (403: the rules).
+    /// `unauthenticated` (401: no or wrong credentials), `forbidden` (403: the rules) or
+    /// `bad_request` (400: a percent-encoded topic name).
     pub reason: &'static str,
 }
 
@@ -82,6 +89,7 @@ impl Guard {
     /// A guard over `metastore`'s users and rules.
     pub(crate) fn new(
         token: AuthToken,
+        peer: Option<AuthToken>,
         metastore: Arc<dyn Metastore>,
         auth_reads: bool,
         tls: bool,
@@ -90,8 +98,17 @@ impl Guard {
             prometheus_client::metrics::counter::Counter,
         >,
     ) -> Guard {
+        let mut decoy_password = [0u8; 16];
+        crate::scram::fill_random(&mut decoy_password);
         Guard {
             token,
+            peer,
+            decoy: crate::scram::ScramCredential::new(
+                Mechanism::Sha256,
+                &decoy_password,
+                crate::scram::DEFAULT_ITERATIONS,
+            )
+            .ok(),
             acls: AclCache::new(Arc::clone(&metastore)),
             metastore,
             auth_reads,
@@ -112,7 +129,10 @@ impl Guard {
             .map_err(|_| "the Authorization header is not text")?;
         let (scheme, credentials) = value.split_once(' ').unwrap_or((value, ""));
         if scheme.eq_ignore_ascii_case("bearer") {
-            return if self.token.matches(credentials.trim()) {
+            let given = credentials.trim();
+            return if self.token.matches(given)
+                || self.peer.as_ref().is_some_and(|peer| peer.matches(given))
+            {
                 Ok(Principal::Operator)
             } else {
                 Err("the bearer token is wrong; send the token of the daemon's --auth-token-file")
@@ -145,6 +165,11 @@ impl Guard {
     /// Whether `password` is `user`'s, remembering a match until the password changes.
     async fn password_ok(&self, user: &str, password: &str) -> bool {
         let Ok(Some(found)) = self.metastore.user(user).await else {
+            // The same work as a known user's, then no.
+            if let (Some(decoy), Ok(_permit)) = (self.decoy.clone(), self.checks.acquire().await) {
+                let password = password.as_bytes().to_vec();
+                let _ = crate::blocking::run(move || decoy.verify_password(&password)).await;
+            }
             return false;
         };
         let mut hasher = Sha256::new();
@@ -254,10 +279,10 @@ impl Guard {
         method: &Method,
         path: &str,
     ) -> Response {
-        let reason = if status == StatusCode::FORBIDDEN {
-            "forbidden"
-        } else {
-            "unauthenticated"
+        let reason = match status {
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::UNAUTHORIZED => "unauthenticated",
+            _ => "bad_request",
         };
         self.denied.get_or_create(&DeniedLabels { reason }).inc();
         tracing::info!(

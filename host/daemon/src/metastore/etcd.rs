@@ -520,10 +520,41 @@ impl EtcdMetastore {
 /// Connects an etcd client with this daemon's timeouts: a request to an etcd that is down
 /// fails after [`ETCD_REQUEST_TIMEOUT`] instead of waiting forever.
 pub async fn connect_client(endpoints: &[String]) -> Result<Client> {
-    let options = ConnectOptions::new()
+    connect_secured(endpoints, &crate::config::EtcdSecurity::default()).await
+}
+
+/// [`connect_client`] checking etcd's certificate against `security.ca`, presenting its
+/// client certificate and authenticating as its user, when given.
+pub async fn connect_secured(
+    endpoints: &[String],
+    security: &crate::config::EtcdSecurity,
+) -> Result<Client> {
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|source| MetastoreError::Io {
+            context: format!("reading the etcd {what} {}", path.display()),
+            source,
+        })
+    };
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(ETCD_CONNECT_TIMEOUT)
         .with_timeout(ETCD_REQUEST_TIMEOUT)
         .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+    if security.ca.is_some() || security.identity.is_some() {
+        let mut tls = etcd_client::TlsOptions::new();
+        if let Some(ca) = &security.ca {
+            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca, "CA file")?));
+        }
+        if let Some((cert, key)) = &security.identity {
+            tls = tls.identity(etcd_client::Identity::from_pem(
+                read(cert, "client certificate")?,
+                read(key, "client key")?,
+            ));
+        }
+        options = options.with_tls(tls);
+    }
+    if let Some((user, password)) = &security.user {
+        options = options.with_user(user.clone(), password.clone());
+    }
     Client::connect(endpoints, Some(options))
         .await
         .map_err(|source| MetastoreError::Unavailable {

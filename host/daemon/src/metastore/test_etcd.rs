@@ -16,6 +16,19 @@ pub struct TestEtcd {
     client_port: u16,
     peer_port: u16,
     data_dir: PathBuf,
+    /// Serve clients over TLS with this certificate, key and client CA (`--client-cert-auth`).
+    tls: Option<EtcdTlsFiles>,
+}
+
+/// The files of an etcd that serves its clients over TLS and asks them for certificates.
+#[derive(Debug, Clone)]
+pub struct EtcdTlsFiles {
+    /// The server's certificate (PEM), for 127.0.0.1.
+    pub cert: PathBuf,
+    /// Its key (PEM).
+    pub key: PathBuf,
+    /// The CA client certificates must be signed by (PEM).
+    pub client_ca: PathBuf,
 }
 
 /// Fresh starts tried, each on new ports, before a test fails: a port found free can be taken
@@ -37,6 +50,16 @@ impl TestEtcd {
     /// Starts etcd and waits until it serves; panics (failing the test) with the reason when
     /// the binary is missing or the server does not come up.
     pub fn start() -> TestEtcd {
+        TestEtcd::start_with(None)
+    }
+
+    /// [`TestEtcd::start`] serving clients over TLS (`https://`) and asking each for a
+    /// certificate `tls.client_ca` signed.
+    pub fn start_tls(tls: EtcdTlsFiles) -> TestEtcd {
+        TestEtcd::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<EtcdTlsFiles>) -> TestEtcd {
         let shm = PathBuf::from("/dev/shm");
         let base = if shm.is_dir() {
             shm
@@ -54,6 +77,7 @@ impl TestEtcd {
             client_port,
             peer_port,
             data_dir,
+            tls,
         };
         let mut failures = Vec::new();
         while failures.len() < START_ATTEMPTS {
@@ -86,7 +110,15 @@ impl TestEtcd {
         assert!(self.child.is_none(), "etcd is already running");
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.cert.display()))
+                .arg(format!("--key-file={}", tls.key.display()))
+                .arg(format!("--trusted-ca-file={}", tls.client_ca.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .arg("--name=narad-test")
             .arg(format!("--data-dir={}", self.data_dir.display()))
             .arg(format!("--listen-client-urls={client}"))
@@ -123,9 +155,10 @@ impl TestEtcd {
         self.start_again();
     }
 
-    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    /// The client URL, e.g. `http://127.0.0.1:40123` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn wait_until_serving(&mut self) -> Result<(), String> {

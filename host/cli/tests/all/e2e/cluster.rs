@@ -1207,6 +1207,29 @@ fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
             assert_eq!(status, 401, "{route} with token {token:?}");
         }
     }
+
+    // Reads one node makes of another's partitions carry the peer secret: with an ACL rule in
+    // force (which holds the anonymous caller to the rules), a describe through n1 still
+    // gathers n3's partition.
+    let (status, body) = call(
+        Method::POST,
+        format!("{}/v1/acls", cluster.url(0)),
+        json!({"principal": "User:someone", "resource": "topic", "name": "x", "operation": "read"}),
+    );
+    ok(status, &body, "add a rule");
+    let (status, body) = call(
+        Method::GET,
+        format!("{}/v1/topics/copy", cluster.url(0)),
+        Value::Null,
+    );
+    ok(status, &body, "describe copy through n1");
+    let partition = &body["partition_stats"][0];
+    assert_eq!(partition["owner"], "n3", "{body}");
+    assert_eq!(
+        partition["state"], "open",
+        "n3's partition was not read: {body}"
+    );
+    assert_eq!(partition["high_watermark"], 2, "{body}");
 }
 
 #[test]

@@ -12,6 +12,7 @@ mod dead_letter;
 mod demo;
 mod disk_damage;
 mod disk_full;
+mod etcd_security;
 mod fanout;
 mod file_modes;
 mod harness;
