@@ -216,6 +216,13 @@ impl ApiMetrics {
             "Request-body bytes held against max-buffered-request-bytes now",
             self.buffered_request_bytes.clone(),
         );
+        // Every reason from 0, so a rate over them exists before the first refusal.
+        for reason in super::principal::DENIED_REASONS {
+            drop(
+                self.denied
+                    .get_or_create(&super::principal::DeniedLabels { reason }),
+            );
+        }
         registry.register(
             "narad_http_requests_denied",
             "HTTP requests refused for who sent them: unauthenticated (401) or forbidden by the ACLs (403)",

@@ -77,6 +77,9 @@ pub(crate) struct Guard {
     >,
 }
 
+/// Every `reason` of `narad_http_requests_denied_total`.
+pub(crate) const DENIED_REASONS: [&str; 3] = ["unauthenticated", "forbidden", "bad_request"];
+
 /// Labels of `narad_http_requests_denied_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub(crate) struct DeniedLabels {
