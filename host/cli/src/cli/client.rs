@@ -55,6 +55,12 @@ pub enum ApiCallError {
         /// What the TLS layer said, with its causes.
         reason: String,
     },
+    /// `--login` cannot be used: its password file cannot be read, or `--token` is given too.
+    #[error("cannot log in: {reason}")]
+    Login {
+        /// Why.
+        reason: String,
+    },
     /// A file given with `--tls-ca` or `--tls-client-cert`/`--tls-client-key` cannot be used.
     #[error("cannot use the TLS file {path}: {reason}")]
     TlsFile {
@@ -115,6 +121,8 @@ pub struct Client {
     base: String,
     http: reqwest::Client,
     token: Option<String>,
+    /// A user's name and password, sent as Basic credentials (`--login`).
+    login: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for Client {
@@ -123,6 +131,7 @@ impl std::fmt::Debug for Client {
         f.debug_struct("Client")
             .field("base", &self.base)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("login", &self.login.as_ref().map(|(user, _)| user))
             .finish()
     }
 }
@@ -134,6 +143,7 @@ impl Client {
             base: base.trim_end_matches('/').to_owned(),
             http: reqwest::Client::new(),
             token: None,
+            login: None,
         }
     }
 
@@ -235,12 +245,21 @@ impl Client {
         self.send(req, path).await
     }
 
-    /// A request to `path`, with the token when one is set.
+    /// The same client, sending user `login`'s name and password as Basic credentials on
+    /// every call (a daemon with `--auth-token-file` takes them over TLS and holds the user to
+    /// the ACLs).
+    pub fn with_login(mut self, login: Option<(String, String)>) -> Client {
+        self.login = login;
+        self
+    }
+
+    /// A request to `path`, with the token or the user's credentials when set.
     fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         let req = self.http.request(method, format!("{}{}", self.base, path));
-        match &self.token {
-            Some(token) => req.bearer_auth(token),
-            None => req,
+        match (&self.token, &self.login) {
+            (Some(token), _) => req.bearer_auth(token),
+            (None, Some((user, password))) => req.basic_auth(user, Some(password)),
+            (None, None) => req,
         }
     }
 

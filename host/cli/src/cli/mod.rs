@@ -130,6 +130,19 @@ pub struct ClientArgs {
     /// --auth-token-file).
     #[arg(long, env = "NARAD_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// Log in as this user (`narad user create`) instead of sending the token: the daemon
+    /// (with --auth-token-file, over https://) holds the user to the ACLs. Needs
+    /// --login-password-file.
+    #[arg(long, env = "NARAD_LOGIN", global = true, value_name = "USER")]
+    pub login: Option<String>,
+    /// File holding the --login user's password (one trailing newline is dropped; `-`: stdin).
+    #[arg(
+        long,
+        env = "NARAD_LOGIN_PASSWORD_FILE",
+        global = true,
+        value_name = "FILE"
+    )]
+    pub login_password_file: Option<std::path::PathBuf>,
     /// PEM certificate(s) of the CA that signed the daemon's TLS certificate, trusted beside
     /// the system's CAs (for an https:// URL and a private CA).
     #[arg(long, env = "NARAD_TLS_CA", global = true, value_name = "FILE")]
@@ -159,8 +172,33 @@ impl ClientArgs {
     /// A client for the daemon at `--url`, sending `--token` when given and trusting the
     /// `--tls-ca` CA; fails when that file cannot be used.
     pub fn client(&self) -> Result<client::Client, client::ApiCallError> {
+        let login = match (&self.login, &self.login_password_file) {
+            (None, None) => None,
+            (Some(_), _) if self.token.as_ref().is_some_and(|t| !t.is_empty()) => {
+                return Err(client::ApiCallError::Login {
+                    reason: "give --token or --login, not both".to_owned(),
+                });
+            }
+            (Some(user), Some(file)) => Some((
+                user.clone(),
+                user::read_password(file).map_err(|e| client::ApiCallError::Login {
+                    reason: format!("{e:#}"),
+                })?,
+            )),
+            (Some(_), None) => {
+                return Err(client::ApiCallError::Login {
+                    reason: "--login needs --login-password-file FILE".to_owned(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(client::ApiCallError::Login {
+                    reason: "--login-password-file needs --login USER".to_owned(),
+                });
+            }
+        };
         client::Client::new(&self.url)
             .with_token(self.token.clone())
+            .with_login(login)
             .with_tls(&client::TlsOptions {
                 ca: self.tls_ca.clone(),
                 identity: self

@@ -82,7 +82,7 @@ impl PasswordArgs {
 }
 
 /// Reads a password from `path` (`-`: stdin), without one trailing newline.
-fn read_password(path: &Path) -> anyhow::Result<String> {
+pub(crate) fn read_password(path: &Path) -> anyhow::Result<String> {
     let mut bytes = Vec::new();
     let limit = u64::try_from(MAX_PASSWORD_BYTES + 2).unwrap_or(u64::MAX);
     if path == Path::new("-") {

@@ -145,6 +145,53 @@ fn a_user_over_tls_produces_and_reads_as_the_acls_allow_and_is_refused_the_rest(
     let (status, _) = curl(&["--cacert", &ca_arg, &format!("{base}/v1/topics")]);
     assert_eq!(status, 200, "reads stay open without --auth-reads");
 
+    // The CLI logs in as alice: her produce goes through, a topic creation is refused with the
+    // rule it lacks, and --token with --login is a mistake it names.
+    let password = dir.join("alice.password");
+    std::fs::write(&password, "wonder\n").expect("password file");
+    let login = [
+        "--url",
+        base.as_str(),
+        "--tls-ca",
+        ca_arg.as_str(),
+        "--login",
+        "alice",
+        "--login-password-file",
+        password.to_str().expect("utf-8 path"),
+    ];
+    let narad = |args: &[&str], stdin: &[u8]| {
+        let mut child = Command::new(super::harness::narad_binary())
+            .args(args)
+            .env_remove("NARAD_URL")
+            .env_remove("NARAD_TOKEN")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run narad");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), stdin).expect("stdin");
+        let out = child.wait_with_output().expect("narad");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = narad(&[&["produce", "orders"][..], &login].concat(), b"three\n");
+    assert!(ok, "{err}");
+    let (ok, err) = narad(&[&["topic", "create", "other"][..], &login].concat(), b"");
+    assert!(
+        !ok && err.contains("User:alice may not create the cluster"),
+        "{err}"
+    );
+    let (ok, err) = narad(
+        &[&["topic", "list", "--token", TOKEN][..], &login].concat(),
+        b"",
+    );
+    assert!(
+        !ok && err.contains("give --token or --login, not both"),
+        "{err}"
+    );
+
     let metrics = curl(&["--cacert", &ca_arg, &format!("{base}/metrics")]).1;
     assert!(
         sample(
