@@ -103,6 +103,10 @@ pub enum ChildCommand {
         /// A file holding the bearer token the target wants (read by the sender; never stored).
         #[arg(long, value_name = "FILE", requires = "remote_url")]
         remote_token_file: Option<String>,
+        /// PEM CA certificate(s) the target's TLS certificate is checked against, beside the
+        /// system's (an https:// target signed by a private CA; read by the sender).
+        #[arg(long, value_name = "FILE", requires = "remote_url")]
+        remote_ca_file: Option<String>,
         /// Where copying begins: `attach` (records committed from now on), `earliest` (the
         /// parent's whole retained history, then everything after) or `group:NAME` (where a
         /// Kafka consumer group's committed offsets stand: what it has not read yet).
@@ -234,6 +238,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
             remote_url,
             remote_topic,
             remote_token_file,
+            remote_ca_file,
             start,
             on_gap,
             dead_letter,
@@ -247,6 +252,7 @@ pub async fn run(args: ChildArgs) -> anyhow::Result<()> {
                     url,
                     topic,
                     token_file: remote_token_file,
+                    ca_file: remote_ca_file,
                 }),
                 _ => None,
             };
@@ -710,6 +716,7 @@ mod tests {
             topic: "orders-copy".into(),
             partitions: 3,
             token_file: false,
+            ca_file: None,
         });
         let cursor = &mut list.children[0].partitions[0];
         cursor.state = CursorState::Stalled;

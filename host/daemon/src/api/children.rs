@@ -98,6 +98,10 @@ pub struct RemoteAttach {
     /// in the metadata, never shown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// A file of PEM CA certificates the target's TLS certificate is checked against, beside
+    /// the system's (an `https://` target signed by a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 /// A remote child's target, as a link shows it (no token).
@@ -111,6 +115,9 @@ pub struct RemoteInfo {
     pub partitions: u32,
     /// Whether a token file is named.
     pub token_file: bool,
+    /// The CA file its certificate is checked against, when one is named.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 /// `PATCH /v1/topics/{parent}/children/{child}` body: a new chain, a new config, a new gap
@@ -218,6 +225,7 @@ impl From<&LinkMeta> for LinkInfo {
                 topic: r.topic.clone(),
                 partitions: r.partitions,
                 token_file: r.token_file.is_some(),
+                ca_file: r.ca_file.clone(),
             }),
             on_gap: link.on_gap,
             accepted_gaps: link.accepted_gaps.clone(),
@@ -510,7 +518,12 @@ async fn attach_remote(
         ),
         None => None,
     };
-    let client = reqwest::Client::builder()
+    let roots = match &remote.ca_file {
+        Some(file) => crate::tls::client_roots(std::path::Path::new(file))
+            .map_err(|e| ApiError::bad_request(format!("the remote CA file: {e}")))?,
+        None => Vec::new(),
+    };
+    let client = crate::tls::trusting(reqwest::Client::builder(), &roots)
         .timeout(REMOTE_CHECK_TIMEOUT)
         .connect_timeout(REMOTE_CHECK_TIMEOUT)
         .build()
@@ -528,7 +541,10 @@ async fn attach_remote(
             ),
         )
     };
-    let answer = call.send().await.map_err(|e| unavailable(e.to_string()))?;
+    let answer = call
+        .send()
+        .await
+        .map_err(|e| unavailable(crate::tls::error_chain(&e)))?;
     let status = answer.status();
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     let partitions = match status.as_u16() {
@@ -564,6 +580,7 @@ async fn attach_remote(
         topic: remote.topic,
         partitions,
         token_file: remote.token_file,
+        ca_file: remote.ca_file,
         source: match &state.cluster {
             Some(cluster) => format!("cluster:{}", cluster.prefix.trim_matches('/')),
             None => format!("node:{}", state.ownership.local_node()),

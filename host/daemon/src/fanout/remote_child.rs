@@ -119,7 +119,18 @@ impl RemoteSender {
         source: String,
         on_sent: Box<SentHook>,
     ) -> RemoteSender {
-        let client = reqwest::Client::builder()
+        // A CA file that cannot be read leaves the system's roots alone: the target's
+        // certificate is then refused, and the commit error says so.
+        let roots = match target.ca_file.as_deref() {
+            Some(file) => {
+                crate::tls::client_roots(std::path::Path::new(file)).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "remote child: its CA file cannot be used");
+                    Vec::new()
+                })
+            }
+            None => Vec::new(),
+        };
+        let client = crate::tls::trusting(reqwest::Client::builder(), &roots)
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .build()
@@ -276,7 +287,8 @@ impl RemoteSender {
             let (status, asked_to_wait, body) = match answer {
                 Ok(answer) => answer,
                 Err(e) => {
-                    return Err(self.error(partition, format!("no answer: {e}"), false));
+                    let why = crate::tls::error_chain(&e);
+                    return Err(self.error(partition, format!("no answer: {why}"), false));
                 }
             };
             let reason = || {
@@ -550,6 +562,7 @@ mod tests {
             topic: "copy".into(),
             partitions: 3,
             token_file: None,
+            ca_file: None,
             source: "node:n1".into(),
         };
         Arc::new(RemoteSender::new(to, "node:n1".into(), hook))

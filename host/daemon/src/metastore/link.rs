@@ -150,6 +150,11 @@ pub struct RemoteTarget {
     /// after a 401 or 403. The token itself is never stored here nor shown by the API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// A file of PEM CA certificates the target's TLS certificate is checked against, beside
+    /// the system's (an `https://` target whose certificate a private CA signed); read when
+    /// the sender starts. Written only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// Names this side in each copy's origin header (the cluster name, or `node:{id}` on one
     /// node), recorded at the attach.
     #[serde(default)]

@@ -810,6 +810,7 @@ mod tests {
                 topic: "copy".into(),
                 partitions: 3,
                 token_file: None,
+                ca_file: None,
                 source: "node:n1".into(),
             }),
         };

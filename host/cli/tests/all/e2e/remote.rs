@@ -429,3 +429,78 @@ fn a_remote_child_stores_each_copy_once_through_repeated_kill_9_of_its_source() 
         origins.len()
     );
 }
+
+#[test]
+fn a_remote_child_reaches_a_tls_target_signed_by_a_private_ca_given_with_its_ca_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = super::tls::make_ca(dir, "ca");
+    let (cert, key) = super::tls::make_cert(dir, "ca", "target", false);
+    let target = Daemon::start_tls(
+        &dir.join("b"),
+        &ca,
+        None,
+        &[
+            "--tls-cert",
+            &cert.display().to_string(),
+            "--tls-key",
+            &key.display().to_string(),
+        ],
+    );
+    let source = Daemon::start(&dir.join("a"));
+    let (a, b) = (source.url(), target.url());
+    assert!(b.starts_with("https://"), "{b}");
+    let tls = super::harness::tls_client(Some(&ca), None);
+    let (status, body) = send_json(
+        &tls,
+        Method::POST,
+        &format!("{b}/v1/topics"),
+        Some(&json!({"name": "orders-copy", "partitions": 3})),
+    )
+    .expect("create the target topic");
+    ok(status, &body, "create the target topic");
+    create(&a, "orders", 2);
+
+    // Without the CA file the target's certificate is not trusted: the attach says so and
+    // creates nothing.
+    let (status, body) = attach(&a, &json!({"remote": {"url": b, "topic": "orders-copy"}}));
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap_or("").contains("certificate"),
+        "the refusal does not name the certificate: {body}"
+    );
+    // With it, the copies arrive.
+    let ca_file = ca.display().to_string();
+    let (status, body) = attach(
+        &a,
+        &json!({"remote": {"url": b, "topic": "orders-copy", "ca_file": ca_file}}),
+    );
+    ok(status, &body, "attach with the CA file");
+    assert_eq!(body["remote"]["ca_file"], ca_file, "{body}");
+    let records: Vec<Value> = (0..20)
+        .map(|i| json!({"key": format!("k{i}"), "value": format!("v{i}")}))
+        .collect();
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{a}/v1/topics/orders/records"),
+        Some(&json!({"records": records})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let copied: usize = (0..3)
+            .map(|p| fetch_all(&tls, &b, "orders-copy", p).len())
+            .sum();
+        if copied == 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{copied} of 20 copies on the TLS target: {}",
+            listing(&a)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
