@@ -121,14 +121,7 @@ fn a_node_works_through_an_etcd_that_requires_tls_client_certificates_and_a_user
     let daemon = Daemon::start_with(&dir.join("n1"), &node_args);
     let base = daemon.url();
     let http = http_client();
-    let (status, body) = send_json(
-        &http,
-        Method::POST,
-        &format!("{base}/v1/topics"),
-        Some(&json!({"name": "orders", "partitions": 1})),
-    )
-    .expect("create topic");
-    assert_eq!(status, 201, "{body}");
+    super::kafka::create_topic(&base, "orders", 1);
     let (status, body) = send_json(
         &http,
         Method::POST,

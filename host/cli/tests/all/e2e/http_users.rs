@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use super::harness::{Daemon, sample};
-use super::tls::{make_ca, make_cert};
+use super::tls::tls_daemon;
 
 const TOKEN: &str = "http-users-token";
 
@@ -30,22 +30,12 @@ fn curl(args: &[&str]) -> (u16, String) {
 fn a_user_over_tls_produces_and_reads_as_the_acls_allow_and_is_refused_the_rest() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let ca = make_ca(dir, "ca");
-    let (cert, key) = make_cert(dir, "ca", "server", false);
     let token_file = dir.join("token");
     std::fs::write(&token_file, TOKEN).expect("token");
-    let daemon = Daemon::start_tls(
-        &dir.join("data"),
-        &ca,
-        None,
-        &[
-            "--tls-cert",
-            &cert.display().to_string(),
-            "--tls-key",
-            &key.display().to_string(),
-            "--auth-token-file",
-            &token_file.display().to_string(),
-        ],
+    let (daemon, ca) = tls_daemon(
+        dir,
+        "data",
+        &["--auth-token-file", &token_file.display().to_string()],
     );
     let base = daemon.url();
     let ca_arg = ca.display().to_string();

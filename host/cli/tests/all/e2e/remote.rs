@@ -434,19 +434,7 @@ fn a_remote_child_stores_each_copy_once_through_repeated_kill_9_of_its_source() 
 fn a_remote_child_reaches_a_tls_target_signed_by_a_private_ca_given_with_its_ca_file() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let ca = super::tls::make_ca(dir, "ca");
-    let (cert, key) = super::tls::make_cert(dir, "ca", "target", false);
-    let target = Daemon::start_tls(
-        &dir.join("b"),
-        &ca,
-        None,
-        &[
-            "--tls-cert",
-            &cert.display().to_string(),
-            "--tls-key",
-            &key.display().to_string(),
-        ],
-    );
+    let (target, ca) = super::tls::tls_daemon(dir, "b", &[]);
     let source = Daemon::start(&dir.join("a"));
     let (a, b) = (source.url(), target.url());
     assert!(b.starts_with("https://"), "{b}");

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::harness::{Daemon, narad_binary, sample, send_json, tls_client};
 use super::kafka::{frame, run, run_output, send_raw};
-use super::tls::{free_addr, make_ca, make_cert};
+use super::tls::{free_addr, tls_daemon};
 
 const TOKEN: &str = "sasl-test-token";
 
@@ -110,20 +110,13 @@ fn over_tls_users_produce_and_consume_with_scram_and_plain_and_wrong_or_missing_
  {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let ca = make_ca(dir, "ca");
-    let (cert, key) = make_cert(dir, "ca", "server", false);
     let token_file = dir.join("token");
     std::fs::write(&token_file, TOKEN).expect("token");
     let kafka = free_addr().to_string();
-    let daemon = Daemon::start_tls(
-        &dir.join("data"),
-        &ca,
-        None,
+    let (daemon, ca) = tls_daemon(
+        dir,
+        "data",
         &[
-            "--tls-cert",
-            &cert.display().to_string(),
-            "--tls-key",
-            &key.display().to_string(),
             "--kafka-listen",
             &kafka,
             "--kafka-sasl",
@@ -357,14 +350,7 @@ fn on_a_plain_sasl_listener_nothing_but_authentication_is_served_first_and_plain
         .expect("create");
         assert_eq!(status, expected, "{request}: {body}");
     }
-    let (status, body) = send_json(
-        &http,
-        Method::POST,
-        &format!("{base}/v1/topics"),
-        Some(&json!({"name": "jobs", "partitions": 1})),
-    )
-    .expect("create topic");
-    assert!(status == 201 || status == 200, "{body}");
+    super::kafka::create_topic(&base, "jobs", 1);
 
     // Before authenticating: ApiVersions is answered and offers the SASL APIs.
     let (answer, closed) = send_raw(kafka_addr, &frame(18, 0, &[]));
@@ -489,14 +475,7 @@ fn a_user_allowed_to_read_but_not_write_a_topic_is_refused_on_produce_and_reads_
         .expect("create user");
         assert_eq!(status, 201, "{body}");
     }
-    let (status, body) = send_json(
-        &http,
-        Method::POST,
-        &format!("{base}/v1/topics"),
-        Some(&json!({"name": "orders", "partitions": 1})),
-    )
-    .expect("create topic");
-    assert!(status == 201 || status == 200, "{body}");
+    super::kafka::create_topic(&base, "orders", 1);
     let url = ["--url", base.as_str()];
     for rule in [
         &[
@@ -536,6 +515,9 @@ fn a_user_allowed_to_read_but_not_write_a_topic_is_refused_on_produce_and_reads_
         "{out}"
     );
 
+    let as_alice =
+        |body: &str, what: &str| run(kafka_python(&kafka, "alice", "reader", body), b"", what);
+
     // bob writes; alice may not.
     let bob = sasl_settings("SCRAM-SHA-256", "bob", "writer", None);
     run(
@@ -543,47 +525,29 @@ fn a_user_allowed_to_read_but_not_write_a_topic_is_refused_on_produce_and_reads_
         b"a\nb\nc\n",
         "bob produces",
     );
-    let refused = run(
-        kafka_python(
-            &kafka,
-            "alice",
-            "reader",
-            "p = kafka.KafkaProducer(**conf, retries=0)\n\
+    let refused = as_alice(
+        "p = kafka.KafkaProducer(**conf, retries=0)\n\
              try:\n    p.send('orders', b'x', partition=0).get(timeout=20)\n    print('stored')\n\
              except Exception as e:\n    print(type(e).__name__)",
-        ),
-        b"",
         "alice produces",
     );
     assert_eq!(refused.trim(), "TopicAuthorizationFailedError");
 
     // alice reads in a group her rule covers, and not in another.
-    let read = run(
-        kafka_python(
-            &kafka,
-            "alice",
-            "reader",
-            "c = kafka.KafkaConsumer('orders', **conf, group_id='readers-1', \
+    let read = as_alice(
+        "c = kafka.KafkaConsumer('orders', **conf, group_id='readers-1', \
              auto_offset_reset='earliest', consumer_timeout_ms=15000)\n\
              got = []\n\
              for m in c:\n    got.append(m.value.decode())\n    if len(got) == 3: break\n\
              print(','.join(got))",
-        ),
-        b"",
         "alice reads in group readers-1",
     );
     assert_eq!(read.trim(), "a,b,c");
-    let other_group = run(
-        kafka_python(
-            &kafka,
-            "alice",
-            "reader",
-            "c = kafka.KafkaConsumer('orders', **conf, group_id='writers', \
+    let other_group = as_alice(
+        "c = kafka.KafkaConsumer('orders', **conf, group_id='writers', \
              auto_offset_reset='earliest', consumer_timeout_ms=10000)\n\
              try:\n    c.poll(timeout_ms=10000)\n    print('joined')\n\
              except Exception as e:\n    print(type(e).__name__)",
-        ),
-        b"",
         "alice joins group writers",
     );
     assert_eq!(other_group.trim(), "GroupAuthorizationFailedError");

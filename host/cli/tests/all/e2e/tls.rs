@@ -111,6 +111,19 @@ pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (Path
     )
 }
 
+/// A daemon (data in `dir/{data}`) serving TLS with a certificate for 127.0.0.1 from a fresh
+/// private CA made in `dir`, with `extra` arguments: the daemon and the CA's certificate.
+pub(crate) fn tls_daemon(dir: &Path, data: &str, extra: &[&str]) -> (Daemon, PathBuf) {
+    let ca = make_ca(dir, "ca");
+    let (cert, key) = make_cert(dir, "ca", "server", false);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let args: Vec<&str> = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    (Daemon::start_tls(&dir.join(data), &ca, None, &args), ca)
+}
+
 /// A blocking client trusting `ca` (and presenting `identity`, cert and key, when given).
 fn client_trusting(ca: &Path, identity: Option<(&Path, &Path)>) -> reqwest::blocking::Client {
     tls_client(Some(ca), identity)
