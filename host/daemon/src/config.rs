@@ -381,6 +381,12 @@ settings! {
     /// Cluster mode: PEM certificates of the CAs to check other nodes' TLS certificates
     /// against, beside the system's (for nodes whose certificates a private CA signed).
     peer_tls_ca: PathBuf, "FILE", Any, shown "the system's CAs";
+    /// Cluster mode: PEM certificate this node presents when it calls other nodes (mutual
+    /// TLS), naming its node id as a DNS name (subjectAltName DNS:ID) beside its host; with
+    /// --peer-tls-key. Needed for --tls-client-ca in cluster mode.
+    peer_tls_cert: PathBuf, "FILE", Any, shown "none, no certificate presented to peers";
+    /// PEM private key of --peer-tls-cert.
+    peer_tls_key: PathBuf, "FILE", Any, shown "none";
     /// PEM certificates of the CAs whose client certificates the listeners accept: with it,
     /// every client must present one (mutual TLS). Needs --tls-cert.
     tls_client_ca: PathBuf, "FILE", Any, shown "none, no client certificate asked for";
@@ -765,6 +771,8 @@ impl FileConfig {
             &mut self.etcd_cert,
             &mut self.etcd_key,
             &mut self.etcd_password_file,
+            &mut self.peer_tls_cert,
+            &mut self.peer_tls_key,
         ];
         for path in paths.into_iter().flatten() {
             if path.is_relative() {
@@ -891,6 +899,11 @@ pub struct ClusterConfig {
     pub(crate) peer_tls_ca: Option<PathBuf>,
     /// How this node checks etcd and authenticates to it.
     pub(crate) etcd_security: EtcdSecurity,
+    /// The certificate and key this node presents to peers (`--peer-tls-cert`).
+    pub(crate) peer_identity: Option<(PathBuf, PathBuf)>,
+    /// Calls between nodes must come with a certificate naming the calling node
+    /// (`--tls-client-ca` in cluster mode).
+    pub(crate) peers_prove_identity: bool,
 }
 
 /// How a node checks etcd and authenticates to it (`--etcd-ca`, `--etcd-cert`/`--etcd-key`,
@@ -1146,13 +1159,53 @@ impl Config {
                     .into(),
             });
         }
-        if s.etcd.is_some() && tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+        let peer_identity = match (s.peer_tls_cert, s.peer_tls_key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::BadValue {
+                    key: "peer-tls-key",
+                    message: "--peer-tls-cert needs --peer-tls-key FILE".into(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::BadValue {
+                    key: "peer-tls-cert",
+                    message: "--peer-tls-key needs --peer-tls-cert FILE".into(),
+                });
+            }
+        };
+        if peer_identity.is_some() && s.etcd.is_none() {
+            return Err(ConfigError::BadValue {
+                key: "peer-tls-cert",
+                message: "peers exist only in cluster mode: give --etcd too, or leave it out"
+                    .into(),
+            });
+        }
+        if s.etcd.is_some()
+            && tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+            && peer_identity.is_none()
+        {
             return Err(ConfigError::BadValue {
                 key: "tls-client-ca",
-                message: "in cluster mode nodes call each other's API without a client \
-                          certificate, so the listener cannot require one yet: leave \
-                          --tls-client-ca out of cluster nodes"
+                message: "in cluster mode the listener then asks the other nodes for a \
+                          certificate too: give this node's with --peer-tls-cert and \
+                          --peer-tls-key (naming its node id as a DNS name)"
                     .into(),
+            });
+        }
+        let peers_prove_identity =
+            s.etcd.is_some() && tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        if peers_prove_identity
+            && let Some(node) = &s.node_id
+            && rustls_pki_types::ServerName::try_from(node.as_str()).is_err()
+        {
+            return Err(ConfigError::BadValue {
+                key: "node-id",
+                message: format!(
+                    "{node:?} cannot be named in a certificate as a DNS name, which mutual TLS \
+                     between nodes checks: use letters, digits and hyphens"
+                ),
             });
         }
         if let Some(advertise) = &s.advertise {
@@ -1226,6 +1279,8 @@ impl Config {
                 )?;
                 Some(ClusterConfig {
                     peer_tls_ca: s.peer_tls_ca,
+                    peer_identity,
+                    peers_prove_identity,
                     etcd_security,
                     etcd,
                     name: s.cluster,
@@ -1447,6 +1502,8 @@ mod tests {
                 new_data_dir: false,
                 peer_tls_ca: None,
                 etcd_security: EtcdSecurity::default(),
+                peer_identity: None,
+                peers_prove_identity: false,
             })
         );
         let new_dir = ServeArgs {
@@ -2072,6 +2129,8 @@ mod tests {
                 "tls-cert",
                 "tls-key",
                 "peer-tls-ca",
+                "peer-tls-cert",
+                "peer-tls-key",
                 "tls-client-ca",
                 "max-connections"
             ]

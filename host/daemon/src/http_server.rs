@@ -324,6 +324,7 @@ async fn connection(
             drain,
             &metrics,
             activity,
+            None,
         )
         .await;
     };
@@ -331,6 +332,14 @@ async fn connection(
         tokio::time::timeout(options.header_read_timeout, tls.acceptor().accept(watched)).await;
     match handshake {
         Ok(Ok(stream)) => {
+            // The client's certificate (checked against --tls-client-ca by the handshake), for
+            // the routes that ask whose it is.
+            let certificate = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| crate::tls::ClientCertificate(Arc::new(leaf.as_ref().to_vec())));
             serve_io(
                 TokioIo::new(stream),
                 app,
@@ -338,6 +347,7 @@ async fn connection(
                 drain,
                 &metrics,
                 activity,
+                certificate,
             )
             .await;
         }
@@ -360,12 +370,14 @@ async fn serve_io<I>(
     mut drain: watch::Receiver<bool>,
     metrics: &HttpMetrics,
     activity: Arc<Activity>,
+    certificate: Option<crate::tls::ClientCertificate>,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let service = Tracked {
         inner: TowerToHyperService::new(app),
         activity: Arc::clone(&activity),
+        certificate,
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -483,6 +495,8 @@ impl AsyncWrite for Watched {
 struct Tracked {
     inner: TowerToHyperService<Router>,
     activity: Arc<Activity>,
+    /// The connection's client certificate, put in every request's extensions.
+    certificate: Option<crate::tls::ClientCertificate>,
 }
 
 /// Counts one request in progress; its drop ends it and restarts the idle clock.
@@ -507,7 +521,10 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        if let Some(certificate) = &self.certificate {
+            req.extensions_mut().insert(certificate.clone());
+        }
         let in_flight = InFlight::enter(&self.activity);
         let answer = self.inner.call(req);
         Box::pin(async move {

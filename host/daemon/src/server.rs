@@ -333,7 +333,7 @@ pub async fn run_server(
                             Arc::clone(&producer),
                             Arc::new(move |id: &PartitionId| ownership.owner_at(id)),
                             Arc::new(move |node: &str| peers.advertise_of(node)),
-                            crate::cluster::commit_rpc::CommitClient::trusting(&context.peer_roots)
+                            crate::cluster::commit_rpc::CommitClient::trusting(&context.peer_tls)
                                 .map_err(|e| ServerError::Http(e.to_string()))?
                                 .with_bearer(context.peer_bearer.clone()),
                             Arc::clone(&fanout_metrics),
@@ -516,7 +516,7 @@ pub async fn run_server(
                 api::forward::Forwarder::trusting(
                     context.node_id(),
                     &config.limits,
-                    &context.peer_roots,
+                    &context.peer_tls,
                 )
                 .map_err(|e| ServerError::Http(e.to_string()))?
                 .with_revision({
@@ -540,6 +540,7 @@ pub async fn run_server(
             let guard = api::principal::Guard::new(
                 token,
                 peer,
+                peer_liveness(&config, cluster.as_ref()),
                 Arc::clone(&state.metastore),
                 config.auth_reads,
                 config.tls.is_some(),
@@ -554,7 +555,11 @@ pub async fn run_server(
         let internal = internal_router(Arc::clone(receiver)).merge(peer_routes);
         let secret = crate::auth::AuthToken::new(&context.peer_bearer)
             .ok_or_else(|| ServerError::Http("the cluster's peer secret is empty".to_owned()))?;
-        app = app.merge(api::auth::protect(internal, secret));
+        let mut internal = api::auth::protect(internal, secret);
+        if let Some(is_live) = peer_liveness(&config, Some(context)) {
+            internal = api::auth::require_node_identity(internal, is_live);
+        }
+        app = app.merge(internal);
     }
     let owned_sync = cluster.as_ref().map(|context| {
         tokio::spawn(sync_owned(
@@ -767,14 +772,24 @@ async fn start_cluster(
         crate::ownership::NodeId(cluster.node_id.clone()),
         Arc::clone(&metastore),
     ));
-    let peer_roots: Arc<[reqwest::Certificate]> = match &cluster.peer_tls_ca {
-        Some(path) => crate::tls::client_roots(path)?.into(),
-        None => Arc::from(Vec::new()),
-    };
+    let peer_tls = Arc::new(crate::tls::PeerTls {
+        roots: match &cluster.peer_tls_ca {
+            Some(path) => crate::tls::client_roots(path)?,
+            None => Vec::new(),
+        },
+        identity: match &cluster.peer_identity {
+            Some((cert, key)) => Some(crate::tls::client_identity(cert, key)?),
+            None => None,
+        },
+        node: Some(
+            reqwest::header::HeaderValue::from_str(&cluster.node_id)
+                .map_err(|e| ServerError::Http(format!("node id as a header: {e}")))?,
+        ),
+    });
     let http =
-        crate::cluster::peer_client(&peer_roots).map_err(|e| ServerError::Http(e.to_string()))?;
+        crate::cluster::peer_client(&peer_tls).map_err(|e| ServerError::Http(e.to_string()))?;
     let context = Arc::new(ClusterContext {
-        peer_roots,
+        peer_tls,
         prefix,
         membership,
         metastore,
@@ -962,6 +977,20 @@ const OWNED_SYNC_EVERY: Duration = Duration::from_millis(100);
 
 /// The routes only nodes call: the child commit, with its own body limit (a whole slab; the
 /// in-order commit, a few slabs).
+/// With mutual TLS between nodes (`--tls-client-ca` in cluster mode), whether a node is live,
+/// for the check that a call between nodes comes from the node its certificate names.
+fn peer_liveness(
+    config: &Config,
+    cluster: Option<&Arc<ClusterContext>>,
+) -> Option<api::auth::IsLive> {
+    let proves = config
+        .cluster
+        .as_ref()
+        .is_some_and(|cluster| cluster.peers_prove_identity);
+    let context = Arc::clone(cluster.filter(|_| proves)?);
+    Some(Arc::new(move |node: &str| context.peers.is_live(node)))
+}
+
 fn internal_router(receiver: Arc<crate::cluster::receiver::CommitReceiver>) -> axum::Router {
     use crate::cluster::commit_rpc::{
         COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route, in_order_body_limit,

@@ -360,6 +360,84 @@ pub fn client_roots(path: &Path) -> Result<Vec<reqwest::Certificate>, TlsError> 
         .collect()
 }
 
+/// The leaf certificate (DER) a TLS client presented on the connection a request came on,
+/// in the request's extensions.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate(pub std::sync::Arc<Vec<u8>>);
+
+/// The header naming the node a call between nodes comes from; with mutual TLS the caller's
+/// certificate must be valid for that name.
+pub const NODE_HEADER: &str = "x-narad-node";
+
+/// How this node calls its peers: the CAs it trusts beside the system's (`--peer-tls-ca`),
+/// the certificate it presents (`--peer-tls-cert`, mutual TLS) and its node id, named in
+/// [`NODE_HEADER`] on every call.
+#[derive(Clone, Default)]
+pub struct PeerTls {
+    /// CA certificates trusted beside the system's.
+    pub roots: Vec<reqwest::Certificate>,
+    /// The client certificate and key presented to peers.
+    pub identity: Option<reqwest::Identity>,
+    /// This node's id, for [`NODE_HEADER`].
+    pub node: Option<reqwest::header::HeaderValue>,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("roots", &self.roots.len())
+            .field("identity", &self.identity.is_some())
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl PeerTls {
+    /// A client builder for calls to peers: trusting the roots, presenting the identity and
+    /// naming this node.
+    pub fn builder(&self) -> reqwest::ClientBuilder {
+        let mut builder = trusting(reqwest::Client::builder(), &self.roots);
+        if let Some(identity) = &self.identity {
+            builder = builder.identity(identity.clone());
+        }
+        if let Some(node) = &self.node {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(NODE_HEADER, node.clone());
+            builder = builder.default_headers(headers);
+        }
+        builder
+    }
+}
+
+/// The client identity in `cert` and `key` (PEM), for calls to peers (`--peer-tls-cert`).
+pub fn client_identity(cert: &Path, key: &Path) -> Result<reqwest::Identity, TlsError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|e| TlsError::ClientCa {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+    };
+    let mut pem = read(cert)?;
+    pem.push(b'\n');
+    pem.extend(read(key)?);
+    reqwest::Identity::from_pem(&pem).map_err(|e| TlsError::ClientCa {
+        path: cert.to_path_buf(),
+        reason: format!("not a certificate and key for mutual TLS: {e}"),
+    })
+}
+
+/// Whether the leaf certificate `der` (already checked against the client CA by the TLS
+/// handshake) is valid for `name`, a node id taken as a DNS name.
+pub fn certificate_names(der: &[u8], name: &str) -> bool {
+    let Ok(server_name) = rustls_pki_types::ServerName::try_from(name) else {
+        return false;
+    };
+    let der = rustls_pki_types::CertificateDer::from(der);
+    webpki::EndEntityCert::try_from(&der)
+        .and_then(|cert| cert.verify_is_valid_for_subject_name(&server_name))
+        .is_ok()
+}
+
 /// `builder` trusting `roots` too.
 pub fn trusting(
     mut builder: reqwest::ClientBuilder,

@@ -251,20 +251,21 @@ impl Forwarder {
     /// after `limits.max_wait` + [`ANSWER_SLACK`] (so a long-poll goes through the hop), and a
     /// fetch answer is buffered up to [`fetch_answer_cap`]`(limits)` bytes.
     pub fn new(node_id: &str, limits: &Limits) -> Result<Forwarder, ForwarderError> {
-        Forwarder::trusting(node_id, limits, &[])
+        Forwarder::trusting(node_id, limits, &crate::tls::PeerTls::default())
     }
 
-    /// [`Forwarder::new`], also trusting the CA certificates `roots` (the cluster's peer CAs)
-    /// beside the system's.
+    /// [`Forwarder::new`], calling peers as `tls` says (the cluster's peer CAs beside the
+    /// system's, this node's certificate).
     pub fn trusting(
         node_id: &str,
         limits: &Limits,
-        roots: &[reqwest::Certificate],
+        tls: &crate::tls::PeerTls,
     ) -> Result<Forwarder, ForwarderError> {
         let marker = HeaderValue::from_str(node_id).map_err(|_| ForwarderError::NodeId {
             node: node_id.to_owned(),
         })?;
-        let http = crate::tls::trusting(reqwest::Client::builder(), roots)
+        let http = tls
+            .builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(limits.max_wait.saturating_add(ANSWER_SLACK))
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)

@@ -59,6 +59,9 @@ pub(crate) struct Guard {
     token: AuthToken,
     /// The cluster's peer secret: other nodes reading this one's partitions.
     peer: Option<AuthToken>,
+    /// With mutual TLS between nodes: whether a node is live, for the certificate check of a
+    /// caller presenting the peer secret.
+    peer_is_live: Option<super::auth::IsLive>,
     /// What an unknown user's password is checked against, so that it costs what a known
     /// one's does and the answer's time does not tell which names exist.
     decoy: Option<crate::scram::ScramCredential>,
@@ -93,6 +96,7 @@ impl Guard {
     pub(crate) fn new(
         token: AuthToken,
         peer: Option<AuthToken>,
+        peer_is_live: Option<super::auth::IsLive>,
         metastore: Arc<dyn Metastore>,
         auth_reads: bool,
         tls: bool,
@@ -106,6 +110,7 @@ impl Guard {
         Guard {
             token,
             peer,
+            peer_is_live,
             decoy: crate::scram::ScramCredential::new(
                 Mechanism::Sha256,
                 &decoy_password,
@@ -123,7 +128,11 @@ impl Guard {
     }
 
     /// The caller, or why they are refused.
-    async fn principal(&self, header: Option<HeaderValue>) -> Result<Principal, &'static str> {
+    async fn principal(
+        &self,
+        header: Option<HeaderValue>,
+        node_proved: bool,
+    ) -> Result<Principal, &'static str> {
         let Some(value) = header else {
             return Ok(Principal::anonymous());
         };
@@ -133,9 +142,8 @@ impl Guard {
         let (scheme, credentials) = value.split_once(' ').unwrap_or((value, ""));
         if scheme.eq_ignore_ascii_case("bearer") {
             let given = credentials.trim();
-            return if self.token.matches(given)
-                || self.peer.as_ref().is_some_and(|peer| peer.matches(given))
-            {
+            let peer = self.peer.as_ref().is_some_and(|peer| peer.matches(given));
+            return if self.token.matches(given) || (peer && node_proved) {
                 Ok(Principal::Operator)
             } else {
                 Err("the bearer token is wrong; send the token of the daemon's --auth-token-file")
@@ -357,7 +365,12 @@ async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) ->
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let header = request.headers().get(AUTHORIZATION).cloned();
-    let principal = match guard.principal(header).await {
+    // With mutual TLS between nodes the peer secret counts only with the node's certificate.
+    let node_proved = guard
+        .peer_is_live
+        .as_ref()
+        .is_none_or(|is_live| super::auth::identity_refusal(&request, is_live.as_ref()).is_none());
+    let principal = match guard.principal(header, node_proved).await {
         Ok(principal) => principal,
         Err(reason) => {
             return guard.refuse(

@@ -188,12 +188,14 @@ impl CommitClient {
     /// A client with this module's timeouts, trusting the system's CAs (tests).
     #[cfg(test)]
     pub(crate) fn new() -> Result<CommitClient, reqwest::Error> {
-        CommitClient::trusting(&[])
+        CommitClient::trusting(&crate::tls::PeerTls::default())
     }
 
-    /// [`CommitClient::new`], also trusting `roots` (the cluster's peer CAs).
-    pub(crate) fn trusting(roots: &[reqwest::Certificate]) -> Result<CommitClient, reqwest::Error> {
-        let http = crate::tls::trusting(reqwest::Client::builder(), roots)
+    /// [`CommitClient::new`], calling peers as `tls` says (the cluster's CAs, this node's
+    /// certificate and id).
+    pub(crate) fn trusting(tls: &crate::tls::PeerTls) -> Result<CommitClient, reqwest::Error> {
+        let http = tls
+            .builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(COMMIT_TIMEOUT)
             .build()?;

@@ -67,7 +67,7 @@ pub struct ClusterContext {
     pub(crate) peer_bearer: String,
     /// CA certificates other nodes' TLS certificates are checked against, beside the
     /// system's (`--peer-tls-ca`); every client calling another node trusts them.
-    pub(crate) peer_roots: std::sync::Arc<[reqwest::Certificate]>,
+    pub(crate) peer_tls: std::sync::Arc<crate::tls::PeerTls>,
 }
 
 /// A call between nodes carries the caller's metadata revision in this header; the callee
@@ -81,11 +81,9 @@ pub(crate) const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration
 /// Longest wait for a whole call to another node that is not a long-poll.
 pub(crate) const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The client [`ClusterContext::http`] holds, trusting `roots` beside the system's CAs.
-pub(crate) fn peer_client(
-    roots: &[reqwest::Certificate],
-) -> Result<reqwest::Client, reqwest::Error> {
-    crate::tls::trusting(reqwest::Client::builder(), roots)
+/// The client [`ClusterContext::http`] holds, calling peers as `tls` says.
+pub(crate) fn peer_client(tls: &crate::tls::PeerTls) -> Result<reqwest::Client, reqwest::Error> {
+    tls.builder()
         .connect_timeout(PEER_CONNECT_TIMEOUT)
         .timeout(PEER_CALL_TIMEOUT)
         .build()

@@ -35,7 +35,7 @@ pub(crate) fn fetch_module_blocking(
         .map(|n| (n.id, n.advertise))
         .collect();
     let (bearer, digest) = (context.peer_bearer.clone(), digest.to_owned());
-    let roots = std::sync::Arc::clone(&context.peer_roots);
+    let tls = std::sync::Arc::clone(&context.peer_tls);
     std::thread::scope(|scope| {
         scope
             .spawn(move || {
@@ -43,7 +43,7 @@ pub(crate) fn fetch_module_blocking(
                     .enable_all()
                     .build()
                     .map_err(|e| format!("cannot start a runtime for the fetch: {e}"))?;
-                runtime.block_on(fetch(nodes, bearer, digest, &roots))
+                runtime.block_on(fetch(nodes, bearer, digest, &tls))
             })
             .join()
             .unwrap_or_else(|_| Err("the module fetch panicked".to_owned()))
@@ -54,10 +54,11 @@ async fn fetch(
     nodes: Vec<(String, String)>,
     bearer: String,
     digest: String,
-    roots: &[reqwest::Certificate],
+    tls: &crate::tls::PeerTls,
 ) -> Result<Option<Vec<u8>>, String> {
     // A client of this runtime's own: connections must not outlive the runtime that made them.
-    let http = crate::tls::trusting(reqwest::Client::builder(), roots)
+    let http = tls
+        .builder()
         .connect_timeout(super::PEER_CONNECT_TIMEOUT)
         .timeout(MODULE_FETCH_TIMEOUT)
         .build()

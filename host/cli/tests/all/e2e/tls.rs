@@ -776,3 +776,177 @@ fn a_node_that_does_not_trust_its_peers_certificates_says_so_when_it_calls_them(
     let error = body["error"].as_str().unwrap_or_default();
     assert!(error.contains("certificate"), "{body}");
 }
+
+/// A certificate `{node}.pem`/`{node}.key` signed by CA `ca` for a cluster node: its host
+/// (127.0.0.1, localhost) and its node id as DNS names, for serving and for calling peers.
+fn make_node_cert(dir: &Path, ca: &str, node: &str) -> (PathBuf, PathBuf) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &format!("/CN={node}"),
+            "-keyout",
+            &format!("{node}.key"),
+            "-out",
+            &format!("{node}.csr"),
+        ],
+    );
+    std::fs::write(
+        dir.join(format!("{node}.ext")),
+        format!(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{node}\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
+        ),
+    )
+    .expect("write extensions");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{node}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{node}.ext"),
+            "-out",
+            &format!("{node}.pem"),
+        ],
+    );
+    (
+        dir.join(format!("{node}.pem")),
+        dir.join(format!("{node}.key")),
+    )
+}
+
+#[test]
+fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_peer_secret_is_no_node()
+ {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let ca = make_ca(dir, "ca");
+    let ca_arg = ca.display().to_string();
+    let (operator_cert, operator_key) = make_cert(dir, "ca", "operator", true);
+    let etcd = TestEtcd::start();
+    let endpoint = etcd.endpoint();
+    let nodes: Vec<Daemon> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|node| {
+            let (cert, key) = make_node_cert(dir, "ca", node);
+            let (cert, key) = (cert.display().to_string(), key.display().to_string());
+            let args = [
+                "--etcd",
+                &endpoint,
+                "--cluster",
+                "mtls",
+                "--node-id",
+                node,
+                "--tls-cert",
+                &cert,
+                "--tls-key",
+                &key,
+                "--peer-tls-ca",
+                &ca_arg,
+                "--peer-tls-cert",
+                &cert,
+                "--peer-tls-key",
+                &key,
+                "--tls-client-ca",
+                &ca_arg,
+            ];
+            Daemon::start_tls(
+                &dir.join(node),
+                &ca,
+                Some((operator_cert.as_path(), operator_key.as_path())),
+                &args,
+            )
+        })
+        .collect();
+    let client = client_trusting(&ca, Some((operator_cert.as_path(), operator_key.as_path())));
+    let url = |i: usize| nodes[i].url();
+    wait_for("every node to see three", || {
+        (0..3).all(|i| {
+            send_json(&client, Method::GET, &format!("{}/v1/nodes", url(i)), None)
+                .map(|(_, body)| body["nodes"].as_array().map_or(0, Vec::len) == 3)
+                .unwrap_or(false)
+        })
+    });
+    // Copies go from n1 to n3 and a produce through n2 is forwarded to n1: every call between
+    // nodes carries the caller's certificate.
+    for (name, placement) in [("orders", "n1"), ("copy", "n3")] {
+        let (status, body) = send_json(
+            &client,
+            Method::POST,
+            &format!("{}/v1/topics", url(0)),
+            Some(&json!({"name": name, "partitions": 1, "placement": [placement]})),
+        )
+        .expect("create");
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = send_json(
+        &client,
+        Method::PUT,
+        &format!("{}/v1/topics/orders/children/copy", url(0)),
+        Some(&json!({})),
+    )
+    .expect("attach");
+    assert!((200..300).contains(&status), "{body}");
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", url(1)),
+        Some(&json!({"records": [{"value": "one"}, {"value": "two"}]})),
+    )
+    .expect("produce");
+    assert_eq!(status, 200, "{body}");
+    wait_for("both copies on n3", || {
+        fetch_all(&client, &url(2), "copy", 0).len() == 2
+    });
+
+    // mallory holds a certificate the CA signed and the peer secret (read from etcd), and is
+    // still no node: refused, naming why, and nothing is committed.
+    let secret = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let mut etcd_client =
+                narad_host::metastore::etcd::connect_client(std::slice::from_ref(&endpoint))
+                    .await
+                    .expect("etcd");
+            let got = etcd_client
+                .get("/narad/mtls/peer-secret", None)
+                .await
+                .expect("read the peer secret");
+            String::from_utf8(got.kvs()[0].value().to_vec()).expect("utf-8 secret")
+        });
+    let (mallory_cert, mallory_key) = make_node_cert(dir, "ca", "mallory");
+    let mallory = client_trusting(&ca, Some((mallory_cert.as_path(), mallory_key.as_path())));
+    for (claimed, says) in [
+        ("n1", "not node \\\"n1\\\"'s"),
+        ("mallory", "not a live node"),
+    ] {
+        let answer = mallory
+            .post(format!("{}/internal/v1/commit", url(2)))
+            .bearer_auth(&secret)
+            .header("x-narad-node", claimed)
+            .body(vec![0u8; 8])
+            .send()
+            .expect("call");
+        let status = answer.status().as_u16();
+        let text = answer.text().unwrap_or_default();
+        assert_eq!(status, 403, "claiming {claimed}: {text}");
+        assert!(text.contains(says), "claiming {claimed}: {text}");
+    }
+    assert_eq!(fetch_all(&client, &url(2), "copy", 0).len(), 2);
+}
