@@ -839,6 +839,9 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
     let ca = make_ca(dir, "ca");
     let ca_arg = ca.display().to_string();
     let (operator_cert, operator_key) = make_cert(dir, "ca", "operator", true);
+    let token = dir.join("token");
+    std::fs::write(&token, "op-token\n").expect("write the token");
+    let token_arg = token.display().to_string();
     let etcd = TestEtcd::start();
     let endpoint = etcd.endpoint();
     let nodes: Vec<Daemon> = ["n1", "n2", "n3"]
@@ -865,6 +868,8 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
                 &key,
                 "--tls-client-ca",
                 &ca_arg,
+                "--auth-token-file",
+                &token_arg,
             ];
             Daemon::start_tls(
                 &dir.join(node),
@@ -874,7 +879,26 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
             )
         })
         .collect();
-    let client = client_trusting(&ca, Some((operator_cert.as_path(), operator_key.as_path())));
+    // The operator: a client certificate of the CA and the API token.
+    let client = {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            "Bearer op-token".parse().expect("header"),
+        );
+        let mut both = std::fs::read(&operator_cert).expect("read the operator certificate");
+        both.extend(std::fs::read(&operator_key).expect("read the operator key"));
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&ca).expect("read the CA"))
+                    .expect("CA"),
+            )
+            .identity(reqwest::Identity::from_pem(&both).expect("identity"))
+            .default_headers(headers)
+            .build()
+            .expect("client")
+    };
     let url = |i: usize| nodes[i].url();
     wait_for("every node to see three", || {
         (0..3).all(|i| {
@@ -914,6 +938,33 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
     wait_for("both copies on n3", || {
         fetch_all(&client, &url(2), "copy", 0).len() == 2
     });
+    // A node's reads of another's partitions pass as the operator's with the node's
+    // certificate: with a rule in force, a describe through n1 still gathers n3's partition.
+    let (status, body) = send_json(
+        &client,
+        Method::POST,
+        &format!("{}/v1/acls", url(0)),
+        Some(&json!({"principal": "User:someone", "resource": "topic", "name": "x", "operation": "read"})),
+    )
+    .expect("add a rule");
+    assert!((200..300).contains(&status), "{body}");
+    wait_for("n1 to gather n3's partition", || {
+        send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/copy", url(0)),
+            None,
+        )
+        .map(|(_, body)| body["partition_stats"][0]["high_watermark"] == 2)
+        .unwrap_or(false)
+    });
+    // The token holder, with a certificate of the CA, calls no route between nodes.
+    let answer = client
+        .post(format!("{}/internal/v1/commit", url(2)))
+        .body(vec![0u8; 8])
+        .send()
+        .expect("call");
+    assert_eq!(answer.status().as_u16(), 403, "{:?}", answer.text());
 
     // mallory holds a certificate the CA signed and the peer secret (read from etcd), and is
     // still no node: refused, naming why, and nothing is committed.
@@ -947,6 +998,15 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
         let text = answer.text().unwrap_or_default();
         assert_eq!(status, 403, "claiming {claimed}: {text}");
         assert!(text.contains(says), "claiming {claimed}: {text}");
+        // Nor is the secret the operator's token on the public routes without the proof.
+        let answer = mallory
+            .post(format!("{}/v1/topics", url(0)))
+            .bearer_auth(&secret)
+            .header("x-narad-node", claimed)
+            .json(&json!({"name": "mallorys", "partitions": 1}))
+            .send()
+            .expect("call");
+        assert_eq!(answer.status().as_u16(), 401, "claiming {claimed}");
     }
     assert_eq!(fetch_all(&client, &url(2), "copy", 0).len(), 2);
 }
