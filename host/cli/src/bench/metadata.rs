@@ -243,20 +243,19 @@ impl EtcdRun {
 
     /// Bytes of the keys and values under the run's prefix.
     async fn bytes(&self) -> Result<u64, BenchError> {
-        let response = self
-            .client
-            .kv_client()
-            .get(
-                self.prefix.clone(),
-                Some(etcd_client::GetOptions::new().with_prefix()),
-            )
-            .await
-            .map_err(|e| BenchError::EtcdUnavailable {
-                endpoints: self.endpoints.join(","),
-                reason: e.to_string(),
-            })?;
+        let response = narad_host::metastore::etcd_range::read_prefix(
+            &self.client,
+            &self.prefix,
+            false,
+            false,
+        )
+        .await
+        .map_err(|e| BenchError::EtcdUnavailable {
+            endpoints: self.endpoints.join(","),
+            reason: e.to_string(),
+        })?;
         Ok(response
-            .kvs()
+            .kvs
             .iter()
             .map(|kv| (kv.key().len() + kv.value().len()) as u64)
             .sum())

@@ -56,7 +56,11 @@ pub(crate) async fn create(
 pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<TopicList>, ApiError> {
     let snapshot = state.metastore.snapshot().await?;
     Ok(Json(TopicList {
-        topics: snapshot.topics.into_values().map(TopicInfo::from).collect(),
+        topics: snapshot
+            .topics
+            .into_iter()
+            .map(|(_, topic)| TopicInfo::from(topic))
+            .collect(),
     }))
 }
 

@@ -11,8 +11,6 @@
 //! or a forwarded request, and to fail fast, without a connect timeout, when the owner is not
 //! alive.
 
-use std::collections::BTreeMap;
-
 use etcd_client::{Client, PutOptions};
 
 use super::membership::NodeRecord;
@@ -143,7 +141,7 @@ impl PeerDirectory {
     }
 }
 
-fn parse(entries: &BTreeMap<String, bytes::Bytes>) -> Vec<NodeRecord> {
+fn parse(entries: &crate::metastore::Items<String, bytes::Bytes>) -> Vec<NodeRecord> {
     entries
         .iter()
         .filter_map(

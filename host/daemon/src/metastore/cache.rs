@@ -20,13 +20,12 @@
 //! readers never block the loop. It is never more than "behind": a reader that must not act
 //! on stale data (an anchor, a cursor-file deletion) uses a linearizable read instead.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use etcd_client::{Client, EventType, WatchOptions};
 use tokio::sync::watch;
 
 use crate::shutdown::ShutdownSignal;
@@ -67,10 +66,11 @@ pub(crate) struct CacheView {
     /// revision of the metadata itself. A peer whose copy reflects it holds everything this
     /// copy does (every metadata write bumps a key the copy keeps).
     pub(crate) data_revision: i64,
-    /// Every key under the prefix (the prefix stripped), with its value. A value is shared
-    /// between the copies of successive revisions until its key changes, so a reader can tell
-    /// an unchanged value by its address ([`same_value`]) without comparing bytes.
-    pub entries: Arc<BTreeMap<String, Bytes>>,
+    /// Every key under the prefix (the prefix stripped), with its value. The map of each
+    /// revision is the previous one's changed by its events, sharing every key they did not
+    /// touch: cloning it is a reference count, and `diff` with an older one visits only the
+    /// keys changed since.
+    pub entries: super::Items<String, Bytes>,
 }
 
 /// Counters of the loop, for metrics and tests.
@@ -143,26 +143,17 @@ impl PrefixCache {
     }
 }
 
-/// Whether two values of the copy are the same value, unchanged between two revisions: the
-/// same bytes at the same address (a changed key always gets a new value).
-pub(crate) fn same_value(a: &Bytes, b: &Bytes) -> bool {
-    a.as_ptr() == b.as_ptr() && a.len() == b.len()
-}
-
 async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_client::Error> {
-    let mut kv = client.kv_client();
-    let response = kv
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await?;
-    let revision = response.header().map_or(0, |h| h.revision());
+    let response = super::etcd_range::read_prefix(client, prefix, false, false).await?;
+    let revision = response.revision;
     let data_revision = response
-        .kvs()
+        .kvs
         .iter()
         .map(etcd_client::KeyValue::mod_revision)
         .max()
         .unwrap_or(0);
     let entries = response
-        .kvs()
+        .kvs
         .iter()
         .filter_map(|entry| {
             let key = entry.key().strip_prefix(prefix.as_bytes())?;
@@ -173,7 +164,7 @@ async fn full_read(client: &Client, prefix: &str) -> Result<CacheView, etcd_clie
     Ok(CacheView {
         revision,
         data_revision,
-        entries: Arc::new(entries),
+        entries,
     })
 }
 
@@ -222,7 +213,11 @@ impl WatchLoop {
             .with_prefix()
             .with_start_revision(start)
             .with_progress_notify();
-        let mut watcher = self.client.watch_client();
+        // One answer can carry many writes' events (catching up after a pause).
+        let mut watcher = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(super::etcd_range::MAX_ANSWER_BYTES);
         let mut stream = match watcher.watch(self.prefix.clone(), Some(options)).await {
             Ok(stream) => stream,
             Err(e) => {
@@ -284,7 +279,7 @@ impl WatchLoop {
 
     fn apply(&self, response: &etcd_client::WatchResponse) {
         self.sender.send_if_modified(|view| {
-            let mut entries: Option<BTreeMap<String, Bytes>> = None;
+            let mut entries: Option<super::Items<String, Bytes>> = None;
             let mut revision = view.revision;
             let mut newest_event = view.data_revision;
             for event in response.events() {
@@ -298,7 +293,7 @@ impl WatchLoop {
                 else {
                     continue;
                 };
-                let map = entries.get_or_insert_with(|| (*view.entries).clone());
+                let map = entries.get_or_insert_with(|| view.entries.clone());
                 match event.event_type() {
                     EventType::Put => {
                         map.insert(key, Bytes::copy_from_slice(kv.value()));
@@ -317,7 +312,7 @@ impl WatchLoop {
             // the watch alive (the stall check).
             let changed = entries.is_some() || revision != view.revision;
             if let Some(map) = entries {
-                view.entries = Arc::new(map);
+                view.entries = map;
             }
             view.data_revision = newest_event;
             view.revision = revision;

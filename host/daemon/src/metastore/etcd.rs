@@ -17,7 +17,6 @@
 //! close a cycle, or pass 108 children). Writers on one node queue on a local lock first, so
 //! contention (and retries) is only ever between nodes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,53 +78,28 @@ struct WriteBase {
 struct Memo {
     revision: i64,
     /// The copy's values at `revision`: the next revision's are compared with these.
-    entries: Arc<BTreeMap<String, Bytes>>,
+    entries: super::Items<String, Bytes>,
     snapshot: Arc<Snapshot>,
     /// The key of each of `snapshot.plugins`.
     plugin_keys: Vec<String>,
 }
 
 /// The keys whose values differ between two revisions of the copy, with the new value
-/// (`None`: deleted), in key order. Unchanged values are told by address, not compared.
+/// (`None`: deleted), in key order. The newer map is the older one changed by the events in
+/// between, so the keys they did not touch are shared and skipped, not compared.
 fn changed_keys<'a>(
-    old: &'a BTreeMap<String, Bytes>,
-    new: &'a BTreeMap<String, Bytes>,
+    old: &'a super::Items<String, Bytes>,
+    new: &'a super::Items<String, Bytes>,
 ) -> Vec<(&'a str, Option<&'a Bytes>)> {
-    let mut changes = Vec::new();
-    let (mut a, mut b) = (old.iter().peekable(), new.iter().peekable());
-    loop {
-        match (a.peek(), b.peek()) {
-            (None, None) => break,
-            (Some((key, _)), None) => {
-                changes.push((key.as_str(), None));
-                a.next();
-            }
-            (None, Some((key, value))) => {
-                changes.push((key.as_str(), Some(*value)));
-                b.next();
-            }
-            (Some((old_key, old_value)), Some((new_key, new_value))) => {
-                match old_key.cmp(new_key) {
-                    std::cmp::Ordering::Less => {
-                        changes.push((old_key.as_str(), None));
-                        a.next();
-                    }
-                    std::cmp::Ordering::Greater => {
-                        changes.push((new_key.as_str(), Some(*new_value)));
-                        b.next();
-                    }
-                    std::cmp::Ordering::Equal => {
-                        if !super::cache::same_value(old_value, new_value) {
-                            changes.push((new_key.as_str(), Some(*new_value)));
-                        }
-                        a.next();
-                        b.next();
-                    }
-                }
-            }
-        }
-    }
-    changes
+    old.diff(new)
+        .map(|item| match item {
+            imbl::ordmap::DiffItem::Add(key, value)
+            | imbl::ordmap::DiffItem::Update {
+                new: (key, value), ..
+            } => (key.as_str(), Some(value)),
+            imbl::ordmap::DiffItem::Remove(key, _) => (key.as_str(), None),
+        })
+        .collect()
 }
 
 /// The metadata keys as one range read them, with the revision to compare against.
@@ -217,7 +191,7 @@ impl EtcdMetastore {
             let snapshot = Arc::new(decoded.snapshot);
             *memo = Some(Memo {
                 revision: view.revision,
-                entries: Arc::clone(&view.entries),
+                entries: view.entries.clone(),
                 snapshot: Arc::clone(&snapshot),
                 plugin_keys: decoded.plugin_keys,
             });
@@ -243,7 +217,7 @@ impl EtcdMetastore {
             }
         }
         known.revision = view.revision;
-        known.entries = Arc::clone(&view.entries);
+        known.entries = view.entries.clone();
         Ok(true)
     }
 
@@ -367,22 +341,16 @@ impl EtcdMetastore {
     /// Reads the four keys in one range; linearizable unless `serializable` (then served by
     /// the etcd member this client talks to, which may lag the leader).
     async fn read(&self, serializable: bool) -> Result<Read> {
-        let mut options = GetOptions::new().with_prefix();
-        if serializable {
-            options = options.with_serializable();
-        }
-        let mut kv = self.client.kv_client();
-        let response = kv
-            .get(format!("{}{META}", self.prefix), Some(options))
+        let meta = format!("{}{META}", self.prefix);
+        let response = super::etcd_range::read_prefix(&self.client, &meta, serializable, false)
             .await
             .map_err(|source| MetastoreError::Unavailable {
                 context: format!("reading {}meta/ from etcd", self.prefix),
                 source: Box::new(source),
             })?;
-        let meta = format!("{}{META}", self.prefix);
         let mut versions_revision = 0;
         let mut entries = Vec::new();
-        for (name, entry) in etcd_keys::named(response.kvs(), &meta) {
+        for (name, entry) in etcd_keys::named(&response.kvs, &meta) {
             if name == VERSIONS {
                 versions_revision = entry.mod_revision();
             }
@@ -1167,6 +1135,41 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(old.kvs()[0].value().first(), Some(&b'['));
+    }
+
+    /// Past 4 MiB of metadata (about 8,000 topics of 12 partitions) one range answer no longer
+    /// fits a gRPC message as etcd's client takes it: a starting node must still read it all.
+    #[tokio::test]
+    async fn metadata_past_one_grpc_message_is_read_whole_by_a_starting_node_and_a_write() {
+        let etcd = TestEtcd::start();
+        let prefix = "/narad-test/past-4mib/";
+        let store = store(&etcd, "past-4mib").await;
+        // 16 topics of 6,000 owned partitions: about 300 KB each, 4.8 MB in all.
+        for i in 0..16 {
+            let name = format!("big-{i}");
+            let mut t = topic(&name, 6_000);
+            t.owners = (0..6_000)
+                .map(|_| PartitionOwner {
+                    node: "node-with-a-long-id-0001".into(),
+                    generation: 1,
+                    moving_to: None,
+                })
+                .collect();
+            store.create_topic(t).await.unwrap();
+        }
+        // A linearizable read of every key, as a write without a watched copy makes.
+        assert_eq!(store.confirm().await.unwrap().topics.len(), 16);
+        // A new watched copy, as a starting node reads it.
+        let (stop, signal) = crate::shutdown::channel();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let watched =
+            EtcdMetastore::with_cache(client, prefix.to_owned(), CacheTiming::default(), signal)
+                .await
+                .unwrap();
+        assert_eq!(watched.snapshot().await.unwrap().topics.len(), 16);
+        watched.create_topic(topic("small", 1)).await.unwrap();
+        assert_eq!(watched.confirm().await.unwrap().topics.len(), 17);
+        stop.trigger();
     }
 
     #[tokio::test]

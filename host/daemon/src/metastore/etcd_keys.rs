@@ -22,6 +22,7 @@
 //! started by mistake refuses to work rather than see an empty cluster.
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use imbl::ordmap::DiffItem;
 use serde::de::DeserializeOwned;
 
 use super::{
@@ -286,36 +287,43 @@ pub(crate) fn diff(
     after: &Snapshot,
 ) -> Result<Vec<KeyChange>> {
     let mut changes = Vec::new();
-    for (name, topic) in &after.topics {
-        if before.topics.get(name) != Some(topic) {
-            changes.push((topic_key(name), Some(encode(&topic_key(name), topic)?)));
-        }
+    // `after` is `before` changed by a transition, so the maps share every item the change did
+    // not touch and `diff` skips them: the cost is the change's, not the metadata's.
+    for item in before.topics.diff(&after.topics) {
+        let (name, topic) = match item {
+            DiffItem::Add(name, topic)
+            | DiffItem::Update {
+                new: (name, topic), ..
+            } => (name, Some(topic)),
+            DiffItem::Remove(name, _) => (name, None),
+        };
+        let key = topic_key(name);
+        let value = topic.map(|topic| encode(&key, topic)).transpose()?;
+        changes.push((key, value));
     }
-    for name in before.topics.keys() {
-        if !after.topics.contains_key(name) {
-            changes.push((topic_key(name), None));
-        }
+    for item in before.links.diff(&after.links) {
+        let ((parent, child), link) = match item {
+            DiffItem::Add(ends, link)
+            | DiffItem::Update {
+                new: (ends, link), ..
+            } => (ends, Some(link)),
+            DiffItem::Remove(ends, _) => (ends, None),
+        };
+        let key = link_key(parent, child);
+        let value = link.map(|link| encode(&key, link)).transpose()?;
+        changes.push((key, value));
     }
-    for ((parent, child), link) in &after.links {
-        if before.links.get(&(parent.clone(), child.clone())) != Some(link) {
-            let key = link_key(parent, child);
-            changes.push((key.clone(), Some(encode(&key, link)?)));
-        }
-    }
-    for (parent, child) in before.links.keys() {
-        if !after.links.contains_key(&(parent.clone(), child.clone())) {
-            changes.push((link_key(parent, child), None));
-        }
-    }
-    for (name, user) in &after.users {
-        if before.users.get(name) != Some(user) {
-            changes.push((user_key(name), Some(encode(&user_key(name), user)?)));
-        }
-    }
-    for name in before.users.keys() {
-        if !after.users.contains_key(name) {
-            changes.push((user_key(name), None));
-        }
+    for item in before.users.diff(&after.users) {
+        let (name, user) = match item {
+            DiffItem::Add(name, user)
+            | DiffItem::Update {
+                new: (name, user), ..
+            } => (name, Some(user)),
+            DiffItem::Remove(name, _) => (name, None),
+        };
+        let key = user_key(name);
+        let value = user.map(|user| encode(&key, user)).transpose()?;
+        changes.push((key, value));
     }
     for rule in &after.acls {
         if before.acls.binary_search(rule).is_err() {
@@ -452,9 +460,7 @@ pub(crate) async fn convert(client: &Client, prefix: &str) -> Result<bool> {
     let full_key = |name: &str| format!("{meta}{name}");
     let mut converted = false;
     for _ in 0..super::etcd::MAX_WRITE_ROUNDS {
-        let mut kv = client.kv_client();
-        let response = kv
-            .get(meta.clone(), Some(GetOptions::new().with_prefix()))
+        let response = super::etcd_range::read_prefix(client, &meta, false, false)
             .await
             .map_err(|source| MetastoreError::Unavailable {
                 context: format!("reading {meta} from etcd"),
@@ -464,7 +470,7 @@ pub(crate) async fn convert(client: &Client, prefix: &str) -> Result<bool> {
         let mut old: Vec<(String, i64, Vec<u8>)> = Vec::new();
         let mut items: Vec<(String, Vec<u8>)> = Vec::new();
         let mut versions: Option<Vec<u8>> = None;
-        for (name, entry) in named(response.kvs(), &meta) {
+        for (name, entry) in named(&response.kvs, &meta) {
             if name == VERSIONS {
                 versions_revision = entry.mod_revision();
                 versions = Some(entry.value().to_vec());

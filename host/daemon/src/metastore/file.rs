@@ -94,11 +94,11 @@ struct StateRef<'a> {
     format: u32,
     versions: Versions,
     journal_seq: u64,
-    topics: &'a BTreeMap<String, TopicMeta>,
+    topics: &'a super::Items<String, TopicMeta>,
     links: Vec<&'a LinkMeta>,
     plugins: &'a [PluginVersion],
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    users: &'a BTreeMap<String, UserMeta>,
+    #[serde(skip_serializing_if = "super::Items::is_empty")]
+    users: &'a super::Items<String, UserMeta>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     acls: &'a [crate::acl::AclRule],
 }
@@ -107,14 +107,14 @@ impl State {
     fn into_snapshot(self) -> Snapshot {
         Snapshot {
             versions: self.versions,
-            topics: self.topics,
+            topics: self.topics.into(),
             links: self
                 .links
                 .into_iter()
                 .map(|l| ((l.parent.clone(), l.child.clone()), l))
                 .collect(),
             plugins: self.plugins,
-            users: self.users,
+            users: self.users.into(),
             acls: self.acls,
         }
     }
@@ -1005,7 +1005,7 @@ mod tests {
                 topics: 1,
                 ..Versions::default()
             },
-            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]).into(),
             ..Snapshot::default()
         };
         let bytes = encode(&state, 1).unwrap();
@@ -1070,7 +1070,7 @@ mod tests {
     #[test]
     fn file_is_plain_json() {
         let state = Snapshot {
-            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]),
+            topics: BTreeMap::from([("orders".to_owned(), topic("orders", 1))]).into(),
             ..Snapshot::default()
         };
         let bytes = encode(&state, 0).unwrap();

@@ -276,7 +276,7 @@ pub enum LinkRuleError {
 /// Checks `link`'s dead-letter topic, if it names one: a local topic that exists, neither
 /// its parent nor its child, and the link not a remote child.
 pub(crate) fn check_dead_letter(
-    topics: &BTreeMap<String, TopicMeta>,
+    topics: &crate::metastore::Items<String, TopicMeta>,
     link: &LinkMeta,
 ) -> Result<(), LinkRuleError> {
     let Some(topic) = &link.dead_letter else {
@@ -299,7 +299,7 @@ pub(crate) fn check_dead_letter(
 
 /// Checks the rules for attaching `link`, given the topics and the links that exist.
 pub(crate) fn check_attach(
-    topics: &BTreeMap<String, TopicMeta>,
+    topics: &crate::metastore::Items<String, TopicMeta>,
     links: &[LinkMeta],
     link: &LinkMeta,
 ) -> Result<(), LinkRuleError> {
@@ -438,7 +438,7 @@ mod tests {
         }
     }
 
-    fn topics(names: &[&str]) -> BTreeMap<String, TopicMeta> {
+    fn topics(names: &[&str]) -> crate::metastore::Items<String, TopicMeta> {
         names
             .iter()
             .map(|n| (n.to_string(), topic(n, None)))

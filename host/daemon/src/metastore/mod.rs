@@ -27,6 +27,7 @@ pub mod cache;
 pub(crate) mod conformance;
 pub mod etcd;
 pub(crate) mod etcd_keys;
+pub mod etcd_range;
 pub(crate) mod file;
 pub(crate) mod frame;
 pub(crate) mod journal;
@@ -35,7 +36,7 @@ pub mod link;
 pub mod test_etcd;
 pub(crate) mod transition;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -185,20 +186,27 @@ impl Versions {
     }
 }
 
-/// A consistent view of all the metadata at one moment.
+/// An ordered map of metadata items that shares its structure with its copies: a clone costs
+/// a reference count, a change copies the path to the item it touched, and
+/// [`imbl::OrdMap::diff`] between a copy and its original visits only what differs. A write
+/// at 20,000 topics so pays for the topic it creates, not for the other 19,999.
+pub type Items<K, V> = imbl::OrdMap<K, V>;
+
+/// A consistent view of all the metadata at one moment. Cloning it is cheap: the maps share
+/// their items with the original ([`Items`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Snapshot {
     /// The versions this view corresponds to.
     pub versions: Versions,
     /// Every topic, by name.
-    pub topics: BTreeMap<String, TopicMeta>,
+    pub topics: Items<String, TopicMeta>,
     /// Every link, by (parent, child).
-    pub links: BTreeMap<(String, String), LinkMeta>,
+    pub links: Items<(String, String), LinkMeta>,
     /// Every uploaded plugin version, oldest first.
     pub plugins: Vec<PluginVersion>,
     /// Every user, by name.
-    pub users: BTreeMap<String, UserMeta>,
+    pub users: Items<String, UserMeta>,
     /// Every ACL rule, sorted, each once.
     pub acls: Vec<AclRule>,
 }
@@ -310,13 +318,16 @@ impl Snapshot {
             .keys()
             .flat_map(|(parent, child)| [parent.as_str(), child.as_str()])
             .collect();
-        self.topics.retain(|name, _| named.contains(name.as_str()));
+        self.topics = std::mem::take(&mut self.topics)
+            .into_iter()
+            .filter(|(name, _)| named.contains(name.as_str()))
+            .collect();
     }
 
     /// A copy holding only the topics some link names (see [`Snapshot::keep_linked_topics`]),
     /// built without copying the others.
     pub(crate) fn linked_copy(&self) -> Snapshot {
-        let mut topics = BTreeMap::new();
+        let mut topics = Items::new();
         for (parent, child) in self.links.keys() {
             for name in [parent, child] {
                 if let Some(topic) = self.topics.get(name) {

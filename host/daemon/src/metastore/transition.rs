@@ -316,12 +316,27 @@ fn step(s: &mut Snapshot, change: Change) -> Result<(Outcome, Vec<Domain>)> {
                 return Err(MetastoreError::UnknownTopic { name });
             };
             let before = s.links.len();
-            s.links.retain(|ends, l| !link_names_topic(ends, l, &name));
+            let gone: Vec<(String, String)> = s
+                .links
+                .iter()
+                .filter(|(ends, l)| link_names_topic(ends, l, &name))
+                .map(|(ends, _)| ends.clone())
+                .collect();
+            for ends in &gone {
+                s.links.remove(ends);
+            }
             // A link that only sends its dead letters here stays, without a dead-letter topic.
-            let mut letters_cleared = false;
-            for link in s.links.values_mut().filter(|l| letters_here(l)) {
-                link.dead_letter = None;
-                letters_cleared = true;
+            let lettered: Vec<(String, String)> = s
+                .links
+                .iter()
+                .filter(|(_, l)| letters_here(l))
+                .map(|(ends, _)| ends.clone())
+                .collect();
+            let letters_cleared = !lettered.is_empty();
+            for ends in &lettered {
+                if let Some(link) = s.links.get_mut(ends) {
+                    link.dead_letter = None;
+                }
             }
             let mut domains = vec![Domain::Topics];
             if s.links.len() != before || letters_cleared {

@@ -5,7 +5,6 @@
 //! created or deleted between two sweeps shifts no other partition's turn, and a sweep never
 //! builds the list of every partition (60,000 names cloned on a node with 5,000 topics of 12).
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
 
 /// The last (topic, partition) a sweep visited: the next one starts just after it.
@@ -26,8 +25,8 @@ type TopicFrom<'a, T> = (&'a String, &'a T, u32);
 /// Up to `max_local` partitions for which `is_local` holds, going round the ring of every
 /// partition of `topics` (`partitions_of` gives a topic's count) from just after `after` (from
 /// the first when `None`), visiting at most `max_visits` partitions and none twice.
-pub(crate) fn next_sweep<T>(
-    topics: &BTreeMap<String, T>,
+pub(crate) fn next_sweep<T: Clone>(
+    topics: &crate::metastore::Items<String, T>,
     partitions_of: impl Fn(&T) -> u32,
     after: Option<&SweepMark>,
     max_local: usize,
@@ -39,11 +38,11 @@ pub(crate) fn next_sweep<T>(
         None => (topics.iter().map(|(n, t)| (n, t, 0)).collect(), Vec::new()),
         Some((name, partition)) => {
             let from = Bound::Included(name.as_str());
-            let tail = (topics.range::<str, _>((from, Bound::Unbounded)))
+            let tail = (topics.range::<_, str>((from, Bound::Unbounded)))
                 .map(|(n, t)| (n, t, if n == name { partition + 1 } else { 0 }))
                 .collect();
             // Before the mark's topic only: its own first partitions close the round below.
-            let head = (topics.range::<str, _>((Bound::Unbounded, Bound::Excluded(name.as_str()))))
+            let head = (topics.range::<_, str>((Bound::Unbounded, Bound::Excluded(name.as_str()))))
                 .map(|(n, t)| (n, t, 0))
                 .collect();
             (tail, head)
@@ -88,12 +87,12 @@ pub(crate) fn next_sweep<T>(
 mod tests {
     use super::*;
 
-    fn topics(spec: &[(&str, u32)]) -> BTreeMap<String, u32> {
+    fn topics(spec: &[(&str, u32)]) -> crate::metastore::Items<String, u32> {
         spec.iter().map(|(n, p)| (n.to_string(), *p)).collect()
     }
 
     fn sweep(
-        t: &BTreeMap<String, u32>,
+        t: &crate::metastore::Items<String, u32>,
         after: Option<&SweepMark>,
         max_local: usize,
         is_local: impl Fn(&str, u32) -> bool,
@@ -101,7 +100,7 @@ mod tests {
         next_sweep(t, |p| *p, after, max_local, usize::MAX, is_local)
     }
 
-    fn all_of(t: &BTreeMap<String, u32>) -> Vec<SweepMark> {
+    fn all_of(t: &crate::metastore::Items<String, u32>) -> Vec<SweepMark> {
         t.iter()
             .flat_map(|(n, p)| (0..*p).map(move |i| (n.clone(), i)))
             .collect()
@@ -180,7 +179,7 @@ mod tests {
         let turn = next_sweep(&t, |p| *p, turn.next.as_ref(), 10, 25, |_, p| p % 50 == 49);
         assert_eq!(turn.local, vec![("a".into(), 49)]);
         assert_eq!(
-            sweep(&BTreeMap::new(), None, 10, |_, _| true),
+            sweep(&crate::metastore::Items::new(), None, 10, |_, _| true),
             SweepTurn {
                 local: Vec::new(),
                 next: None

@@ -210,7 +210,10 @@ pub(crate) fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
 
 /// The steps that account for `dirs` against the topics the metastore knows (see the table in
 /// the module doc). Pure: decides, does nothing.
-pub(crate) fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Vec<Action> {
+pub(crate) fn plan(
+    dirs: &[TopicDir],
+    known: &crate::metastore::Items<String, TopicMeta>,
+) -> Vec<Action> {
     let mut actions = Vec::new();
     for dir in dirs {
         let topic = dir.name.clone();
@@ -286,7 +289,7 @@ pub(crate) fn plan(dirs: &[TopicDir], known: &BTreeMap<String, TopicMeta>) -> Ve
 /// partition is registered with the store.
 pub(crate) fn reconcile(
     store: &Store,
-    known: &BTreeMap<String, TopicMeta>,
+    known: &crate::metastore::Items<String, TopicMeta>,
     metastore_is_new: bool,
     now_ms: i64,
 ) -> Result<StartupReport, StartupError> {
@@ -423,7 +426,7 @@ mod tests {
         }
     }
 
-    fn known(topics: &[(&str, u32)]) -> BTreeMap<String, TopicMeta> {
+    fn known(topics: &[(&str, u32)]) -> crate::metastore::Items<String, TopicMeta> {
         topics
             .iter()
             .map(|&(n, p)| (n.to_owned(), meta(n, p)))
@@ -597,7 +600,7 @@ mod tests {
             Intent::Create { partitions: 1 },
         )
         .unwrap();
-        match reconcile(&store, &BTreeMap::new(), true, 5) {
+        match reconcile(&store, &crate::metastore::Items::new(), true, 5) {
             Err(StartupError::MetastoreMissing { topics, .. }) => {
                 assert_eq!(topics, vec!["orders".to_owned()]);
             }
@@ -609,7 +612,7 @@ mod tests {
 
         // A new data dir whose only content is an interrupted first create starts normally.
         fs::remove_dir_all(data.join(TOPICS_DIR_NAME).join("orders")).unwrap();
-        reconcile(&store, &BTreeMap::new(), true, 5).unwrap();
+        reconcile(&store, &crate::metastore::Items::new(), true, 5).unwrap();
         assert!(!data.join(TOPICS_DIR_NAME).join("half").exists());
     }
 
