@@ -353,6 +353,9 @@ pub struct BacklogFigures {
     pub all_running_records_per_s: Option<f64>,
     /// Cores busy (the daemons and this process) over that time.
     pub cores_busy: Option<f64>,
+    /// CPU microseconds the daemons spent per record copied over that time (nothing else
+    /// runs then: the produce is over and the first child caught up).
+    pub daemon_cpu_us_per_record: Option<f64>,
     /// Slabs its cursors committed.
     pub slabs: u64,
     /// Its bucket commits that failed and were tried again.
@@ -377,6 +380,9 @@ pub struct Ratios {
     pub produce: f64,
     /// Backlog copy rates ([`BacklogFigures::rate`]): the copies alone.
     pub backlog: f64,
+    /// Daemon CPU per record of the backlog copies: what a record copied across nodes costs
+    /// against one copied on one node (`None` when the CPU could not be read).
+    pub backlog_cpu_per_record: Option<f64>,
 }
 
 impl Ratios {
@@ -390,6 +396,13 @@ impl Ratios {
             },
             produce: per_second(cluster.produce_records_per_s, single.produce_records_per_s),
             backlog: per_second(cluster.backlog.records_per_s, single.backlog.records_per_s),
+            backlog_cpu_per_record: match (
+                single.backlog.daemon_cpu_us_per_record,
+                cluster.backlog.daemon_cpu_us_per_record,
+            ) {
+                (Some(s), Some(c)) => Some(per_second(c, s)),
+                _ => None,
+            },
         }
     }
 }
@@ -944,8 +957,9 @@ async fn copy_backlog(
     progress.finish();
     let (first_at, first_held, cpu) = first.unwrap_or((done, records, CpuSample::now(spec.nodes)));
     let seconds = done.saturating_sub(first_at).as_secs_f64();
-    let (_, _, cores_busy) = cpu.since(spec.nodes, seconds);
+    let (daemon_cpu, _, cores_busy) = cpu.since(spec.nodes, seconds);
     let all_running = all_running_rate(&looks, targets);
+    let copied = records - first_held;
     Ok(BacklogFigures {
         release_seconds: first_at.as_secs_f64(),
         release_spread_seconds: release_spread(&looks),
@@ -955,6 +969,9 @@ async fn copy_backlog(
         all_running_seconds: all_running.map_or(0.0, |a| a.1),
         all_running_records_per_s: all_running.map(|a| a.0),
         cores_busy,
+        daemon_cpu_us_per_record: daemon_cpu
+            .filter(|_| copied > 0)
+            .map(|cpu| cpu * 1e6 / copied as f64),
         slabs: 0,
         commit_retries: 0,
     })
@@ -1518,7 +1535,8 @@ impl PhaseFigures {
              daemons + {} s here = {} cores busy\n  \
              backlog {all_running}{:.0} records/s from the first records to caught up ({:.2} \
              s): a second child released once all was produced, {:.2} s to start, cursors \
-             {:.2} s apart; {} slabs, {} commit retries; {} cores busy",
+             {:.2} s apart; {} slabs, {} commit retries; {} cores busy, daemon CPU {} us per \
+             record",
             self.produce_records_per_s,
             self.produce_seconds,
             self.copy_records_per_s,
@@ -1537,6 +1555,7 @@ impl PhaseFigures {
             b.slabs,
             b.commit_retries,
             opt(b.cores_busy, 2),
+            opt(b.daemon_cpu_us_per_record, 2),
         )
     }
 }
@@ -1614,7 +1633,7 @@ impl ClusterReport {
              single node (embedded metastore)\n  {}\n\
              3 nodes (etcd {}, cluster {}): parent on {:?}, child on {:?}\n  {}\n\
              ratio 3 nodes / single: backlog copy {:.2}x, copy beside the produce {:.2}x, \
-             drain {drain}, produce {:.2}x\n\
+             drain {drain}, produce {:.2}x; daemon CPU per record of the backlog copy {}\n\
              {}\n\
              confirm() (linearizable read of the metadata, one per anchor; {} anchors in the \
              3-node phase): p50 {:.0} us, p99 {:.0} us, mean {:.0} us, max {:.0} us over {} reads\n\
@@ -1645,6 +1664,9 @@ impl ClusterReport {
             self.ratios.backlog,
             self.ratios.copy,
             self.ratios.produce,
+            self.ratios
+                .backlog_cpu_per_record
+                .map_or("n/a".to_owned(), |r| format!("{r:.2}x")),
             self.bounds(),
             c.anchors,
             c.linearizable.p50_us,
@@ -1758,6 +1780,7 @@ mod tests {
                 all_running_seconds: 0.5,
                 all_running_records_per_s: Some(backlog),
                 cores_busy: None,
+                daemon_cpu_us_per_record: Some(1_000_000.0 / backlog),
                 slabs: 0,
                 commit_retries: 0,
             },
@@ -1777,6 +1800,7 @@ mod tests {
                 drain: Some(0.25),
                 produce: 0.5,
                 backlog: 0.25,
+                backlog_cpu_per_record: Some(4.0),
             }
         );
     }
