@@ -22,9 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
 
@@ -240,26 +238,20 @@ impl EtcdMetastore {
 
     /// The revision of the newest write to the metadata, read linearizably (through etcd's
     /// leader): once the watched copy reflects it ([`Self::wait_for`]), the copy holds every
-    /// metadata write committed before this call began.
+    /// metadata write committed before this call began. Every metadata write rewrites
+    /// `meta/versions`, so it is that key's modification revision: one key read, where a range
+    /// over `meta/` sorted by revision made etcd load and sort every item (10 MB at 20,000
+    /// topics) for each call. 0 before the first write.
     pub(crate) async fn linearizable_revision(&self) -> Result<i64> {
         let mut kv = self.client.kv_client();
-        let newest = kv
-            .get(
-                format!("{}{META}", self.prefix),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only()
-                        .with_sort(SortTarget::Mod, SortOrder::Descend)
-                        .with_limit(1),
-                ),
-            )
+        let versions = kv
+            .get(self.key(VERSIONS), Some(GetOptions::new().with_keys_only()))
             .await
             .map_err(|source| MetastoreError::Unavailable {
                 context: "reading the metadata's revision from etcd".to_owned(),
                 source: Box::new(source),
             })?;
-        Ok(newest
+        Ok(versions
             .kvs()
             .first()
             .map_or(0, etcd_client::KeyValue::mod_revision))
