@@ -1073,6 +1073,19 @@ impl Store {
         self.peek_partition(&p)
     }
 
+    /// The high watermark of a partition whose log is open, from memory; `None` when it is
+    /// not open (or not registered). No file is read: a caller asking for thousands of
+    /// partitions every second (the reconciler's lag refresh) pays no I/O for closed logs,
+    /// which nothing appends to until they are opened again.
+    pub fn open_high_watermark(&self, id: &PartitionId) -> Option<u64> {
+        let p = self.partition(id).ok()?;
+        let slot = log::read(&p.slot);
+        match &*slot {
+            Slot::Open(l) => Some(l.stats().high_watermark),
+            _ => None,
+        }
+    }
+
     fn peek_partition(&self, p: &Partition) -> Result<PartitionStats> {
         let slot = log::read(&p.slot);
         let state = match &*slot {

@@ -388,9 +388,15 @@ impl CursorStatus {
         now_ms: i64,
         no_progress_after: std::time::Duration,
     ) {
-        let (position, committing) = {
+        let (position, committing, parent_high_watermark) = {
             let inner = self.lock();
-            (inner.next_offset, inner.committing)
+            // Unknown now (the parent's log is closed): the last one seen still holds, as
+            // nothing appends to a closed log.
+            (
+                inner.next_offset,
+                inner.committing,
+                parent_high_watermark.or(inner.high_watermark),
+            )
         };
         self.check_progress(parent_high_watermark, no_progress_after);
         if let (Some(next), Some(high)) = (position, parent_high_watermark) {

@@ -139,16 +139,15 @@ impl Reconciler {
     }
 
     /// Keeps every cursor's lag series current, also for cursors stalled in a commit, from
-    /// each parent partition's high watermark as the store knows it (a peek, which opens no
-    /// log).
+    /// each parent partition's high watermark as the store holds it in memory. A closed
+    /// parent log keeps the cursor's last known high watermark: nothing appends to a closed
+    /// log, and describing one from its files (a directory listing and three file reads) for
+    /// every cursor every second cost 0.3 to 0.4 s a tick at 4,400 cursors on one node.
     fn refresh_lags(&self) {
         let store = &self.deps.store;
         self.view.refresh_lags(
             |parent, partition| {
-                store
-                    .peek(&narad_storage::PartitionId::new(parent, partition))
-                    .ok()
-                    .and_then(|stats| stats.high_watermark)
+                store.open_high_watermark(&narad_storage::PartitionId::new(parent, partition))
             },
             self.deps.clock.now_ms(),
             self.deps.timing.no_progress_after,

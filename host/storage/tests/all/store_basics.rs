@@ -266,6 +266,30 @@ fn peek_never_opens_a_closed_log_and_never_stamps_last_access() {
     assert_eq!(store.peek(&id).unwrap().state, PartitionState::Closed);
 }
 
+/// The reconciler asks for every cursor's parent every second: an open log answers from
+/// memory, a closed one (or an unknown partition) answers nothing and stays closed.
+#[test]
+fn the_open_high_watermark_is_told_only_for_an_open_log_and_opens_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("t", 0);
+    assert_eq!(store.open_high_watermark(&id), None, "not registered");
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["a", "b", "c"])).unwrap();
+    assert_eq!(store.open_high_watermark(&id), Some(3));
+    clock.advance(120_000);
+    assert_eq!(store.close_idle(), 1);
+    assert_eq!(store.open_high_watermark(&id), None, "closed");
+    assert_eq!(
+        store.peek(&id).unwrap().state,
+        PartitionState::Closed,
+        "still closed"
+    );
+    store.append(&id, batch(&["d"])).unwrap();
+    assert_eq!(store.open_high_watermark(&id), Some(4));
+}
+
 #[test]
 fn an_idle_log_is_closed_and_reopens_on_demand() {
     let dir = tempfile::tempdir().unwrap();
