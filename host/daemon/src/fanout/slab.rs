@@ -87,6 +87,16 @@ pub(crate) async fn read_slab(
         max_bytes: bytes,
         max_committed_at_ms: gate(),
     };
+    // A caught-up cursor (at the high watermark its parent last published, in memory) waits
+    // at once: a read through the blocking pool first would find nothing, and would open a
+    // parent log the store had closed for being idle, every second, for every idle cursor.
+    if store.published_high_watermark(id) == Some(from)
+        && !store.wait_for_data(id, from, timing.slab_long_poll).await?
+    {
+        return Ok(SlabRead::Nothing(NoRecords::Idle {
+            high_watermark: from,
+        }));
+    }
     // Check the position first: waiting on an offset that aged out would never wake.
     let first = match read_blocking(store, id, opts(from, SLAB_MAX_RECORDS, SLAB_MAX_BYTES)).await {
         Err(SlabError::Storage(StorageError::OffsetBelowLogStart { log_start, .. })) => {
