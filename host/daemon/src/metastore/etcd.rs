@@ -686,6 +686,51 @@ mod tests {
         }
     }
 
+    /// A store with a watched copy under `/narad-test/{prefix}/`, as a node starting now has,
+    /// and the trigger that stops the copy's watch.
+    async fn watched_store(
+        etcd: &TestEtcd,
+        prefix: &str,
+    ) -> (crate::shutdown::ShutdownTrigger, EtcdMetastore) {
+        let (stop, signal) = crate::shutdown::channel();
+        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
+        let prefix = format!("/narad-test/{prefix}/");
+        let watched = EtcdMetastore::with_cache(client, prefix, CacheTiming::default(), signal)
+            .await
+            .unwrap();
+        (stop, watched)
+    }
+
+    /// [`watched_store`] and a direct store (another node) on the same prefix.
+    async fn watched_and_direct(
+        etcd: &TestEtcd,
+        prefix: &str,
+    ) -> (
+        crate::shutdown::ShutdownTrigger,
+        EtcdMetastore,
+        EtcdMetastore,
+    ) {
+        let (stop, watched) = watched_store(etcd, prefix).await;
+        let direct = EtcdMetastore::connect(&[etcd.endpoint()], format!("/narad-test/{prefix}/"))
+            .await
+            .unwrap();
+        (stop, watched, direct)
+    }
+
+    /// A topic of `partitions` partitions, each owned by a node with a long id: about 50
+    /// bytes of owners per partition.
+    fn owned_topic(name: &str, partitions: u32) -> TopicMeta {
+        let mut t = topic(name, partitions);
+        t.owners = (0..partitions)
+            .map(|_| PartitionOwner {
+                node: "node-with-a-long-id-0001".into(),
+                generation: 1,
+                moving_to: None,
+            })
+            .collect();
+        t
+    }
+
     async fn store(etcd: &TestEtcd, prefix: &str) -> Arc<EtcdMetastore> {
         Arc::new(
             EtcdMetastore::connect(&[etcd.endpoint()], format!("/narad-test/{prefix}/"))
@@ -833,24 +878,12 @@ mod tests {
         trigger.trigger();
     }
 
-    /// A topic created through one node is found at once through another, whose watched
-    /// copy may not have heard of it yet: a client creating through one node and producing
-    /// through the next must not get a 404.
     /// `confirm()` from a watched copy is still linearizable: a write acknowledged through
     /// another node is in the answer at once, though the copy may not have heard of it yet.
     #[tokio::test]
     async fn a_confirmed_read_through_a_watched_copy_holds_every_write_acknowledged_before_it() {
         let etcd = TestEtcd::start();
-        let (stop, signal) = crate::shutdown::channel();
-        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
-        let prefix = "/narad-test/confirm-watched/".to_owned();
-        let watched =
-            EtcdMetastore::with_cache(client, prefix.clone(), CacheTiming::default(), signal)
-                .await
-                .unwrap();
-        let other = EtcdMetastore::connect(&[etcd.endpoint()], prefix)
-            .await
-            .unwrap();
+        let (stop, watched, other) = watched_and_direct(&etcd, "confirm-watched").await;
         for i in 0..20 {
             let name = format!("t{i}");
             other.create_topic(topic(&name, 1)).await.unwrap();
@@ -869,19 +902,13 @@ mod tests {
         stop.trigger();
     }
 
+    /// A topic created through one node is found at once through another, whose watched
+    /// copy may not have heard of it yet: a client creating through one node and producing
+    /// through the next must not get a 404.
     #[tokio::test]
     async fn a_topic_created_through_another_node_is_found_before_the_copy_hears_of_it() {
         let etcd = TestEtcd::start();
-        let (stop, signal) = crate::shutdown::channel();
-        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
-        let prefix = "/narad-test/lagging/".to_owned();
-        let watched =
-            EtcdMetastore::with_cache(client, prefix.clone(), CacheTiming::default(), signal)
-                .await
-                .unwrap();
-        let other = EtcdMetastore::connect(&[etcd.endpoint()], prefix)
-            .await
-            .unwrap();
+        let (stop, watched, other) = watched_and_direct(&etcd, "lagging").await;
         for i in 0..20 {
             let name = format!("t{i}");
             other.create_topic(topic(&name, 1)).await.unwrap();
@@ -1182,30 +1209,18 @@ mod tests {
     #[tokio::test]
     async fn metadata_past_one_grpc_message_is_read_whole_by_a_starting_node_and_a_write() {
         let etcd = TestEtcd::start();
-        let prefix = "/narad-test/past-4mib/";
         let store = store(&etcd, "past-4mib").await;
         // 16 topics of 6,000 owned partitions: about 300 KB each, 4.8 MB in all.
         for i in 0..16 {
-            let name = format!("big-{i}");
-            let mut t = topic(&name, 6_000);
-            t.owners = (0..6_000)
-                .map(|_| PartitionOwner {
-                    node: "node-with-a-long-id-0001".into(),
-                    generation: 1,
-                    moving_to: None,
-                })
-                .collect();
-            store.create_topic(t).await.unwrap();
+            store
+                .create_topic(owned_topic(&format!("big-{i}"), 6_000))
+                .await
+                .unwrap();
         }
         // A linearizable read of every key, as a write without a watched copy makes.
         assert_eq!(store.confirm().await.unwrap().topics.len(), 16);
         // A new watched copy, as a starting node reads it.
-        let (stop, signal) = crate::shutdown::channel();
-        let client = connect_client(&[etcd.endpoint()]).await.unwrap();
-        let watched =
-            EtcdMetastore::with_cache(client, prefix.to_owned(), CacheTiming::default(), signal)
-                .await
-                .unwrap();
+        let (stop, watched) = watched_store(&etcd, "past-4mib").await;
         assert_eq!(watched.snapshot().await.unwrap().topics.len(), 16);
         watched.create_topic(topic("small", 1)).await.unwrap();
         assert_eq!(watched.confirm().await.unwrap().topics.len(), 17);
@@ -1219,15 +1234,7 @@ mod tests {
         // Three topics of 6,000 owned partitions: about 840 KB of owners in all, where the old
         // layout refused past 480 KB for every topic together.
         for name in ["big-1", "big-2", "big-3"] {
-            let mut t = topic(name, 6_000);
-            t.owners = (0..6_000)
-                .map(|_| PartitionOwner {
-                    node: "node-with-a-long-id-0001".into(),
-                    generation: 1,
-                    moving_to: None,
-                })
-                .collect();
-            store.create_topic(t).await.unwrap();
+            store.create_topic(owned_topic(name, 6_000)).await.unwrap();
         }
         let revision_of_big_1 = || async {
             let mut kv = store.client.kv_client();
