@@ -289,42 +289,24 @@ pub(crate) fn diff(
     let mut changes = Vec::new();
     // `after` is `before` changed by a transition, so the maps share every item the change did
     // not touch and `diff` skips them: the cost is the change's, not the metadata's.
-    for item in before.topics.diff(&after.topics) {
-        let (name, topic) = match item {
-            DiffItem::Add(name, topic)
-            | DiffItem::Update {
-                new: (name, topic), ..
-            } => (name, Some(topic)),
-            DiffItem::Remove(name, _) => (name, None),
-        };
-        let key = topic_key(name);
-        let value = topic.map(|topic| encode(&key, topic)).transpose()?;
-        changes.push((key, value));
-    }
-    for item in before.links.diff(&after.links) {
-        let ((parent, child), link) = match item {
-            DiffItem::Add(ends, link)
-            | DiffItem::Update {
-                new: (ends, link), ..
-            } => (ends, Some(link)),
-            DiffItem::Remove(ends, _) => (ends, None),
-        };
-        let key = link_key(parent, child);
-        let value = link.map(|link| encode(&key, link)).transpose()?;
-        changes.push((key, value));
-    }
-    for item in before.users.diff(&after.users) {
-        let (name, user) = match item {
-            DiffItem::Add(name, user)
-            | DiffItem::Update {
-                new: (name, user), ..
-            } => (name, Some(user)),
-            DiffItem::Remove(name, _) => (name, None),
-        };
-        let key = user_key(name);
-        let value = user.map(|user| encode(&key, user)).transpose()?;
-        changes.push((key, value));
-    }
+    changed_items(
+        &before.topics,
+        &after.topics,
+        |name| topic_key(name),
+        &mut changes,
+    )?;
+    changed_items(
+        &before.links,
+        &after.links,
+        |(parent, child)| link_key(parent, child),
+        &mut changes,
+    )?;
+    changed_items(
+        &before.users,
+        &after.users,
+        |name| user_key(name),
+        &mut changes,
+    )?;
     for rule in &after.acls {
         if before.acls.binary_search(rule).is_err() {
             changes.push((acl_key(rule), Some(encode(&acl_key(rule), rule)?)));
@@ -343,6 +325,30 @@ pub(crate) fn diff(
         ));
     }
     Ok(changes)
+}
+
+/// The keys of the items that differ between `before` and `after` (`after` being `before`
+/// changed by a transition, so that `diff` skips every part they share), with each new value
+/// encoded or `None` for a removed item.
+fn changed_items<K: Ord + Clone, V: serde::Serialize + PartialEq + Clone>(
+    before: &super::Items<K, V>,
+    after: &super::Items<K, V>,
+    key_of: impl Fn(&K) -> String,
+    changes: &mut Vec<KeyChange>,
+) -> Result<()> {
+    for item in before.diff(after) {
+        let (id, value) = match item {
+            DiffItem::Add(id, value)
+            | DiffItem::Update {
+                new: (id, value), ..
+            } => (id, Some(value)),
+            DiffItem::Remove(id, _) => (id, None),
+        };
+        let key = key_of(id);
+        let value = value.map(|value| encode(&key, value)).transpose()?;
+        changes.push((key, value));
+    }
+    Ok(())
 }
 
 /// The plugin keys' changes. The list keeps upload order; a write appends or removes
