@@ -1086,19 +1086,6 @@ impl Store {
         }
     }
 
-    /// The high watermark the partition last published to its waiters, from memory: it only
-    /// rises while the store runs and stays published when the log is closed for being idle.
-    /// `None` before anything was published (a partition not opened or peeked since the start)
-    /// or for a broken or unknown one.
-    pub fn published_high_watermark(&self, id: &PartitionId) -> Option<u64> {
-        let p = self.partition(id).ok()?;
-        let signal = *p.signal.borrow();
-        match signal {
-            Signal::Hw(hw) => Some(hw),
-            _ => None,
-        }
-    }
-
     fn peek_partition(&self, p: &Partition) -> Result<PartitionStats> {
         let slot = log::read(&p.slot);
         let state = match &*slot {

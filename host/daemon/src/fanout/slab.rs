@@ -87,10 +87,11 @@ pub(crate) async fn read_slab(
         max_bytes: bytes,
         max_committed_at_ms: gate(),
     };
-    // A caught-up cursor (at the high watermark its parent last published, in memory) waits
-    // at once: a read through the blocking pool first would find nothing, and would open a
-    // parent log the store had closed for being idle, every second, for every idle cursor.
-    if store.published_high_watermark(id) == Some(from)
+    // A caught-up cursor (at its parent's high watermark, while the log is open and so holds
+    // the truth in memory) waits at once: a read through the blocking pool first would find
+    // nothing, every second, for every idle cursor. A closed log is read as before: that read
+    // reopens it and finds a parent that lost records on disk while it was closed.
+    if store.open_high_watermark(id) == Some(from)
         && !store.wait_for_data(id, from, timing.slab_long_poll).await?
     {
         return Ok(SlabRead::Nothing(NoRecords::Idle {

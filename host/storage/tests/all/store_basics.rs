@@ -290,30 +290,6 @@ fn the_open_high_watermark_is_told_only_for_an_open_log_and_opens_none() {
     assert_eq!(store.open_high_watermark(&id), Some(4));
 }
 
-/// What an idle cursor checks before it waits: published from memory, rising with appends,
-/// still there once the log is closed for being idle, and nothing for an unknown partition.
-#[test]
-fn the_published_high_watermark_rises_with_appends_and_outlives_an_idle_close() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = Arc::new(ManualClock::new(T0_MS));
-    let store = real_store(dir.path(), clock.clone());
-    let id = pid("t", 0);
-    assert_eq!(store.published_high_watermark(&id), None, "not registered");
-    store.create_partition(&id, LogConfig::default()).unwrap();
-    store.append(&id, batch(&["a", "b"])).unwrap();
-    assert_eq!(store.published_high_watermark(&id), Some(2));
-    store.append(&id, batch(&["c"])).unwrap();
-    assert_eq!(store.published_high_watermark(&id), Some(3));
-    clock.advance(120_000);
-    assert_eq!(store.close_idle(), 1);
-    assert_eq!(store.published_high_watermark(&id), Some(3));
-    assert_eq!(
-        store.peek(&id).unwrap().state,
-        PartitionState::Closed,
-        "still closed"
-    );
-}
-
 #[test]
 fn an_idle_log_is_closed_and_reopens_on_demand() {
     let dir = tempfile::tempdir().unwrap();
