@@ -27,7 +27,7 @@ use super::progress::Progress;
 use super::sys::{self, FileSystemInfo};
 use super::workdir::WorkDir;
 use super::{BenchError, blocking};
-use narad_host::fanout::cursor::CursorDeps;
+use narad_host::fanout::CursorDeps;
 use narad_host::fanout::metrics::FanoutMetrics;
 use narad_host::fanout::route::{RouterBuildError, RouterFactory, SlabRouter};
 use narad_host::fanout::status::FanoutView;

@@ -20,14 +20,14 @@
 //! least [`GOAL_RATIO`]. Every child and target partition is counted afterwards: each must hold
 //! exactly what was sent. Nothing here is a timed test: the figures are printed, never asserted.
 //!
-//! [`CursorDeps::leave_out_held`]: narad_host::fanout::cursor::CursorDeps::leave_out_held
+//! [`CursorDeps::leave_out_held`]: narad_host::fanout::CursorDeps::leave_out_held
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_host::fanout::cursor::CursorDeps;
+use narad_host::fanout::CursorDeps;
 use narad_host::produce::{ProduceRecord, Producer};
 use narad_host::shutdown;
 use narad_storage::{Header, NewRecord};

@@ -20,11 +20,12 @@ use narad_host::api::children::DEFAULT_ROUTER;
 use narad_host::fanout::committer::{
     BlockingCommitter, ChildCommitError, ChildCommitter, InOrderFailure,
 };
-use narad_host::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
+use narad_host::fanout::cursor::{CursorExit, run_cursor};
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::route::wasm::WasmRouterFactory;
 use narad_host::fanout::route::{RouterFactory as _, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus};
+use narad_host::fanout::{CursorDeps, CursorKey, LinkRuntime};
 use narad_host::metastore::link::new_epoch;
 use narad_host::metastore::{FileMetastore, LinkMeta, Metastore, TopicMeta};
 use narad_host::plugins::PluginRegistry;

@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use narad_host::fanout::CursorDeps;
 use narad_host::fanout::committer::{
     BlockingCommitter, ChildCommitError, ChildCommitter, InOrderFailure,
 };
-use narad_host::fanout::cursor::CursorDeps;
 use narad_host::fanout::status::CursorState;
 use narad_host::metastore::Metastore;
 use narad_host::shutdown;

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use narad_storage::{BatchOrigin, EncodedBatch, Header, PartitionId, StoredRecord};
 
+use super::CursorKey;
 use super::bucket::SlabOrigin;
 use super::committer::ChildCommitter;
-use super::cursor::CursorKey;
 use super::route::PoisonFound;
 use crate::metastore::{Metastore, MetastoreError};
 

@@ -15,9 +15,9 @@ use narad_storage::cursor::gaps::{self, Gap, GapLedger, GapReason, GapsLoad};
 use narad_storage::fs::FileSystem;
 use narad_storage::{Clock, PartitionId};
 
-use super::cursor::{CursorDeps, CursorKey};
 use super::position::cursor_path;
 use super::status::CursorStatus;
+use super::{CursorDeps, CursorKey};
 use crate::blocking::BlockingError;
 
 /// Why the gap ledger could not be read or written; the cursor does not skip without it.

@@ -1,7 +1,7 @@
 //! Fan-out: the cursors that copy a parent partition into a child, commit before advance.
 //!
 //! One cursor runs per (parent partition, child) pair on the node that owns the parent
-//! partition. Its loop ([`cursor`], one screen) calls one module per step of a slab, in order,
+//! partition. Its loop ([`cursor`]) calls one module per step of a slab, in order,
 //! and each step hands its result to the next; none calls back into the loop:
 //!
 //! 0. **Position** ([`position`]): where the cursor starts or resumes, once, before the loop.
@@ -60,6 +60,7 @@ pub mod cursor;
 pub(crate) mod dead_letter;
 pub mod gap_book;
 pub(crate) mod gate;
+pub(crate) mod link_runtime;
 pub(crate) mod lost_partition;
 pub mod metrics;
 pub(crate) mod peer_calls;
@@ -73,7 +74,59 @@ pub(crate) mod slab;
 pub(crate) mod stall_log;
 pub mod status;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use narad_storage::fs::FileSystem;
+use narad_storage::{Clock, Store};
+
+pub use link_runtime::LinkRuntime;
+
+use crate::metastore::Metastore;
+use committer::ChildCommitter;
+
+/// Identity of one fan-out cursor: a (parent partition, child) pair under one attach epoch.
+///
+/// The epoch is part of the identity so that a detach followed by a re-attach is a stop of the
+/// old cursor and a start of a new one, never a silent resume of the old position. The
+/// reconciler compares sets of these to decide which cursors to start and stop.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CursorKey {
+    /// Parent topic name.
+    pub parent: String,
+    /// Parent partition index.
+    pub partition: u32,
+    /// Child topic name.
+    pub child: String,
+    /// Attach epoch of the link the cursor serves (16 lowercase hex digits).
+    pub epoch: String,
+}
+
+/// The parts of the daemon a cursor uses.
+pub struct CursorDeps {
+    /// The local store: the parent partition and (on one node) the child partitions.
+    pub store: Arc<Store>,
+    /// The file system the store runs on, for the offset file.
+    pub fs: Arc<dyn FileSystem>,
+    /// Where child buckets are committed.
+    pub committer: Arc<dyn ChildCommitter>,
+    /// The metadata: topics, links, and the linearizable epoch check.
+    pub metastore: Arc<dyn Metastore>,
+    /// The clock the delay gate reads (this node's clock).
+    pub clock: Arc<dyn Clock>,
+    /// Every wait of the cursor (the reference constants by default).
+    pub timing: FanoutTiming,
+    /// Cluster mode: how the start-up scan of the child's tails reads the child partitions
+    /// other nodes own. `None` on one node, where every child partition must be here (a
+    /// missing one is an error).
+    pub remote_tails: Option<Arc<dyn position::RemoteTails>>,
+    /// Cluster mode: this node's id, written with every range on a cursor's gap ledger.
+    pub node: Option<String>,
+    /// Whether a starting cursor leaves out of the slabs it reads again the records its child
+    /// already holds ([`position::Held`]). The daemon always sets it; only the
+    /// baseline of `narad bench once` runs without, to measure what the check costs.
+    pub leave_out_held: bool,
+}
 
 /// Long-poll on the parent before a slab read gives up and reports no data (engine
 /// reference: slab long-poll 1 s).

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use narad_storage::cursor::gaps::GapLedger;
 
-use super::cursor::CursorKey;
+use super::CursorKey;
 use super::metrics::{ChildLabels, CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
 /// What a cursor is doing.

@@ -25,12 +25,13 @@ use narad_storage::cursor as cursor_file;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fanout::cursor::{CursorDeps, CursorExit, CursorKey, LinkRuntime, run_cursor};
+use crate::fanout::cursor::{CursorExit, run_cursor};
 use crate::fanout::metrics::{CursorLabels, FanoutMetrics, PassKind, PassLabels};
 use crate::fanout::position::cursor_path;
 use crate::fanout::route::{RouterBuildError, RouterFactory, SlabRouter, replace_router};
 use crate::fanout::shadow::Shadow;
 use crate::fanout::status::{CursorStatus, FanoutView};
+use crate::fanout::{CursorDeps, CursorKey, LinkRuntime};
 use crate::metastore::Snapshot;
 use crate::metastore::{LinkMeta, ShadowSpec};
 use crate::ownership::PartitionOwnership;

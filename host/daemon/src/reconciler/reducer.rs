@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::fanout::cursor::CursorKey;
+use crate::fanout::CursorKey;
 
 /// One action the reconciler must carry out, in the order returned.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,13 +14,12 @@ use narad_host::fanout::FanoutTiming;
 use narad_host::fanout::committer::{
     BlockingCommitter, ChildCommitError, ChildCommitter, InOrderFailure,
 };
-use narad_host::fanout::cursor::{
-    CursorDeps, CursorExit, CursorKey, LinkGone, LinkRuntime, run_cursor,
-};
+use narad_host::fanout::cursor::{CursorExit, LinkGone, run_cursor};
 use narad_host::fanout::metrics::{CursorLabels, FanoutMetrics};
 use narad_host::fanout::position::{Deferred, cursor_path};
 use narad_host::fanout::route::{RouteFailure, RouteInput, SlabRouter};
 use narad_host::fanout::status::{CursorState, CursorStatus, HaltedGap, SeekError};
+use narad_host::fanout::{CursorDeps, CursorKey, LinkRuntime};
 use narad_host::metastore::link::{AcceptedGap, LinkMeta, OnGap, PluginRef, PluginVersion};
 use narad_host::metastore::{
     BoxFuture, Change, FileMetastore, LinkTopics, Metastore, Outcome, Snapshot, TopicMeta, Versions,

@@ -44,8 +44,8 @@ use narad_storage::cursor::{self as cursor_file, CursorFile, CursorLoad, CursorR
 use narad_storage::{PartitionId, StorageError, Store};
 
 use super::advance::OffsetFile;
-use super::cursor::{CursorDeps, CursorKey};
 use super::status::CursorStatus;
+use super::{CursorDeps, CursorKey};
 use crate::blocking::BlockingError;
 use crate::metastore::MetastoreError;
 use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
