@@ -71,6 +71,19 @@ async fn read_blocking(
     Ok(crate::blocking::run(move || store.read(&id, &opts)).await??)
 }
 
+/// The parent's end if the store knows it without a read ([`Store::known_high_watermark`]):
+/// from memory for an open log, else on the blocking pool (a `stat`).
+async fn known_high_watermark(store: &Arc<Store>, id: &PartitionId) -> Option<u64> {
+    if let Some(high) = store.open_high_watermark(id) {
+        return Some(high);
+    }
+    let (store, id) = (Arc::clone(store), id.clone());
+    crate::blocking::run(move || store.known_high_watermark(&id))
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Reads the next slab at `from`: long-polls up to `timing.slab_long_poll` for a first record,
 /// then tops up to [`SLAB_MAX_RECORDS`] / [`SLAB_MAX_BYTES`] or until `timing.slab_linger`
 /// passes. `gate` gives the delay gate (`now - delay`) at each read, `None` for a plain child.
@@ -87,11 +100,13 @@ pub(crate) async fn read_slab(
         max_bytes: bytes,
         max_committed_at_ms: gate(),
     };
-    // A caught-up cursor (at its parent's high watermark, while the log is open and so holds
-    // the truth in memory) waits at once: a read through the blocking pool first would find
-    // nothing, every second, for every idle cursor. A closed log is read as before: that read
-    // reopens it and finds a parent that lost records on disk while it was closed.
-    if store.open_high_watermark(id) == Some(from)
+    // A caught-up cursor waits at once: a read first would find nothing, every second, for
+    // every idle cursor, and would open its parent's log if it was closed (thousands of idle
+    // cursors then evict each other's logs from the open-log limit, a write and a sync each).
+    // The end is taken from memory for an open log, and for a log the store closed cleanly
+    // from where it ended, after one `stat` of its last segment; a log whose end is not known
+    // so (a segment changed while closed) is read, which opens it and finds its true end.
+    if known_high_watermark(store, id).await == Some(from)
         && !store.wait_for_data(id, from, timing.slab_long_poll).await?
     {
         return Ok(SlabRead::Nothing(NoRecords::Idle {

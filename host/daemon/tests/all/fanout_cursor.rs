@@ -1414,6 +1414,42 @@ async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cursor_leaves_its_parents_closed_log_closed_and_copies_what_comes_next() {
+    let f = fixture(1, 1, LogConfig::default()).await;
+    produce(&f.store, 0..30);
+    let running = start(&f, link(vec![0], 0)).await;
+    wait_for("the first copy", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    let parent = PartitionId::new("parent", 0);
+    wait_for("the parent log to close", || {
+        f.clock.advance(10 * 60 * 1000);
+        f.store.close_idle();
+        f.store.peek(&parent).unwrap().state == narad_storage::PartitionState::Closed
+    })
+    .await;
+    // Ten of the cursor's long polls: a caught-up cursor that read its parent to learn that it
+    // is idle would open the log at the first (thousands of such cursors on a node keep
+    // evicting each other's logs from the open-log limit, a write and a sync per close).
+    tokio::time::sleep(TIMING.slab_long_poll * 10).await;
+    assert_eq!(
+        f.store.peek(&parent).unwrap().state,
+        narad_storage::PartitionState::Closed,
+        "the idle cursor opened its parent's closed log"
+    );
+    assert_eq!(running.status.report().state, CursorState::Running);
+    // New records (the append opens the log) wake it and are copied.
+    produce_new(&f.store, 30, 3);
+    wait_for("the new records to be copied", || {
+        running.status.report().next_offset == Some(33)
+    })
+    .await;
+    assert_child_has_new(&f.store, 3);
+    assert_eq!(running.stop().await, CursorExit::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_first_reused_one() {
     let f = fixture(1, 1, LogConfig::default()).await;
     produce(&f.store, 0..30);

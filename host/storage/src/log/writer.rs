@@ -17,7 +17,7 @@
 //! model showed, and what each part of the fix closes) is in `docs/storage.md`, "After a failed
 //! fdatasync: what was found".
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -55,6 +55,18 @@ const VERIFY_CHUNK_BYTES: usize = 2 * 1024 * 1024;
 /// Read-back buffers a store keeps between appends, shared by all its logs: a buffer per open
 /// log would hold megabytes for each of hundreds of child partitions, most of them idle.
 const VERIFY_BUFFERS_KEPT: usize = 4;
+
+/// The exact end of a cleanly closed log ([`Log::clean_end`]): its last segment, that segment's
+/// length and the next offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CleanEnd {
+    /// The last (active) segment's path.
+    pub(crate) segment: PathBuf,
+    /// The bytes of that segment, all durable, when the log closed.
+    pub(crate) segment_len: u64,
+    /// The log's next offset: its high watermark.
+    pub(crate) next_offset: u64,
+}
 
 /// The read-back buffers of a store's logs: an append takes one for its verify and gives it
 /// back, so a store holds at most [`VERIFY_BUFFERS_KEPT`] of them (up to 2 MiB each) while idle,
@@ -599,6 +611,17 @@ impl Log {
                 format!("writing the high-watermark file in {}", self.dir.display()),
                 e,
             )
+        })
+    }
+
+    /// Where a log closed cleanly ends: `None` while it is open or when it failed. Nothing
+    /// appends to a closed log, so this stays its end for as long as its files are untouched.
+    pub(crate) fn clean_end(&self) -> Option<CleanEnd> {
+        let w = lock(&self.writer);
+        (w.closed && w.failed.is_none()).then(|| CleanEnd {
+            segment: self.dir.join(segment::segment_name(w.active_base)),
+            segment_len: w.active_len,
+            next_offset: w.next_offset,
         })
     }
 

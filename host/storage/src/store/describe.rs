@@ -69,6 +69,29 @@ impl Store {
         }
     }
 
+    /// The high watermark of a partition when it is known without opening or reading its log:
+    /// an open log's, from memory ([`Store::open_high_watermark`]); a log this store closed
+    /// cleanly, where it ended, provided its last segment still has the length it closed with
+    /// (one `stat`). `None` otherwise: a log not closed by this store (a restart, a crash), one
+    /// whose last segment changed while it was closed (a repair, a damaged disk: a read, which
+    /// opens the log, finds its end), a broken or an unregistered partition. Nothing appends to
+    /// a closed log, so an idle reader can wait on this end instead of reading to learn it,
+    /// and thousands of idle readers keep no log open.
+    pub fn known_high_watermark(&self, id: &PartitionId) -> Option<u64> {
+        let p = self.partition(id).ok()?;
+        // Held across the `stat`, so the log cannot be opened (or appended to) meanwhile.
+        let slot = log::read(&p.slot);
+        match &*slot {
+            Slot::Open(l) => Some(l.stats().high_watermark),
+            Slot::Closed => {
+                let end = log::lock(&p.closed_end).clone()?;
+                let now = self.fs.metadata(&end.segment).ok()?;
+                (now.len == end.segment_len && !now.is_dir).then_some(end.next_offset)
+            }
+            _ => None,
+        }
+    }
+
     pub(super) fn peek_partition(&self, p: &Partition) -> Result<PartitionStats> {
         let slot = log::read(&p.slot);
         let state = match &*slot {

@@ -32,6 +32,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::damage::{Damage, Failure};
 use crate::error::{Result, StorageError};
 use crate::fs::{FileSystem, LockGuard, RealFs};
+use crate::log::writer::CleanEnd;
 use crate::log::{self, Log};
 use crate::name::PartitionId;
 use crate::record::{Appended, LogConfig};
@@ -126,9 +127,20 @@ struct Partition {
     signal: watch::Sender<Signal>,
     /// Which registration of this partition this is ([`Store::incarnation`]).
     incarnation: u64,
+    /// Where its log ended when this store last closed it cleanly; meaningful only while the
+    /// slot is `Closed` ([`Store::known_high_watermark`]).
+    closed_end: Mutex<Option<CleanEnd>>,
 }
 
 impl Partition {
+    /// Closes its open `log` (the caller then marks the slot `Closed`), keeping where the log
+    /// ended when it closed cleanly.
+    fn close_log(&self, log: &Log) -> Result<()> {
+        let closed = log.close();
+        *log::lock(&self.closed_end) = closed.as_ref().ok().and_then(|()| log.clean_end());
+        closed
+    }
+
     fn config(&self) -> LogConfig {
         log::lock(&self.config).clone()
     }

@@ -41,6 +41,8 @@ impl Store {
         } else if let Some(e) = p.broken_error(&slot) {
             return Err(e);
         }
+        // Whatever the open finds is the log's end from now on.
+        *log::lock(&p.closed_end) = None;
         let opened = match recovery::open(self.fs.clone(), &p.dir, self.clock.as_ref()) {
             Ok(mut l) => {
                 l.counters = Arc::clone(&self.append_counters);
@@ -56,7 +58,16 @@ impl Store {
                     tracing::info!(partition = %p.id, high_watermark = hw,
                         "failed partition reopened and serving");
                 } else {
-                    p.publish_hw(hw);
+                    // The end the open found, also when it is below the one published before
+                    // (a tail cut while the log was closed): waiters past it would otherwise
+                    // wake at once, every time, for records that are not there.
+                    p.signal.send_if_modified(|s| {
+                        let stale = *s != Signal::Hw(hw);
+                        if stale {
+                            *s = Signal::Hw(hw);
+                        }
+                        stale
+                    });
                 }
                 Ok(l)
             }
@@ -112,7 +123,7 @@ impl Store {
                 continue;
             };
             if let Slot::Open(l) = &*slot {
-                if let Err(e) = l.close() {
+                if let Err(e) = p.close_log(l) {
                     tracing::warn!(partition = %p.id, error = %e, "closing a log to stay within the open-log limit failed");
                 }
                 *slot = Slot::Closed;

@@ -98,6 +98,7 @@ impl Store {
                         last_access_ms: AtomicI64::new(self.clock.now_ms()),
                         signal,
                         incarnation: self.registrations.fetch_add(1, Ordering::Relaxed),
+                        closed_end: Mutex::new(None),
                     }),
                 );
             }

@@ -70,7 +70,7 @@ impl Store {
             }
             let mut slot = log::write(&p.slot);
             if let Slot::Open(l) = &*slot {
-                if let Err(e) = l.close() {
+                if let Err(e) = p.close_log(l) {
                     tracing::warn!(partition = %p.id, error = %e, "closing an idle log failed");
                 }
                 *slot = Slot::Closed;
@@ -88,7 +88,7 @@ impl Store {
         for p in parts {
             let mut slot = log::write(&p.slot);
             if let Slot::Open(l) = &*slot {
-                if let Err(e) = l.close() {
+                if let Err(e) = p.close_log(l) {
                     first_error.get_or_insert(e);
                 }
                 *slot = Slot::Closed;

@@ -103,3 +103,55 @@ async fn a_waiting_reader_is_told_when_its_topic_is_deleted() {
         Err(StorageError::UnknownPartition { .. })
     ));
 }
+
+/// A log reopened shorter than it was (its last record cut while it was closed): a reader
+/// waiting past the new end waits for new records rather than waking at once, every time, on
+/// the end the log had before the cut.
+#[tokio::test(start_paused = true)]
+async fn a_log_reopened_shorter_is_waited_on_at_its_new_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("t", 0);
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    store.append(&id, batch(&["a", "b", "c"])).unwrap();
+    store.append(&id, batch(&["d"])).unwrap();
+    clock.advance(600_000);
+    assert_eq!(store.close_idle(), 1);
+    // The last record's bytes and the high-watermark file are lost, as after a power loss.
+    let partition_dir = dir.path().join("topics/t/p00000");
+    std::fs::remove_file(partition_dir.join("high-watermark")).unwrap();
+    let segment = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    file.set_len(file.metadata().unwrap().len() - 3).unwrap();
+    assert_eq!(
+        store.high_watermark(&id).unwrap(),
+        3,
+        "the reopen cut record 3"
+    );
+
+    let started = tokio::time::Instant::now();
+    assert!(
+        !store
+            .wait_for_data(&id, 3, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        "nothing past offset 3 since the cut"
+    );
+    assert!(started.elapsed() >= Duration::from_secs(5));
+    store.append(&id, batch(&["new"])).unwrap();
+    assert!(
+        store
+            .wait_for_data(&id, 3, Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+}

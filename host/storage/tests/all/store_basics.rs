@@ -290,6 +290,72 @@ fn the_open_high_watermark_is_told_only_for_an_open_log_and_opens_none() {
     assert_eq!(store.open_high_watermark(&id), Some(4));
 }
 
+/// An idle cursor asks for its parent's end every second: a log this store closed cleanly
+/// answers from where it ended without being opened, unless its last segment changed since.
+#[test]
+fn the_known_high_watermark_of_a_cleanly_closed_log_is_told_without_opening_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let store = real_store(dir.path(), clock.clone());
+    let id = pid("t", 0);
+    assert_eq!(store.known_high_watermark(&id), None, "not registered");
+    store.create_partition(&id, LogConfig::default()).unwrap();
+    assert_eq!(
+        store.known_high_watermark(&id),
+        None,
+        "never opened by this store: only a read knows its end"
+    );
+    store.append(&id, batch(&["a", "b", "c"])).unwrap();
+    assert_eq!(store.known_high_watermark(&id), Some(3), "open");
+    clock.advance(120_000);
+    assert_eq!(store.close_idle(), 1);
+    assert_eq!(store.known_high_watermark(&id), Some(3), "closed cleanly");
+    assert_eq!(
+        store.peek(&id).unwrap().state,
+        PartitionState::Closed,
+        "still closed"
+    );
+    store.append(&id, batch(&["d"])).unwrap();
+    clock.advance(120_000);
+    assert_eq!(store.close_idle(), 1);
+    assert_eq!(
+        store.known_high_watermark(&id),
+        Some(4),
+        "closed again, later"
+    );
+
+    // The last segment loses its last bytes while the log is closed, and its high-watermark
+    // file is gone (as after a power loss): its end is unknown until a read opens the log,
+    // which finds the record cut.
+    let partition_dir = dir.path().join("topics/t/p00000");
+    std::fs::remove_file(partition_dir.join("high-watermark")).unwrap();
+    let segment = std::fs::read_dir(&partition_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    file.set_len(len - 3).unwrap();
+    assert_eq!(store.known_high_watermark(&id), None, "its segment changed");
+    assert_eq!(
+        store.high_watermark(&id).unwrap(),
+        3,
+        "a read finds the cut"
+    );
+    assert_eq!(store.known_high_watermark(&id), Some(3), "open again");
+
+    // A store opened on the directory knows nothing of how its logs were closed.
+    drop(store);
+    let store = real_store(dir.path(), clock.clone());
+    store.register_partition(&id, LogConfig::default()).unwrap();
+    assert_eq!(store.known_high_watermark(&id), None, "a new store");
+}
+
 #[test]
 fn an_idle_log_is_closed_and_reopens_on_demand() {
     let dir = tempfile::tempdir().unwrap();
