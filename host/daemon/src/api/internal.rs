@@ -511,15 +511,27 @@ pub(crate) async fn tail(
     Ok(Json(TailScan { scan, copies }))
 }
 
-/// [`RemoteTails`] over HTTP: asks each child partition's owner for its tail scan.
+/// Most tail scans one node has in flight to other nodes. Each starting cursor asks for the
+/// tail of every child partition another node owns (a link of 12 by 12 partitions: 96 calls);
+/// 57 attaches a second on three nodes sent thousands at once, the owners' connections piled
+/// up to their cap, and attaches were refused. This many, at tens of milliseconds each, still
+/// starts a thousand cursors a second; the rest wait their turn.
+pub(crate) const TAIL_SCANS_IN_FLIGHT: usize = 64;
+
+/// [`RemoteTails`] over HTTP: asks each child partition's owner for its tail scan, at most
+/// [`TAIL_SCANS_IN_FLIGHT`] at once.
 pub(crate) struct HttpTails {
     cluster: Arc<crate::cluster::ClusterContext>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl HttpTails {
     /// Tail scans through `cluster`'s peers and client.
     pub(crate) fn new(cluster: Arc<crate::cluster::ClusterContext>) -> HttpTails {
-        HttpTails { cluster }
+        HttpTails {
+            cluster,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(TAIL_SCANS_IN_FLIGHT)),
+        }
     }
 }
 
@@ -549,5 +561,10 @@ impl RemoteTails for HttpTails {
                 .map_err(TailScanError::Peer)?;
             Ok((scan.scan, scan.copies))
         })
+    }
+
+    fn admit(&self) -> crate::metastore::BoxFuture<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
+        // Never closed, so `ok()` is always a permit.
+        Box::pin(async move { Arc::clone(&self.in_flight).acquire_owned().await.ok() })
     }
 }

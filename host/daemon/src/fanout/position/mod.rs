@@ -141,6 +141,14 @@ pub trait RemoteTails: Send + Sync {
         'a,
         Result<(provenance::ChildScan, provenance::TailCopies), TailScanError>,
     >;
+
+    /// Waits for room for one more scan in flight, and holds it as long as the permit lives.
+    /// Starting cursors scan every child partition on another node, so a burst of attaches
+    /// would otherwise send thousands of calls at once and pile connections up on the owners
+    /// until they refuse. `None`: no bound (the default).
+    fn admit(&self) -> crate::metastore::BoxFuture<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
+        Box::pin(async { None })
+    }
 }
 
 /// Where resolving a cursor's start ended.
@@ -362,8 +370,9 @@ pub async fn open(
 const REMOTE_TAIL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The tail scans of child partitions `partitions` of `child` on their owners, all at once
-/// (a dead or hung owner costs one wait, not one per partition in turn), each bounded by
-/// [`REMOTE_TAIL_TIMEOUT`]; in the order given.
+/// (a dead or hung owner costs one wait, not one per partition in turn) as far as
+/// [`RemoteTails::admit`] lets them, each bounded by [`REMOTE_TAIL_TIMEOUT`] once admitted;
+/// in the order given.
 async fn scan_remote_tails(
     tails: &Arc<dyn RemoteTails>,
     child: &str,
@@ -378,6 +387,8 @@ async fn scan_remote_tails(
     for (i, &p) in partitions.iter().enumerate() {
         let (tails, child) = (Arc::clone(tails), child.to_owned());
         scans.spawn(async move {
+            // Waiting for room is not waiting for the owner: the timeout starts once sent.
+            let _in_flight = tails.admit().await;
             let scan = tokio::time::timeout(
                 REMOTE_TAIL_TIMEOUT,
                 tails.scan(&child, p, epoch, parent_partition),
@@ -505,6 +516,78 @@ async fn rewind_past_reused_offsets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tails that answer after `delay`, counting the scans in flight, within `permits` when set.
+    struct SlowTails {
+        delay: Duration,
+        permits: Option<Arc<tokio::sync::Semaphore>>,
+        in_flight: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RemoteTails for SlowTails {
+        fn scan<'a>(
+            &'a self,
+            _child: &'a str,
+            _partition: u32,
+            _epoch: [u8; 8],
+            _parent_partition: u32,
+        ) -> crate::metastore::BoxFuture<
+            'a,
+            Result<(provenance::ChildScan, provenance::TailCopies), TailScanError>,
+        > {
+            use std::sync::atomic::Ordering::SeqCst;
+            Box::pin(async move {
+                let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+                self.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(self.delay).await;
+                self.in_flight.fetch_sub(1, SeqCst);
+                Ok((
+                    provenance::ChildScan {
+                        evidence: None,
+                        empty: true,
+                    },
+                    provenance::TailCopies::new(),
+                ))
+            })
+        }
+
+        fn admit(
+            &self,
+        ) -> crate::metastore::BoxFuture<'_, Option<tokio::sync::OwnedSemaphorePermit>> {
+            Box::pin(async move {
+                match &self.permits {
+                    Some(permits) => Arc::clone(permits).acquire_owned().await.ok(),
+                    None => None,
+                }
+            })
+        }
+    }
+
+    fn slow_tails(permits: Option<usize>) -> Arc<SlowTails> {
+        Arc::new(SlowTails {
+            delay: Duration::from_millis(50),
+            permits: permits.map(|n| Arc::new(tokio::sync::Semaphore::new(n))),
+            in_flight: Default::default(),
+            most: Default::default(),
+        })
+    }
+
+    #[tokio::test]
+    async fn remote_tail_scans_stay_within_what_admit_allows() {
+        let partitions: Vec<u32> = (0..12).collect();
+        let bounded = slow_tails(Some(3));
+        let tails = Arc::clone(&bounded) as Arc<dyn RemoteTails>;
+        let scans = scan_remote_tails(&tails, "child", &partitions, [0; 8], 0).await;
+        assert_eq!(bounded.most.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(scans.len(), 12);
+        assert!(scans.iter().all(|(_, scan)| scan.is_ok()), "{scans:?}");
+
+        let unbounded = slow_tails(None);
+        let tails = Arc::clone(&unbounded) as Arc<dyn RemoteTails>;
+        scan_remote_tails(&tails, "child", &partitions, [0; 8], 0).await;
+        assert_eq!(unbounded.most.load(std::sync::atomic::Ordering::SeqCst), 12);
+    }
     use crate::metastore::{
         BoxFuture, Change, FileMetastore, LinkMeta, Metastore, Outcome, Snapshot, TopicMeta,
         Versions,
