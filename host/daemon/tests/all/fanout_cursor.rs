@@ -434,6 +434,17 @@ fn expected(range: std::ops::Range<u32>) -> Vec<String> {
 }
 
 /// Runs a cursor of `link_meta` until it has copied up to `next_offset`, then stops it.
+/// A cursor of a link of partition 0 started on 30 parent records, once it has copied them.
+async fn caught_up_on_30_records(f: &Fixture) -> Running {
+    produce(&f.store, 0..30);
+    let running = start(f, link(vec![0], 0)).await;
+    wait_for("the first copy", || {
+        running.status.report().next_offset == Some(30)
+    })
+    .await;
+    running
+}
+
 async fn copy_until(f: &Fixture, link_meta: LinkMeta, next_offset: u64, what: &str) {
     let running = start(f, link_meta).await;
     wait_for(what, || {
@@ -1316,9 +1327,8 @@ async fn a_cursor_ahead_of_a_wiped_child_is_rewound_and_redelivers() {
     assert_eq!(running.stop().await, CursorExit::Stopped);
 }
 
-/// Closes the parent log for idleness, then loses its last record the way a crash can: the
-/// high-watermark file deleted and the last frame torn. The next open cuts it.
-async fn tear_the_parents_last_record(f: &Fixture) {
+/// Closes partition 0 of the parent as idle (the clock moved past the idle limit).
+async fn close_the_parents_log(f: &Fixture) {
     let parent = PartitionId::new("parent", 0);
     wait_for("the parent log to close", || {
         f.clock.advance(10 * 60 * 1000);
@@ -1326,6 +1336,12 @@ async fn tear_the_parents_last_record(f: &Fixture) {
         f.store.peek(&parent).unwrap().state == narad_storage::PartitionState::Closed
     })
     .await;
+}
+
+/// Closes the parent log for idleness, then loses its last record the way a crash can: the
+/// high-watermark file deleted and the last frame torn. The next open cuts it.
+async fn tear_the_parents_last_record(f: &Fixture) {
+    close_the_parents_log(f).await;
     let dir = std::path::Path::new("/data/topics/parent/p00000");
     f.fault.remove_file(&dir.join("high-watermark")).unwrap();
     let mut segments: Vec<_> = f
@@ -1380,12 +1396,7 @@ fn assert_child_has_new(store: &Store, count: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reused_offsets() {
     let f = fixture(1, 1, LogConfig::default()).await;
-    produce(&f.store, 0..30);
-    let running = start(&f, link(vec![0], 0)).await;
-    wait_for("the first copy", || {
-        running.status.report().next_offset == Some(30)
-    })
-    .await;
+    let running = caught_up_on_30_records(&f).await;
     // Hold the cursor in a delivery (the child is down) so it does not touch the parent log.
     f.committer.down[0].store(true, Ordering::SeqCst);
     produce(&f.store, 30..31);
@@ -1416,19 +1427,9 @@ async fn a_running_cursor_past_a_reopened_parents_end_rewinds_and_copies_the_reu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_cursor_leaves_its_parents_closed_log_closed_and_copies_what_comes_next() {
     let f = fixture(1, 1, LogConfig::default()).await;
-    produce(&f.store, 0..30);
-    let running = start(&f, link(vec![0], 0)).await;
-    wait_for("the first copy", || {
-        running.status.report().next_offset == Some(30)
-    })
-    .await;
+    let running = caught_up_on_30_records(&f).await;
+    close_the_parents_log(&f).await;
     let parent = PartitionId::new("parent", 0);
-    wait_for("the parent log to close", || {
-        f.clock.advance(10 * 60 * 1000);
-        f.store.close_idle();
-        f.store.peek(&parent).unwrap().state == narad_storage::PartitionState::Closed
-    })
-    .await;
     // Ten of the cursor's long polls: a caught-up cursor that read its parent to learn that it
     // is idle would open the log at the first (thousands of such cursors on a node keep
     // evicting each other's logs from the open-log limit, a write and a sync per close).
@@ -1473,12 +1474,7 @@ async fn a_cursor_started_after_lost_offsets_were_written_again_rewinds_to_the_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_whose_link_was_detached_exits_saying_the_link_is_gone() {
     let f = fixture(1, 1, LogConfig::default()).await;
-    produce(&f.store, 0..30);
-    let running = start(&f, link(vec![0], 0)).await;
-    wait_for("the copy", || {
-        running.status.report().next_offset == Some(30)
-    })
-    .await;
+    let running = caught_up_on_30_records(&f).await;
     f.metastore.detach_link("parent", "child").await.unwrap();
     // The next slab's epoch check finds the link gone.
     produce(&f.store, 30..40);

@@ -119,19 +119,7 @@ async fn a_log_reopened_shorter_is_waited_on_at_its_new_end() {
     clock.advance(600_000);
     assert_eq!(store.close_idle(), 1);
     // The last record's bytes and the high-watermark file are lost, as after a power loss.
-    let partition_dir = dir.path().join("topics/t/p00000");
-    std::fs::remove_file(partition_dir.join("high-watermark")).unwrap();
-    let segment = std::fs::read_dir(&partition_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .max()
-        .unwrap();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap();
-    file.set_len(file.metadata().unwrap().len() - 3).unwrap();
+    tear_the_last_record(&dir.path().join("topics/t/p00000"));
     assert_eq!(
         store.high_watermark(&id).unwrap(),
         3,

@@ -327,20 +327,7 @@ fn the_known_high_watermark_of_a_cleanly_closed_log_is_told_without_opening_it()
     // The last segment loses its last bytes while the log is closed, and its high-watermark
     // file is gone (as after a power loss): its end is unknown until a read opens the log,
     // which finds the record cut.
-    let partition_dir = dir.path().join("topics/t/p00000");
-    std::fs::remove_file(partition_dir.join("high-watermark")).unwrap();
-    let segment = std::fs::read_dir(&partition_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .max()
-        .unwrap();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&segment)
-        .unwrap();
-    let len = file.metadata().unwrap().len();
-    file.set_len(len - 3).unwrap();
+    tear_the_last_record(&dir.path().join("topics/t/p00000"));
     assert_eq!(store.known_high_watermark(&id), None, "its segment changed");
     assert_eq!(
         store.high_watermark(&id).unwrap(),

@@ -59,6 +59,21 @@ pub(crate) fn make_ca(dir: &Path, name: &str) -> PathBuf {
 /// A certificate `{name}.pem` and key `{name}.key` for 127.0.0.1 and localhost, signed by
 /// CA `ca`, for a server or (`client`) a client.
 pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (PathBuf, PathBuf) {
+    let usage = if client { "clientAuth" } else { "serverAuth" };
+    signed_cert(
+        dir,
+        ca,
+        name,
+        &format!(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\nextendedKeyUsage={usage}\n"
+        ),
+    )
+}
+
+/// A new P-256 key `{name}.key` and its certificate `{name}.pem` with `extensions` (an
+/// openssl extension file's text), signed by CA `ca`, valid two days.
+fn signed_cert(dir: &Path, ca: &str, name: &str, extensions: &str) -> (PathBuf, PathBuf) {
     openssl(
         dir,
         &[
@@ -76,15 +91,7 @@ pub(crate) fn make_cert(dir: &Path, ca: &str, name: &str, client: bool) -> (Path
             &format!("{name}.csr"),
         ],
     );
-    let usage = if client { "clientAuth" } else { "serverAuth" };
-    std::fs::write(
-        dir.join(format!("{name}.ext")),
-        format!(
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature\nextendedKeyUsage={usage}\n"
-        ),
-    )
-    .expect("write extensions");
+    std::fs::write(dir.join(format!("{name}.ext")), extensions).expect("write extensions");
     openssl(
         dir,
         &[
@@ -780,54 +787,14 @@ fn a_node_that_does_not_trust_its_peers_certificates_says_so_when_it_calls_them(
 /// A certificate `{node}.pem`/`{node}.key` signed by CA `ca` for a cluster node: its host
 /// (127.0.0.1, localhost) and its node id as DNS names, for serving and for calling peers.
 fn make_node_cert(dir: &Path, ca: &str, node: &str) -> (PathBuf, PathBuf) {
-    openssl(
+    signed_cert(
         dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            &format!("/CN={node}"),
-            "-keyout",
-            &format!("{node}.key"),
-            "-out",
-            &format!("{node}.csr"),
-        ],
-    );
-    std::fs::write(
-        dir.join(format!("{node}.ext")),
-        format!(
+        ca,
+        node,
+        &format!(
             "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:{node}\nbasicConstraints=CA:FALSE\n\
              keyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
         ),
-    )
-    .expect("write extensions");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{node}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{node}.ext"),
-            "-out",
-            &format!("{node}.pem"),
-        ],
-    );
-    (
-        dir.join(format!("{node}.pem")),
-        dir.join(format!("{node}.key")),
     )
 }
 

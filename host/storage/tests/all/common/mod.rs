@@ -101,3 +101,20 @@ pub fn values(records: &[StoredRecord]) -> Vec<String> {
         .map(|r| String::from_utf8(r.value.as_deref().unwrap_or_default().to_vec()).unwrap())
         .collect()
 }
+
+/// A closed log in `partition_dir` loses the last 3 bytes of its last segment and its
+/// high-watermark file, as a power loss can leave it: the next open cuts the torn record.
+pub fn tear_the_last_record(partition_dir: &Path) {
+    std::fs::remove_file(partition_dir.join("high-watermark")).unwrap();
+    let segment = std::fs::read_dir(partition_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    file.set_len(file.metadata().unwrap().len() - 3).unwrap();
+}
