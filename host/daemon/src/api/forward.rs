@@ -62,10 +62,6 @@ pub(crate) const ANSWER_SLACK: Duration = Duration::from_secs(10);
 /// restarts is back within seconds, and a client retrying sooner only gets the same answer.
 pub(crate) const OWNER_DOWN_RETRY_AFTER_SECS: u64 = 1;
 
-/// Idle pooled connections are dropped after this: below the daemon's default idle timeout
-/// (5 s), so the forwarder rarely picks a connection the owner is just closing.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Bytes of a produce answer per record (`{"partition":4294967295,"offset":<20 digits>},`
 /// is 54), and the room left for an error body.
 const PRODUCE_ANSWER_BYTES_PER_RECORD: usize = 64;
@@ -268,7 +264,6 @@ impl Forwarder {
             .builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(limits.max_wait.saturating_add(ANSWER_SLACK))
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             // Node-to-node traffic goes straight to the advertised address, never through an
             // HTTP_PROXY meant for the outside world.
             .no_proxy()
