@@ -32,31 +32,11 @@ use narad_storage::{
 };
 
 /// Origins remembered per child partition: 16 full slabs (4,096 records each), enough for
-/// every cursor feeding the partition to repeat its last slab, at about 56 bytes each (origin,
-/// child offset and table overhead): ~3.7 MiB per partition at the cap, reached only by
-/// partitions that see that much traffic.
+/// every cursor feeding the partition to repeat its last slab, at about 8 bytes each (the
+/// parent offset; a run of a batch's records shares its epoch, parent partition and first
+/// child offset): ~0.5 MiB per partition at the cap, reached only by partitions that see that
+/// much traffic.
 pub(crate) const WINDOW_ORIGINS: usize = 16 * 4_096;
-
-/// One record's origin, the unit of membership.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Origin {
-    /// The link's attach epoch.
-    pub epoch: [u8; 8],
-    /// The parent partition.
-    pub parent_partition: u32,
-    /// The record's offset in it.
-    pub parent_offset: u64,
-}
-
-impl From<&RecordOrigin> for Origin {
-    fn from(o: &RecordOrigin) -> Origin {
-        Origin {
-            epoch: o.epoch,
-            parent_partition: o.parent_partition,
-            parent_offset: o.parent_offset,
-        }
-    }
-}
 
 /// Whether `new` has the content of `stored`: the same key (absent differs from empty), the
 /// same headers in the same order, the same value.
@@ -66,11 +46,106 @@ pub(crate) fn same_content(new: &NewRecord, stored: &StoredRecord) -> bool {
 
 /// The recent origins of one child partition, each with the child offset of the record
 /// stored under it.
+///
+/// Held as runs, one per appended batch: a batch's records share an attach epoch and a parent
+/// partition and sit at consecutive child offsets, so a run is those two, its first child
+/// offset and the parent offsets in order. A commit's lookup then visits only the runs of its
+/// own epoch and parent partition whose offsets overlap its own, which in the common case
+/// (a cursor going forward) is none; remembering a batch is one copy of its parent offsets.
+/// A hash entry per record cost a hash and a cache miss per record on every commit.
 #[derive(Debug)]
 pub(crate) struct OriginWindow {
     capacity: usize,
-    held: HashMap<Origin, u64>,
-    arrival: VecDeque<Origin>,
+    /// Runs in arrival order, oldest first.
+    runs: VecDeque<Run>,
+    /// Origins the runs hold (each run's live part).
+    held: usize,
+}
+
+/// The origins of one appended batch (or of consecutive stored records of one epoch and
+/// parent partition, when rebuilt from the tail).
+#[derive(Debug)]
+struct Run {
+    epoch: [u8; 8],
+    parent_partition: u32,
+    /// Parent offsets, record by record; those before `live` have left the window.
+    parent_offsets: Vec<u64>,
+    /// Child offset of `parent_offsets[0]`; the others follow one by one.
+    child_base: u64,
+    /// Index of the oldest origin still in the window.
+    live: usize,
+    /// Lowest and highest of `parent_offsets` (of all of them: a bound, not exact, once the
+    /// run is partly evicted).
+    lowest: u64,
+    highest: u64,
+    /// Whether `parent_offsets` ascend (a slab's bucket does), so a lookup can bisect.
+    ascending: bool,
+}
+
+impl Run {
+    fn new(epoch: [u8; 8], parent_partition: u32, child_base: u64) -> Run {
+        Run {
+            epoch,
+            parent_partition,
+            parent_offsets: Vec::new(),
+            child_base,
+            live: 0,
+            lowest: u64::MAX,
+            highest: 0,
+            ascending: true,
+        }
+    }
+
+    fn push(&mut self, parent_offset: u64) {
+        if self
+            .parent_offsets
+            .last()
+            .is_some_and(|&last| last >= parent_offset)
+        {
+            self.ascending = false;
+        }
+        self.lowest = self.lowest.min(parent_offset);
+        self.highest = self.highest.max(parent_offset);
+        self.parent_offsets.push(parent_offset);
+    }
+
+    fn is_of(&self, epoch: [u8; 8], parent_partition: u32) -> bool {
+        self.epoch == epoch && self.parent_partition == parent_partition
+    }
+
+    /// The next child offset after the run.
+    fn child_end(&self) -> u64 {
+        self.child_base + self.parent_offsets.len() as u64
+    }
+
+    /// How many origins of the run are in the window.
+    fn len(&self) -> usize {
+        self.parent_offsets.len() - self.live
+    }
+
+    /// Fills in `held`, for each of `parent_offsets` not found yet, the child offset of the
+    /// newest record of the run stored under it, if the window still holds it.
+    fn find(&self, parent_offsets: &[u64], held: &mut [Option<u64>]) {
+        let live = &self.parent_offsets[self.live..];
+        let child_offset = |at: usize| self.child_base + (self.live + at) as u64;
+        let in_range = |o: u64| self.lowest <= o && o <= self.highest;
+        if self.ascending {
+            for (at, &o) in held.iter_mut().zip(parent_offsets) {
+                if at.is_none() && in_range(o) {
+                    *at = live.binary_search(&o).ok().map(child_offset);
+                }
+            }
+        } else {
+            // Rare (a tail holding a repeat); an index of the run, the newest record winning.
+            let index: HashMap<u64, usize> =
+                live.iter().enumerate().map(|(at, &o)| (o, at)).collect();
+            for (at, o) in held.iter_mut().zip(parent_offsets) {
+                if at.is_none() {
+                    *at = index.get(o).copied().map(child_offset);
+                }
+            }
+        }
+    }
 }
 
 impl Default for OriginWindow {
@@ -84,8 +159,8 @@ impl OriginWindow {
     pub(crate) fn with_capacity(capacity: usize) -> OriginWindow {
         OriginWindow {
             capacity: capacity.max(1),
-            held: HashMap::new(),
-            arrival: VecDeque::new(),
+            runs: VecDeque::new(),
+            held: 0,
         }
     }
 
@@ -97,7 +172,21 @@ impl OriginWindow {
     ) -> OriginWindow {
         let mut window = OriginWindow::with_capacity(capacity);
         for (origin, child_offset) in stored {
-            window.remember(Origin::from(origin), child_offset);
+            let extends = window.runs.back().is_some_and(|run| {
+                run.is_of(origin.epoch, origin.parent_partition) && run.child_end() == child_offset
+            });
+            if !extends {
+                window.runs.push_back(Run::new(
+                    origin.epoch,
+                    origin.parent_partition,
+                    child_offset,
+                ));
+            }
+            if let Some(run) = window.runs.back_mut() {
+                run.push(origin.parent_offset);
+            }
+            window.held += 1;
+            window.evict();
         }
         window
     }
@@ -105,63 +194,73 @@ impl OriginWindow {
     /// How many origins the window holds.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.arrival.len()
+        self.held
     }
 
     /// The highest parent offset of `parent_partition` under `epoch` the window holds: every
     /// offset a new record of that parent partition could be dropped for is at or below it.
     pub(crate) fn highest_offset(&self, epoch: [u8; 8], parent_partition: u32) -> Option<u64> {
-        self.arrival
+        self.runs
             .iter()
-            .filter(|o| o.epoch == epoch && o.parent_partition == parent_partition)
-            .map(|o| o.parent_offset)
+            .filter(|run| run.is_of(epoch, parent_partition))
+            .filter_map(|run| run.parent_offsets[run.live..].iter().max())
             .max()
+            .copied()
     }
 
     /// Per record of a child batch, the child offset of the record the window holds under its
     /// origin, if it holds one: those are repeats if their content is the same
     /// ([`same_content`]), records under reused offsets otherwise.
     pub(crate) fn held_offsets(&self, origin: &BatchOrigin) -> Vec<Option<u64>> {
-        origin
-            .parent_offsets
-            .iter()
-            .map(|&parent_offset| {
-                self.held
-                    .get(&Origin {
-                        epoch: origin.epoch,
-                        parent_partition: origin.parent_partition,
-                        parent_offset,
-                    })
-                    .copied()
-            })
-            .collect()
+        let mut held = vec![None; origin.parent_offsets.len()];
+        let (Some(&lowest), Some(&highest)) = (
+            origin.parent_offsets.iter().min(),
+            origin.parent_offsets.iter().max(),
+        ) else {
+            return held;
+        };
+        // Newest first: an origin held twice (a reused offset) answers with its newest record.
+        let overlapping = self.runs.iter().rev().filter(|run| {
+            run.is_of(origin.epoch, origin.parent_partition)
+                && run.lowest <= highest
+                && lowest <= run.highest
+        });
+        for run in overlapping {
+            run.find(&origin.parent_offsets, &mut held);
+        }
+        held
     }
 
     /// Records the origins of a batch that is now durable in the partition, its records at
     /// child offsets `base_offset`, `base_offset + 1`, ...
     pub(crate) fn remember_batch(&mut self, origin: &BatchOrigin, base_offset: u64) {
-        for (&parent_offset, child_offset) in origin.parent_offsets.iter().zip(base_offset..) {
-            self.remember(
-                Origin {
-                    epoch: origin.epoch,
-                    parent_partition: origin.parent_partition,
-                    parent_offset,
-                },
-                child_offset,
-            );
-        }
-    }
-
-    fn remember(&mut self, origin: Origin, child_offset: u64) {
-        if self.held.insert(origin, child_offset).is_some() {
-            // Already held (a duplicate that got in before the window knew it, or a reused
-            // offset): one entry, at the newest record.
+        if origin.parent_offsets.is_empty() {
             return;
         }
-        self.arrival.push_back(origin);
-        while self.arrival.len() > self.capacity {
-            if let Some(oldest) = self.arrival.pop_front() {
-                self.held.remove(&oldest);
+        let mut run = Run::new(origin.epoch, origin.parent_partition, base_offset);
+        run.parent_offsets
+            .reserve_exact(origin.parent_offsets.len());
+        for &parent_offset in &origin.parent_offsets {
+            run.push(parent_offset);
+        }
+        self.held += run.len();
+        self.runs.push_back(run);
+        self.evict();
+    }
+
+    /// Drops the oldest origins until the window is within its capacity.
+    fn evict(&mut self) {
+        while self.held > self.capacity {
+            let Some(oldest) = self.runs.front_mut() else {
+                return;
+            };
+            let over = self.held - self.capacity;
+            if oldest.len() <= over {
+                self.held -= oldest.len();
+                self.runs.pop_front();
+            } else {
+                oldest.live += over;
+                self.held -= over;
             }
         }
     }
@@ -543,6 +642,64 @@ mod tests {
                 }
                 prop_assert!(child.window.len() <= capacity);
             }
+        }
+
+        /// Against a model that keeps every origin in a list: the window answers, for each
+        /// record, the child offset of the newest of the last `capacity` origins that matches,
+        /// and nothing else; batches rebuilt from a tail answer the same.
+        #[test]
+        fn the_window_answers_exactly_what_its_last_origins_hold(
+            batches in proptest::collection::vec(
+                (0u8..2, 0u32..2, proptest::collection::vec(0u64..48, 1..10)),
+                1..40,
+            ),
+            probes in proptest::collection::vec(
+                (0u8..2, 0u32..2, proptest::collection::vec(0u64..48, 1..10)),
+                1..8,
+            ),
+            capacity in 1usize..60,
+        ) {
+            let mut window = OriginWindow::with_capacity(capacity);
+            let mut model: Vec<((u8, u32, u64), u64)> = Vec::new();
+            let mut stored: Vec<(RecordOrigin, u64)> = Vec::new();
+            for (epoch, pp, offsets) in &batches {
+                let base = model.len() as u64;
+                window.remember_batch(batch(*epoch, *pp, offsets).origin.as_ref().unwrap(), base);
+                for (child, &o) in (base..).zip(offsets) {
+                    model.push(((*epoch, *pp, o), child));
+                    let origin = RecordOrigin {
+                        epoch: [*epoch; 8],
+                        parent_partition: *pp,
+                        parent_offset: o,
+                        slab_start: 0,
+                    };
+                    stored.push((origin, child));
+                }
+            }
+            let rebuilt =
+                OriginWindow::rebuild(capacity, stored.iter().map(|(o, child)| (o, *child)));
+            let last = &model[model.len().saturating_sub(capacity)..];
+            for (epoch, pp, offsets) in probes {
+                let expected: Vec<Option<u64>> = offsets
+                    .iter()
+                    .map(|&o| {
+                        last.iter()
+                            .rev()
+                            .find(|(origin, _)| *origin == (epoch, pp, o))
+                            .map(|&(_, child)| child)
+                    })
+                    .collect();
+                let probe = batch(epoch, pp, &offsets).origin.unwrap();
+                prop_assert_eq!(&window.held_offsets(&probe), &expected);
+                prop_assert_eq!(&rebuilt.held_offsets(&probe), &expected);
+                let highest = last
+                    .iter()
+                    .filter(|((e, p, _), _)| (*e, *p) == (epoch, pp))
+                    .map(|((_, _, o), _)| *o)
+                    .max();
+                prop_assert_eq!(window.highest_offset([epoch; 8], pp), highest);
+            }
+            prop_assert_eq!(window.len(), last.len());
         }
     }
 }

@@ -438,7 +438,7 @@ impl CommitReceiver {
     }
 
     /// Forgets the windows of partitions this node no longer owns (moved away, re-created
-    /// elsewhere, deleted), so their memory (up to a few MiB each) goes with them; a window
+    /// elsewhere, deleted), so their memory (up to about half a MiB each) goes with them; a window
     /// is rebuilt from the tail if the partition comes back. Returns how many were dropped.
     pub(crate) fn forget_unowned(&self) -> usize {
         let mut windows = self
@@ -689,7 +689,7 @@ mod tests {
         // The parent reused offsets 0 and 1 for new records.
         let mut reused = request(3, &[0, 1]);
         for (i, record) in reused.records.iter_mut().enumerate() {
-            record.value = format!("new{i}").into_bytes();
+            record.value = format!("new{i}").into_bytes().into();
         }
         let answer = rx.commit(reused.clone());
         assert!(
@@ -728,7 +728,7 @@ mod tests {
         let rx = receiver(&store, "n1", 3);
         // A record above the frame limit: its batch cannot be appended.
         let mut huge = request(3, &[2]);
-        huge.records[0].value = vec![0; narad_storage::log::format::MAX_FRAME_BYTES + 1];
+        huge.records[0].value = vec![0; narad_storage::log::format::MAX_FRAME_BYTES + 1].into();
         let answers = rx.commit_in_order(vec![request(3, &[0, 1]), huge, request(3, &[3])]);
         assert!(
             matches!(
