@@ -400,11 +400,14 @@ pub const PEER_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::fro
 
 impl PeerTls {
     /// A client builder for calls to peers: trusting the roots, presenting the identity and
-    /// naming this node, and dropping idle pooled connections after
-    /// [`PEER_POOL_IDLE_TIMEOUT`].
+    /// naming this node, dropping idle pooled connections after [`PEER_POOL_IDLE_TIMEOUT`],
+    /// and going straight to the peer's advertised address, never through a proxy the
+    /// environment names (`HTTP_PROXY` and the like are for traffic leaving the cluster; a
+    /// proxy would see the peer credentials, or fail every call between nodes).
     pub fn builder(&self) -> reqwest::ClientBuilder {
         let mut builder = trusting(reqwest::Client::builder(), &self.roots)
-            .pool_idle_timeout(PEER_POOL_IDLE_TIMEOUT);
+            .pool_idle_timeout(PEER_POOL_IDLE_TIMEOUT)
+            .no_proxy();
         if let Some(identity) = &self.identity {
             builder = builder.identity(identity.clone());
         }

@@ -264,9 +264,6 @@ impl Forwarder {
             .builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(limits.max_wait.saturating_add(ANSWER_SLACK))
-            // Node-to-node traffic goes straight to the advertised address, never through an
-            // HTTP_PROXY meant for the outside world.
-            .no_proxy()
             .build()?;
         Ok(Forwarder {
             http,

@@ -72,6 +72,16 @@ impl Cluster {
     /// Three nodes on a new etcd, node `i` started with `args_of(i)` after the cluster
     /// arguments; returns once every node sees the three.
     fn start_nodes(name: &str, args_of: impl Fn(usize) -> Vec<String>) -> Cluster {
+        Cluster::start_nodes_under(name, &[], args_of)
+    }
+
+    /// [`Cluster::start_nodes`], each `narad serve` run by `launcher` (a program that execs
+    /// the command after it, such as `env NAME=value`).
+    fn start_nodes_under(
+        name: &str,
+        launcher: &[&str],
+        args_of: impl Fn(usize) -> Vec<String>,
+    ) -> Cluster {
         let etcd = TestEtcd::start();
         let endpoint = etcd.endpoint();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -82,7 +92,7 @@ impl Cluster {
                 let extra = args_of(i);
                 let mut args = cluster_args(&endpoint, name, id, &extra);
                 args.extend(extra.iter().map(String::as_str));
-                Daemon::start_with(&dir.path().join(id), &args)
+                Daemon::start_under(&dir.path().join(id), launcher, &args)
             })
             .collect();
         let cluster = Cluster {
@@ -1230,6 +1240,62 @@ fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
         "n3's partition was not read: {body}"
     );
     assert_eq!(partition["high_watermark"], 2, "{body}");
+}
+
+#[test]
+fn calls_between_nodes_go_straight_to_the_peer_whatever_proxy_the_environment_names() {
+    // A proxy variable meant for a node's outbound traffic (or left in a service's
+    // environment) must not carry calls between nodes: through a proxy they would fail, or
+    // show the peer credentials to it. This one names a port nothing listens on.
+    let dead = format!(
+        "http://127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port()
+    );
+    let variables: Vec<String> = [
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+    ]
+    .iter()
+    .map(|name| format!("{name}={dead}"))
+    .collect();
+    let mut launcher = vec!["env"];
+    launcher.extend(variables.iter().map(String::as_str));
+    let cluster = Cluster::start_nodes_under("behind-proxy", &launcher, |_| Vec::new());
+    cluster.create("orders", 1, json!(["n1"]));
+    cluster.create("copy", 1, json!(["n3"]));
+    cluster.attach("orders", "copy", json!({}));
+    // Produced through n2 (forwarded to n1), copied to n3 by n1's cursor (a commit between
+    // nodes, after n1 reads n3's tail for the attach point).
+    let (status, body) = send_json(
+        &http_client(),
+        Method::POST,
+        &format!("{}/v1/topics/orders/records", cluster.url(1)),
+        Some(&json!({"records": [{"value": "one"}, {"value": "two"}]})),
+    )
+    .expect("produce");
+    ok(status, &body, "produce through n2");
+    wait_for_values(&cluster, "copy", 1, &["one".to_owned(), "two".to_owned()]);
+    // A describe through n1 reads n3's partition from n3.
+    let (status, body) = send_json(
+        &http_client(),
+        Method::GET,
+        &format!("{}/v1/topics/copy", cluster.url(0)),
+        None,
+    )
+    .expect("describe");
+    ok(status, &body, "describe copy through n1");
+    let partition = &body["partition_stats"][0];
+    assert_eq!(
+        (&partition["state"], &partition["high_watermark"]),
+        (&json!("open"), &json!(2)),
+        "n3's partition was not read from n3: {body}"
+    );
 }
 
 #[test]
