@@ -126,6 +126,25 @@ mod tests {
     };
 
     #[test]
+    fn a_bucket_sent_elsewhere_gives_the_records_and_origin_its_frame_decodes_to() {
+        let mut slab: Vec<StoredRecord> = records(100..104).iter().cloned().collect();
+        slab[1].key = Some(Bytes::from_static(b"k"));
+        slab[1].headers = vec![narad_storage::Header {
+            name: "h".into(),
+            value: Bytes::from_static(b"1"),
+        }];
+        slab[2].value = None;
+        slab[3].key = Some(Bytes::new());
+        let slab = Arc::new(slab);
+        for bucket in bucket(&slab, &[1, 1, 0, 1], "child", 2, ORIGIN).unwrap() {
+            let frame = bucket.encode().unwrap();
+            let decoded = frame.decode().unwrap();
+            let batch = crate::fanout::committer::ChildBatch::from_bucket(frame, Arc::new(bucket));
+            assert_eq!(batch.records().unwrap(), decoded);
+        }
+    }
+
+    #[test]
     fn a_slab_is_bucketed_by_child_partition_in_slab_order_with_its_origin() {
         let slab = records(100..106);
         let buckets = bucket(&slab, &[2, 0, 2, 1, 0, 2], "child", 4, ORIGIN).unwrap();

@@ -17,10 +17,10 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
-use narad_storage::{EncodedBatch, Header, PartitionId, StoredRecord};
+use narad_storage::{Header, PartitionId, StoredRecord};
 
 use super::bucket::Bucket;
-use super::committer::{ChildCommitError, ChildCommitter, InOrderFailure};
+use super::committer::{ChildBatch, ChildCommitError, ChildCommitter, InOrderFailure};
 use super::{COMMITS_IN_FLIGHT, FanoutTiming};
 use crate::blocking::BlockingError;
 
@@ -119,7 +119,7 @@ impl Failed {
 struct TargetWork {
     target: PartitionId,
     /// `(slab, bucket)`: the position of the bucket's slab among the slabs committed together.
-    parts: Vec<(usize, Bucket)>,
+    parts: Vec<(usize, Arc<Bucket>)>,
 }
 
 /// What one lane did with one child partition's buckets: how many, from the first, are
@@ -135,7 +135,7 @@ struct Outcome {
 /// not (those before it are still committed).
 struct Encoded {
     work: TargetWork,
-    batches: Vec<EncodedBatch>,
+    batches: Vec<ChildBatch>,
     unencodable: Option<ChildCommitError>,
 }
 
@@ -240,13 +240,13 @@ pub(crate) async fn commit_slabs(
                             target: target.clone(),
                             error,
                         });
-                        failed[slab].indices.extend(bucket.indices);
+                        failed[slab].indices.extend(&bucket.indices);
                     }
                     for (slab, bucket) in not_done {
                         failed[slab].errors.push(CommitFailure::Behind {
                             target: target.clone(),
                         });
-                        failed[slab].indices.extend(bucket.indices);
+                        failed[slab].indices.extend(&bucket.indices);
                     }
                 }
             }
@@ -283,7 +283,7 @@ fn encode_by_target(slabs: Vec<Vec<Bucket>>) -> Vec<Encoded> {
                     parts: Vec::new(),
                 })
                 .parts
-                .push((slab, bucket));
+                .push((slab, Arc::new(bucket)));
         }
     }
     by_target
@@ -293,7 +293,7 @@ fn encode_by_target(slabs: Vec<Vec<Bucket>>) -> Vec<Encoded> {
             let mut unencodable = None;
             for (_, bucket) in &work.parts {
                 match bucket.encode() {
-                    Ok(batch) => batches.push(batch),
+                    Ok(frame) => batches.push(ChildBatch::from_bucket(frame, Arc::clone(bucket))),
                     Err(e) => {
                         unencodable = Some(ChildCommitError::from(e));
                         break;
@@ -315,7 +315,7 @@ fn encode_by_target(slabs: Vec<Vec<Bucket>>) -> Vec<Encoded> {
 async fn commit_with_quick_retries(
     committer: &Arc<dyn ChildCommitter>,
     partition: &PartitionId,
-    mut batches: Vec<EncodedBatch>,
+    mut batches: Vec<ChildBatch>,
     pauses: &[std::time::Duration],
 ) -> Result<usize, InOrderFailure> {
     let (mut tries, mut durable) = (0, 0);
@@ -364,7 +364,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use narad_storage::{Appended, StorageError};
+    use narad_storage::{Appended, EncodedBatch, StorageError};
 
     use super::*;
     use crate::fanout::bucket::{SlabOrigin, bucket};

@@ -16,11 +16,76 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use narad_storage::log::format::FrameError;
-use narad_storage::{Appended, EncodedBatch, PartitionId, StorageError};
+use narad_storage::{AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, StorageError};
 
+use super::bucket::Bucket;
 use crate::blocking::BlockingError;
 use crate::cluster::commit_rpc::CallError;
 use crate::produce::Producer;
+
+/// One bucket on its way to a child partition: its frame, encoded once for an append, and,
+/// when it came from a slab, the bucket itself, so a committer that sends the records to
+/// another node takes them from the slab (references to the parent's read buffers) instead
+/// of decoding the frame back.
+#[derive(Debug)]
+pub struct ChildBatch {
+    /// The frame an append writes (resealed, not encoded again, on each try).
+    pub frame: EncodedBatch,
+    bucket: Option<Arc<Bucket>>,
+}
+
+impl ChildBatch {
+    /// A batch known only by its frame.
+    pub fn from_frame(frame: EncodedBatch) -> ChildBatch {
+        ChildBatch {
+            frame,
+            bucket: None,
+        }
+    }
+
+    /// `bucket`, with `frame` encoded from it.
+    pub(crate) fn from_bucket(frame: EncodedBatch, bucket: Arc<Bucket>) -> ChildBatch {
+        ChildBatch {
+            frame,
+            bucket: Some(bucket),
+        }
+    }
+
+    /// Runs `append` on the frames of `batches`, each handed back to its batch after.
+    pub(crate) fn with_frames<T>(
+        batches: Vec<ChildBatch>,
+        append: impl FnOnce(&mut [EncodedBatch]) -> T,
+    ) -> (Vec<ChildBatch>, T) {
+        let (mut frames, buckets): (Vec<EncodedBatch>, Vec<_>) =
+            batches.into_iter().map(|b| (b.frame, b.bucket)).unzip();
+        let out = append(&mut frames);
+        let batches = frames
+            .into_iter()
+            .zip(buckets)
+            .map(|(frame, bucket)| ChildBatch { frame, bucket })
+            .collect();
+        (batches, out)
+    }
+
+    /// The records and provenance of the batch: from the slab when it came from one (no
+    /// byte is copied), else decoded from the frame.
+    pub fn records(&self) -> Result<AppendBatch, FrameError> {
+        let Some(bucket) = &self.bucket else {
+            return self.frame.decode();
+        };
+        Ok(AppendBatch {
+            records: bucket
+                .records()
+                .map(|r| NewRecord {
+                    key: r.key.clone(),
+                    headers: r.headers.clone(),
+                    value: r.value.clone(),
+                })
+                .collect(),
+            origin: Some(bucket.origin.clone()),
+        })
+    }
+}
 
 /// What [`ChildCommitter::commit_in_order`] did: the batches handed back (to be sent again
 /// from [`InOrderFailure::durable`] on after a failure; empty if the task holding them
@@ -28,7 +93,7 @@ use crate::produce::Producer;
 #[derive(Debug)]
 pub struct InOrderCommit {
     /// The batches given, as they were.
-    pub batches: Vec<EncodedBatch>,
+    pub batches: Vec<ChildBatch>,
     /// `Ok` once every batch is durable.
     pub result: Result<(), InOrderFailure>,
 }
@@ -60,7 +125,7 @@ pub trait ChildCommitter: Send + Sync + 'static {
     fn commit_in_order(
         self: Arc<Self>,
         partition: PartitionId,
-        batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> CommitFuture;
 }
 
@@ -99,12 +164,11 @@ impl<C: BlockingCommitter> ChildCommitter for C {
     fn commit_in_order(
         self: Arc<Self>,
         partition: PartitionId,
-        mut batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> CommitFuture {
         Box::pin(async move {
             let ran = crate::blocking::run(move || {
-                let result = self.append_in_order(&partition, &mut batches);
-                (batches, result)
+                ChildBatch::with_frames(batches, |frames| self.append_in_order(&partition, frames))
             })
             .await;
             match ran {

@@ -18,7 +18,7 @@ use narad_storage::{BatchOrigin, EncodedBatch, Header, PartitionId, StoredRecord
 
 use super::CursorKey;
 use super::bucket::SlabOrigin;
-use super::committer::ChildCommitter;
+use super::committer::{ChildBatch, ChildCommitter};
 use super::route::PoisonFound;
 use crate::metastore::{Metastore, MetastoreError};
 
@@ -142,7 +142,7 @@ pub(crate) async fn commit_letter(
         }
     })?;
     let committed = Arc::clone(committer)
-        .commit_in_order(target.clone(), vec![batch])
+        .commit_in_order(target.clone(), vec![ChildBatch::from_frame(batch)])
         .await;
     match committed.result {
         Ok(()) => Ok(target),

@@ -29,11 +29,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine as _;
-use narad_storage::{EncodedBatch, PartitionId};
+use narad_storage::PartitionId;
 use serde::Serialize;
 
 use super::committer::{
-    ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit, InOrderFailure,
+    ChildBatch, ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit, InOrderFailure,
 };
 use crate::metastore::RemoteTarget;
 
@@ -160,10 +160,10 @@ impl RemoteSender {
     fn wire_records(
         &self,
         partition: &PartitionId,
-        batch: &EncodedBatch,
+        batch: &ChildBatch,
     ) -> Result<Vec<(WireRecord, usize)>, ChildCommitError> {
         let decoded = batch
-            .decode()
+            .records()
             .map_err(|source| ChildCommitError::Undecodable {
                 partition: partition.clone(),
                 source,
@@ -379,7 +379,7 @@ impl RemoteSender {
     async fn commit_owned(
         self: Arc<Self>,
         partition: PartitionId,
-        batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> InOrderCommit {
         let me = Arc::clone(&self);
         let converted = crate::blocking::run(move || {
@@ -417,7 +417,7 @@ impl ChildCommitter for RemoteSender {
     fn commit_in_order(
         self: Arc<Self>,
         partition: PartitionId,
-        batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> CommitFuture {
         Box::pin(self.commit_owned(partition, batches))
     }

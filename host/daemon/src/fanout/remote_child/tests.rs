@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use bytes::Bytes;
 use narad_storage::{BatchOrigin, StoredRecord};
 
+use narad_storage::EncodedBatch;
+
 use super::*;
 
 /// A target that answers every produce with `status` (and, for a success, `placed`
@@ -111,7 +113,10 @@ async fn commit_batch(
     batch: EncodedBatch,
 ) -> Result<(), ChildCommitError> {
     Arc::clone(sender)
-        .commit_in_order(PartitionId::new("to-b", 2), vec![batch])
+        .commit_in_order(
+            PartitionId::new("to-b", 2),
+            vec![ChildBatch::from_frame(batch)],
+        )
         .await
         .result
         .map_err(|failure| failure.error)

@@ -26,10 +26,10 @@
 
 use std::sync::Arc;
 
-use narad_storage::{Appended, EncodedBatch, PartitionId};
+use narad_storage::{Appended, PartitionId};
 
 use super::committer::{
-    BlockingCommitter, ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit,
+    BlockingCommitter, ChildBatch, ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit,
     InOrderFailure,
 };
 use super::metrics::{ChildLabels, FanoutMetrics};
@@ -131,11 +131,11 @@ impl ClusterCommitter {
     fn request(
         &self,
         partition: &PartitionId,
-        batch: &EncodedBatch,
+        batch: &ChildBatch,
         generation: u64,
     ) -> Result<CommitRequest, ChildCommitError> {
         let decoded = batch
-            .decode()
+            .records()
             .map_err(|source| ChildCommitError::Undecodable {
                 partition: partition.clone(),
                 source,
@@ -286,7 +286,7 @@ impl ClusterCommitter {
     fn requests(
         &self,
         partition: &PartitionId,
-        batches: &[EncodedBatch],
+        batches: &[ChildBatch],
         generation: u64,
     ) -> (Vec<CommitRequest>, Option<ChildCommitError>) {
         let mut requests = Vec::with_capacity(batches.len());
@@ -327,11 +327,25 @@ impl ClusterCommitter {
         &self,
         partition: &PartitionId,
         owner: &PartitionOwner,
-        batches: &mut [EncodedBatch],
-    ) -> Result<(), InOrderFailure> {
+        batches: Vec<ChildBatch>,
+    ) -> (Vec<ChildBatch>, Result<(), InOrderFailure>) {
         let Some(receiver) = &self.receiver else {
-            return self.local.append_in_order(partition, batches);
+            return ChildBatch::with_frames(batches, |frames| {
+                self.local.append_in_order(partition, frames)
+            });
         };
+        let result = self.commit_through(receiver, partition, owner, &batches);
+        (batches, result)
+    }
+
+    /// Commits `batches` through this node's own `receiver`, as a commit from another node.
+    fn commit_through(
+        &self,
+        receiver: &CommitReceiver,
+        partition: &PartitionId,
+        owner: &PartitionOwner,
+        batches: &[ChildBatch],
+    ) -> Result<(), InOrderFailure> {
         let (requests, unsendable) = self.requests(partition, batches, owner.generation);
         let sent = records_in(&requests);
         let answers = receiver.commit_in_order(requests);
@@ -408,7 +422,7 @@ impl ClusterCommitter {
     async fn commit_owned(
         self: Arc<Self>,
         partition: PartitionId,
-        mut batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> InOrderCommit {
         let failed = |batches, error| InOrderCommit {
             batches,
@@ -423,7 +437,7 @@ impl ClusterCommitter {
         let here = Arc::clone(&self);
         let prepared = crate::blocking::run(move || match route {
             Route::Here(owner) => {
-                let result = here.commit_here(&partition, &owner, &mut batches);
+                let (batches, result) = here.commit_here(&partition, &owner, batches);
                 (batches, partition, Err(result))
             }
             Route::There { owner, base_url } => {
@@ -469,7 +483,7 @@ impl ChildCommitter for ClusterCommitter {
     fn commit_in_order(
         self: Arc<Self>,
         partition: PartitionId,
-        batches: Vec<EncodedBatch>,
+        batches: Vec<ChildBatch>,
     ) -> CommitFuture {
         Box::pin(self.commit_owned(partition, batches))
     }

@@ -8,6 +8,8 @@ use narad_storage::{
     BatchOrigin, LogConfig, ReadOptions, RecordOrigin, Store, StoreOptions, StoredRecord,
 };
 
+use narad_storage::EncodedBatch;
+
 use super::*;
 use crate::cluster::commit_rpc::{
     COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route,
@@ -208,8 +210,10 @@ async fn commit_one(
     partition: u32,
     batch: EncodedBatch,
 ) -> Result<(), ChildCommitError> {
-    let work =
-        Arc::clone(committer).commit_in_order(PartitionId::new("child", partition), vec![batch]);
+    let work = Arc::clone(committer).commit_in_order(
+        PartitionId::new("child", partition),
+        vec![ChildBatch::from_frame(batch)],
+    );
     let answer = tokio::time::timeout(WAIT, work).await.unwrap();
     answer.result.map_err(|failure| failure.error)
 }
@@ -392,7 +396,10 @@ async fn in_order(
     partition: u32,
     offsets: Vec<Vec<u64>>,
 ) -> Result<(), InOrderFailure> {
-    let batches: Vec<EncodedBatch> = offsets.iter().map(|o| frame(o)).collect();
+    let batches = offsets
+        .iter()
+        .map(|o| ChildBatch::from_frame(frame(o)))
+        .collect();
     let work = Arc::clone(committer).commit_in_order(PartitionId::new("child", partition), batches);
     tokio::time::timeout(WAIT, work).await.unwrap().result
 }
