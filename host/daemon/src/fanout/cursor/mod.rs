@@ -8,10 +8,11 @@
 //! fails for now stalls the cursor (its reason in the status) for
 //! [`crate::fanout::FanoutTiming::retry_backoff`] and is tried again; the cursor never skips a record.
 //!
-//! This file holds the loop; the rest of a cursor's work is one file per part: `ahead` (slabs
-//! read and routed while a commit runs), `routing` (steps 2 and 3), `delivery` (steps 4 and 5,
-//! retries and back-offs), `no_records` (a read that found nothing) and `paused` (a paused
-//! cursor and operators' seeks).
+//! This file holds the loop and how one commit's slabs are gathered and delivered beside the
+//! next reads; the rest of a cursor's work is one file per part: `exit` (why a cursor stops),
+//! `ahead` (slabs read and routed while a commit runs), `routing` (steps 2 and 3), `delivery`
+//! (steps 4 and 5, retries and back-offs), `no_records` (a read that found nothing) and
+//! `paused` (a paused cursor and operators' seeks).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -25,13 +26,14 @@ use super::bucket::SlabOrigin;
 use super::commit::Acknowledged;
 use super::committer::ChildCommitter;
 use super::gap_book::GapBook;
-use super::position::{self, Deferred, Opened};
+use super::position::{self, Opened};
 use super::status::CursorStatus;
-use crate::metastore::link::{BadEpoch, LinkMeta, epoch_bytes};
+use crate::metastore::link::{LinkMeta, epoch_bytes};
 use crate::shutdown::ShutdownSignal;
 
 mod ahead;
 mod delivery;
+mod exit;
 mod no_records;
 mod paused;
 mod routing;
@@ -39,61 +41,7 @@ mod routing;
 use super::{CursorDeps, CursorKey, LinkRuntime};
 use ahead::{Ahead, AheadSlab};
 use delivery::Delivery;
-
-/// Why a cursor stopped.
-#[derive(Debug, PartialEq, Eq)]
-pub enum CursorExit {
-    /// Told to stop (detach, shutdown, ownership moved).
-    Stopped,
-    /// Its epoch is no longer the link's; the reconciler starts the right cursor.
-    LinkGone(LinkGone),
-    /// Its start could not be confirmed against the metastore; retried on a later tick.
-    Deferred(Deferred),
-    /// Paused by an operator while stalled on a slab: the slab is dropped (nothing of it is
-    /// on file) and the cursor waits paused, where it can be sought past the slab. Handled
-    /// inside the cursor; [`run_cursor`] never returns it.
-    PausedWhileStalled,
-}
-
-impl std::fmt::Display for CursorExit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CursorExit::Stopped => f.write_str("stopped"),
-            CursorExit::LinkGone(gone) => write!(f, "link gone: {gone}"),
-            CursorExit::Deferred(why) => write!(f, "start deferred: {why}"),
-            CursorExit::PausedWhileStalled => f.write_str("paused while stalled"),
-        }
-    }
-}
-
-/// Why a cursor's link is no longer the one it serves. The `Display` text is what the cursor's
-/// exit says.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LinkGone {
-    /// Before routing a slab, the metastore no longer had the cursor's epoch as the link's,
-    /// or no longer had the link's parent or child topic: the link was detached, re-attached
-    /// or a topic deleted.
-    #[error("{parent} -> {child} was detached or re-attached")]
-    DetachedOrReattached {
-        /// Parent topic.
-        parent: String,
-        /// Child topic.
-        child: String,
-    },
-    /// The link's metadata, swapped in by the reconciler, carries another attach epoch than
-    /// the cursor's.
-    #[error("{parent} -> {child} was re-attached")]
-    Reattached {
-        /// Parent topic.
-        parent: String,
-        /// Child topic.
-        child: String,
-    },
-    /// The cursor's own epoch is not a valid epoch, so no link can be its.
-    #[error(transparent)]
-    BadEpoch(#[from] BadEpoch),
-}
+pub use exit::{CursorExit, LinkGone};
 
 /// Runs the cursor named by `key` until it is stopped or its link changes.
 pub async fn run_cursor(
@@ -259,7 +207,7 @@ impl Cursor {
                     self.origin(epoch, from),
                 )),
             };
-            let (first, mut high_watermark) = match read {
+            let (first, high_watermark) = match read {
                 Ahead::Slab {
                     slab,
                     high_watermark,
@@ -285,72 +233,25 @@ impl Cursor {
                     continue;
                 }
             };
-            let records = &first.delivery.pending;
-            // The slab's last offset, whatever of it was already held by the child.
-            let mut last = first.delivery.end - 1;
-            let oldest = records.first().map(|r| r.committed_at_ms);
+            let oldest = first.delivery.pending.first().map(|r| r.committed_at_ms);
             let now_ms = self.deps.clock.now_ms();
             self.status.committing(oldest, delay_ms, now_ms);
-            let mut counts = vec![records.len()];
-            let mut slabs = vec![first];
-            // The slabs read ahead that follow this one join its commit, up to the limit.
-            while slabs.len() < self.slabs_per_commit() && last + 1 < high_watermark {
-                let (slab, high) = match ahead.pop_front() {
-                    Some(Ahead::Slab {
-                        slab,
-                        high_watermark,
-                    }) => (slab, high_watermark),
-                    // No records there (or a failed read): handled as the next slab.
-                    other => {
-                        if let Some(other) = other {
-                            ahead.push_front(other);
-                        }
-                        break;
-                    }
-                };
-                let end = slab.delivery.end - 1;
-                counts.push(slab.delivery.pending.len());
-                slabs.push(slab);
-                (last, high_watermark) = (end, high);
-            }
+            let Gathered {
+                slabs,
+                counts,
+                last,
+                high_watermark,
+            } = self.gather(first, &mut ahead, high_watermark);
             // (2) to (4) for these slabs, (5) for the ones before, and (1) to (3) for the
-            // ones after: they are read and routed while these commit. At the parent's end
-            // there is nothing to read ahead (a read would only wait for new records): the
-            // position is written as soon as the slabs are delivered instead, so an idle
-            // cursor's file is never a commit behind.
+            // ones after. At the parent's end there is nothing to read ahead (a read would
+            // only wait for new records): the position is written as soon as the slabs are
+            // delivered instead, so an idle cursor's file is never a commit behind.
             let at_end = last + 1 >= high_watermark;
             let before = unsaved.take();
-            // What is read ahead is dropped if these slabs stall (it is read again once they
-            // are delivered): a stalled cursor pins no parent read buffer.
-            let (commit_state, commit_seen) = tokio::sync::watch::channel(CommitState::Running);
-            let (delivered, saved, read_ahead) = tokio::join!(
-                async {
-                    let stalled = || {
-                        commit_state.send_replace(CommitState::Stalled);
-                    };
-                    let delivered = self.deliver_together(slabs, stalled).await;
-                    commit_state.send_if_modified(|state| {
-                        let running = *state == CommitState::Running;
-                        if running {
-                            *state = CommitState::Delivered;
-                        }
-                        running
-                    });
-                    delivered
-                },
-                self.save(offsets, before.as_ref(), Durability::Coalesced),
-                async {
-                    if at_end {
-                        return Ok(VecDeque::new());
-                    }
-                    let reads = self.read_and_route_ahead(last + 1, delay_ms, epoch).await?;
-                    let mut seen = commit_seen;
-                    match seen.wait_for(|s| *s != CommitState::Running).await {
-                        Ok(state) if *state == CommitState::Delivered => Ok(reads),
-                        _ => Ok(VecDeque::new()),
-                    }
-                },
-            );
+            let read_from = (!at_end).then_some(last + 1);
+            let (delivered, saved, read_ahead) = self
+                .commit_together(offsets, slabs, before.as_ref(), read_from, delay_ms, epoch)
+                .await;
             match delivered {
                 // The position past these slabs covers the ones before, whatever its write
                 // did.
@@ -393,6 +294,94 @@ impl Cursor {
             next = last + 1;
             ahead = read_ahead?;
         }
+    }
+
+    /// The slabs of one commit: `first`, then those read ahead that follow it (taken off
+    /// `ahead`), up to [`Cursor::slabs_per_commit`] and not past the parent's end.
+    fn gather(
+        &self,
+        first: AheadSlab,
+        ahead: &mut VecDeque<Ahead>,
+        mut high_watermark: u64,
+    ) -> Gathered {
+        // The slab's last offset, whatever of it was already held by the child.
+        let mut last = first.delivery.end - 1;
+        let mut counts = vec![first.delivery.pending.len()];
+        let mut slabs = vec![first];
+        while slabs.len() < self.slabs_per_commit() && last + 1 < high_watermark {
+            let (slab, high) = match ahead.pop_front() {
+                Some(Ahead::Slab {
+                    slab,
+                    high_watermark,
+                }) => (slab, high_watermark),
+                // No records there (or a failed read): handled as the next slab.
+                other => {
+                    if let Some(other) = other {
+                        ahead.push_front(other);
+                    }
+                    break;
+                }
+            };
+            let end = slab.delivery.end - 1;
+            counts.push(slab.delivery.pending.len());
+            slabs.push(slab);
+            (last, high_watermark) = (end, high);
+        }
+        Gathered {
+            slabs,
+            counts,
+            last,
+            high_watermark,
+        }
+    }
+
+    /// Delivers `slabs` while the position past the slabs delivered `before` them is written
+    /// and, from `read_from` when given, the next slabs are read and routed. What is read
+    /// ahead is dropped if these slabs stall (it is read again once they are delivered), so a
+    /// stalled cursor pins no parent read buffer. Returns the delivery, the write and the
+    /// slabs read ahead.
+    async fn commit_together(
+        &self,
+        offsets: &OffsetFile,
+        slabs: Vec<AheadSlab>,
+        before: Option<&Delivered>,
+        read_from: Option<u64>,
+        delay_ms: u64,
+        epoch: [u8; 8],
+    ) -> (
+        Result<Acknowledged, CursorExit>,
+        Result<(), CursorExit>,
+        Result<VecDeque<Ahead>, CursorExit>,
+    ) {
+        let (commit_state, commit_seen) = tokio::sync::watch::channel(CommitState::Running);
+        tokio::join!(
+            async {
+                let stalled = || {
+                    commit_state.send_replace(CommitState::Stalled);
+                };
+                let delivered = self.deliver_together(slabs, stalled).await;
+                commit_state.send_if_modified(|state| {
+                    let running = *state == CommitState::Running;
+                    if running {
+                        *state = CommitState::Delivered;
+                    }
+                    running
+                });
+                delivered
+            },
+            self.save(offsets, before, Durability::Coalesced),
+            async {
+                let Some(from) = read_from else {
+                    return Ok(VecDeque::new());
+                };
+                let reads = self.read_and_route_ahead(from, delay_ms, epoch).await?;
+                let mut seen = commit_seen;
+                match seen.wait_for(|s| *s != CommitState::Running).await {
+                    Ok(state) if *state == CommitState::Delivered => Ok(reads),
+                    _ => Ok(VecDeque::new()),
+                }
+            },
+        )
     }
 
     /// Most slabs committed together ([`crate::fanout::FanoutTiming::slabs_per_commit`], at least 1).
@@ -468,6 +457,17 @@ impl Cursor {
             _ = self.stop.wait() => Err(CursorExit::Stopped),
         }
     }
+}
+
+/// The slabs of one commit, from [`Cursor::gather`].
+struct Gathered {
+    slabs: Vec<AheadSlab>,
+    /// Records of each slab, for the status.
+    counts: Vec<usize>,
+    /// The last slab's last offset.
+    last: u64,
+    /// The parent's high watermark when the last slab was read.
+    high_watermark: u64,
 }
 
 /// How the commit that a read ahead runs beside is going.
