@@ -64,7 +64,7 @@ impl Store {
         let p = self.partition(id).ok()?;
         let slot = log::read(&p.slot);
         match &*slot {
-            Slot::Open(l) => Some(l.stats().high_watermark),
+            Slot::Open(l) => Some(l.high_watermark()),
             _ => None,
         }
     }

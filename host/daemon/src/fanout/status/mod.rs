@@ -9,11 +9,13 @@
 //! happened. Every error is escaped and cut by [`narad_runtime::text::sanitize`] before it is
 //! stored: part of it may come from a plugin.
 
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 use narad_storage::cursor::gaps::GapLedger;
+use prometheus_client::metrics::gauge::Gauge;
 
 use super::metrics::{ChildLabels, CursorLabels, FanoutMetrics, StateLabel, StateLabels};
 
@@ -70,11 +72,27 @@ struct Inner {
 pub struct CursorStatus {
     labels: CursorLabels,
     metrics: Arc<FanoutMetrics>,
+    /// The series an idle cursor sets every second, looked up once: a lookup hashes and
+    /// compares the labels' strings in a family of every cursor, which thousands of idle
+    /// cursors paid thousands of times a second. They are this cursor's until [`retire`]
+    /// removes them, and the reconciler starts the next cursor of the same labels only after
+    /// that.
+    ///
+    /// [`retire`]: CursorStatus::retire
+    gauges: HotGauges,
     inner: Mutex<Inner>,
     /// An operator's seek waiting for the (paused) cursor to carry it out.
     seek: Mutex<Option<SeekOrder>>,
     /// Wakes the paused cursor when a seek is ordered.
     seek_ordered: tokio::sync::Notify,
+}
+
+/// Handles on a cursor's series that change every second ([`CursorStatus::gauges`]).
+#[derive(Debug)]
+struct HotGauges {
+    lag_messages: Gauge<i64, AtomicI64>,
+    due_lag_seconds: Gauge<f64, AtomicU64>,
+    last_progress: Gauge<f64, AtomicU64>,
 }
 
 /// An operator's order to move a paused cursor to `offset`, and where its answer goes.
@@ -132,9 +150,15 @@ pub struct SeekDone {
 impl CursorStatus {
     /// A fresh status for the cursor named by `labels`.
     pub fn new(labels: CursorLabels, metrics: Arc<FanoutMetrics>) -> CursorStatus {
+        let gauges = HotGauges {
+            lag_messages: metrics.lag_messages.get_or_create(&labels).clone(),
+            due_lag_seconds: metrics.due_lag_seconds.get_or_create(&labels).clone(),
+            last_progress: metrics.last_progress.get_or_create(&labels).clone(),
+        };
         let status = CursorStatus {
             labels,
             metrics,
+            gauges,
             seek: Mutex::new(None),
             seek_ordered: tokio::sync::Notify::new(),
             inner: Mutex::new(Inner {
@@ -166,8 +190,8 @@ impl CursorStatus {
     fn publish_zeros(&self) {
         let m = &self.metrics;
         let _ = m.dropped_messages.get_or_create(&self.labels);
-        m.last_progress
-            .get_or_create(&self.labels)
+        self.gauges
+            .last_progress
             .set(wall_clock_ms() as f64 / 1000.0);
         let _ = m.records_copied.get_or_create(&self.labels);
         let _ = m.slabs.get_or_create(&self.labels);
@@ -201,17 +225,15 @@ impl CursorStatus {
         let mut inner = self.lock();
         inner.progress_at = std::time::Instant::now();
         inner.progress_at_ms = wall_clock_ms();
-        self.metrics
+        self.gauges
             .last_progress
-            .get_or_create(&self.labels)
             .set(inner.progress_at_ms as f64 / 1000.0);
         inner.committing = None;
         inner.next_offset = Some(next_offset);
         inner.high_watermark = Some(high_watermark.max(next_offset));
         let lag = high_watermark.saturating_sub(next_offset);
-        self.metrics
+        self.gauges
             .lag_messages
-            .get_or_create(&self.labels)
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
     }
 
@@ -259,9 +281,8 @@ impl CursorStatus {
             if inner.next_offset == Some(next) {
                 let high = high.max(next).max(inner.high_watermark.unwrap_or(0));
                 inner.high_watermark = Some(high);
-                self.metrics
+                self.gauges
                     .lag_messages
-                    .get_or_create(&self.labels)
                     .set(i64::try_from(high - next).unwrap_or(i64::MAX));
             }
         }
@@ -296,10 +317,7 @@ impl CursorStatus {
     /// Records how far behind the due frontier the cursor is.
     pub(crate) fn set_due_lag(&self, seconds: f64) {
         self.lock().due_lag_seconds = seconds;
-        self.metrics
-            .due_lag_seconds
-            .get_or_create(&self.labels)
-            .set(seconds);
+        self.gauges.due_lag_seconds.set(seconds);
     }
 
     /// Sets the records lost (`lost`: retention, re-creation) and skipped by seeks

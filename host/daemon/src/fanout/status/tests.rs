@@ -141,3 +141,46 @@ fn a_rewind_to_the_parents_end_is_counted_in_the_report() {
     status.rewound_to_parent_end();
     assert_eq!(status.report().parent_end_rewinds, 1);
 }
+
+/// The text `/metrics` serves for `metrics`, one line per series.
+fn scraped(metrics: &FanoutMetrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    text
+}
+
+#[test]
+fn a_cursors_lag_and_progress_reach_metrics_and_a_successor_of_the_same_labels_owns_them() {
+    let metrics = Arc::new(FanoutMetrics::default());
+    let labels = CursorLabels {
+        parent: "orders".into(),
+        child: "copy".into(),
+        partition: 3,
+    };
+    let lag = r#"narad_fanout_lag_messages{parent="orders",child="copy",partition="3"}"#;
+    let first = CursorStatus::new(labels.clone(), Arc::clone(&metrics));
+    first.set_position(10, 17);
+    assert!(
+        scraped(&metrics).contains(&format!("{lag} 7\n")),
+        "{}",
+        scraped(&metrics)
+    );
+    first.refresh(Some(30), 0, crate::fanout::NO_PROGRESS_AFTER);
+    assert!(scraped(&metrics).contains(&format!("{lag} 20\n")));
+    // Stopped: its series go. The next cursor of the link's partition has its own.
+    first.retire();
+    assert!(!scraped(&metrics).contains(lag));
+    let next = CursorStatus::new(labels, Arc::clone(&metrics));
+    next.set_position(30, 31);
+    next.set_due_lag(2.5);
+    let text = scraped(&metrics);
+    assert!(text.contains(&format!("{lag} 1\n")), "{text}");
+    assert!(
+        text.contains(
+            r#"narad_fanout_due_lag_seconds{parent="orders",child="copy",partition="3"} 2.5"#
+        ),
+        "{text}"
+    );
+}
