@@ -55,7 +55,8 @@ pub(super) async fn start_cluster(
         let snapshot = metastore.cached_snapshot().ok_or_else(|| {
             MetastoreError::Task("the cluster metastore has no watched copy".to_owned())
         })??;
-        let owned = owned_by(&snapshot, &cluster.node_id);
+        let owned: Vec<PartitionId> =
+            crate::topics::owned::owned_by(&snapshot, &cluster.node_id).collect();
         crate::cluster::identity::establish(
             &client,
             &prefix,
@@ -245,22 +246,6 @@ impl From<crate::cluster::identity::IdentityError> for ServerError {
     fn from(e: crate::cluster::identity::IdentityError) -> ServerError {
         ServerError::Identity(Box::new(e))
     }
-}
-
-/// The partitions `snapshot` gives to `node`.
-fn owned_by(snapshot: &crate::metastore::Snapshot, node: &str) -> Vec<PartitionId> {
-    snapshot
-        .topics
-        .values()
-        .flat_map(|t| {
-            t.owners
-                .iter()
-                .enumerate()
-                .filter(|(_, o)| o.node == node)
-                .filter_map(|(p, _)| u32::try_from(p).ok())
-                .map(|p| PartitionId::new(t.name.clone(), p))
-        })
-        .collect()
 }
 
 /// The host of `url` (`http://HOST:PORT/...`), without brackets for an IPv6 address.

@@ -171,6 +171,21 @@ pub(crate) fn set_aside_unnamed(
     Ok(moved)
 }
 
+/// The partitions `snapshot` gives to `node`.
+pub(crate) fn owned_by<'a>(
+    snapshot: &'a Snapshot,
+    node: &'a str,
+) -> impl Iterator<Item = PartitionId> + 'a {
+    snapshot.topics.values().flat_map(move |t| {
+        t.owners
+            .iter()
+            .enumerate()
+            .filter(move |(_, o)| o.node == node)
+            .filter_map(|(p, _)| u32::try_from(p).ok())
+            .map(|p| PartitionId::new(t.name.clone(), p))
+    })
+}
+
 /// Partition directories under `topics/` that `node` does not own in `snapshot`: topics the
 /// metadata does not name, and partitions owned by another node. Their data stays on disk; an
 /// operator decides (they may be what is left of a move, or of a metadata prefix that was lost).
@@ -179,21 +194,10 @@ pub(crate) fn unaccounted(
     snapshot: &Snapshot,
     node: &str,
 ) -> std::io::Result<Vec<String>> {
-    let owned: BTreeSet<(String, String)> = snapshot
-        .topics
-        .values()
-        .flat_map(|t| {
-            t.owners
-                .iter()
-                .enumerate()
-                .filter(|(_, o)| o.node == node)
-                .filter_map(|(p, _)| u32::try_from(p).ok())
-                .map(|p| {
-                    (
-                        t.name.clone(),
-                        PartitionId::new(t.name.clone(), p).dir_name(),
-                    )
-                })
+    let owned: BTreeSet<(String, String)> = owned_by(snapshot, node)
+        .map(|id| {
+            let dir = id.dir_name();
+            (id.topic, dir)
         })
         .collect();
     let topics_dir = data_dir.join(narad_storage::store::TOPICS_DIR_NAME);
