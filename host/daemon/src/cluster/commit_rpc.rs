@@ -376,7 +376,7 @@ mod tests {
                 parent_offsets: offsets.to_vec(),
             }),
         };
-        CommitRequest::from_batch("audit", 0, 1, &batch).unwrap()
+        CommitRequest::from_batch("audit", 0, 1, batch).unwrap()
     }
 
     #[tokio::test]

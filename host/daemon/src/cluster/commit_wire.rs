@@ -170,33 +170,34 @@ pub(crate) enum WireError {
 }
 
 impl CommitRequest {
-    /// The request for one bucket. `batch` must carry its origin (a child commit always does).
+    /// The request for one bucket, taking its records' bytes (shared, not copied). `batch`
+    /// must carry its origin (a child commit always does).
     pub(crate) fn from_batch(
         topic: &str,
         partition: u32,
         generation: u64,
-        batch: &AppendBatch,
+        batch: AppendBatch,
     ) -> Option<CommitRequest> {
-        let origin = batch.origin.as_ref()?;
-        let records = batch
-            .records
-            .iter()
-            .zip(&origin.parent_offsets)
-            .map(|(record, &parent_offset)| WireRecord {
-                parent_offset,
-                key: record.key.clone().map(WireBytes),
-                headers: record
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.clone(), WireBytes(h.value.clone())))
-                    .collect(),
-                value: WireBytes(record.value.clone().unwrap_or_default()),
-            })
-            .collect();
+        let origin = batch.origin?;
         let null_values = (0u32..)
             .zip(&batch.records)
             .filter(|(_, r)| r.value.is_none())
             .map(|(i, _)| i)
+            .collect();
+        let records = batch
+            .records
+            .into_iter()
+            .zip(&origin.parent_offsets)
+            .map(|(record, &parent_offset)| WireRecord {
+                parent_offset,
+                key: record.key.map(WireBytes),
+                headers: record
+                    .headers
+                    .into_iter()
+                    .map(|h| (h.name, WireBytes(h.value)))
+                    .collect(),
+                value: WireBytes(record.value.unwrap_or_default()),
+            })
             .collect();
         Some(CommitRequest {
             topic: topic.to_owned(),
@@ -447,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_bucket_crosses_the_wire_unchanged_keys_absent_or_empty_headers_repeated() {
-        let request = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let request = CommitRequest::from_batch("audit", 2, 5, bucket()).unwrap();
         let decoded = CommitRequest::decode(&request.encode()).unwrap();
         assert_eq!(
             (
@@ -482,7 +483,7 @@ mod tests {
 
     #[test]
     fn nodes_with_byte_vectors_and_with_wire_bytes_read_each_others_commits() {
-        let request = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let request = CommitRequest::from_batch("audit", 2, 5, bucket()).unwrap();
         let as_vectors = VecBytesRequest {
             topic: request.topic.clone(),
             partition: request.partition,
@@ -523,12 +524,12 @@ mod tests {
             records: vec![NewRecord::default()],
             origin: None,
         };
-        assert_eq!(CommitRequest::from_batch("t", 0, 1, &plain), None);
+        assert_eq!(CommitRequest::from_batch("t", 0, 1, plain), None);
     }
 
     #[test]
     fn truncated_oversized_empty_and_over_a_slab_requests_are_refused() {
-        let encoded = CommitRequest::from_batch("audit", 2, 5, &bucket())
+        let encoded = CommitRequest::from_batch("audit", 2, 5, bucket())
             .unwrap()
             .encode();
         for cut in [0, 1, encoded.len() / 2, encoded.len() - 1] {
@@ -545,13 +546,13 @@ mod tests {
             CommitRequest::decode(&huge),
             Err(WireError::TooLarge { .. })
         ));
-        let mut empty = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let mut empty = CommitRequest::from_batch("audit", 2, 5, bucket()).unwrap();
         empty.records.clear();
         assert!(matches!(
             CommitRequest::decode(&empty.encode()),
             Err(WireError::RecordCount { records: 0 })
         ));
-        let mut over = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let mut over = CommitRequest::from_batch("audit", 2, 5, bucket()).unwrap();
         let one = over.records[1].clone();
         over.records = vec![one; MAX_COMMIT_RECORDS + 1];
         assert!(matches!(
@@ -593,7 +594,7 @@ mod tests {
     #[test]
     fn null_values_cross_the_wire_apart_from_empty_ones_alone_and_in_order() {
         let batch = bucket_with_a_null();
-        let request = CommitRequest::from_batch("audit", 2, 5, &batch).unwrap();
+        let request = CommitRequest::from_batch("audit", 2, 5, batch.clone()).unwrap();
         assert_eq!(request.null_values, [1]);
         let decoded = CommitRequest::decode(&request.encode()).unwrap();
         assert_eq!(decoded.into_batch(), batch);
@@ -609,7 +610,7 @@ mod tests {
     #[test]
     fn a_node_of_the_version_before_null_values_reads_their_commits_and_is_read() {
         // The layout before: the same message, nothing after it.
-        let request = CommitRequest::from_batch("audit", 2, 5, &bucket_with_a_null()).unwrap();
+        let request = CommitRequest::from_batch("audit", 2, 5, bucket_with_a_null()).unwrap();
         let encoded = request.encode();
         let old_reader: CommitRequest = postcard::from_bytes(&encoded).unwrap();
         assert!(old_reader.null_values.is_empty());
@@ -628,7 +629,7 @@ mod tests {
 
     #[test]
     fn null_value_indexes_past_the_records_out_of_order_or_on_a_value_are_refused() {
-        let request = CommitRequest::from_batch("audit", 2, 5, &bucket_with_a_null()).unwrap();
+        let request = CommitRequest::from_batch("audit", 2, 5, bucket_with_a_null()).unwrap();
         for bad in [vec![9], vec![1, 1], vec![0]] {
             let mut encoded = postcard::to_allocvec(&request).unwrap();
             encoded.extend(postcard::to_allocvec(&bad).unwrap());
@@ -651,7 +652,7 @@ mod tests {
 
     #[test]
     fn commits_in_order_cross_the_wire_in_order_and_bad_calls_are_refused() {
-        let first = CommitRequest::from_batch("audit", 2, 5, &bucket()).unwrap();
+        let first = CommitRequest::from_batch("audit", 2, 5, bucket()).unwrap();
         let mut second = first.clone();
         second.slab_start = 99;
         let decoded = decode_in_order(&encode_in_order(&[first.clone(), second.clone()])).unwrap();

@@ -580,7 +580,7 @@ mod tests {
                 parent_offsets: offsets.to_vec(),
             }),
         };
-        CommitRequest::from_batch("audit", 0, generation, &batch).unwrap()
+        CommitRequest::from_batch("audit", 0, generation, batch).unwrap()
     }
 
     fn receiver(store: &Arc<Store>, node: &str, generation: u64) -> CommitReceiver {

@@ -23,7 +23,7 @@ fn commit_of(offset: u64, value_bytes: usize) -> CommitRequest {
             parent_offsets: vec![offset],
         }),
     };
-    CommitRequest::from_batch("child", 0, 1, &batch).unwrap()
+    CommitRequest::from_batch("child", 0, 1, batch).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -141,10 +141,10 @@ impl ClusterCommitter {
                 source,
             })?;
         let mut request =
-            CommitRequest::from_batch(&partition.topic, partition.partition, generation, &decoded)
+            CommitRequest::from_batch(&partition.topic, partition.partition, generation, decoded)
                 .ok_or_else(|| ChildCommitError::NoProvenance {
-                    partition: partition.clone(),
-                })?;
+                partition: partition.clone(),
+            })?;
         request.parent_generation = self.parent_generation(partition, &request)?;
         Ok(request)
     }
@@ -432,8 +432,8 @@ impl ClusterCommitter {
             Ok(route) => route,
             Err(error) => return failed(batches, error),
         };
-        // Decoding the frames into requests is CPU, and a local append blocks: both run on
-        // the blocking pool. Only the call to another node runs here, holding no thread.
+        // Building the requests is CPU (each batch's records, from its slab or decoded from
+        // its frame), and a local append blocks: both run on the blocking pool. Only the call to another node runs here, holding no thread.
         let here = Arc::clone(&self);
         let prepared = crate::blocking::run(move || match route {
             Route::Here(owner) => {
