@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules, lowest layer first. A module may import only from earlier entries.
 const LAYERS: &[&[&str]] = &[
+    &["protocol"],
     &[
         "shutdown",
         "durable",
@@ -21,6 +22,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["blocking"],
     &["tls"],
+    &["peer"],
     &["config"],
     &["metastore"],
     &["cluster"],

@@ -24,6 +24,9 @@
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`kafka`]: the Kafka protocol listener (`--kafka-listen`), beside the HTTP API over the
 //!   same produce and read paths.
+//! - [`protocol`]: the API's bodies as types, below everything, so the API, the transports and
+//!   the CLI share them; [`peer`]: the one client for calls between nodes, the one for other
+//!   clusters, and the produce to another narad both use.
 //! - [`server`]: start-up, background loops (retention, idle close), graceful shutdown.
 //! - [`http_server`]: the HTTP accept loop: connection cap, header and idle timeouts, a
 //!   shutdown bounded in time; [`fdlimit`]: the descriptor limit raised at start; [`tls`]:
@@ -35,8 +38,9 @@
 //! Modules are layered, lowest first, and a module imports only from layers below its own
 //! (`layering`, a test, checks every `crate::` path in `src/` against its `LAYERS`, and this
 //! list and `docs/architecture.md`'s against `LAYERS`):
-//! 1. `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, `scram`, `acl`, then `blocking`, then `tls`:
-//!    small leaves;
+//! 1. `protocol`: the bodies narad processes and clients exchange, as types; then
+//!    `shutdown`, `durable`, `ownership`, `fdlimit`, `auth`, `scram`, `acl`, then `blocking`,
+//!    then `tls`: small leaves; then `peer`: the one transport between narad processes;
 //! 2. `config`: settings, read by anything above;
 //! 3. `metastore`: pure data and the link rules (with the link limits), on a file or etcd;
 //! 4. `cluster`: membership, placement, ownership from the metadata, the commit receiver;
@@ -70,8 +74,10 @@ pub(crate) mod kafka;
 mod layering;
 pub mod metastore;
 pub mod ownership;
+pub mod peer;
 pub mod plugins;
 pub mod produce;
+pub mod protocol;
 pub mod reconciler;
 pub mod scram;
 pub mod server;

@@ -392,34 +392,6 @@ impl std::fmt::Debug for PeerTls {
     }
 }
 
-/// Idle pooled connections to peers are dropped after this: below a daemon's default idle
-/// timeout (5 s), so a call seldom goes out on a connection the peer is just closing, which
-/// fails it ("connection closed before message completed"; seen once in 2,000 attaches at
-/// scale, where the pool's default kept idle connections for 90 s).
-pub const PEER_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl PeerTls {
-    /// A client builder for calls to peers: trusting the roots, presenting the identity and
-    /// naming this node, dropping idle pooled connections after [`PEER_POOL_IDLE_TIMEOUT`],
-    /// and going straight to the peer's advertised address, never through a proxy the
-    /// environment names (`HTTP_PROXY` and the like are for traffic leaving the cluster; a
-    /// proxy would see the peer credentials, or fail every call between nodes).
-    pub fn builder(&self) -> reqwest::ClientBuilder {
-        let mut builder = trusting(reqwest::Client::builder(), &self.roots)
-            .pool_idle_timeout(PEER_POOL_IDLE_TIMEOUT)
-            .no_proxy();
-        if let Some(identity) = &self.identity {
-            builder = builder.identity(identity.clone());
-        }
-        if let Some(node) = &self.node {
-            let mut headers = reqwest::header::HeaderMap::new();
-            headers.insert(NODE_HEADER, node.clone());
-            builder = builder.default_headers(headers);
-        }
-        builder
-    }
-}
-
 /// The client identity in `cert` and `key` (PEM), for calls to peers (`--peer-tls-cert`).
 pub fn client_identity(cert: &Path, key: &Path) -> Result<reqwest::Identity, TlsError> {
     let read = |path: &Path| {

@@ -523,10 +523,7 @@ async fn attach_remote(
             .map_err(|e| ApiError::bad_request(format!("the remote CA file: {e}")))?,
         None => Vec::new(),
     };
-    let client = crate::tls::trusting(reqwest::Client::builder(), &roots)
-        .timeout(REMOTE_CHECK_TIMEOUT)
-        .connect_timeout(REMOTE_CHECK_TIMEOUT)
-        .build()
+    let client = crate::peer::remote::client(&roots, REMOTE_CHECK_TIMEOUT, REMOTE_CHECK_TIMEOUT)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let described = format!("{url}/v1/topics/{}", remote.topic);
     let mut call = client.get(&described);
@@ -1069,7 +1066,7 @@ pub async fn list(
         return Ok(Json(listing));
     }
     let path = format!("/v1/topics/{parent}/children?local=true");
-    let answers: Vec<(String, Result<ChildList, String>)> =
+    let answers: Vec<(String, Result<ChildList, crate::cluster::PeerError>)> =
         super::internal::ask_other_owners(cluster, &topic, &path).await;
     for (node, answer) in answers {
         match answer {
@@ -1087,7 +1084,7 @@ pub async fn list(
             }
             Err(reason) => {
                 tracing::debug!(%node, %reason, "a node's cursors could not be listed");
-                unanswered.insert(node, reason);
+                unanswered.insert(node, reason.to_string());
             }
         }
     }

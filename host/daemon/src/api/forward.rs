@@ -40,19 +40,15 @@ use super::error::ApiError;
 use super::metrics::{FORWARD_OUTCOMES, FORWARD_REQUESTS};
 use super::records::not_owned;
 use super::types::{
-    ErrorBody, HeaderJson, HeadersJson, OffsetJson, ProduceRecordJson, ProduceRequest,
-    ProduceResponse, Text,
+    HeaderJson, HeadersJson, OffsetJson, ProduceRecordJson, ProduceRequest, ProduceResponse, Text,
 };
 use crate::config::Limits;
+use crate::peer::produce::{NaradCallError, ProduceSender, read_capped, sent_error};
 use crate::produce::{ProduceError, ProduceRecord};
 
 /// The header that marks a forwarded request; its value is the forwarding node's id. A node
 /// never forwards a request that carries it.
 pub(crate) const FORWARDED_HEADER: HeaderName = HeaderName::from_static("x-narad-forwarded");
-
-/// Longest wait for a connection to an owner: loopback and LAN connects take well under a
-/// millisecond, so a second means the owner is not there.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Time a forwarded request may take beyond the longest long-poll (`max-wait-ms`): the owner's
 /// append and `fdatasync`, or the transfer of a full fetch answer.
@@ -61,11 +57,6 @@ pub(crate) const ANSWER_SLACK: Duration = Duration::from_secs(10);
 /// `Retry-After` (seconds) when the owner of a partition is not reachable: an owner that
 /// restarts is back within seconds, and a client retrying sooner only gets the same answer.
 pub(crate) const OWNER_DOWN_RETRY_AFTER_SECS: u64 = 1;
-
-/// Bytes of a produce answer per record (`{"partition":4294967295,"offset":<20 digits>},`
-/// is 54), and the room left for an error body.
-const PRODUCE_ANSWER_BYTES_PER_RECORD: usize = 64;
-const PRODUCE_ANSWER_SLACK_BYTES: usize = 64 * 1024;
 
 /// Why a [`Forwarder`] could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +72,7 @@ pub enum ForwarderError {
     },
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client that forwards requests to owners: {0}")]
-    Client(#[from] reqwest::Error),
+    Client(#[from] crate::peer::PeerClientError),
 }
 
 /// Why a forwarded call has no usable answer.
@@ -89,7 +80,7 @@ pub enum ForwarderError {
 #[non_exhaustive]
 pub enum HopError {
     /// Nothing reached the owner: the connection was refused or not made within
-    /// [`CONNECT_TIMEOUT`].
+    /// [`crate::peer::CONNECT_TIMEOUT`].
     #[error("{url} is not reachable: {}", crate::tls::error_chain(.cause))]
     NotReached {
         /// The URL called.
@@ -149,6 +140,19 @@ pub enum HopError {
     /// The request body could not be encoded.
     #[error("cannot encode the forwarded request: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+impl From<NaradCallError> for HopError {
+    fn from(error: NaradCallError) -> HopError {
+        match error {
+            NaradCallError::NotReached { url, cause } => HopError::NotReached { url, cause },
+            NaradCallError::NoAnswer { url, cause } => HopError::NoAnswer { url, cause },
+            NaradCallError::AnswerTooLarge { url, limit } => {
+                HopError::AnswerTooLarge { url, limit }
+            }
+            NaradCallError::Encode(e) => HopError::Encode(e),
+        }
+    }
 }
 
 impl HopError {
@@ -212,15 +216,20 @@ impl IntoResponse for OwnerAnswer {
 /// Sends forwarded requests to partition owners. One per process (its HTTP client keeps a
 /// connection pool per owner); cheap to share behind an `Arc`.
 pub struct Forwarder {
-    http: reqwest::Client,
+    /// The peers' client, without the peer secret: a forwarded call carries the client's own
+    /// `Authorization`, so the owner decides as this node would.
+    http: crate::peer::PeerClient,
+    /// Longest wait for a forwarded call: `max-wait-ms` + [`ANSWER_SLACK`], so a long-poll
+    /// goes through the hop.
+    timeout: Duration,
     /// This node's id, as sent in [`FORWARDED_HEADER`].
     marker: HeaderValue,
     max_fetch_answer_bytes: usize,
     /// This node's metadata revision now, sent along so the owner first catches up with what
     /// this node knows (a topic it just created); see `internal::REVISION_HEADER`.
     revision: Option<std::sync::Arc<dyn Fn() -> i64 + Send + Sync>>,
-    /// Whether an owner was found to predate null values (logged once).
-    old_owner_seen: std::sync::atomic::AtomicBool,
+    /// Sends forwarded produces (with the downgrade for an owner from before null values).
+    produce: ProduceSender,
     /// Whether a node is alive (holds its lease): a produce to an owner that loses it is
     /// answered then, not when the request times out.
     alive: Option<Liveness>,
@@ -243,34 +252,32 @@ impl std::fmt::Debug for Forwarder {
 
 impl Forwarder {
     /// A forwarder for node `node_id` under `limits` (which every node of the cluster is
-    /// expected to share): connections time out after [`CONNECT_TIMEOUT`], whole requests
+    /// expected to share): connections time out after [`crate::peer::CONNECT_TIMEOUT`], whole requests
     /// after `limits.max_wait` + [`ANSWER_SLACK`] (so a long-poll goes through the hop), and a
     /// fetch answer is buffered up to [`fetch_answer_cap`]`(limits)` bytes.
     pub fn new(node_id: &str, limits: &Limits) -> Result<Forwarder, ForwarderError> {
-        Forwarder::trusting(node_id, limits, &crate::tls::PeerTls::default())
+        let client = crate::peer::PeerClient::new(&crate::tls::PeerTls::default())?;
+        Forwarder::over(node_id, limits, client)
     }
 
-    /// [`Forwarder::new`], calling peers as `tls` says (the cluster's peer CAs beside the
-    /// system's, this node's certificate).
-    pub fn trusting(
+    /// [`Forwarder::new`], calling owners through the node's peer `client` (the cluster's
+    /// peer CAs beside the system's, this node's certificate); the peer secret, if the client
+    /// has one, is never sent on a forwarded call.
+    pub fn over(
         node_id: &str,
         limits: &Limits,
-        tls: &crate::tls::PeerTls,
+        client: crate::peer::PeerClient,
     ) -> Result<Forwarder, ForwarderError> {
         let marker = HeaderValue::from_str(node_id).map_err(|_| ForwarderError::NodeId {
             node: node_id.to_owned(),
         })?;
-        let http = tls
-            .builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(limits.max_wait.saturating_add(ANSWER_SLACK))
-            .build()?;
         Ok(Forwarder {
-            http,
+            http: client.without_secret(),
+            timeout: limits.max_wait.saturating_add(ANSWER_SLACK),
             marker,
             max_fetch_answer_bytes: fetch_answer_cap(limits),
             revision: None,
-            old_owner_seen: std::sync::atomic::AtomicBool::new(false),
+            produce: ProduceSender::new("partition owner"),
             alive: None,
         })
     }
@@ -344,80 +351,49 @@ impl Forwarder {
         request: &ProduceRequest,
         authorization: Option<&HeaderValue>,
     ) -> Result<ProduceResponse, HopError> {
-        let answer = self
-            .send_produce(base_url, topic, request, authorization)
-            .await;
-        let old_owner = matches!(
-            &answer,
-            Err(HopError::Refused { status, message, .. })
-                if *status == StatusCode::BAD_REQUEST
-                    && message.contains(crate::produce::NULL_VALUE_REFUSED_BEFORE)
-        );
-        if !old_owner || !request.records.iter().any(|r| r.value == Some(None)) {
-            return answer;
-        }
-        if !self
-            .old_owner_seen
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(owner = %base_url,
-                "a partition owner refuses null values (a narad from before them): forwarding them as empty values, as it stores them");
-        }
-        let mut emptied = request.clone();
-        for record in &mut emptied.records {
-            if record.value == Some(None) {
-                record.value = Some(Some(String::new()));
-            }
-        }
-        self.send_produce(base_url, topic, &emptied, authorization)
-            .await
-    }
-
-    async fn send_produce(
-        &self,
-        base_url: &str,
-        topic: &str,
-        request: &ProduceRequest,
-        authorization: Option<&HeaderValue>,
-    ) -> Result<ProduceResponse, HopError> {
         let url = format!(
             "{}/v1/topics/{topic}/records",
             base_url.trim_end_matches('/')
         );
-        let body = serde_json::to_vec(request)?;
+        let answer = self
+            .produce
+            .send(&url, request, || {
+                self.call(reqwest::Method::POST, &url, authorization)
+            })
+            .await?;
+        if !answer.status.is_success() {
+            return Err(HopError::Refused {
+                message: answer.error_message(),
+                url,
+                status: answer.status,
+                retry_after: answer.retry_after,
+            });
+        }
+        serde_json::from_slice(&answer.body).map_err(|e| HopError::BadAnswer {
+            url,
+            detail: e.to_string(),
+        })
+    }
+
+    /// A forwarded `method` call to `url`: marked as forwarded, with this node's revision and
+    /// the client's `authorization` if it sent one.
+    fn call(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        authorization: Option<&HeaderValue>,
+    ) -> reqwest::RequestBuilder {
         let mut call = self
             .http
-            .post(&url)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(FORWARDED_HEADER, self.marker.clone())
-            .body(body);
+            .call(method, url, self.timeout)
+            .header(FORWARDED_HEADER, self.marker.clone());
         if let Some(revision) = self.revision_value() {
             call = call.header(super::internal::REVISION_HEADER, revision);
         }
         if let Some(auth) = authorization {
             call = call.header(AUTHORIZATION, auth.clone());
         }
-        let response = call.send().await.map_err(|e| sent_error(&url, e))?;
-        let status = response.status();
-        let retry_after = response.headers().get(RETRY_AFTER).cloned();
-        let limit = request
-            .records
-            .len()
-            .saturating_mul(PRODUCE_ANSWER_BYTES_PER_RECORD)
-            .saturating_add(PRODUCE_ANSWER_SLACK_BYTES);
-        let body = read_capped(&url, response, limit).await?;
-        if !status.is_success() {
-            return Err(HopError::Refused {
-                message: error_message(&body),
-                url,
-                status,
-                retry_after,
-            });
-        }
-        serde_json::from_slice(&body).map_err(|e| HopError::BadAnswer {
-            url,
-            detail: e.to_string(),
-        })
+        call
     }
 
     /// Sends `GET {base_url}{path_and_query}` to the owner, marked as forwarded, with
@@ -429,17 +405,11 @@ impl Forwarder {
         authorization: Option<&HeaderValue>,
     ) -> Result<OwnerAnswer, HopError> {
         let url = format!("{}{path_and_query}", base_url.trim_end_matches('/'));
-        let mut call = self
-            .http
-            .get(&url)
-            .header(FORWARDED_HEADER, self.marker.clone());
-        if let Some(revision) = self.revision_value() {
-            call = call.header(super::internal::REVISION_HEADER, revision);
-        }
-        if let Some(auth) = authorization {
-            call = call.header(AUTHORIZATION, auth.clone());
-        }
-        let response = call.send().await.map_err(|e| sent_error(&url, e))?;
+        let response = self
+            .call(reqwest::Method::GET, &url, authorization)
+            .send()
+            .await
+            .map_err(|e| sent_error(&url, e))?;
         let status = response.status();
         let content_type = response.headers().get(CONTENT_TYPE).cloned();
         let retry_after = response.headers().get(RETRY_AFTER).cloned();
@@ -466,59 +436,6 @@ pub(crate) fn fetch_answer_cap(limits: &Limits) -> usize {
     let fixed = u64::from(limits.max_fetch_records).saturating_mul(256);
     let total = record_bytes.saturating_add(fixed).saturating_add(1 << 20);
     usize::try_from(total).unwrap_or(usize::MAX)
-}
-
-/// Classifies a failed call: a connect error means nothing was sent.
-fn sent_error(url: &str, source: reqwest::Error) -> HopError {
-    if source.is_connect() {
-        HopError::NotReached {
-            url: url.to_owned(),
-            cause: source,
-        }
-    } else {
-        HopError::NoAnswer {
-            url: url.to_owned(),
-            cause: source,
-        }
-    }
-}
-
-/// Reads a whole body, refusing one over `limit` bytes without holding more than that.
-async fn read_capped(
-    url: &str,
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<Bytes, HopError> {
-    let too_large = || HopError::AnswerTooLarge {
-        url: url.to_owned(),
-        limit,
-    };
-    if response.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|source| HopError::NoAnswer {
-            url: url.to_owned(),
-            cause: source,
-        })?
-    {
-        if body.len().saturating_add(chunk.len()) > limit {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(Bytes::from(body))
-}
-
-/// The `error` of an error body, or the start of a body that is not one.
-fn error_message(body: &[u8]) -> String {
-    match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(e) => e.error,
-        Err(_) => String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
-    }
 }
 
 /// Where the records of one partition go, as [`plan`] is told.
@@ -1354,7 +1271,7 @@ mod tests {
                     if null {
                         return ApiError::bad_request(format!(
                             "records[0]: {}",
-                            crate::produce::NULL_VALUE_REFUSED_BEFORE
+                            crate::peer::produce::NULL_VALUE_REFUSED_BEFORE
                         ))
                         .into_response();
                     }
@@ -1403,6 +1320,69 @@ mod tests {
         assert_eq!(bodies[0].records[0].value, Some(None));
         assert_eq!(bodies[1].records[0].value, Some(Some(String::new())));
         assert_eq!(bodies[1].records[1].value, Some(Some("v".into())));
+    }
+
+    /// An owner that keeps the `Authorization` header of every produce it gets (`None` when
+    /// there is none) and places every record.
+    async fn authorization_keeper() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&seen);
+        let app = axum::Router::new().route(
+            "/v1/topics/{topic}/records",
+            axum::routing::post(move |headers: HeaderMap| {
+                let kept = Arc::clone(&kept);
+                async move {
+                    let all: Vec<_> = headers.get_all(AUTHORIZATION).iter().collect();
+                    assert!(all.len() <= 1, "more than one Authorization: {all:?}");
+                    kept.lock()
+                        .unwrap()
+                        .push(all.first().map(|v| v.to_str().unwrap().to_owned()));
+                    Json(ProduceResponse {
+                        offsets: vec![OffsetJson {
+                            partition: 0,
+                            offset: 0,
+                        }],
+                    })
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_produce_carries_the_clients_authorization_never_the_peer_secret() {
+        // The node's peer client presents the peer secret on its own calls; a forwarder made
+        // from it must not, or a client without a token would act with the nodes' rights.
+        let client = crate::peer::PeerClient::new(&crate::tls::PeerTls::default())
+            .unwrap()
+            .with_secret("peer-secret");
+        let forwarder = Forwarder::over("n1", &Limits::default(), client).unwrap();
+        let (url, seen) = authorization_keeper().await;
+        let request = ProduceRequest {
+            records: vec![ProduceRecordJson {
+                value: Some(Some("v".into())),
+                partition: Some(0),
+                ..ProduceRecordJson::default()
+            }],
+        };
+        forwarder
+            .produce(&url, "orders", &request, None)
+            .await
+            .unwrap();
+        let token = HeaderValue::from_static("Bearer client-token");
+        forwarder
+            .produce(&url, "orders", &request, Some(&token))
+            .await
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![None, Some("Bearer client-token".to_owned())]
+        );
     }
 
     #[tokio::test]
@@ -1732,7 +1712,7 @@ mod tests {
         .await
         .unwrap();
         assert!(
-            started.elapsed() < CONNECT_TIMEOUT * 3,
+            started.elapsed() < crate::peer::CONNECT_TIMEOUT * 3,
             "fails fast, not after a long timeout"
         );
         assert_eq!(results[1].as_ref().unwrap_err().outcome(), "owner_down");
@@ -1857,6 +1837,6 @@ mod tests {
             matches!(answer, Err(HopError::NotReached { .. })),
             "{answer:?}"
         );
-        assert!(started.elapsed() < CONNECT_TIMEOUT * 3);
+        assert!(started.elapsed() < crate::peer::CONNECT_TIMEOUT * 3);
     }
 }

@@ -109,7 +109,7 @@ pub async fn list(
         .collect();
     if let (Some(cluster), false) = (&state.cluster, query.local) {
         let path = format!("/v1/topics/{parent}/children/{child}/gaps?local=true&ranges={ranges}");
-        let answers: Vec<(String, Result<LinkGaps, String>)> =
+        let answers: Vec<(String, Result<LinkGaps, crate::cluster::PeerError>)> =
             super::internal::ask_other_owners(cluster, &topic, &path).await;
         for (node, answer) in answers {
             match answer {

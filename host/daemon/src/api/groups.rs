@@ -136,7 +136,7 @@ pub(crate) async fn list(
     if let (Some(cluster), false) = (&state.cluster, query.local)
         && let Some(topic) = state.metastore.topic(crate::groups::offsets::TOPIC).await?
     {
-        let answers: Vec<(String, Result<GroupList, String>)> =
+        let answers: Vec<(String, Result<GroupList, crate::cluster::PeerError>)> =
             super::internal::ask_other_owners(cluster, &topic, "/v1/groups?local=true").await;
         for (node, answer) in answers {
             match answer {
@@ -163,7 +163,8 @@ pub(crate) async fn describe(
         match owner {
             Some(node) if node.0 != cluster.node_id() => {
                 let path = format!("/v1/groups/{group}");
-                return super::internal::peer_get(cluster, &node.0, &path)
+                return cluster
+                    .get_peer(&node.0, &path)
                     .await
                     .map(Json)
                     .map_err(|reason| {
@@ -495,16 +496,16 @@ pub(crate) async fn committed_offsets(
             .map_err(unavailable)?
             .ok_or_else(|| no_coordinator(group))?;
         if owner.0 != cluster.node_id() {
-            let info: GroupInfo =
-                super::internal::peer_get(cluster, &owner.0, &format!("/v1/groups/{group}"))
-                    .await
-                    .map_err(|reason| {
-                        ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("the coordinator of group {group:?}: {reason}"),
-                        )
-                        .retry_after(1)
-                    })?;
+            let info: GroupInfo = cluster
+                .get_peer(&owner.0, &format!("/v1/groups/{group}"))
+                .await
+                .map_err(|reason| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the coordinator of group {group:?}: {reason}"),
+                    )
+                    .retry_after(1)
+                })?;
             return Ok(info.offsets);
         }
     }

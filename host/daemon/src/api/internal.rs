@@ -51,42 +51,6 @@ pub(crate) async fn wait_for_caller_revision(
     next.run(request).await
 }
 
-/// `GET {node's address}{path}` with this node's metadata revision, decoded as JSON: the one
-/// way nodes read from each other. Errors name the node (not alive, no answer, an error
-/// status, an answer that does not decode).
-pub(crate) async fn peer_get<T: serde::de::DeserializeOwned>(
-    cluster: &crate::cluster::ClusterContext,
-    node: &str,
-    path: &str,
-) -> Result<T, String> {
-    let base = cluster
-        .peers
-        .advertise_of(node)
-        .ok_or_else(|| format!("node {node} is not alive"))?;
-    let answer = cluster
-        .http
-        .get(format!("{base}{path}"))
-        .header(REVISION_HEADER, cluster.metastore.cache_revision())
-        // The public routes it reads are guarded on a daemon with a token; nodes are the
-        // operator there.
-        .bearer_auth(&cluster.peer_bearer)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "node {node} did not answer: {}",
-                crate::tls::error_chain(&e)
-            )
-        })?;
-    if !answer.status().is_success() {
-        return Err(format!("node {node} answered {}", answer.status()));
-    }
-    answer
-        .json()
-        .await
-        .map_err(|e| format!("node {node} answered something else: {e}"))
-}
-
 /// `POST {node's address}{path}` with `body` under the peer secret, decoded as JSON: an
 /// operator's action carried out on the node that holds what it acts on. The node's own
 /// refusal keeps its status; no answer is 503. `what` names the action in the error.
@@ -133,7 +97,7 @@ pub(crate) async fn ask_other_owners<T>(
     cluster: &std::sync::Arc<crate::cluster::ClusterContext>,
     topic: &crate::metastore::TopicMeta,
     path: &str,
-) -> Vec<(String, Result<T, String>)>
+) -> Vec<(String, Result<T, crate::cluster::PeerError>)>
 where
     T: serde::de::DeserializeOwned + Send + 'static,
 {
@@ -150,7 +114,7 @@ where
         .map(|node| {
             let (cluster, path) = (std::sync::Arc::clone(cluster), path.to_owned());
             tokio::spawn(async move {
-                let answer = peer_get(&cluster, &node, &path).await;
+                let answer = cluster.get_peer(&node, &path).await;
                 (node, answer)
             })
         })
@@ -309,13 +273,13 @@ pub(crate) async fn gather_bounds(
             if node == local {
                 return read_local(&state.store, &topic, wanted).await;
             }
-            let answer: HighWatermarks = peer_get(
-                &cluster,
-                &node,
-                &format!("/internal/v1/topics/{topic}/high-watermarks"),
-            )
-            .await
-            .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
+            let answer: HighWatermarks = cluster
+                .get_peer(
+                    &node,
+                    &format!("/internal/v1/topics/{topic}/high-watermarks"),
+                )
+                .await
+                .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
             wanted
                 .into_iter()
                 .map(|p| {
@@ -432,13 +396,13 @@ pub(crate) async fn gather_offsets_at(
     for (owner, wanted) in by_owner {
         match (owner, &state.cluster) {
             (Some(node), Some(cluster)) => {
-                let answer: OffsetsAt = peer_get(
-                    cluster,
-                    &node,
-                    &format!("/internal/v1/topics/{topic}/offsets-at?ms={ms}"),
-                )
-                .await
-                .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
+                let answer: OffsetsAt = cluster
+                    .get_peer(
+                        &node,
+                        &format!("/internal/v1/topics/{topic}/offsets-at?ms={ms}"),
+                    )
+                    .await
+                    .map_err(|e| format!("{e} (it owns partitions {wanted:?})"))?;
                 for p in wanted {
                     let found = answer
                         .partitions
@@ -556,7 +520,8 @@ impl RemoteTails for HttpTails {
                 "/internal/v1/topics/{child}/partitions/{partition}/tail?epoch={}&parent_partition={parent_partition}",
                 hex::encode(epoch)
             );
-            let scan: TailScan = peer_get(cluster, &owner.node, &path)
+            let scan: TailScan = cluster
+                .get_peer(&owner.node, &path)
                 .await
                 .map_err(TailScanError::Peer)?;
             Ok((scan.scan, scan.copies))

@@ -156,7 +156,7 @@ pub(crate) async fn show(
         status.running = false;
     }
     let path = format!("/v1/topics/{parent}/children/{child}/shadow?local=true");
-    let answers: Vec<(String, Result<ShadowStatus, String>)> =
+    let answers: Vec<(String, Result<ShadowStatus, crate::cluster::PeerError>)> =
         super::internal::ask_other_owners(cluster, &view.parent, &path).await;
     for (node, answer) in answers {
         match answer {

@@ -188,7 +188,7 @@ async fn remote_stats(
                             .unwrap_or_else(|| {
                                 unavailable(p, &node, format!("node {node} does not serve it"))
                             }),
-                        Err(reason) => unavailable(p, &node, reason.clone()),
+                        Err(reason) => unavailable(p, &node, reason.to_string()),
                     })
                     .collect::<Vec<_>>()
             })
@@ -207,9 +207,10 @@ async fn owner_stats(
     cluster: &crate::cluster::ClusterContext,
     topic: &str,
     node: &str,
-) -> Result<Vec<PartitionInfo>, String> {
-    let description: TopicDescription =
-        super::internal::peer_get(cluster, node, &format!("/v1/topics/{topic}?local=true")).await?;
+) -> Result<Vec<PartitionInfo>, crate::cluster::PeerError> {
+    let description: TopicDescription = cluster
+        .get_peer(node, &format!("/v1/topics/{topic}?local=true"))
+        .await?;
     Ok(description.partition_stats)
 }
 

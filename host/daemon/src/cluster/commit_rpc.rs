@@ -7,7 +7,7 @@
 //!
 //! The server side ([`commit_route`]) runs the [`CommitReceiver`] on the blocking pool (it
 //! appends and syncs). The client side ([`CommitClient`]) fails fast: a refused connection or
-//! a dead address is an error within [`CONNECT_TIMEOUT`], never a hang, so the sender's bucket
+//! a dead address is an error within [`crate::peer::CONNECT_TIMEOUT`], never a hang, so the sender's bucket
 //! is held and retried by its cursor rather than blocking it.
 
 use std::sync::Arc;
@@ -33,10 +33,6 @@ pub(crate) const COMMIT_IN_ORDER_PATH: &str = "/internal/v1/commit-in-order";
 
 /// Content type of both bodies.
 pub(crate) const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
-
-/// Longest wait for a connection to the owner: loopback and LAN answers take well under a
-/// millisecond, so a second means the owner is not there.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Longest wait for a whole commit: 4 MiB over the network plus an append and `fdatasync` on
 /// the owner's disk (tens of ms on a healthy one).
@@ -179,33 +175,21 @@ pub(crate) fn in_order_body_limit() -> axum::extract::DefaultBodyLimit {
 /// Sends child commits to other nodes.
 #[derive(Clone)]
 pub(crate) struct CommitClient {
-    http: reqwest::Client,
-    /// Sent as `Authorization: Bearer` when the cluster runs with a token (the peer secret).
-    bearer: Option<String>,
+    /// The node's peer client, presenting the peer secret.
+    http: crate::peer::PeerClient,
 }
 
 impl CommitClient {
-    /// A client with this module's timeouts, trusting the system's CAs (tests).
+    /// A client trusting the system's CAs and presenting no secret (tests).
     #[cfg(test)]
-    pub(crate) fn new() -> Result<CommitClient, reqwest::Error> {
-        CommitClient::trusting(&crate::tls::PeerTls::default())
+    pub(crate) fn new() -> Result<CommitClient, crate::peer::PeerClientError> {
+        crate::peer::PeerClient::new(&crate::tls::PeerTls::default()).map(CommitClient::over)
     }
 
-    /// [`CommitClient::new`], calling peers as `tls` says (the cluster's CAs, this node's
-    /// certificate and id).
-    pub(crate) fn trusting(tls: &crate::tls::PeerTls) -> Result<CommitClient, reqwest::Error> {
-        let http = tls
-            .builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(COMMIT_TIMEOUT)
-            .build()?;
-        Ok(CommitClient { http, bearer: None })
-    }
-
-    /// The same client, presenting `secret` (the cluster's peer secret) on every call.
-    pub(crate) fn with_bearer(mut self, secret: String) -> CommitClient {
-        self.bearer = Some(secret);
-        self
+    /// Commits through the node's peer client (its CAs, certificate, id and peer secret),
+    /// each call answered within [`COMMIT_TIMEOUT`].
+    pub(crate) fn over(http: crate::peer::PeerClient) -> CommitClient {
+        CommitClient { http }
     }
 
     /// Sends `request` to the node advertising `base_url` (e.g. `http://10.0.0.5:7070`).
@@ -267,12 +251,9 @@ impl CommitClient {
         };
         let mut call = self
             .http
-            .post(&url)
+            .call(reqwest::Method::POST, &url, COMMIT_TIMEOUT)
             .header(header::CONTENT_TYPE, COMMIT_CONTENT_TYPE)
             .body(body);
-        if let Some(secret) = &self.bearer {
-            call = call.bearer_auth(secret);
-        }
         if let Some(generation) = parent_generation {
             call = call.header(PARENT_GENERATION_HEADER, generation);
         }

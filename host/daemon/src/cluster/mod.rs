@@ -60,13 +60,13 @@ pub struct ClusterContext {
     pub ownership: std::sync::Arc<ownership::ClusterOwnership>,
     /// The live nodes and their addresses, watched.
     pub(crate) peers: std::sync::Arc<peers::PeerDirectory>,
-    /// The HTTP client for calls to other nodes (attach points, stats): fails fast on a dead
-    /// address ([`PEER_CONNECT_TIMEOUT`]) and never waits longer than [`PEER_CALL_TIMEOUT`].
-    pub http: reqwest::Client,
+    /// The one client for calls to other nodes, presenting the peer secret
+    /// ([`crate::peer::PeerClient`]); the commit client and the forwarder share its pool.
+    pub(crate) peer: crate::peer::PeerClient,
     /// The secret other nodes' internal routes require ([`peer_secret`]).
     pub(crate) peer_bearer: String,
-    /// CA certificates other nodes' TLS certificates are checked against, beside the
-    /// system's (`--peer-tls-ca`); every client calling another node trusts them.
+    /// How this node calls its peers (`--peer-tls-ca`, `--peer-tls-cert`, its id), for a
+    /// client made in a runtime of its own (a module fetch).
     pub(crate) peer_tls: std::sync::Arc<crate::tls::PeerTls>,
 }
 
@@ -75,19 +75,8 @@ pub struct ClusterContext {
 /// much, so a topic or owner the caller just wrote is known where the call lands.
 pub const REVISION_HEADER: &str = "x-narad-revision";
 
-/// Longest wait for a connection to another node (see `commit_rpc::CONNECT_TIMEOUT`).
-pub(crate) const PEER_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Longest wait for a whole call to another node that is not a long-poll.
-pub(crate) const PEER_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The client [`ClusterContext::http`] holds, calling peers as `tls` says.
-pub(crate) fn peer_client(tls: &crate::tls::PeerTls) -> Result<reqwest::Client, reqwest::Error> {
-    tls.builder()
-        .connect_timeout(PEER_CONNECT_TIMEOUT)
-        .timeout(PEER_CALL_TIMEOUT)
-        .build()
-}
+pub(crate) const PEER_CALL_TIMEOUT: std::time::Duration = crate::peer::CALL_TIMEOUT;
 
 impl ClusterContext {
     /// The write fence of this node ([`fence::NodeFence`]).
@@ -122,18 +111,66 @@ impl ClusterContext {
         body: &B,
         timeout: std::time::Duration,
     ) -> Result<reqwest::Response, PeerError> {
+        self.call_peer(reqwest::Method::POST, node, path, timeout, |call| {
+            call.json(body)
+        })
+        .await
+    }
+
+    /// `GET {node's address}{path}` with this node's metadata revision and the peer secret,
+    /// decoded as JSON: the one way nodes read from each other (the public routes it reads are
+    /// guarded on a daemon with a token, where nodes are the operator). Errors name the node
+    /// (not alive, no answer, an error status, an answer that does not decode).
+    pub(crate) async fn get_peer<T: serde::de::DeserializeOwned>(
+        &self,
+        node: &str,
+        path: &str,
+    ) -> Result<T, PeerError> {
+        let answer = self
+            .call_peer(
+                reqwest::Method::GET,
+                node,
+                path,
+                PEER_CALL_TIMEOUT,
+                |call| call,
+            )
+            .await?;
+        let status = answer.status();
+        if !status.is_success() {
+            return Err(PeerError::new(
+                node,
+                Some(status.as_u16()),
+                format!("answered {status}"),
+            ));
+        }
+        answer.json().await.map_err(|e| {
+            PeerError::new(
+                node,
+                Some(status.as_u16()),
+                format!("answered something else: {e}"),
+            )
+        })
+    }
+
+    /// A call to `node` at its advertised address, with this node's metadata revision and
+    /// the peer secret, shaped by `with` (a body): its answer whatever the status.
+    async fn call_peer(
+        &self,
+        method: reqwest::Method,
+        node: &str,
+        path: &str,
+        timeout: std::time::Duration,
+        with: impl FnOnce(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, PeerError> {
         let base = self
             .peers
             .advertise_of(node)
             .ok_or_else(|| PeerError::new(node, None, "is not alive"))?;
-        let mut call = self
-            .http
-            .post(format!("{base}{path}"))
-            .timeout(timeout)
-            .header(REVISION_HEADER, self.metastore.cache_revision())
-            .json(body);
-        call = call.bearer_auth(&self.peer_bearer);
-        call.send().await.map_err(|e| {
+        let call = self
+            .peer
+            .call(method, &format!("{base}{path}"), timeout)
+            .header(REVISION_HEADER, self.metastore.cache_revision());
+        with(call).send().await.map_err(|e| {
             PeerError::new(
                 node,
                 None,
@@ -146,7 +183,7 @@ impl ClusterContext {
 /// A call to another node that did not give what was asked, naming the node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("node {node} {reason}")]
-pub(crate) struct PeerError {
+pub struct PeerError {
     /// The node called.
     pub node: String,
     /// The HTTP status it answered, when it answered.
@@ -157,7 +194,7 @@ pub(crate) struct PeerError {
 
 impl PeerError {
     /// A failed call to `node`.
-    pub(crate) fn new(node: &str, status: Option<u16>, reason: impl Into<String>) -> PeerError {
+    pub fn new(node: &str, status: Option<u16>, reason: impl Into<String>) -> PeerError {
         PeerError {
             node: node.to_owned(),
             status,

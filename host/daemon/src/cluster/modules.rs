@@ -57,17 +57,16 @@ async fn fetch(
     tls: &crate::tls::PeerTls,
 ) -> Result<Option<Vec<u8>>, String> {
     // A client of this runtime's own: connections must not outlive the runtime that made them.
-    let http = tls
-        .builder()
-        .connect_timeout(super::PEER_CONNECT_TIMEOUT)
-        .timeout(MODULE_FETCH_TIMEOUT)
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let http = crate::peer::PeerClient::new(tls)
+        .map_err(|e| e.to_string())?
+        .with_secret(&bearer);
     let mut failures = Vec::new();
     for (node, base) in nodes {
-        let call = http
-            .post(format!("{base}{}", module_path(&digest)))
-            .bearer_auth(&bearer);
+        let call = http.call(
+            reqwest::Method::POST,
+            &format!("{base}{}", module_path(&digest)),
+            MODULE_FETCH_TIMEOUT,
+        );
         match call.send().await {
             Ok(answer) if answer.status() == reqwest::StatusCode::NOT_FOUND => {}
             Ok(answer) if answer.status().is_success() => match answer.bytes().await {

@@ -21,12 +21,6 @@ use narad_storage::{
 
 use crate::blocking::BlockingError;
 
-/// What a narad from before null values answers (with a 400) to a record with `"value": null`:
-/// a sender that gets it sends those values empty, as that narad stores them
-/// (`fanout::remote_child`, `api::forward`).
-pub const NULL_VALUE_REFUSED_BEFORE: &str =
-    "\"value\" (text) or \"value_b64\" (base64) is required";
-
 /// Errors from [`Producer::produce`] and [`Producer::commit`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

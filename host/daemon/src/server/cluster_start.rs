@@ -157,8 +157,9 @@ pub(super) async fn start_cluster(
                 .map_err(|e| ServerError::Http(format!("node id as a header: {e}")))?,
         ),
     });
-    let http =
-        crate::cluster::peer_client(&peer_tls).map_err(|e| ServerError::Http(e.to_string()))?;
+    let peer = crate::peer::PeerClient::new(&peer_tls)
+        .map_err(|e| ServerError::Http(e.to_string()))?
+        .with_secret(&peer_bearer);
     let context = Arc::new(ClusterContext {
         peer_tls,
         prefix,
@@ -166,7 +167,7 @@ pub(super) async fn start_cluster(
         metastore,
         ownership,
         peers,
-        http,
+        peer,
         peer_bearer,
     });
     let snapshot = current_snapshot(&context)?;

@@ -232,9 +232,7 @@ pub(super) fn child_committer(
     };
     let ownership = Arc::clone(&context.ownership);
     let peers = Arc::clone(&context.peers);
-    let client = crate::cluster::commit_rpc::CommitClient::trusting(&context.peer_tls)
-        .map_err(|e| ServerError::Http(e.to_string()))?
-        .with_bearer(context.peer_bearer.clone());
+    let client = crate::cluster::commit_rpc::CommitClient::over(context.peer.clone());
     Ok(Arc::new(
         crate::fanout::remote_commit::ClusterCommitter::new(
             context.node_id().to_owned(),
@@ -470,7 +468,7 @@ pub(super) fn forwarder(
         return Ok(None);
     };
     let forwarder =
-        api::forward::Forwarder::trusting(context.node_id(), &config.limits, &context.peer_tls)
+        api::forward::Forwarder::over(context.node_id(), &config.limits, context.peer.clone())
             .map_err(|e| ServerError::Http(e.to_string()))?
             .with_revision({
                 let metastore = Arc::clone(&context.metastore);

@@ -120,10 +120,9 @@ pub enum TailScanError {
     /// The task that ran the scan failed in this daemon.
     #[error("its scan task failed inside this daemon")]
     TaskFailed,
-    /// The call to the owner failed or was refused: the peer client's own words (they name
-    /// the node and the cause).
-    #[error("{0}")]
-    Peer(String),
+    /// The call to the owner failed or was refused (the error names the node and the cause).
+    #[error(transparent)]
+    Peer(#[from] crate::cluster::PeerError),
 }
 
 /// Scans the tails of child partitions that live on other nodes (cluster mode), for

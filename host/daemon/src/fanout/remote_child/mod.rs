@@ -21,26 +21,26 @@
 //! operator can fix the target, and it never skips a record.
 //!
 //! A null value (a Kafka tombstone) goes as `"value": null`. A target built before null values
-//! refuses that with a 400 saying a value is required ([`OLD_TARGET_REFUSAL`]); the request is
-//! then sent once more with those values empty, which is how that target would have stored
-//! them anyway, and the sender logs it once, so an older target keeps receiving copies.
+//! refuses that with a 400 saying a value is required; the request is then sent once more with
+//! those values empty, which is how that target would have stored them anyway, and the sender
+//! logs it once, so an older target keeps receiving copies (`peer::produce`, shared with the
+//! forwarded produce).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use base64::Engine as _;
 use narad_storage::PartitionId;
-use serde::Serialize;
 
 use super::committer::{
     ChildBatch, ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit, InOrderFailure,
 };
 use crate::metastore::RemoteTarget;
+use crate::peer::produce::ProduceSender;
+use crate::protocol::api::{HeaderJson, HeadersJson, ProduceRecordJson, ProduceRequest};
 
 /// The header every copy carries its origin in (a narad target leaves out a copy it holds).
 pub(crate) use crate::produce::copies::ORIGIN_HEADER;
-
-use crate::produce::NULL_VALUE_REFUSED_BEFORE as OLD_TARGET_REFUSAL;
 
 /// Most records per request to the target (its default limit is 10,000).
 pub(crate) const MAX_RECORDS_PER_REQUEST: usize = 1_000;
@@ -61,13 +61,15 @@ pub(crate) struct RemoteSender {
     target: RemoteTarget,
     /// Names where the copies come from in their origin header.
     source: String,
-    client: reqwest::Client,
+    /// The client for the target's cluster, or why it could not be built (every send then
+    /// fails with it, permanently).
+    client: Result<reqwest::Client, String>,
     /// The token read from the target's token file; read again after a 401 or 403.
     token: Mutex<Option<String>>,
     /// Told the bytes of each acknowledged request, or `None` for one that was not.
     on_sent: Box<SentHook>,
-    /// Whether the target was found to predate null values (logged once).
-    old_target_seen: std::sync::atomic::AtomicBool,
+    /// Sends the produces (with the downgrade for a target from before null values).
+    produce: ProduceSender,
 }
 
 /// What a [`RemoteSender`] tells about each request: the bytes the target acknowledged, or
@@ -81,34 +83,6 @@ impl std::fmt::Debug for RemoteSender {
             .field("topic", &self.target.topic)
             .finish_non_exhaustive()
     }
-}
-
-#[derive(Clone, Serialize)]
-struct WireHeader {
-    name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value_b64: Option<String>,
-}
-
-/// One record as the target's `POST .../records` takes it (the public produce format).
-#[derive(Clone, Serialize)]
-struct WireRecord {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key_b64: Option<String>,
-    /// Present only for a null value, as JSON `null` (the produce API's null value).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value: Option<()>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    value_b64: Option<String>,
-    headers: Vec<WireHeader>,
-    partition: u32,
-}
-
-#[derive(Serialize)]
-struct WireRequest<'a> {
-    records: &'a [WireRecord],
 }
 
 impl RemoteSender {
@@ -130,11 +104,8 @@ impl RemoteSender {
             }
             None => Vec::new(),
         };
-        let client = crate::tls::trusting(reqwest::Client::builder(), &roots)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
+        let client = crate::peer::remote::client(&roots, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+            .map_err(|e| crate::tls::error_chain(&e));
         let token = read_token(target.token_file.as_deref()).ok().flatten();
         RemoteSender {
             target,
@@ -142,7 +113,7 @@ impl RemoteSender {
             client,
             token: Mutex::new(token),
             on_sent,
-            old_target_seen: std::sync::atomic::AtomicBool::new(false),
+            produce: ProduceSender::new("remote target"),
         }
     }
 
@@ -161,7 +132,7 @@ impl RemoteSender {
         &self,
         partition: &PartitionId,
         batch: &ChildBatch,
-    ) -> Result<Vec<(WireRecord, usize)>, ChildCommitError> {
+    ) -> Result<Vec<(ProduceRecordJson, usize)>, ChildCommitError> {
         let decoded = batch
             .records()
             .map_err(|source| ChildCommitError::Undecodable {
@@ -178,16 +149,16 @@ impl RemoteSender {
         let epoch: String = origin.epoch.iter().map(|b| format!("{b:02x}")).collect();
         let mut out = Vec::with_capacity(decoded.records.len());
         for (record, parent_offset) in decoded.records.iter().zip(&origin.parent_offsets) {
-            let mut headers: Vec<WireHeader> = record
+            let mut headers: Vec<HeaderJson> = record
                 .headers
                 .iter()
-                .map(|h| WireHeader {
+                .map(|h| HeaderJson {
                     name: h.name.clone(),
                     value: None,
                     value_b64: Some(b64.encode(&h.value)),
                 })
                 .collect();
-            headers.push(WireHeader {
+            headers.push(HeaderJson {
                 name: ORIGIN_HEADER.to_owned(),
                 value: Some(format!(
                     "{}/{epoch}/{}/{parent_offset}",
@@ -203,12 +174,14 @@ impl RemoteSender {
                     .map(|h| h.name.len() + h.value.len())
                     .sum::<usize>();
             out.push((
-                WireRecord {
+                ProduceRecordJson {
                     key_b64: record.key.as_ref().map(|k| b64.encode(k)),
-                    value: record.value.is_none().then_some(()),
+                    // A null value goes as JSON `null`.
+                    value: record.value.is_none().then_some(None),
                     value_b64: record.value.as_ref().map(|v| b64.encode(v)),
-                    headers,
-                    partition: partition.partition,
+                    headers: Some(HeadersJson::List(headers)),
+                    partition: Some(partition.partition),
+                    ..ProduceRecordJson::default()
                 },
                 size,
             ));
@@ -220,48 +193,27 @@ impl RemoteSender {
     async fn send_counted(
         &self,
         partition: &PartitionId,
-        records: &[WireRecord],
+        request: &ProduceRequest,
         bytes: usize,
     ) -> Result<(), ChildCommitError> {
-        let mut sent = self.send(partition, records).await;
-        if let Err(ChildCommitError::Remote {
-            reason,
-            permanent: true,
-            ..
-        }) = &sent
-            && reason.contains(OLD_TARGET_REFUSAL)
-            && records.iter().any(|r| r.value.is_some())
-        {
-            if !self
-                .old_target_seen
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-            {
-                tracing::warn!(target = %self.target.url, topic = %self.target.topic,
-                    "the remote target refuses null values (a narad from before them): sending them as empty values, as it stores them");
-            }
-            let emptied: Vec<WireRecord> = records
-                .iter()
-                .map(|r| match r.value {
-                    Some(()) => WireRecord {
-                        value: None,
-                        value_b64: Some(String::new()),
-                        ..r.clone()
-                    },
-                    None => r.clone(),
-                })
-                .collect();
-            sent = self.send(partition, &emptied).await;
-        }
+        let sent = self.send(partition, request).await;
         (self.on_sent)(sent.is_ok().then_some(bytes as u64));
         sent
     }
 
-    /// Sends one request of `records`; `Ok` when the target acknowledged every one.
+    /// Sends one request of records; `Ok` when the target acknowledged every one.
     async fn send(
         &self,
         partition: &PartitionId,
-        records: &[WireRecord],
+        request: &ProduceRequest,
     ) -> Result<(), ChildCommitError> {
+        let client = self.client.as_ref().map_err(|why| {
+            self.error(
+                partition,
+                format!("cannot build the HTTP client for the target: {why}"),
+                true,
+            )
+        })?;
         let url = format!(
             "{}/v1/topics/{}/records",
             self.target.url, self.target.topic
@@ -272,34 +224,23 @@ impl RemoteSender {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            let mut call = self.client.post(&url).json(&WireRequest { records });
-            if let Some(token) = &token {
-                call = call.bearer_auth(token);
-            }
-            let answer = async {
-                let response = call.send().await?;
-                let status = response.status();
-                let retry_after = retry_after(response.headers());
-                let body = response.text().await.unwrap_or_default();
-                Ok::<_, reqwest::Error>((status, retry_after, body))
-            }
-            .await;
-            let (status, asked_to_wait, body) = match answer {
-                Ok(answer) => answer,
-                Err(e) => {
-                    let why = crate::tls::error_chain(&e);
-                    return Err(self.error(partition, format!("no answer: {why}"), false));
-                }
-            };
-            let reason = || {
-                let message = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v["error"].as_str().map(str::to_owned))
-                    .unwrap_or_else(|| body.chars().take(300).collect());
-                format!("{status}: {message}")
-            };
+            let answer = self
+                .produce
+                .send(&url, request, || {
+                    let call = client.post(&url);
+                    match &token {
+                        Some(token) => call.bearer_auth(token),
+                        None => call,
+                    }
+                })
+                .await
+                .map_err(|e| self.error(partition, format!("no answer: {e}"), false))?;
+            let status = answer.status;
+            let reason = || format!("{status}: {}", answer.error_message());
             match status.as_u16() {
-                200..=299 => return self.check_acknowledged(partition, records.len(), &body),
+                200..=299 => {
+                    return self.check_acknowledged(partition, request.records.len(), &answer.body);
+                }
                 // The token may have been rotated: read the file once more before giving up.
                 401 | 403 if attempt == 0 && self.target.token_file.is_some() => {
                     let fresh = read_token(self.target.token_file.as_deref())
@@ -309,7 +250,7 @@ impl RemoteSender {
                 429 | 500..=599 => {
                     let mut error = self.error(partition, reason(), false);
                     if let ChildCommitError::Remote { retry_after, .. } = &mut error {
-                        *retry_after = asked_to_wait;
+                        *retry_after = answer.retry_after.as_ref().and_then(retry_after_secs);
                     }
                     return Err(error);
                 }
@@ -328,9 +269,9 @@ impl RemoteSender {
         &self,
         partition: &PartitionId,
         sent: usize,
-        body: &str,
+        body: &[u8],
     ) -> Result<(), ChildCommitError> {
-        let placed = serde_json::from_str::<serde_json::Value>(body)
+        let placed = serde_json::from_slice::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v["offsets"].as_array().map(Vec::len));
         match placed {
@@ -353,22 +294,23 @@ impl RemoteSender {
     async fn send_batch(
         &self,
         partition: &PartitionId,
-        records: Vec<(WireRecord, usize)>,
+        records: Vec<(ProduceRecordJson, usize)>,
     ) -> Result<(), ChildCommitError> {
-        let mut chunk: Vec<WireRecord> = Vec::new();
+        let mut chunk = ProduceRequest::default();
         let mut bytes = 0usize;
         for (record, size) in records {
-            if !chunk.is_empty()
-                && (chunk.len() >= MAX_RECORDS_PER_REQUEST || bytes + size > MAX_BYTES_PER_REQUEST)
+            if !chunk.records.is_empty()
+                && (chunk.records.len() >= MAX_RECORDS_PER_REQUEST
+                    || bytes + size > MAX_BYTES_PER_REQUEST)
             {
                 self.send_counted(partition, &chunk, bytes).await?;
-                chunk.clear();
+                chunk.records.clear();
                 bytes = 0;
             }
             bytes += size;
-            chunk.push(record);
+            chunk.records.push(record);
         }
-        if !chunk.is_empty() {
+        if !chunk.records.is_empty() {
             self.send_counted(partition, &chunk, bytes).await?;
         }
         Ok(())
@@ -425,14 +367,8 @@ impl ChildCommitter for RemoteSender {
 
 /// The wait a `Retry-After` header asks for, in its delta-seconds form (the HTTP-date form is
 /// not used by narad and is ignored), at most [`crate::fanout::REMOTE_BACKOFF_MAX`].
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+fn retry_after_secs(value: &reqwest::header::HeaderValue) -> Option<Duration> {
+    let seconds: u64 = value.to_str().ok()?.trim().parse().ok()?;
     Some(Duration::from_secs(seconds).min(crate::fanout::REMOTE_BACKOFF_MAX))
 }
 
