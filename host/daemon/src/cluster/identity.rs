@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use narad_storage::PartitionId;
+use narad_storage::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 
 /// Name of the identity file in `{data_dir}/cluster/`.
@@ -249,7 +250,10 @@ fn plan(
 /// Checks that `data_dir` is the one node `node_id` of the cluster under `prefix` serves from,
 /// recording it on a first start (or, with `new_data_dir`, as the node's new one), before the
 /// node joins. `owned` are the partitions the metadata gives the node. Returns the data dir id.
+/// The identity file is read and written on `fs` (the file system the data dir is opened
+/// on), and written durably before etcd is told.
 pub(crate) async fn establish(
+    fs: &dyn FileSystem,
     client: &Client,
     prefix: &str,
     node_id: &str,
@@ -259,7 +263,7 @@ pub(crate) async fn establish(
 ) -> Result<String> {
     let dir = data_dir.join("cluster");
     let path = dir.join(IDENTITY_FILE);
-    let local = read_local(&path)?;
+    let local = read_local(fs, &path)?;
     let key = format!("{prefix}data-dirs/{node_id}");
     let mut kv = client.kv_client();
     let got = kv
@@ -282,7 +286,10 @@ pub(crate) async fn establish(
     };
     let on_disk = owned
         .iter()
-        .filter(|id| partition_dir(data_dir, id).is_dir())
+        .filter(|id| {
+            fs.metadata(&partition_dir(data_dir, id))
+                .is_ok_and(|m| m.is_dir)
+        })
         .count();
     let counts = Owned {
         partitions: owned.len(),
@@ -331,7 +338,7 @@ pub(crate) async fn establish(
                 data_dir_id: recorded.data_dir_id,
                 created_at_ms: recorded.created_at_ms,
             };
-            write_local(&dir, &path, &adopted)?;
+            write_local(fs, &dir, &path, &adopted)?;
             tracing::warn!(node = node_id, data_dir = %data_dir.display(),
                 data_dir_id = %adopted.data_dir_id, partitions = owned.len(),
                 "this data dir had no identity file but holds every partition the node owns: \
@@ -349,7 +356,7 @@ pub(crate) async fn establish(
                 data_dir_id: hex::encode(rand::random::<[u8; 16]>()),
                 created_at_ms: now_ms(),
             };
-            write_local(&dir, &path, &created)?;
+            write_local(fs, &dir, &path, &created)?;
             if replacing {
                 tracing::warn!(
                     node = node_id,
@@ -485,15 +492,15 @@ fn partition_dir(data_dir: &Path, id: &PartitionId) -> PathBuf {
         .join(id.dir_name())
 }
 
-/// The identity in `path`, if there is one. One that does not parse is moved aside (to
-/// `identity.json.damaged-{ms}`, never deleted) and counts as none: the rules then decide
+/// The identity in `path` on `fs`, if there is one. One that does not parse is moved aside
+/// (to `identity.json.damaged-{ms}`, never deleted) and counts as none: the rules then decide
 /// whether this directory is the node's by what it holds.
-fn read_local(path: &Path) -> Result<Option<LocalIdentity>> {
+fn read_local(fs: &dyn FileSystem, path: &Path) -> Result<Option<LocalIdentity>> {
     let failed = |e: std::io::Error| IdentityError::File {
         path: path.to_owned(),
         reason: e.to_string(),
     };
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::durable::read_whole(fs, path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(failed(e)),
@@ -502,9 +509,9 @@ fn read_local(path: &Path) -> Result<Option<LocalIdentity>> {
         Ok(identity) => Ok(Some(identity)),
         Err(e) => {
             let aside = path.with_file_name(format!("{IDENTITY_FILE}.damaged-{}", now_ms()));
-            std::fs::rename(path, &aside).map_err(failed)?;
+            fs.rename(path, &aside).map_err(failed)?;
             if let Some(dir) = path.parent() {
-                crate::durable::sync_dir(dir).map_err(failed)?;
+                fs.sync_dir(dir).map_err(failed)?;
             }
             tracing::warn!(path = %path.display(), kept_as = %aside.display(), error = %e,
                 "this data dir's identity file does not parse; moved aside, and the directory \
@@ -514,20 +521,27 @@ fn read_local(path: &Path) -> Result<Option<LocalIdentity>> {
     }
 }
 
-fn write_local(dir: &Path, path: &Path, identity: &LocalIdentity) -> Result<()> {
+/// Writes `identity` to `path` (the identity file in `dir`) on `fs`: when this returns `Ok`,
+/// a crash leaves it; when it fails or the process dies during it, the file is the one before
+/// (or none) or this one, whole.
+fn write_local(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    path: &Path,
+    identity: &LocalIdentity,
+) -> Result<()> {
     let failed = |e: std::io::Error| IdentityError::File {
         path: path.to_owned(),
         reason: e.to_string(),
     };
     // Owner-only, as everything in the data directory (a 0755 directory would be tightened,
     // with a warning, at every start).
-    narad_storage::fs::FileSystem::create_dir_all(&narad_storage::fs::RealFs, dir)
-        .map_err(failed)?;
+    fs.create_dir_all(dir).map_err(failed)?;
     let bytes =
         serde_json::to_vec_pretty(identity).map_err(|e| failed(std::io::Error::other(e)))?;
-    crate::durable::replace_file(dir, IDENTITY_FILE, &bytes).map_err(failed)?;
+    narad_storage::fs::replace_file(fs, dir, IDENTITY_FILE, &bytes).map_err(failed)?;
     // The `cluster/` entry itself must survive a crash too.
-    crate::durable::sync_dir(dir.parent().unwrap_or(dir)).map_err(failed)
+    fs.sync_dir(dir.parent().unwrap_or(dir)).map_err(failed)
 }
 
 /// Milliseconds since the Unix epoch (0 for a clock before it).
@@ -546,6 +560,9 @@ fn etcd(context: &'static str) -> impl FnOnce(etcd_client::Error) -> IdentityErr
 
 #[cfg(test)]
 mod tests {
+    use narad_storage::fault::{CrashMode, FaultFs};
+    use narad_storage::fs::{REPLACE_TEMP_SUFFIX, RealFs};
+
     use super::*;
 
     const PREFIX: &str = "/narad/demo/";
@@ -750,11 +767,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let cluster = dir.path().join("cluster");
         let path = cluster.join(IDENTITY_FILE);
-        assert_eq!(read_local(&path).expect("absent"), None);
-        write_local(&cluster, &path, &local("a")).expect("write");
-        assert_eq!(read_local(&path).expect("read"), Some(local("a")));
+        assert_eq!(read_local(&RealFs, &path).expect("absent"), None);
+        write_local(&RealFs, &cluster, &path, &local("a")).expect("write");
+        assert_eq!(read_local(&RealFs, &path).expect("read"), Some(local("a")));
         std::fs::write(&path, b"{\"prefix\": ").expect("damage");
-        assert_eq!(read_local(&path).expect("damaged"), None);
+        assert_eq!(read_local(&RealFs, &path).expect("damaged"), None);
         assert!(!path.exists());
         let kept: Vec<_> = std::fs::read_dir(&cluster)
             .expect("list")
@@ -764,5 +781,92 @@ mod tests {
             kept.iter().any(|n| n.starts_with("identity.json.damaged-")),
             "{kept:?}"
         );
+    }
+
+    /// The identity writes a node's life takes: the first start's (which makes `cluster/`),
+    /// then a new data dir id written over it (`--new-data-dir-for` on a directory that had
+    /// another identity), then the same id adopted back.
+    fn identity_run() -> [LocalIdentity; 3] {
+        [local("a"), local("b"), local("a")]
+    }
+
+    #[test]
+    fn a_crash_at_any_step_of_an_identity_write_leaves_the_old_identity_or_the_new_whole() {
+        let data = Path::new("/data");
+        let cluster = data.join("cluster");
+        let path = cluster.join(IDENTITY_FILE);
+        let fresh = || {
+            let fs = FaultFs::new();
+            fs.create_dir_all(data).expect("data dir");
+            fs.sync_dir(Path::new("/")).expect("sync /");
+            fs
+        };
+        // expected[i] is the identity before write i, expected[i + 1] the one after it.
+        let mut expected = vec![None];
+        expected.extend(identity_run().into_iter().map(Some));
+        let operations = {
+            let fs = fresh();
+            let before = fs.op_count();
+            for identity in identity_run() {
+                write_local(&fs, &cluster, &path, &identity).expect("write");
+            }
+            fs.op_count() - before
+        };
+        assert!(operations >= 10, "a run takes {operations} operations");
+        let temp = format!("{IDENTITY_FILE}{REPLACE_TEMP_SUFFIX}");
+        let modes = [
+            CrashMode::DropAll,
+            CrashMode::KeepAll,
+            CrashMode::Tear(1),
+            CrashMode::Tear(2),
+            CrashMode::Tear(3),
+            CrashMode::Tear(4),
+        ];
+        for crash_point in 1..=operations {
+            for mode in modes {
+                let fs = fresh();
+                fs.crash_at(crash_point);
+                let in_progress = identity_run().iter().position(|identity| {
+                    write_local(&fs, &cluster, &path, identity).is_err_and(|_| fs.is_crashed())
+                });
+                let context = format!(
+                    "crash at operation {crash_point} of {operations} ({mode:?}), write {in_progress:?}"
+                );
+                let Some(i) = in_progress else {
+                    panic!("{context}: the run finished without reaching the crash point");
+                };
+                fs.crash(mode);
+
+                // What the next start reads: the identity before the write or after it, whole.
+                // Every write before it reported success, so its identity must have survived.
+                let got = read_local(&fs, &path).unwrap_or_else(|e| panic!("{context}: {e}"));
+                assert!(
+                    got == expected[i] || got == expected[i + 1],
+                    "{context}: found {got:?}, expected {:?} or {:?}",
+                    expected[i],
+                    expected[i + 1]
+                );
+                // A torn file would have been moved aside (and read as none): there is none,
+                // and nothing else beside the file and its unfinished temp file.
+                if let Ok(entries) = fs.read_dir(&cluster) {
+                    for entry in entries {
+                        assert!(
+                            entry.name == IDENTITY_FILE || entry.name == temp,
+                            "{context}: {entry:?} in cluster/"
+                        );
+                    }
+                }
+                // The directory takes an identity again over whatever the crash left, and
+                // that one survives the next crash.
+                write_local(&fs, &cluster, &path, &local("c"))
+                    .unwrap_or_else(|e| panic!("{context}: {e}"));
+                fs.crash(mode);
+                assert_eq!(
+                    read_local(&fs, &path).expect("read"),
+                    Some(local("c")),
+                    "{context}: the identity written after the crash"
+                );
+            }
+        }
     }
 }

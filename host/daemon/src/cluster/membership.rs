@@ -27,11 +27,12 @@
 //! - **Leaving.** [`Membership::leave`] revokes the lease: peers see the node gone at once.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use narad_storage::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 
 use crate::metastore::{EtcdMetastore, MetastoreError};
@@ -141,6 +142,8 @@ pub struct Membership {
     ttl: Duration,
     /// The TTL etcd granted the current lease, in ms (the fence and renewals are paced by it).
     granted_ttl_ms: AtomicU64,
+    /// The file system the data dir is on: the lease file is read and written through it.
+    fs: Arc<dyn FileSystem>,
     lease_dir: PathBuf,
     lease_id: AtomicI64,
     /// Set when the lease was found gone; cleared once the watched metadata is known to
@@ -159,12 +162,13 @@ impl Membership {
     /// Joins the cluster under `prefix` as `record.id`: revokes the lease this data dir
     /// recorded for the same cluster and id (a previous run of this node), grants a lease of
     /// `ttl` and creates the node key if no live process holds it. The caller then runs
-    /// [`Membership::keep_alive`].
+    /// [`Membership::keep_alive`]. `data_dir` is a path on `fs`, where the lease file is kept.
     pub async fn join(
         client: Client,
         prefix: String,
         record: NodeRecord,
         ttl: Duration,
+        fs: Arc<dyn FileSystem>,
         data_dir: &Path,
     ) -> Result<Membership> {
         let lease_dir = data_dir.join("cluster");
@@ -174,6 +178,7 @@ impl Membership {
             record,
             ttl,
             granted_ttl_ms: AtomicU64::new(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            fs,
             lease_dir,
             lease_id: AtomicI64::new(0),
             catching_up: AtomicBool::new(false),
@@ -269,7 +274,7 @@ impl Membership {
 
     async fn revoke_recorded_lease(&self) -> Result<()> {
         let path = self.lease_path();
-        let bytes = match std::fs::read(&path) {
+        let bytes = match crate::durable::read_whole(&*self.fs, &path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => return Err(MembershipError::LeaseFile { path, source }),
@@ -365,9 +370,9 @@ impl Membership {
             path: path.clone(),
             source,
         };
-        std::fs::create_dir_all(&self.lease_dir).map_err(io)?;
+        self.fs.create_dir_all(&self.lease_dir).map_err(io)?;
         let bytes = serde_json::to_vec(&record).map_err(|e| io(std::io::Error::other(e)))?;
-        crate::durable::replace_file(&self.lease_dir, LEASE_FILE, &bytes).map_err(io)
+        narad_storage::fs::replace_file(&*self.fs, &self.lease_dir, LEASE_FILE, &bytes).map_err(io)
     }
 
     fn record_renewal(&self, sent: Instant) {
@@ -594,9 +599,16 @@ mod tests {
 
     /// A node joined under [`PREFIX`] with `record`, `ttl` and data dir `dir`.
     async fn joined(etcd: &TestEtcd, record: NodeRecord, ttl: Duration, dir: &Path) -> Membership {
-        Membership::join(client(etcd).await, PREFIX.to_owned(), record, ttl, dir)
-            .await
-            .unwrap()
+        Membership::join(
+            client(etcd).await,
+            PREFIX.to_owned(),
+            record,
+            ttl,
+            crate::durable::real(),
+            dir,
+        )
+        .await
+        .unwrap()
     }
 
     #[tokio::test]
@@ -633,6 +645,7 @@ mod tests {
             PREFIX.to_owned(),
             record("n1", 7002),
             Duration::from_secs(30),
+            crate::durable::real(),
             dir_b.path(),
         )
         .await;
@@ -671,6 +684,7 @@ mod tests {
                 PREFIX.to_owned(),
                 record("n1", 7009),
                 Duration::from_secs(60),
+                crate::durable::real(),
                 dir.path(),
             ),
         )

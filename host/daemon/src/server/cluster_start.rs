@@ -27,9 +27,12 @@ pub(super) async fn start_cluster(
     kafka_addr: Option<SocketAddr>,
     shutdown: &ShutdownSignal,
 ) -> Result<(Arc<Store>, Arc<ClusterContext>), ServerError> {
+    // One file system for the store, the identity file and the lease file.
+    let fs = crate::durable::real();
     let store = {
         let data_dir = config.data_dir.clone();
         let options = StoreOptions {
+            fs: Arc::clone(&fs),
             idle_close_after: config.idle_close_after,
             failed_reopen_after: config.failed_reopen_after,
             ..StoreOptions::default()
@@ -58,6 +61,7 @@ pub(super) async fn start_cluster(
         let owned: Vec<PartitionId> =
             crate::topics::owned::owned_by(&snapshot, &cluster.node_id).collect();
         crate::cluster::identity::establish(
+            &*fs,
             &client,
             &prefix,
             &cluster.node_id,
@@ -93,6 +97,7 @@ pub(super) async fn start_cluster(
             prefix.clone(),
             record,
             cluster.lease_ttl,
+            Arc::clone(&fs),
             &config.data_dir,
         )
         .await?,

@@ -19,9 +19,12 @@ pub(super) fn open_data_dir(
     failed_reopen_after: Duration,
     segment_bytes: u64,
 ) -> Result<(Store, FileMetastore), ServerError> {
+    // One file system for the store and the start-up accounting of its directories.
+    let fs = crate::durable::real();
     let store = Store::open(
         data_dir,
         StoreOptions {
+            fs: std::sync::Arc::clone(&fs),
             idle_close_after,
             failed_reopen_after,
             ..StoreOptions::default()
@@ -30,6 +33,7 @@ pub(super) fn open_data_dir(
     let metastore = FileMetastore::open(data_dir)?;
     let snapshot = metastore.snapshot_now();
     let report = startup::reconcile(
+        &*fs,
         &store,
         &snapshot.topics,
         metastore.started_empty(),

@@ -17,14 +17,13 @@
 //! name (`p` and five digits), so the store never mistakes it for a partition. What start-up
 //! does with it is decided in [`super::startup`].
 
-use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
+use narad_storage::fs::{FileSystem, replace_file};
 use serde::{Deserialize, Serialize};
 
-use crate::durable::{replace_file, sync_dir};
+use crate::durable;
 
 /// File name of the intent record inside `topics/{topic}/`.
 pub(crate) const INTENT_FILE_NAME: &str = "INTENT";
@@ -61,25 +60,34 @@ pub(crate) enum IntentState {
     Unreadable(String),
 }
 
-/// Durably records `intent` in `topic_dir`, creating the directory (owner-only) if needed and
-/// making its entry durable in `topics/`.
+/// [`write_on`] on the real file system, for callers that do not pass one.
 pub(crate) fn write(topic_dir: &Path, intent: Intent) -> std::io::Result<()> {
-    if !topic_dir.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(topic_dir)?;
+    write_on(&*durable::real(), topic_dir, intent)
+}
+
+/// Durably records `intent` in `topic_dir` on `fs`, creating the directory (owner-only) if
+/// needed and making its entry durable in `topics/`. When this returns `Ok`, a crash leaves
+/// `intent`; when it fails or the process dies during it, the record is the one before
+/// (or none) or `intent`, whole: never a torn file.
+pub(crate) fn write_on(
+    fs: &dyn FileSystem,
+    topic_dir: &Path,
+    intent: Intent,
+) -> std::io::Result<()> {
+    if !fs.exists(topic_dir)? {
+        fs.create_dir_all(topic_dir)?;
         if let Some(parent) = topic_dir.parent() {
-            sync_dir(parent)?;
+            fs.sync_dir(parent)?;
         }
     }
     let bytes = serde_json::to_vec(&intent).map_err(std::io::Error::other)?;
-    replace_file(topic_dir, INTENT_FILE_NAME, &bytes)
+    replace_file(fs, topic_dir, INTENT_FILE_NAME, &bytes)
 }
 
-/// Reads the intent record of `topic_dir`.
-pub(crate) fn read(topic_dir: &Path) -> std::io::Result<IntentState> {
-    match fs::read(topic_dir.join(INTENT_FILE_NAME)) {
+/// Reads the intent record of `topic_dir` on `fs` (a missing directory or file is no change
+/// in progress).
+pub(crate) fn read_on(fs: &dyn FileSystem, topic_dir: &Path) -> std::io::Result<IntentState> {
+    match durable::read_whole(fs, &topic_dir.join(INTENT_FILE_NAME)) {
         Ok(bytes) => Ok(match serde_json::from_slice(&bytes) {
             Ok(intent) => IntentState::Found(intent),
             Err(e) => IntentState::Unreadable(e.to_string()),
@@ -89,10 +97,16 @@ pub(crate) fn read(topic_dir: &Path) -> std::io::Result<IntentState> {
     }
 }
 
-/// Removes the intent record of `topic_dir` durably (a missing one is not an error).
+/// [`clear_on`] on the real file system, for callers that do not pass one.
 pub(crate) fn clear(topic_dir: &Path) -> std::io::Result<()> {
-    match fs::remove_file(topic_dir.join(INTENT_FILE_NAME)) {
-        Ok(()) => sync_dir(topic_dir),
+    clear_on(&*durable::real(), topic_dir)
+}
+
+/// Removes the intent record of `topic_dir` on `fs` durably (a missing one is not an error):
+/// when this returns `Ok`, a crash does not bring the record back.
+pub(crate) fn clear_on(fs: &dyn FileSystem, topic_dir: &Path) -> std::io::Result<()> {
+    match fs.remove_file(&topic_dir.join(INTENT_FILE_NAME)) {
+        Ok(()) => fs.sync_dir(topic_dir),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }
@@ -100,22 +114,27 @@ pub(crate) fn clear(topic_dir: &Path) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
+    use narad_storage::fault::{CrashMode, FaultFs};
+    use narad_storage::fs::{REPLACE_TEMP_SUFFIX, RealFs};
+
     use super::*;
 
     #[test]
     fn an_intent_survives_a_round_trip_and_clearing_removes_it() {
         let dir = tempfile::tempdir().unwrap();
         let topic = dir.path().join("orders");
-        assert_eq!(read(&topic).unwrap(), IntentState::None);
+        assert_eq!(read_on(&RealFs, &topic).unwrap(), IntentState::None);
         write(&topic, Intent::Grow { from: 2, to: 5 }).unwrap();
         assert_eq!(
-            read(&topic).unwrap(),
+            read_on(&RealFs, &topic).unwrap(),
             IntentState::Found(Intent::Grow { from: 2, to: 5 })
         );
         let text = fs::read_to_string(topic.join(INTENT_FILE_NAME)).unwrap();
         assert_eq!(text, r#"{"op":"grow","from":2,"to":5}"#);
         clear(&topic).unwrap();
-        assert_eq!(read(&topic).unwrap(), IntentState::None);
+        assert_eq!(read_on(&RealFs, &topic).unwrap(), IntentState::None);
         clear(&topic).unwrap();
     }
 
@@ -124,8 +143,115 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(INTENT_FILE_NAME), b"{\"op\":\"del").unwrap();
         assert!(matches!(
-            read(dir.path()).unwrap(),
+            read_on(&RealFs, dir.path()).unwrap(),
             IntentState::Unreadable(_)
         ));
+    }
+
+    /// A run of one topic's changes: a create's record and its clearing, a growth's record
+    /// replaced by a delete's (an existing record overwritten, where a write in place would
+    /// tear), and the delete's clearing. `None` clears.
+    const RUN: [Option<Intent>; 5] = [
+        Some(Intent::Create { partitions: 2 }),
+        None,
+        Some(Intent::Grow { from: 2, to: 5 }),
+        Some(Intent::Delete),
+        None,
+    ];
+
+    fn run_step(fs: &FaultFs, topic: &Path, step: Option<Intent>) -> std::io::Result<()> {
+        match step {
+            Some(intent) => write_on(fs, topic, intent),
+            None => clear_on(fs, topic),
+        }
+    }
+
+    fn state_after(step: Option<Intent>) -> IntentState {
+        step.map_or(IntentState::None, IntentState::Found)
+    }
+
+    /// A data directory whose `topics/` is durable, and no topic in it.
+    fn fresh(data: &Path) -> FaultFs {
+        let fs = FaultFs::new();
+        fs.create_dir_all(&data.join(narad_storage::store::TOPICS_DIR_NAME))
+            .unwrap();
+        fs.sync_dir(Path::new("/")).unwrap();
+        fs.sync_dir(data).unwrap();
+        fs
+    }
+
+    #[test]
+    fn a_crash_at_any_step_leaves_the_record_before_or_after_that_step_whole() {
+        let data = Path::new("/data");
+        let topic = data
+            .join(narad_storage::store::TOPICS_DIR_NAME)
+            .join("orders");
+        // expected[i] is the record before step i, expected[i + 1] the one after it.
+        let mut expected = vec![IntentState::None];
+        expected.extend(RUN.iter().map(|&step| state_after(step)));
+        // The write and sync operations of a whole run: the crash points.
+        let operations = {
+            let fs = fresh(data);
+            let before = fs.op_count();
+            for step in RUN {
+                run_step(&fs, &topic, step).unwrap();
+            }
+            fs.op_count() - before
+        };
+        assert!(operations >= 10, "a run takes {operations} operations");
+        let temp = format!("{INTENT_FILE_NAME}{REPLACE_TEMP_SUFFIX}");
+        let modes = [
+            CrashMode::DropAll,
+            CrashMode::KeepAll,
+            CrashMode::Tear(1),
+            CrashMode::Tear(2),
+            CrashMode::Tear(3),
+            CrashMode::Tear(4),
+        ];
+        for crash_point in 1..=operations {
+            for mode in modes {
+                let fs = fresh(data);
+                fs.crash_at(crash_point);
+                let in_progress = RUN
+                    .iter()
+                    .position(|&step| run_step(&fs, &topic, step).is_err_and(|_| fs.is_crashed()));
+                let context = format!(
+                    "crash at operation {crash_point} of {operations} ({mode:?}), step {in_progress:?}"
+                );
+                let Some(i) = in_progress else {
+                    panic!("{context}: the run finished without reaching the crash point");
+                };
+                fs.crash(mode);
+
+                // What start-up would read: the record before the step or after it, whole;
+                // every step before it reported success, so its record must have survived.
+                let got = read_on(&fs, &topic).unwrap_or_else(|e| panic!("{context}: {e}"));
+                assert!(
+                    got == expected[i] || got == expected[i + 1],
+                    "{context}: found {got:?}, expected {:?} or {:?}",
+                    expected[i],
+                    expected[i + 1]
+                );
+                // Nothing but the record and, at most, its unfinished temp file.
+                if let Ok(entries) = fs.read_dir(&topic) {
+                    for entry in entries {
+                        assert!(
+                            entry.name == INTENT_FILE_NAME || entry.name == temp,
+                            "{context}: {entry:?} in the topic directory"
+                        );
+                    }
+                }
+                // The directory takes a record again over whatever the crash left, and that
+                // one survives the next crash.
+                let next = Intent::Grow { from: 5, to: 7 };
+                write_on(&fs, &topic, next).unwrap_or_else(|e| panic!("{context}: {e}"));
+                fs.crash(mode);
+                assert_eq!(
+                    read_on(&fs, &topic).unwrap(),
+                    IntentState::Found(next),
+                    "{context}: the record written after the crash"
+                );
+            }
+        }
     }
 }

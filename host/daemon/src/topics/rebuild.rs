@@ -11,9 +11,10 @@
 //! them as unreferenced; deploy them again by name).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use narad_storage::fs::FileSystem;
 use narad_storage::{Store, StoreOptions};
 
 use super::set_aside;
@@ -88,9 +89,19 @@ pub enum RebuildError {
 
 /// Rebuilds the topic list of `data_dir` from its directories (see the module doc). With
 /// `dry_run`, reports what it would record and writes nothing. Takes the data-dir lock, so it
-/// refuses to run beside a daemon.
+/// refuses to run beside a daemon. Opens the data dir on the real file system.
 pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, RebuildError> {
-    if !data_dir.is_dir() {
+    rebuild_on(crate::durable::real(), data_dir, dry_run).await
+}
+
+/// [`rebuild`] of `data_dir` on `fs`: the store, the metastore it writes and the plugin
+/// modules it moves are all on `fs`.
+pub(crate) async fn rebuild_on(
+    fs: Arc<dyn FileSystem>,
+    data_dir: &Path,
+    dry_run: bool,
+) -> Result<RebuildReport, RebuildError> {
+    if !fs.metadata(data_dir).is_ok_and(|m| m.is_dir) {
         return Err(RebuildError::Io {
             context: format!("opening the data dir {}", data_dir.display()),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
@@ -105,12 +116,22 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
         journal::BACKUP_FILE_NAME,
     ] {
         let path = data_dir.join(name);
-        if path.exists() {
+        let present = fs.exists(&path).map_err(|source| RebuildError::Io {
+            context: format!("checking {}", path.display()),
+            source,
+        })?;
+        if present {
             return Err(RebuildError::MetastorePresent { path });
         }
     }
-    let store = Store::open(data_dir, StoreOptions::default())?;
-    let dirs = startup::scan(data_dir)?;
+    let store = Store::open(
+        data_dir,
+        StoreOptions {
+            fs: Arc::clone(&fs),
+            ..StoreOptions::default()
+        },
+    )?;
+    let dirs = startup::scan(&*fs, data_dir)?;
     let mut report = RebuildReport {
         dry_run,
         ..RebuildReport::default()
@@ -124,7 +145,7 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
                         .join(narad_storage::store::TOPICS_DIR_NAME)
                         .join(&dir.name)
                         .join(format!("p{p:05}"));
-                    for child in cursor_children(&part) {
+                    for child in cursor_children(&*fs, &part) {
                         children.insert((dir.name.clone(), child));
                     }
                 }
@@ -135,10 +156,10 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
     }
     report.children_seen = children.into_iter().collect();
     if dry_run {
-        report.plugin_files = plugin_files(data_dir)?;
+        report.plugin_files = plugin_files(&*fs, data_dir)?;
         return Ok(report);
     }
-    report.plugin_files = move_plugin_files(data_dir)?;
+    report.plugin_files = move_plugin_files(&*fs, data_dir)?;
     // The report names them: recording them is accepting their loss, so their directories are
     // made empty now (a recorded partition without a directory would be quarantined at start).
     for topic in &report.topics {
@@ -150,7 +171,7 @@ pub async fn rebuild(data_dir: &Path, dry_run: bool) -> Result<RebuildReport, Re
         }
     }
     drop(store);
-    let metastore = FileMetastore::open(data_dir)?;
+    let metastore = FileMetastore::open_on(fs, data_dir)?;
     let now = crate::topics::now_ms();
     for topic in &report.topics {
         metastore
@@ -200,14 +221,14 @@ fn plan_topic(dir: &TopicDir) -> Result<RebuiltTopic, String> {
 }
 
 /// The children named by the cursor files (`fanout-{child}.offset`) of a partition directory.
-fn cursor_children(partition_dir: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(partition_dir) else {
+fn cursor_children(fs: &dyn FileSystem, partition_dir: &Path) -> Vec<String> {
+    let Ok(entries) = fs.read_dir(partition_dir) else {
         return Vec::new();
     };
     entries
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter_map(|name| {
+        .into_iter()
+        .filter_map(|entry| {
+            let name = entry.name;
             name.strip_prefix("fanout-")
                 .and_then(|rest| rest.strip_suffix(".offset"))
                 .map(str::to_owned)
@@ -219,9 +240,9 @@ fn plugins_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("plugins").join("sha256")
 }
 
-fn plugin_files(data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
+fn plugin_files(fs: &dyn FileSystem, data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
     let dir = plugins_dir(data_dir);
-    let entries = match fs::read_dir(&dir) {
+    let entries = match fs.read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -236,8 +257,8 @@ fn plugin_files(data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
         .map(|&(name, bytes)| (narad_runtime::Digest::of(bytes).to_hex(), name))
         .collect();
     let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let path = entry.path();
+    for entry in entries {
+        let path = dir.join(&entry.name);
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         if path.extension().is_some_and(|e| e == "wasm") && !builtins.contains_key(stem) {
             out.push(path);
@@ -249,30 +270,31 @@ fn plugin_files(data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
 
 /// Moves the uploaded (not built-in) plugin modules to `set-aside/plugins/`: no recorded version
 /// names them any more, and the daemon's start removes such files.
-fn move_plugin_files(data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
-    let files = plugin_files(data_dir)?;
+fn move_plugin_files(fs: &dyn FileSystem, data_dir: &Path) -> Result<Vec<PathBuf>, RebuildError> {
+    let files = plugin_files(fs, data_dir)?;
     if files.is_empty() {
         return Ok(files);
     }
     let target = set_aside::plugins_dir(data_dir);
-    fs::create_dir_all(&target).map_err(|source| RebuildError::Io {
-        context: format!("creating {}", target.display()),
-        source,
-    })?;
+    fs.create_dir_all(&target)
+        .map_err(|source| RebuildError::Io {
+            context: format!("creating {}", target.display()),
+            source,
+        })?;
     let mut moved = Vec::new();
     for file in files {
         let Some(name) = file.file_name() else {
             continue;
         };
         let dest = target.join(name);
-        fs::rename(&file, &dest).map_err(|source| RebuildError::Io {
+        fs.rename(&file, &dest).map_err(|source| RebuildError::Io {
             context: format!("moving {} to {}", file.display(), dest.display()),
             source,
         })?;
         moved.push(dest);
     }
     for d in [target.as_path(), &plugins_dir(data_dir)] {
-        crate::durable::sync_dir(d).map_err(|source| RebuildError::Io {
+        fs.sync_dir(d).map_err(|source| RebuildError::Io {
             context: format!("syncing {}", d.display()),
             source,
         })?;

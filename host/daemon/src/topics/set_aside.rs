@@ -18,14 +18,13 @@
 //! (`narad admin set-aside purge`). The entries are listed by `GET /v1/admin/set-aside` and
 //! counted by the `narad_set_aside_entries` gauge.
 
-use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use narad_storage::fs::FileSystem;
 use serde::{Deserialize, Serialize};
 
-use crate::durable::sync_dir;
+use crate::durable;
 
 /// Directory under the data directory that holds the set-aside entries.
 pub(crate) const SET_ASIDE_DIR_NAME: &str = "set-aside";
@@ -91,41 +90,44 @@ pub(crate) fn plugins_dir(data_dir: &Path) -> PathBuf {
     dir(data_dir).join(PLUGINS_SUBDIR)
 }
 
-/// Total size of the segment files (`*.log`) directly in `partition_dir`: its record data.
-pub(crate) fn partition_segment_bytes(partition_dir: &Path) -> std::io::Result<u64> {
+/// Total size of the segment files (`*.log`) directly in `partition_dir` on `fs`: its record
+/// data (0 for a directory that does not exist).
+pub(crate) fn partition_segment_bytes(
+    fs: &dyn FileSystem,
+    partition_dir: &Path,
+) -> std::io::Result<u64> {
     let mut total = 0;
-    let entries = match fs::read_dir(partition_dir) {
+    let entries = match fs.read_dir(partition_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
     for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        let is_segment = name
-            .to_str()
-            .and_then(narad_storage::log::segment::parse_segment_name)
-            .is_some();
+        let is_segment = narad_storage::log::segment::parse_segment_name(&entry.name).is_some();
         if is_segment {
-            total += entry.metadata()?.len();
+            total += fs.metadata(&partition_dir.join(&entry.name))?.len;
         }
     }
     Ok(total)
 }
 
 /// Segment bytes of a topic directory (every partition directory in it) or of one partition.
-fn segment_bytes(path: &Path, partition: Option<u32>) -> std::io::Result<u64> {
+fn segment_bytes(fs: &dyn FileSystem, path: &Path, partition: Option<u32>) -> std::io::Result<u64> {
     if partition.is_some() {
-        return partition_segment_bytes(path);
+        return partition_segment_bytes(fs, path);
     }
     let mut total = 0;
-    for entry in fs::read_dir(path)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            total += partition_segment_bytes(&entry.path())?;
+    for entry in fs.read_dir(path)? {
+        if entry.is_dir {
+            total += partition_segment_bytes(fs, &path.join(&entry.name))?;
         }
     }
     Ok(total)
+}
+
+/// True when `path` on `fs` is a directory (false when it is absent or cannot be checked).
+fn is_dir(fs: &dyn FileSystem, path: &Path) -> bool {
+    fs.metadata(path).is_ok_and(|m| m.is_dir)
 }
 
 fn check_id(id: &str) -> Result<(), SetAsideError> {
@@ -142,7 +144,8 @@ fn check_id(id: &str) -> Result<(), SetAsideError> {
 }
 
 /// Moves `source` (a topic directory, or the directory of `partition` of `topic`) into the
-/// set-aside area, describing it first. Returns the entry.
+/// set-aside area, describing it first. Returns the entry. `set_aside_on` on the real file
+/// system, for callers that do not pass one.
 pub fn set_aside(
     data_dir: &Path,
     source: &Path,
@@ -151,11 +154,23 @@ pub fn set_aside(
     reason: &str,
     now_ms: i64,
 ) -> Result<SetAsideEntry, SetAsideError> {
+    let fs = durable::real();
+    set_aside_on(&*fs, data_dir, source, topic, partition, reason, now_ms)
+}
+
+/// [`set_aside`] on `fs`: the description is durable before the directory moves, so every
+/// entry that has moved is described; when this returns `Ok`, the move is durable too.
+pub(crate) fn set_aside_on(
+    fs: &dyn FileSystem,
+    data_dir: &Path,
+    source: &Path,
+    topic: &str,
+    partition: Option<u32>,
+    reason: &str,
+    now_ms: i64,
+) -> Result<SetAsideEntry, SetAsideError> {
     let area = dir(data_dir);
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&area)
+    fs.create_dir_all(&area)
         .map_err(io(format!("creating {}", area.display())))?;
     let stem = match partition {
         Some(p) => format!("{topic}.p{p:05}.{now_ms}"),
@@ -163,7 +178,19 @@ pub fn set_aside(
     };
     let mut id = stem.clone();
     let mut n = 1;
-    while area.join(&id).exists() || area.join(format!("{id}{DESCRIPTION_SUFFIX}")).exists() {
+    let taken = |id: &str| -> Result<bool, SetAsideError> {
+        let described = area.join(format!("{id}{DESCRIPTION_SUFFIX}"));
+        for path in [area.join(id), described] {
+            if fs
+                .exists(&path)
+                .map_err(io(format!("checking {}", path.display())))?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    while taken(&id)? {
         id = format!("{stem}-{n}");
         n += 1;
     }
@@ -173,12 +200,12 @@ pub fn set_aside(
         partition,
         reason: reason.to_owned(),
         set_aside_at_ms: now_ms,
-        segment_bytes: segment_bytes(source, partition)
+        segment_bytes: segment_bytes(fs, source, partition)
             .map_err(io(format!("measuring {}", source.display())))?,
     };
-    write_description(&area, &entry)?;
+    write_description(fs, &area, &entry)?;
     let target = area.join(&id);
-    fs::rename(source, &target).map_err(io(format!(
+    fs.rename(source, &target).map_err(io(format!(
         "moving {} to {}",
         source.display(),
         target.display()
@@ -187,26 +214,40 @@ pub fn set_aside(
         .into_iter()
         .flatten()
     {
-        sync_dir(d).map_err(io(format!("syncing {}", d.display())))?;
+        fs.sync_dir(d)
+            .map_err(io(format!("syncing {}", d.display())))?;
     }
     Ok(entry)
 }
 
-fn write_description(area: &Path, entry: &SetAsideEntry) -> Result<(), SetAsideError> {
+fn write_description(
+    fs: &dyn FileSystem,
+    area: &Path,
+    entry: &SetAsideEntry,
+) -> Result<(), SetAsideError> {
     let name = format!("{}{DESCRIPTION_SUFFIX}", entry.id);
     let bytes = serde_json::to_vec_pretty(entry).map_err(|e| SetAsideError::Io {
         context: "encoding a set-aside description".to_owned(),
         source: std::io::Error::other(e),
     })?;
-    crate::durable::replace_file(area, &name, &bytes)
+    narad_storage::fs::replace_file(fs, area, &name, &bytes)
         .map_err(io(format!("writing {}", area.join(&name).display())))
 }
 
 /// Every entry of the set-aside area, oldest first. A directory without a readable
-/// description is listed with the reason saying so (it is never hidden).
+/// description is listed with the reason saying so (it is never hidden). `list_on` on the
+/// real file system, for callers that do not pass one.
 pub fn list(data_dir: &Path) -> Result<Vec<SetAsideEntry>, SetAsideError> {
+    list_on(&*durable::real(), data_dir)
+}
+
+/// [`list`] on `fs`.
+pub(crate) fn list_on(
+    fs: &dyn FileSystem,
+    data_dir: &Path,
+) -> Result<Vec<SetAsideEntry>, SetAsideError> {
     let area = dir(data_dir);
-    let entries = match fs::read_dir(&area) {
+    let entries = match fs.read_dir(&area) {
         Ok(entries) => entries,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -218,23 +259,18 @@ pub fn list(data_dir: &Path) -> Result<Vec<SetAsideEntry>, SetAsideError> {
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(io(format!("listing {}", area.display())))?;
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        let Ok(id) = entry.file_name().into_string() else {
-            continue;
-        };
-        if !is_dir || id == PLUGINS_SUBDIR {
+        if !entry.is_dir || entry.name == PLUGINS_SUBDIR {
             continue;
         }
-        out.push(describe(&area, &id));
+        out.push(describe(fs, &area, &entry.name));
     }
     out.sort_by(|a, b| (a.set_aside_at_ms, &a.id).cmp(&(b.set_aside_at_ms, &b.id)));
     Ok(out)
 }
 
-fn describe(area: &Path, id: &str) -> SetAsideEntry {
+fn describe(fs: &dyn FileSystem, area: &Path, id: &str) -> SetAsideEntry {
     let path = area.join(format!("{id}{DESCRIPTION_SUFFIX}"));
-    match fs::read(&path)
+    match durable::read_whole(fs, &path)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice::<SetAsideEntry>(&b).map_err(|e| e.to_string()))
     {
@@ -248,24 +284,46 @@ fn describe(area: &Path, id: &str) -> SetAsideEntry {
             partition: None,
             reason: format!("no readable description ({why})"),
             set_aside_at_ms: 0,
-            segment_bytes: segment_bytes(&area.join(id), None).unwrap_or(0),
+            segment_bytes: segment_bytes(fs, &area.join(id), None).unwrap_or(0),
         },
     }
 }
 
-/// The entry named `id`.
+/// The entry named `id`. `get_on` on the real file system, for callers that do not pass
+/// one.
 pub fn get(data_dir: &Path, id: &str) -> Result<SetAsideEntry, SetAsideError> {
+    get_on(&*durable::real(), data_dir, id)
+}
+
+/// [`get`] on `fs`.
+pub(crate) fn get_on(
+    fs: &dyn FileSystem,
+    data_dir: &Path,
+    id: &str,
+) -> Result<SetAsideEntry, SetAsideError> {
     check_id(id)?;
     let area = dir(data_dir);
-    if !area.join(id).is_dir() {
+    if !is_dir(fs, &area.join(id)) {
         return Err(SetAsideError::UnknownEntry { id: id.to_owned() });
     }
-    Ok(describe(&area, id))
+    Ok(describe(fs, &area, id))
 }
 
 /// Moves the entry `id` back to `destination` (which must not exist) and drops its
-/// description. The caller records it in the metastore.
+/// description. The caller records it in the metastore. [`take_back_on`] on the real file
+/// system, for callers that do not pass one.
 pub(crate) fn take_back(
+    data_dir: &Path,
+    id: &str,
+    destination: &Path,
+) -> Result<(), SetAsideError> {
+    take_back_on(&*durable::real(), data_dir, id, destination)
+}
+
+/// [`take_back`] on `fs`: the move is durable before the description goes, so an entry is
+/// never left in the area undescribed.
+pub(crate) fn take_back_on(
+    fs: &dyn FileSystem,
     data_dir: &Path,
     id: &str,
     destination: &Path,
@@ -273,17 +331,14 @@ pub(crate) fn take_back(
     check_id(id)?;
     let area = dir(data_dir);
     let source = area.join(id);
-    if !source.is_dir() {
+    if !is_dir(fs, &source) {
         return Err(SetAsideError::UnknownEntry { id: id.to_owned() });
     }
     if let Some(parent) = destination.parent() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(parent)
+        fs.create_dir_all(parent)
             .map_err(io(format!("creating {}", parent.display())))?;
     }
-    fs::rename(&source, destination).map_err(io(format!(
+    fs.rename(&source, destination).map_err(io(format!(
         "moving {} to {}",
         source.display(),
         destination.display()
@@ -292,14 +347,26 @@ pub(crate) fn take_back(
         .into_iter()
         .flatten()
     {
-        sync_dir(d).map_err(io(format!("syncing {}", d.display())))?;
+        fs.sync_dir(d)
+            .map_err(io(format!("syncing {}", d.display())))?;
     }
-    remove_description(&area, id)
+    remove_description(fs, &area, id)
 }
 
 /// Deletes the entry `id` and its records for good (the operator's explicit choice).
+/// `purge_on` on the real file system, for callers that do not pass one.
 pub fn purge(data_dir: &Path, id: &str) -> Result<SetAsideEntry, SetAsideError> {
-    let entry = get(data_dir, id)?;
+    purge_on(&*durable::real(), data_dir, id)
+}
+
+/// [`purge`] on `fs`: the entry leaves the listing durably (one rename into the trash)
+/// before anything of it is removed.
+pub(crate) fn purge_on(
+    fs: &dyn FileSystem,
+    data_dir: &Path,
+    id: &str,
+) -> Result<SetAsideEntry, SetAsideError> {
+    let entry = get_on(fs, data_dir, id)?;
     let area = dir(data_dir);
     let path = area.join(id);
     // Out of the listing first (one rename), so a crash mid-removal never shows half an entry;
@@ -307,21 +374,25 @@ pub fn purge(data_dir: &Path, id: &str) -> Result<SetAsideEntry, SetAsideError> 
     let trash = data_dir
         .join(narad_storage::store::TRASH_DIR_NAME)
         .join(format!("purged.{id}"));
-    fs::rename(&path, &trash).map_err(io(format!(
+    fs.rename(&path, &trash).map_err(io(format!(
         "moving {} to {}",
         path.display(),
         trash.display()
     )))?;
-    sync_dir(&area).map_err(io(format!("syncing {}", area.display())))?;
-    remove_description(&area, id)?;
-    fs::remove_dir_all(&trash).map_err(io(format!("removing {}", trash.display())))?;
+    fs.sync_dir(&area)
+        .map_err(io(format!("syncing {}", area.display())))?;
+    remove_description(fs, &area, id)?;
+    fs.remove_dir_all(&trash)
+        .map_err(io(format!("removing {}", trash.display())))?;
     Ok(entry)
 }
 
-fn remove_description(area: &Path, id: &str) -> Result<(), SetAsideError> {
+fn remove_description(fs: &dyn FileSystem, area: &Path, id: &str) -> Result<(), SetAsideError> {
     let path = area.join(format!("{id}{DESCRIPTION_SUFFIX}"));
-    match fs::remove_file(&path) {
-        Ok(()) => sync_dir(area).map_err(io(format!("syncing {}", area.display()))),
+    match fs.remove_file(&path) {
+        Ok(()) => fs
+            .sync_dir(area)
+            .map_err(io(format!("syncing {}", area.display()))),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
         Err(source) => Err(SetAsideError::Io {
             context: format!("removing {}", path.display()),
@@ -332,6 +403,8 @@ fn remove_description(area: &Path, id: &str) -> Result<(), SetAsideError> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn partition_with_segment(dir: &Path, bytes: usize) {

@@ -20,10 +20,10 @@
 //! metastore, not a set of strays, and `narad admin rebuild-metastore` rebuilds it.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use narad_storage::Store;
+use narad_storage::fs::FileSystem;
 use narad_storage::store::TOPICS_DIR_NAME;
 
 use super::intent::{self, Intent, IntentState};
@@ -152,48 +152,42 @@ pub(crate) fn parse_partition_dir(name: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// Scans `{data_dir}/topics/`: every directory with a valid topic name, its intent and its
-/// partition directories. Other entries are left alone (and logged).
-pub(crate) fn scan(data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
+/// Scans `{data_dir}/topics/` on `fs`: every directory with a valid topic name, its intent
+/// and its partition directories. Other entries are left alone (and logged).
+pub(crate) fn scan(fs: &dyn FileSystem, data_dir: &Path) -> Result<Vec<TopicDir>, StartupError> {
     let topics_dir = data_dir.join(TOPICS_DIR_NAME);
-    let entries = match fs::read_dir(&topics_dir) {
+    let entries = match fs.read_dir(&topics_dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io(format!("listing {}", topics_dir.display()))(e)),
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(io(format!("listing {}", topics_dir.display())))?;
-        let path = entry.path();
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        let name = match entry.file_name().into_string() {
-            Ok(name) if is_dir && narad_storage::validate_topic_name(&name).is_ok() => name,
-            _ => {
-                tracing::warn!(path = %path.display(), "ignoring an entry of topics/ that is not a topic directory");
-                continue;
-            }
-        };
-        let intent = intent::read(&path).map_err(io(format!(
+        let path = topics_dir.join(&entry.name);
+        if !entry.is_dir || narad_storage::validate_topic_name(&entry.name).is_err() {
+            tracing::warn!(path = %path.display(), "ignoring an entry of topics/ that is not a topic directory");
+            continue;
+        }
+        let name = entry.name;
+        let intent = intent::read_on(fs, &path).map_err(io(format!(
             "reading the intent record of {}",
             path.display()
         )))?;
         let mut partitions = BTreeMap::new();
         let intent_temp = narad_storage::fs::replace_temp_path(&path, intent::INTENT_FILE_NAME);
         let mut bare = true;
-        for part in fs::read_dir(&path).map_err(io(format!("listing {}", path.display())))? {
-            let part = part.map_err(io(format!("listing {}", path.display())))?;
-            if part.path() != intent_temp {
+        for part in fs
+            .read_dir(&path)
+            .map_err(io(format!("listing {}", path.display())))?
+        {
+            let part_path = path.join(&part.name);
+            if part_path != intent_temp {
                 bare = false;
             }
-            let is_dir = part.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            let index = part
-                .file_name()
-                .to_str()
-                .and_then(parse_partition_dir)
-                .filter(|_| is_dir);
+            let index = parse_partition_dir(&part.name).filter(|_| part.is_dir);
             if let Some(index) = index {
-                let bytes = set_aside::partition_segment_bytes(&part.path())
-                    .map_err(io(format!("measuring {}", part.path().display())))?;
+                let bytes = set_aside::partition_segment_bytes(fs, &part_path)
+                    .map_err(io(format!("measuring {}", part_path.display())))?;
                 partitions.insert(index, bytes);
             }
         }
@@ -286,15 +280,17 @@ pub(crate) fn plan(
 
 /// Accounts for `topics/` at start-up: scans, plans, refuses a lost metastore
 /// (`metastore_is_new`: no metastore file existed), and carries out the plan. Runs before any
-/// partition is registered with the store.
+/// partition is registered with the store. `fs` is the file system `store` was opened on:
+/// intent records, set-aside entries and the trash are read and written through it.
 pub(crate) fn reconcile(
+    fs: &dyn FileSystem,
     store: &Store,
     known: &crate::metastore::Items<String, TopicMeta>,
     metastore_is_new: bool,
     now_ms: i64,
 ) -> Result<StartupReport, StartupError> {
     let data_dir = store.data_dir().to_path_buf();
-    let dirs = scan(&data_dir)?;
+    let dirs = scan(fs, &data_dir)?;
     let actions = plan(&dirs, known);
     if metastore_is_new {
         let orphans: Vec<String> = actions
@@ -317,7 +313,7 @@ pub(crate) fn reconcile(
         match action {
             Action::ClearIntent { topic } => {
                 let dir = topics_dir.join(&topic);
-                intent::clear(&dir).map_err(io(format!(
+                intent::clear_on(fs, &dir).map_err(io(format!(
                     "clearing the intent record of {}",
                     dir.display()
                 )))?;
@@ -343,7 +339,7 @@ pub(crate) fn reconcile(
                     let dir = topics_dir
                         .join(&topic)
                         .join(narad_storage::PartitionId::new(topic.clone(), *p).dir_name());
-                    remove_via_trash(&data_dir, &dir, &format!("{topic}.p{p:05}.{now_ms}"))?;
+                    remove_via_trash(fs, &data_dir, &dir, &format!("{topic}.p{p:05}.{now_ms}"))?;
                 }
                 tracing::warn!(%topic, ?partitions, "removed the empty partition directories of a growth the metastore never recorded");
                 report.settled.push(format!(
@@ -353,7 +349,7 @@ pub(crate) fn reconcile(
             Action::SetAsideTopic { topic, reason } => {
                 let source = topics_dir.join(&topic);
                 let entry =
-                    set_aside::set_aside(&data_dir, &source, &topic, None, &reason, now_ms)?;
+                    set_aside::set_aside_on(fs, &data_dir, &source, &topic, None, &reason, now_ms)?;
                 tracing::warn!(%topic, id = %entry.id, segment_bytes = entry.segment_bytes, %reason,
                     "set aside a topic directory the daemon cannot account for; nothing was deleted: \
                      `narad admin set-aside list` shows it, `adopt` brings it back, `purge` removes it");
@@ -367,7 +363,8 @@ pub(crate) fn reconcile(
                 let source = topics_dir
                     .join(&topic)
                     .join(narad_storage::PartitionId::new(topic.clone(), partition).dir_name());
-                let entry = set_aside::set_aside(
+                let entry = set_aside::set_aside_on(
+                    fs,
                     &data_dir,
                     &source,
                     &topic,
@@ -386,23 +383,34 @@ pub(crate) fn reconcile(
 
 /// Removes a directory this daemon made and can account for: renamed into the trash first (one
 /// durable step out of `topics/`), then removed.
-fn remove_via_trash(data_dir: &Path, dir: &Path, name: &str) -> Result<(), StartupError> {
+fn remove_via_trash(
+    fs: &dyn FileSystem,
+    data_dir: &Path,
+    dir: &Path,
+    name: &str,
+) -> Result<(), StartupError> {
     let trash = data_dir
         .join(narad_storage::store::TRASH_DIR_NAME)
         .join(name);
-    fs::rename(dir, &trash).map_err(io(format!(
+    fs.rename(dir, &trash).map_err(io(format!(
         "moving {} to {}",
         dir.display(),
         trash.display()
     )))?;
     for d in [dir.parent(), trash.parent()].into_iter().flatten() {
-        crate::durable::sync_dir(d).map_err(io(format!("syncing {}", d.display())))?;
+        fs.sync_dir(d)
+            .map_err(io(format!("syncing {}", d.display())))?;
     }
-    fs::remove_dir_all(&trash).map_err(io(format!("removing {}", trash.display())))
+    fs.remove_dir_all(&trash)
+        .map_err(io(format!("removing {}", trash.display())))
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
+    use narad_storage::fs::RealFs;
+
     use super::*;
 
     fn meta(name: &str, partitions: u32) -> TopicMeta {
@@ -556,7 +564,7 @@ mod tests {
         intent::write(&topics.join("grown"), Intent::Grow { from: 1, to: 3 }).unwrap();
         partition(data, "stray", 0, 70);
 
-        let report = reconcile(&store, &known(&[("grown", 1)]), false, 5).unwrap();
+        let report = reconcile(&RealFs, &store, &known(&[("grown", 1)]), false, 5).unwrap();
         assert!(
             !topics.join("gone").exists(),
             "a recorded delete is finished"
@@ -571,7 +579,7 @@ mod tests {
         );
         assert!(topics.join("grown/p00000").exists());
         assert_eq!(
-            intent::read(&topics.join("grown")).unwrap(),
+            intent::read_on(&RealFs, &topics.join("grown")).unwrap(),
             IntentState::None
         );
         assert!(!topics.join("stray").exists());
@@ -600,7 +608,7 @@ mod tests {
             Intent::Create { partitions: 1 },
         )
         .unwrap();
-        match reconcile(&store, &crate::metastore::Items::new(), true, 5) {
+        match reconcile(&RealFs, &store, &crate::metastore::Items::new(), true, 5) {
             Err(StartupError::MetastoreMissing { topics, .. }) => {
                 assert_eq!(topics, vec!["orders".to_owned()]);
             }
@@ -612,7 +620,7 @@ mod tests {
 
         // A new data dir whose only content is an interrupted first create starts normally.
         fs::remove_dir_all(data.join(TOPICS_DIR_NAME).join("orders")).unwrap();
-        reconcile(&store, &crate::metastore::Items::new(), true, 5).unwrap();
+        reconcile(&RealFs, &store, &crate::metastore::Items::new(), true, 5).unwrap();
         assert!(!data.join(TOPICS_DIR_NAME).join("half").exists());
     }
 
