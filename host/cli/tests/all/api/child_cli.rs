@@ -235,18 +235,25 @@ async fn a_header_route_child_takes_its_config_from_the_command_line() {
         ]),
     )
     .await;
+    // The two child partitions are committed as separate buckets: each is waited for (the
+    // test used to read partition 0 as soon as partition 1 was complete, and once found it
+    // still empty).
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let eu = d.fetch_all("by-region", 1).await;
-        if eu.len() >= 2 {
-            let values: Vec<&str> = eu.iter().map(|r| r["value"].as_str().unwrap()).collect();
-            assert_eq!(values, ["a", "c"]);
-            break;
+    for (partition, wanted) in [(1, vec!["a", "c"]), (0, vec!["b"])] {
+        loop {
+            let held = d.fetch_all("by-region", partition).await;
+            if held.len() >= wanted.len() {
+                let values: Vec<&str> = held.iter().map(|r| r["value"].as_str().unwrap()).collect();
+                assert_eq!(values, wanted, "partition {partition}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the records of partition {partition} never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(Instant::now() < deadline, "the eu records never arrived");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(d.fetch_all("by-region", 0).await[0]["value"], "b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

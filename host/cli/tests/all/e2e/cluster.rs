@@ -744,6 +744,8 @@ fn run_to_exit(data_dir: &Path, args: &[&str]) -> (std::process::ExitStatus, Str
 struct Producer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     acknowledged: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests sent, answered or not.
+    tried: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     thread: std::thread::JoinHandle<Vec<String>>,
 }
 
@@ -752,9 +754,11 @@ impl Producer {
         use std::sync::atomic::Ordering::Relaxed;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let acknowledged = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (halt, count) = (
+        let tried = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (halt, count, tries) = (
             std::sync::Arc::clone(&stop),
             std::sync::Arc::clone(&acknowledged),
+            std::sync::Arc::clone(&tried),
         );
         let thread = std::thread::spawn(move || {
             let client = http_client();
@@ -778,6 +782,7 @@ impl Producer {
                     acknowledged.extend(values);
                     count.store(acknowledged.len(), Relaxed);
                 }
+                tries.fetch_add(1, Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
             }
             acknowledged
@@ -785,7 +790,25 @@ impl Producer {
         Producer {
             stop,
             acknowledged,
+            tried,
             thread,
+        }
+    }
+
+    /// Waits until `more` requests beyond those sent so far were sent and answered (or not):
+    /// what "for a while" means to a test that keeps a node down as the producer goes on (each
+    /// of its requests spans every partition, so none is acknowledged meanwhile).
+    fn wait_for_tries(&self, more: usize, what: &str) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let target = self.tried.load(Relaxed) + more;
+        let deadline = Instant::now() + CONVERGE_TIMEOUT;
+        while self.tried.load(Relaxed) < target {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {} of {target} requests sent",
+                self.tried.load(Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -842,6 +865,40 @@ fn wait_for_values(cluster: &Cluster, topic: &str, partitions: u32, wanted: &[St
             wanted.len(),
             missing[0],
             cluster.diagnostics("orders")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every cursor of `parent` -> `child` reports its durable position at the
+/// parent's end (`lag_messages` 0 on every partition, every node answering): with the parent
+/// no longer written, no cursor has a slab left to copy or to repeat.
+fn wait_until_caught_up(cluster: &Cluster, parent: &str, child: &str) {
+    let client = http_client();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let (status, listing) = send_json(
+            &client,
+            Method::GET,
+            &format!("{}/v1/topics/{parent}/children", cluster.url(0)),
+            None,
+        )
+        .expect("children");
+        let link = listing["children"]
+            .as_array()
+            .and_then(|c| c.iter().find(|l| l["name"] == child).cloned())
+            .unwrap_or(Value::Null);
+        let partitions = link["partitions"].as_array().cloned().unwrap_or_default();
+        if status == 200
+            && link["lag_complete"] == true
+            && !partitions.is_empty()
+            && partitions.iter().all(|p| p["lag_messages"] == 0)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{parent} -> {child} never caught up: {listing}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -1112,7 +1169,7 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    std::thread::sleep(Duration::from_millis(500));
+    producer.wait_for_tries(5, "produces tried while n3 is down");
     cluster.nodes[2].restart();
     producer.wait_for_more(40, "records after n3 is back");
     let mut acknowledged = producer.finish();
@@ -1126,8 +1183,9 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
     // cursor resumed from its offset file after the restart), and each once: the slabs the
     // killed owner's cursor repeats are not stored again.
     wait_for_values(&cluster, "copy", 3, &acknowledged);
-    // Let the cursors settle: a repeat would land after the last acknowledged record.
-    std::thread::sleep(Duration::from_secs(1));
+    // A repeat would land after the last acknowledged record: wait until every cursor's
+    // durable position is the parent's end, after which none repeats a slab.
+    wait_until_caught_up(&cluster, "orders", "copy");
     let child = everything(&client, &cluster.url(0), "copy", 3);
     let stored: Vec<&str> = child
         .values()
@@ -1486,6 +1544,27 @@ fn grown_and_moved_child_partitions_stay_off_their_parent_partitions_node() {
     assert_eq!(body["shares_node_with"], json!(["src"]), "{body}");
 }
 
+/// The lines `pipe` gives, gathered as they come by a thread of their own (joined when the
+/// pipe closes).
+fn collect_lines(
+    pipe: impl std::io::Read + Send + 'static,
+) -> (
+    std::sync::Arc<std::sync::Mutex<String>>,
+    std::thread::JoinHandle<()>,
+) {
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let gathered = std::sync::Arc::clone(&text);
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut text = gathered.lock().expect("collected text");
+            text.push_str(&line);
+            text.push('\n');
+        }
+    });
+    (text, reader)
+}
+
 #[test]
 fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_is_down() {
     let mut cluster = Cluster::start("consume-dead-owner");
@@ -1531,7 +1610,26 @@ fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_
         .stderr(Stdio::piped())
         .spawn()
         .expect("narad consume --follow");
-    std::thread::sleep(Duration::from_secs(1));
+    // The late record goes once the follower has printed the six records there are and said
+    // it tries partition 0 again: it can only arrive while following.
+    let (stdout_text, stdout_reader) = collect_lines(follower.stdout.take().expect("stdout piped"));
+    let (stderr_text, stderr_reader) = collect_lines(follower.stderr.take().expect("stderr piped"));
+    let text =
+        |of: &std::sync::Arc<std::sync::Mutex<String>>| of.lock().expect("collected text").clone();
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while text(&stdout_text).lines().count() < 6
+        || !(text(&stderr_text).contains("partition 0")
+            && text(&stderr_text).contains("tried again"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not print the six records and say it tries partition 0 \
+             again:\n{}\n{}",
+            text(&stdout_text),
+            text(&stderr_text)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     cluster.produce("orders", json!([{"partition": 1, "value": "late"}]));
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     while follower.try_wait().expect("try_wait").is_none() {
@@ -1541,10 +1639,12 @@ fn narad_consume_prints_every_partition_it_can_read_and_names_those_whose_owner_
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = follower.wait_with_output().expect("follower output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    let status = follower.wait().expect("follower status");
+    stdout_reader.join().expect("stdout reader");
+    stderr_reader.join().expect("stderr reader");
+    let stderr = text(&stderr_text);
+    assert!(status.success(), "{stderr}");
+    let printed = text(&stdout_text);
     assert_eq!(printed.lines().count(), 7, "{printed}\n{stderr}");
     assert!(printed.lines().any(|l| l == "late"), "{printed}");
     assert!(
@@ -1895,8 +1995,22 @@ fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until
     // Away for longer than the lease: each node fences itself (at 80% of the TTL) and refuses
     // writes with a retriable 503 that says why; reads go on.
     cluster._etcd.stop();
-    std::thread::sleep(Duration::from_millis(3500));
-    let (status, body) = produce_one(&client, &cluster.url(0), "orders", 0, "refused");
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    let mut probe = 0;
+    let (status, body, refused) = loop {
+        let value = format!("probe-{probe}");
+        let (status, body) = produce_one(&client, &cluster.url(0), "orders", 0, &value);
+        if status != 200 {
+            break (status, body, value);
+        }
+        acknowledged.push(value);
+        probe += 1;
+        assert!(
+            Instant::now() < deadline,
+            "writes still taken with etcd away: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(status, 503, "{body}");
     assert!(
         body["error"].as_str().unwrap_or("").contains("etcd"),
@@ -1941,10 +2055,7 @@ fn etcd_away_shorter_than_a_lease_changes_nothing_and_longer_fences_writes_until
     }
     wait_for_values(&cluster, "copy", 3, &acknowledged);
     let stored = value_counts(&client, &cluster.url(1), "orders", 3);
-    assert!(
-        !stored.contains_key("refused"),
-        "a refused write was stored"
-    );
+    assert!(!stored.contains_key(&refused), "a refused write was stored");
 }
 
 #[test]
@@ -2404,12 +2515,12 @@ fn a_remote_child_of_a_cluster_is_fed_by_every_parent_owner_from_the_oldest_reco
     // A parent owner dies mid-stream (its cursor resumes from its offset file), then the
     // target (every owner's cursor waits on it).
     cluster.nodes[2].kill9();
-    std::thread::sleep(Duration::from_millis(500));
+    producer.wait_for_tries(5, "produces tried while a parent owner is down");
     cluster.nodes[2].restart_same_port();
     target.kill9();
-    std::thread::sleep(Duration::from_millis(1500));
+    producer.wait_for_more(50, "records while the target is down");
     target.restart_same_port();
-    std::thread::sleep(Duration::from_millis(500));
+    producer.wait_for_more(20, "records after the target is back");
     let mut wanted = producer.finish();
     assert!(wanted.len() > 100, "{} acknowledged", wanted.len());
     wanted.extend(history);
