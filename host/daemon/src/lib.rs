@@ -14,7 +14,8 @@
 //!   partition log, shared by produce and (later) child commits.
 //! - [`topics`]: topic administration keeping metastore and partition directories in step:
 //!   intent records, start-up accounting of `topics/`, the set-aside area, the metastore
-//!   rebuild; `durable`: the atomic small-file write they use.
+//!   rebuild; `durable`: the file system their bookkeeping files are written through (real in
+//!   production, a fault-injecting one in crash tests).
 //! - [`blocking`]: the one way async code runs blocking work, and its error.
 //! - [`fanout`]: the cursors that copy a parent partition into a child, one file per step
 //!   (position, read, route, bucket, commit, advance), with the delay gate, drop-behind and lag

@@ -23,6 +23,52 @@ impl fmt::Display for NodeId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteTerm(pub i64);
 
+/// Why a write is not taken, or not acknowledged ([`WriteFence`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The node takes no writes now; `reason` says why (etcd out of reach for nearly a lease
+    /// TTL, or joined again and still reading what changed while it was away).
+    #[error("{reason}")]
+    Fenced {
+        /// Why, in the membership's words.
+        reason: String,
+    },
+    /// The node was fenced while the write ran: it is not acknowledged.
+    #[error("{reason} (a write in progress was not acknowledged: it may or may not be stored)")]
+    FencedDuringWrite {
+        /// Why, in the membership's words.
+        reason: String,
+    },
+    /// The node's lease changed while the write ran: it may have been counted dead and its
+    /// partition given away meanwhile.
+    #[error(
+        "node {node} lost its lease while a write to {partition} was in progress (it may have \
+         been counted dead meanwhile): the write is not acknowledged, it may or may not be \
+         stored; retry"
+    )]
+    LeaseLost {
+        /// This node.
+        node: NodeId,
+        /// The partition written.
+        partition: PartitionId,
+    },
+    /// The metadata no longer gives the partition to this node.
+    #[error(
+        "partition {partition} is no longer served by node {node} (the metadata names {}): a \
+         write in progress was not acknowledged, it may or may not be stored; retry",
+        .owner.as_ref().map_or_else(|| "no owner".to_owned(), |o| format!("node {o}"))
+    )]
+    NotServed {
+        /// This node.
+        node: NodeId,
+        /// The partition written.
+        partition: PartitionId,
+        /// Its owner in the metadata now, if any.
+        owner: Option<NodeId>,
+    },
+}
+
 /// Keeps a node the cluster may count as dead from taking writes, and from acknowledging one
 /// it cannot be sure to keep. In cluster mode a node fences itself when etcd has not confirmed
 /// a lease renewal for nearly a TTL, and after it joined again until it has read what changed
@@ -30,23 +76,25 @@ pub struct WriteTerm(pub i64);
 /// acknowledged, since its partition may have been given to another node in between.
 pub trait WriteFence: Send + Sync {
     /// Before a write: the term it runs under, or why this node takes no writes now.
-    fn admit(&self) -> Result<WriteTerm, String>;
+    fn admit(&self) -> Result<WriteTerm, FenceError>;
 
     /// After the write is durable, before it is acknowledged: `Ok` when the node held the
     /// lease of `term` all along, is not fenced and still serves `partition`; otherwise why
     /// the write must not be acknowledged (it may or may not be stored).
-    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String>;
+    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), FenceError>;
 }
 
 /// A fence that only says whether the node takes writes now (tests, and simple callers):
 /// admitted writes are confirmed unless it is fenced by then.
 impl<F: Fn() -> Option<String> + Send + Sync> WriteFence for F {
-    fn admit(&self) -> Result<WriteTerm, String> {
-        self().map_or(Ok(WriteTerm(0)), Err)
+    fn admit(&self) -> Result<WriteTerm, FenceError> {
+        self().map_or(Ok(WriteTerm(0)), |reason| {
+            Err(FenceError::Fenced { reason })
+        })
     }
 
-    fn confirm(&self, _term: WriteTerm, _partition: &PartitionId) -> Result<(), String> {
-        self().map_or(Ok(()), Err)
+    fn confirm(&self, _term: WriteTerm, _partition: &PartitionId) -> Result<(), FenceError> {
+        self().map_or(Ok(()), |reason| Err(FenceError::Fenced { reason }))
     }
 }
 

@@ -218,8 +218,16 @@ pub trait FileSystem: Send + Sync + Debug + 'static {
     /// Removes a directory and everything below it.
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
 
-    /// Lists a directory, sorted by name.
+    /// Lists a directory, sorted by name. Entries whose names are not UTF-8 are left out (no
+    /// file of ours has one); [`FileSystem::entry_count`] counts them.
     fn read_dir(&self, path: &Path) -> io::Result<Vec<DirEntry>>;
+
+    /// How many entries a directory holds, those [`FileSystem::read_dir`] leaves out
+    /// included: what a caller deciding that a directory is empty (so it may be removed)
+    /// must ask.
+    fn entry_count(&self, path: &Path) -> io::Result<usize> {
+        self.read_dir(path).map(|entries| entries.len())
+    }
 
     /// Creates a directory and any missing parents (idempotent).
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -509,6 +517,15 @@ impl FileSystem for RealFs {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    fn entry_count(&self, path: &Path) -> io::Result<usize> {
+        let mut count = 0;
+        for entry in stdfs::read_dir(path)? {
+            entry?;
+            count += 1;
+        }
+        Ok(count)
     }
 
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {

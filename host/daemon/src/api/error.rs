@@ -224,7 +224,7 @@ impl From<ProduceError> for ApiError {
             }
             ProduceError::Task(e) => ApiError::internal(e.to_string()),
             ProduceError::Fenced(reason) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason).retry_after(1)
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason.to_string()).retry_after(1)
             }
         }
     }

@@ -13,7 +13,7 @@ use narad_storage::PartitionId;
 
 use super::membership::Membership;
 use super::ownership::ClusterOwnership;
-use crate::ownership::{PartitionOwnership, WriteFence, WriteTerm};
+use crate::ownership::{FenceError, PartitionOwnership, WriteFence, WriteTerm};
 
 /// [`WriteFence`] of a node in cluster mode.
 pub(crate) struct NodeFence {
@@ -32,38 +32,35 @@ impl NodeFence {
 }
 
 impl WriteFence for NodeFence {
-    fn admit(&self) -> Result<WriteTerm, String> {
+    fn admit(&self) -> Result<WriteTerm, FenceError> {
         let term = WriteTerm(self.membership.lease_id());
         match self.membership.fence_reason() {
-            Some(reason) => Err(reason),
+            Some(reason) => Err(FenceError::Fenced { reason }),
             None => Ok(term),
         }
     }
 
-    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String> {
+    fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), FenceError> {
         // The term is read before the fence: a lease lost after this read is caught by the
         // fence (the renewal that would have kept it never came, so the node is fenced).
         let now = WriteTerm(self.membership.lease_id());
         if let Some(reason) = self.membership.fence_reason() {
-            return Err(format!(
-                "{reason} (a write in progress was not acknowledged: it may or may not be stored)"
-            ));
+            return Err(FenceError::FencedDuringWrite { reason });
         }
         let me = self.ownership.local_node();
         if now != term {
-            return Err(format!(
-                "node {me} lost its lease while a write to {partition} was in progress (it may \
-                 have been counted dead meanwhile): the write is not acknowledged, it may or may \
-                 not be stored; retry"
-            ));
+            return Err(FenceError::LeaseLost {
+                node: me.clone(),
+                partition: partition.clone(),
+            });
         }
         match self.ownership.owner(partition) {
             Some(owner) if &owner == me => Ok(()),
-            other => Err(format!(
-                "partition {partition} is no longer served by node {me} (the metadata names {}): \
-                 a write in progress was not acknowledged, it may or may not be stored; retry",
-                other.map_or_else(|| "no owner".to_owned(), |o| format!("node {o}"))
-            )),
+            owner => Err(FenceError::NotServed {
+                node: me.clone(),
+                partition: partition.clone(),
+                owner,
+            }),
         }
     }
 }

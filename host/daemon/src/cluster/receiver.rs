@@ -168,7 +168,11 @@ impl CommitReceiver {
         let id = PartitionId::new(topic, partition);
         let term = match self.fence.as_ref().map(|fence| fence.admit()).transpose() {
             Ok(term) => term,
-            Err(reason) => return refuse_all(CommitResponse::Failed { reason }),
+            Err(fenced) => {
+                return refuse_all(CommitResponse::Failed {
+                    reason: fenced.to_string(),
+                });
+            }
         };
         let owner = (self.owners)(&id);
         match &owner {
@@ -220,7 +224,7 @@ impl CommitReceiver {
         // Durable now; acknowledged only if the node kept its lease and the partition
         // throughout (a node stopped mid-commit past its lease may have been replaced).
         let confirmed = match (&self.fence, term) {
-            (Some(fence), Some(term)) => fence.confirm(term, &id),
+            (Some(fence), Some(term)) => fence.confirm(term, &id).map_err(|e| e.to_string()),
             _ => Ok(()),
         }
         .and_then(|()| match (self.owners)(&id) {
@@ -1001,21 +1005,24 @@ mod tests {
 
     #[test]
     fn a_commit_made_durable_after_the_node_lost_its_lease_is_not_acknowledged() {
-        use crate::ownership::{WriteFence, WriteTerm};
+        use crate::ownership::{FenceError, WriteFence, WriteTerm};
         use std::sync::atomic::{AtomicI64, Ordering};
 
         /// A fence whose lease changes when the test says (the node was stopped past its
         /// lease while the append ran, and joined again).
         struct Lease(AtomicI64);
         impl WriteFence for Lease {
-            fn admit(&self) -> Result<WriteTerm, String> {
+            fn admit(&self) -> Result<WriteTerm, FenceError> {
                 Ok(WriteTerm(self.0.load(Ordering::SeqCst)))
             }
-            fn confirm(&self, term: WriteTerm, _: &PartitionId) -> Result<(), String> {
+            fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), FenceError> {
                 if term.0 == self.0.load(Ordering::SeqCst) {
                     Ok(())
                 } else {
-                    Err("lost its lease".to_owned())
+                    Err(FenceError::LeaseLost {
+                        node: crate::ownership::NodeId("n1".to_owned()),
+                        partition: partition.clone(),
+                    })
                 }
             }
         }
@@ -1033,12 +1040,12 @@ mod tests {
         let turned = Arc::new(Lease(AtomicI64::new(1)));
         struct TurnsOver(Arc<Lease>);
         impl WriteFence for TurnsOver {
-            fn admit(&self) -> Result<WriteTerm, String> {
+            fn admit(&self) -> Result<WriteTerm, FenceError> {
                 let term = self.0.admit();
                 self.0.0.fetch_add(1, Ordering::SeqCst);
                 term
             }
-            fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), String> {
+            fn confirm(&self, term: WriteTerm, partition: &PartitionId) -> Result<(), FenceError> {
                 self.0.confirm(term, partition)
             }
         }

@@ -230,7 +230,7 @@ pub enum ChildCommitError {
         /// The child partition.
         partition: PartitionId,
         /// Why this node is fenced.
-        reason: String,
+        reason: Box<crate::ownership::FenceError>,
     },
     /// This node does not own the parent partition the bucket's records come from (its
     /// metadata gives it to another node, or at another generation, or knows no link with

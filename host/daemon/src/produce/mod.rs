@@ -48,7 +48,7 @@ pub enum ProduceError {
     /// takes no writes (nothing was written), or it lost its lease while the write was in
     /// progress (the write is not acknowledged: it may or may not be stored; retry).
     #[error("{0}")]
-    Fenced(String),
+    Fenced(crate::ownership::FenceError),
 }
 
 pub use crate::ownership::{WriteFence, WriteTerm};

@@ -175,11 +175,16 @@ pub(crate) fn scan(fs: &dyn FileSystem, data_dir: &Path) -> Result<Vec<TopicDir>
         )))?;
         let mut partitions = BTreeMap::new();
         let intent_temp = narad_storage::fs::replace_temp_path(&path, intent::INTENT_FILE_NAME);
-        let mut bare = true;
-        for part in fs
+        let listed = fs
             .read_dir(&path)
+            .map_err(io(format!("listing {}", path.display())))?;
+        // An entry the listing leaves out (a name that is not UTF-8) is something the daemon
+        // did not make: the directory is not bare, so it is set aside, never removed.
+        let mut bare = fs
+            .entry_count(&path)
             .map_err(io(format!("listing {}", path.display())))?
-        {
+            == listed.len();
+        for part in listed {
             let part_path = path.join(&part.name);
             if part_path != intent_temp {
                 bare = false;
@@ -622,6 +627,48 @@ mod tests {
         fs::remove_dir_all(data.join(TOPICS_DIR_NAME).join("orders")).unwrap();
         reconcile(&RealFs, &store, &crate::metastore::Items::new(), true, 5).unwrap();
         assert!(!data.join(TOPICS_DIR_NAME).join("half").exists());
+    }
+
+    #[test]
+    fn a_topic_directory_holding_only_a_file_whose_name_is_not_utf8_is_set_aside_not_removed() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path();
+        let store = Store::open(data, narad_storage::StoreOptions::default()).unwrap();
+        let dir = data.join(TOPICS_DIR_NAME).join("stray");
+        fs::create_dir_all(&dir).unwrap();
+        let foreign = dir.join(std::ffi::OsStr::from_bytes(b"kept-\xff"));
+        fs::write(&foreign, b"someone's data").unwrap();
+
+        let scanned = scan(&RealFs, data).unwrap();
+        assert_eq!(scanned.len(), 1);
+        assert!(!scanned[0].bare, "{:?}", scanned[0]);
+        let report = reconcile(&RealFs, &store, &crate::metastore::Items::new(), false, 5).unwrap();
+        assert!(!dir.exists(), "{report:?}");
+        let entries = set_aside::list(data).unwrap();
+        assert_eq!(entries.len(), 1, "{report:?}");
+        assert_eq!(entries[0].topic, "stray");
+        // The file is in the set-aside area, untouched.
+        let kept: Vec<_> = walk(data)
+            .into_iter()
+            .filter(|p| p.file_name() == foreign.file_name())
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(fs::read(&kept[0]).unwrap(), b"someone's data");
+    }
+
+    /// Every file below `dir`.
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+        out
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub(crate) struct RemoteSender {
     source: String,
     /// The client for the target's cluster, or why it could not be built (every send then
     /// fails with it, permanently).
-    client: Result<reqwest::Client, String>,
+    client: Result<reqwest::Client, reqwest::Error>,
     /// The token read from the target's token file; read again after a 401 or 403.
     token: Mutex<Option<String>>,
     /// Told the bytes of each acknowledged request, or `None` for one that was not.
@@ -104,8 +104,7 @@ impl RemoteSender {
             }
             None => Vec::new(),
         };
-        let client = crate::peer::remote::client(&roots, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
-            .map_err(|e| crate::tls::error_chain(&e));
+        let client = crate::peer::remote::client(&roots, CONNECT_TIMEOUT, REQUEST_TIMEOUT);
         let token = read_token(target.token_file.as_deref()).ok().flatten();
         RemoteSender {
             target,
@@ -210,7 +209,10 @@ impl RemoteSender {
         let client = self.client.as_ref().map_err(|why| {
             self.error(
                 partition,
-                format!("cannot build the HTTP client for the target: {why}"),
+                format!(
+                    "cannot build the HTTP client for the target: {}",
+                    crate::tls::error_chain(why)
+                ),
                 true,
             )
         })?;

@@ -261,7 +261,7 @@ impl ClusterCommitter {
         if let Some(Err(reason)) = self.fence.as_ref().map(|fence| fence.admit()) {
             return Err(ChildCommitError::Fenced {
                 partition: partition.clone(),
-                reason,
+                reason: Box::new(reason),
             });
         }
         let Some(owner) = (self.owners)(partition) else {
