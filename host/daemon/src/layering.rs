@@ -31,6 +31,7 @@ const LAYERS: &[&[&str]] = &[
     &["plugins", "groups"],
     &["fanout"],
     &["reconciler"],
+    &["operations"],
     &["api", "kafka"],
     &["http_server"],
     &["server"],

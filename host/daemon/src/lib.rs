@@ -21,6 +21,7 @@
 //!   (position, read, route, bucket, commit, advance), with the delay gate, drop-behind and lag
 //!   reporting.
 //! - [`reconciler`]: starts and stops cursors to match the links and owned partitions.
+//! - [`operations`]: planned moves, re-creation of a dead node's partitions and of a lost one.
 //! - [`plugins`]: the plugin registry (content-addressed modules, versions, resolve, load).
 //! - [`api`]: the HTTP API (axum), one module per resource, and its JSON types.
 //! - [`kafka`]: the Kafka protocol listener (`--kafka-listen`), beside the HTTP API over the
@@ -49,7 +50,8 @@
 //!    administration, the plugin registry, the consumer-group coordinator;
 //! 6. `fanout`: one cursor, its vocabulary (`CursorKey`, `RouterFactory`) and its status
 //!    (`FanoutView`);
-//! 7. `reconciler`: starts and stops cursors and fills the `FanoutView`;
+//! 7. `reconciler`: starts and stops cursors and fills the `FanoutView`; then `operations`:
+//!    the operator's actions that move or re-create a partition's data;
 //! 8. `api` and `kafka` (side by side, neither imports the other), then `http_server`, then
 //!    `server`.
 
@@ -74,6 +76,7 @@ pub(crate) mod kafka;
 #[cfg(test)]
 mod layering;
 pub mod metastore;
+pub mod operations;
 pub mod ownership;
 pub mod peer;
 pub mod plugins;

@@ -492,12 +492,12 @@ impl Client {
         topic: &str,
         partition: u32,
         to: Option<String>,
-    ) -> Result<narad_host::cluster::moves::MoveReport, ApiCallError> {
+    ) -> Result<narad_host::operations::moves::MoveReport, ApiCallError> {
         self.call(
             Method::POST,
             &format!("/v1/topics/{topic}/partitions/{partition}/move"),
             Some(&narad_host::api::types::MoveRequest { to, cancel: false }),
-            Some(narad_host::cluster::moves::MOVE_TIMEOUT),
+            Some(narad_host::operations::moves::MOVE_TIMEOUT),
         )
         .await
     }
@@ -509,12 +509,12 @@ impl Client {
         topic: &str,
         partition: u32,
         request: &narad_host::api::types::RecreateRequest,
-    ) -> Result<narad_host::cluster::recreate::RecreateReport, ApiCallError> {
+    ) -> Result<narad_host::operations::recreate::RecreateReport, ApiCallError> {
         self.call(
             Method::POST,
             &format!("/v1/topics/{topic}/partitions/{partition}/recreate"),
             Some(request),
-            Some(narad_host::cluster::moves::MOVE_TIMEOUT),
+            Some(narad_host::operations::moves::MOVE_TIMEOUT),
         )
         .await
     }

@@ -4,8 +4,8 @@ use clap::{Args, Subcommand};
 
 use super::ClientArgs;
 use super::human;
-use narad_host::cluster::moves::MoveReport;
-use narad_host::cluster::recreate::RecreateReport;
+use narad_host::operations::moves::MoveReport;
+use narad_host::operations::recreate::RecreateReport;
 
 /// `narad partition`.
 #[derive(Debug, Args)]

@@ -101,10 +101,10 @@ pub struct AppInner {
     /// `None` on a single node, where such requests answer 421.
     pub forward: Option<Arc<forward::Forwarder>>,
     /// Runs this node's side of planned partition moves (cluster mode).
-    pub(crate) mover: Option<Arc<crate::cluster::moves::Mover>>,
+    pub(crate) mover: Option<Arc<crate::operations::moves::Mover>>,
     /// Runs this node's side of forced re-creations of a dead node's partitions (cluster
     /// mode).
-    pub(crate) recreator: Option<Arc<crate::cluster::recreate::Recreator>>,
+    pub(crate) recreator: Option<Arc<crate::operations::recreate::Recreator>>,
     /// The Kafka listener's consumer groups (`None` without `--kafka-listen`).
     pub(crate) groups: Option<Arc<crate::groups::Coordinator>>,
 }
@@ -240,9 +240,42 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The routes only other nodes call that change something (a move's steps): the caller
-/// merges them under the peer secret when the cluster has a token.
-pub(crate) fn peer_router(state: AppState) -> Router {
+/// Every route only other nodes call (`/internal/v1/...` that change something: commits, a
+/// move's and a re-creation's steps, module bytes, seeks, group offset resets); the server
+/// mounts them under the peer secret. The internal reads (high watermarks, offsets by time,
+/// tail scans) are in [`router`], readable with the operator's token as with the peer secret.
+pub(crate) fn peer_routes(
+    state: AppState,
+    receiver: std::sync::Arc<crate::cluster::receiver::CommitReceiver>,
+) -> Router {
+    commit_router(receiver).merge(peer_router(state))
+}
+
+/// The routes that take other nodes' child commits, and the re-creation's question about the
+/// origins a child partition holds, on this node's commit receiver.
+pub(crate) fn commit_router(
+    receiver: std::sync::Arc<crate::cluster::receiver::CommitReceiver>,
+) -> Router {
+    use crate::cluster::commit_rpc::{
+        COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route, in_order_body_limit,
+    };
+    use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
+    Router::new()
+        .route(COMMIT_PATH, post(commit_route))
+        .route(
+            COMMIT_IN_ORDER_PATH,
+            post(commit_in_order_route).layer(in_order_body_limit()),
+        )
+        .route(
+            "/internal/v1/topics/{topic}/partitions/{partition}/highest-origin",
+            post(crate::operations::recreate::highest_origin_route),
+        )
+        .layer(DefaultBodyLimit::max(MAX_COMMIT_REQUEST_BYTES))
+        .with_state(receiver)
+}
+
+/// The routes only other nodes call that act on this node's API state (a move's steps).
+fn peer_router(state: AppState) -> Router {
     Router::new()
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/move-in",

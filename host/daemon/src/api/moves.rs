@@ -1,9 +1,9 @@
-//! Planned partition moves over HTTP (cluster mode; the steps are in [`crate::cluster::moves`]):
+//! Planned partition moves over HTTP (cluster mode; the steps are in [`crate::operations::moves`]):
 //! - `POST /v1/topics/{t}/partitions/{p}/move` on any node: `{"to": "n3"}` moves the partition
 //!   to node n3 (without `to`: where a move that stopped part way was going, else the least
 //!   loaded live node other than its owner) and answers once the new owner serves it; `{"cancel": true}` cancels a move under way.
 //! - `POST /v1/topics/{t}/partitions/{p}/recreate` on any node: `{"on": "n3", "accept_loss":
-//!   true}` re-creates a dead node's partition, empty, on n3 ([`crate::cluster::recreate`]).
+//!   true}` re-creates a dead node's partition, empty, on n3 ([`crate::operations::recreate`]).
 //! - `POST /internal/v1/topics/{t}/partitions/{p}/recreate-here`: the node called re-creates
 //!   the partition on itself.
 //! - `POST /internal/v1/topics/{t}/partitions/{p}/move-in`: the node called runs the move to
@@ -27,8 +27,8 @@ use super::extract::{ApiJson, ApiPath};
 use super::topics::require_topic;
 use super::types::{MoveCancelled, MoveRequest, RecreateRequest};
 use crate::cluster::PeerError;
-use crate::cluster::moves::{ChunkRequest, HandoffRequest, MoveError, MoveReport, Mover};
-use crate::cluster::recreate::{
+use crate::operations::moves::{ChunkRequest, HandoffRequest, MoveError, MoveReport, Mover};
+use crate::operations::recreate::{
     RecreateError, RecreateHereRequest, RecreateReport, Recreator, recreate_here_path,
 };
 
@@ -240,7 +240,7 @@ pub(crate) async fn recreate(
                 .into_iter()
                 .filter(|n| *n != owner)
                 .collect();
-            crate::cluster::moves::least_loaded_away(&snapshot, &live, &id).ok_or_else(|| {
+            crate::operations::moves::least_loaded_away(&snapshot, &live, &id).ok_or_else(|| {
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     format!("no live node to re-create {id} on"),
@@ -278,14 +278,14 @@ pub(crate) async fn recreate(
 }
 
 /// A single node's re-creation: only of a partition whose directory is gone
-/// ([`crate::fanout::lost_partition`]).
+/// ([`crate::operations::lost_partition`]).
 async fn recreate_lost_here(
     state: &AppState,
     topic: &str,
     index: u32,
     request: &RecreateRequest,
 ) -> Result<Json<RecreateReport>, ApiError> {
-    use crate::fanout::lost_partition::{RecreateLostError, recreate_lost};
+    use crate::operations::lost_partition::{RecreateLostError, recreate_lost};
     if request.on.is_some() {
         return Err(ApiError::bad_request(
             "\"on\" names a node in cluster mode; a single node re-creates the partition on \

@@ -32,13 +32,11 @@ pub mod identity;
 pub(crate) mod membership;
 pub(crate) mod metrics;
 pub(crate) mod modules;
-pub mod moves;
 pub(crate) mod ownership;
 pub(crate) mod peer_secret;
 pub(crate) mod peers;
 pub(crate) mod placement;
 pub(crate) mod receiver;
-pub mod recreate;
 
 pub use membership::{Membership, MembershipError, NodeRecord};
 

@@ -61,7 +61,6 @@ pub(crate) mod dead_letter;
 pub mod gap_book;
 pub(crate) mod gate;
 pub(crate) mod link_runtime;
-pub(crate) mod lost_partition;
 pub mod metrics;
 pub(crate) mod peer_calls;
 pub(crate) mod plugin_metrics;

@@ -13,7 +13,8 @@
 //! - [`produce`] sends a produce to another narad, peer or remote, with the one downgrade for
 //!   a narad from before null values.
 //!
-//! The routes peers call are mounted by `server` (`internal_router`) and `api::peer_router`.
+//! The routes peers call are all in `api/mod.rs` (`api::peer_routes`, and the internal reads in
+//! `api::router`).
 
 pub(crate) mod produce;
 pub(crate) mod remote;

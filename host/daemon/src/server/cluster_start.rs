@@ -351,26 +351,3 @@ pub(super) fn peer_liveness(
     let context = Arc::clone(cluster.filter(|_| proves)?);
     Some(Arc::new(move |node: &str| context.peers.is_live(node)))
 }
-
-pub(super) fn internal_router(
-    receiver: Arc<crate::cluster::receiver::CommitReceiver>,
-) -> axum::Router {
-    use crate::cluster::commit_rpc::{
-        COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route, in_order_body_limit,
-    };
-    use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
-    axum::Router::new()
-        .route(COMMIT_PATH, axum::routing::post(commit_route))
-        .route(
-            COMMIT_IN_ORDER_PATH,
-            axum::routing::post(commit_in_order_route).layer(in_order_body_limit()),
-        )
-        .route(
-            "/internal/v1/topics/{topic}/partitions/{partition}/highest-origin",
-            axum::routing::post(crate::cluster::recreate::highest_origin_route),
-        )
-        .layer(axum::extract::DefaultBodyLimit::max(
-            MAX_COMMIT_REQUEST_BYTES,
-        ))
-        .with_state(receiver)
-}

@@ -26,7 +26,7 @@ mod cluster_start;
 mod data_dir;
 mod parts;
 
-use cluster_start::{internal_router, peer_liveness, start_cluster, sync_owned};
+use cluster_start::{peer_liveness, start_cluster, sync_owned};
 use data_dir::open_data_dir;
 
 /// Errors starting or running the daemon. A variant wrapping another error names it as its

@@ -393,49 +393,16 @@ pub(super) fn max_connections(config: &Config) -> u32 {
     })
 }
 
-/// Sets a directory found where `what` was to go aside, with `reason`: the hook moves and
-/// re-creations use, so nothing found in the way is deleted.
-fn set_aside_hook(
-    store: &Store,
-    reason: &'static str,
-) -> impl Fn(&std::path::Path, &PartitionId) -> Result<(), String> + Send + Sync + 'static {
-    let data_dir = store.data_dir().to_path_buf();
-    move |dir: &std::path::Path, id: &PartitionId| {
-        crate::topics::set_aside::set_aside(
-            &data_dir,
-            dir,
-            &id.topic,
-            Some(id.partition),
-            reason,
-            crate::topics::now_ms(),
-        )
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-    }
-}
-
 /// Cluster mode: what moves partitions in and out of this node.
 pub(super) fn mover(
     cluster: Option<&Arc<ClusterContext>>,
     store: &Arc<Store>,
     view: &Arc<FanoutView>,
-) -> Option<Arc<crate::cluster::moves::Mover>> {
-    let context = cluster?;
-    let view = Arc::clone(view);
-    Some(Arc::new(crate::cluster::moves::Mover::new(
-        Arc::clone(context),
+) -> Option<Arc<crate::operations::moves::Mover>> {
+    Some(Arc::new(crate::operations::moves::Mover::new(
+        Arc::clone(cluster?),
         Arc::clone(store),
-        crate::cluster::moves::MoveHooks {
-            cursors_running: Arc::new(move |id: &PartitionId| {
-                view.running_on(&id.topic, id.partition)
-            }),
-            set_aside: Arc::new(set_aside_hook(
-                store,
-                "found where a moved-in copy was to go (left by an earlier move to this node \
-                 that did not finish?); kept untouched: adopt or purge it with `narad admin \
-                 set-aside`",
-            )),
-        },
+        Arc::clone(view),
     )))
 }
 
@@ -444,17 +411,12 @@ pub(super) fn recreator(
     cluster: Option<&Arc<ClusterContext>>,
     store: &Arc<Store>,
     receiver: Option<&Arc<CommitReceiver>>,
-) -> Option<Arc<crate::cluster::recreate::Recreator>> {
+) -> Option<Arc<crate::operations::recreate::Recreator>> {
     let (context, receiver) = (cluster?, receiver?);
-    Some(Arc::new(crate::cluster::recreate::Recreator::new(
+    Some(Arc::new(crate::operations::recreate::Recreator::new(
         Arc::clone(context),
         Arc::clone(store),
         Arc::clone(receiver),
-        Arc::new(set_aside_hook(
-            store,
-            "found where a re-created partition was to go; kept untouched: adopt or purge it \
-             with `narad admin set-aside`",
-        )),
     )))
 }
 
@@ -490,7 +452,7 @@ pub(super) fn http_app(
     cluster: Option<&Arc<ClusterContext>>,
     receiver: Option<&Arc<CommitReceiver>>,
 ) -> Result<axum::Router, ServerError> {
-    let peer_routes = api::peer_router(state.clone());
+    let peer_state = state.clone();
     let mut app = match config.auth_token.clone() {
         Some(token) => {
             let peer =
@@ -510,7 +472,7 @@ pub(super) fn http_app(
     };
     if let (Some(receiver), Some(context)) = (receiver, cluster) {
         // Nodes present the cluster's peer secret, which no client holds, token or not.
-        let internal = super::internal_router(Arc::clone(receiver)).merge(peer_routes);
+        let internal = api::peer_routes(peer_state, Arc::clone(receiver));
         let secret = crate::auth::AuthToken::new(&context.peer_bearer)
             .ok_or_else(|| ServerError::Http("the cluster's peer secret is empty".to_owned()))?;
         let mut internal = api::auth::protect(internal, secret);

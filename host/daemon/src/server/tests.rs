@@ -3,7 +3,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use narad_storage::{AppendBatch, BatchOrigin, LogConfig, NewRecord, PartitionId, Store};
 
-use super::internal_router;
 use crate::cluster::commit_rpc::{COMMIT_PATH, CommitClient};
 use crate::cluster::commit_wire::{CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES};
 use crate::cluster::receiver::{CommitReceiver, OwnerLookup};
@@ -38,7 +37,7 @@ async fn the_in_order_commit_takes_two_slabs_of_bytes_and_the_single_commit_stil
         Arc::clone(&store),
         owners,
     ));
-    let app = internal_router(receiver);
+    let app = crate::api::commit_router(receiver);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {

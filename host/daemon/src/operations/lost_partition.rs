@@ -2,7 +2,7 @@
 //! [`Damage::DirectoryMissing`] at start): the operator's way to accept the loss without
 //! giving its offsets to new records.
 //!
-//! The rules are the cluster's re-creation (`cluster::recreate`) on one node:
+//! The rules are the cluster's re-creation (`operations::recreate`) on one node:
 //!
 //! - **Only a lost partition.** Anything else (a partition that serves, or one quarantined for
 //!   damage inside its files) is refused: those keep records an operator can still save.
@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use narad_storage::{Damage, PartitionId, PartitionState, StorageError, Store};
 
-use crate::blocking::BlockingError;
-use crate::cluster::recreate::{
+use super::recreate::{
     RecreateReport, feeding, install_empty, link_losses, new_start, resume_files,
 };
+use crate::blocking::BlockingError;
 use crate::fanout::position::provenance::scan_child_tails_with_copies;
 use crate::metastore::link::epoch_bytes;
 use crate::metastore::{LinkMeta, Metastore, MetastoreError};

@@ -38,9 +38,9 @@ use narad_storage::cursor::{CursorRecord, cursor_file_name, format};
 use narad_storage::{PartitionId, StorageError, Store};
 use serde::{Deserialize, Serialize};
 
-use super::receiver::{CommitReceiver, HighestOriginError};
-use super::{ClusterContext, PEER_CALL_TIMEOUT, PeerError};
 use crate::blocking::BlockingError;
+use crate::cluster::receiver::{CommitReceiver, HighestOriginError};
+use crate::cluster::{ClusterContext, PEER_CALL_TIMEOUT, PeerError};
 use crate::metastore::link::epoch_bytes;
 use crate::metastore::{LinkMeta, Metastore, MetastoreError, PartitionOwner, Snapshot};
 
@@ -209,35 +209,28 @@ pub(crate) enum RecreateError {
         /// The partition.
         partition: PartitionId,
         /// Why it could not be set aside.
-        reason: String,
+        reason: crate::topics::set_aside::SetAsideError,
     },
 }
-
-/// Sets a partition directory aside, intact; `Err` carries why it could not.
-pub type SetAside = super::moves::SetAside;
 
 /// Runs this node's side of forced re-creations.
 pub(crate) struct Recreator {
     cluster: Arc<ClusterContext>,
     store: Arc<Store>,
     receiver: Arc<CommitReceiver>,
-    set_aside: Arc<SetAside>,
 }
 
 impl Recreator {
-    /// A recreator for this node: `receiver` answers for the child partitions this node owns,
-    /// `set_aside` keeps a directory found where the new log is to go.
+    /// A recreator for this node: `receiver` answers for the child partitions this node owns.
     pub(crate) fn new(
         cluster: Arc<ClusterContext>,
         store: Arc<Store>,
         receiver: Arc<CommitReceiver>,
-        set_aside: Arc<SetAside>,
     ) -> Recreator {
         Recreator {
             cluster,
             store,
             receiver,
-            set_aside,
         }
     }
 
@@ -415,10 +408,11 @@ impl Recreator {
             self.store.forget_partition(id);
         }
         if target.exists() {
-            (self.set_aside)(&target, id).map_err(|reason| RecreateError::Occupied {
-                partition: id.clone(),
-                reason,
-            })?;
+            super::set_aside_partition(&self.store, &target, id, super::SET_ASIDE_BEFORE_RECREATE)
+                .map_err(|reason| RecreateError::Occupied {
+                    partition: id.clone(),
+                    reason,
+                })?;
         }
         let (store, stage_id) = (Arc::clone(&self.store), id.clone());
         crate::blocking::run(move || install_empty(&store, &stage_id, start, &files)).await??;

@@ -27,7 +27,6 @@
 //! or cancelled (`{old, g}` again; the old owner unseals it).
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,8 +34,8 @@ use narad_storage::transfer::{MAX_CHUNK_BYTES, Manifest};
 use narad_storage::{LogConfig, PartitionId, StorageError, Store};
 use serde::{Deserialize, Serialize};
 
-use super::{ClusterContext, PeerError};
 use crate::blocking::BlockingError;
+use crate::cluster::{ClusterContext, PeerError};
 use crate::metastore::{Metastore, MetastoreError, PartitionOwner};
 
 /// Longest wait, on the old owner, for the partition's cursors to stop before a hand-off is
@@ -211,28 +210,12 @@ pub(crate) enum MoveError {
     },
 }
 
-/// Sets a partition directory aside, intact; `Err` carries why it could not.
-pub type SetAside = dyn Fn(&Path, &PartitionId) -> Result<(), String> + Send + Sync;
-
-/// How many cursors of a parent partition run on this node now.
-pub(crate) type CursorsRunning = dyn Fn(&PartitionId) -> usize + Send + Sync;
-
-/// What the mover needs from the parts it must not import (cursors and the set-aside area
-/// belong to layers above the cluster module).
-#[derive(Clone)]
-pub(crate) struct MoveHooks {
-    /// How many cursors of a parent partition run on this node now.
-    pub(crate) cursors_running: Arc<CursorsRunning>,
-    /// Sets a partition directory aside, intact (a copy left by an earlier move that did not
-    /// finish, found where a new copy is to go).
-    pub set_aside: Arc<SetAside>,
-}
-
 /// Runs this node's side of planned moves.
 pub(crate) struct Mover {
     cluster: Arc<ClusterContext>,
     store: Arc<Store>,
-    hooks: MoveHooks,
+    /// The cursors running on this node (a hand-off waits until those of the partition stop).
+    view: Arc<crate::fanout::status::FanoutView>,
     in_flight: Mutex<HashSet<PartitionId>>,
 }
 
@@ -253,12 +236,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Mover {
-    /// A mover for this node (its calls to other nodes carry the cluster's peer secret).
-    pub(crate) fn new(cluster: Arc<ClusterContext>, store: Arc<Store>, hooks: MoveHooks) -> Mover {
+    /// A mover for this node (its calls to other nodes carry the cluster's peer secret),
+    /// reading which cursors run here from `view`.
+    pub(crate) fn new(
+        cluster: Arc<ClusterContext>,
+        store: Arc<Store>,
+        view: Arc<crate::fanout::status::FanoutView>,
+    ) -> Mover {
         Mover {
             cluster,
             store,
-            hooks,
+            view,
             in_flight: Mutex::new(HashSet::new()),
         }
     }
@@ -423,7 +411,8 @@ impl Mover {
             self.store.forget_partition(id);
         }
         if target.exists() {
-            (self.hooks.set_aside)(&target, id).map_err(|reason| {
+            super::set_aside_partition(&self.store, &target, id, super::SET_ASIDE_BEFORE_MOVE_IN)
+                .map_err(|reason| {
                 MoveError::Storage(StorageError::InstallTargetExists {
                     path: target.join(format!("(could not set it aside: {reason})")),
                 })
@@ -555,7 +544,7 @@ impl Mover {
         }
         let deadline = Instant::now() + CURSOR_STOP_WAIT;
         loop {
-            let count = (self.hooks.cursors_running)(&id);
+            let count = self.view.running_on(&id.topic, id.partition);
             if count == 0 {
                 break;
             }
