@@ -79,24 +79,11 @@ pub enum ForwarderError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HopError {
-    /// Nothing reached the owner: the connection was refused or not made within
-    /// [`crate::peer::CONNECT_TIMEOUT`].
-    #[error("{url} is not reachable: {}", crate::tls::error_chain(.cause))]
-    NotReached {
-        /// The URL called.
-        url: String,
-        /// The client's error, its causes said in the message (a certificate not trusted).
-        cause: reqwest::Error,
-    },
-    /// The request may have reached the owner, but no whole answer came back (timeout, lost
-    /// connection): what the owner did is unknown.
-    #[error("{url} gave no answer: {}", crate::tls::error_chain(.cause))]
-    NoAnswer {
-        /// The URL called.
-        url: String,
-        /// The client's error, its causes said in the message.
-        cause: reqwest::Error,
-    },
+    /// The call got no answer to read: the owner was not reached (nothing was sent), gave
+    /// no whole answer (what it did is unknown), answered more than the cap, or the request
+    /// could not be encoded ([`crate::peer::CONNECT_TIMEOUT`] bounds the connect).
+    #[error(transparent)]
+    Call(#[from] NaradCallError),
     /// The owner lost its lease while the request was in flight: it acknowledges nothing
     /// more, but may have written the records before it stopped.
     #[error("{url} lost its lease (node {node} is no longer alive) before it answered")]
@@ -105,14 +92,6 @@ pub enum HopError {
         url: String,
         /// The owner's id.
         node: String,
-    },
-    /// The owner's answer is larger than the cap.
-    #[error("the answer of {url} is larger than {limit} bytes")]
-    AnswerTooLarge {
-        /// The URL called.
-        url: String,
-        /// The cap.
-        limit: usize,
     },
     /// The owner answered with an error status (its own decision, passed on).
     #[error("{url} answered {status}: {message}")]
@@ -137,22 +116,6 @@ pub enum HopError {
     /// The task that made the call panicked or was cancelled.
     #[error("the forwarding task failed: {0}")]
     Task(String),
-    /// The request body could not be encoded.
-    #[error("cannot encode the forwarded request: {0}")]
-    Encode(#[from] serde_json::Error),
-}
-
-impl From<NaradCallError> for HopError {
-    fn from(error: NaradCallError) -> HopError {
-        match error {
-            NaradCallError::NotReached { url, cause } => HopError::NotReached { url, cause },
-            NaradCallError::NoAnswer { url, cause } => HopError::NoAnswer { url, cause },
-            NaradCallError::AnswerTooLarge { url, limit } => {
-                HopError::AnswerTooLarge { url, limit }
-            }
-            NaradCallError::Encode(e) => HopError::Encode(e),
-        }
-    }
 }
 
 impl HopError {
@@ -160,7 +123,7 @@ impl HopError {
     /// reached the owner, `ok` when the owner answered (whatever its status), else `error`.
     pub fn outcome(&self) -> &'static str {
         match self {
-            HopError::NotReached { .. } => OUTCOME_OWNER_DOWN,
+            HopError::Call(NaradCallError::NotReached { .. }) => OUTCOME_OWNER_DOWN,
             HopError::Refused { .. } => OUTCOME_OK,
             _ => OUTCOME_ERROR,
         }
@@ -170,9 +133,9 @@ impl HopError {
     fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            HopError::NoAnswer { .. }
+            HopError::Call(NaradCallError::NoAnswer { .. })
                 | HopError::OwnerLost { .. }
-                | HopError::AnswerTooLarge { .. }
+                | HopError::Call(NaradCallError::AnswerTooLarge { .. })
                 | HopError::BadAnswer { .. }
                 | HopError::Task(_)
         )
@@ -718,7 +681,7 @@ fn produce_failure(
     let node = &group.node;
     let parts = &group.partitions;
     let (error, retry_after) = match err {
-        HopError::NotReached { cause, .. } => {
+        HopError::Call(NaradCallError::NotReached { cause, .. }) => {
             let first = parts.first().copied().unwrap_or_default();
             let why = crate::tls::error_chain(cause);
             (
@@ -754,7 +717,7 @@ fn produce_failure(
             .with("owner", node.as_str()),
             Some(HeaderValue::from(OWNER_DOWN_RETRY_AFTER_SECS)),
         ),
-        HopError::Encode(_) => (
+        HopError::Call(NaradCallError::Encode(_)) => (
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("forwarding to node {node} failed: {err}{summary}"),
@@ -1113,7 +1076,7 @@ pub(crate) async fn fetch(
     state.api_metrics.forwarded(REQUEST_FETCH, outcome);
     match answer {
         Ok(answer) => answer.into_response(),
-        Err(HopError::NotReached { .. }) => down(),
+        Err(HopError::Call(NaradCallError::NotReached { .. })) => down(),
         Err(e) => ApiError::new(
             StatusCode::BAD_GATEWAY,
             format!(
@@ -1819,7 +1782,10 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            matches!(answer, Err(HopError::AnswerTooLarge { .. })),
+            matches!(
+                answer,
+                Err(HopError::Call(NaradCallError::AnswerTooLarge { .. }))
+            ),
             "{answer:?}"
         );
     }
@@ -1834,7 +1800,10 @@ mod tests {
         .await
         .unwrap();
         assert!(
-            matches!(answer, Err(HopError::NotReached { .. })),
+            matches!(
+                answer,
+                Err(HopError::Call(NaradCallError::NotReached { .. }))
+            ),
             "{answer:?}"
         );
         assert!(started.elapsed() < crate::peer::CONNECT_TIMEOUT * 3);

@@ -560,8 +560,8 @@ fn etcd(context: &'static str) -> impl FnOnce(etcd_client::Error) -> IdentityErr
 
 #[cfg(test)]
 mod tests {
-    use narad_storage::fault::{CrashMode, FaultFs};
-    use narad_storage::fs::{REPLACE_TEMP_SUFFIX, RealFs};
+    use narad_storage::fault::FaultFs;
+    use narad_storage::fs::RealFs;
 
     use super::*;
 
@@ -801,72 +801,22 @@ mod tests {
             fs.sync_dir(Path::new("/")).expect("sync /");
             fs
         };
-        // expected[i] is the identity before write i, expected[i + 1] the one after it.
         let mut expected = vec![None];
         expected.extend(identity_run().into_iter().map(Some));
-        let operations = {
-            let fs = fresh();
-            let before = fs.op_count();
-            for identity in identity_run() {
-                write_local(&fs, &cluster, &path, &identity).expect("write");
-            }
-            fs.op_count() - before
+        let run = crate::durable::crash_loop::RecordRun {
+            dir: &cluster,
+            file_name: IDENTITY_FILE,
+            steps: &identity_run(),
+            expected: &expected,
+            again: (local("c"), Some(local("c"))),
         };
-        assert!(operations >= 10, "a run takes {operations} operations");
-        let temp = format!("{IDENTITY_FILE}{REPLACE_TEMP_SUFFIX}");
-        let modes = [
-            CrashMode::DropAll,
-            CrashMode::KeepAll,
-            CrashMode::Tear(1),
-            CrashMode::Tear(2),
-            CrashMode::Tear(3),
-            CrashMode::Tear(4),
-        ];
-        for crash_point in 1..=operations {
-            for mode in modes {
-                let fs = fresh();
-                fs.crash_at(crash_point);
-                let in_progress = identity_run().iter().position(|identity| {
-                    write_local(&fs, &cluster, &path, identity).is_err_and(|_| fs.is_crashed())
-                });
-                let context = format!(
-                    "crash at operation {crash_point} of {operations} ({mode:?}), write {in_progress:?}"
-                );
-                let Some(i) = in_progress else {
-                    panic!("{context}: the run finished without reaching the crash point");
-                };
-                fs.crash(mode);
-
-                // What the next start reads: the identity before the write or after it, whole.
-                // Every write before it reported success, so its identity must have survived.
-                let got = read_local(&fs, &path).unwrap_or_else(|e| panic!("{context}: {e}"));
-                assert!(
-                    got == expected[i] || got == expected[i + 1],
-                    "{context}: found {got:?}, expected {:?} or {:?}",
-                    expected[i],
-                    expected[i + 1]
-                );
-                // A torn file would have been moved aside (and read as none): there is none,
-                // and nothing else beside the file and its unfinished temp file.
-                if let Ok(entries) = fs.read_dir(&cluster) {
-                    for entry in entries {
-                        assert!(
-                            entry.name == IDENTITY_FILE || entry.name == temp,
-                            "{context}: {entry:?} in cluster/"
-                        );
-                    }
-                }
-                // The directory takes an identity again over whatever the crash left, and
-                // that one survives the next crash.
-                write_local(&fs, &cluster, &path, &local("c"))
-                    .unwrap_or_else(|e| panic!("{context}: {e}"));
-                fs.crash(mode);
-                assert_eq!(
-                    read_local(&fs, &path).expect("read"),
-                    Some(local("c")),
-                    "{context}: the identity written after the crash"
-                );
-            }
-        }
+        // A torn identity is moved aside as damaged and read as none: the helper finds the
+        // moved file in cluster/ and fails.
+        crate::durable::crash_loop::crash_at_every_operation(
+            &run,
+            fresh,
+            |fs, identity| write_local(fs, &cluster, &path, identity),
+            |fs| read_local(fs, &path),
+        );
     }
 }

@@ -684,7 +684,7 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<State> {
         reason,
         backup: None,
     };
-    let body = frame::decode(FIELD, bytes).map_err(corrupt)?;
+    let body = frame::decode(FIELD, bytes).map_err(|e| corrupt(e.to_string()))?;
     // Read the format first so a newer file is reported as such, not as unknown fields.
     #[derive(Deserialize)]
     struct FormatOnly {

@@ -28,37 +28,63 @@ pub(crate) fn encode(field: &str, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Why bytes are not one whole frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FrameError {
+    /// Fewer bytes than the shortest frame under the field.
+    #[error("only {len} bytes, shorter than any complete frame")]
+    Short {
+        /// The bytes given.
+        len: usize,
+    },
+    /// The part before the body is not the frame's header for the field.
+    #[error("header is not {{\"crc32c\":\"........\",\"{field}\":")]
+    Header {
+        /// The field expected.
+        field: String,
+    },
+    /// The frame does not end where it should.
+    #[error("does not end with }}\\n: truncated or with trailing bytes")]
+    Unterminated,
+    /// The checksum field is not 8 hex digits.
+    #[error("crc32c is not 8 hex digits")]
+    CrcNotHex,
+    /// The body does not hash to the stored checksum.
+    #[error("checksum mismatch: the frame says {stored:08x}, its contents hash to {actual:08x}")]
+    Checksum {
+        /// The CRC-32C the frame holds.
+        stored: u32,
+        /// The CRC-32C of its body.
+        actual: u32,
+    },
+}
+
 /// The body of one whole frame under `field` (`bytes` ends with the frame's newline), or why
 /// it is not one.
-pub(crate) fn decode<'a>(field: &str, bytes: &'a [u8]) -> Result<&'a [u8], String> {
+pub(crate) fn decode<'a>(field: &str, bytes: &'a [u8]) -> Result<&'a [u8], FrameError> {
     let head_len = head_len(field);
     if bytes.len() < head_len + SUFFIX.len() {
-        return Err(format!(
-            "only {} bytes, shorter than any complete frame",
-            bytes.len()
-        ));
+        return Err(FrameError::Short { len: bytes.len() });
     }
     let (head, rest) = bytes.split_at(head_len);
     let mut prefix_end = Vec::with_capacity(field.len() + 5);
     push_prefix_end(&mut prefix_end, field);
     if !head.starts_with(PREFIX_START) || !head.ends_with(&prefix_end) {
-        return Err(format!(
-            "header is not {{\"crc32c\":\"........\",\"{field}\":"
-        ));
+        return Err(FrameError::Header {
+            field: field.to_owned(),
+        });
     }
     let Some(body) = rest.strip_suffix(SUFFIX) else {
-        return Err("does not end with }\\n: truncated or with trailing bytes".to_owned());
+        return Err(FrameError::Unterminated);
     };
     let hex = &head[PREFIX_START.len()..PREFIX_START.len() + CRC_HEX_LEN];
     let stored = std::str::from_utf8(hex)
         .ok()
         .and_then(|h| u32::from_str_radix(h, 16).ok())
-        .ok_or_else(|| "crc32c is not 8 hex digits".to_owned())?;
+        .ok_or(FrameError::CrcNotHex)?;
     let actual = crc32c::crc32c(body);
     if stored != actual {
-        return Err(format!(
-            "checksum mismatch: the frame says {stored:08x}, its contents hash to {actual:08x}"
-        ));
+        return Err(FrameError::Checksum { stored, actual });
     }
     Ok(body)
 }

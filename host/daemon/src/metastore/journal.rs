@@ -286,7 +286,7 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Parsed> {
             }
             Err(reason) => {
                 if damaged.is_none() {
-                    damaged = Some((at, reason));
+                    damaged = Some((at, reason.to_string()));
                 }
                 // Damage need not end at a newline (a range of zeros where a write was lost):
                 // go on from the next place a line could start, so a valid line after the
@@ -309,9 +309,20 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn decode_line(line: &[u8]) -> std::result::Result<Entry, String> {
+/// Why a journal line is not an entry.
+#[derive(Debug, thiserror::Error)]
+enum LineError {
+    /// It is not a whole, checksummed frame.
+    #[error(transparent)]
+    Frame(#[from] frame::FrameError),
+    /// Its body is not an entry.
+    #[error("entry does not parse: {0}")]
+    Entry(#[from] serde_json::Error),
+}
+
+fn decode_line(line: &[u8]) -> std::result::Result<Entry, LineError> {
     let body = frame::decode(FIELD, line)?;
-    serde_json::from_slice(body).map_err(|e| format!("entry does not parse: {e}"))
+    Ok(serde_json::from_slice(body)?)
 }
 
 /// Where the journal tail cut at `seq` is set aside.

@@ -16,7 +16,7 @@
 //! The routes peers call are all in `api/mod.rs` (`api::peer_routes`, and the internal reads in
 //! `api::router`).
 
-pub(crate) mod produce;
+pub mod produce;
 pub(crate) mod remote;
 
 use std::time::Duration;

@@ -23,7 +23,7 @@ const ANSWER_SLACK_BYTES: usize = 64 * 1024;
 /// Why a call to another narad (a produce, a forwarded fetch) has no answer to read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum NaradCallError {
+pub enum NaradCallError {
     /// Nothing reached the target: the connection was refused or not made in time.
     #[error("{url} is not reachable: {}", crate::tls::error_chain(.cause))]
     NotReached {

@@ -116,8 +116,8 @@ pub(crate) fn clear_on(fs: &dyn FileSystem, topic_dir: &Path) -> std::io::Result
 mod tests {
     use std::fs;
 
-    use narad_storage::fault::{CrashMode, FaultFs};
-    use narad_storage::fs::{REPLACE_TEMP_SUFFIX, RealFs};
+    use narad_storage::fault::FaultFs;
+    use narad_storage::fs::RealFs;
 
     use super::*;
 
@@ -186,72 +186,21 @@ mod tests {
         let topic = data
             .join(narad_storage::store::TOPICS_DIR_NAME)
             .join("orders");
-        // expected[i] is the record before step i, expected[i + 1] the one after it.
         let mut expected = vec![IntentState::None];
         expected.extend(RUN.iter().map(|&step| state_after(step)));
-        // The write and sync operations of a whole run: the crash points.
-        let operations = {
-            let fs = fresh(data);
-            let before = fs.op_count();
-            for step in RUN {
-                run_step(&fs, &topic, step).unwrap();
-            }
-            fs.op_count() - before
+        let next = Intent::Grow { from: 5, to: 7 };
+        let run = crate::durable::crash_loop::RecordRun {
+            dir: &topic,
+            file_name: INTENT_FILE_NAME,
+            steps: &RUN,
+            expected: &expected,
+            again: (Some(next), IntentState::Found(next)),
         };
-        assert!(operations >= 10, "a run takes {operations} operations");
-        let temp = format!("{INTENT_FILE_NAME}{REPLACE_TEMP_SUFFIX}");
-        let modes = [
-            CrashMode::DropAll,
-            CrashMode::KeepAll,
-            CrashMode::Tear(1),
-            CrashMode::Tear(2),
-            CrashMode::Tear(3),
-            CrashMode::Tear(4),
-        ];
-        for crash_point in 1..=operations {
-            for mode in modes {
-                let fs = fresh(data);
-                fs.crash_at(crash_point);
-                let in_progress = RUN
-                    .iter()
-                    .position(|&step| run_step(&fs, &topic, step).is_err_and(|_| fs.is_crashed()));
-                let context = format!(
-                    "crash at operation {crash_point} of {operations} ({mode:?}), step {in_progress:?}"
-                );
-                let Some(i) = in_progress else {
-                    panic!("{context}: the run finished without reaching the crash point");
-                };
-                fs.crash(mode);
-
-                // What start-up would read: the record before the step or after it, whole;
-                // every step before it reported success, so its record must have survived.
-                let got = read_on(&fs, &topic).unwrap_or_else(|e| panic!("{context}: {e}"));
-                assert!(
-                    got == expected[i] || got == expected[i + 1],
-                    "{context}: found {got:?}, expected {:?} or {:?}",
-                    expected[i],
-                    expected[i + 1]
-                );
-                // Nothing but the record and, at most, its unfinished temp file.
-                if let Ok(entries) = fs.read_dir(&topic) {
-                    for entry in entries {
-                        assert!(
-                            entry.name == INTENT_FILE_NAME || entry.name == temp,
-                            "{context}: {entry:?} in the topic directory"
-                        );
-                    }
-                }
-                // The directory takes a record again over whatever the crash left, and that
-                // one survives the next crash.
-                let next = Intent::Grow { from: 5, to: 7 };
-                write_on(&fs, &topic, next).unwrap_or_else(|e| panic!("{context}: {e}"));
-                fs.crash(mode);
-                assert_eq!(
-                    read_on(&fs, &topic).unwrap(),
-                    IntentState::Found(next),
-                    "{context}: the record written after the crash"
-                );
-            }
-        }
+        crate::durable::crash_loop::crash_at_every_operation(
+            &run,
+            || fresh(data),
+            |fs, &step| run_step(fs, &topic, step),
+            |fs| read_on(fs, &topic),
+        );
     }
 }
