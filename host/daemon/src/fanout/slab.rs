@@ -72,9 +72,10 @@ async fn read_blocking(
 }
 
 /// The parent's end if the store knows it without a read ([`Store::known_high_watermark`]):
-/// from memory for an open log, else on the blocking pool (a `stat`).
+/// from memory for an open log and for a closed one checked in the last few seconds
+/// ([`Store::recent_high_watermark`]), else on the blocking pool (a `stat`).
 async fn known_high_watermark(store: &Arc<Store>, id: &PartitionId) -> Option<u64> {
-    if let Some(high) = store.open_high_watermark(id) {
+    if let Some(high) = store.recent_high_watermark(id) {
         return Some(high);
     }
     let (store, id) = (Arc::clone(store), id.clone());

@@ -7,7 +7,16 @@ use crate::log::{self, hwm, segment, torn};
 use crate::name::PartitionId;
 use crate::record::{PartitionState, PartitionStats, ReadOptions};
 
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
 use super::{Partition, Signal, Slot, Store, io};
+
+/// How long a closed log's end, found unchanged by a `stat` of its last segment, is trusted
+/// without another ([`Store::recent_high_watermark`]). Nothing of the store appends to a closed
+/// log (an append opens it first), so only a change made behind the store's back (a repair, a
+/// damaged disk) is seen this much later than at the next `stat`.
+pub const CLOSED_END_RECHECK: Duration = Duration::from_secs(10);
 
 impl Store {
     /// The partition's committed high watermark now: from [`Store::peek`] when that knows it
@@ -85,8 +94,35 @@ impl Store {
             Slot::Open(l) => Some(l.stats().high_watermark),
             Slot::Closed => {
                 let end = log::lock(&p.closed_end).clone()?;
-                let now = self.fs.metadata(&end.segment).ok()?;
-                (now.len == end.segment_len && !now.is_dir).then_some(end.next_offset)
+                let holds = self
+                    .fs
+                    .metadata(&end.segment)
+                    .is_ok_and(|now| now.len == end.segment_len && !now.is_dir);
+                let checked = if holds { self.clock.now_ms() } else { i64::MIN };
+                p.closed_end_checked_ms.store(checked, Ordering::Relaxed);
+                holds.then_some(end.next_offset)
+            }
+            _ => None,
+        }
+    }
+
+    /// The high watermark of a partition when it is known without any I/O: an open log's, or
+    /// a cleanly closed log's whose last segment a `stat` ([`Store::known_high_watermark`])
+    /// found unchanged within the last [`CLOSED_END_RECHECK`]. `None` when only that `stat`, or
+    /// a read, can tell. For thousands of idle readers asking every second: a `stat` each,
+    /// every second, on the blocking pool, cost more CPU than everything else they do.
+    pub fn recent_high_watermark(&self, id: &PartitionId) -> Option<u64> {
+        let p = self.partition(id).ok()?;
+        let slot = log::read(&p.slot);
+        match &*slot {
+            Slot::Open(l) => Some(l.high_watermark()),
+            Slot::Closed => {
+                let checked = p.closed_end_checked_ms.load(Ordering::Relaxed);
+                let recheck = i64::try_from(CLOSED_END_RECHECK.as_millis()).unwrap_or(i64::MAX);
+                if checked == i64::MIN || self.clock.now_ms().saturating_sub(checked) >= recheck {
+                    return None;
+                }
+                log::lock(&p.closed_end).as_ref().map(|end| end.next_offset)
             }
             _ => None,
         }

@@ -39,6 +39,7 @@ use crate::record::{Appended, LogConfig};
 
 mod append;
 mod describe;
+pub use describe::CLOSED_END_RECHECK;
 mod moves;
 mod open_logs;
 mod read;
@@ -130,6 +131,9 @@ struct Partition {
     /// Where its log ended when this store last closed it cleanly; meaningful only while the
     /// slot is `Closed` ([`Store::known_high_watermark`]).
     closed_end: Mutex<Option<CleanEnd>>,
+    /// When a `stat` last found `closed_end` still true (the store's clock, ms; `i64::MIN`:
+    /// not since it closed), so [`Store::recent_high_watermark`] can answer without one.
+    closed_end_checked_ms: AtomicI64,
 }
 
 impl Partition {
@@ -138,6 +142,8 @@ impl Partition {
     fn close_log(&self, log: &Log) -> Result<()> {
         let closed = log.close();
         *log::lock(&self.closed_end) = closed.as_ref().ok().and_then(|()| log.clean_end());
+        self.closed_end_checked_ms
+            .store(i64::MIN, Ordering::Relaxed);
         closed
     }
 

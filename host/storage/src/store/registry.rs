@@ -99,6 +99,7 @@ impl Store {
                         signal,
                         incarnation: self.registrations.fetch_add(1, Ordering::Relaxed),
                         closed_end: Mutex::new(None),
+                        closed_end_checked_ms: AtomicI64::new(i64::MIN),
                     }),
                 );
             }

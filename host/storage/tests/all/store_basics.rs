@@ -319,16 +319,43 @@ fn the_known_high_watermark_of_a_cleanly_closed_log_is_told_without_opening_it()
     clock.advance(120_000);
     assert_eq!(store.close_idle(), 1);
     assert_eq!(
+        store.recent_high_watermark(&id),
+        None,
+        "closed, not checked since"
+    );
+    assert_eq!(
         store.known_high_watermark(&id),
         Some(4),
         "closed again, later"
     );
+    // Checked by that `stat`: told without one for CLOSED_END_RECHECK, then checked again.
+    assert_eq!(store.recent_high_watermark(&id), Some(4), "just checked");
+    clock.advance(narad_storage::store::CLOSED_END_RECHECK.as_millis() as i64 - 1);
+    assert_eq!(store.recent_high_watermark(&id), Some(4), "checked lately");
+    clock.advance(1);
+    assert_eq!(
+        store.recent_high_watermark(&id),
+        None,
+        "time to check again"
+    );
+    assert_eq!(store.known_high_watermark(&id), Some(4), "checked again");
 
     // The last segment loses its last bytes while the log is closed, and its high-watermark
     // file is gone (as after a power loss): its end is unknown until a read opens the log,
-    // which finds the record cut.
+    // which finds the record cut. Told without a `stat`, the old end stands only until the
+    // next check is due; the check finds the change and the end is unknown from then on.
     tear_the_last_record(&dir.path().join("topics/t/p00000"));
+    assert_eq!(
+        store.recent_high_watermark(&id),
+        Some(4),
+        "a change behind the store's back is seen at the next check"
+    );
     assert_eq!(store.known_high_watermark(&id), None, "its segment changed");
+    assert_eq!(
+        store.recent_high_watermark(&id),
+        None,
+        "not told after a failed check"
+    );
     assert_eq!(
         store.high_watermark(&id).unwrap(),
         3,
