@@ -188,6 +188,46 @@ impl EncodedBatch {
     pub fn frame(&self) -> &[u8] {
         &self.frame
     }
+
+    /// The CRC-32C of the frame's body (every byte after the header), which an append combines
+    /// with the header's when it seals the frame; what a receiver of [`EncodedBatch::frame`]
+    /// checks the bytes it got against ([`EncodedBatch::from_unsealed`]).
+    pub fn body_crc(&self) -> u32 {
+        self.body_crc
+    }
+
+    /// A frame another process encoded with [`EncodedBatch::encode`] and sent unsealed, with
+    /// the `body_crc` it computed: checked as a read checks a stored frame (header, every
+    /// record, nothing left over, the body's CRC against `body_crc`) without building any
+    /// record, so that it can be appended as it came. Returns the batch and its origin, if it
+    /// has one. A frame is never longer than [`crate::log::format::MAX_FRAME_BYTES`], so its
+    /// record count bounds what the check allocates.
+    pub fn from_unsealed(
+        frame: Vec<u8>,
+        body_crc: u32,
+    ) -> Result<(EncodedBatch, Option<BatchOrigin>), crate::log::format::FrameError> {
+        use crate::log::format::{FrameError, HEADER_LEN, index_frame, parse_header};
+        let header = parse_header(&frame)?;
+        let computed = crc32c::crc32c(frame.get(HEADER_LEN..).unwrap_or_default());
+        if computed != body_crc {
+            return Err(FrameError::CrcMismatch {
+                stored: body_crc,
+                computed,
+            });
+        }
+        let frame = Bytes::from(frame);
+        let index = index_frame(&header, &frame)?;
+        let origin = index.into_origin();
+        Ok((
+            EncodedBatch {
+                // `Bytes` made from a `Vec` gives it back without a copy.
+                frame: Vec::from(frame),
+                body_crc,
+                count: header.record_count,
+            },
+            origin,
+        ))
+    }
 }
 
 /// What a successful (durable, verified) append assigned.
@@ -374,4 +414,89 @@ pub struct RetentionReport {
     pub bytes_deleted: u64,
     /// Partitions whose log start offset moved, with the new log start offset.
     pub advanced: Vec<(crate::PartitionId, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::format::{FrameError, HEADER_LEN};
+
+    fn batch() -> (Vec<NewRecord>, BatchOrigin) {
+        let records = vec![
+            NewRecord {
+                key: Some(Bytes::from_static(b"k")),
+                headers: vec![Header {
+                    name: "h".into(),
+                    value: Bytes::from_static(b"1"),
+                }],
+                value: Some(Bytes::from_static(b"v\x00\xff")),
+            },
+            NewRecord {
+                key: None,
+                headers: Vec::new(),
+                value: None,
+            },
+        ];
+        let origin = BatchOrigin {
+            epoch: [7; 8],
+            parent_partition: 3,
+            slab_start: 40,
+            parent_offsets: vec![40, 47],
+        };
+        (records, origin)
+    }
+
+    #[test]
+    fn a_frame_sent_unsealed_is_taken_back_as_it_was_encoded_with_its_origin() {
+        let (records, origin) = batch();
+        let sent = EncodedBatch::encode(&records, Some(&origin)).unwrap();
+        let (got, got_origin) =
+            EncodedBatch::from_unsealed(sent.frame().to_vec(), sent.body_crc()).unwrap();
+        assert_eq!(got, sent);
+        assert_eq!(got_origin.as_ref(), Some(&origin));
+        assert_eq!(
+            got.decode().unwrap(),
+            AppendBatch {
+                records,
+                origin: Some(origin)
+            }
+        );
+    }
+
+    #[test]
+    fn a_frame_changed_on_the_way_or_malformed_is_refused() {
+        let (records, origin) = batch();
+        let sent = EncodedBatch::encode(&records, Some(&origin)).unwrap();
+        // A value byte flipped in flight: the body no longer has the sender's CRC.
+        let mut flipped = sent.frame().to_vec();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x01;
+        assert!(matches!(
+            EncodedBatch::from_unsealed(flipped, sent.body_crc()),
+            Err(FrameError::CrcMismatch { .. })
+        ));
+        // Cut short, or with a byte too many.
+        let frame = sent.frame();
+        let cut = frame[..frame.len() - 1].to_vec();
+        let crc = crc32c::crc32c(&cut[HEADER_LEN..]);
+        assert!(EncodedBatch::from_unsealed(cut, crc).is_err());
+        let mut longer = frame.to_vec();
+        longer.push(0);
+        let crc = crc32c::crc32c(&longer[HEADER_LEN..]);
+        assert!(EncodedBatch::from_unsealed(longer, crc).is_err());
+        // A body that does not parse, sent with its own CRC: the record's key length now runs
+        // past the frame.
+        let mut garbled = frame.to_vec();
+        // The first record follows the origin section (epoch 8, parent partition 4, slab
+        // start 8, first parent offset 8, one varint delta): its attributes, then the key's
+        // length.
+        let key_len_at = HEADER_LEN + 8 + 4 + 8 + 8 + 1 + 1;
+        assert_eq!(garbled[key_len_at], 1, "the key's length");
+        garbled[key_len_at] = 0x7f;
+        let crc = crc32c::crc32c(&garbled[HEADER_LEN..]);
+        assert!(matches!(
+            EncodedBatch::from_unsealed(garbled, crc),
+            Err(FrameError::Malformed(_) | FrameError::Short { .. })
+        ));
+    }
 }

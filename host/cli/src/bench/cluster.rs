@@ -1613,9 +1613,9 @@ impl ClusterReport {
         format!(
             "bounds: the 3 nodes share this machine's {cpus} cores and {fs}; in the cluster \
              every bucket is an HTTP round trip to another node ({} slabs beside the produce, \
-             {} for the backlog; POST /internal/v1/commit for a slab alone, \
-             /internal/v1/commit-in-order for two consecutive ones of a backlog, then appended \
-             and fdatasynced there); {cores}; {pace}",
+             {} for the backlog; POST /internal/v1/commit-frames with the frame each bucket \
+             was encoded into, up to two consecutive slabs' a call, appended as it came and \
+             fdatasynced there); {cores}; {pace}",
             self.cluster.slabs, self.cluster.backlog.slabs
         )
     }

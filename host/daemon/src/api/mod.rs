@@ -257,7 +257,8 @@ pub(crate) fn commit_router(
     receiver: std::sync::Arc<crate::cluster::receiver::CommitReceiver>,
 ) -> Router {
     use crate::cluster::commit_rpc::{
-        COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route, in_order_body_limit,
+        COMMIT_FRAMES_PATH, COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_frames_route,
+        commit_in_order_route, commit_route, in_order_body_limit,
     };
     use crate::cluster::commit_wire::MAX_COMMIT_REQUEST_BYTES;
     Router::new()
@@ -265,6 +266,10 @@ pub(crate) fn commit_router(
         .route(
             COMMIT_IN_ORDER_PATH,
             post(commit_in_order_route).layer(in_order_body_limit()),
+        )
+        .route(
+            COMMIT_FRAMES_PATH,
+            post(commit_frames_route).layer(in_order_body_limit()),
         )
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/highest-origin",

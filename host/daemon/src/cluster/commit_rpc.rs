@@ -2,8 +2,10 @@
 //! body, answered with a [`CommitResponse`] body, both in the binary wire format; and
 //! `POST /internal/v1/commit-in-order` with up to [`MAX_COMMITS_PER_CALL`] commits for one
 //! child partition (the buckets of consecutive slabs), applied in order with one append and
-//! answered with one answer each ([`CommitReceiver::commit_in_order`]). A node that does not
-//! serve the second (an older binary) answers 404, and the sender falls back to the first.
+//! answered with one answer each ([`CommitReceiver::commit_in_order`]); and
+//! `POST /internal/v1/commit-frames`, the same commits carried as the storage frames the sender
+//! encoded ([`CommitReceiver::commit_frames`]). A node that does not serve a newer call (an
+//! older binary) answers 404, and the sender falls back to the one before it.
 //!
 //! The server side ([`commit_route`]) runs the [`CommitReceiver`] on the blocking pool (it
 //! appends and syncs). The client side ([`CommitClient`]) fails fast: a refused connection or
@@ -20,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::commit_wire::{
     CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, MAX_COMMITS_PER_CALL,
-    MAX_IN_ORDER_REQUEST_BYTES, PARENT_GENERATION_HEADER, WireError, decode_answers,
+    MAX_IN_ORDER_REQUEST_BYTES, PARENT_GENERATION_HEADER, WireError, decode_answers, decode_frames,
     decode_in_order, encode_answers, encode_in_order,
 };
 use super::receiver::CommitReceiver;
@@ -31,7 +33,13 @@ pub(crate) const COMMIT_PATH: &str = "/internal/v1/commit";
 /// The route of the in-order call.
 pub(crate) const COMMIT_IN_ORDER_PATH: &str = "/internal/v1/commit-in-order";
 
-/// Content type of both bodies.
+/// The route of the frames call: up to [`MAX_COMMITS_PER_CALL`] commits for one child
+/// partition, each as the frame the sender encoded ([`super::commit_wire::FramesCall`]),
+/// applied and answered as the in-order call is. A node without it answers 404, and the sender
+/// falls back to the in-order call.
+pub(crate) const COMMIT_FRAMES_PATH: &str = "/internal/v1/commit-frames";
+
+/// Content type of every body.
 pub(crate) const COMMIT_CONTENT_TYPE: &str = "application/x-narad-commit";
 
 /// Longest wait for a whole commit: 4 MiB over the network plus an append and `fdatasync` on
@@ -146,6 +154,47 @@ pub(crate) async fn commit_in_order_route(
         .into_response()
 }
 
+/// The axum handler of [`COMMIT_FRAMES_PATH`]; the state is this node's receiver.
+pub(crate) async fn commit_frames_route(
+    State(receiver): State<Arc<CommitReceiver>>,
+    body: Bytes,
+) -> Response {
+    // Checking a frame reads every byte of it (its CRC, every record): blocking-pool work,
+    // as the append after it is.
+    let answers = crate::blocking::run(move || {
+        decode_frames(&body).map(|call| {
+            let count = call.frames.len();
+            (count, receiver.commit_frames(call))
+        })
+    })
+    .await;
+    let answers = match answers {
+        Ok(Ok((_, answers))) => answers,
+        Ok(Err(e)) => {
+            let status = match e {
+                WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return (status, e.to_string()).into_response();
+        }
+        Err(e) => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("commit task failed: {e}"),
+            )
+                .into_response();
+        }
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(COMMIT_CONTENT_TYPE),
+        )],
+        encode_answers(&answers),
+    )
+        .into_response()
+}
+
 /// The parent generation a commit call names ([`PARENT_GENERATION_HEADER`]), if any; a 400
 /// for one that is not a number.
 #[allow(clippy::result_large_err)] // the error is the answer itself, returned at once
@@ -235,6 +284,25 @@ impl CommitClient {
         Ok(answers)
     }
 
+    /// Sends `call` (1 to [`MAX_COMMITS_PER_CALL`] frames for one child partition, `body` its
+    /// encoding by [`encode_frames`]) to the node advertising `base_url`: one answer per
+    /// frame, in order. A node without the frames route answers [`CallError::BadAnswer`] with
+    /// status 404.
+    pub(crate) async fn commit_frames(
+        &self,
+        base_url: &str,
+        frames: usize,
+        body: Vec<u8>,
+    ) -> Result<Vec<CommitResponse>, CallError> {
+        debug_assert!((1..=MAX_COMMITS_PER_CALL).contains(&frames));
+        let answer = self.post(base_url, COMMIT_FRAMES_PATH, body, None).await?;
+        let answers = decode_answers(&answer.bytes).map_err(|e| answer.bad(e.to_string()))?;
+        if answers.len() != frames {
+            return Err(answer.bad(format!("{} answers to {frames} frames", answers.len())));
+        }
+        Ok(answers)
+    }
+
     /// Posts `body` to `path` on the node advertising `base_url`, presenting the peer secret:
     /// the body of a successful answer, or why there is none.
     async fn post(
@@ -298,6 +366,7 @@ mod tests {
     };
 
     use super::*;
+    use crate::cluster::commit_wire::{FramesCall, WireFrame, encode_frames};
     use crate::cluster::receiver::OwnerLookup;
     use crate::metastore::PartitionOwner;
 
@@ -327,6 +396,7 @@ mod tests {
         ));
         let app = axum::Router::new()
             .route(COMMIT_PATH, axum::routing::post(commit_route))
+            .route(COMMIT_FRAMES_PATH, axum::routing::post(commit_frames_route))
             .with_state(receiver);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -386,6 +456,109 @@ mod tests {
         ));
         let id = PartitionId::new("audit".to_owned(), 0);
         assert_eq!(owner.store.high_watermark(&id).unwrap(), 2);
+    }
+
+    /// A frames call of one frame per entry of `offsets`, each changed by `change` after it
+    /// was encoded (the CRC sent is the one computed before).
+    fn frames_body(offsets: &[&[u64]], change: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+        let frames: Vec<(Vec<u8>, u32)> = offsets
+            .iter()
+            .map(|o| {
+                let batch = request(o).into_batch();
+                let encoded =
+                    narad_storage::EncodedBatch::encode(&batch.records, batch.origin.as_ref())
+                        .unwrap();
+                let mut frame = encoded.frame().to_vec();
+                change(&mut frame);
+                (frame, encoded.body_crc())
+            })
+            .collect();
+        encode_frames(&FramesCall {
+            topic: "audit",
+            partition: 0,
+            generation: 1,
+            parent_generation: None,
+            frames: frames
+                .iter()
+                .map(|(frame, body_crc)| WireFrame {
+                    body_crc: *body_crc,
+                    frame,
+                })
+                .collect(),
+        })
+    }
+
+    async fn post_frames(owner: &Owner, body: Vec<u8>) -> (u16, Bytes) {
+        let response = reqwest::Client::new()
+            .post(format!("{}{COMMIT_FRAMES_PATH}", owner.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.bytes().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn frames_cross_http_as_encoded_and_their_retry_is_absorbed() {
+        let owner = owner().await;
+        let client = CommitClient::new().unwrap();
+        let body = frames_body(&[&[5, 6], &[7]], |_| ());
+        let answers = client
+            .commit_frames(&owner.url, 2, body.clone())
+            .await
+            .unwrap();
+        assert!(matches!(
+            answers[..],
+            [
+                CommitResponse::Committed {
+                    base_offset: 0,
+                    appended: 2,
+                    ..
+                },
+                CommitResponse::Committed {
+                    base_offset: 2,
+                    appended: 1,
+                    ..
+                }
+            ]
+        ));
+        let again = client.commit_frames(&owner.url, 2, body).await.unwrap();
+        assert!(matches!(
+            again[..],
+            [
+                CommitResponse::Committed {
+                    appended: 0,
+                    deduplicated: 2,
+                    ..
+                },
+                CommitResponse::Committed {
+                    appended: 0,
+                    deduplicated: 1,
+                    ..
+                }
+            ]
+        ));
+        let id = PartitionId::new("audit".to_owned(), 0);
+        assert_eq!(owner.store.high_watermark(&id).unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn frames_changed_on_the_way_malformed_or_too_many_are_refused_and_store_nothing() {
+        let owner = owner().await;
+        let flipped = frames_body(&[&[5, 6]], |frame| {
+            let last = frame.len() - 1;
+            frame[last] ^= 1;
+        });
+        let (status, why) = post_frames(&owner, flipped).await;
+        assert_eq!(status, 400);
+        assert!(String::from_utf8_lossy(&why).contains("CRC"), "{why:?}");
+        let cut = frames_body(&[&[5, 6]], |frame| frame.truncate(frame.len() - 3));
+        assert_eq!(post_frames(&owner, cut).await.0, 400);
+        let three = frames_body(&[&[5], &[6], &[7]], |_| ());
+        assert_eq!(post_frames(&owner, three).await.0, 400);
+        assert_eq!(post_frames(&owner, vec![0xff; 64]).await.0, 400);
+        let id = PartitionId::new("audit".to_owned(), 0);
+        assert_eq!(owner.store.high_watermark(&id).unwrap(), 0);
     }
 
     #[tokio::test]

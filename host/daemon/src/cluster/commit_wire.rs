@@ -15,7 +15,7 @@
 //! upgrade.
 
 use bytes::Bytes;
-use narad_storage::{AppendBatch, BatchOrigin, Header, NewRecord};
+use narad_storage::{AppendBatch, BatchOrigin, EncodedBatch, Header, NewRecord};
 use serde::{Deserialize, Serialize};
 
 /// Most records one commit carries: a bucket is at most a whole slab (engine reference:
@@ -213,7 +213,17 @@ impl CommitRequest {
     }
 
     /// The batch to append on the receiving side.
+    #[cfg(test)]
     pub(crate) fn into_batch(self) -> AppendBatch {
+        let (records, origin) = self.into_parts();
+        AppendBatch {
+            records,
+            origin: Some(origin),
+        }
+    }
+
+    /// The records to append on the receiving side, and their provenance.
+    pub(crate) fn into_parts(self) -> (Vec<NewRecord>, BatchOrigin) {
         let mut parent_offsets = Vec::with_capacity(self.records.len());
         let mut nulls = self.null_values.iter().peekable();
         let records = (0u32..)
@@ -235,15 +245,13 @@ impl CommitRequest {
                 }
             })
             .collect();
-        AppendBatch {
-            records,
-            origin: Some(BatchOrigin {
-                epoch: self.epoch,
-                parent_partition: self.parent_partition,
-                slab_start: self.slab_start,
-                parent_offsets,
-            }),
-        }
+        let origin = BatchOrigin {
+            epoch: self.epoch,
+            parent_partition: self.parent_partition,
+            slab_start: self.slab_start,
+            parent_offsets,
+        };
+        (records, origin)
     }
 
     /// Bytes the encoding is expected to take: enough that it is written into one buffer,
@@ -381,6 +389,124 @@ pub(crate) fn decode_in_order(bytes: &[u8]) -> Result<Vec<CommitRequest>, WireEr
         }
     }
     Ok(requests)
+}
+
+/// One call of the frames route: the buckets of consecutive slabs for one child partition,
+/// each as the frame the sender encoded for it (unsealed), so the owner appends the bytes it
+/// got instead of decoding records and encoding them again. The frame carries the records,
+/// null values and provenance itself.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct FramesCall<'a> {
+    /// The child topic.
+    pub topic: &'a str,
+    /// The child partition.
+    pub partition: u32,
+    /// The ownership generation the sender saw for that partition.
+    pub generation: u64,
+    /// The generation at which the sender owns the parent partition of every frame's records
+    /// (one cursor sends a call), when it says.
+    pub parent_generation: Option<u64>,
+    /// The frames, in order (1 to [`MAX_COMMITS_PER_CALL`]).
+    #[serde(borrow)]
+    pub frames: Vec<WireFrame<'a>>,
+}
+
+/// One frame of a [`FramesCall`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WireFrame<'a> {
+    /// The CRC-32C of the frame's body, as the sender computed it while encoding.
+    pub body_crc: u32,
+    /// The frame, unsealed (`EncodedBatch::frame`).
+    #[serde(with = "serde_bytes_borrowed")]
+    pub frame: &'a [u8],
+}
+
+/// A byte string borrowed from the call's body (postcard writes a varint length and the
+/// bytes), read and written as one slice.
+mod serde_bytes_borrowed {
+    pub(super) fn serialize<S: serde::Serializer>(
+        bytes: &[u8],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<&'de [u8], D::Error> {
+        <&'de [u8] as serde::Deserialize<'de>>::deserialize(deserializer)
+    }
+}
+
+/// A checked [`FramesCall`], as the receiver applies it.
+#[derive(Debug)]
+pub(crate) struct FrameCommits {
+    /// The child topic.
+    pub topic: String,
+    /// The child partition.
+    pub partition: u32,
+    /// The ownership generation the sender saw.
+    pub generation: u64,
+    /// The sender's parent generation, when it says.
+    pub parent_generation: Option<u64>,
+    /// Each frame, checked, with its provenance.
+    pub frames: Vec<(EncodedBatch, BatchOrigin)>,
+}
+
+/// Encodes one frames call.
+pub(crate) fn encode_frames(call: &FramesCall<'_>) -> Vec<u8> {
+    let expected = 64
+        + call.topic.len()
+        + call
+            .frames
+            .iter()
+            .map(|f| f.frame.len() + 10)
+            .sum::<usize>();
+    // Encoding plain data into a Vec cannot fail.
+    postcard::to_extend(call, Vec::with_capacity(expected)).unwrap_or_default()
+}
+
+/// Decodes and checks a frames call: at most [`MAX_IN_ORDER_REQUEST_BYTES`], 1 to
+/// [`MAX_COMMITS_PER_CALL`] frames, each one whole and unchanged (its body's CRC is the
+/// sender's), with provenance (a child commit always has it) and 1 to [`MAX_COMMIT_RECORDS`]
+/// records.
+pub(crate) fn decode_frames(bytes: &[u8]) -> Result<FrameCommits, WireError> {
+    if bytes.len() > MAX_IN_ORDER_REQUEST_BYTES {
+        return Err(WireError::TooLarge {
+            bytes: bytes.len(),
+            limit: MAX_IN_ORDER_REQUEST_BYTES,
+        });
+    }
+    let call: FramesCall<'_> =
+        postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
+    if call.frames.is_empty() || call.frames.len() > MAX_COMMITS_PER_CALL {
+        return Err(WireError::Malformed(format!(
+            "{} frames in one call (1 to {MAX_COMMITS_PER_CALL})",
+            call.frames.len()
+        )));
+    }
+    let mut frames = Vec::with_capacity(call.frames.len());
+    for (i, wire) in call.frames.iter().enumerate() {
+        let (frame, origin) = EncodedBatch::from_unsealed(wire.frame.to_vec(), wire.body_crc)
+            .map_err(|e| WireError::Malformed(format!("frame {i}: {e}")))?;
+        let records = frame.record_count() as usize;
+        if records > MAX_COMMIT_RECORDS {
+            return Err(WireError::RecordCount { records });
+        }
+        let Some(origin) = origin else {
+            return Err(WireError::Malformed(format!(
+                "frame {i} has no provenance: it is not a child commit"
+            )));
+        };
+        frames.push((frame, origin));
+    }
+    Ok(FrameCommits {
+        topic: call.topic.to_owned(),
+        partition: call.partition,
+        generation: call.generation,
+        parent_generation: call.parent_generation,
+        frames,
+    })
 }
 
 /// Encodes the answers of one in-order call, one per commit, in order.

@@ -21,9 +21,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use narad_storage::{EncodedBatch, PartitionId, StorageError, Store, StoredRecord};
+use narad_storage::{
+    AppendBatch, BatchOrigin, EncodedBatch, NewRecord, PartitionId, StorageError, Store,
+    StoredRecord,
+};
 
-use super::commit_wire::{CommitRequest, CommitResponse};
+use super::commit_wire::{CommitRequest, CommitResponse, FrameCommits};
 use super::dedupe::{
     OriginWindow, WINDOW_ORIGINS, for_each_tail_record, same_content, stored_at, without_held,
 };
@@ -155,17 +158,52 @@ impl CommitReceiver {
         };
         let (topic, partition, generation) =
             (first.topic.clone(), first.partition, first.generation);
-        let refuse_all = |answer: CommitResponse| vec![answer; requests.len()];
         if requests
             .iter()
             .any(|r| r.topic != topic || r.partition != partition || r.generation != generation)
         {
-            return refuse_all(CommitResponse::Failed {
-                reason: "the commits of one call must be for one partition at one generation"
-                    .to_owned(),
-            });
+            let reason = "the commits of one call must be for one partition at one generation";
+            return vec![
+                CommitResponse::Failed {
+                    reason: reason.to_owned()
+                };
+                requests.len()
+            ];
         }
-        let id = PartitionId::new(topic, partition);
+        let incoming = requests.into_iter().map(Incoming::from).collect();
+        self.commit_incoming(PartitionId::new(topic, partition), generation, incoming)
+    }
+
+    /// Applies the frames of one frames call as [`CommitReceiver::commit_in_order`] applies
+    /// commits; a frame none of whose records the partition holds is appended as it came,
+    /// without decoding a record. Blocking.
+    pub(crate) fn commit_frames(&self, call: FrameCommits) -> Vec<CommitResponse> {
+        let parent_generation = call.parent_generation;
+        let incoming = call
+            .frames
+            .into_iter()
+            .map(|(frame, origin)| Incoming::frame(frame, origin, parent_generation))
+            .collect();
+        self.commit_incoming(
+            PartitionId::new(call.topic, call.partition),
+            call.generation,
+            incoming,
+        )
+    }
+
+    /// Applies `incoming` (the buckets of consecutive slabs) to `id`, which the senders saw
+    /// at `generation`: fenced, deduplicated and appended together, one answer each, as
+    /// [`CommitReceiver::commit_in_order`] does. Blocking.
+    pub(crate) fn commit_incoming(
+        &self,
+        id: PartitionId,
+        generation: u64,
+        incoming: Vec<Incoming>,
+    ) -> Vec<CommitResponse> {
+        if incoming.is_empty() {
+            return Vec::new();
+        }
+        let refuse_all = |answer: CommitResponse| vec![answer; incoming.len()];
         let term = match self.fence.as_ref().map(|fence| fence.admit()).transpose() {
             Ok(term) => term,
             Err(fenced) => {
@@ -204,7 +242,10 @@ impl CommitReceiver {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Checked under the partition's lock: a re-creation's fence set while this waited for
         // it is seen here (`highest_origin`).
-        if let Some(reason) = requests.iter().find_map(|r| self.stale_parent(r)) {
+        if let Some(reason) = incoming
+            .iter()
+            .find_map(|c| self.stale_parent(&id.topic, c))
+        {
             return refuse_all(CommitResponse::Failed { reason });
         }
         // A window belongs to one generation: a partition that moved away and came back holds
@@ -220,7 +261,7 @@ impl CommitReceiver {
                 reason: "dedupe window missing".to_owned(),
             });
         };
-        let answers = self.append_in_order(&id, window, requests);
+        let answers = self.append_in_order(&id, window, incoming);
         // Durable now; acknowledged only if the node kept its lease and the partition
         // throughout (a node stopped mid-commit past its lease may have been replaced).
         let confirmed = match (&self.fence, term) {
@@ -253,12 +294,13 @@ impl CommitReceiver {
     /// has its epoch, or the link's parent has no such partition; `None` when it may be. A
     /// request that names no parent generation (a sender from before it was sent) is checked
     /// only for its link and parent partition.
-    fn stale_parent(&self, request: &CommitRequest) -> Option<String> {
-        let key = (request.epoch, request.parent_partition);
+    fn stale_parent(&self, topic: &str, commit: &Incoming) -> Option<String> {
+        let (epoch, parent_partition) = (commit.origin.epoch, commit.origin.parent_partition);
+        let key = (epoch, parent_partition);
         let seen = self
             .parents
             .as_ref()
-            .map(|parents| parents(&request.topic, request.epoch, request.parent_partition));
+            .map(|parents| parents(topic, epoch, parent_partition));
         // Whoever sends: the records must come from a link into this topic with that epoch,
         // from a partition its parent has.
         let cached = match &seen {
@@ -266,8 +308,8 @@ impl CommitReceiver {
                 return Some(format!(
                     "no link into {} has attach epoch {} in node {}'s metadata (detached, or not \
                      known here yet): nothing appended",
-                    request.topic,
-                    hex::encode(request.epoch),
+                    topic,
+                    hex::encode(epoch),
                     self.node
                 ));
             }
@@ -278,7 +320,7 @@ impl CommitReceiver {
                 return Some(format!(
                     "parent partition {parent} of the link into {} is not in node {}'s \
                      metadata: nothing appended",
-                    request.topic, self.node
+                    topic, self.node
                 ));
             }
             Some(ParentSeen::Partition {
@@ -286,7 +328,7 @@ impl CommitReceiver {
             }) => Some(owner.generation),
             None => None,
         };
-        let claimed = request.parent_generation?;
+        let claimed = commit.parent_generation?;
         let mut fences = self
             .parent_fences
             .lock()
@@ -308,7 +350,7 @@ impl CommitReceiver {
         (claimed < least).then(|| {
             let parent = match &seen {
                 Some(ParentSeen::Partition { parent, .. }) => parent.to_string(),
-                _ => format!("partition {}", request.parent_partition),
+                _ => format!("partition {}", parent_partition),
             };
             format!(
                 "the sender owned parent {parent} at generation {claimed}, but it is at \
@@ -318,25 +360,17 @@ impl CommitReceiver {
         })
     }
 
-    /// Deduplicates `requests` against `window` and appends what is left of them together,
-    /// in order, remembering the origins of what became durable.
+    /// Deduplicates `incoming` against `window` and appends what is left of it together, in
+    /// order, remembering the origins of what became durable.
     fn append_in_order(
         &self,
         id: &PartitionId,
         window: &mut OriginWindow,
-        requests: Vec<CommitRequest>,
+        incoming: Vec<Incoming>,
     ) -> Vec<CommitResponse> {
-        let incoming: Vec<_> = requests
-            .into_iter()
-            .map(CommitRequest::into_batch)
-            .collect();
         let held: Vec<Vec<Option<u64>>> = incoming
             .iter()
-            .map(|b| {
-                b.origin
-                    .as_ref()
-                    .map_or_else(Vec::new, |o| window.held_offsets(o))
-            })
+            .map(|c| window.held_offsets(&c.origin))
             .collect();
         // What the partition stores under the held origins, to tell a repeat from a record
         // under a reused offset; read only when some origin is held, which is rare.
@@ -349,44 +383,24 @@ impl CommitReceiver {
         let mut origins = Vec::new();
         let mut blocked = false;
         let mut reused = 0;
-        for (batch, held) in incoming.into_iter().zip(&held) {
-            let keep: Vec<bool> = if batch.origin.is_some() {
-                batch
-                    .records
-                    .iter()
-                    .zip(held)
-                    .map(|(record, at)| match at.and_then(|at| stored.get(&at)) {
-                        // Not held, or no longer stored (retention): append it.
-                        None => true,
-                        Some(old) if same_content(record, old) => false,
-                        Some(_) => {
-                            reused += 1;
-                            true
-                        }
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let (kept, deduplicated) = without_held(batch, &keep);
+        for (commit, held) in incoming.into_iter().zip(&held) {
+            let (kept, deduplicated) = unheld(commit, held, &stored, &mut reused);
             let deduplicated = u32::try_from(deduplicated).unwrap_or(u32::MAX);
             let plan = match kept {
                 None => Plan::Held { deduplicated },
                 Some(_) if blocked => Plan::Behind,
-                Some(kept) => match EncodedBatch::encode(&kept.records, kept.origin.as_ref()) {
-                    Ok(encoded) => {
-                        batches.push(encoded);
-                        origins.push(kept.origin);
-                        Plan::Append {
-                            at: batches.len() - 1,
-                            deduplicated,
-                        }
+                Some(Ok((encoded, origin))) => {
+                    batches.push(encoded);
+                    origins.push(origin);
+                    Plan::Append {
+                        at: batches.len() - 1,
+                        deduplicated,
                     }
-                    Err(e) => {
-                        blocked = true;
-                        Plan::Refused(e.to_string())
-                    }
-                },
+                }
+                Some(Err(reason)) => {
+                    blocked = true;
+                    Plan::Refused(reason)
+                }
             };
             plans.push(plan);
         }
@@ -551,6 +565,106 @@ pub(crate) enum HighestOriginError {
     /// Reading the partition's tail failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+}
+
+/// One commit as the receiver applies it, however it crossed the wire.
+pub(crate) struct Incoming {
+    /// The generation at which the sender owns the records' parent partition, when it says.
+    parent_generation: Option<u64>,
+    /// The records' provenance.
+    origin: BatchOrigin,
+    /// The records.
+    content: Content,
+}
+
+/// The records of an [`Incoming`] commit.
+enum Content {
+    /// Records decoded from the record wire format.
+    Records(Vec<NewRecord>),
+    /// The frame the sender encoded, checked on arrival: appended as it came when the
+    /// partition holds none of its records.
+    Frame(EncodedBatch),
+}
+
+impl Incoming {
+    /// A commit of `frame` (encoded by this node, or checked on arrival) with its `origin`,
+    /// from a sender owning the parent partition at `parent_generation`, if it says.
+    pub(crate) fn frame(
+        frame: EncodedBatch,
+        origin: BatchOrigin,
+        parent_generation: Option<u64>,
+    ) -> Incoming {
+        Incoming {
+            parent_generation,
+            origin,
+            content: Content::Frame(frame),
+        }
+    }
+}
+
+impl From<CommitRequest> for Incoming {
+    fn from(request: CommitRequest) -> Incoming {
+        let parent_generation = request.parent_generation;
+        let (records, origin) = request.into_parts();
+        Incoming {
+            parent_generation,
+            origin,
+            content: Content::Records(records),
+        }
+    }
+}
+
+/// A frame to append, with the origin its window remembers once it is durable.
+type ToAppend = (EncodedBatch, Option<BatchOrigin>);
+
+/// What is left of `commit` once the records `held` names (the child offsets its origins are
+/// stored at, one per record) are dropped as repeats of what `stored` holds there, encoded
+/// for the append with its origin; `None` when nothing is left. Records under a held origin
+/// with other content are kept and counted in `reused`. The count is of records dropped.
+fn unheld(
+    commit: Incoming,
+    held: &[Option<u64>],
+    stored: &HashMap<u64, StoredRecord>,
+    reused: &mut usize,
+) -> (Option<Result<ToAppend, String>>, usize) {
+    let Incoming {
+        origin, content, ..
+    } = commit;
+    let records = match content {
+        Content::Frame(frame) if held.iter().all(Option::is_none) => {
+            return (Some(Ok((frame, Some(origin)))), 0);
+        }
+        Content::Frame(frame) => match frame.decode() {
+            Ok(batch) => batch.records,
+            // Checked whole on arrival: not reached.
+            Err(e) => return (Some(Err(format!("the frame does not decode: {e}"))), 0),
+        },
+        Content::Records(records) => records,
+    };
+    let keep: Vec<bool> = records
+        .iter()
+        .zip(held)
+        .map(|(record, at)| match at.and_then(|at| stored.get(&at)) {
+            // Not held, or no longer stored (retention): append it.
+            None => true,
+            Some(old) if same_content(record, old) => false,
+            Some(_) => {
+                *reused += 1;
+                true
+            }
+        })
+        .collect();
+    let batch = AppendBatch {
+        records,
+        origin: Some(origin),
+    };
+    let (kept, deduplicated) = without_held(batch, &keep);
+    let kept = kept.map(|kept| {
+        EncodedBatch::encode(&kept.records, kept.origin.as_ref())
+            .map(|encoded| (encoded, kept.origin))
+            .map_err(|e| e.to_string())
+    });
+    (kept, deduplicated)
 }
 
 fn failed(e: &StorageError) -> CommitResponse {

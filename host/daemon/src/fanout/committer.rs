@@ -16,7 +16,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use narad_storage::log::format::FrameError;
-use narad_storage::{AppendBatch, Appended, EncodedBatch, NewRecord, PartitionId, StorageError};
+use narad_storage::{
+    AppendBatch, Appended, BatchOrigin, EncodedBatch, NewRecord, PartitionId, StorageError,
+};
 
 use super::bucket::Bucket;
 use crate::blocking::BlockingError;
@@ -65,6 +67,15 @@ impl ChildBatch {
             .map(|(frame, bucket)| ChildBatch { frame, bucket })
             .collect();
         (batches, out)
+    }
+
+    /// The provenance of the batch's records: the bucket's, or decoded from the frame for a
+    /// batch known only by its frame. `None` for a batch without one.
+    pub fn origin(&self) -> Option<BatchOrigin> {
+        match &self.bucket {
+            Some(bucket) => Some(bucket.origin.clone()),
+            None => self.frame.decode().ok()?.origin,
+        }
     }
 
     /// The records and provenance of the batch: from the slab when it came from one (no

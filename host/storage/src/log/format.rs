@@ -694,6 +694,16 @@ impl FrameIndex {
         })
     }
 
+    /// The frame's origin, as the batch it was encoded from carried it, if it has one.
+    pub fn into_origin(self) -> Option<BatchOrigin> {
+        self.origin.map(|o| BatchOrigin {
+            epoch: o.epoch,
+            parent_partition: o.parent_partition,
+            slab_start: o.slab_start,
+            parent_offsets: o.parent_offsets,
+        })
+    }
+
     /// Bytes this index holds on the heap (what a read memo counts against its budget).
     pub fn heap_bytes(&self) -> usize {
         self.starts.capacity() * 4
@@ -730,13 +740,10 @@ pub fn decode_unsealed(frame: &Bytes) -> Result<AppendBatch, FrameError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let origin = index.origin.map(|o| BatchOrigin {
-        epoch: o.epoch,
-        parent_partition: o.parent_partition,
-        slab_start: o.slab_start,
-        parent_offsets: o.parent_offsets,
-    });
-    Ok(AppendBatch { records, origin })
+    Ok(AppendBatch {
+        records,
+        origin: index.into_origin(),
+    })
 }
 
 #[cfg(test)]

@@ -1257,6 +1257,7 @@ fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
     for route in [
         "/internal/v1/commit",
         "/internal/v1/commit-in-order",
+        "/internal/v1/commit-frames",
         "/internal/v1/topics/orders/partitions/0/recreate-here",
         "/internal/v1/topics/orders/partitions/0/handoff",
         "/internal/v1/topics/orders/partitions/0/move-in",

@@ -9,12 +9,14 @@
 //! 3. **Alive**: another node's bucket needs that node's advertised address, which exists only
 //!    while its lease does. None: [`ChildCommitError::OwnerDown`] at once, with no connect
 //!    attempt, so a dead owner costs no timeout per try and stalls only its own buckets.
-//! 4. **Send**: the records and their provenance are decoded back out of the frame (the
-//!    owner's dedupe needs every record's parent offset, and the wire format carries records,
-//!    not frames) and sent as a [`CommitRequest`] naming the generation seen in 1, over
-//!    `POST /internal/v1/commit-in-order`, as an async call that holds no thread, taking one
+//! 4. **Send**: the frames the cursor encoded for the buckets go as they are, with their
+//!    body CRCs, naming the generation seen in 1, over `POST /internal/v1/commit-frames` (up
+//!    to [`MAX_COMMITS_PER_CALL`] a call), as an async call that holds no thread, taking one
 //!    of the [`COMMITS_IN_FLIGHT_PER_PEER`] places of calls to that node
 //!    ([`super::peer_calls`]), so a node that hangs holds that many calls and nothing more.
+//!    An owner on an older build answers 404: it is sent [`CommitRequest`]s instead (records
+//!    and provenance taken from the slab) over `commit-in-order`, or one `commit` each, and is
+//!    not offered frames again for [`FRAMES_RETRY_AFTER`].
 //! 5. **Answer**: `Committed` is an acknowledgement of every record sent, stored now or
 //!    already held (counted on `narad_fanout_commit_deduplicated_records_total`); `NotOwner`
 //!    appends nothing and the next try reads the owner again; anything else is an error the
@@ -24,9 +26,11 @@
 //! A dead owner is waited for, never routed around: the stall text names the child partition
 //! and the node ("waiting for the owner of child partition child/p00001 (node n2): ...").
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use narad_storage::{Appended, PartitionId};
+use narad_storage::{Appended, BatchOrigin, PartitionId};
 
 use super::committer::{
     BlockingCommitter, ChildBatch, ChildCommitError, ChildCommitter, CommitFuture, InOrderCommit,
@@ -35,8 +39,10 @@ use super::committer::{
 use super::metrics::{ChildLabels, FanoutMetrics};
 use super::peer_calls::{COMMITS_IN_FLIGHT_PER_PEER, PeerCalls};
 use crate::cluster::commit_rpc::{CallError, CommitClient};
-use crate::cluster::commit_wire::{CommitRequest, CommitResponse, MAX_COMMITS_PER_CALL};
-use crate::cluster::receiver::{CommitReceiver, OwnerLookup, ParentLookup, ParentSeen};
+use crate::cluster::commit_wire::{
+    CommitRequest, CommitResponse, FramesCall, MAX_COMMITS_PER_CALL, WireFrame, encode_frames,
+};
+use crate::cluster::receiver::{CommitReceiver, Incoming, OwnerLookup, ParentLookup, ParentSeen};
 use crate::metastore::PartitionOwner;
 use crate::produce::Producer;
 
@@ -63,6 +69,8 @@ pub(crate) struct ClusterCommitter {
     /// The owner of each bucket's parent partition: a bucket is sent only while this node
     /// owns it, and names the generation it owns it at.
     parents: Option<Arc<ParentLookup>>,
+    /// The nodes that answered 404 to a frames call, and when ([`FRAMES_RETRY_AFTER`]).
+    without_frames: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for ClusterCommitter {
@@ -97,6 +105,7 @@ impl ClusterCommitter {
             receiver: None,
             fence: None,
             parents: None,
+            without_frames: Mutex::new(HashMap::new()),
         }
     }
 
@@ -145,16 +154,19 @@ impl ClusterCommitter {
                 .ok_or_else(|| ChildCommitError::NoProvenance {
                 partition: partition.clone(),
             })?;
-        request.parent_generation = self.parent_generation(partition, &request)?;
+        request.parent_generation =
+            self.parent_generation(partition, request.epoch, request.parent_partition)?;
         Ok(request)
     }
 
-    /// The generation at which this node owns the parent partition of `request`'s records;
+    /// The generation at which this node owns `parent_partition`, the parent partition of
+    /// records copied into `partition` under attach epoch `epoch`;
     /// [`ChildCommitError::NotParentOwner`] when it does not (`None` without a lookup).
     fn parent_generation(
         &self,
         partition: &PartitionId,
-        request: &CommitRequest,
+        epoch: [u8; 8],
+        parent_partition: u32,
     ) -> Result<Option<u64>, ChildCommitError> {
         let Some(parents) = &self.parents else {
             return Ok(None);
@@ -163,7 +175,7 @@ impl ClusterCommitter {
             partition: partition.clone(),
             reason,
         };
-        match parents(&request.topic, request.epoch, request.parent_partition) {
+        match parents(&partition.topic, epoch, parent_partition) {
             ParentSeen::Partition {
                 owner: Some(owner), ..
             } if owner.node == self.node => Ok(Some(owner.generation)),
@@ -174,8 +186,8 @@ impl ClusterCommitter {
             ))),
             ParentSeen::UnknownLink => Err(refuse(format!(
                 "no link into {} has attach epoch {} (detached)",
-                request.topic,
-                hex::encode(request.epoch)
+                partition.topic,
+                hex::encode(epoch)
             ))),
         }
     }
@@ -299,6 +311,134 @@ impl ClusterCommitter {
         (requests, None)
     }
 
+    /// The provenance of `batch` and the generation at which this node owns its records'
+    /// parent partition: what a commit of it to `partition` names; an error when it cannot be
+    /// sent (no provenance, or the parent is no longer this node's).
+    fn sendable(
+        &self,
+        partition: &PartitionId,
+        batch: &ChildBatch,
+    ) -> Result<(BatchOrigin, Option<u64>), ChildCommitError> {
+        let origin = batch
+            .origin()
+            .ok_or_else(|| ChildCommitError::NoProvenance {
+                partition: partition.clone(),
+            })?;
+        let parent_generation =
+            self.parent_generation(partition, origin.epoch, origin.parent_partition)?;
+        Ok((origin, parent_generation))
+    }
+
+    /// The frames calls for `batches` to `partition`, owned at `generation` (up to
+    /// [`MAX_COMMITS_PER_CALL`] frames each, of one parent generation), up to the first batch
+    /// that cannot be sent, and why that one cannot.
+    fn frames_calls(
+        &self,
+        partition: &PartitionId,
+        batches: &[ChildBatch],
+        generation: u64,
+    ) -> (Vec<FramesBody>, Option<ChildCommitError>) {
+        let mut calls = Vec::new();
+        let mut pending: Vec<&ChildBatch> = Vec::new();
+        let mut pending_parent = None;
+        let mut unsendable = None;
+        for batch in batches {
+            let parent_generation = match self.sendable(partition, batch) {
+                Ok((_, parent_generation)) => parent_generation,
+                Err(error) => {
+                    unsendable = Some(error);
+                    break;
+                }
+            };
+            if !pending.is_empty()
+                && (pending.len() == MAX_COMMITS_PER_CALL || pending_parent != parent_generation)
+            {
+                calls.push(FramesBody::new(
+                    partition,
+                    generation,
+                    pending_parent,
+                    &pending,
+                ));
+                pending.clear();
+            }
+            pending_parent = parent_generation;
+            pending.push(batch);
+        }
+        if !pending.is_empty() {
+            calls.push(FramesBody::new(
+                partition,
+                generation,
+                pending_parent,
+                &pending,
+            ));
+        }
+        (calls, unsendable)
+    }
+
+    /// Sends `calls` to `owner` at `base_url`, one after another, each holding one of the
+    /// places of calls to that node.
+    async fn send_frames(
+        &self,
+        partition: &PartitionId,
+        owner: &PartitionOwner,
+        base_url: &str,
+        calls: Vec<FramesBody>,
+    ) -> Result<(), FramesFailure> {
+        let mut done = 0;
+        for call in calls {
+            let slot = self
+                .calls
+                .enter(&owner.node, partition)
+                .await
+                .map_err(|error| {
+                    FramesFailure::Failed(InOrderFailure {
+                        durable: done,
+                        error,
+                    })
+                })?;
+            let answered = self
+                .client
+                .commit_frames(base_url, call.records.len(), call.body)
+                .await;
+            drop(slot);
+            match answered {
+                Ok(answers) => {
+                    self.accept_all(partition, owner, &call.records, answers, done)
+                        .map_err(FramesFailure::Failed)?;
+                }
+                Err(CallError::BadAnswer { status: 404, .. }) => {
+                    return Err(FramesFailure::NotServed { done });
+                }
+                Err(source) => {
+                    return Err(FramesFailure::Failed(InOrderFailure {
+                        durable: done,
+                        error: ChildCommitError::Unreachable {
+                            partition: partition.clone(),
+                            node: owner.node.clone(),
+                            source,
+                        },
+                    }));
+                }
+            }
+            done += call.records.len();
+        }
+        Ok(())
+    }
+
+    /// Whether `node` is taken to serve the frames call: yes unless it answered 404 to one
+    /// within [`FRAMES_RETRY_AFTER`] (an older binary, until it is upgraded).
+    fn serves_frames(&self, node: &str) -> bool {
+        let mut refused = lock(&self.without_frames);
+        match refused.get(node) {
+            Some(at) if at.elapsed() < FRAMES_RETRY_AFTER => false,
+            Some(_) => {
+                refused.remove(node);
+                true
+            }
+            None => true,
+        }
+    }
+
     /// Takes `answers` (to requests of `sent` records each, the first `done` of a commit's
     /// being acknowledged already) from `owner`: `Ok` when each is an acknowledgement.
     fn accept_all(
@@ -338,7 +478,8 @@ impl ClusterCommitter {
         (batches, result)
     }
 
-    /// Commits `batches` through this node's own `receiver`, as a commit from another node.
+    /// Commits `batches` through this node's own `receiver`, as a commit from another node:
+    /// each batch's frame as it was encoded (a copy), not its records encoded again.
     fn commit_through(
         &self,
         receiver: &CommitReceiver,
@@ -346,9 +487,26 @@ impl ClusterCommitter {
         owner: &PartitionOwner,
         batches: &[ChildBatch],
     ) -> Result<(), InOrderFailure> {
-        let (requests, unsendable) = self.requests(partition, batches, owner.generation);
-        let sent = records_in(&requests);
-        let answers = receiver.commit_in_order(requests);
+        let mut incoming = Vec::with_capacity(batches.len());
+        let mut unsendable = None;
+        for batch in batches {
+            match self.sendable(partition, batch) {
+                Ok((origin, parent_generation)) => incoming.push(Incoming::frame(
+                    batch.frame.clone(),
+                    origin,
+                    parent_generation,
+                )),
+                Err(error) => {
+                    unsendable = Some(error);
+                    break;
+                }
+            }
+        }
+        let sent: Vec<usize> = batches[..incoming.len()]
+            .iter()
+            .map(|b| b.frame.record_count() as usize)
+            .collect();
+        let answers = receiver.commit_incoming(partition.clone(), owner.generation, incoming);
         self.accept_all(partition, owner, &sent, answers, 0)?;
         match unsendable {
             Some(error) => Err(InOrderFailure {
@@ -432,31 +590,86 @@ impl ClusterCommitter {
             Ok(route) => route,
             Err(error) => return failed(batches, error),
         };
-        // Building the requests is CPU (each batch's records, from its slab or decoded from
-        // its frame), and a local append blocks: both run on the blocking pool. Only the call to another node runs here, holding no thread.
-        let here = Arc::clone(&self);
-        let prepared = crate::blocking::run(move || match route {
+        let (owner, base_url) = match route {
             Route::Here(owner) => {
-                let (batches, result) = here.commit_here(&partition, &owner, batches);
-                (batches, partition, Err(result))
+                // A local append blocks: on the blocking pool.
+                let here = Arc::clone(&self);
+                return match crate::blocking::run(move || {
+                    here.commit_here(&partition, &owner, batches)
+                })
+                .await
+                {
+                    Ok((batches, result)) => InOrderCommit { batches, result },
+                    Err(error) => InOrderCommit::task_failed(error),
+                };
             }
-            Route::There { owner, base_url } => {
-                let (requests, unsendable) = here.requests(&partition, &batches, owner.generation);
-                (
-                    batches,
-                    partition,
-                    Ok((owner, base_url, requests, unsendable)),
-                )
-            }
+            Route::There { owner, base_url } => (owner, base_url),
+        };
+        let mut batches = batches;
+        if self.serves_frames(&owner.node) {
+            // Encoding the calls copies every frame: CPU, on the blocking pool. Only the
+            // calls themselves run here, holding no thread.
+            let here = Arc::clone(&self);
+            let generation = owner.generation;
+            let prepared = crate::blocking::run(move || {
+                let (calls, unsendable) = here.frames_calls(&partition, &batches, generation);
+                (batches, partition, calls, unsendable)
+            })
+            .await;
+            let (back, at, calls, unsendable) = match prepared {
+                Ok(prepared) => prepared,
+                Err(error) => return InOrderCommit::task_failed(error),
+            };
+            batches = back;
+            let sendable: usize = calls.iter().map(|c| c.records.len()).sum();
+            let result = match self.send_frames(&at, &owner, &base_url, calls).await {
+                Ok(()) => match unsendable {
+                    Some(error) => Err(InOrderFailure {
+                        durable: sendable,
+                        error,
+                    }),
+                    None => Ok(()),
+                },
+                Err(FramesFailure::Failed(failure)) => Err(failure),
+                Err(FramesFailure::NotServed { done: served }) => {
+                    tracing::info!(node = %owner.node,
+                        "the owner does not serve the frames call (an older build): sending \
+                         records instead");
+                    lock(&self.without_frames).insert(owner.node.clone(), Instant::now());
+                    return self
+                        .commit_as_records(at, owner, base_url, batches, served)
+                        .await;
+                }
+            };
+            return InOrderCommit { batches, result };
+        }
+        self.commit_as_records(partition, owner, base_url, batches, 0)
+            .await
+    }
+
+    /// Sends `batches` from the `done`-th on to `owner` at `base_url` as records (the
+    /// in-order call, or one call each), for an owner without the frames call.
+    async fn commit_as_records(
+        self: Arc<Self>,
+        partition: PartitionId,
+        owner: PartitionOwner,
+        base_url: String,
+        batches: Vec<ChildBatch>,
+        done: usize,
+    ) -> InOrderCommit {
+        // Building the requests is CPU (each batch's records, from its slab or decoded from
+        // its frame): on the blocking pool.
+        let here = Arc::clone(&self);
+        let generation = owner.generation;
+        let prepared = crate::blocking::run(move || {
+            let rest = batches.get(done..).unwrap_or_default();
+            let (requests, unsendable) = here.requests(&partition, rest, generation);
+            (batches, partition, requests, unsendable)
         })
         .await;
-        let (batches, partition, remote) = match prepared {
+        let (batches, partition, requests, unsendable) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => return InOrderCommit::task_failed(error),
-        };
-        let (owner, base_url, requests, unsendable) = match remote {
-            Ok(remote) => remote,
-            Err(result) => return InOrderCommit { batches, result },
         };
         let mut result = self
             .send_in_order(&partition, &owner, &base_url, &requests)
@@ -467,8 +680,69 @@ impl ClusterCommitter {
                 error,
             });
         }
+        let result = result.map_err(|failure| InOrderFailure {
+            durable: failure.durable + done,
+            error: failure.error,
+        });
         InOrderCommit { batches, result }
     }
+}
+
+/// How long a node that answered 404 to a frames call is sent records instead before it is
+/// tried again (it may have been upgraded since).
+const FRAMES_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// One frames call, encoded, with the records each of its frames carries.
+struct FramesBody {
+    records: Vec<usize>,
+    body: Vec<u8>,
+}
+
+impl FramesBody {
+    /// The call carrying `batches` to `partition` (owned at `generation`), from a sender
+    /// owning their parent partition at `parent_generation`.
+    fn new(
+        partition: &PartitionId,
+        generation: u64,
+        parent_generation: Option<u64>,
+        batches: &[&ChildBatch],
+    ) -> FramesBody {
+        let call = FramesCall {
+            topic: &partition.topic,
+            partition: partition.partition,
+            generation,
+            parent_generation,
+            frames: batches
+                .iter()
+                .map(|b| WireFrame {
+                    body_crc: b.frame.body_crc(),
+                    frame: b.frame.frame(),
+                })
+                .collect(),
+        };
+        FramesBody {
+            records: batches
+                .iter()
+                .map(|b| b.frame.record_count() as usize)
+                .collect(),
+            body: encode_frames(&call),
+        }
+    }
+}
+
+/// Why frames calls stopped.
+enum FramesFailure {
+    /// The owner does not serve the call; the first `done` batches are durable.
+    NotServed { done: usize },
+    /// As for any commit.
+    Failed(InOrderFailure),
+}
+
+/// `mutex`'s guard, also after a panic elsewhere (what it guards stays consistent).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// How many records each of `requests` carries.

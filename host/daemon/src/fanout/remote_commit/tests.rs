@@ -12,7 +12,8 @@ use narad_storage::EncodedBatch;
 
 use super::*;
 use crate::cluster::commit_rpc::{
-    COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_in_order_route, commit_route,
+    COMMIT_FRAMES_PATH, COMMIT_IN_ORDER_PATH, COMMIT_PATH, commit_frames_route,
+    commit_in_order_route, commit_route,
 };
 use crate::cluster::receiver::CommitReceiver;
 use crate::fanout::FanoutTiming;
@@ -97,6 +98,8 @@ struct Pair {
     n2_alive: Arc<AtomicBool>,
     /// Commit calls n2's server received.
     n2_calls: Arc<AtomicUsize>,
+    /// The path of every call n2 got, in order.
+    n2_paths: Arc<Mutex<Vec<String>>>,
     /// Whether n1 is fenced (lost etcd).
     n1_fenced: Arc<AtomicBool>,
     metrics: Arc<FanoutMetrics>,
@@ -105,11 +108,22 @@ struct Pair {
 }
 
 async fn pair() -> Pair {
-    pair_serving(true).await
+    pair_serving(Serves::Frames).await
 }
 
-/// [`pair`], with n2 serving the in-order commit call or not (an older binary).
-async fn pair_serving(in_order: bool) -> Pair {
+/// Which commit calls n2 serves: an older binary serves fewer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    /// Every call: frames, in order, one commit.
+    Frames,
+    /// The in-order call and the one-commit call (the build before the frames call).
+    InOrder,
+    /// Only the one-commit call.
+    OneEach,
+}
+
+/// [`pair`], with n2 serving the calls `serves` says.
+async fn pair_serving(serves: Serves) -> Pair {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (n1_store, n2_store) = (open(dirs.0.path(), 3), open(dirs.1.path(), 3));
     let view = HashMap::from([
@@ -125,17 +139,22 @@ async fn pair_serving(in_order: bool) -> Pair {
         owners_of(&n2_owners),
     ));
     let n2_calls = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&n2_calls);
+    let n2_paths = Arc::new(Mutex::new(Vec::new()));
+    let (counted, paths) = (Arc::clone(&n2_calls), Arc::clone(&n2_paths));
     let mut app = axum::Router::new().route(COMMIT_PATH, axum::routing::post(commit_route));
-    if in_order {
+    if serves != Serves::OneEach {
         app = app.route(
             COMMIT_IN_ORDER_PATH,
             axum::routing::post(commit_in_order_route),
         );
     }
+    if serves == Serves::Frames {
+        app = app.route(COMMIT_FRAMES_PATH, axum::routing::post(commit_frames_route));
+    }
     let app = app.with_state(receiver).layer(axum::middleware::from_fn(
         move |request: axum::extract::Request, next: axum::middleware::Next| {
             counted.fetch_add(1, Ordering::SeqCst);
+            paths.lock().unwrap().push(request.uri().path().to_owned());
             next.run(request)
         },
     ));
@@ -175,6 +194,7 @@ async fn pair_serving(in_order: bool) -> Pair {
         n2_owners,
         n2_alive,
         n2_calls,
+        n2_paths,
         n1_fenced,
         metrics,
         committer,
@@ -415,6 +435,10 @@ async fn batches_in_order_for_another_node_take_one_call_and_one_append_there() 
         .await
         .unwrap();
     assert_eq!(p.n2_calls.load(Ordering::SeqCst) - calls, 1, "one call");
+    assert_eq!(
+        p.n2_paths.lock().unwrap().last().unwrap(),
+        COMMIT_FRAMES_PATH
+    );
     assert_eq!(p.n2_store.append_stats().syncs - syncs, 1, "one fdatasync");
     let want = [
         ("v10".to_owned(), origin(10, 10)),
@@ -432,19 +456,72 @@ async fn batches_in_order_for_another_node_take_one_call_and_one_append_there() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_without_the_in_order_call_takes_the_batches_one_call_each() {
-    let p = pair_serving(false).await;
-    let calls = p.n2_calls.load(Ordering::SeqCst);
+    let p = pair_serving(Serves::OneEach).await;
     in_order(&p.committer, 1, vec![vec![10, 11], vec![12]])
         .await
         .unwrap();
-    // The in-order call answered 404, then one commit call per batch.
-    assert_eq!(p.n2_calls.load(Ordering::SeqCst) - calls, 3);
+    // The frames call and the in-order call answered 404, then one commit call per batch.
+    assert_eq!(
+        *p.n2_paths.lock().unwrap(),
+        [
+            COMMIT_FRAMES_PATH,
+            COMMIT_IN_ORDER_PATH,
+            COMMIT_PATH,
+            COMMIT_PATH
+        ]
+    );
     assert_eq!(
         stored(&p.n2_store, 1),
         [
             ("v10".to_owned(), origin(10, 10)),
             ("v11".to_owned(), origin(11, 10)),
             ("v12".to_owned(), origin(12, 12)),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_partly_held_by_the_owner_appends_only_the_records_it_lacks() {
+    let p = pair().await;
+    in_order(&p.committer, 1, vec![vec![10, 11]]).await.unwrap();
+    // A retry that lost its first commit's answer, now longer (a later read of the parent).
+    in_order(&p.committer, 1, vec![vec![10, 11, 12]])
+        .await
+        .unwrap();
+    assert_eq!(
+        stored(&p.n2_store, 1),
+        [
+            ("v10".to_owned(), origin(10, 10)),
+            ("v11".to_owned(), origin(11, 10)),
+            ("v12".to_owned(), origin(12, 10)),
+        ]
+    );
+    assert_eq!(deduplicated(&p.metrics), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_without_the_frames_call_is_sent_records_and_not_asked_again_at_once() {
+    let p = pair_serving(Serves::InOrder).await;
+    in_order(&p.committer, 1, vec![vec![10, 11], vec![12]])
+        .await
+        .unwrap();
+    in_order(&p.committer, 1, vec![vec![13]]).await.unwrap();
+    // One 404 to the frames call, then the in-order call for both commits.
+    assert_eq!(
+        *p.n2_paths.lock().unwrap(),
+        [
+            COMMIT_FRAMES_PATH,
+            COMMIT_IN_ORDER_PATH,
+            COMMIT_IN_ORDER_PATH
+        ]
+    );
+    assert_eq!(
+        stored(&p.n2_store, 1),
+        [
+            ("v10".to_owned(), origin(10, 10)),
+            ("v11".to_owned(), origin(11, 10)),
+            ("v12".to_owned(), origin(12, 12)),
+            ("v13".to_owned(), origin(13, 13)),
         ]
     );
 }
