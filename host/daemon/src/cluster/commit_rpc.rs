@@ -21,8 +21,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::commit_wire::{
-    CommitRequest, CommitResponse, MAX_COMMIT_REQUEST_BYTES, MAX_COMMITS_PER_CALL,
-    MAX_IN_ORDER_REQUEST_BYTES, PARENT_GENERATION_HEADER, WireError, decode_answers, decode_frames,
+    CommitRequest, CommitResponse, FramesReader, MAX_COMMIT_REQUEST_BYTES, MAX_COMMITS_PER_CALL,
+    MAX_IN_ORDER_REQUEST_BYTES, PARENT_GENERATION_HEADER, WireError, decode_answers,
     decode_in_order, encode_answers, encode_in_order,
 };
 use super::receiver::CommitReceiver;
@@ -154,29 +154,54 @@ pub(crate) async fn commit_in_order_route(
         .into_response()
 }
 
-/// The axum handler of [`COMMIT_FRAMES_PATH`]; the state is this node's receiver.
+/// The axum handler of [`COMMIT_FRAMES_PATH`]; the state is this node's receiver. The body is
+/// read as it arrives, each frame into a buffer of its own length ([`FramesReader`]), and
+/// refused as soon as it breaks a bound.
 pub(crate) async fn commit_frames_route(
     State(receiver): State<Arc<CommitReceiver>>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
-    // Checking a frame reads every byte of it (its CRC, every record): blocking-pool work,
-    // as the append after it is.
-    let answers = crate::blocking::run(move || {
-        decode_frames(&body).map(|call| {
-            let count = call.frames.len();
-            (count, receiver.commit_frames(call))
+    let refuse = |e: WireError| {
+        let status = match e {
+            WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        (status, e.to_string()).into_response()
+    };
+    let mut reader = FramesReader::default();
+    let mut body = body;
+    loop {
+        let next = std::future::poll_fn(|cx| {
+            http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
         })
-    })
-    .await;
-    let answers = match answers {
-        Ok(Ok((_, answers))) => answers,
-        Ok(Err(e)) => {
-            let status = match e {
-                WireError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            return (status, e.to_string()).into_response();
+        .await;
+        let chunk = match next {
+            None => break,
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                // Trailers carry nothing a commit needs.
+                Err(_) => continue,
+            },
+            Some(Err(e)) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("the frames call's body could not be read: {e}"),
+                )
+                    .into_response();
+            }
+        };
+        if let Err(e) = reader.feed(&chunk) {
+            return refuse(e);
         }
+    }
+    // Checking a frame reads every byte of it (its CRC, every record): blocking-pool work, as
+    // the append after it is.
+    let answers =
+        crate::blocking::run(move || reader.finish().map(|call| receiver.commit_frames(call)))
+            .await;
+    let answers = match answers {
+        Ok(Ok(answers)) => answers,
+        Ok(Err(e)) => return refuse(e),
         Err(e) => {
             return (
                 StatusCode::INTERNAL_SERVER_ERROR,

@@ -395,7 +395,12 @@ pub(crate) fn decode_in_order(bytes: &[u8]) -> Result<Vec<CommitRequest>, WireEr
 /// each as the frame the sender encoded for it (unsealed), so the owner appends the bytes it
 /// got instead of decoding records and encoding them again. The frame carries the records,
 /// null values and provenance itself.
-#[derive(Debug, Serialize, Deserialize)]
+///
+/// On the wire: the length of the head (`u32`, little-endian), the head ([`FramesHead`],
+/// postcard), then each frame's bytes, one after another. The owner reads each frame straight
+/// into a buffer of its own size ([`FramesReader`]): the bytes are copied once on the way in,
+/// not gathered into one body and copied out again.
+#[derive(Debug)]
 pub(crate) struct FramesCall<'a> {
     /// The child topic.
     pub topic: &'a str,
@@ -407,38 +412,37 @@ pub(crate) struct FramesCall<'a> {
     /// (one cursor sends a call), when it says.
     pub parent_generation: Option<u64>,
     /// The frames, in order (1 to [`MAX_COMMITS_PER_CALL`]).
-    #[serde(borrow)]
     pub frames: Vec<WireFrame<'a>>,
 }
 
 /// One frame of a [`FramesCall`].
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct WireFrame<'a> {
     /// The CRC-32C of the frame's body, as the sender computed it while encoding.
     pub body_crc: u32,
     /// The frame, unsealed (`EncodedBatch::frame`).
-    #[serde(with = "serde_bytes_borrowed")]
     pub frame: &'a [u8],
 }
 
-/// A byte string borrowed from the call's body (postcard writes a varint length and the
-/// bytes), read and written as one slice.
-mod serde_bytes_borrowed {
-    pub(super) fn serialize<S: serde::Serializer>(
-        bytes: &[u8],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(bytes)
-    }
-
-    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<&'de [u8], D::Error> {
-        <&'de [u8] as serde::Deserialize<'de>>::deserialize(deserializer)
-    }
+/// The head of a frames call: where the frames go, and each frame's length and body CRC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FramesHead {
+    /// The child topic.
+    pub topic: String,
+    /// The child partition.
+    pub partition: u32,
+    /// The ownership generation the sender saw.
+    pub generation: u64,
+    /// The sender's parent generation, when it says.
+    pub parent_generation: Option<u64>,
+    /// Each frame's length in bytes and the CRC-32C of its body, in order.
+    pub frames: Vec<(u32, u32)>,
 }
 
-/// A checked [`FramesCall`], as the receiver applies it.
+/// Longest head a frames call may have: a topic name and two frames' lengths fit many times.
+const MAX_FRAMES_HEAD_BYTES: usize = 4 * 1024;
+
+/// A checked frames call, as the receiver applies it.
 #[derive(Debug)]
 pub(crate) struct FrameCommits {
     /// The child topic.
@@ -453,60 +457,183 @@ pub(crate) struct FrameCommits {
     pub frames: Vec<(EncodedBatch, BatchOrigin)>,
 }
 
-/// Encodes one frames call.
+/// Encodes one frames call (layout on [`FramesCall`]) into one buffer of its exact size.
 pub(crate) fn encode_frames(call: &FramesCall<'_>) -> Vec<u8> {
-    let expected = 64
-        + call.topic.len()
-        + call
-            .frames
-            .iter()
-            .map(|f| f.frame.len() + 10)
-            .sum::<usize>();
-    // Encoding plain data into a Vec cannot fail.
-    postcard::to_extend(call, Vec::with_capacity(expected)).unwrap_or_default()
-}
-
-/// Decodes and checks a frames call: at most [`MAX_IN_ORDER_REQUEST_BYTES`], 1 to
-/// [`MAX_COMMITS_PER_CALL`] frames, each one whole and unchanged (its body's CRC is the
-/// sender's), with provenance (a child commit always has it) and 1 to [`MAX_COMMIT_RECORDS`]
-/// records.
-pub(crate) fn decode_frames(bytes: &[u8]) -> Result<FrameCommits, WireError> {
-    if bytes.len() > MAX_IN_ORDER_REQUEST_BYTES {
-        return Err(WireError::TooLarge {
-            bytes: bytes.len(),
-            limit: MAX_IN_ORDER_REQUEST_BYTES,
-        });
-    }
-    let call: FramesCall<'_> =
-        postcard::from_bytes(bytes).map_err(|e| WireError::Malformed(e.to_string()))?;
-    if call.frames.is_empty() || call.frames.len() > MAX_COMMITS_PER_CALL {
-        return Err(WireError::Malformed(format!(
-            "{} frames in one call (1 to {MAX_COMMITS_PER_CALL})",
-            call.frames.len()
-        )));
-    }
-    let mut frames = Vec::with_capacity(call.frames.len());
-    for (i, wire) in call.frames.iter().enumerate() {
-        let (frame, origin) = EncodedBatch::from_unsealed(wire.frame.to_vec(), wire.body_crc)
-            .map_err(|e| WireError::Malformed(format!("frame {i}: {e}")))?;
-        let records = frame.record_count() as usize;
-        if records > MAX_COMMIT_RECORDS {
-            return Err(WireError::RecordCount { records });
-        }
-        let Some(origin) = origin else {
-            return Err(WireError::Malformed(format!(
-                "frame {i} has no provenance: it is not a child commit"
-            )));
-        };
-        frames.push((frame, origin));
-    }
-    Ok(FrameCommits {
+    let head = FramesHead {
         topic: call.topic.to_owned(),
         partition: call.partition,
         generation: call.generation,
         parent_generation: call.parent_generation,
-        frames,
-    })
+        // A frame is at most MAX_FRAME_BYTES (64 MiB), which fits.
+        frames: call
+            .frames
+            .iter()
+            .map(|f| (u32::try_from(f.frame.len()).unwrap_or(u32::MAX), f.body_crc))
+            .collect(),
+    };
+    // Encoding plain data into a Vec cannot fail.
+    let head = postcard::to_allocvec(&head).unwrap_or_default();
+    let frames: usize = call.frames.iter().map(|f| f.frame.len()).sum();
+    let mut out = Vec::with_capacity(4 + head.len() + frames);
+    out.extend_from_slice(&u32::try_from(head.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&head);
+    for frame in &call.frames {
+        out.extend_from_slice(frame.frame);
+    }
+    out
+}
+
+/// Reads a frames call as its bytes arrive, in chunks of any size: the head first, then each
+/// frame into a buffer of the length the head gives it. Refuses a head over
+/// [`MAX_FRAMES_HEAD_BYTES`], other than 1 to [`MAX_COMMITS_PER_CALL`] frames, frames over
+/// [`MAX_IN_ORDER_REQUEST_BYTES`] together, and a body shorter or longer than the head says,
+/// before it allocates for them.
+#[derive(Debug, Default)]
+pub(crate) struct FramesReader {
+    /// Bytes of the head's length and the head, until the head is read.
+    start: Vec<u8>,
+    head: Option<FramesHead>,
+    /// The frames read so far, the last one possibly still filling.
+    frames: Vec<Vec<u8>>,
+}
+
+impl FramesReader {
+    /// Takes the next `chunk` of the body.
+    pub(crate) fn feed(&mut self, mut chunk: &[u8]) -> Result<(), WireError> {
+        if self.head.is_none() {
+            chunk = self.read_head(chunk)?;
+        }
+        let Some(head) = &self.head else {
+            return Ok(());
+        };
+        while !chunk.is_empty() {
+            let filling = self
+                .frames
+                .last()
+                .zip(head.frames.get(self.frames.len().wrapping_sub(1)))
+                .is_some_and(|(frame, &(len, _))| frame.len() < len as usize);
+            if !filling {
+                let Some(&(len, _)) = head.frames.get(self.frames.len()) else {
+                    return Err(WireError::Malformed(
+                        "bytes after the last frame the head names".to_owned(),
+                    ));
+                };
+                // The head's lengths are bounded together (read_head): one buffer of the
+                // frame's size, filled without a copy to grow it.
+                self.frames.push(Vec::with_capacity(len as usize));
+            }
+            let at = self.frames.len() - 1;
+            let (Some(frame), Some(&(len, _))) = (self.frames.last_mut(), head.frames.get(at))
+            else {
+                break;
+            };
+            let take = (len as usize - frame.len()).min(chunk.len());
+            frame.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+        }
+        Ok(())
+    }
+
+    /// Reads the head's length and the head from the start of `chunk`, returning what is left
+    /// of it (empty while the head is still incomplete).
+    fn read_head<'c>(&mut self, mut rest: &'c [u8]) -> Result<&'c [u8], WireError> {
+        loop {
+            let wanted = match self.start.get(..4) {
+                Some(len) => {
+                    let head_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                    if head_len == 0 || head_len > MAX_FRAMES_HEAD_BYTES {
+                        return Err(WireError::Malformed(format!(
+                            "a frames call's head of {head_len} bytes (1 to \
+                             {MAX_FRAMES_HEAD_BYTES})"
+                        )));
+                    }
+                    4 + head_len
+                }
+                None => 4,
+            };
+            if wanted > 4 && self.start.len() == wanted {
+                break;
+            }
+            if rest.is_empty() {
+                return Ok(rest);
+            }
+            let take = (wanted - self.start.len()).min(rest.len());
+            self.start.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+        }
+        let head: FramesHead = postcard::from_bytes(&self.start[4..])
+            .map_err(|e| WireError::Malformed(e.to_string()))?;
+        if head.frames.is_empty() || head.frames.len() > MAX_COMMITS_PER_CALL {
+            return Err(WireError::Malformed(format!(
+                "{} frames in one call (1 to {MAX_COMMITS_PER_CALL})",
+                head.frames.len()
+            )));
+        }
+        let total: usize = head.frames.iter().map(|&(len, _)| len as usize).sum();
+        if total > MAX_IN_ORDER_REQUEST_BYTES {
+            return Err(WireError::TooLarge {
+                bytes: total,
+                limit: MAX_IN_ORDER_REQUEST_BYTES,
+            });
+        }
+        if let Some(i) = head.frames.iter().position(|&(len, _)| len == 0) {
+            return Err(WireError::Malformed(format!("frame {i} is empty")));
+        }
+        self.head = Some(head);
+        Ok(rest)
+    }
+
+    /// The call, once the body has ended: every frame checked
+    /// ([`EncodedBatch::from_unsealed`]: whole, its body the CRC the head gives, provenance
+    /// present, 1 to [`MAX_COMMIT_RECORDS`] records). Reads every byte: blocking-pool work.
+    pub(crate) fn finish(self) -> Result<FrameCommits, WireError> {
+        let Some(head) = self.head else {
+            return Err(WireError::Malformed(
+                "the body ended inside the frames call's head".to_owned(),
+            ));
+        };
+        let whole = self.frames.len() == head.frames.len()
+            && self
+                .frames
+                .iter()
+                .zip(&head.frames)
+                .all(|(frame, &(len, _))| frame.len() == len as usize);
+        if !whole {
+            return Err(WireError::Malformed(
+                "the body ended before the last frame the head names".to_owned(),
+            ));
+        }
+        let mut frames = Vec::with_capacity(self.frames.len());
+        for (i, (bytes, &(_, body_crc))) in self.frames.into_iter().zip(&head.frames).enumerate() {
+            let (frame, origin) = EncodedBatch::from_unsealed(bytes, body_crc)
+                .map_err(|e| WireError::Malformed(format!("frame {i}: {e}")))?;
+            let records = frame.record_count() as usize;
+            if records > MAX_COMMIT_RECORDS {
+                return Err(WireError::RecordCount { records });
+            }
+            let Some(origin) = origin else {
+                return Err(WireError::Malformed(format!(
+                    "frame {i} has no provenance: it is not a child commit"
+                )));
+            };
+            frames.push((frame, origin));
+        }
+        Ok(FrameCommits {
+            topic: head.topic,
+            partition: head.partition,
+            generation: head.generation,
+            parent_generation: head.parent_generation,
+            frames,
+        })
+    }
+}
+
+/// Decodes and checks a whole frames call ([`FramesReader`]).
+#[cfg(test)]
+pub(crate) fn decode_frames(bytes: &[u8]) -> Result<FrameCommits, WireError> {
+    let mut reader = FramesReader::default();
+    reader.feed(bytes)?;
+    reader.finish()
 }
 
 /// Encodes the answers of one in-order call, one per commit, in order.
@@ -642,6 +769,119 @@ mod tests {
         assert_eq!(read_by_new.into_batch(), bucket());
         let read_by_old: VecBytesRequest = postcard::from_bytes(&request.encode()).unwrap();
         assert_eq!(read_by_old.records[0].key.as_deref(), Some(&b"k"[..]));
+    }
+
+    /// A frames call carrying `frames` (each encoded from [`bucket`] with parent offsets
+    /// from `first`), and its head.
+    fn frames_call(firsts: &[u64]) -> Vec<u8> {
+        let encoded: Vec<EncodedBatch> = firsts
+            .iter()
+            .map(|&first| {
+                let mut batch = bucket();
+                if let Some(origin) = batch.origin.as_mut() {
+                    origin.parent_offsets = vec![first, first + 1, first + 2];
+                    origin.slab_start = first;
+                }
+                EncodedBatch::encode(&batch.records, batch.origin.as_ref()).unwrap()
+            })
+            .collect();
+        encode_frames(&FramesCall {
+            topic: "audit",
+            partition: 2,
+            generation: 5,
+            parent_generation: Some(9),
+            frames: encoded
+                .iter()
+                .map(|e| WireFrame {
+                    body_crc: e.body_crc(),
+                    frame: e.frame(),
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn a_frames_call_read_in_chunks_of_any_size_gives_the_frames_sent() {
+        let body = frames_call(&[40, 50]);
+        let whole = decode_frames(&body).unwrap();
+        assert_eq!(
+            (
+                whole.topic.as_str(),
+                whole.partition,
+                whole.generation,
+                whole.parent_generation
+            ),
+            ("audit", 2, 5, Some(9))
+        );
+        assert_eq!(whole.frames.len(), 2);
+        assert_eq!(whole.frames[1].1.parent_offsets, [50, 51, 52]);
+        assert_eq!(
+            whole.frames[0].0.decode().unwrap().records,
+            bucket().records
+        );
+        for size in 1..body.len() {
+            let mut reader = FramesReader::default();
+            for chunk in body.chunks(size) {
+                reader.feed(chunk).unwrap();
+            }
+            let read = reader.finish().unwrap();
+            let frames =
+                |c: &FrameCommits| c.frames.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>();
+            assert_eq!(frames(&read), frames(&whole), "chunks of {size}");
+        }
+    }
+
+    #[test]
+    fn frames_calls_that_break_a_bound_are_refused_before_their_frames_are_read() {
+        let body = frames_call(&[40]);
+        // Cut anywhere: the body ended early.
+        for cut in [0, 2, 4, 10, body.len() - 1] {
+            assert!(
+                matches!(decode_frames(&body[..cut]), Err(WireError::Malformed(_))),
+                "cut at {cut}"
+            );
+        }
+        // A byte after the last frame.
+        let mut longer = body.clone();
+        longer.push(0);
+        assert!(matches!(
+            decode_frames(&longer),
+            Err(WireError::Malformed(_))
+        ));
+        // Three frames, and a head naming none.
+        assert!(matches!(
+            decode_frames(&frames_call(&[1, 10, 20])),
+            Err(WireError::Malformed(_))
+        ));
+        let head = |frames: Vec<(u32, u32)>| {
+            let head = postcard::to_allocvec(&FramesHead {
+                topic: "audit".to_owned(),
+                partition: 2,
+                generation: 5,
+                parent_generation: None,
+                frames,
+            })
+            .unwrap();
+            let mut out = (head.len() as u32).to_le_bytes().to_vec();
+            out.extend(head);
+            out
+        };
+        assert!(matches!(
+            FramesReader::default().feed(&head(Vec::new())),
+            Err(WireError::Malformed(_))
+        ));
+        // Frames declared larger than a call may carry: refused from the head alone.
+        assert!(matches!(
+            FramesReader::default().feed(&head(vec![(u32::MAX, 0), (u32::MAX, 0)])),
+            Err(WireError::TooLarge { .. })
+        ));
+        // A head longer than any head may be.
+        let mut huge = ((MAX_FRAMES_HEAD_BYTES + 1) as u32).to_le_bytes().to_vec();
+        huge.extend(vec![0u8; 16]);
+        assert!(matches!(
+            FramesReader::default().feed(&huge),
+            Err(WireError::Malformed(_))
+        ));
     }
 
     #[test]
