@@ -82,14 +82,7 @@ pub(crate) mod crash_loop {
         };
         assert!(operations >= 10, "a run takes {operations} operations");
         let temp = format!("{}{REPLACE_TEMP_SUFFIX}", run.file_name);
-        let modes = [
-            CrashMode::DropAll,
-            CrashMode::KeepAll,
-            CrashMode::Tear(1),
-            CrashMode::Tear(2),
-            CrashMode::Tear(3),
-            CrashMode::Tear(4),
-        ];
+        let modes = CrashMode::SAMPLE;
         for crash_point in 1..=operations {
             for mode in modes {
                 let fs = fresh();

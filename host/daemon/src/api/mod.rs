@@ -267,10 +267,9 @@ pub(crate) fn commit_router(
             COMMIT_IN_ORDER_PATH,
             post(commit_in_order_route).layer(in_order_body_limit()),
         )
-        .route(
-            COMMIT_FRAMES_PATH,
-            post(commit_frames_route).layer(in_order_body_limit()),
-        )
+        // Read as a stream, so no body limit applies: the route's reader bounds what it
+        // takes from the head it reads first (commit_wire::FramesReader).
+        .route(COMMIT_FRAMES_PATH, post(commit_frames_route))
         .route(
             "/internal/v1/topics/{topic}/partitions/{partition}/highest-origin",
             post(crate::operations::recreate::highest_origin_route),

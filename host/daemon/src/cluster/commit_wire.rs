@@ -507,11 +507,15 @@ impl FramesReader {
             return Ok(());
         };
         while !chunk.is_empty() {
-            let filling = self
-                .frames
-                .last()
-                .zip(head.frames.get(self.frames.len().wrapping_sub(1)))
-                .is_some_and(|(frame, &(len, _))| frame.len() < len as usize);
+            // Whether the frame read last still lacks bytes.
+            let filling = match self.frames.len().checked_sub(1) {
+                Some(last) => self
+                    .frames
+                    .get(last)
+                    .zip(head.frames.get(last))
+                    .is_some_and(|(frame, &(len, _))| frame.len() < len as usize),
+                None => false,
+            };
             if !filling {
                 let Some(&(len, _)) = head.frames.get(self.frames.len()) else {
                     return Err(WireError::Malformed(

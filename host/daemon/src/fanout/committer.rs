@@ -78,6 +78,20 @@ impl ChildBatch {
         }
     }
 
+    /// The attach epoch and parent partition of the batch's records, without copying its
+    /// parent offsets when it came from a slab. `None` for a batch without provenance.
+    pub fn source(&self) -> Option<([u8; 8], u32)> {
+        match &self.bucket {
+            Some(bucket) => Some((bucket.origin.epoch, bucket.origin.parent_partition)),
+            None => self
+                .frame
+                .decode()
+                .ok()?
+                .origin
+                .map(|o| (o.epoch, o.parent_partition)),
+        }
+    }
+
     /// The records and provenance of the batch: from the slab when it came from one (no
     /// byte is copied), else decoded from the frame.
     pub fn records(&self) -> Result<AppendBatch, FrameError> {

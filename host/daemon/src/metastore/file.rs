@@ -867,14 +867,7 @@ mod tests {
             expected.push(reference.snapshot_now());
         }
 
-        let modes = [
-            CrashMode::DropAll,
-            CrashMode::KeepAll,
-            CrashMode::Tear(1),
-            CrashMode::Tear(2),
-            CrashMode::Tear(3),
-            CrashMode::Tear(4),
-        ];
+        let modes = CrashMode::SAMPLE;
         let mut crash_point = 1;
         'points: loop {
             for mode in modes {

@@ -137,6 +137,18 @@ pub enum CrashMode {
     Tear(u64),
 }
 
+impl CrashMode {
+    /// The modes a crash loop tries at every crash point: both extremes and four seeded tears.
+    pub const SAMPLE: [CrashMode; 6] = [
+        CrashMode::DropAll,
+        CrashMode::KeepAll,
+        CrashMode::Tear(1),
+        CrashMode::Tear(2),
+        CrashMode::Tear(3),
+        CrashMode::Tear(4),
+    ];
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Node {
     File(u64),

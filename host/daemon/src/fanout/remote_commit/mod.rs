@@ -329,6 +329,22 @@ impl ClusterCommitter {
         Ok((origin, parent_generation))
     }
 
+    /// The generation at which this node owns the parent partition of `batch`'s records;
+    /// an error when `batch` cannot be sent (no provenance, or the parent is not this node's).
+    fn parent_generation_of(
+        &self,
+        partition: &PartitionId,
+        batch: &ChildBatch,
+    ) -> Result<Option<u64>, ChildCommitError> {
+        let (epoch, parent_partition) =
+            batch
+                .source()
+                .ok_or_else(|| ChildCommitError::NoProvenance {
+                    partition: partition.clone(),
+                })?;
+        self.parent_generation(partition, epoch, parent_partition)
+    }
+
     /// The frames calls for `batches` to `partition`, owned at `generation` (up to
     /// [`MAX_COMMITS_PER_CALL`] frames each, of one parent generation), up to the first batch
     /// that cannot be sent, and why that one cannot.
@@ -343,8 +359,8 @@ impl ClusterCommitter {
         let mut pending_parent = None;
         let mut unsendable = None;
         for batch in batches {
-            let parent_generation = match self.sendable(partition, batch) {
-                Ok((_, parent_generation)) => parent_generation,
+            let parent_generation = match self.parent_generation_of(partition, batch) {
+                Ok(parent_generation) => parent_generation,
                 Err(error) => {
                     unsendable = Some(error);
                     break;
