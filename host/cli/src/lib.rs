@@ -3,6 +3,7 @@
 //! own (`demo`, `bench`, `plugin test`).
 //!
 //! - [`cli`]: the commands, one module each, and the human output they print;
+//! - [`allocator`]: the daemon's malloc settings, set at start;
 //! - [`bench`]: `narad bench`, end-to-end measurements of produce and fan-out against raw
 //!   write + `fdatasync` loops in the same run.
 //!
@@ -12,5 +13,6 @@
 // Tests may unwrap: a panic there is a test failure with its location.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod allocator;
 pub mod bench;
 pub mod cli;
