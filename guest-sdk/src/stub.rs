@@ -1,5 +1,5 @@
-//! Native stand-in for [`crate::sys`], so plugins and their tests build and run with plain
-//! `cargo test`: log lines are kept per thread for [`crate::testing::take_logs`].
+//! Native stand-in for the `sys` module (the host's imports, on Wasm), so plugins and their
+//! tests build and run with plain `cargo test`: log lines are kept per thread for [`crate::testing::take_logs`].
 
 extern crate std;
 

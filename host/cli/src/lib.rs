@@ -4,8 +4,8 @@
 //!
 //! - [`cli`]: the commands, one module each, and the human output they print;
 //! - [`allocator`]: the daemon's malloc settings, set at start;
-//! - [`bench`]: `narad bench`, end-to-end measurements of produce and fan-out against raw
-//!   write + `fdatasync` loops in the same run.
+//! - [`bench`](mod@bench): `narad bench`, end-to-end measurements of produce and fan-out
+//!   against raw write + `fdatasync` loops in the same run.
 //!
 //! The daemon library knows nothing of this crate: everything here goes through what
 //! `narad_host` exposes.

@@ -19,7 +19,7 @@
 //! - `hostlog`: the rate-limited `narad.log` import.
 //! - [`chain`]: [`Chain`], 1..=8 instances routing a slab, each seeing only undecided records;
 //!   [`PluginStats`] per plugin and failure kind; [`Chain::bisect`] for the poison record.
-//! - [`bucket`]: the stable counting sort from decisions to per-partition buckets.
+//! - [`bucket`](mod@bucket): the stable counting sort from decisions to per-partition buckets.
 //! - [`trial`]: [`run_trial`], a chain run locally on given records (`narad plugin test`).
 //! - [`error`]: the typed errors.
 //! - `testkit` (feature `test-support`, and this crate's tests): `WatRouter`, routing plugins

@@ -134,7 +134,7 @@ pub struct MetadataArgs {
     pub dir: Option<PathBuf>,
     /// Use the etcd metastore of cluster mode at these endpoints (comma-separated), as a
     /// node does (with its watched copy), instead of the embedded file metastore. The bench
-    /// uses keys of its own under /narad/bench-<pid>-<ms>/ and removes them at the end.
+    /// uses keys of its own under `/narad/bench-<pid>-<ms>/` and removes them at the end.
     #[arg(long, value_name = "URLS")]
     pub etcd: Option<String>,
     /// Print one JSON object instead of text.
@@ -245,7 +245,7 @@ pub struct ClusterArgs {
     /// etcd endpoints, comma-separated (required: the bench does not start etcd; e.g. `etcd
     /// --data-dir /dev/shm/narad-bench-etcd --listen-client-urls http://127.0.0.1:2379
     /// --advertise-client-urls http://127.0.0.1:2379`). The bench uses keys of its own under
-    /// /narad/bench-<pid>-<ms>/ and removes them at the end.
+    /// `/narad/bench-<pid>-<ms>/` and removes them at the end.
     #[arg(long, value_name = "URLS")]
     pub etcd: String,
     /// Records produced in each phase (a debug build wants far fewer, e.g. 200000).

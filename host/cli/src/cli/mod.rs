@@ -8,7 +8,7 @@
 //! - [`completions`]: shell completion scripts; [`logging`]: `RUST_LOG` and `--log-format`;
 //! - [`plugin`]: `narad plugin deploy|list|remove` and the local `narad plugin test`;
 //! - [`serve`]: `narad serve`.
-//! - [`bench`]: `narad bench produce|fanout`, the end-to-end benchmarks.
+//! - [`bench`](mod@bench): `narad bench produce|fanout`, the end-to-end benchmarks.
 //! - [`admin`]: `narad admin set-aside ...` and `narad admin rebuild-metastore`.
 
 /// `println!` for a command's output that gives back the write's error instead of panicking:
@@ -83,7 +83,7 @@ pub enum Command {
     /// Create, list, describe, grow and delete topics.
     Topic(topic::TopicArgs),
     /// Produce records from stdin to a topic: one per line, the line is the value (`-K DELIM`
-    /// for key<DELIM>value, `--json` for JSON records).
+    /// for `key<DELIM>value`, `--json` for JSON records).
     Produce(produce::ProduceArgs),
     /// Print a topic's records, every partition by default: values one per line, `--format`
     /// for kcat-style output, `--json` for JSON records that `produce --json` takes back.

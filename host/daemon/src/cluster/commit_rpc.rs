@@ -313,6 +313,8 @@ impl CommitClient {
     /// encoding by [`encode_frames`]) to the node advertising `base_url`: one answer per
     /// frame, in order. A node without the frames route answers [`CallError::BadAnswer`] with
     /// status 404.
+    ///
+    /// [`encode_frames`]: crate::cluster::commit_wire::encode_frames
     pub(crate) async fn commit_frames(
         &self,
         base_url: &str,

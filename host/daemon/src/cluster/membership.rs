@@ -23,7 +23,7 @@
 //!   key, so what the read shows is every change made while this node was counted dead.
 //! - **Terms.** Each lease is a term ([`Membership::lease_id`]). A write that began under one
 //!   term and ends under another (or fenced) is not acknowledged: the node may have been
-//!   counted dead in between ([`NodeFence`]).
+//!   counted dead in between ([`NodeFence`](crate::cluster::fence::NodeFence)).
 //! - **Leaving.** [`Membership::leave`] revokes the lease: peers see the node gone at once.
 
 use std::path::{Path, PathBuf};

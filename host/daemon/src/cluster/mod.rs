@@ -12,7 +12,8 @@
 //! - [`membership`]: a node's lease-held key, one process per node id, self-fencing;
 //! - [`metrics`]: lease, live-node and watch health on `/metrics`;
 //! - [`modules`]: plugin modules fetched by digest from the node that holds them;
-//! - [`moves`]: planned partition moves (mark, hand off, copy, take over at generation + 1);
+//! - [`moves`](crate::operations::moves): planned partition moves (mark, hand off, copy, take
+//!   over at generation + 1);
 //! - [`receiver`]: applies a child commit on the child partition's owner: fence on the
 //!   generation, drop what the partition holds, append;
 //! - [`ownership`]: who serves a partition, from each topic's owners in the watched metadata;

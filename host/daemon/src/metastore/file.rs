@@ -30,7 +30,7 @@
 //!
 //! Every file operation goes through the storage crate's [`FileSystem`] seam ([`RealFs`] from
 //! [`FileMetastore::open`]), so the tests crash these write paths at every step with
-//! [`narad_storage::fault::FaultFs`], as the log's are.
+//! `narad_storage::fault::FaultFs` (feature `test-support`), as the log's are.
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;

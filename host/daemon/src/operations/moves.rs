@@ -20,7 +20,7 @@
 //! 4. **Take over**: `{old, g, moving_to: new}` becomes `{new, g + 1}`. Cursors start here
 //!    from the copied offset files with the same epoch; commits carry the new generation.
 //! 5. **Release** (on the old owner, from its metadata loop): once a linearizable read shows
-//!    the new owner, the sealed copy is deleted ([`crate::topics::owned::settle_sealed`]).
+//!    the new owner, the sealed copy is deleted (`TopicService::settle_sealed` in `crate::topics`).
 //!
 //! A move that fails part way leaves the partition marked and sealed: nothing is lost, the
 //! partition is unavailable until the same move is asked for again (it resumes from step 2)

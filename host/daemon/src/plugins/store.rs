@@ -5,8 +5,8 @@
 //! and refuses a file whose bytes no longer match its name, so a damaged module is never run.
 //!
 //! Every byte goes through the storage crate's file-system seam ([`FileSystem`]), so the
-//! tests below crash a write at every operation with [`narad_storage::fault::FaultFs`], as the
-//! log's and the metastore's are. The rules they check:
+//! tests below crash a write at every operation with `narad_storage::fault::FaultFs` (feature
+//! `test-support`), as the log's and the metastore's are. The rules they check:
 //!
 //! - **A module is whole or absent.** A write is the storage crate's one durable replace
 //!   ([`narad_storage::fs::replace_file`]): `{hex}.wasm.tmp`, synced, renamed over the final

@@ -141,7 +141,7 @@ impl RunningServer {
 ///
 /// The composition root: each part is made by one function of `parts` from the parts before
 /// it, in the order they depend on each other; what runs in the background is started here
-/// and waited for, in [`Background::stopped`], before the store closes.
+/// and waited for, in [`Background::stopped`](parts::Background::stopped), before the store closes.
 pub async fn run_server(
     config: Config,
     shutdown: ShutdownSignal,

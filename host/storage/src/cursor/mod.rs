@@ -2,7 +2,7 @@
 //!
 //! One file per pair, beside the parent partition's log:
 //! `topics/{parent}/p{00000}/fanout-{child}.offset`, holding the record described in
-//! [`format`]. The rules it keeps:
+//! [`format`](mod@format). The rules it keeps:
 //!
 //! - **Advance in place.** Once a fixed-size record exists, moving the position is one write
 //!   of 256 bytes at offset 0 and one `fdatasync`; the caller does it only after every child

@@ -72,6 +72,8 @@ pub(super) struct RoutedAhead {
 impl Cursor {
     /// `read` without the records the child already held when the cursor started (a slab
     /// repeated after a crash; [`position::Held`]), counted as deduplicated.
+    ///
+    /// [`position::Held`]: crate::fanout::position::Held
     pub(super) fn without_held(&self, mut read: Ahead) -> Ahead {
         let Ahead::Slab { slab, .. } = &mut read else {
             return read;

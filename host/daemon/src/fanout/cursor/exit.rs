@@ -15,7 +15,7 @@ pub enum CursorExit {
     Deferred(Deferred),
     /// Paused by an operator while stalled on a slab: the slab is dropped (nothing of it is
     /// on file) and the cursor waits paused, where it can be sought past the slab. Handled
-    /// inside the cursor; [`run_cursor`] never returns it.
+    /// inside the cursor; [`run_cursor`](crate::fanout::cursor::run_cursor) never returns it.
     PausedWhileStalled,
 }
 

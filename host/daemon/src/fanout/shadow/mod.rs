@@ -17,6 +17,8 @@
 //! [`MAX_MOVED_PAIRS`] pairs kept, the rest summed apart), records it leaves undecided or
 //! places out of range, its failures by kind, and the time and fuel per record of both chains
 //! over those same slabs.
+//!
+//! [`RouteFailureKind`]: crate::fanout::route::RouteFailureKind
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -122,7 +122,7 @@ pub struct CursorReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted_gap: Option<HaltedGap>,
     /// Why the cursor is stalled now; `None` once it is healthy again. Escaped and cut to
-    /// [`MAX_ERROR_TEXT_BYTES`].
+    /// [`MAX_ERROR_TEXT_BYTES`](crate::fanout::status::MAX_ERROR_TEXT_BYTES).
     pub last_error: Option<String>,
     /// When `last_error` was last recorded (Unix ms, this node's clock).
     #[serde(default)]
