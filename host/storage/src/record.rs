@@ -199,15 +199,24 @@ impl EncodedBatch {
     /// A frame another process encoded with [`EncodedBatch::encode`] and sent unsealed, with
     /// the `body_crc` it computed: checked as a read checks a stored frame (header, every
     /// record, nothing left over, the body's CRC against `body_crc`) without building any
-    /// record, so that it can be appended as it came. Returns the batch and its origin, if it
+    /// record, so that it can be appended as it came. A frame with a producer stamp is refused:
+    /// [`EncodedBatch::encode`] never makes one, and a stamp would feed the idempotent-producer
+    /// scan ([`crate::Store::producer_batches`]). Returns the batch and its origin, if it
     /// has one. A frame is never longer than [`crate::log::format::MAX_FRAME_BYTES`], so its
     /// record count bounds what the check allocates.
     pub fn from_unsealed(
         frame: Vec<u8>,
         body_crc: u32,
     ) -> Result<(EncodedBatch, Option<BatchOrigin>), crate::log::format::FrameError> {
-        use crate::log::format::{FrameError, HEADER_LEN, index_frame, parse_header};
+        use crate::log::format::{
+            FLAG_PRODUCER, FrameError, HEADER_LEN, index_frame, parse_header,
+        };
         let header = parse_header(&frame)?;
+        if header.flags & FLAG_PRODUCER != 0 {
+            return Err(FrameError::BadHeader(
+                "a producer stamp, which a frame sent unsealed (a child commit) never carries",
+            ));
+        }
         let computed = crc32c::crc32c(frame.get(HEADER_LEN..).unwrap_or_default());
         if computed != body_crc {
             return Err(FrameError::CrcMismatch {
@@ -498,5 +507,23 @@ mod tests {
             EncodedBatch::from_unsealed(garbled, crc),
             Err(FrameError::Malformed(_) | FrameError::Short { .. })
         ));
+    }
+
+    #[test]
+    fn a_frame_sent_unsealed_with_a_producer_stamp_is_refused() {
+        // A child commit never carries one; a stamp would feed the idempotent-producer scan.
+        let (records, origin) = batch();
+        let stamp = ProducerStamp {
+            producer_id: 9,
+            epoch: 1,
+            base_sequence: 0,
+        };
+        let sent = EncodedBatch::encode_frame(&records, Some(&origin), Some(&stamp)).unwrap();
+        assert!(matches!(
+            EncodedBatch::from_unsealed(sent.frame().to_vec(), sent.body_crc()),
+            Err(FrameError::BadHeader(why)) if why.contains("producer stamp")
+        ));
+        let sent = EncodedBatch::encode_stamped(&records, stamp).unwrap();
+        assert!(EncodedBatch::from_unsealed(sent.frame().to_vec(), sent.body_crc()).is_err());
     }
 }
