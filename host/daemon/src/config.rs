@@ -93,6 +93,12 @@ pub(crate) const DEFAULT_SEGMENT_BYTES: u64 = 128 * 1024 * 1024;
 /// four bodies of the default max-request-bytes (64 MiB), so a few large produces run side by
 /// side while the daemon's memory stays bounded whatever the number of clients.
 pub(crate) const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
+/// Default of `max-buffered-peer-request-bytes`: the bodies of other nodes' calls held at once.
+pub(crate) const DEFAULT_MAX_BUFFERED_PEER_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
+/// Least `max-buffered-peer-request-bytes`: two of the largest call a node sends (a frames
+/// call of two slabs' buckets), so that one always fits once the other is answered.
+pub(crate) const MIN_BUFFERED_PEER_REQUEST_BYTES: u64 =
+    2 * crate::cluster::commit_wire::MAX_PEER_REQUEST_BYTES as u64;
 /// Default time a client has to send a complete request head, in milliseconds: 10 s, far
 /// above what any client on a working network needs, short enough that slow-header
 /// (slowloris) connections do not pile up.
@@ -393,6 +399,11 @@ settings! {
     /// Most request-body bytes buffered across all requests at once; a request that does not
     /// fit now gets 503 with `Retry-After`, one larger than this alone gets 413.
     max_buffered_request_bytes: u64, "BYTES", Positive, default DEFAULT_MAX_BUFFERED_REQUEST_BYTES;
+    /// Most bytes of other nodes' call bodies (child commits, a move's steps) buffered at once,
+    /// apart from clients' (cluster mode); a call that does not fit now gets 503 and is sent
+    /// again. At least 17 MiB (two of the largest call).
+    max_buffered_peer_request_bytes: u64, "BYTES", Positive,
+        default DEFAULT_MAX_BUFFERED_PEER_REQUEST_BYTES;
     /// Most HTTP connections open at once; a connection over it is answered 503 and closed.
     max_connections: u32, "N", PositiveIfSet,
         shown "derived from the descriptor limit: (limit - 1024) / 2, between 64 and 16384";
@@ -816,6 +827,8 @@ pub struct Limits {
     pub max_wait: Duration,
     /// Most request-body bytes buffered across all requests at once.
     pub(crate) max_buffered_request_bytes: u64,
+    /// Most bytes of other nodes' call bodies buffered at once.
+    pub(crate) max_buffered_peer_request_bytes: u64,
 }
 
 impl Default for Limits {
@@ -829,6 +842,7 @@ impl Default for Limits {
             max_fetch_bytes: DEFAULT_MAX_FETCH_BYTES,
             max_wait: Duration::from_millis(DEFAULT_MAX_WAIT_MS),
             max_buffered_request_bytes: DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
+            max_buffered_peer_request_bytes: DEFAULT_MAX_BUFFERED_PEER_REQUEST_BYTES,
         }
     }
 }
@@ -1111,6 +1125,16 @@ impl Config {
                 ),
             });
         }
+        if s.max_buffered_peer_request_bytes < MIN_BUFFERED_PEER_REQUEST_BYTES {
+            return Err(ConfigError::BadValue {
+                key: "max-buffered-peer-request-bytes",
+                message: format!(
+                    "{} is below {MIN_BUFFERED_PEER_REQUEST_BYTES}, two of the largest call one \
+                     node sends another",
+                    s.max_buffered_peer_request_bytes
+                ),
+            });
+        }
         let ms = Duration::from_millis;
         let tls = match (s.tls_cert, s.tls_key) {
             (Some(cert), Some(key)) => Some(crate::tls::TlsFiles {
@@ -1310,6 +1334,7 @@ impl Config {
                 max_fetch_bytes: s.max_fetch_bytes,
                 max_wait: ms(s.max_wait_ms),
                 max_buffered_request_bytes: s.max_buffered_request_bytes,
+                max_buffered_peer_request_bytes: s.max_buffered_peer_request_bytes,
             },
             retention_check_interval: ms(s.retention_check_interval_ms),
             groups: GroupsConfig {
@@ -1987,6 +2012,38 @@ mod tests {
         ] {
             assert!(Config::merge(&zero, &FileConfig::default()).is_err());
         }
+    }
+
+    #[test]
+    fn the_peers_body_budget_defaults_and_is_refused_below_two_of_the_largest_call() {
+        let args = ServeArgs {
+            data_dir: Some("/d".into()),
+            ..ServeArgs::default()
+        };
+        let config = Config::merge(&args, &FileConfig::default()).unwrap();
+        assert_eq!(
+            config.limits.max_buffered_peer_request_bytes,
+            DEFAULT_MAX_BUFFERED_PEER_REQUEST_BYTES
+        );
+        let file = FileConfig::parse(
+            Path::new("narad.toml"),
+            &format!("max-buffered-peer-request-bytes = {MIN_BUFFERED_PEER_REQUEST_BYTES}\n"),
+        )
+        .unwrap();
+        let config = Config::merge(&args, &file).unwrap();
+        assert_eq!(
+            config.limits.max_buffered_peer_request_bytes,
+            MIN_BUFFERED_PEER_REQUEST_BYTES
+        );
+        let small = ServeArgs {
+            max_buffered_peer_request_bytes: Some(MIN_BUFFERED_PEER_REQUEST_BYTES - 1),
+            ..args
+        };
+        let err = Config::merge(&small, &FileConfig::default()).unwrap_err();
+        assert!(
+            err.to_string().contains("max-buffered-peer-request-bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub(crate) const RETRY_AFTER_SECS: u64 = 1;
 /// The shared budget.
 #[derive(Debug)]
 pub(crate) struct BodyBudget {
+    /// The setting that gives `total`, named in refusals.
+    setting: &'static str,
     /// Most bytes held at once.
     total: u64,
     /// The largest body any route reads (max of max-request-bytes and max-plugin-bytes): bytes
@@ -58,15 +60,17 @@ pub(crate) struct BodyBudget {
 }
 
 impl BodyBudget {
-    /// A budget of `total` bytes for bodies no route reads past `ceiling` bytes of, reporting
-    /// into `gauge` (bytes held) and `refusals` (503 answers).
+    /// A budget of `total` bytes (the value of `setting`) for bodies no route reads past
+    /// `ceiling` bytes of, reporting into `gauge` (bytes held) and `refusals` (503 answers).
     pub(crate) fn new(
+        setting: &'static str,
         total: u64,
         ceiling: u64,
         gauge: Gauge<u64, AtomicU64>,
         refusals: Counter,
     ) -> BodyBudget {
         BodyBudget {
+            setting,
             total,
             ceiling,
             used: AtomicU64::new(0),
@@ -254,8 +258,8 @@ fn refusal_answer(budget: &BodyBudget, outcome: u8) -> Response {
     if outcome == TOO_LARGE {
         return ApiError::too_large(format!(
             "request body is larger than the daemon's whole buffered-request budget of {} bytes \
-             (max-buffered-request-bytes); send fewer records per request",
-            budget.total
+             ({}); send fewer records per request",
+            budget.total, budget.setting
         ))
         .into_response();
     }
@@ -263,9 +267,9 @@ fn refusal_answer(budget: &BodyBudget, outcome: u8) -> Response {
     let mut response = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!(
-            "the daemon is buffering as many request bodies as it may ({} bytes, \
-             max-buffered-request-bytes); retry after {RETRY_AFTER_SECS} s",
-            budget.total
+            "the daemon is buffering as many request bodies as it may ({} bytes, {}); retry \
+             after {RETRY_AFTER_SECS} s",
+            budget.total, budget.setting
         ),
     )
     .into_response();
@@ -291,6 +295,7 @@ mod tests {
 
     fn budget(total: u64) -> Arc<BodyBudget> {
         Arc::new(BodyBudget::new(
+            "max-buffered-request-bytes",
             total,
             total * 4,
             Gauge::default(),

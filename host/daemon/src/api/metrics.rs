@@ -114,6 +114,12 @@ pub(crate) struct ApiMetrics {
     /// `narad_http_body_budget_refusals_total`: requests answered 503 because the body budget
     /// was full.
     pub(crate) body_budget_refusals: Counter,
+    /// `narad_http_buffered_peer_request_bytes`: bytes of other nodes' calls counted against
+    /// the peers' budget now.
+    pub(crate) buffered_peer_request_bytes: Gauge<u64, AtomicU64>,
+    /// `narad_http_peer_body_budget_refusals_total`: other nodes' calls answered 503 because
+    /// the peers' budget was full.
+    pub(crate) peer_body_budget_refusals: Counter,
     /// `narad_http_requests_denied_total{reason}`: requests refused for who sent them
     /// (`unauthenticated`: 401, `forbidden`: 403 by the ACLs).
     pub(crate) denied: Family<super::principal::DeniedLabels, Counter>,
@@ -232,6 +238,17 @@ impl ApiMetrics {
             "narad_http_body_budget_refusals",
             "Requests answered 503 with Retry-After because max-buffered-request-bytes were held",
             self.body_budget_refusals.clone(),
+        );
+        registry.register(
+            "narad_http_buffered_peer_request_bytes",
+            "Bytes of other nodes' calls held against max-buffered-peer-request-bytes now",
+            self.buffered_peer_request_bytes.clone(),
+        );
+        registry.register(
+            "narad_http_peer_body_budget_refusals",
+            "Other nodes' calls answered 503 with Retry-After because \
+             max-buffered-peer-request-bytes were held",
+            self.peer_body_budget_refusals.clone(),
         );
         registry.register(
             "narad_kafka_group_members",

@@ -128,6 +128,7 @@ pub fn router(state: AppState) -> Router {
     let body_limit = usize::try_from(state.limits.max_request_bytes).unwrap_or(usize::MAX);
     let plugin_limit = usize::try_from(state.limits.max_plugin_bytes).unwrap_or(usize::MAX);
     let budget = Arc::new(body_budget::BodyBudget::new(
+        "max-buffered-request-bytes",
         state.limits.max_buffered_request_bytes,
         state
             .limits
@@ -244,11 +245,27 @@ pub fn router(state: AppState) -> Router {
 /// move's and a re-creation's steps, module bytes, seeks, group offset resets); the server
 /// mounts them under the peer secret. The internal reads (high watermarks, offsets by time,
 /// tail scans) are in [`router`], readable with the operator's token as with the peer secret.
+///
+/// Their bodies count against a budget of their own (`max-buffered-peer-request-bytes`), apart
+/// from clients': clients cannot crowd out child commits, and a node sending more than this
+/// node holds at once is answered 503 and sends again.
 pub(crate) fn peer_routes(
     state: AppState,
     receiver: std::sync::Arc<crate::cluster::receiver::CommitReceiver>,
 ) -> Router {
-    commit_router(receiver).merge(peer_router(state))
+    let budget = Arc::new(body_budget::BodyBudget::new(
+        "max-buffered-peer-request-bytes",
+        state.limits.max_buffered_peer_request_bytes,
+        crate::cluster::commit_wire::MAX_PEER_REQUEST_BYTES as u64,
+        state.api_metrics.buffered_peer_request_bytes.clone(),
+        state.api_metrics.peer_body_budget_refusals.clone(),
+    ));
+    commit_router(receiver)
+        .merge(peer_router(state))
+        .layer(axum::middleware::from_fn_with_state(
+            budget,
+            body_budget::limit_bodies,
+        ))
 }
 
 /// The routes that take other nodes' child commits, and the re-creation's question about the

@@ -442,6 +442,11 @@ pub(crate) struct FramesHead {
 /// Longest head a frames call may have: a topic name and two frames' lengths fit many times.
 const MAX_FRAMES_HEAD_BYTES: usize = 4 * 1024;
 
+/// The largest body of any call one node makes another: a frames call of the most frames
+/// (its head's length, the head, the frames). Other peer calls are smaller.
+pub(crate) const MAX_PEER_REQUEST_BYTES: usize =
+    4 + MAX_FRAMES_HEAD_BYTES + MAX_IN_ORDER_REQUEST_BYTES;
+
 /// A checked frames call, as the receiver applies it.
 #[derive(Debug)]
 pub(crate) struct FrameCommits {

@@ -1202,6 +1202,101 @@ fn a_dead_parent_owner_fails_only_its_partitions_and_its_cursors_resume_after_re
 }
 
 #[test]
+fn other_nodes_call_bodies_are_held_to_a_budget_of_their_own() {
+    // 18 MiB: two 8 MiB calls fit, a third does not (the least allowed is about 17 MiB).
+    let cluster = Cluster::start_with(
+        "peer-budget",
+        &["--max-buffered-peer-request-bytes", "18874368"],
+    );
+    let secret = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let endpoint = cluster._etcd.endpoint();
+            let mut etcd = narad_host::metastore::etcd::connect_client(&[endpoint])
+                .await
+                .expect("etcd");
+            let got = etcd
+                .get("/narad/peer-budget/peer-secret", None)
+                .await
+                .expect("read the peer secret");
+            String::from_utf8(got.kvs()[0].value().to_vec()).expect("utf-8 secret")
+        });
+    let addr = cluster.url(2).trim_start_matches("http://").to_owned();
+    // A peer (it holds the secret) that declares 8 MiB commits and sends a few bytes of each.
+    let hold_open = || {
+        use std::io::Write as _;
+        let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+        let head = format!(
+            "POST /internal/v1/commit-in-order HTTP/1.1\r\nHost: {addr}\r\n\
+             Authorization: Bearer {secret}\r\nContent-Length: 8388608\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).expect("send the head");
+        stream
+            .write_all(&[0u8; 1024])
+            .expect("send some of the body");
+        stream
+    };
+    let held = [hold_open(), hold_open()];
+    let client = http_client();
+    let call = || {
+        client
+            .post(format!("{}/internal/v1/commit-in-order", cluster.url(2)))
+            .bearer_auth(&secret)
+            .body(vec![0u8; 8 * 1024 * 1024])
+            .send()
+            .expect("call")
+    };
+    // The third does not fit while the two are held: 503, sent again later, naming the setting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        let answer = call();
+        if answer.status().as_u16() == 503 || Instant::now() > deadline {
+            break answer;
+        }
+        // The held calls' heads may not have been read yet.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(refused.status().as_u16(), 503);
+    assert_eq!(
+        refused.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let text = refused.text().expect("answer");
+    assert!(text.contains("max-buffered-peer-request-bytes"), "{text}");
+    // Clients are not held to the peers' budget: the public API still takes a large body.
+    let produce = client
+        .post(format!("{}/v1/topics/none/records", cluster.url(2)))
+        .json(&json!({"records": [{"value": "x".repeat(4 * 1024 * 1024)}]}))
+        .send()
+        .expect("produce");
+    assert_ne!(produce.status().as_u16(), 503, "{:?}", produce.text());
+    // Once the held calls end, the budget is free again: the call is read (and refused as
+    // garbage, 400).
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = call().status().as_u16();
+        if status != 503 {
+            assert_eq!(status, 400);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the budget was not given back");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = client
+        .get(format!("{}/metrics", cluster.url(2)))
+        .send()
+        .and_then(|r| r.text())
+        .expect("metrics");
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("narad_http_peer_body_budget_refusals_total ") && !l.ends_with(" 0")
+        ),
+        "{metrics}"
+    );
+}
+
+#[test]
 fn with_a_token_nodes_commit_to_each_other_and_nobody_else_can() {
     let secret_dir = tempfile::tempdir().expect("tempdir");
     let token_file = secret_dir.path().join("token");
