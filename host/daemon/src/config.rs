@@ -96,9 +96,10 @@ pub(crate) const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
 /// Default of `max-buffered-peer-request-bytes`: the bodies of other nodes' calls held at once.
 pub(crate) const DEFAULT_MAX_BUFFERED_PEER_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
 /// Least `max-buffered-peer-request-bytes`: two of the largest call a node sends (a frames
-/// call of two slabs' buckets), so that one always fits once the other is answered.
-pub(crate) const MIN_BUFFERED_PEER_REQUEST_BYTES: u64 =
-    2 * crate::cluster::commit_wire::MAX_PEER_REQUEST_BYTES as u64;
+/// call of two slabs' buckets), so that one always fits once the other is answered. Written
+/// out because the wire's constants sit above this layer; `cluster::commit_wire` fails to
+/// build if they stop matching.
+pub(crate) const MIN_BUFFERED_PEER_REQUEST_BYTES: u64 = 17_833_992;
 /// Default time a client has to send a complete request head, in milliseconds: 10 s, far
 /// above what any client on a working network needs, short enough that slow-header
 /// (slowloris) connections do not pile up.

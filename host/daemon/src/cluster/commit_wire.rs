@@ -447,6 +447,12 @@ const MAX_FRAMES_HEAD_BYTES: usize = 4 * 1024;
 pub(crate) const MAX_PEER_REQUEST_BYTES: usize =
     4 + MAX_FRAMES_HEAD_BYTES + MAX_IN_ORDER_REQUEST_BYTES;
 
+// The least peers' budget a node accepts holds two of the largest call.
+const _: () = assert!(
+    2 * MAX_PEER_REQUEST_BYTES as u64 == crate::config::MIN_BUFFERED_PEER_REQUEST_BYTES,
+    "config::MIN_BUFFERED_PEER_REQUEST_BYTES must be twice MAX_PEER_REQUEST_BYTES"
+);
+
 /// A checked frames call, as the receiver applies it.
 #[derive(Debug)]
 pub(crate) struct FrameCommits {

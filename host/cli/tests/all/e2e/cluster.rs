@@ -10,7 +10,7 @@ use narad_host::metastore::test_etcd::TestEtcd;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, send_json};
+use crate::e2e::harness::{Daemon, fetch_all, http_client, narad_binary, peer_secret, send_json};
 
 /// Longest wait for the cluster to converge (nodes seen, records copied).
 pub(super) const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -1208,19 +1208,7 @@ fn other_nodes_call_bodies_are_held_to_a_budget_of_their_own() {
         "peer-budget",
         &["--max-buffered-peer-request-bytes", "18874368"],
     );
-    let secret = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(async {
-            let endpoint = cluster._etcd.endpoint();
-            let mut etcd = narad_host::metastore::etcd::connect_client(&[endpoint])
-                .await
-                .expect("etcd");
-            let got = etcd
-                .get("/narad/peer-budget/peer-secret", None)
-                .await
-                .expect("read the peer secret");
-            String::from_utf8(got.kvs()[0].value().to_vec()).expect("utf-8 secret")
-        });
+    let secret = peer_secret(&cluster._etcd.endpoint(), "peer-budget");
     let addr = cluster.url(2).trim_start_matches("http://").to_owned();
     // A peer (it holds the secret) that declares 8 MiB commits and sends a few bytes of each.
     let hold_open = || {

@@ -314,6 +314,23 @@ impl Drop for Daemon {
     }
 }
 
+/// The peer secret the nodes of `cluster` share, read from the etcd at `endpoint` (plain
+/// HTTP) as a node holding the cluster's etcd credentials could.
+pub fn peer_secret(endpoint: &str, cluster: &str) -> String {
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let mut etcd = narad_host::metastore::etcd::connect_client(&[endpoint.to_owned()])
+                .await
+                .expect("etcd");
+            let got = etcd
+                .get(format!("/narad/{cluster}/peer-secret"), None)
+                .await
+                .expect("read the peer secret");
+            String::from_utf8(got.kvs()[0].value().to_vec()).expect("utf-8 secret")
+        })
+}
+
 /// A blocking HTTP client with timeouts suited to tests.
 pub fn http_client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()

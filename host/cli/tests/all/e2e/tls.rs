@@ -935,19 +935,7 @@ fn with_mutual_tls_nodes_prove_their_ids_and_a_certificate_of_the_ca_with_the_pe
 
     // mallory holds a certificate the CA signed and the peer secret (read from etcd), and is
     // still no node: refused, naming why, and nothing is committed.
-    let secret = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(async {
-            let mut etcd_client =
-                narad_host::metastore::etcd::connect_client(std::slice::from_ref(&endpoint))
-                    .await
-                    .expect("etcd");
-            let got = etcd_client
-                .get("/narad/mtls/peer-secret", None)
-                .await
-                .expect("read the peer secret");
-            String::from_utf8(got.kvs()[0].value().to_vec()).expect("utf-8 secret")
-        });
+    let secret = crate::e2e::harness::peer_secret(&endpoint, "mtls");
     let (mallory_cert, mallory_key) = make_node_cert(dir, "ca", "mallory");
     let mallory = client_trusting(&ca, Some((mallory_cert.as_path(), mallory_key.as_path())));
     for (claimed, says) in [
